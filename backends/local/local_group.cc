@@ -1,0 +1,330 @@
+#include "backends/local/local_group.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "comm/reduce_kernels.h"
+#include "comm/spin.h"
+#include "comm/status_macros.h"
+
+namespace braid::local {
+
+class LocalComm {
+ public:
+  LocalComm(std::string name, std::vector<int> world_ranks, absl::Duration timeout,
+            absl::Duration spin, std::shared_ptr<FaultInjector> faults)
+      : name_(std::move(name)),
+        world_ranks_(std::move(world_ranks)),
+        timeout_(timeout),
+        spin_(spin),
+        faults_(std::move(faults)),
+        barrier_(static_cast<int>(world_ranks_.size()), spin),
+        posted_(world_ranks_.size()),
+        split_children_(world_ranks_.size()) {}
+
+  int size() const { return static_cast<int>(world_ranks_.size()); }
+
+  const std::string name_;
+  const std::vector<int> world_ranks_;  // group rank -> world rank
+  const absl::Duration timeout_;
+  const absl::Duration spin_;
+  const std::shared_ptr<FaultInjector> faults_;
+  RankBarrier barrier_;
+  // Slot r is written only by rank r, before barrier A, and read by all between A and the
+  // op's last barrier.
+  std::vector<Posted> posted_;
+  // Written by the leader of each split color between A and B, read by members after B.
+  std::vector<std::shared_ptr<LocalComm>> split_children_;
+};
+
+std::shared_ptr<LocalComm> MakeLocalComm(std::string name, std::vector<int> world_ranks,
+                                         absl::Duration timeout, absl::Duration spin,
+                                         std::shared_ptr<FaultInjector> faults) {
+  return std::make_shared<LocalComm>(std::move(name), std::move(world_ranks), timeout, spin,
+                                     std::move(faults));
+}
+
+namespace {
+
+constexpr size_t kChunkAlignBytes = 64;
+
+// Chunk of an all-reduce owned by rank r: [lo, hi), cache-line aligned.
+void ChunkRange(size_t count, size_t esize, int n, int r, size_t* lo, size_t* hi) {
+  const size_t align = std::max<size_t>(1, kChunkAlignBytes / esize);
+  size_t per = (count + n - 1) / n;
+  per = (per + align - 1) / align * align;
+  *lo = std::min(count, per * static_cast<size_t>(r));
+  *hi = std::min(count, *lo + per);
+}
+
+bool SameCall(const Posted& a, const Posted& b) {
+  if (a.split != b.split) return false;
+  if (a.split) return true;
+  const CollectiveArgs& x = a.args;
+  const CollectiveArgs& y = b.args;
+  if (x.kind != y.kind) return false;
+  if (x.kind == CollectiveKind::kBarrier) return true;
+  if (x.count != y.count || x.dtype != y.dtype) return false;
+  if ((x.kind == CollectiveKind::kAllReduce || x.kind == CollectiveKind::kReduceScatter) &&
+      x.op.kind != y.op.kind) {
+    return false;
+  }
+  return x.kind != CollectiveKind::kBroadcast || x.root == y.root;
+}
+
+std::string DescribePosted(const Posted& p) {
+  return p.split ? std::string("split") : p.args.Describe();
+}
+
+}  // namespace
+
+LocalGroup::LocalGroup(std::shared_ptr<LocalComm> comm, int rank)
+    : comm_(std::move(comm)), rank_(rank), worker_([this] { WorkerLoop(); }) {}
+
+LocalGroup::~LocalGroup() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    // Whatever happens next, peers must not wait for this rank: with work in flight they
+    // fail now; otherwise any later collective of theirs fails fast instead of timing out.
+    const bool busy = running_op_ || !queue_.empty();
+    comm_->barrier_.Fail(absl::CancelledError(absl::StrCat(
+        "rank ", comm_->world_ranks_[rank_], " destroyed its handle of group '", comm_->name_,
+        "'", busy ? " with work in flight" : "")));
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
+int LocalGroup::size() const { return comm_->size(); }
+const std::string& LocalGroup::name() const { return comm_->name_; }
+
+Capabilities LocalGroup::LocalCapabilities() {
+  Capabilities c;
+  c.native_avg = true;
+  c.native_premul_sum = true;
+  c.native_half = true;
+  c.deterministic = true;
+  return c;
+}
+Capabilities LocalGroup::capabilities() const { return LocalCapabilities(); }
+
+WorkPtr LocalGroup::Enqueue(Op op) {
+  WorkPtr work;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t seq = next_seq_++;
+    std::string op_name = op.posted.split ? std::string("split")
+                                          : std::string(CollectiveName(op.posted.args.kind));
+    work = Work::Create(
+        WorkInfo{comm_->name_, std::move(op_name), seq, std::string(op.posted.args.options.label)},
+        comm_->spin_);
+    op.work = work;
+    queue_.push_back(std::move(op));
+  }
+  cv_.notify_one();
+  return work;
+}
+
+absl::StatusOr<WorkPtr> LocalGroup::Launch(const CollectiveArgs& args) {
+  Op op;
+  op.posted.args = args;
+  op.posted.args.options.label = {};  // the label lives in the Work; don't keep the view
+  WorkPtr w = Enqueue(std::move(op));
+  return w;
+}
+
+absl::StatusOr<std::unique_ptr<Group>> LocalGroup::DoSplit(int color, int key, std::string name) {
+  std::shared_ptr<LocalComm> child;
+  Op op;
+  op.posted.split = true;
+  op.posted.color = color;
+  op.posted.key = key;
+  op.posted.split_name = std::move(name);
+  op.split_result = &child;
+  WorkPtr w = Enqueue(std::move(op));
+  // The worker's own barriers carry the deadline; this wait only adds a margin.
+  RETURN_IF_ERROR(w->Wait(comm_->timeout_ + absl::Seconds(5)));
+  if (child == nullptr) return std::unique_ptr<Group>();
+  const auto& members = child->world_ranks_;
+  const int my_world = comm_->world_ranks_[rank_];
+  const int child_rank =
+      static_cast<int>(std::find(members.begin(), members.end(), my_world) - members.begin());
+  return std::unique_ptr<Group>(new LocalGroup(std::move(child), child_rank));
+}
+
+void LocalGroup::WorkerLoop() {
+  for (;;) {
+    Op op;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (queue_.empty() && !stopping_) {
+        lock.unlock();
+        SpinUntil(
+            [this] {
+              std::lock_guard<std::mutex> l(mu_);
+              return !queue_.empty() || stopping_;
+            },
+            absl::ToInt64Nanoseconds(comm_->spin_));
+        lock.lock();
+        cv_.wait(lock, [this] { return !queue_.empty() || stopping_; });
+      }
+      if (queue_.empty()) return;  // stopping and drained
+      op = std::move(queue_.front());
+      queue_.pop_front();
+      running_op_ = true;
+    }
+    absl::Status s = Execute(op);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      running_op_ = false;
+    }
+    op.work->Complete(std::move(s));
+  }
+}
+
+absl::Status LocalGroup::Execute(Op& op) {
+  const WorkInfo& info = op.work->info();
+  const int world_rank = comm_->world_ranks_[rank_];
+  const std::string what = info.Describe();
+  const absl::Duration timeout = op.posted.args.options.timeout > absl::ZeroDuration()
+                                     ? op.posted.args.options.timeout
+                                     : comm_->timeout_;
+  if (comm_->faults_ != nullptr) {
+    if (auto fault = comm_->faults_->Take(world_rank, comm_->name_, info.seq)) {
+      if (fault->kind == Fault::Kind::kFail) {
+        absl::Status s = absl::InternalError(
+            absl::StrCat(what, ": rank ", world_rank, " failed: ", fault->message));
+        comm_->barrier_.Fail(s);
+        return s;
+      }
+      const absl::Time until = absl::Now() + fault->stall;
+      while (absl::Now() < until && !comm_->barrier_.failed()) absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  comm_->posted_[rank_] = op.posted;
+  RETURN_IF_ERROR(comm_->barrier_.Arrive(rank_, deadline, what, comm_->world_ranks_));
+  RETURN_IF_ERROR(CheckSameCall(what));
+  if (op.posted.split) return RunSplit(op, deadline, what);
+  return RunCollective(op.posted.args, deadline, what);
+}
+
+absl::Status LocalGroup::CheckSameCall(const std::string& what) const {
+  const auto& posted = comm_->posted_;
+  for (int r = 1; r < comm_->size(); ++r) {
+    if (!SameCall(posted[0], posted[r])) {
+      std::vector<std::string> calls;
+      for (int k = 0; k < comm_->size(); ++k) {
+        calls.push_back(absl::StrCat("rank ", comm_->world_ranks_[k], ": ",
+                                     DescribePosted(posted[k])));
+      }
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": ranks called different collectives (the rank-order contract "
+                             "was broken or arguments differ): ",
+                       absl::StrJoin(calls, "; ")));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalGroup::RunCollective(const CollectiveArgs& a, absl::Time deadline,
+                                       const std::string& what) {
+  const int n = comm_->size();
+  const auto& posted = comm_->posted_;
+  auto& barrier = comm_->barrier_;
+  const size_t es = DTypeSize(a.dtype);
+  char* recv = static_cast<char*>(a.recv);
+  switch (a.kind) {
+    case CollectiveKind::kBarrier:
+      return absl::OkStatus();
+    case CollectiveKind::kAllReduce: {
+      std::vector<const void*> in(n);
+      std::vector<double> scalars(n);
+      size_t lo, hi;
+      ChunkRange(a.count, es, n, rank_, &lo, &hi);
+      for (int k = 0; k < n; ++k) {
+        in[k] = static_cast<const char*>(posted[k].args.send) + lo * es;
+        scalars[k] = posted[k].args.op.scalar;
+      }
+      if (hi > lo) ReduceInto(in.data(), n, recv + lo * es, hi - lo, a.dtype, a.op, n, scalars.data());
+      if (n == 1) return absl::OkStatus();
+      RETURN_IF_ERROR(barrier.Arrive(rank_, deadline, what, comm_->world_ranks_));
+      for (int k = 0; k < n; ++k) {
+        if (k == rank_) continue;
+        ChunkRange(a.count, es, n, k, &lo, &hi);
+        if (hi > lo) {
+          std::memcpy(recv + lo * es, static_cast<const char*>(posted[k].args.recv) + lo * es,
+                      (hi - lo) * es);
+        }
+      }
+      return barrier.Arrive(rank_, deadline, what, comm_->world_ranks_);
+    }
+    case CollectiveKind::kReduceScatter: {
+      std::vector<const void*> in(n);
+      std::vector<double> scalars(n);
+      for (int k = 0; k < n; ++k) {
+        in[k] = static_cast<const char*>(posted[k].args.send) + static_cast<size_t>(rank_) * a.count * es;
+        scalars[k] = posted[k].args.op.scalar;
+      }
+      if (a.count > 0) ReduceInto(in.data(), n, recv, a.count, a.dtype, a.op, n, scalars.data());
+      break;
+    }
+    case CollectiveKind::kAllGather: {
+      const size_t block = a.count * es;
+      for (int k = 0; k < n; ++k) {
+        if (k == rank_ && a.in_place) continue;
+        if (block > 0) std::memcpy(recv + k * block, posted[k].args.send, block);
+      }
+      break;
+    }
+    case CollectiveKind::kBroadcast: {
+      if (rank_ != a.root && a.count > 0) {
+        std::memcpy(recv, posted[a.root].args.send, a.count * es);
+      }
+      break;
+    }
+  }
+  if (n == 1) return absl::OkStatus();
+  return barrier.Arrive(rank_, deadline, what, comm_->world_ranks_);
+}
+
+absl::Status LocalGroup::RunSplit(const Op& op, absl::Time deadline, const std::string& what) {
+  const int n = comm_->size();
+  const auto& posted = comm_->posted_;
+  for (int r = 0; r < n; ++r) {
+    if (posted[r].color < kNoColor) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "split of group '", comm_->name_, "': rank ", comm_->world_ranks_[r], " passed color ",
+          posted[r].color, "; a color must be >= 0, or kNoColor (-1) to join no group"));
+    }
+  }
+  const int color = op.posted.color;
+  if (color != kNoColor) {
+    // Members of my color, ordered by (key, rank): identical on every member.
+    std::vector<int> members;
+    for (int r = 0; r < n; ++r) {
+      if (posted[r].color == color) members.push_back(r);
+    }
+    std::stable_sort(members.begin(), members.end(),
+                     [&](int x, int y) { return posted[x].key < posted[y].key; });
+    if (members.front() == rank_) {
+      std::vector<int> world;
+      for (int r : members) world.push_back(comm_->world_ranks_[r]);
+      comm_->split_children_[rank_] = MakeLocalComm(
+          posted[rank_].split_name, std::move(world), comm_->timeout_, comm_->spin_, comm_->faults_);
+    }
+    RETURN_IF_ERROR(comm_->barrier_.Arrive(rank_, deadline, what, comm_->world_ranks_));
+    *op.split_result = comm_->split_children_[members.front()];
+    RETURN_IF_ERROR(comm_->barrier_.Arrive(rank_, deadline, what, comm_->world_ranks_));
+    if (members.front() == rank_) comm_->split_children_[rank_].reset();
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(comm_->barrier_.Arrive(rank_, deadline, what, comm_->world_ranks_));
+  return comm_->barrier_.Arrive(rank_, deadline, what, comm_->world_ranks_);
+}
+
+}  // namespace braid::local

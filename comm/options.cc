@@ -1,0 +1,136 @@
+#include "comm/options.h"
+
+#include <cstdlib>
+#include <functional>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "comm/status_macros.h"
+
+extern char** environ;
+
+namespace braid {
+namespace {
+
+using Setter = std::function<absl::Status(Options&, absl::string_view)>;
+
+struct Entry {
+  OptionSpec spec;
+  Setter set;
+};
+
+absl::Status BadValue(absl::string_view name, absl::string_view value, absl::string_view want) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(name, "='", value, "' is not valid: expected ", want));
+}
+
+absl::StatusOr<int64_t> ParseInt(absl::string_view name, absl::string_view v, int64_t lo,
+                                 int64_t hi) {
+  int64_t x = 0;
+  if (!absl::SimpleAtoi(v, &x) || x < lo || x > hi) {
+    return BadValue(name, v, absl::StrCat("an integer in [", lo, ", ", hi, "]"));
+  }
+  return x;
+}
+
+const std::vector<Entry>& Entries() {
+  static const auto* entries = new std::vector<Entry>{
+      {{"BRAID_BACKEND", "local", "backend to create: local, mpi, nccl, plugin"},
+       [](Options& o, absl::string_view v) {
+         o.backend = std::string(v);
+         return absl::OkStatus();
+       }},
+      {{"BRAID_BACKEND_PLUGIN", "",
+        "path of a shared library exporting braidBackendPlugin_v1 (used by backend 'plugin')"},
+       [](Options& o, absl::string_view v) {
+         o.plugin_path = std::string(v);
+         return absl::OkStatus();
+       }},
+      {{"BRAID_LOCAL_RANKS", "1", "ranks (threads) of a world on the local backend"},
+       [](Options& o, absl::string_view v) -> absl::Status {
+         ASSIGN_OR_RETURN(int64_t x, ParseInt("BRAID_LOCAL_RANKS", v, 1, 4096));
+         o.local_ranks = static_cast<int>(x);
+         return absl::OkStatus();
+       }},
+      {{"BRAID_TIMEOUT_MS", "300000",
+        "deadline of every collective and internal wait, in milliseconds"},
+       [](Options& o, absl::string_view v) -> absl::Status {
+         ASSIGN_OR_RETURN(int64_t x, ParseInt("BRAID_TIMEOUT_MS", v, 1, int64_t{1} << 40));
+         o.timeout = absl::Milliseconds(x);
+         return absl::OkStatus();
+       }},
+      {{"BRAID_SPIN_US", "20", "busy-poll budget before a waiting thread sleeps, microseconds"},
+       [](Options& o, absl::string_view v) -> absl::Status {
+         ASSIGN_OR_RETURN(int64_t x, ParseInt("BRAID_SPIN_US", v, 0, 10'000'000));
+         o.spin = absl::Microseconds(x);
+         return absl::OkStatus();
+       }},
+      {{"BRAID_LOG_LEVEL", "warn", "trace, debug, info, warn, error, critical or off"},
+       [](Options& o, absl::string_view v) -> absl::Status {
+         for (absl::string_view l : {"trace", "debug", "info", "warn", "error", "critical", "off"}) {
+           if (v == l) {
+             o.log_level = std::string(v);
+             return absl::OkStatus();
+           }
+         }
+         return BadValue("BRAID_LOG_LEVEL", v, "trace|debug|info|warn|error|critical|off");
+       }},
+      {{"BRAID_VALIDATE_COLLECTIVES", "0",
+        "1: backends that cannot see peers' arguments for free (mpi) exchange and compare them "
+        "before every collective, turning a mismatch into an error instead of a hang"},
+       [](Options& o, absl::string_view v) -> absl::Status {
+         if (v != "0" && v != "1") return BadValue("BRAID_VALIDATE_COLLECTIVES", v, "0 or 1");
+         o.validate_collectives = v == "1";
+         return absl::OkStatus();
+       }},
+      {{"BRAID_TIMELINE", "", "path prefix for per-rank Chrome-trace timelines (off when empty)"},
+       [](Options& o, absl::string_view v) {
+         o.timeline = std::string(v);
+         return absl::OkStatus();
+       }},
+  };
+  return *entries;
+}
+
+}  // namespace
+
+const std::vector<OptionSpec>& OptionSpecs() {
+  static const auto* specs = [] {
+    auto* v = new std::vector<OptionSpec>;
+    for (const Entry& e : Entries()) v->push_back(e.spec);
+    return v;
+  }();
+  return *specs;
+}
+
+absl::StatusOr<Options> Options::FromMap(const std::map<std::string, std::string>& vars) {
+  Options o;
+  for (const auto& [name, value] : vars) {
+    if (!absl::StartsWith(name, "BRAID_")) continue;
+    bool known = false;
+    for (const Entry& e : Entries()) {
+      if (e.spec.name == name) {
+        RETURN_IF_ERROR(e.set(o, value));
+        known = true;
+        break;
+      }
+    }
+    if (!known) o.unknown.push_back(name);
+  }
+  return o;
+}
+
+absl::StatusOr<Options> Options::FromEnv() {
+  std::map<std::string, std::string> vars;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    absl::string_view kv(*e);
+    if (!absl::StartsWith(kv, "BRAID_")) continue;
+    const size_t eq = kv.find('=');
+    if (eq == absl::string_view::npos) continue;
+    vars.emplace(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
+  }
+  return FromMap(vars);
+}
+
+}  // namespace braid

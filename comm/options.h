@@ -1,0 +1,52 @@
+// BRAID_* settings, each declared once (name, default, description) and read once from the
+// environment into an Options struct that is then passed explicitly. No getenv elsewhere.
+//
+//   ASSIGN_OR_RETURN(Options opts, Options::FromEnv());
+//   opts.timeout = absl::Seconds(5);  // tests and embedders may override fields directly
+//   for (const OptionSpec& s : Options::Specs()) std::cout << s.name << ": " << s.help << "\n";
+//
+// A malformed value is an error naming the variable; an unknown BRAID_* variable is reported
+// in `unknown` (a typo in a knob should not pass silently).
+#ifndef BRAID_COMM_OPTIONS_H_
+#define BRAID_COMM_OPTIONS_H_
+
+#include <map>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace braid {
+
+struct Options {
+  std::string backend = "local";      // BRAID_BACKEND
+  std::string plugin_path;            // BRAID_BACKEND_PLUGIN
+  int local_ranks = 1;                // BRAID_LOCAL_RANKS
+  absl::Duration timeout = absl::Seconds(300);     // BRAID_TIMEOUT_MS
+  absl::Duration spin = absl::Microseconds(20);    // BRAID_SPIN_US
+  std::string log_level = "warn";     // BRAID_LOG_LEVEL
+  bool validate_collectives = false;  // BRAID_VALIDATE_COLLECTIVES
+  std::string timeline;               // BRAID_TIMELINE
+  std::vector<std::string> unknown;   // BRAID_* names seen in the environment but not known
+
+  // Parses `environ` once.
+  static absl::StatusOr<Options> FromEnv();
+  // Parses an explicit name -> value map (tests, embedders with their own config).
+  static absl::StatusOr<Options> FromMap(const std::map<std::string, std::string>& vars);
+};
+
+struct OptionSpec {
+  absl::string_view name;
+  absl::string_view default_value;
+  absl::string_view help;
+};
+
+// Every BRAID_* variable, for documentation and --help output.
+const std::vector<OptionSpec>& OptionSpecs();
+
+}  // namespace braid
+
+#endif  // BRAID_COMM_OPTIONS_H_

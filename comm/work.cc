@@ -1,0 +1,83 @@
+#include "comm/work.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "comm/spin.h"
+
+namespace braid {
+
+std::string WorkInfo::Describe() const {
+  std::string s = absl::StrCat(op, " #", seq, " on group '", group, "'");
+  if (!label.empty()) absl::StrAppend(&s, " (", label, ")");
+  return s;
+}
+
+Work::Work(WorkInfo info, absl::Duration spin)
+    : info_(std::move(info)), spin_ns_(absl::ToInt64Nanoseconds(spin)) {}
+
+WorkPtr Work::Create(WorkInfo info, absl::Duration spin) {
+  return WorkPtr(new Work(std::move(info), spin));
+}
+
+WorkPtr Work::Completed(WorkInfo info, absl::Status status) {
+  WorkPtr w = Create(std::move(info));
+  w->Complete(std::move(status));
+  return w;
+}
+
+bool Work::Complete(absl::Status status) {
+  std::vector<Callback> callbacks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_.load(std::memory_order_relaxed)) return false;
+    status_ = std::move(status);
+    callbacks.swap(callbacks_);
+    done_.store(true, std::memory_order_release);
+  }
+  cv_.notify_all();
+  for (auto& cb : callbacks) cb(status_);
+  return true;
+}
+
+void Work::OnComplete(Callback cb) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!done_.load(std::memory_order_relaxed)) {
+      callbacks_.push_back(std::move(cb));
+      return;
+    }
+  }
+  cb(status_);
+}
+
+absl::Status Work::status() const {
+  if (!Done()) {
+    return absl::FailedPreconditionError(absl::StrCat(info_.Describe(), " is still in flight"));
+  }
+  return status_;
+}
+
+absl::Status Work::Wait(absl::Duration timeout) { return WaitUntil(absl::Now() + timeout); }
+
+absl::Status Work::WaitUntil(absl::Time deadline) {
+  if (Done()) return status_;
+  if (poller_) {
+    // Polling-driven backend: drive progress ourselves, as MPI_Wait does.
+    for (uint32_t i = 0; !Done(); ++i) {
+      poller_();
+      if ((i & 63) == 63 && absl::Now() >= deadline) break;
+    }
+  } else {
+    SpinUntil([this] { return Done(); }, spin_ns_);
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_until(lock, absl::ToChronoTime(deadline),
+                   [this] { return done_.load(std::memory_order_relaxed); });
+  }
+  if (Done()) return status_;
+  return absl::DeadlineExceededError(
+      absl::StrCat("timed out waiting for ", info_.Describe(), ": not complete at the deadline"));
+}
+
+}  // namespace braid
