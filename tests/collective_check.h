@@ -1,0 +1,58 @@
+// One collective, run as one rank and checked against a serial reference.
+//
+// Every rank can regenerate every other rank's input from (seed, rank), so a rank checks its
+// own output without exchanging data: the same check serves threads on `local`, processes
+// under mpirun, and plugins.
+//
+//   CollectiveCase c{CollectiveKind::kAllReduce, ReduceKind::kAvg, DType::kBF16, 37,
+//                    /*in_place=*/true};
+//   EXPECT_OK(RunAndCheck(group, c));   // a mismatch names the first differing element
+//
+// The reference follows the semantics in comm/reduce_op.h in plain scalar code: inputs in
+// rank order 0..n-1, f32 accumulation for bf16/f16, one rounding at the end. Backends with a
+// fixed order must match it bit for bit. With `exact_data` the inputs are small multiples of
+// 1/4 (and premul scalars powers of two) so every partial sum is exact and any reduction order
+// gives the same bits: that is how transports with their own order (MPI) are held to bit
+// equality too.
+#ifndef BRAID_TESTS_COLLECTIVE_CHECK_H_
+#define BRAID_TESTS_COLLECTIVE_CHECK_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "comm/group.h"
+
+namespace braid::testing {
+
+struct CollectiveCase {
+  CollectiveKind kind = CollectiveKind::kAllReduce;
+  ReduceKind op = ReduceKind::kSum;
+  DType dtype = DType::kF32;
+  size_t count = 0;  // NCCL's count: recvcount for reduce-scatter, sendcount for all-gather
+  bool in_place = false;
+  bool exact_data = false;
+  uint64_t seed = 1;
+  int root = 0;  // broadcast
+};
+
+std::string CaseName(const CollectiveCase& c);
+
+// Input of `rank` for element count `elems`.
+std::vector<uint8_t> MakeInput(DType dtype, size_t elems, int rank, uint64_t seed, bool exact);
+// Premul scalar used by `rank` (NCCL's premul scalar is per rank).
+double PremulScalar(int rank, bool exact);
+
+// Serial reference: what `rank` must hold after the collective, for a group of `n`.
+std::vector<uint8_t> ReferenceOutput(const CollectiveCase& c, int n, int rank);
+
+// Runs `c` on `g` as rank g.rank(), waits (up to `timeout`), and compares. Also checks that an
+// out-of-place call left its send buffer untouched.
+absl::Status RunAndCheck(Group& g, const CollectiveCase& c,
+                         absl::Duration timeout = absl::Seconds(60));
+
+}  // namespace braid::testing
+
+#endif  // BRAID_TESTS_COLLECTIVE_CHECK_H_
