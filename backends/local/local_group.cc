@@ -112,7 +112,7 @@ Capabilities LocalGroup::LocalCapabilities() {
 }
 Capabilities LocalGroup::capabilities() const { return LocalCapabilities(); }
 
-WorkPtr LocalGroup::Enqueue(Op op) {
+WorkPtr LocalGroup::Enqueue(Op op, std::string label) {
   WorkPtr work;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -120,7 +120,7 @@ WorkPtr LocalGroup::Enqueue(Op op) {
     std::string op_name = op.posted.split ? std::string("split")
                                           : std::string(CollectiveName(op.posted.args.kind));
     work = Work::Create(
-        WorkInfo{comm_->name_, std::move(op_name), seq, std::string(op.posted.args.options.label)},
+        WorkInfo{comm_->name_, std::move(op_name), seq, std::move(label)},
         comm_->spin_);
     op.work = work;
     queue_.push_back(std::move(op));
@@ -133,7 +133,7 @@ absl::StatusOr<WorkPtr> LocalGroup::Launch(const CollectiveArgs& args) {
   Op op;
   op.posted.args = args;
   op.posted.args.options.label = {};  // the label lives in the Work; don't keep the view
-  WorkPtr w = Enqueue(std::move(op));
+  WorkPtr w = Enqueue(std::move(op), std::string(args.options.label));
   return w;
 }
 
@@ -145,7 +145,7 @@ absl::StatusOr<std::unique_ptr<Group>> LocalGroup::DoSplit(int color, int key, s
   op.posted.key = key;
   op.posted.split_name = std::move(name);
   op.split_result = &child;
-  WorkPtr w = Enqueue(std::move(op));
+  WorkPtr w = Enqueue(std::move(op), "");
   // The worker's own barriers carry the deadline; this wait only adds a margin.
   RETURN_IF_ERROR(w->Wait(comm_->timeout_ + absl::Seconds(5)));
   if (child == nullptr) return std::unique_ptr<Group>();
@@ -208,7 +208,12 @@ absl::Status LocalGroup::Execute(Op& op) {
   const absl::Time deadline = absl::Now() + timeout;
   comm_->posted_[rank_] = op.posted;
   RETURN_IF_ERROR(comm_->barrier_.Arrive(rank_, deadline, what, comm_->world_ranks_));
-  RETURN_IF_ERROR(CheckSameCall(what));
+  if (absl::Status mismatch = CheckSameCall(what); !mismatch.ok()) {
+    // Every rank saw the same slots and reached the same verdict; leave together so no rank
+    // posts its next call while a peer is still reading this one.
+    RETURN_IF_ERROR(comm_->barrier_.Arrive(rank_, deadline, what, comm_->world_ranks_));
+    return mismatch;
+  }
   if (op.posted.split) return RunSplit(op, deadline, what);
   return RunCollective(op.posted.args, deadline, what);
 }
@@ -297,9 +302,11 @@ absl::Status LocalGroup::RunSplit(const Op& op, absl::Time deadline, const std::
   const auto& posted = comm_->posted_;
   for (int r = 0; r < n; ++r) {
     if (posted[r].color < kNoColor) {
-      return absl::InvalidArgumentError(absl::StrCat(
+      absl::Status bad = absl::InvalidArgumentError(absl::StrCat(
           "split of group '", comm_->name_, "': rank ", comm_->world_ranks_[r], " passed color ",
           posted[r].color, "; a color must be >= 0, or kNoColor (-1) to join no group"));
+      RETURN_IF_ERROR(comm_->barrier_.Arrive(rank_, deadline, what, comm_->world_ranks_));
+      return bad;
     }
   }
   const int color = op.posted.color;

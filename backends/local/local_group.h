@@ -69,7 +69,7 @@ class LocalGroup final : public Group {
     std::shared_ptr<LocalComm>* split_result = nullptr;  // for splits: where to put the child
   };
 
-  WorkPtr Enqueue(Op op);
+  WorkPtr Enqueue(Op op, std::string label);
   void WorkerLoop();
   absl::Status Execute(Op& op);
   absl::Status RunCollective(const CollectiveArgs& a, absl::Time deadline, const std::string& what);
