@@ -121,3 +121,35 @@ TEST(LocalAsync, ManyInFlightThenWaitAll) {
 
 }  // namespace
 }  // namespace braid::testing
+
+namespace braid::testing {
+namespace {
+
+// Back-to-back collectives of different kinds, including one-phase barriers, with no pause:
+// a fast rank posting its next call must never be mistaken for the current one.
+TEST(LocalOrdering, BackToBackMixedCollectivesNeverCrossTalk) {
+  for (int ranks : {2, 3, 5}) {
+    RunRanks(ranks, [](Group& g) {
+      const int n = g.size();
+      for (int i = 0; i < 300; ++i) {
+        auto b = g.Barrier();
+        ASSERT_TRUE(b.ok()) << b.status();
+        int32_t mine = i * 10 + g.rank();
+        std::vector<int32_t> all(n);
+        auto ag = g.AllGather(&mine, all.data(), 1, DType::kI32);
+        ASSERT_TRUE(ag.ok()) << ag.status();
+        int64_t v = i, sum = 0;
+        auto ar = g.AllReduce(&v, &sum, 1, DType::kI64, ReduceOp::Sum());
+        ASSERT_TRUE(ar.ok()) << ar.status();
+        ASSERT_OK((*b)->Wait(absl::Seconds(30)));
+        ASSERT_OK((*ag)->Wait(absl::Seconds(30)));
+        ASSERT_OK((*ar)->Wait(absl::Seconds(30)));
+        for (int k = 0; k < n; ++k) ASSERT_EQ(all[k], i * 10 + k);
+        ASSERT_EQ(sum, static_cast<int64_t>(i) * n);
+      }
+    });
+  }
+}
+
+}  // namespace
+}  // namespace braid::testing

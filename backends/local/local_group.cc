@@ -22,7 +22,7 @@ class LocalComm {
         spin_(spin),
         faults_(std::move(faults)),
         barrier_(static_cast<int>(world_ranks_.size()), spin),
-        posted_(world_ranks_.size()),
+        posted_{std::vector<Posted>(world_ranks_.size()), std::vector<Posted>(world_ranks_.size())},
         split_children_(world_ranks_.size()) {}
 
   int size() const { return static_cast<int>(world_ranks_.size()); }
@@ -33,9 +33,13 @@ class LocalComm {
   const absl::Duration spin_;
   const std::shared_ptr<FaultInjector> faults_;
   RankBarrier barrier_;
-  // Slot r is written only by rank r, before barrier A, and read by all between A and the
-  // op's last barrier.
-  std::vector<Posted> posted_;
+  // posted_[seq % 2][r] is written only by rank r, before barrier A of op `seq`, and read by
+  // all ranks after it. Two generations: a rank that finished op s may post op s+1 while a
+  // peer still reads op s (a barrier has no phase after A), but it cannot post op s+2 before
+  // every rank has arrived at op s+1, i.e. finished reading op s.
+  std::vector<Posted> posted_[2];
+
+  std::vector<Posted>& slots(uint64_t seq) { return posted_[seq & 1]; }
   // Written by the leader of each split color between A and B, read by members after B.
   std::vector<std::shared_ptr<LocalComm>> split_children_;
 };
@@ -206,20 +210,17 @@ absl::Status LocalGroup::Execute(Op& op) {
     }
   }
   const absl::Time deadline = absl::Now() + timeout;
-  comm_->posted_[rank_] = op.posted;
+  std::vector<Posted>& posted = comm_->slots(info.seq);
+  posted[rank_] = op.posted;
   RETURN_IF_ERROR(comm_->barrier_.Arrive(rank_, deadline, what, comm_->world_ranks_));
-  if (absl::Status mismatch = CheckSameCall(what); !mismatch.ok()) {
-    // Every rank saw the same slots and reached the same verdict; leave together so no rank
-    // posts its next call while a peer is still reading this one.
-    RETURN_IF_ERROR(comm_->barrier_.Arrive(rank_, deadline, what, comm_->world_ranks_));
-    return mismatch;
-  }
-  if (op.posted.split) return RunSplit(op, deadline, what);
-  return RunCollective(op.posted.args, deadline, what);
+  // Every rank sees the same slots, so every rank reaches the same verdict.
+  RETURN_IF_ERROR(CheckSameCall(posted, what));
+  if (op.posted.split) return RunSplit(op, posted, deadline, what);
+  return RunCollective(op.posted.args, posted, deadline, what);
 }
 
-absl::Status LocalGroup::CheckSameCall(const std::string& what) const {
-  const auto& posted = comm_->posted_;
+absl::Status LocalGroup::CheckSameCall(const std::vector<Posted>& posted,
+                                       const std::string& what) const {
   for (int r = 1; r < comm_->size(); ++r) {
     if (!SameCall(posted[0], posted[r])) {
       std::vector<std::string> calls;
@@ -236,10 +237,9 @@ absl::Status LocalGroup::CheckSameCall(const std::string& what) const {
   return absl::OkStatus();
 }
 
-absl::Status LocalGroup::RunCollective(const CollectiveArgs& a, absl::Time deadline,
-                                       const std::string& what) {
+absl::Status LocalGroup::RunCollective(const CollectiveArgs& a, const std::vector<Posted>& posted,
+                                       absl::Time deadline, const std::string& what) {
   const int n = comm_->size();
-  const auto& posted = comm_->posted_;
   auto& barrier = comm_->barrier_;
   const size_t es = DTypeSize(a.dtype);
   char* recv = static_cast<char*>(a.recv);
@@ -297,16 +297,14 @@ absl::Status LocalGroup::RunCollective(const CollectiveArgs& a, absl::Time deadl
   return barrier.Arrive(rank_, deadline, what, comm_->world_ranks_);
 }
 
-absl::Status LocalGroup::RunSplit(const Op& op, absl::Time deadline, const std::string& what) {
+absl::Status LocalGroup::RunSplit(const Op& op, const std::vector<Posted>& posted,
+                                  absl::Time deadline, const std::string& what) {
   const int n = comm_->size();
-  const auto& posted = comm_->posted_;
   for (int r = 0; r < n; ++r) {
     if (posted[r].color < kNoColor) {
-      absl::Status bad = absl::InvalidArgumentError(absl::StrCat(
+      return absl::InvalidArgumentError(absl::StrCat(
           "split of group '", comm_->name_, "': rank ", comm_->world_ranks_[r], " passed color ",
           posted[r].color, "; a color must be >= 0, or kNoColor (-1) to join no group"));
-      RETURN_IF_ERROR(comm_->barrier_.Arrive(rank_, deadline, what, comm_->world_ranks_));
-      return bad;
     }
   }
   const int color = op.posted.color;

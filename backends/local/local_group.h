@@ -72,9 +72,11 @@ class LocalGroup final : public Group {
   WorkPtr Enqueue(Op op, std::string label);
   void WorkerLoop();
   absl::Status Execute(Op& op);
-  absl::Status RunCollective(const CollectiveArgs& a, absl::Time deadline, const std::string& what);
-  absl::Status RunSplit(const Op& op, absl::Time deadline, const std::string& what);
-  absl::Status CheckSameCall(const std::string& what) const;
+  absl::Status RunCollective(const CollectiveArgs& a, const std::vector<Posted>& posted,
+                             absl::Time deadline, const std::string& what);
+  absl::Status RunSplit(const Op& op, const std::vector<Posted>& posted, absl::Time deadline,
+                        const std::string& what);
+  absl::Status CheckSameCall(const std::vector<Posted>& posted, const std::string& what) const;
 
   const std::shared_ptr<LocalComm> comm_;
   const int rank_;

@@ -1,0 +1,66 @@
+#include "bench/bench_flags.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace braid::bench {
+
+absl::StatusOr<Flags> Flags::Parse(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--", 0) != 0) return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", a, "'"));
+    a = a.substr(2);
+    const size_t eq = a.find('=');
+    if (eq == std::string::npos) {
+      f.values_[a] = "1";
+    } else {
+      f.values_[a.substr(0, eq)] = a.substr(eq + 1);
+    }
+  }
+  return f;
+}
+
+std::string Flags::Str(const std::string& name, const std::string& def) const {
+  used_[name] = true;
+  auto it = values_.find(name);
+  return it == values_.end() ? def : it->second;
+}
+
+absl::StatusOr<int64_t> Flags::Int(const std::string& name, int64_t def) const {
+  used_[name] = true;
+  auto it = values_.find(name);
+  if (it == values_.end()) return def;
+  std::string v = it->second;
+  int64_t mult = 1;
+  if (!v.empty()) {
+    switch (v.back()) {
+      case 'K': case 'k': mult = int64_t{1} << 10; v.pop_back(); break;
+      case 'M': case 'm': mult = int64_t{1} << 20; v.pop_back(); break;
+      case 'G': case 'g': mult = int64_t{1} << 30; v.pop_back(); break;
+      default: break;
+    }
+  }
+  int64_t x = 0;
+  if (!absl::SimpleAtoi(v, &x)) {
+    return absl::InvalidArgumentError(absl::StrCat("--", name, "='", it->second, "' is not an integer"));
+  }
+  return x * mult;
+}
+
+bool Flags::Bool(const std::string& name, bool def) const {
+  used_[name] = true;
+  auto it = values_.find(name);
+  if (it == values_.end()) return def;
+  return it->second == "1" || it->second == "true" || it->second == "yes";
+}
+
+std::vector<std::string> Flags::Unused() const {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : values_) {
+    if (!used_.count(k)) out.push_back(k);
+  }
+  return out;
+}
+
+}  // namespace braid::bench

@@ -1,0 +1,33 @@
+// Minimal --name=value flag parsing for the bench binaries (no flag library dependency).
+#ifndef BRAID_BENCH_BENCH_FLAGS_H_
+#define BRAID_BENCH_BENCH_FLAGS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace braid::bench {
+
+class Flags {
+ public:
+  // Accepts --name=value and --name (value "1"); anything else is an error naming it.
+  static absl::StatusOr<Flags> Parse(int argc, char** argv);
+
+  std::string Str(const std::string& name, const std::string& def) const;
+  // Integers accept K/M/G suffixes (powers of 1024): --maxbytes=64M.
+  absl::StatusOr<int64_t> Int(const std::string& name, int64_t def) const;
+  bool Bool(const std::string& name, bool def) const;
+  // Names given but never read: reported as unknown flags.
+  std::vector<std::string> Unused() const;
+
+ private:
+  std::map<std::string, std::string> values_;
+  mutable std::map<std::string, bool> used_;
+};
+
+}  // namespace braid::bench
+
+#endif  // BRAID_BENCH_BENCH_FLAGS_H_
