@@ -142,16 +142,17 @@ absl::StatusOr<WorkPtr> LocalGroup::Launch(const CollectiveArgs& args) {
 }
 
 absl::StatusOr<std::unique_ptr<Group>> LocalGroup::DoSplit(int color, int key, std::string name) {
-  std::shared_ptr<LocalComm> child;
+  auto result = std::make_shared<std::shared_ptr<LocalComm>>();
   Op op;
   op.posted.split = true;
   op.posted.color = color;
   op.posted.key = key;
   op.posted.split_name = std::move(name);
-  op.split_result = &child;
+  op.split_result = result;
   WorkPtr w = Enqueue(std::move(op), "");
-  // The worker's own barriers carry the deadline; this wait only adds a margin.
+  // The worker's barriers carry the deadline; this wait only adds a margin.
   RETURN_IF_ERROR(w->Wait(comm_->timeout_ + absl::Seconds(5)));
+  std::shared_ptr<LocalComm> child = std::move(*result);
   if (child == nullptr) return std::unique_ptr<Group>();
   const auto& members = child->world_ranks_;
   const int my_world = comm_->world_ranks_[rank_];

@@ -66,7 +66,9 @@ class LocalGroup final : public Group {
   struct Op {
     Posted posted;
     WorkPtr work;
-    std::shared_ptr<LocalComm>* split_result = nullptr;  // for splits: where to put the child
+    // For splits: where the worker puts the child. Shared, so a caller that stopped waiting
+    // never leaves the worker writing through a dangling pointer.
+    std::shared_ptr<std::shared_ptr<LocalComm>> split_result;
   };
 
   WorkPtr Enqueue(Op op, std::string label);
