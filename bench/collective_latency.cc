@@ -11,7 +11,10 @@
 // 1 MiB (never below 3). Before timing, each op runs once on exact data and #wrong counts
 // elements that differ from the expected result, summed over ranks.
 // Baselines measured in the same run: single-thread memcpy (row "memcpy") and, on the mpi
-// backend, raw OpenMPI loops (rows "raw_mpi_iallreduce", "raw_mpi_allreduce").
+// backend, raw OpenMPI all-reduce loops interleaved round by round with Braid's (rows
+// "raw_mpi_iallreduce" = MPI_Iallreduce+MPI_Wait, "raw_mpi_iallreduce_test" (MPI_Test spin),
+// "raw_mpi_allreduce" (blocking), "braid_allreduce_interleaved"; medians over --compare_rounds)
+// at 8 B, 4 KiB, 64 KiB, 1 MiB and 16 MiB when inside the size range, plus a summary table.
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,6 +48,7 @@ struct Config {
   DType dtype = DType::kF32;
   ReduceKind redop = ReduceKind::kSum;
   bool csv = false, check = true, in_place = false;
+  int compare_rounds = 9;  // mpi: rounds of the interleaved raw-MPI comparison
 };
 
 struct Row {
@@ -303,10 +307,10 @@ void PrintTable(const Config& c, int n, const std::vector<Row>& rows) {
               std::string(ReduceKindName(c.redop)).c_str(), c.iters, c.warmup,
               c.in_place ? "in-place" : "out-of-place");
   std::printf("# time = mean issue+wait per op of the slowest rank; busbw factors as nccl-tests\n#\n");
-  std::printf("# %-20s %12s %12s %6s %6s %11s %12s %12s %7s\n", "op", "size(B)", "count", "type",
+  std::printf("# %-28s %12s %12s %6s %6s %11s %12s %12s %7s\n", "op", "size(B)", "count", "type",
               "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
   for (const Row& r : rows) {
-    std::printf("  %-20s %12zu %12zu %6s %6s %11.2f %12.3f %12.3f %7lld\n", r.op.c_str(), r.bytes,
+    std::printf("  %-28s %12zu %12zu %6s %6s %11.2f %12.3f %12.3f %7lld\n", r.op.c_str(), r.bytes,
                 r.count, r.dtype.c_str(), r.redop.c_str(), r.time_us, r.algbw, r.busbw,
                 static_cast<long long>(r.wrong));
   }
@@ -329,6 +333,8 @@ absl::StatusOr<Config> ParseConfig(const Flags& f, const Options& env) {
   c.csv = f.Bool("csv", false);
   c.check = f.Bool("check", true);
   c.in_place = f.Bool("inplace", false);
+  ASSIGN_OR_RETURN(int64_t rounds, f.Int("compare_rounds", 9));
+  c.compare_rounds = static_cast<int>(std::max<int64_t>(1, rounds));
   const std::string ops = f.Str("ops", "allreduce,reduce_scatter,allgather,broadcast,barrier");
   for (absl::string_view name : absl::StrSplit(ops, ',')) {
     bool found = false;
@@ -402,14 +408,24 @@ absl::Status Main(int argc, char** argv) {
   for (auto& t : threads) t.join();
   for (const absl::Status& s : status) RETURN_IF_ERROR(s);
   // Baselines in the same run.
+  std::vector<MpiCompareRow> mpi_compare;
   if (c.backend == "mpi") {
-    std::vector<RawRow> raw;
-    RETURN_IF_ERROR(RawMpiAllReduceRows(c.minbytes, c.maxbytes, c.step, c.iters, c.warmup, &raw));
-    for (const RawRow& r : raw) {
-      if (!leader) break;
-      rows.push_back(Row{r.op, r.bytes, r.bytes / 4, "f32", "sum", r.time_us,
-                         r.bytes / (r.time_us * 1e-6) / 1e9,
-                         r.bytes / (r.time_us * 1e-6) / 1e9 * BusFactor(CollectiveKind::kAllReduce, groups.front()->size()), 0});
+    std::vector<size_t> sizes;
+    for (size_t b : {size_t{8}, size_t{4096}, size_t{65536}, size_t{1} << 20, size_t{16} << 20}) {
+      if (b >= static_cast<size_t>(c.minbytes) && b <= static_cast<size_t>(c.maxbytes)) sizes.push_back(b);
+    }
+    if (isatty(2) && leader) std::fprintf(stderr, "[collective_latency] braid vs raw MPI, interleaved rounds...\n");
+    RETURN_IF_ERROR(CompareWithRawMpi(*groups.front(), sizes, c.compare_rounds, 20000, &mpi_compare));
+    const int n = groups.front()->size();
+    for (const MpiCompareRow& m : mpi_compare) {
+      for (const auto& [name, us] : {std::pair<const char*, double>{"raw_mpi_iallreduce", m.raw_wait_us},
+                                     {"raw_mpi_iallreduce_test", m.raw_test_us},
+                                     {"raw_mpi_allreduce", m.raw_blocking_us},
+                                     {"braid_allreduce_interleaved", m.braid_us}}) {
+        const double algbw = m.bytes / (us * 1e-6) / 1e9;
+        rows.push_back(Row{name, m.bytes, m.bytes / 4, "f32", "sum", us, algbw,
+                           algbw * BusFactor(CollectiveKind::kAllReduce, n), 0});
+      }
     }
   }
   if (leader) {
@@ -417,6 +433,17 @@ absl::Status Main(int argc, char** argv) {
     rows.push_back(Row{m.op, m.bytes, m.bytes, "u8", "none", m.time_us,
                        m.bytes / (m.time_us * 1e-6) / 1e9, m.bytes / (m.time_us * 1e-6) / 1e9, 0});
     PrintTable(c, groups.front()->size(), rows);
+    if (!c.csv && !mpi_compare.empty()) {
+      std::printf("#\n# mpi backend vs raw OpenMPI (in-place f32 sum, median of %d interleaved rounds)\n",
+                  c.compare_rounds);
+      std::printf("# %10s %14s %14s %14s %10s %12s %10s\n", "bytes", "raw_wait_us", "raw_test_us",
+                  "raw_block_us", "braid_us", "braid-raw_us", "braid/raw");
+      for (const MpiCompareRow& m : mpi_compare) {
+        const double raw = std::min(m.raw_wait_us, m.raw_test_us);
+        std::printf("  %10zu %14.2f %14.2f %14.2f %10.2f %12.2f %10.3f\n", m.bytes, m.raw_wait_us,
+                    m.raw_test_us, m.raw_blocking_us, m.braid_us, m.braid_us - raw, m.braid_us / raw);
+      }
+    }
     int64_t wrong = 0;
     for (const Row& r : rows) wrong += r.wrong;
     if (wrong != 0) return absl::DataLossError(absl::StrCat(wrong, " wrong elements"));

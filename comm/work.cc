@@ -1,6 +1,7 @@
 #include "comm/work.h"
 
 #include <chrono>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -67,7 +68,10 @@ absl::Status Work::WaitUntil(absl::Time deadline) {
     // Polling-driven backend: drive progress ourselves, as MPI_Wait does.
     for (uint32_t i = 0; !Done(); ++i) {
       poller_();
-      if ((i & 63) == 63 && absl::Now() >= deadline) break;
+      if ((i & 63) == 63) {
+        if (absl::Now() >= deadline) break;
+        std::this_thread::yield();  // an oversubscribed box must still run the peer ranks
+      }
     }
   } else {
     SpinUntil([this] { return Done(); }, spin_ns_);

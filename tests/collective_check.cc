@@ -139,7 +139,7 @@ std::string ElementText(DType t, const uint8_t* p) {
 
 absl::Status Compare(const CollectiveCase& c, int rank, const uint8_t* got,
                      const std::vector<uint8_t>& want, const char* what) {
-  if (std::memcmp(got, want.data(), want.size()) == 0) return absl::OkStatus();
+  if (want.empty() || std::memcmp(got, want.data(), want.size()) == 0) return absl::OkStatus();
   const size_t es = DTypeSize(c.dtype);
   size_t i = 0;
   while (std::memcmp(got + i * es, want.data() + i * es, es) == 0) ++i;

@@ -1,0 +1,108 @@
+#include "backends/mpi/mpi_group.h"
+
+#include <utility>
+#include <vector>
+
+#include "backends/mpi/call_record.h"
+#include "backends/mpi/collective_op.h"
+#include "backends/mpi/group_setup.h"
+#include "backends/mpi/mpi_errors.h"
+#include "comm/status_macros.h"
+
+namespace braid::mpi {
+
+absl::StatusOr<std::unique_ptr<Group>> MpiGroup::Create(std::shared_ptr<MpiRuntime> runtime,
+                                                        MpiComm data, std::string name,
+                                                        const Config& config) {
+  ASSIGN_OR_RETURN(MpiComm control,
+                   DupComm(runtime, data.get(), WorkInfo{name, "create", 0, ""}, config.timeout));
+  auto state = std::make_shared<GroupState>(std::move(name), data.rank(), data.size(),
+                                            config.validate);
+  state->data = data.get();
+  state->control = control.get();
+  return std::unique_ptr<Group>(new MpiGroup(std::move(runtime), std::move(data),
+                                             std::move(control), std::move(state), config));
+}
+
+MpiGroup::MpiGroup(std::shared_ptr<MpiRuntime> runtime, MpiComm data, MpiComm control,
+                   std::shared_ptr<GroupState> state, const Config& config)
+    : runtime_(std::move(runtime)),
+      data_(std::move(data)),
+      control_(std::move(control)),
+      state_(std::move(state)),
+      config_(config),
+      world_rank_(runtime_->world_rank()) {}
+
+MpiGroup::~MpiGroup() {
+  {
+    // Operations still waiting for their turn fail; those MPI already runs complete normally
+    // (MPI_Comm_free lets them finish first).
+    std::lock_guard<std::mutex> lock(runtime_->mu());
+    state_->closed = true;
+    state_->data = MPI_COMM_NULL;
+    state_->control = MPI_COMM_NULL;
+  }
+  control_.Reset();
+  data_.Reset();
+}
+
+Capabilities MpiGroup::MpiCapabilities() {
+  Capabilities c;
+  c.host_memory = true;
+  c.native_avg = false;
+  c.native_premul_sum = false;
+  c.native_half = false;
+  c.async_progress = true;
+  c.split = true;
+  c.deterministic = false;  // MPI picks the reduction order
+  return c;
+}
+
+absl::StatusOr<WorkPtr> MpiGroup::Launch(const CollectiveArgs& in) {
+  CollectiveOp::Params p;
+  p.args = in;
+  p.args.options.label = {};  // the label lives in the Work; don't keep the view
+  p.timeout = in.options.timeout > absl::ZeroDuration() ? in.options.timeout : config_.timeout;
+  p.deadline = absl::Now() + p.timeout;
+  p.work = runtime_->engine().NewWork(
+      WorkInfo{state_->name, std::string(CollectiveName(in.kind)), next_seq_++,
+               std::string(in.options.label)},
+      config_.spin);
+  p.group = state_;
+  p.turn = state_->validate ? next_turn_++ : 0;
+  p.world_rank = world_rank_;
+  p.ops = &runtime_->ops();
+  WorkPtr work = p.work;
+  ASSIGN_OR_RETURN(std::unique_ptr<CollectiveOp> op, CollectiveOp::Create(std::move(p)));
+  RETURN_IF_ERROR(runtime_->engine().Submit(std::move(op)));
+  return work;
+}
+
+absl::StatusOr<std::unique_ptr<Group>> MpiGroup::DoSplit(int color, int key, std::string name) {
+  const WorkInfo info{state_->name, "split", next_seq_++, ""};
+  const std::string what = info.Describe();
+  ASSIGN_OR_RETURN(std::vector<CallRecord> table,
+                   ExchangeRecords(runtime_, state_, info, config_.timeout,
+                                   SplitRecord(color, key, world_rank_)));
+  // Every rank holds the same table, so every rank takes the same branch below.
+  RETURN_IF_ERROR(CheckSameCall(table, what));
+  RETURN_IF_ERROR(CheckSplitColors(table, state_->name));
+  MPI_Comm child = MPI_COMM_NULL;
+  {
+    std::lock_guard<std::mutex> lock(runtime_->mu());
+    RETURN_IF_ERROR(state_->CheckUsableLocked());
+    // Blocking, but every rank of the group has reached this Split (the exchange completed).
+    const absl::Status s = MpiStatus(
+        MPI_Comm_split(state_->control, color == kNoColor ? MPI_UNDEFINED : color, key, &child),
+        "MPI_Comm_split");
+    if (!s.ok()) {
+      state_->MarkFailedLocked(s);
+      return s;
+    }
+  }
+  if (child == MPI_COMM_NULL) return std::unique_ptr<Group>();
+  ASSIGN_OR_RETURN(MpiComm data, MpiComm::Adopt(runtime_, child));
+  return Create(runtime_, std::move(data), std::move(name), config_);
+}
+
+}  // namespace braid::mpi

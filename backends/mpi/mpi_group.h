@@ -1,0 +1,80 @@
+// The `mpi` backend's Group: one process per rank, collectives as MPI nonblocking calls.
+//
+// RANK-ORDER CONTRACT (see comm/group.h): every rank issues this group's collectives and
+// Splits in the same order, with matching arguments. MPI matches the collectives of a
+// communicator by the order in which they are issued and cannot see a mismatch itself: with
+// BRAID_VALIDATE_COLLECTIVES=1 each collective first exchanges a small record (kind, count,
+// dtype, op, root) and a mismatch fails on every rank with InvalidArgument naming the ranks
+// and their calls; without it, a mismatch is caught only by the deadline (or by MPI, when
+// sizes differ). Calls on one MpiGroup must not run concurrently (the scheduler serializes
+// them); different groups may be used from different threads.
+//
+//   ASSIGN_OR_RETURN(WorkPtr w, world->AllReduce(buf, buf, n, DType::kBF16, ReduceOp::Avg()));
+//   w->OnComplete([](const absl::Status& s) { ... });   // fires without anyone waiting
+//   ASSIGN_OR_RETURN(std::unique_ptr<Group> half, world->Split(rank % 2, rank));
+//
+// Each group owns two communicators: `data` carries the collectives, `control` carries the
+// record exchanges and Split (so they never reorder the data calls). Every collective has a
+// deadline (CollectiveOptions::timeout, else Options::timeout); one that misses it fails with
+// DeadlineExceeded and fails the group: later calls return that cause at once. Split is
+// collective and blocks its caller: it exchanges (color, key) under the deadline, checks the
+// colors on every rank, then calls MPI_Comm_split (all ranks are known to be there by then).
+#ifndef BRAID_BACKENDS_MPI_MPI_GROUP_H_
+#define BRAID_BACKENDS_MPI_MPI_GROUP_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "backends/mpi/group_state.h"
+#include "backends/mpi/mpi_comm.h"
+#include "backends/mpi/mpi_runtime.h"
+#include "comm/group.h"
+
+namespace braid::mpi {
+
+class MpiGroup final : public Group {
+ public:
+  struct Config {
+    absl::Duration timeout = absl::Seconds(300);  // default deadline of every call
+    absl::Duration spin = absl::Microseconds(20);
+    bool validate = false;  // BRAID_VALIDATE_COLLECTIVES
+  };
+
+  // A group over `data` (owned); makes its control communicator (collective over `data`).
+  static absl::StatusOr<std::unique_ptr<Group>> Create(std::shared_ptr<MpiRuntime> runtime,
+                                                       MpiComm data, std::string name,
+                                                       const Config& config);
+  ~MpiGroup() override;
+
+  int rank() const override { return state_->rank; }
+  int size() const override { return state_->size; }
+  const std::string& name() const override { return state_->name; }
+  absl::string_view backend_name() const override { return "mpi"; }
+  Capabilities capabilities() const override { return MpiCapabilities(); }
+
+  static Capabilities MpiCapabilities();
+
+ protected:
+  absl::StatusOr<WorkPtr> Launch(const CollectiveArgs& args) override;
+  absl::StatusOr<std::unique_ptr<Group>> DoSplit(int color, int key, std::string name) override;
+
+ private:
+  MpiGroup(std::shared_ptr<MpiRuntime> runtime, MpiComm data, MpiComm control,
+           std::shared_ptr<GroupState> state, const Config& config);
+
+  const std::shared_ptr<MpiRuntime> runtime_;  // first: outlives the communicators
+  MpiComm data_;
+  MpiComm control_;
+  const std::shared_ptr<GroupState> state_;
+  const Config config_;
+  const int world_rank_;
+  uint64_t next_seq_ = 0;   // collectives and splits, identical on every rank
+  uint64_t next_turn_ = 0;  // collectives only (validate: order on the data communicator)
+};
+
+}  // namespace braid::mpi
+
+#endif  // BRAID_BACKENDS_MPI_MPI_GROUP_H_

@@ -1,0 +1,126 @@
+#include "backends/mpi/mpi_runtime.h"
+
+#include <mpi.h>
+
+#include "absl/strings/str_cat.h"
+#include "backends/mpi/mpi_errors.h"
+#include "comm/logging.h"
+
+namespace braid::mpi {
+namespace {
+
+absl::string_view ThreadLevelName(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+  }
+  return "unknown thread level";
+}
+
+// Initializes MPI if needed; returns whether we did (and so must finalize).
+absl::StatusOr<bool> InitMpi() {
+  int finalized = 0;
+  RETURN_IF_MPI_ERROR(MPI_Finalized(&finalized));
+  if (finalized) {
+    return absl::FailedPreconditionError(
+        "mpi backend: MPI was already finalized in this process and cannot be initialized "
+        "again; keep one mpi backend (or one of its groups) alive for the process lifetime");
+  }
+  int initialized = 0;
+  RETURN_IF_MPI_ERROR(MPI_Initialized(&initialized));
+  int provided = MPI_THREAD_SINGLE;
+  bool owns = false;
+  if (initialized) {
+    RETURN_IF_MPI_ERROR(MPI_Query_thread(&provided));
+  } else {
+    RETURN_IF_MPI_ERROR(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+    owns = true;
+  }
+  if (provided < MPI_THREAD_SERIALIZED) {
+    if (owns) MPI_Finalize();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "mpi backend: MPI provides ", ThreadLevelName(provided),
+        " but the backend needs at least MPI_THREAD_SERIALIZED (it calls MPI from a progress "
+        "thread and from waiting threads, one at a time)",
+        initialized ? "; initialize MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE)" : ""));
+  }
+  return owns;
+}
+
+// The process's live runtime. Once the last holder lets go, `finalizing` makes any later
+// Acquire() fail cleanly instead of joining an MPI that is being (or was) finalized.
+struct LiveRuntime {
+  std::mutex mu;
+  std::weak_ptr<MpiRuntime> runtime;  // guarded by mu
+  bool finalizing = false;            // guarded by mu
+};
+
+LiveRuntime& Live() {
+  static LiveRuntime* live = new LiveRuntime;
+  return *live;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<MpiRuntime>> MpiRuntime::Acquire() {
+  LiveRuntime& live = Live();
+  std::lock_guard<std::mutex> lock(live.mu);
+  if (std::shared_ptr<MpiRuntime> rt = live.runtime.lock()) return rt;
+  if (live.finalizing) {
+    return absl::FailedPreconditionError(
+        "mpi backend: MPI was finalized when the last mpi backend and its groups were destroyed, "
+        "and cannot be initialized again in this process; keep one of them alive for the "
+        "process lifetime");
+  }
+  ASSIGN_OR_RETURN(const bool owns, InitMpi());
+  int rank = 0;
+  int size = 0;
+  absl::Status s = MpiStatus(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank");
+  if (s.ok()) s = MpiStatus(MPI_Comm_size(MPI_COMM_WORLD, &size), "MPI_Comm_size");
+  absl::StatusOr<std::unique_ptr<MpiOps>> ops = MpiOps::Create();
+  if (s.ok()) s = ops.status();
+  if (!s.ok()) {
+    if (ops.ok()) ops->reset();
+    if (owns) MPI_Finalize();
+    return s;
+  }
+  std::shared_ptr<MpiRuntime> rt(new MpiRuntime(owns, rank, size, std::move(*ops)));
+  live.runtime = rt;
+  return rt;
+}
+
+MpiRuntime::MpiRuntime(bool owns_mpi, int world_rank, int world_size,
+                       std::unique_ptr<MpiOps> ops)
+    : owns_mpi_(owns_mpi),
+      world_rank_(world_rank),
+      world_size_(world_size),
+      ops_(std::move(ops)),
+      engine_(ProgressEngine::Create()) {}
+
+MpiRuntime::~MpiRuntime() {
+  if (owns_mpi_) {
+    std::lock_guard<std::mutex> lock(Live().mu);
+    Live().finalizing = true;
+  }
+  const bool quiescent = engine_->Shutdown();
+  if (!quiescent) {
+    ops_.release();  // NOLINT: an operation MPI still runs may use it
+  } else {
+    std::lock_guard<std::mutex> lock(engine_->mu());
+    ops_.reset();
+  }
+  if (!owns_mpi_) return;
+  std::lock_guard<std::mutex> lock(Live().mu);
+  // Stays set: MPI cannot be initialized again after MPI_Finalize (or when it was skipped).
+  if (!quiescent) {
+    Log().error("mpi backend: not calling MPI_Finalize: MPI still owns buffers of operations "
+                "that missed their deadline");
+    return;
+  }
+  const absl::Status s = MpiStatus(MPI_Finalize(), "MPI_Finalize");
+  if (!s.ok()) Log().error("mpi backend: {}", s.ToString());
+}
+
+}  // namespace braid::mpi

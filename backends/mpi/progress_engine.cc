@@ -1,0 +1,284 @@
+#include "backends/mpi/progress_engine.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "backends/mpi/mpi_errors.h"
+#include "comm/logging.h"
+
+namespace braid::mpi {
+namespace {
+
+// The thread's pacing. It lingers a few milliseconds after the last operation (waking every
+// tick) before sleeping until notified, so a tight launch/wait loop never pays a wake-up.
+constexpr auto kTick = std::chrono::microseconds(100);
+constexpr int kLingerTicks = 50;
+constexpr auto kZombieInterval = std::chrono::milliseconds(10);
+// A waiter polled this recently: it drives progress (all operations, not only its own), so
+// the thread stays off the CPU until the waiter has been gone this long.
+constexpr int64_t kWaiterGraceNs = 1'000'000;
+// Polls without a completion before the thread sleeps between polls instead of yielding.
+constexpr int kYieldPolls = 256;
+constexpr auto kBackoffSleep = std::chrono::microseconds(20);
+
+absl::Status DeadlineStatus(const Operation& op) {
+  const std::string group = op.group() != nullptr ? op.group()->name : op.work()->info().group;
+  return absl::DeadlineExceededError(absl::StrCat(
+      op.work()->info().Describe(), ": not complete at its deadline (timeout ",
+      absl::FormatDuration(op.timeout()),
+      "); a rank may have stopped or called a different collective. MPI cannot cancel it, so "
+      "group '", group, "' is now failed and every later call on it fails"));
+}
+
+absl::Status AbortedByGroup(const Operation& op) {
+  const absl::Status& cause = op.group()->failure;
+  return absl::Status(cause.code(), absl::StrCat(op.work()->info().Describe(), ": aborted, group '",
+                                                 op.group()->name, "' failed: ", cause.message()));
+}
+
+}  // namespace
+
+std::shared_ptr<ProgressEngine> ProgressEngine::Create() {
+  std::shared_ptr<ProgressEngine> engine(new ProgressEngine());
+  engine->thread_ = std::thread([e = engine.get()] { e->ThreadMain(); });
+  return engine;
+}
+
+ProgressEngine::~ProgressEngine() {
+  Shutdown();
+  // MPI may still write into (or read from) these buffers: never free them under it.
+  for (auto& z : zombies_) z.release();  // NOLINT: deliberate leak, see the header
+}
+
+WorkPtr ProgressEngine::NewWork(WorkInfo info, absl::Duration spin) {
+  WorkPtr work = Work::Create(std::move(info), spin);
+  work->set_poller([engine = shared_from_this()] { engine->Poll(); });
+  return work;
+}
+
+absl::Status ProgressEngine::Submit(std::unique_ptr<Operation> op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_down_ || stopping_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        op->work()->info().Describe(), ": the MPI runtime is shutting down"));
+  }
+  if (op->group() != nullptr) RETURN_IF_ERROR(op->group()->CheckUsableLocked());
+  absl::Status started = op->Start();
+  if (!started.ok()) {
+    // Peers may have issued this call: the group's call order can no longer be trusted.
+    if (op->group() != nullptr) op->group()->MarkFailedLocked(started);
+    return started;
+  }
+  ops_.push_back(std::move(op));
+  if (asleep_) cv_.notify_one();
+  return absl::OkStatus();
+}
+
+void ProgressEngine::Poll() {
+  const int64_t now_ns = absl::GetCurrentTimeNanos();
+  last_waiter_poll_ns_.store(now_ns, std::memory_order_relaxed);
+  FinishedList finished;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_ || ops_.empty()) return;
+    PollLocked(absl::FromUnixNanos(now_ns), &finished);
+  }
+  RunFinished(finished);
+}
+
+void ProgressEngine::TestRequestsLocked() {
+  const size_t n = ops_.size();
+  errors_.assign(n, absl::OkStatus());
+  requests_.resize(n);
+  bool any_active = false;
+  for (size_t i = 0; i < n; ++i) {
+    requests_[i] = ops_[i]->request();
+    any_active |= requests_[i] != MPI_REQUEST_NULL;
+  }
+  if (!any_active) return;
+  indices_.resize(n);
+  statuses_.resize(n);
+  int completed = 0;
+  const int rc = MPI_Testsome(static_cast<int>(n), requests_.data(), &completed, indices_.data(),
+                              statuses_.data());
+  if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
+    const absl::Status s = MpiStatus(rc, "MPI_Testsome");
+    for (size_t i = 0; i < n; ++i) {
+      if (ops_[i]->request() != MPI_REQUEST_NULL) errors_[i] = s;
+    }
+    return;
+  }
+  if (completed == MPI_UNDEFINED) return;
+  for (int k = 0; k < completed; ++k) {
+    const size_t i = static_cast<size_t>(indices_[k]);
+    ops_[i]->request() = MPI_REQUEST_NULL;
+    if (rc == MPI_ERR_IN_STATUS && statuses_[k].MPI_ERROR != MPI_SUCCESS) {
+      errors_[i] = MpiStatus(statuses_[k].MPI_ERROR,
+                             absl::StrCat(ops_[i]->work()->info().Describe(), ": MPI request"));
+    }
+  }
+}
+
+void ProgressEngine::PollLocked(absl::Time now, FinishedList* out) {
+  TestRequestsLocked();
+  // errors_ is indexed like ops_ before any removal: walk both with separate cursors.
+  std::vector<absl::Status> errors;
+  errors.swap(errors_);
+  bool newly_failed = false;
+  size_t i = 0;
+  for (size_t k = 0; k < errors.size(); ++k) {
+    Operation& op = *ops_[i];
+    GroupState* group = op.group();
+    absl::Status fail;
+    bool done = false;
+    if (!errors[k].ok()) {
+      fail = errors[k];
+      if (group != nullptr && group->failure.ok()) newly_failed = true;
+      if (group != nullptr) group->MarkFailedLocked(fail);
+    } else if (group != nullptr && !group->failure.ok()) {
+      fail = AbortedByGroup(op);
+    } else if (op.request() == MPI_REQUEST_NULL) {
+      absl::StatusOr<Operation::Progress> p = op.Advance();
+      if (!p.ok()) {
+        fail = p.status();
+        if (group != nullptr && !group->failure.ok()) newly_failed = true;
+      } else {
+        done = *p == Operation::Progress::kDone;
+      }
+    }
+    if (!done && fail.ok() && now >= op.deadline()) {
+      fail = DeadlineStatus(op);
+      if (group != nullptr && group->failure.ok()) newly_failed = true;
+      if (group != nullptr) group->MarkFailedLocked(fail);
+    }
+    if (done || !fail.ok()) {
+      RemoveLocked(i, std::move(fail), out);
+    } else {
+      ++i;
+    }
+  }
+  errors_.swap(errors);
+  if (!newly_failed) return;
+  // A group that failed during this pass also ends its operations that came earlier in it.
+  for (size_t j = 0; j < ops_.size();) {
+    const GroupState* group = ops_[j]->group();
+    if (group != nullptr && !group->failure.ok()) {
+      RemoveLocked(j, AbortedByGroup(*ops_[j]), out);
+    } else {
+      ++j;
+    }
+  }
+}
+
+void ProgressEngine::RemoveLocked(size_t i, absl::Status status, FinishedList* out) {
+  std::unique_ptr<Operation> op = std::move(ops_[i]);
+  ops_.erase(ops_.begin() + static_cast<std::ptrdiff_t>(i));
+  WorkPtr work = op->work();
+  if (op->request() != MPI_REQUEST_NULL) {
+    zombies_.push_back(std::move(op));
+    out->push_back(Finished{nullptr, std::move(work), std::move(status)});
+  } else {
+    out->push_back(Finished{std::move(op), std::move(work), std::move(status)});
+  }
+}
+
+void ProgressEngine::PollZombiesLocked() {
+  for (size_t i = 0; i < zombies_.size();) {
+    int flag = 0;
+    const int rc = MPI_Test(&zombies_[i]->request(), &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS || flag) {
+      zombies_.erase(zombies_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+}
+
+void ProgressEngine::RunFinished(FinishedList& finished) {
+  for (Finished& f : finished) {
+    if (f.status.ok() && f.op != nullptr) f.op->Finish();
+    f.work->Complete(std::move(f.status));
+  }
+  finished.clear();  // destroys the operations (and their staging) outside the lock
+}
+
+void ProgressEngine::ThreadMain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  int idle_ticks = 0;
+  int empty_polls = 0;
+  auto last_zombie_poll = std::chrono::steady_clock::now();
+  while (!stopping_) {
+    if (!zombies_.empty() &&
+        std::chrono::steady_clock::now() - last_zombie_poll >= kZombieInterval) {
+      PollZombiesLocked();
+      last_zombie_poll = std::chrono::steady_clock::now();
+    }
+    if (ops_.empty()) {
+      empty_polls = 0;
+      if (!zombies_.empty()) {
+        cv_.wait_for(lock, kZombieInterval);
+      } else if (idle_ticks < kLingerTicks) {
+        ++idle_ticks;
+        cv_.wait_for(lock, kTick);
+      } else {
+        asleep_ = true;
+        cv_.wait(lock, [this] { return stopping_ || !ops_.empty(); });
+        asleep_ = false;
+      }
+      continue;
+    }
+    idle_ticks = 0;
+    const int64_t now_ns = absl::GetCurrentTimeNanos();
+    const int64_t since_waiter = now_ns - last_waiter_poll_ns_.load(std::memory_order_relaxed);
+    if (since_waiter < kWaiterGraceNs) {
+      // A waiter drives progress: keep out of its lock and off its CPU.
+      cv_.wait_for(lock, std::chrono::nanoseconds(kWaiterGraceNs - since_waiter));
+      continue;
+    }
+    FinishedList finished;
+    PollLocked(absl::FromUnixNanos(now_ns), &finished);
+    const bool progressed = !finished.empty();
+    lock.unlock();
+    RunFinished(finished);
+    empty_polls = progressed ? 0 : empty_polls + 1;
+    if (empty_polls < kYieldPolls) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(kBackoffSleep);
+    }
+    lock.lock();
+  }
+}
+
+bool ProgressEngine::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) return zombies_.empty();
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  // Drain what is still in flight: someone may still wait on it. Bounded by its deadlines.
+  for (;;) {
+    FinishedList finished;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (ops_.empty()) break;
+      PollLocked(absl::Now(), &finished);
+    }
+    RunFinished(finished);
+    std::this_thread::yield();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  PollZombiesLocked();
+  shut_down_ = true;
+  if (!zombies_.empty()) {
+    Log().error("mpi backend: {} operation(s) never completed after failing their deadline; "
+                "their buffers are leaked and MPI will not be finalized",
+                zombies_.size());
+  }
+  return zombies_.empty();
+}
+
+}  // namespace braid::mpi

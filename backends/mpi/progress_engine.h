@@ -1,0 +1,107 @@
+// ProgressEngine: the MPI lock, the table of operations in flight, and the progress thread.
+//
+// Every MPI call of the backend happens under mu(): MPI may only give us
+// MPI_THREAD_SERIALIZED, and one lock also orders the calls on each communicator. Operations
+// complete without the caller polling, two ways:
+//   - a thread blocked in Work::Wait drives progress itself through the Work's poller (as
+//     MPI_Wait would): this keeps small-message latency near raw MPI;
+//   - the progress thread polls whenever nobody waits, yielding between polls and backing off
+//     to short sleeps, and sleeps on a condition variable when nothing is in flight.
+// Whoever observes an operation's completion runs its finishing step once, then completes its
+// Work (callbacks run on that thread).
+//
+//   std::shared_ptr<ProgressEngine> engine = ProgressEngine::Create();
+//   WorkPtr work = engine->NewWork(info, spin);
+//   RETURN_IF_ERROR(engine->Submit(std::make_unique<MyOp>(state, work, deadline, timeout)));
+//   RETURN_IF_ERROR(work->Wait(absl::Seconds(10)));   // polls the engine while it waits
+//
+// Deadlines: an operation still running at its deadline fails with DeadlineExceeded (naming
+// group, op and sequence number) and fails its group. MPI cannot cancel a collective, so the
+// operation's buffers stay alive until its request completes; if it never does, they are
+// leaked rather than freed under MPI, and Shutdown() reports that MPI must not be finalized.
+#ifndef BRAID_BACKENDS_MPI_PROGRESS_ENGINE_H_
+#define BRAID_BACKENDS_MPI_PROGRESS_ENGINE_H_
+
+#include <mpi.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "backends/mpi/operation.h"
+#include "comm/work.h"
+
+namespace braid::mpi {
+
+class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
+ public:
+  // Starts the progress thread. MPI must be initialized, and stay so until Shutdown().
+  static std::shared_ptr<ProgressEngine> Create();
+  // Joins the thread (Shutdown() if not done yet). Operations MPI still owns are leaked.
+  ~ProgressEngine();
+  ProgressEngine(const ProgressEngine&) = delete;
+  ProgressEngine& operator=(const ProgressEngine&) = delete;
+
+  // The MPI lock: hold it around every MPI call.
+  std::mutex& mu() { return mu_; }
+
+  // A Work whose Wait() drives this engine.
+  WorkPtr NewWork(WorkInfo info, absl::Duration spin);
+
+  // Starts `op` (its first MPI call) and tracks it until it completes. An error means nothing
+  // was started; it also fails the op's group when the MPI call itself failed.
+  absl::Status Submit(std::unique_ptr<Operation> op);
+
+  // One round of progress: tests the requests in flight, advances operations, enforces
+  // deadlines and finishes what completed. Safe from any thread; Work pollers call it.
+  void Poll();
+
+  // Stops the progress thread and drains what is in flight (bounded by the operations'
+  // deadlines). Returns true when MPI owns no buffer of ours any more, so MPI may be finalized.
+  // Later Submit() calls fail and Poll() does nothing.
+  bool Shutdown();
+
+ private:
+  struct Finished {
+    std::unique_ptr<Operation> op;  // null when MPI still owns it (kept in zombies_)
+    WorkPtr work;
+    absl::Status status;
+  };
+  using FinishedList = absl::InlinedVector<Finished, 4>;
+
+  ProgressEngine() = default;
+  void ThreadMain();
+  void PollLocked(absl::Time now, FinishedList* out);
+  // Tests the active requests; marks completed ones MPI_REQUEST_NULL and fills errors_.
+  void TestRequestsLocked();
+  void PollZombiesLocked();
+  void RemoveLocked(size_t i, absl::Status status, FinishedList* out);
+  static void RunFinished(FinishedList& finished);
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  // Guarded by mu_. In submission order, so a group's operations advance in issue order.
+  std::vector<std::unique_ptr<Operation>> ops_;
+  std::vector<std::unique_ptr<Operation>> zombies_;  // failed, but MPI still owns their buffers
+  std::vector<MPI_Request> requests_;                // scratch for MPI_Testsome
+  std::vector<int> indices_;
+  std::vector<MPI_Status> statuses_;
+  std::vector<absl::Status> errors_;
+  bool asleep_ = false;     // the thread waits on cv_ with nothing in flight
+  bool stopping_ = false;
+  bool shut_down_ = false;
+  // When a waiter last polled (absl::GetCurrentTimeNanos); the thread keeps out of its way.
+  std::atomic<int64_t> last_waiter_poll_ns_{0};
+  std::thread thread_;
+};
+
+}  // namespace braid::mpi
+
+#endif  // BRAID_BACKENDS_MPI_PROGRESS_ENGINE_H_

@@ -1,0 +1,419 @@
+// The `mpi` backend under mpirun (run by tests/run_mpi.sh with 2 and 4 processes): every
+// collective kind x reduce op x dtype x size {0, 1, 37, 65536+13} x in-place/out-of-place,
+// bit for bit against the serial reference of tests/collective_check.h (with exact data, so
+// MPI's own reduction order cannot change a bit); Split (colors, keys, kNoColor, a bad
+// color); errors (avg/premul on integers, a count mismatch caught by
+// BRAID_VALIDATE_COLLECTIVES, a missed deadline); and completion without polling (callbacks
+// fire with nobody in Wait, several collectives in flight at once).
+//
+// Every process runs the same tests in the same order (do not shuffle or filter differently
+// per rank): the rank-order contract applies to the test itself. Every call has a 60 s
+// deadline and the launcher a wall-clock limit, so a rank that fails an assertion and skips
+// a collective makes its peers fail, not hang.
+#include <mpi.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "comm/backend.h"
+#include "gtest/gtest.h"
+#include "tests/collective_check.h"
+#include "tests/multirank.h"
+
+namespace braid::testing {
+namespace {
+
+constexpr absl::Duration kTimeout = absl::Seconds(60);
+
+// The groups every test uses, created once in main().
+struct Worlds {
+  Group* world = nullptr;       // default options
+  Group* validating = nullptr;  // validate_collectives = true
+};
+Worlds& TheWorlds() {
+  static Worlds worlds;
+  return worlds;
+}
+Group& World() { return *TheWorlds().world; }
+Group& ValidatingWorld() { return *TheWorlds().validating; }
+
+struct Kind {
+  CollectiveKind kind;
+  ReduceKind op;
+};
+
+const Kind kKinds[] = {
+    {CollectiveKind::kAllReduce, ReduceKind::kSum},
+    {CollectiveKind::kAllReduce, ReduceKind::kAvg},
+    {CollectiveKind::kAllReduce, ReduceKind::kPreMulSum},
+    {CollectiveKind::kAllReduce, ReduceKind::kMax},
+    {CollectiveKind::kAllReduce, ReduceKind::kMin},
+    {CollectiveKind::kReduceScatter, ReduceKind::kSum},
+    {CollectiveKind::kReduceScatter, ReduceKind::kAvg},
+    {CollectiveKind::kReduceScatter, ReduceKind::kPreMulSum},
+    {CollectiveKind::kReduceScatter, ReduceKind::kMax},
+    {CollectiveKind::kReduceScatter, ReduceKind::kMin},
+    {CollectiveKind::kAllGather, ReduceKind::kSum},
+    {CollectiveKind::kBroadcast, ReduceKind::kSum},
+    {CollectiveKind::kBarrier, ReduceKind::kSum},
+};
+
+constexpr size_t kSizes[] = {0, 1, 37, 65536 + 13};
+
+bool Reduces(CollectiveKind k) {
+  return k == CollectiveKind::kAllReduce || k == CollectiveKind::kReduceScatter;
+}
+
+using Param = std::tuple<int /*kind index*/, DType, bool /*in_place*/>;
+
+class MpiCollectives : public ::testing::TestWithParam<Param> {};
+
+TEST_P(MpiCollectives, MatchesSerialReference) {
+  const auto [ki, dtype, in_place] = GetParam();
+  const Kind k = kKinds[ki];
+  Group& g = World();
+  if ((k.kind == CollectiveKind::kBroadcast || k.kind == CollectiveKind::kBarrier) && in_place) {
+    GTEST_SKIP() << "broadcast and barrier have a single form";
+  }
+  if (k.kind == CollectiveKind::kBarrier && dtype != DType::kF32) GTEST_SKIP() << "no dtype";
+  const bool float_only = k.op == ReduceKind::kAvg || k.op == ReduceKind::kPreMulSum;
+  if (Reduces(k.kind) && float_only && !IsFloating(dtype)) {
+    // Rejected up front on every rank, naming op and dtype; nothing reaches MPI.
+    int64_t send[8] = {};
+    int64_t recv[8] = {};
+    auto w = k.kind == CollectiveKind::kAllReduce
+                 ? g.AllReduce(send, recv, 4, dtype, ReduceOp{k.op, 0.5})
+                 : g.ReduceScatter(send, recv, 1, dtype, ReduceOp{k.op, 0.5});
+    EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument) << w.status().ToString();
+    EXPECT_TRUE(absl::StrContains(w.status().message(), DTypeName(dtype))) << w.status().ToString();
+    return;
+  }
+  uint64_t seed = 1;
+  for (size_t count : kSizes) {
+    const int root = static_cast<int>(count % static_cast<size_t>(g.size()));
+    CollectiveCase c{k.kind, k.op, dtype, count, in_place, /*exact_data=*/true, seed++, root};
+    EXPECT_OK(RunAndCheck(g, c, kTimeout));
+  }
+}
+
+std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
+  const auto [ki, dtype, in_place] = info.param;
+  const Kind k = kKinds[ki];
+  std::string s(CollectiveName(k.kind));
+  if (Reduces(k.kind)) absl::StrAppend(&s, "_", ReduceKindName(k.op));
+  absl::StrAppend(&s, "_", DTypeName(dtype), in_place ? "_inplace" : "");
+  return s;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, MpiCollectives,
+                         ::testing::Combine(::testing::Range(0, static_cast<int>(std::size(kKinds))),
+                                            ::testing::ValuesIn(kAllDTypes), ::testing::Bool()),
+                         ParamName);
+
+// With validation on, matching calls still give exact results (record exchange, then turn).
+TEST(MpiValidated, MatchingCallsPass) {
+  uint64_t seed = 100;
+  for (const Kind& k : kKinds) {
+    for (DType dtype : {DType::kBF16, DType::kF32, DType::kI32}) {
+      if (Reduces(k.kind) && (k.op == ReduceKind::kAvg || k.op == ReduceKind::kPreMulSum) &&
+          !IsFloating(dtype)) {
+        continue;
+      }
+      CollectiveCase c{k.kind, k.op, dtype, 37, /*in_place=*/seed % 2 == 0, true, seed++, 0};
+      EXPECT_OK(RunAndCheck(ValidatingWorld(), c, kTimeout));
+    }
+  }
+}
+
+// A reduce-scatter whose count differs on one rank fails on every rank, naming ranks and
+// calls; the group stays usable afterwards.
+TEST(MpiValidated, CountMismatchFailsOnEveryRank) {
+  Group& g = ValidatingWorld();
+  const size_t count = g.rank() == 0 ? 8 : 9;
+  std::vector<float> send(static_cast<size_t>(g.size()) * 9, 1.0f);
+  std::vector<float> recv(9, 0.0f);
+  auto w = g.ReduceScatter(send.data(), recv.data(), count, DType::kF32, ReduceOp::Sum());
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  const absl::Status s = (*w)->Wait(kTimeout);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_TRUE(absl::StrContains(s.message(), "rank 0: reduce_scatter count=8")) << s.ToString();
+  EXPECT_TRUE(absl::StrContains(s.message(), "rank 1: reduce_scatter count=9")) << s.ToString();
+  EXPECT_TRUE(absl::StrContains(s.message(), "on group 'world'")) << s.ToString();
+  // Nothing was issued on the data communicator: the next call matches normally.
+  CollectiveCase c{CollectiveKind::kAllReduce, ReduceKind::kSum, DType::kF32, 37, false, true, 7, 0};
+  EXPECT_OK(RunAndCheck(g, c, kTimeout));
+}
+
+// Different kinds of call (all-reduce on one rank, all-gather on the others) are caught too.
+TEST(MpiValidated, KindMismatchFailsOnEveryRank) {
+  Group& g = ValidatingWorld();
+  std::vector<float> buf(static_cast<size_t>(g.size()) * 4, 1.0f);
+  float* mine = buf.data() + static_cast<size_t>(g.rank()) * 4;  // in-place all-gather form
+  auto w = g.rank() == 0 ? g.AllReduce(buf.data(), buf.data(), 4, DType::kF32, ReduceOp::Sum())
+                         : g.AllGather(mine, buf.data(), 4, DType::kF32);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  const absl::Status s = (*w)->Wait(kTimeout);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_TRUE(absl::StrContains(s.message(), "rank 0: allreduce")) << s.ToString();
+  EXPECT_TRUE(absl::StrContains(s.message(), "rank 1: allgather")) << s.ToString();
+}
+
+// Many collectives in flight at once on the validating group: records are exchanged at
+// launch, data calls are issued by turn; all complete, correct, in any wait order.
+TEST(MpiValidated, ManyInFlight) {
+  Group& g = ValidatingWorld();
+  constexpr int kOps = 20;
+  std::vector<std::vector<int32_t>> bufs(kOps, std::vector<int32_t>(101));
+  std::vector<WorkPtr> works;
+  for (int i = 0; i < kOps; ++i) {
+    std::iota(bufs[i].begin(), bufs[i].end(), i + g.rank());
+    auto w = g.AllReduce(bufs[i].data(), bufs[i].data(), bufs[i].size(), DType::kI32,
+                         ReduceOp::Sum());
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    works.push_back(*w);
+  }
+  const int n = g.size();
+  for (int i = kOps - 1; i >= 0; --i) {
+    ASSERT_OK(works[i]->Wait(kTimeout));
+    for (size_t j = 0; j < bufs[i].size(); ++j) {
+      ASSERT_EQ(bufs[i][j], n * (i + static_cast<int>(j)) + n * (n - 1) / 2) << i << "," << j;
+    }
+  }
+}
+
+// Two collectives of different kinds in flight at once, waited in reverse order.
+TEST(MpiAsync, TwoInFlightComplete) {
+  Group& g = World();
+  const int n = g.size();
+  const size_t count = 65536 + 13;
+  std::vector<float> a(count, static_cast<float>(g.rank() + 1));
+  std::vector<float> rs_send(count * n, 2.0f);
+  std::vector<float> rs_recv(count, 0.0f);
+  auto wa = g.AllReduce(a.data(), a.data(), count, DType::kF32, ReduceOp::Sum());
+  auto wb = g.ReduceScatter(rs_send.data(), rs_recv.data(), count, DType::kF32, ReduceOp::Avg());
+  ASSERT_TRUE(wa.ok() && wb.ok());
+  EXPECT_NE((*wa)->info().seq, (*wb)->info().seq);
+  ASSERT_OK((*wb)->Wait(kTimeout));
+  ASSERT_OK((*wa)->Wait(kTimeout));
+  EXPECT_EQ(a[0], static_cast<float>(n * (n + 1) / 2));
+  EXPECT_EQ(a[count - 1], static_cast<float>(n * (n + 1) / 2));
+  EXPECT_EQ(rs_recv[0], 2.0f);
+  EXPECT_EQ(rs_recv[count - 1], 2.0f);
+}
+
+// The progress thread completes work nobody waits on: the callback fires while this thread
+// only sleeps on its own condition variable.
+TEST(MpiAsync, CallbackFiresWithoutWait) {
+  Group& g = World();
+  const int n = g.size();
+  for (size_t count : {size_t{1}, size_t{65536 + 13}}) {
+    std::vector<double> buf(count, 1.5);
+    std::mutex mu;
+    std::condition_variable cv;
+    bool fired = false;
+    absl::Status got = absl::UnknownError("callback never ran");
+    auto w = g.AllReduce(buf.data(), buf.data(), count, DType::kF64, ReduceOp::Sum());
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    (*w)->OnComplete([&](const absl::Status& s) {
+      std::lock_guard<std::mutex> lock(mu);
+      got = s;
+      fired = true;
+      cv.notify_all();
+    });
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait_for(lock, std::chrono::seconds(60), [&] { return fired; });
+      ASSERT_TRUE(fired) << "callback did not fire without Wait";
+    }
+    EXPECT_OK(got);
+    EXPECT_TRUE((*w)->Done());
+    EXPECT_EQ(buf[0], 1.5 * n);
+    EXPECT_EQ(buf[count - 1], 1.5 * n);
+  }
+}
+
+TEST(MpiSplit, EvenOddWithReversedKeys) {
+  Group& g = World();
+  const int color = g.rank() % 2;
+  auto child = g.Split(color, -g.rank());
+  ASSERT_TRUE(child.ok()) << child.status().ToString();
+  ASSERT_NE(*child, nullptr);
+  Group& c = **child;
+  // Members of my color ordered by key = -rank: the highest old rank comes first.
+  std::vector<int> members;
+  for (int r = g.size() - 1; r >= 0; --r) {
+    if (r % 2 == color) members.push_back(r);
+  }
+  EXPECT_EQ(c.size(), static_cast<int>(members.size()));
+  EXPECT_EQ(members[c.rank()], g.rank());
+  EXPECT_EQ(c.name(), absl::StrCat("world/", color));
+  for (const Kind& k : kKinds) {
+    CollectiveCase cc{k.kind, k.op, DType::kBF16, 37, false, true, 11, 0};
+    EXPECT_OK(RunAndCheck(c, cc, kTimeout));
+  }
+  // The parent still works after the split, and a grandchild can be split off the child.
+  CollectiveCase wc{CollectiveKind::kAllReduce, ReduceKind::kSum, DType::kF32, 37, true, true, 12, 0};
+  EXPECT_OK(RunAndCheck(g, wc, kTimeout));
+  auto grandchild = c.Split(0, 0, "grandchild");
+  ASSERT_TRUE(grandchild.ok()) << grandchild.status().ToString();
+  ASSERT_NE(*grandchild, nullptr);
+  EXPECT_EQ((*grandchild)->name(), "grandchild");
+  EXPECT_OK(RunAndCheck(**grandchild, wc, kTimeout));
+}
+
+TEST(MpiSplit, NoColorGetsNullGroup) {
+  Group& g = World();
+  const bool out = g.rank() == 0;
+  auto child = g.Split(out ? kNoColor : 3, g.rank());
+  ASSERT_TRUE(child.ok()) << child.status().ToString();
+  if (out) {
+    EXPECT_EQ(*child, nullptr);
+    return;
+  }
+  ASSERT_NE(*child, nullptr);
+  EXPECT_EQ((*child)->size(), g.size() - 1);
+  EXPECT_EQ((*child)->rank(), g.rank() - 1);
+  CollectiveCase c{CollectiveKind::kAllReduce, ReduceKind::kAvg, DType::kF32, 65536 + 13, true, true, 13, 0};
+  EXPECT_OK(RunAndCheck(**child, c, kTimeout));
+}
+
+TEST(MpiSplit, InvalidColorFailsOnEveryRankNamingIt) {
+  Group& g = World();
+  const int bad_rank = g.size() - 1;
+  auto child = g.Split(g.rank() == bad_rank ? -5 : 0, 0);
+  ASSERT_FALSE(child.ok());
+  EXPECT_EQ(child.status().code(), absl::StatusCode::kInvalidArgument) << child.status().ToString();
+  EXPECT_TRUE(absl::StrContains(child.status().message(),
+                                absl::StrCat("rank ", bad_rank, " passed color -5")))
+      << child.status().ToString();
+  // Every rank saw the same error, so the group is still in step.
+  CollectiveCase c{CollectiveKind::kBroadcast, ReduceKind::kSum, DType::kU8, 37, false, true, 14, 1};
+  EXPECT_OK(RunAndCheck(g, c, kTimeout));
+}
+
+// A collective that misses its deadline fails naming group, op and sequence number, fails the
+// group, and later calls fail fast. Rank 0 calls alone; the others join the same collective
+// afterwards, so MPI can finish it and rank 0's buffers (kept alive meanwhile) are released.
+TEST(MpiDeadline, MissedDeadlineFailsTheGroup) {
+  Group& g = World();
+  auto child = g.Split(0, g.rank(), "world/deadline");
+  ASSERT_TRUE(child.ok()) << child.status().ToString();
+  Group& c = **child;
+  std::vector<float> buf(1000, 1.0f);
+  WorkPtr late;
+  if (g.rank() == 0) {
+    CollectiveOptions opts;
+    opts.timeout = absl::Milliseconds(300);
+    opts.label = "bucket 7";
+    auto w = c.AllReduce(buf.data(), buf.data(), buf.size(), DType::kF32, ReduceOp::Sum(), opts);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    const absl::Status s = (*w)->Wait(kTimeout);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s.ToString();
+    EXPECT_TRUE(absl::StrContains(s.message(), "allreduce #0 on group 'world/deadline' (bucket 7)"))
+        << s.ToString();
+    auto again = c.Barrier();
+    EXPECT_EQ(again.status().code(), absl::StatusCode::kDeadlineExceeded) << again.status().ToString();
+    EXPECT_TRUE(absl::StrContains(again.status().message(), "has failed")) << again.status().ToString();
+  }
+  auto b1 = g.Barrier();
+  ASSERT_TRUE(b1.ok());
+  ASSERT_OK((*b1)->Wait(kTimeout));
+  if (g.rank() != 0) {
+    auto w = c.AllReduce(buf.data(), buf.data(), buf.size(), DType::kF32, ReduceOp::Sum());
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    ASSERT_OK((*w)->Wait(kTimeout));
+    EXPECT_EQ(buf[0], static_cast<float>(g.size()));
+  }
+  auto b2 = g.Barrier();
+  ASSERT_TRUE(b2.ok());
+  ASSERT_OK((*b2)->Wait(kTimeout));
+}
+
+TEST(MpiBackend, DescribesItself) {
+  Group& g = World();
+  EXPECT_EQ(g.backend_name(), "mpi");
+  EXPECT_EQ(g.name(), "world");
+  const Capabilities caps = g.capabilities();
+  EXPECT_FALSE(caps.native_avg);
+  EXPECT_FALSE(caps.native_premul_sum);
+  EXPECT_FALSE(caps.native_half);
+  EXPECT_TRUE(caps.async_progress);
+  int world_size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  EXPECT_EQ(g.size(), world_size);
+}
+
+// Ranks other than 0 print only failures, prefixed with their rank. (It must not ask gtest
+// for the current test inside OnTestPartResult: gtest holds its lock there.)
+class RankFailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  void OnTestStart(const ::testing::TestInfo& t) override {
+    test_ = absl::StrCat(t.test_suite_name(), ".", t.name());
+  }
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (!r.failed()) return;
+    std::fprintf(stderr, "[rank %d] FAILED %s at %s:%d\n%s\n", rank_, test_.c_str(),
+                 r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
+  }
+
+ private:
+  const int rank_;
+  std::string test_;
+};
+
+}  // namespace
+}  // namespace braid::testing
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  using braid::Options;
+  Options options;
+  options.backend = "mpi";
+  options.timeout = braid::testing::kTimeout;
+  auto backend = braid::CreateBackend(options);
+  if (!backend.ok()) {
+    std::fprintf(stderr, "creating the mpi backend: %s\n", backend.status().ToString().c_str());
+    return 1;
+  }
+  Options validating_options = options;
+  validating_options.validate_collectives = true;
+  auto validating_backend = braid::CreateBackend(validating_options);
+  if (!validating_backend.ok()) {
+    std::fprintf(stderr, "creating the validating mpi backend: %s\n",
+                 validating_backend.status().ToString().c_str());
+    return 1;
+  }
+  const int rank = (*backend)->local_ranks().at(0);
+  auto world = (*backend)->WorldGroup(rank);
+  auto validating = (*validating_backend)->WorldGroup(rank);
+  if (!world.ok() || !validating.ok()) {
+    std::fprintf(stderr, "creating the world groups: %s / %s\n", world.status().ToString().c_str(),
+                 validating.status().ToString().c_str());
+    return 1;
+  }
+  braid::testing::TheWorlds().world = world->get();
+  braid::testing::TheWorlds().validating = validating->get();
+  if (rank != 0) {
+    // One XML report and one console transcript (rank 0's); other ranks report failures only.
+    GTEST_FLAG_SET(output, "");
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new braid::testing::RankFailurePrinter(rank));
+  }
+  const int result = RUN_ALL_TESTS();
+  // Backends first: groups may outlive them, and the last group finalizes MPI.
+  backend->reset();
+  validating_backend->reset();
+  world->reset();
+  validating->reset();
+  return result;
+}
