@@ -60,7 +60,10 @@ absl::Status Work::status() const {
   return status_;
 }
 
-absl::Status Work::Wait(absl::Duration timeout) { return WaitUntil(absl::Now() + timeout); }
+absl::Status Work::Wait(absl::Duration timeout) {
+  if (Done()) return status_;  // no clock read on the common already-done path
+  return WaitUntil(absl::Now() + timeout);
+}
 
 absl::Status Work::WaitUntil(absl::Time deadline) {
   if (Done()) return status_;
