@@ -153,7 +153,7 @@ absl::Status Compare(const CollectiveCase& c, int rank, const uint8_t* got,
 
 std::string CaseName(const CollectiveCase& c) {
   std::string s = absl::StrCat(CollectiveName(c.kind));
-  if (c.kind == CollectiveKind::kAllReduce || c.kind == CollectiveKind::kReduceScatter) {
+  if (Reduces(c.kind)) {
     absl::StrAppend(&s, "_", ReduceKindName(c.op));
   }
   absl::StrAppend(&s, "_", DTypeName(c.dtype), "_n", c.count, c.in_place ? "_inplace" : "");

@@ -27,6 +27,35 @@
 
 namespace braid::testing {
 
+// The first axis of every backend's test matrix: each collective, and each reduce op of the
+// reducing ones.
+struct CollectiveVariant {
+  CollectiveKind kind;
+  ReduceKind op;
+};
+inline constexpr CollectiveVariant kCollectiveVariants[] = {
+    {CollectiveKind::kAllReduce, ReduceKind::kSum},
+    {CollectiveKind::kAllReduce, ReduceKind::kAvg},
+    {CollectiveKind::kAllReduce, ReduceKind::kPreMulSum},
+    {CollectiveKind::kAllReduce, ReduceKind::kMax},
+    {CollectiveKind::kAllReduce, ReduceKind::kMin},
+    {CollectiveKind::kReduceScatter, ReduceKind::kSum},
+    {CollectiveKind::kReduceScatter, ReduceKind::kAvg},
+    {CollectiveKind::kReduceScatter, ReduceKind::kPreMulSum},
+    {CollectiveKind::kReduceScatter, ReduceKind::kMax},
+    {CollectiveKind::kReduceScatter, ReduceKind::kMin},
+    {CollectiveKind::kAllGather, ReduceKind::kSum},
+    {CollectiveKind::kBroadcast, ReduceKind::kSum},
+    {CollectiveKind::kBarrier, ReduceKind::kSum},
+};
+// Element counts every backend is checked at: none, one, odd, and large (not a multiple of any
+// chunk alignment).
+inline constexpr size_t kCheckSizes[] = {0, 1, 37, 65536 + 13};
+
+inline bool Reduces(CollectiveKind k) {
+  return k == CollectiveKind::kAllReduce || k == CollectiveKind::kReduceScatter;
+}
+
 struct CollectiveCase {
   CollectiveKind kind = CollectiveKind::kAllReduce;
   ReduceKind op = ReduceKind::kSum;

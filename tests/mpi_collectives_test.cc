@@ -45,32 +45,7 @@ Worlds& TheWorlds() {
 Group& World() { return *TheWorlds().world; }
 Group& ValidatingWorld() { return *TheWorlds().validating; }
 
-struct Kind {
-  CollectiveKind kind;
-  ReduceKind op;
-};
 
-const Kind kKinds[] = {
-    {CollectiveKind::kAllReduce, ReduceKind::kSum},
-    {CollectiveKind::kAllReduce, ReduceKind::kAvg},
-    {CollectiveKind::kAllReduce, ReduceKind::kPreMulSum},
-    {CollectiveKind::kAllReduce, ReduceKind::kMax},
-    {CollectiveKind::kAllReduce, ReduceKind::kMin},
-    {CollectiveKind::kReduceScatter, ReduceKind::kSum},
-    {CollectiveKind::kReduceScatter, ReduceKind::kAvg},
-    {CollectiveKind::kReduceScatter, ReduceKind::kPreMulSum},
-    {CollectiveKind::kReduceScatter, ReduceKind::kMax},
-    {CollectiveKind::kReduceScatter, ReduceKind::kMin},
-    {CollectiveKind::kAllGather, ReduceKind::kSum},
-    {CollectiveKind::kBroadcast, ReduceKind::kSum},
-    {CollectiveKind::kBarrier, ReduceKind::kSum},
-};
-
-constexpr size_t kSizes[] = {0, 1, 37, 65536 + 13};
-
-bool Reduces(CollectiveKind k) {
-  return k == CollectiveKind::kAllReduce || k == CollectiveKind::kReduceScatter;
-}
 
 using Param = std::tuple<int /*kind index*/, DType, bool /*in_place*/>;
 
@@ -78,7 +53,7 @@ class MpiCollectives : public ::testing::TestWithParam<Param> {};
 
 TEST_P(MpiCollectives, MatchesSerialReference) {
   const auto [ki, dtype, in_place] = GetParam();
-  const Kind k = kKinds[ki];
+  const CollectiveVariant k = kCollectiveVariants[ki];
   Group& g = World();
   if ((k.kind == CollectiveKind::kBroadcast || k.kind == CollectiveKind::kBarrier) && in_place) {
     GTEST_SKIP() << "broadcast and barrier have a single form";
@@ -97,7 +72,7 @@ TEST_P(MpiCollectives, MatchesSerialReference) {
     return;
   }
   uint64_t seed = 1;
-  for (size_t count : kSizes) {
+  for (size_t count : kCheckSizes) {
     const int root = static_cast<int>(count % static_cast<size_t>(g.size()));
     CollectiveCase c{k.kind, k.op, dtype, count, in_place, /*exact_data=*/true, seed++, root};
     EXPECT_OK(RunAndCheck(g, c, kTimeout));
@@ -106,7 +81,7 @@ TEST_P(MpiCollectives, MatchesSerialReference) {
 
 std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
   const auto [ki, dtype, in_place] = info.param;
-  const Kind k = kKinds[ki];
+  const CollectiveVariant k = kCollectiveVariants[ki];
   std::string s(CollectiveName(k.kind));
   if (Reduces(k.kind)) absl::StrAppend(&s, "_", ReduceKindName(k.op));
   absl::StrAppend(&s, "_", DTypeName(dtype), in_place ? "_inplace" : "");
@@ -114,14 +89,14 @@ std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, MpiCollectives,
-                         ::testing::Combine(::testing::Range(0, static_cast<int>(std::size(kKinds))),
+                         ::testing::Combine(::testing::Range(0, static_cast<int>(std::size(kCollectiveVariants))),
                                             ::testing::ValuesIn(kAllDTypes), ::testing::Bool()),
                          ParamName);
 
 // With validation on, matching calls still give exact results (record exchange, then turn).
 TEST(MpiValidated, MatchingCallsPass) {
   uint64_t seed = 100;
-  for (const Kind& k : kKinds) {
+  for (const CollectiveVariant& k : kCollectiveVariants) {
     for (DType dtype : {DType::kBF16, DType::kF32, DType::kI32}) {
       if (Reduces(k.kind) && (k.op == ReduceKind::kAvg || k.op == ReduceKind::kPreMulSum) &&
           !IsFloating(dtype)) {
@@ -255,7 +230,7 @@ TEST(MpiSplit, EvenOddWithReversedKeys) {
   EXPECT_EQ(c.size(), static_cast<int>(members.size()));
   EXPECT_EQ(members[c.rank()], g.rank());
   EXPECT_EQ(c.name(), absl::StrCat("world/", color));
-  for (const Kind& k : kKinds) {
+  for (const CollectiveVariant& k : kCollectiveVariants) {
     CollectiveCase cc{k.kind, k.op, DType::kBF16, 37, false, true, 11, 0};
     EXPECT_OK(RunAndCheck(c, cc, kTimeout));
   }

@@ -31,29 +31,7 @@ std::unique_ptr<Backend> CreatePluginBackend(int ranks) {
 
 // ---- every collective, bit for bit ------------------------------------------------------
 
-struct Kind {
-  CollectiveKind kind;
-  ReduceKind op;
-};
-
-const Kind kKinds[] = {
-    {CollectiveKind::kAllReduce, ReduceKind::kSum},
-    {CollectiveKind::kAllReduce, ReduceKind::kAvg},
-    {CollectiveKind::kAllReduce, ReduceKind::kPreMulSum},
-    {CollectiveKind::kAllReduce, ReduceKind::kMax},
-    {CollectiveKind::kAllReduce, ReduceKind::kMin},
-    {CollectiveKind::kReduceScatter, ReduceKind::kSum},
-    {CollectiveKind::kReduceScatter, ReduceKind::kAvg},
-    {CollectiveKind::kReduceScatter, ReduceKind::kPreMulSum},
-    {CollectiveKind::kReduceScatter, ReduceKind::kMax},
-    {CollectiveKind::kReduceScatter, ReduceKind::kMin},
-    {CollectiveKind::kAllGather, ReduceKind::kSum},
-    {CollectiveKind::kBroadcast, ReduceKind::kSum},
-    {CollectiveKind::kBarrier, ReduceKind::kSum},
-};
-
 constexpr DType kDTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kI32, DType::kU8};
-constexpr size_t kSizes[] = {0, 1, 37, 65536 + 13};
 
 using Param = std::tuple<int /*kind index*/, DType, int /*ranks*/, bool /*in_place*/>;
 
@@ -61,9 +39,8 @@ class PluginCollectives : public ::testing::TestWithParam<Param> {};
 
 TEST_P(PluginCollectives, MatchesSerialReference) {
   const auto [ki, dtype, ranks, in_place] = GetParam();
-  const Kind k = kKinds[ki];
-  const bool reduces =
-      k.kind == CollectiveKind::kAllReduce || k.kind == CollectiveKind::kReduceScatter;
+  const CollectiveVariant k = kCollectiveVariants[ki];
+  const bool reduces = Reduces(k.kind);
   const bool float_only = k.op == ReduceKind::kAvg || k.op == ReduceKind::kPreMulSum;
   if ((k.kind == CollectiveKind::kBroadcast || k.kind == CollectiveKind::kBarrier) && in_place) {
     GTEST_SKIP() << "broadcast and barrier have a single form";
@@ -85,7 +62,7 @@ TEST_P(PluginCollectives, MatchesSerialReference) {
   RunRanks(*backend, [&](Group& g) {
     EXPECT_EQ(g.backend_name(), "plugin");
     uint64_t seed = 1;
-    for (size_t count : kSizes) {
+    for (size_t count : kCheckSizes) {
       CollectiveCase c{k.kind, k.op, dtype, count, in_place, false, seed++, ranks - 1};
       EXPECT_OK(RunAndCheck(g, c));
     }
@@ -94,9 +71,9 @@ TEST_P(PluginCollectives, MatchesSerialReference) {
 
 std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
   const auto [ki, dtype, ranks, in_place] = info.param;
-  const Kind k = kKinds[ki];
+  const CollectiveVariant k = kCollectiveVariants[ki];
   std::string s = std::string(CollectiveName(k.kind));
-  if (k.kind == CollectiveKind::kAllReduce || k.kind == CollectiveKind::kReduceScatter) {
+  if (Reduces(k.kind)) {
     absl::StrAppend(&s, "_", ReduceKindName(k.op));
   }
   absl::StrAppend(&s, "_", DTypeName(dtype), "_r", ranks, in_place ? "_inplace" : "");
@@ -105,7 +82,7 @@ std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
 
 INSTANTIATE_TEST_SUITE_P(
     All, PluginCollectives,
-    ::testing::Combine(::testing::Range(0, static_cast<int>(std::size(kKinds))),
+    ::testing::Combine(::testing::Range(0, static_cast<int>(std::size(kCollectiveVariants))),
                        ::testing::ValuesIn(kDTypes), ::testing::Values(1, 2, 3, 4),
                        ::testing::Bool()),
     ParamName);
