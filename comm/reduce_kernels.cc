@@ -1,6 +1,11 @@
 #include "comm/reduce_kernels.h"
 
 #include <algorithm>
+#include <cstring>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 #include <cstdint>
 #include <type_traits>
 
@@ -42,12 +47,56 @@ struct Traits<F16> {
 
 constexpr size_t kBlock = 1024;
 
+// Outputs at least this large bypass the cache (non-temporal stores): nobody reads them back
+// soon, and a regular store would first read each line for ownership (a third more traffic).
+constexpr size_t kStreamingBytes = size_t{16} << 20;
+
+// Copies `bytes` from `src` (cache-resident) to `dst` with non-temporal stores. The caller
+// issues StreamFence() before publishing `dst` to another thread.
+void StreamCopy(void* dst, const void* src, size_t bytes) {
+#if defined(__AVX2__)
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  const size_t head = std::min(bytes, (32 - reinterpret_cast<uintptr_t>(d) % 32) % 32);
+  std::memcpy(d, s, head);
+  size_t i = head;
+  for (; i + 32 <= bytes; i += 32) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i),
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i)));
+  }
+  std::memcpy(d + i, s + i, bytes - i);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+void StreamFence() {
+#if defined(__AVX2__)
+  _mm_sfence();
+#endif
+}
+
+// Writes acc[0..m) as T to out_k[base..base+m) for every output.
+template <typename T, typename A>
+void StoreBlock(const A* acc, size_t m, void* const* outs, int n_outs, size_t base, bool stream) {
+  using Tr = Traits<T>;
+  if (!stream) {
+    T* first = static_cast<T*>(outs[0]) + base;
+    for (size_t i = 0; i < m; ++i) first[i] = Tr::Store(acc[i]);
+    for (int k = 1; k < n_outs; ++k) std::memcpy(static_cast<T*>(outs[k]) + base, first, m * sizeof(T));
+    return;
+  }
+  T tmp[kBlock];
+  for (size_t i = 0; i < m; ++i) tmp[i] = Tr::Store(acc[i]);
+  for (int k = 0; k < n_outs; ++k) StreamCopy(static_cast<T*>(outs[k]) + base, tmp, m * sizeof(T));
+}
+
 template <typename T>
-void ReduceTyped(const void* const* inputs, int n, void* out_raw, size_t count,
+void ReduceTyped(const void* const* inputs, int n, void* const* outs, int n_outs, size_t count,
                  const ReduceOp& op, int group_size, const double* scalars) {
   using Tr = Traits<T>;
   using A = typename Tr::Acc;
-  T* out = static_cast<T*>(out_raw);
+  const bool stream = count * sizeof(T) >= kStreamingBytes;
   A acc[kBlock];
   for (size_t base = 0; base < count; base += kBlock) {
     const size_t m = std::min(kBlock, count - base);
@@ -61,7 +110,7 @@ void ReduceTyped(const void* const* inputs, int n, void* out_raw, size_t count,
           const A s = static_cast<A>(scalars ? scalars[k] : op.scalar);
           for (size_t i = 0; i < m; ++i) acc[i] = acc[i] + s * Tr::Load(p[i]);
         }
-        for (size_t i = 0; i < m; ++i) out[base + i] = Tr::Store(acc[i]);
+        StoreBlock<T>(acc, m, outs, n_outs, base, stream);
         continue;
       }
     }
@@ -92,8 +141,9 @@ void ReduceTyped(const void* const* inputs, int n, void* out_raw, size_t count,
         for (size_t i = 0; i < m; ++i) acc[i] = acc[i] / d;
       }
     }
-    for (size_t i = 0; i < m; ++i) out[base + i] = Tr::Store(acc[i]);
+    StoreBlock<T>(acc, m, outs, n_outs, base, stream);
   }
+  if (stream) StreamFence();  // order the streaming stores before whatever publishes them
 }
 
 template <typename Src, typename Dst>
@@ -129,18 +179,25 @@ void CastScaleFrom(const void* src, void* dst, DType dst_type, size_t n, const S
 
 }  // namespace
 
+void ReduceIntoMany(const void* const* inputs, int n, void* const* outs, int n_outs,
+                    size_t count, DType dtype, const ReduceOp& op, int group_size,
+                    const double* scalars) {
+  BRAID_CHECK(n >= 1 && n_outs >= 1);
+  switch (dtype) {
+    case DType::kF32: return ReduceTyped<float>(inputs, n, outs, n_outs, count, op, group_size, scalars);
+    case DType::kF64: return ReduceTyped<double>(inputs, n, outs, n_outs, count, op, group_size, scalars);
+    case DType::kBF16: return ReduceTyped<BF16>(inputs, n, outs, n_outs, count, op, group_size, scalars);
+    case DType::kF16: return ReduceTyped<F16>(inputs, n, outs, n_outs, count, op, group_size, scalars);
+    case DType::kI32: return ReduceTyped<int32_t>(inputs, n, outs, n_outs, count, op, group_size, scalars);
+    case DType::kI64: return ReduceTyped<int64_t>(inputs, n, outs, n_outs, count, op, group_size, scalars);
+    case DType::kU8: return ReduceTyped<uint8_t>(inputs, n, outs, n_outs, count, op, group_size, scalars);
+  }
+}
+
 void ReduceInto(const void* const* inputs, int n, void* out, size_t count, DType dtype,
                 const ReduceOp& op, int group_size, const double* scalars) {
-  BRAID_CHECK(n >= 1);
-  switch (dtype) {
-    case DType::kF32: return ReduceTyped<float>(inputs, n, out, count, op, group_size, scalars);
-    case DType::kF64: return ReduceTyped<double>(inputs, n, out, count, op, group_size, scalars);
-    case DType::kBF16: return ReduceTyped<BF16>(inputs, n, out, count, op, group_size, scalars);
-    case DType::kF16: return ReduceTyped<F16>(inputs, n, out, count, op, group_size, scalars);
-    case DType::kI32: return ReduceTyped<int32_t>(inputs, n, out, count, op, group_size, scalars);
-    case DType::kI64: return ReduceTyped<int64_t>(inputs, n, out, count, op, group_size, scalars);
-    case DType::kU8: return ReduceTyped<uint8_t>(inputs, n, out, count, op, group_size, scalars);
-  }
+  void* outs[1] = {out};
+  ReduceIntoMany(inputs, n, outs, 1, count, dtype, op, group_size, scalars);
 }
 
 void CastScale(const void* src, DType src_type, void* dst, DType dst_type, size_t n,

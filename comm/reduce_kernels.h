@@ -5,7 +5,8 @@
 //
 // ReduceInto combines its inputs strictly in the order given (input 0 first), accumulating in
 // f32 for bf16/f16 and narrowing once, so a fixed input order gives bit-identical results
-// whatever thread runs it. `out` may alias any input: work proceeds in blocks through a small
+// whatever thread runs it. Outputs of 16 MiB and more are written with non-temporal stores
+// (fenced before returning). `out` may alias any input: work proceeds in blocks through a small
 // accumulator, reading every input of a block before writing it.
 #ifndef BRAID_COMM_REDUCE_KERNELS_H_
 #define BRAID_COMM_REDUCE_KERNELS_H_
@@ -23,6 +24,13 @@ namespace braid {
 // Preconditions (checked by callers): n >= 1, op valid for dtype.
 void ReduceInto(const void* const* inputs, int n, void* out, size_t count, DType dtype,
                 const ReduceOp& op, int group_size, const double* scalars = nullptr);
+
+// The same, writing the result to each of `n_outs` outputs (a shared-memory all-reduce writes
+// a reduced chunk straight into every rank's buffer). Any output may alias any input: each
+// block of every input is read before that block of any output is written.
+void ReduceIntoMany(const void* const* inputs, int n, void* const* outs, int n_outs,
+                    size_t count, DType dtype, const ReduceOp& op, int group_size,
+                    const double* scalars = nullptr);
 
 // Element-wise dst = narrow(widen(src) * mul / div) between floating dtypes. The arithmetic is
 // f64 when either side is f64, else f32; `mul` is applied only when `apply_mul`, the division

@@ -4,8 +4,8 @@
 // same order. Each rank's Group object owns a worker thread that runs its collectives in
 // issue order; the workers of one group meet at a generation barrier (with a deadline) per
 // phase, so a collective never depends on which thread comes first:
-//   all-reduce:      A | rank r reduces chunk r of every input, in rank order 0..n-1 | B |
-//                    rank r copies the other chunks from their owners | C
+//   all-reduce:      A | rank r reduces chunk r of every input, in rank order 0..n-1, and
+//                    writes it into every rank's output | B
 //   reduce-scatter:  A | rank r reduces block r of every input, in rank order | B
 //   all-gather:      A | rank r copies every rank's block | B
 //   broadcast:       A | every non-root copies the root's buffer | B
