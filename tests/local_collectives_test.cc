@@ -131,3 +131,24 @@ TEST(LocalOrdering, BackToBackMixedCollectivesNeverCrossTalk) {
 
 }  // namespace
 }  // namespace braid::testing
+
+namespace braid::testing {
+namespace {
+
+// Messages large enough that each rank's chunk takes the non-temporal store path (>= 16 MiB
+// per output), in place and out of place, f32 and bf16: still bit-exact.
+TEST(LocalLarge, StreamingAllReduceIsBitExact) {
+  RunRanks(2, [](Group& g) {
+    for (bool in_place : {false, true}) {
+      EXPECT_OK(RunAndCheck(g, CollectiveCase{CollectiveKind::kAllReduce, ReduceKind::kAvg,
+                                              DType::kF32, (size_t{33} << 20) / 4 + 7, in_place}));
+    }
+    EXPECT_OK(RunAndCheck(g, CollectiveCase{CollectiveKind::kAllReduce, ReduceKind::kSum,
+                                            DType::kBF16, (size_t{33} << 20) / 2 + 3, false}));
+    EXPECT_OK(RunAndCheck(g, CollectiveCase{CollectiveKind::kReduceScatter, ReduceKind::kSum,
+                                            DType::kF32, (size_t{16} << 20) / 4 + 1, true}));
+  });
+}
+
+}  // namespace
+}  // namespace braid::testing
