@@ -1,0 +1,321 @@
+#include "scheduler/gradient_reducer.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "comm/check.h"
+#include "comm/logging.h"
+#include "comm/reduce_kernels.h"
+#include "comm/status_macros.h"
+#include "scheduler/plan_check.h"
+
+namespace braid::sched {
+namespace {
+
+struct FreeDeleter {
+  void operator()(char* p) const { std::free(p); }
+};
+
+constexpr size_t kStorageAlign = 64;
+
+}  // namespace
+
+// A launched reduction stage whose completion still has to be watched, outside mu_ (OnComplete
+// may run the callback inline, and the callback takes mu_).
+struct GradientReducer::Launched {
+  int bucket;
+  int stage;  // 0: reduce-scatter or all-reduce; 1: hybrid replica all-reduce
+  WorkPtr work;
+  int post_divide;
+};
+
+struct GradientReducer::BucketState {
+  std::unique_ptr<char, FreeDeleter> data;  // padded_count elements, zero-initialized
+  std::string label;                         // "bucket 3": names the bucket in errors
+  std::atomic<int> pending{0};               // parameters not yet marked this backward
+  bool ready = false;                        // guarded by mu_
+  bool first_done = false;                   // guarded by mu_ (hybrid)
+  bool failed = false;                       // guarded by mu_ (hybrid)
+  WorkPtr work;                              // this backward's final result
+};
+
+absl::StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
+    std::vector<ParamSpec> params, ReducerGroups groups, const ReducerConfig& config) {
+  if (groups.shard == nullptr) return absl::InvalidArgumentError("reducer: no group given");
+  if (config.mode == ReduceMode::kHybrid && groups.replica == nullptr) {
+    return absl::InvalidArgumentError("reducer: hybrid mode needs a replica group (see MakeMesh)");
+  }
+  for (const ParamSpec& p : params) {
+    if (!IsValidDType(static_cast<int>(p.dtype)) || !IsFloating(p.dtype)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter ", p.Label(), ": gradients must have a floating dtype, got ",
+                       IsValidDType(static_cast<int>(p.dtype)) ? DTypeName(p.dtype) : "an invalid one"));
+    }
+    if (p.device.type != DeviceType::kCpu) {
+      return absl::UnimplementedError(absl::StrCat("parameter ", p.Label(), " is on ",
+                                                   p.device.ToString(),
+                                                   ": device buffers need the NCCL backend"));
+    }
+  }
+  PlanOptions po;
+  po.bucket_cap_bytes = config.bucket_cap_bytes;
+  po.first_bucket_cap_bytes = config.first_bucket_cap_bytes;
+  po.shards = config.mode == ReduceMode::kAllReduce ? 1 : groups.shard->size();
+  ASSIGN_OR_RETURN(BucketPlan plan, BucketPlan::Build(std::move(params), po));
+  RETURN_IF_ERROR(VerifyPlanAcrossRanks(plan, *groups.shard, config.timeout));
+  if (groups.replica != nullptr && config.mode == ReduceMode::kHybrid) {
+    RETURN_IF_ERROR(VerifyPlanAcrossRanks(plan, *groups.replica, config.timeout));
+  }
+  return std::unique_ptr<GradientReducer>(new GradientReducer(std::move(plan), groups, config));
+}
+
+GradientReducer::GradientReducer(BucketPlan plan, ReducerGroups groups, const ReducerConfig& config)
+    : plan_(std::move(plan)),
+      groups_(groups),
+      config_(config),
+      marked_(new std::atomic<uint8_t>[plan_.params().size()]),
+      accumulated_(plan_.params().size(), 0) {
+  for (size_t i = 0; i < plan_.params().size(); ++i) marked_[i].store(0);
+  for (size_t b = 0; b < plan_.buckets().size(); ++b) {
+    auto s = std::make_unique<BucketState>();
+    const size_t bytes = (plan_.buckets()[b].bytes() + kStorageAlign - 1) / kStorageAlign * kStorageAlign;
+    s->data.reset(static_cast<char*>(std::aligned_alloc(kStorageAlign, bytes)));
+    BRAID_CHECK(s->data != nullptr);
+    std::memset(s->data.get(), 0, bytes);
+    s->label = absl::StrCat("bucket ", b);
+    buckets_.push_back(std::move(s));
+  }
+}
+
+GradientReducer::~GradientReducer() {
+  for (auto& b : buckets_) {
+    if (b->work == nullptr || b->work->Done()) continue;
+    if (!b->work->Wait(config_.timeout).ok() && !b->work->Done()) {
+      // A collective may still write into this bucket: leak it rather than free it under one.
+      Log().error("gradient reducer destroyed with {} still in flight; leaking its storage", b->label);
+      (void)b->data.release();
+    }
+  }
+}
+
+char* GradientReducer::BucketData(int b) const { return buckets_[b]->data.get(); }
+
+char* GradientReducer::ShardData(int b) const {
+  const Bucket& bk = plan_.buckets()[b];
+  const int shard_rank = config_.mode == ReduceMode::kAllReduce ? 0 : groups_.shard->rank();
+  return BucketData(b) + static_cast<size_t>(shard_rank) * bk.shard_count * DTypeSize(bk.dtype);
+}
+
+absl::StatusOr<TensorView> GradientReducer::GradView(ParamId id) const {
+  ASSIGN_OR_RETURN(int i, plan_.IndexOf(id));
+  const ParamSpec& p = plan_.params()[i];
+  const ParamSlot& s = plan_.slot(i);
+  return TensorView{BucketData(s.bucket) + s.offset * DTypeSize(p.dtype), p.count, p.dtype, p.device};
+}
+
+TensorView GradientReducer::ShardView(int b) const {
+  const Bucket& bk = plan_.buckets()[b];
+  return TensorView{ShardData(b), bk.shard_count, bk.dtype, bk.device};
+}
+
+WorkPtr GradientReducer::BucketWork(int b) const { return buckets_[b]->work; }
+
+absl::Status GradientReducer::BeginBackward(SyncMode mode) {
+  if (mode == SyncMode::kReduceScatterOnly) {
+    return absl::UnimplementedError("reduce_scatter_only accumulation is not implemented yet");
+  }
+  if (in_backward_.load()) {
+    return absl::FailedPreconditionError(
+        "BeginBackward: the previous backward is not finished (call FinishBackward first)");
+  }
+  sync_ = mode;
+  for (size_t i = 0; i < plan_.params().size(); ++i) marked_[i].store(0, std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    launch_cursor_ = 0;
+    allreduce_cursor_ = 0;
+    first_error_ = absl::OkStatus();
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      BucketState& s = *buckets_[b];
+      s.pending.store(static_cast<int>(plan_.buckets()[b].params.size()), std::memory_order_relaxed);
+      s.ready = s.first_done = s.failed = false;
+      if (mode == SyncMode::kSync) {
+        s.work = Work::Create(WorkInfo{groups_.shard->name(), "gradient reduction", b, s.label});
+      }
+    }
+  }
+  in_backward_.store(true, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+absl::Status GradientReducer::MarkReady(ParamId id, DeviceEvent ready) {
+  if (!in_backward_.load(std::memory_order_acquire)) {
+    auto i = plan_.IndexOf(id);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "MarkReady(", i.ok() ? plan_.params()[*i].Label() : absl::StrCat("id ", id),
+        ") outside a backward: call BeginBackward first"));
+  }
+  absl::StatusOr<int> i = plan_.IndexOf(id);
+  if (!i.ok()) return absl::NotFoundError(absl::StrCat("MarkReady: unknown parameter id ", id));
+  if (marked_[*i].exchange(1, std::memory_order_acq_rel) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "MarkReady: parameter ", plan_.params()[*i].Label(), " was already marked ready in this backward"));
+  }
+  if (sync_ == SyncMode::kNoSync) return absl::OkStatus();
+  OnParamReady(*i);
+  return absl::OkStatus();
+}
+
+void GradientReducer::OnParamReady(int param_index) {
+  BucketState& s = *buckets_[plan_.slot(param_index).bucket];
+  if (s.pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  std::vector<Launched> launched;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s.ready = true;
+    while (launch_cursor_ < static_cast<int>(buckets_.size()) && buckets_[launch_cursor_]->ready) {
+      LaunchFirstStageLocked(launch_cursor_++, &launched);
+    }
+  }
+  Watch(launched);
+}
+
+void GradientReducer::LaunchFirstStageLocked(int b, std::vector<Launched>* out) {
+  const Bucket& bk = plan_.buckets()[b];
+  const BucketState& s = *buckets_[b];
+  CollectiveOptions opts;
+  opts.label = s.label;
+  Group& g = *groups_.shard;
+  const ReduceStep step = StepFor(bk.dtype, g.size());
+  absl::StatusOr<WorkPtr> w =
+      config_.mode == ReduceMode::kAllReduce
+          ? g.AllReduce(BucketData(b), BucketData(b), bk.count, bk.dtype, step.op, opts)
+          : g.ReduceScatter(BucketData(b), ShardData(b), bk.shard_count, bk.dtype, step.op, opts);
+  out->push_back(Launched{b, 0, w.ok() ? *w : Work::Completed(WorkInfo{g.name(), "launch", 0, s.label}, w.status()),
+                          w.ok() ? step.post_divide : 1});
+}
+
+void GradientReducer::LaunchReplicaStageLocked(int b, std::vector<Launched>* out) {
+  const Bucket& bk = plan_.buckets()[b];
+  const BucketState& s = *buckets_[b];
+  CollectiveOptions opts;
+  opts.label = s.label;
+  Group& g = *groups_.replica;
+  const ReduceStep step = StepFor(bk.dtype, g.size());
+  auto w = g.AllReduce(ShardData(b), ShardData(b), bk.shard_count, bk.dtype, step.op, opts);
+  out->push_back(Launched{b, 1, w.ok() ? *w : Work::Completed(WorkInfo{g.name(), "launch", 0, s.label}, w.status()),
+                          w.ok() ? step.post_divide : 1});
+}
+
+void GradientReducer::Watch(std::vector<Launched>& launched) {
+  for (const Launched& l : launched) {
+    l.work->OnComplete([this, l](const absl::Status& st) { OnStageDone(l, st); });
+  }
+}
+
+void GradientReducer::OnStageDone(const Launched& l, const absl::Status& st) {
+  if (st.ok() && l.post_divide > 1) {  // f16: the divide after the sum
+    const Bucket& bk = plan_.buckets()[l.bucket];
+    const bool whole = config_.mode == ReduceMode::kAllReduce;
+    char* p = whole ? BucketData(l.bucket) : ShardData(l.bucket);
+    CastScale(p, bk.dtype, p, bk.dtype, whole ? bk.count : bk.shard_count,
+              ScaleSpec{false, 1.0, l.post_divide});
+  }
+  if (config_.mode != ReduceMode::kHybrid || l.stage == 1) {
+    FinishBucket(l.bucket, st);
+    return;
+  }
+  // Hybrid: the shard is reduced within its replica; all-reduce it across replicas, in bucket
+  // order (a failed bucket is skipped: its error already ends this backward).
+  if (!st.ok()) FinishBucket(l.bucket, st);
+  std::vector<Launched> launched;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    buckets_[l.bucket]->first_done = true;
+    buckets_[l.bucket]->failed = !st.ok();
+    while (allreduce_cursor_ < static_cast<int>(buckets_.size()) &&
+           buckets_[allreduce_cursor_]->first_done) {
+      const int k = allreduce_cursor_++;
+      if (!buckets_[k]->failed) LaunchReplicaStageLocked(k, &launched);
+    }
+  }
+  Watch(launched);
+}
+
+void GradientReducer::FinishBucket(int b, absl::Status s) {
+  if (!s.ok()) RecordError(s);
+  WorkPtr w = buckets_[b]->work;  // keeps the Work alive while its callbacks run
+  w->Complete(std::move(s));
+}
+
+void GradientReducer::RecordError(const absl::Status& s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (first_error_.ok()) first_error_ = s;
+}
+
+absl::Status GradientReducer::FinishBackward() {
+  if (!in_backward_.load(std::memory_order_acquire)) {
+    return absl::FailedPreconditionError("FinishBackward without BeginBackward");
+  }
+  const auto& params = plan_.params();
+  if (sync_ == SyncMode::kNoSync) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (marked_[i].load(std::memory_order_relaxed)) accumulated_[i] = 1;
+    }
+    in_backward_.store(false, std::memory_order_release);
+    return absl::OkStatus();
+  }
+  std::vector<int> unmarked;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!marked_[i].load(std::memory_order_acquire)) unmarked.push_back(static_cast<int>(i));
+  }
+  absl::Status unused_error;
+  if (!unmarked.empty() && !config_.allow_unused) {
+    std::vector<std::string> names;
+    for (size_t k = 0; k < unmarked.size() && k < 10; ++k) names.push_back(params[unmarked[k]].Label());
+    unused_error = absl::FailedPreconditionError(absl::StrCat(
+        unmarked.size(), " parameter(s) were not marked ready in this backward: ",
+        absl::StrJoin(names, ", "), unmarked.size() > 10 ? ", ..." : "",
+        " (set allow_unused to zero-fill and reduce unused parameters)"));
+  } else {
+    for (int i : unmarked) {
+      // A parameter unused now but used in an earlier no_sync microbatch keeps that sum.
+      if (!accumulated_[i]) {
+        const ParamSlot& s = plan_.slot(i);
+        std::memset(BucketData(s.bucket) + s.offset * DTypeSize(params[i].dtype), 0,
+                    params[i].count * DTypeSize(params[i].dtype));
+      }
+      marked_[i].store(1, std::memory_order_relaxed);
+      OnParamReady(i);
+    }
+  }
+  // Wait for everything launched (all buckets, unless parameters were missing).
+  int launched;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    launched = launch_cursor_;
+  }
+  const absl::Time deadline = absl::Now() + config_.timeout;
+  absl::Status wait_error;
+  for (int b = 0; b < launched; ++b) {
+    absl::Status s = buckets_[b]->work->WaitUntil(deadline);
+    if (!s.ok() && wait_error.ok()) wait_error = s;
+  }
+  std::fill(accumulated_.begin(), accumulated_.end(), 0);
+  in_backward_.store(false, std::memory_order_release);
+  if (!unused_error.ok()) return unused_error;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!first_error_.ok()) return first_error_;
+  }
+  return wait_error;
+}
+
+void GradientReducer::ZeroGrads() {
+  for (size_t b = 0; b < buckets_.size(); ++b) std::memset(BucketData(b), 0, plan_.buckets()[b].bytes());
+}
+
+}  // namespace braid::sched

@@ -1,0 +1,130 @@
+// GradientReducer: readiness-driven gradient bucketing and dispatch (DDP, ZeRO-2, HSDP).
+//
+// RANK-ORDER CONTRACT: buckets launch strictly in bucket-index order on every rank (pending
+// counter per bucket + a launch cursor, as PyTorch DDP's reducer does): a bucket whose
+// parameters are all ready waits for its predecessors. Readiness may arrive in any order and
+// from any thread; the collectives each group sees are therefore issued in the same order on
+// every rank. In hybrid mode the replica all-reduce of bucket k starts when its reduce-scatter
+// completes, again through a cursor, so it too runs in bucket order, overlapping the
+// reduce-scatter of bucket k+1.
+//
+//   ReducerConfig cfg;
+//   cfg.mode = ReduceMode::kHybrid;
+//   ASSIGN_OR_RETURN(Mesh mesh, MakeMesh(*world, 2, 4));
+//   ASSIGN_OR_RETURN(auto reducer, GradientReducer::Create(params, {mesh.shard.get(), mesh.replica.get()}, cfg));
+//   ASSIGN_OR_RETURN(TensorView g, reducer->GradView(param_id));  // accumulate gradients here
+//   RETURN_IF_ERROR(reducer->BeginBackward(SyncMode::kSync));
+//   ... backward hooks: RETURN_IF_ERROR(reducer->MarkReady(param_id));
+//   RETURN_IF_ERROR(reducer->FinishBackward());
+//   TensorView shard = reducer->ShardView(bucket);  // this rank's averaged gradient shard
+//
+// Gradients are bucket views (zero copy): Braid owns each bucket's flat storage and hands out
+// every parameter's gradient as a view into it; the framework accumulates there.
+// Results: all-reduce mode leaves every parameter's averaged gradient in its view;
+// reduce-scatter and hybrid modes leave this rank's averaged shard in ShardView(bucket) (the
+// rest of the bucket is unspecified until ZeroGrads()). BucketWork(b) completes when bucket b's
+// final result is in place: the sharded optimizer consumes these.
+// Accumulation: kNoSync backwards communicate nothing; the framework keeps accumulating into
+// the views and the next kSync backward reduces the sum (overlapped with that backward).
+// Call ZeroGrads() after consuming a synced result, before the next accumulation window.
+#ifndef BRAID_SCHEDULER_GRADIENT_REDUCER_H_
+#define BRAID_SCHEDULER_GRADIENT_REDUCER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "comm/group.h"
+#include "comm/tensor.h"
+#include "scheduler/bucket_plan.h"
+#include "scheduler/divide.h"
+
+namespace braid::sched {
+
+enum class ReduceMode { kAllReduce, kReduceScatter, kHybrid };
+enum class SyncMode { kSync, kNoSync, kReduceScatterOnly };
+
+struct ReducerGroups {
+  Group* shard = nullptr;    // all-reduce mode: the data-parallel group; else reduce-scatter group
+  Group* replica = nullptr;  // hybrid mode only: the group that all-reduces each shard
+};
+
+struct ReducerConfig {
+  ReduceMode mode = ReduceMode::kAllReduce;
+  size_t bucket_cap_bytes = size_t{25} << 20;
+  size_t first_bucket_cap_bytes = size_t{1} << 20;
+  bool allow_unused = false;  // unmarked parameters are zero-filled and reduced, not an error
+  absl::Duration timeout = absl::Seconds(300);  // FinishBackward's deadline
+};
+
+class GradientReducer {
+ public:
+  // Collective over the groups: builds the plan and verifies it is identical on every rank.
+  // Parameters must have floating dtypes, CPU device (device buffers come with the NCCL
+  // backend), and distinct ids; errors name the offending parameter.
+  static absl::StatusOr<std::unique_ptr<GradientReducer>> Create(std::vector<ParamSpec> params,
+                                                                 ReducerGroups groups,
+                                                                 const ReducerConfig& config);
+  ~GradientReducer();
+  GradientReducer(const GradientReducer&) = delete;
+  GradientReducer& operator=(const GradientReducer&) = delete;
+
+  const BucketPlan& plan() const { return plan_; }
+  // The gradient of `id` inside its bucket (valid for the reducer's lifetime).
+  absl::StatusOr<TensorView> GradView(ParamId id) const;
+  // This rank's shard of bucket `b` (reduce-scatter and hybrid modes: after BucketWork(b)).
+  TensorView ShardView(int b) const;
+  // Bucket b's final reduction in the current (or last) synced backward.
+  WorkPtr BucketWork(int b) const;
+
+  absl::Status BeginBackward(SyncMode mode);
+  // Any thread, any order, once per parameter per backward. `ready` is a device event to wait
+  // on before reading the gradient (device backends; ignored for CPU buffers).
+  absl::Status MarkReady(ParamId id, DeviceEvent ready = {});
+  // Returns once every reduction of this backward completed (or the deadline passed: the error
+  // names the bucket and group). Unmarked parameters: zero-filled and reduced with
+  // allow_unused, else an error naming them.
+  absl::Status FinishBackward();
+  // Zeroes every bucket (all gradients): the start of a new accumulation window.
+  void ZeroGrads();
+
+ private:
+  struct BucketState;
+  struct Launched;
+  GradientReducer(BucketPlan plan, ReducerGroups groups, const ReducerConfig& config);
+
+  void OnParamReady(int param_index);
+  // With mu_ held: launch bucket b's first stage (all-reduce, or reduce-scatter), or its
+  // hybrid replica all-reduce; what was launched is watched after mu_ is released.
+  void LaunchFirstStageLocked(int b, std::vector<Launched>* out);
+  void LaunchReplicaStageLocked(int b, std::vector<Launched>* out);
+  void Watch(std::vector<Launched>& launched);
+  void OnStageDone(const Launched& l, const absl::Status& st);
+  void FinishBucket(int b, absl::Status s);
+  void RecordError(const absl::Status& s);
+  char* BucketData(int b) const;
+  char* ShardData(int b) const;
+
+  BucketPlan plan_;
+  ReducerGroups groups_;
+  ReducerConfig config_;
+  std::vector<std::unique_ptr<BucketState>> buckets_;
+  std::unique_ptr<std::atomic<uint8_t>[]> marked_;  // per parameter, this backward
+  std::vector<uint8_t> accumulated_;  // per parameter: marked in a no_sync backward since the last sync
+
+  std::atomic<bool> in_backward_{false};
+  SyncMode sync_ = SyncMode::kSync;
+
+  std::mutex mu_;             // launch cursors and the first error
+  int launch_cursor_ = 0;     // next bucket to launch (first stage)
+  int allreduce_cursor_ = 0;  // hybrid: next bucket whose replica all-reduce to launch
+  absl::Status first_error_;
+};
+
+}  // namespace braid::sched
+
+#endif  // BRAID_SCHEDULER_GRADIENT_REDUCER_H_

@@ -1,0 +1,127 @@
+// BucketPlan rules, and the cross-rank plan check on the local backend.
+#include "scheduler/bucket_plan.h"
+
+#include <numeric>
+
+#include "gtest/gtest.h"
+#include "scheduler/plan_check.h"
+#include "tests/multirank.h"
+
+namespace braid::sched {
+namespace {
+
+using braid::testing::RunRanks;
+
+std::vector<ParamSpec> Params(std::vector<std::pair<size_t, DType>> specs) {
+  std::vector<ParamSpec> out;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    out.push_back(ParamSpec{static_cast<ParamId>(100 + i), specs[i].first, specs[i].second,
+                            Device::Cpu(), "p" + std::to_string(i)});
+  }
+  return out;
+}
+
+TEST(BucketPlan, ReverseOrderCapsAndFirstBucket) {
+  PlanOptions o;
+  o.first_bucket_cap_bytes = 1024;  // 256 f32
+  o.bucket_cap_bytes = 4096;        // 1024 f32
+  o.align_bytes = 4;
+  auto plan = BucketPlan::Build(Params({{100, DType::kF32}, {200, DType::kF32}, {900, DType::kF32},
+                                        {150, DType::kF32}, {100, DType::kF32}}), o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // Reverse registration order: p4 (100) + p3 (150) fit the 256-element first bucket; p2 (900)
+  // does not, so it opens bucket 1; p1 (200) no longer fits there (1100 > 1024) -> bucket 2.
+  ASSERT_EQ(plan->buckets().size(), 3u);
+  EXPECT_EQ(plan->buckets()[0].params, (std::vector<int>{4, 3}));
+  EXPECT_EQ(plan->buckets()[1].params, (std::vector<int>{2}));
+  EXPECT_EQ(plan->buckets()[2].params, (std::vector<int>{1, 0}));
+  EXPECT_EQ(plan->slot(3).offset, 100u);
+  EXPECT_EQ(plan->slot(0).bucket, 2);
+  EXPECT_EQ(plan->slot(0).offset, 200u);
+}
+
+TEST(BucketPlan, OneDTypePerBucketAndOversizedParamAlone) {
+  PlanOptions o;
+  o.first_bucket_cap_bytes = 64;
+  o.bucket_cap_bytes = 64;
+  auto plan = BucketPlan::Build(
+      Params({{4, DType::kF32}, {4, DType::kBF16}, {4, DType::kF32}, {1000, DType::kBF16}}), o);
+  ASSERT_TRUE(plan.ok());
+  for (const Bucket& b : plan->buckets()) {
+    for (int i : b.params) EXPECT_EQ(plan->params()[i].dtype, b.dtype);
+  }
+  // The 1000-element bf16 parameter exceeds every cap: a bucket of its own.
+  const Bucket& big = plan->buckets()[plan->slot(3).bucket];
+  EXPECT_EQ(big.params, (std::vector<int>{3}));
+}
+
+TEST(BucketPlan, ShardsAreEqualAlignedAndParamsMayStraddle) {
+  PlanOptions o;
+  o.shards = 3;
+  o.align_bytes = 64;
+  auto plan = BucketPlan::Build(Params({{37, DType::kF32}, {101, DType::kBF16}, {50, DType::kF32}}), o);
+  ASSERT_TRUE(plan.ok());
+  for (const Bucket& b : plan->buckets()) {
+    const size_t align = 64 / DTypeSize(b.dtype);
+    EXPECT_EQ(b.padded_count % (3 * align), 0u);
+    EXPECT_EQ(b.shard_count * 3, b.padded_count);
+    EXPECT_GE(b.padded_count, b.count);
+    for (int i : b.params) EXPECT_EQ(plan->slot(i).offset % align, 0u);  // aligned offsets
+  }
+  // f32 bucket: p2 (50) at 0, p0 (37) at 64 -> count 101, padded to 3*16 multiple = 144.
+  const Bucket& f = plan->buckets()[plan->slot(0).bucket];
+  EXPECT_EQ(f.count, 101u);
+  EXPECT_EQ(f.padded_count, 144u);
+  EXPECT_EQ(f.shard_count, 48u);  // p0 spans shards 1 and 2
+}
+
+TEST(BucketPlan, BadInputNamesTheParameter) {
+  auto dup = Params({{4, DType::kF32}, {4, DType::kF32}});
+  dup[1].id = dup[0].id;
+  auto s = BucketPlan::Build(dup, PlanOptions{}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("'p1' (id 100) is registered twice"), absl::string_view::npos) << s;
+  auto bad = Params({{4, static_cast<DType>(42)}});
+  s = BucketPlan::Build(bad, PlanOptions{}).status();
+  EXPECT_NE(s.message().find("'p0'"), absl::string_view::npos) << s;
+  PlanOptions o;
+  o.align_bytes = 48;
+  EXPECT_EQ(BucketPlan::Build(Params({{4, DType::kF32}}), o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto plan = BucketPlan::Build(Params({{4, DType::kF32}}), PlanOptions{});
+  EXPECT_EQ(plan->IndexOf(7).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(BucketPlan, ExplicitOrderAndFingerprint) {
+  auto params = Params({{10, DType::kF32}, {20, DType::kF32}, {30, DType::kF32}});
+  auto a = BucketPlan::BuildInOrder(params, {1, 0, 2}, PlanOptions{});
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->buckets()[0].params, (std::vector<int>{1, 0, 2}));
+  auto b = BucketPlan::Build(params, PlanOptions{});
+  EXPECT_NE(a->Fingerprint(), b->Fingerprint());
+  EXPECT_EQ(b->Fingerprint(), BucketPlan::Build(params, PlanOptions{})->Fingerprint());
+  EXPECT_FALSE(BucketPlan::BuildInOrder(params, {1, 1, 2}, PlanOptions{}).ok());
+}
+
+TEST(PlanCheck, IdenticalPlansPassAndADifferentParameterIsNamedOnEveryRank) {
+  RunRanks(3, [](Group& g) {
+    auto params = Params({{10, DType::kF32}, {20, DType::kBF16}, {30, DType::kF32}});
+    auto same = BucketPlan::Build(params, PlanOptions{});
+    EXPECT_OK(VerifyPlanAcrossRanks(*same, g, absl::Seconds(30)));
+    if (g.rank() == 2) params[1].count = 21;
+    auto differ = BucketPlan::Build(params, PlanOptions{});
+    absl::Status s = VerifyPlanAcrossRanks(*differ, g, absl::Seconds(30));
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(s.message().find("parameter #1"), absl::string_view::npos) << s;
+    EXPECT_NE(s.message().find("'p1'"), absl::string_view::npos) << s;
+    EXPECT_NE(s.message().find("21 x bf16"), absl::string_view::npos) << s;
+    EXPECT_NE(s.message().find("rank 2"), absl::string_view::npos) << s;
+    auto fewer = params;
+    if (g.rank() == 1) fewer.pop_back();
+    s = VerifyPlanAcrossRanks(*BucketPlan::Build(fewer, PlanOptions{}), g, absl::Seconds(30));
+    EXPECT_NE(s.message().find("rank 1 registered 2"), absl::string_view::npos) << s;
+  });
+}
+
+}  // namespace
+}  // namespace braid::sched
