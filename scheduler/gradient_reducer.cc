@@ -91,7 +91,13 @@ GradientReducer::GradientReducer(BucketPlan plan, ReducerGroups groups, const Re
 }
 
 GradientReducer::~GradientReducer() {
-  for (auto& b : buckets_) {
+  int launched;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    launched = launch_cursor_;
+  }
+  for (int i = 0; i < launched; ++i) {  // buckets never launched have nothing in flight
+    auto& b = buckets_[i];
     if (b->work == nullptr || b->work->Done()) continue;
     if (!b->work->Wait(config_.timeout).ok() && !b->work->Done()) {
       // A collective may still write into this bucket: leak it rather than free it under one.

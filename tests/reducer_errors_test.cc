@@ -1,0 +1,149 @@
+// GradientReducer misuse and failures: each is an error naming the parameter, bucket or group;
+// nothing hangs; unused parameters are zero-filled and reduced only when allowed.
+#include <vector>
+
+#include "backends/local/local_backend.h"
+#include "gtest/gtest.h"
+#include "scheduler/gradient_reducer.h"
+#include "tests/multirank.h"
+
+namespace braid::sched {
+namespace {
+
+using braid::testing::LocalOptions;
+using braid::testing::RunRanks;
+
+void ExpectError(const absl::Status& s, absl::StatusCode code,
+                 std::initializer_list<absl::string_view> parts) {
+  EXPECT_EQ(s.code(), code) << s;
+  for (absl::string_view p : parts) {
+    EXPECT_NE(s.message().find(p), absl::string_view::npos) << "'" << p << "' not in: " << s;
+  }
+}
+
+std::vector<ParamSpec> TwoParams() {
+  return {ParamSpec{1, 8, DType::kF32, Device::Cpu(), "fc.weight"},
+          ParamSpec{2, 3, DType::kF32, Device::Cpu(), "fc.bias"}};
+}
+
+TEST(ReducerErrors, MarksOutsideBackwardUnknownAndTwice) {
+  RunRanks(2, [](Group& g) {
+    auto red = GradientReducer::Create(TwoParams(), {&g, nullptr}, ReducerConfig{});
+    ASSERT_TRUE(red.ok()) << red.status();
+    ExpectError((*red)->MarkReady(1), absl::StatusCode::kFailedPrecondition,
+                {"'fc.weight' (id 1)", "outside a backward"});
+    ExpectError((*red)->FinishBackward(), absl::StatusCode::kFailedPrecondition, {"without BeginBackward"});
+    ASSERT_OK((*red)->BeginBackward(SyncMode::kSync));
+    ExpectError((*red)->BeginBackward(SyncMode::kSync), absl::StatusCode::kFailedPrecondition,
+                {"not finished"});
+    ExpectError((*red)->MarkReady(99), absl::StatusCode::kNotFound, {"id 99"});
+    ASSERT_OK((*red)->MarkReady(2));
+    ExpectError((*red)->MarkReady(2), absl::StatusCode::kFailedPrecondition,
+                {"'fc.bias' (id 2)", "already marked"});
+    ASSERT_OK((*red)->MarkReady(1));
+    ASSERT_OK((*red)->FinishBackward());
+    ExpectError((*red)->BeginBackward(SyncMode::kReduceScatterOnly), absl::StatusCode::kUnimplemented,
+                {"reduce_scatter_only"});
+  });
+}
+
+TEST(ReducerErrors, BadParametersAreNamed) {
+  RunRanks(1, [](Group& g) {
+    auto ints = TwoParams();
+    ints[1].dtype = DType::kI32;
+    ExpectError(GradientReducer::Create(ints, {&g, nullptr}, ReducerConfig{}).status(),
+                absl::StatusCode::kInvalidArgument, {"'fc.bias'", "floating", "i32"});
+    auto gpu = TwoParams();
+    gpu[0].device = Device::Cuda(0);
+    ExpectError(GradientReducer::Create(gpu, {&g, nullptr}, ReducerConfig{}).status(),
+                absl::StatusCode::kUnimplemented, {"'fc.weight'", "cuda:0"});
+    ReducerConfig hybrid;
+    hybrid.mode = ReduceMode::kHybrid;
+    ExpectError(GradientReducer::Create(TwoParams(), {&g, nullptr}, hybrid).status(),
+                absl::StatusCode::kInvalidArgument, {"replica group"});
+  });
+}
+
+TEST(ReducerErrors, PlanThatDiffersOnOneRankFailsCreateEverywhere) {
+  RunRanks(3, [](Group& g) {
+    auto params = TwoParams();
+    if (g.rank() == 1) params[0].count = 9;
+    ExpectError(GradientReducer::Create(params, {&g, nullptr}, ReducerConfig{}).status(),
+                absl::StatusCode::kFailedPrecondition, {"'fc.weight'", "rank 1"});
+  });
+}
+
+TEST(ReducerUnused, ReportedByNameUnlessAllowed) {
+  RunRanks(2, [](Group& g) {
+    auto red = GradientReducer::Create(TwoParams(), {&g, nullptr}, ReducerConfig{});
+    ASSERT_TRUE(red.ok());
+    ASSERT_OK((*red)->BeginBackward(SyncMode::kSync));
+    ASSERT_OK((*red)->MarkReady(2));  // the bias bucket (bucket 0: reverse order) launches
+    ExpectError((*red)->FinishBackward(), absl::StatusCode::kFailedPrecondition,
+                {"1 parameter(s)", "'fc.weight' (id 1)", "allow_unused"});
+  });
+}
+
+TEST(ReducerUnused, ZeroFilledAndReducedWhenAllowedButNoSyncSumsAreKept) {
+  RunRanks(2, [](Group& g) {
+    ReducerConfig cfg;
+    cfg.allow_unused = true;
+    auto red = GradientReducer::Create(TwoParams(), {&g, nullptr}, cfg);
+    ASSERT_TRUE(red.ok());
+    GradientReducer& r = **red;
+    auto w = *r.GradView(1);
+    auto b = *r.GradView(2);
+    float* wd = static_cast<float*>(w.data);
+    float* bd = static_cast<float*>(b.data);
+    // Microbatch 1 (no_sync): both used. Microbatch 2 (sync): only the bias is used on rank 0,
+    // and the weight holds rank-specific garbage that must not be zero-filled (it is the
+    // no_sync sum), while on rank 1 both are used.
+    ASSERT_OK(r.BeginBackward(SyncMode::kNoSync));
+    for (int i = 0; i < 8; ++i) wd[i] += 1.0f + g.rank();
+    for (int i = 0; i < 3; ++i) bd[i] += 10.0f;
+    ASSERT_OK(r.MarkReady(1));
+    ASSERT_OK(r.MarkReady(2));
+    ASSERT_OK(r.FinishBackward());
+    ASSERT_OK(r.BeginBackward(SyncMode::kSync));
+    for (int i = 0; i < 3; ++i) bd[i] += 2.0f;
+    ASSERT_OK(r.MarkReady(2));
+    if (g.rank() == 1) {
+      for (int i = 0; i < 8; ++i) wd[i] += 4.0f;
+      ASSERT_OK(r.MarkReady(1));
+    }
+    ASSERT_OK(r.FinishBackward());
+    for (int i = 0; i < 8; ++i) EXPECT_EQ(wd[i], (1.0f + (2.0f + 4.0f)) / 2) << i;  // avg of 1 and 6
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(bd[i], 12.0f);
+
+    // Next window: a parameter never used since the last sync is zero-filled.
+    r.ZeroGrads();
+    ASSERT_OK(r.BeginBackward(SyncMode::kSync));
+    for (int i = 0; i < 8; ++i) wd[i] = 123.0f;  // written but never marked: stale, dropped
+    for (int i = 0; i < 3; ++i) bd[i] += 1.0f;
+    ASSERT_OK(r.MarkReady(2));
+    ASSERT_OK(r.FinishBackward());
+    for (int i = 0; i < 8; ++i) EXPECT_EQ(wd[i], 0.0f);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(bd[i], 1.0f);
+  });
+}
+
+TEST(ReducerErrors, StalledPeerFailsFinishBackwardNamingBucketAndGroup) {
+  auto backend = CreateBackend(LocalOptions(2, absl::Milliseconds(300)));
+  ASSERT_TRUE(backend.ok());
+  RunRanks(**backend, [](Group& g) {
+    ReducerConfig cfg;
+    cfg.timeout = absl::Seconds(20);
+    auto red = GradientReducer::Create(TwoParams(), {&g, nullptr}, cfg);
+    ASSERT_TRUE(red.ok()) << red.status();
+    ASSERT_OK((*red)->BeginBackward(SyncMode::kSync));
+    if (g.rank() == 0) {  // rank 1 never marks anything: its collectives never start
+      ASSERT_OK((*red)->MarkReady(1));
+      ASSERT_OK((*red)->MarkReady(2));
+      ExpectError((*red)->FinishBackward(), absl::StatusCode::kDeadlineExceeded,
+                  {"allreduce #", "'world'", "(bucket 0)", "rank(s) 1 did not arrive"});
+    }
+  });
+}
+
+}  // namespace
+}  // namespace braid::sched
