@@ -242,5 +242,30 @@ TEST(LocalFaults, DestroyingAGroupWithWorkInFlightReleasesPeers) {
   g0->reset();
 }
 
+// A Work that fails (here: a per-call deadline shorter than the data phase of a large
+// all-reduce) must not complete while peers can still write into its buffers: the caller may
+// reuse them as soon as Wait() returns.
+TEST(LocalFaults, NoPeerWritesIntoABufferAfterItsWorkCompleted) {
+  RunRanks(4, [](Group& g) {
+    const size_t n = size_t{64} << 20 >> 2;  // 64 MiB of f32
+    std::vector<float> send(n, 1.0f), recv(n, 0.0f);
+    auto sync = g.Barrier();
+    ASSERT_TRUE(sync.ok());
+    ASSERT_OK((*sync)->Wait(absl::Seconds(30)));  // start together
+    CollectiveOptions opts;
+    opts.timeout = absl::Milliseconds(5);  // shorter than the data phase
+    auto w = g.AllReduce(send.data(), recv.data(), n, DType::kF32, ReduceOp::Sum(), opts);
+    ASSERT_TRUE(w.ok());
+    (void)(*w)->Wait(absl::Seconds(60));  // fails or succeeds: either way it is over
+    ASSERT_TRUE((*w)->Done());
+    std::fill(recv.begin(), recv.end(), -7.0f);
+    absl::SleepFor(absl::Milliseconds(300));
+    size_t changed = 0;
+    for (float x : recv) changed += x != -7.0f;
+    EXPECT_EQ(changed, 0u) << "elements written by peers after the Work completed";
+  });
+}
+
 }  // namespace
 }  // namespace braid::testing
+

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "comm/logging.h"
 #include "comm/reduce_kernels.h"
 #include "comm/spin.h"
 #include "comm/status_macros.h"
@@ -23,7 +24,10 @@ class LocalComm {
         faults_(std::move(faults)),
         barrier_(static_cast<int>(world_ranks_.size()), spin),
         posted_{std::vector<Posted>(world_ranks_.size()), std::vector<Posted>(world_ranks_.size())},
-        split_children_(world_ranks_.size()) {}
+        split_children_(world_ranks_.size()),
+        busy_(new std::atomic<bool>[world_ranks_.size()]) {
+    for (size_t r = 0; r < world_ranks_.size(); ++r) busy_[r].store(false);
+  }
 
   int size() const { return static_cast<int>(world_ranks_.size()); }
 
@@ -42,6 +46,26 @@ class LocalComm {
   std::vector<Posted>& slots(uint64_t seq) { return posted_[seq & 1]; }
   // Written by the leader of each split color between A and B, read by members after B.
   std::vector<std::shared_ptr<LocalComm>> split_children_;
+  // busy_[r]: rank r has posted an op and may be reading or writing peers' buffers. When an
+  // op fails, a rank waits for every peer's flag to clear before completing its Work: the
+  // caller may free its buffers as soon as Wait() returns, error or not.
+  std::unique_ptr<std::atomic<bool>[]> busy_;
+
+  // After the barrier failed: returns once no peer is inside an op. Bounded: a peer blocked
+  // in the failed barrier returns at once, and a data phase is finite memory work.
+  void WaitForPeersToLeave(int rank, absl::Duration limit) const {
+    const absl::Time end = absl::Now() + limit;
+    for (int k = 0; k < size(); ++k) {
+      while (k != rank && busy_[k].load(std::memory_order_acquire)) {
+        if (absl::Now() > end) {
+          Log().error("group '{}': rank {} still inside an op after the group failed", name_,
+                      world_ranks_[k]);
+          return;
+        }
+        absl::SleepFor(absl::Microseconds(50));
+      }
+    }
+  }
 };
 
 std::shared_ptr<LocalComm> MakeLocalComm(std::string name, std::vector<int> world_ranks,
@@ -210,9 +234,22 @@ absl::Status LocalGroup::Execute(Op& op) {
       while (absl::Now() < until && !comm_->barrier_.failed()) absl::SleepFor(absl::Milliseconds(1));
     }
   }
+  // A failed group takes no more calls: nothing is posted into slots peers may still read.
+  if (comm_->barrier_.failed()) return comm_->barrier_.failure();
   const absl::Time deadline = absl::Now() + timeout;
   std::vector<Posted>& posted = comm_->slots(info.seq);
   posted[rank_] = op.posted;
+  comm_->busy_[rank_].store(true, std::memory_order_release);
+  absl::Status s = RunPhases(op, posted, deadline, what);
+  comm_->busy_[rank_].store(false, std::memory_order_release);
+  if (!s.ok() && comm_->barrier_.failed()) {
+    comm_->WaitForPeersToLeave(rank_, std::max(timeout, comm_->timeout_));
+  }
+  return s;
+}
+
+absl::Status LocalGroup::RunPhases(const Op& op, const std::vector<Posted>& posted,
+                                   absl::Time deadline, const std::string& what) {
   RETURN_IF_ERROR(comm_->barrier_.Arrive(rank_, deadline, what, comm_->world_ranks_));
   // Every rank sees the same slots, so every rank reaches the same verdict.
   RETURN_IF_ERROR(CheckSameCall(posted, what));

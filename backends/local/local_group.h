@@ -12,7 +12,8 @@
 // Results are therefore bit-identical run to run. At barrier A every rank checks that all
 // ranks called the same collective with the same count/dtype/op/root and fails (on every rank,
 // naming the ranks) if not. A failed or stalled rank fails the group for all: peers get an
-// error naming it, never a hang, and every later call on the group fails fast.
+// error naming it, never a hang, and every later call on the group fails fast. A Work that
+// fails completes only once no peer can still touch its buffers.
 #ifndef BRAID_BACKENDS_LOCAL_LOCAL_GROUP_H_
 #define BRAID_BACKENDS_LOCAL_LOCAL_GROUP_H_
 
@@ -74,6 +75,8 @@ class LocalGroup final : public Group {
   WorkPtr Enqueue(Op op, std::string label);
   void WorkerLoop();
   absl::Status Execute(Op& op);
+  absl::Status RunPhases(const Op& op, const std::vector<Posted>& posted, absl::Time deadline,
+                         const std::string& what);
   absl::Status RunCollective(const CollectiveArgs& a, const std::vector<Posted>& posted,
                              absl::Time deadline, const std::string& what);
   absl::Status RunSplit(const Op& op, const std::vector<Posted>& posted, absl::Time deadline,
