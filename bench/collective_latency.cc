@@ -9,7 +9,9 @@
 // all-reduce, x (n-1)/n for reduce-scatter and all-gather, x 1 for broadcast. Time is the
 // mean of issue + Wait per op (the slowest rank's), after warm-up; iterations scale down above
 // 1 MiB (never below 3). Before timing, each op runs once on exact data and #wrong counts
-// elements that differ from the expected result, summed over ranks.
+// elements that differ from the expected result, summed over ranks (premul_sum uses the scalar
+// 0.5 on every rank, so its check is exact too). The count column is NCCL's per-call count.
+// Progress goes to stderr: one updating line on a terminal, one line per collective otherwise.
 // Baselines measured in the same run: single-thread memcpy (row "memcpy") and, on the mpi
 // backend, raw OpenMPI all-reduce loops interleaved round by round with Braid's (rows
 // "raw_mpi_iallreduce" = MPI_Iallreduce+MPI_Wait, "raw_mpi_iallreduce_test" (MPI_Test spin),
@@ -102,10 +104,14 @@ double Rounded(DType t, double v) {
   return GetElem(tmp, t, 0);
 }
 
+// premul_sum's scalar: a power of two, so products and sums stay exact in any order.
+constexpr double kPremulScalar = 0.5;
+
 double Expected(ReduceKind op, DType t, size_t i, int n) {
-  double acc = Pattern(i, 0);
+  const double s = op == ReduceKind::kPreMulSum ? kPremulScalar : 1.0;
+  double acc = s * Pattern(i, 0);
   for (int r = 1; r < n; ++r) {
-    const double v = Pattern(i, r);
+    const double v = s * Pattern(i, r);
     if (op == ReduceKind::kMax) acc = std::max(acc, v);
     else if (op == ReduceKind::kMin) acc = std::min(acc, v);
     else acc += v;
@@ -156,7 +162,7 @@ absl::StatusOr<WorkPtr> Issue(Group& g, const Config& c, CollectiveKind k, const
   const size_t es = DTypeSize(c.dtype);
   unsigned char* send = b.send.data();
   unsigned char* recv = b.recv.data();
-  const ReduceOp op{c.redop, c.redop == ReduceKind::kPreMulSum ? 1.0 / g.size() : 1.0};
+  const ReduceOp op{c.redop, kPremulScalar};
   switch (k) {
     case CollectiveKind::kAllReduce:
       return g.AllReduce(send, c.in_place ? send : recv, s.count, c.dtype, op);
@@ -179,7 +185,7 @@ absl::StatusOr<int64_t> CheckOnce(Group& g, const Config& c, CollectiveKind k, c
                                   Buffers& b) {
   const int n = g.size(), r = g.rank();
   const size_t es = DTypeSize(c.dtype);
-  if (k == CollectiveKind::kBarrier || c.redop == ReduceKind::kPreMulSum) return 0;
+  if (k == CollectiveKind::kBarrier) return 0;
   // Fill this rank's input where the call reads it.
   unsigned char* in = b.send.data();
   size_t in_elems = s.send_elems, base = 0;
@@ -233,6 +239,7 @@ int ItersFor(int base, size_t bytes, int floor) {
 }
 
 absl::Status RunRank(Group& g, const Config& c, std::vector<Row>* rows, bool progress) {
+  const bool tty = isatty(2);
   const int n = g.size();
   Buffers b;
   const size_t cap = static_cast<size_t>(c.maxbytes) + 64;
@@ -246,9 +253,12 @@ absl::Status RunRank(Group& g, const Config& c, std::vector<Row>* rows, bool pro
     for (size_t bytes : (k == CollectiveKind::kBarrier ? std::vector<size_t>{0} : sizes)) {
       const Shape s = ShapeFor(k, bytes, c.dtype, n);
       if (k != CollectiveKind::kBarrier && s.count == 0) continue;
-      if (progress) {
+      ++done;
+      if (progress && tty) {
         std::fprintf(stderr, "\r[collective_latency] %-14s %10zu B  (%zu/%zu)   ",
-                     std::string(CollectiveName(k)).c_str(), bytes, ++done, total);
+                     std::string(CollectiveName(k)).c_str(), bytes, done, total);
+      } else if (progress && (bytes == sizes.front() || k == CollectiveKind::kBarrier)) {
+        std::fprintf(stderr, "[collective_latency] %s ...\n", std::string(CollectiveName(k)).c_str());
       }
       int64_t wrong = 0;
       if (c.check) {
@@ -276,8 +286,10 @@ absl::Status RunRank(Group& g, const Config& c, std::vector<Row>* rows, bool pro
         Row row;
         row.op = std::string(CollectiveName(k));
         const size_t es = DTypeSize(c.dtype);
+        // As nccl-tests: bytes of the larger buffer, and NCCL's per-call count (recvcount for
+        // reduce-scatter, sendcount for all-gather).
         row.bytes = k == CollectiveKind::kBarrier ? 0 : std::max(s.send_elems, s.recv_elems) * es;
-        row.count = std::max(s.send_elems, s.recv_elems);
+        row.count = s.count;
         row.dtype = std::string(DTypeName(c.dtype));
         row.redop = (k == CollectiveKind::kAllReduce || k == CollectiveKind::kReduceScatter)
                         ? std::string(ReduceKindName(c.redop)) : "none";
@@ -289,7 +301,7 @@ absl::Status RunRank(Group& g, const Config& c, std::vector<Row>* rows, bool pro
       }
     }
   }
-  if (progress) std::fprintf(stderr, "\r%80s\r", "");
+  if (progress && tty) std::fprintf(stderr, "\r%80s\r", "");
   return absl::OkStatus();
 }
 
@@ -348,8 +360,14 @@ absl::StatusOr<Config> ParseConfig(const Flags& f, const Options& env) {
     }
     if (!found) return absl::InvalidArgumentError(absl::StrCat("--ops: unknown collective '", name, "'"));
   }
-  if (c.ranks < 1 || c.minbytes < 1 || c.maxbytes < c.minbytes || c.step < 2 || c.iters < 1 || c.warmup < 0) {
-    return absl::InvalidArgumentError("need --ranks>=1, 1<=--minbytes<=--maxbytes, --stepfactor>=2, --iters>=1, --warmup>=0");
+  for (const auto& [bad, what] : std::vector<std::pair<bool, const char*>>{
+           {c.ranks < 1, "--ranks must be >= 1"},
+           {c.minbytes < 1, "--minbytes must be >= 1"},
+           {c.maxbytes < c.minbytes, "--maxbytes must be >= --minbytes"},
+           {c.step < 2, "--stepfactor must be >= 2"},
+           {c.iters < 1, "--iters must be >= 1"},
+           {c.warmup < 0, "--warmup must be >= 0"}}) {
+    if (bad) return absl::InvalidArgumentError(what);
   }
   RETURN_IF_ERROR(ValidateReduceOp(ReduceOp{c.redop, 1.0}, c.dtype));
   for (const std::string& u : f.Unused()) {
@@ -402,7 +420,7 @@ absl::Status Main(int argc, char** argv) {
   for (size_t i = 0; i < groups.size(); ++i) {
     threads.emplace_back([&, i] {
       const bool lead = groups[i]->rank() == 0;
-      status[i] = RunRank(*groups[i], c, lead ? &rows : nullptr, lead && isatty(2));
+      status[i] = RunRank(*groups[i], c, lead ? &rows : nullptr, lead);
     });
   }
   for (auto& t : threads) t.join();

@@ -36,7 +36,7 @@ absl::StatusOr<int64_t> ParseInt(absl::string_view name, absl::string_view v, in
 
 const std::vector<Entry>& Entries() {
   static const auto* entries = new std::vector<Entry>{
-      {{"BRAID_BACKEND", "local", "backend to create: local, mpi, nccl, plugin"},
+      {{"BRAID_BACKEND", "local", "backend to create: local, mpi, plugin (nccl: planned)"},
        [](Options& o, absl::string_view v) {
          o.backend = std::string(v);
          return absl::OkStatus();

@@ -8,8 +8,10 @@
 // Semantics, the same on every backend (the serial reference in tests/ spells them out):
 //   sum:         acc = x_0 + x_1 + ... in the accumulation type (f32 for bf16/f16)
 //   avg:         acc / n                     (floating dtypes only)
-//   premul_sum:  (s*x_0) + (s*x_1) + ...      (floating dtypes only; s finite)
-//   max / min:   element-wise; any dtype
+//   premul_sum:  (s_0*x_0) + (s_1*x_1) + ...  (floating dtypes only; s_r is rank r's own
+//                ReduceOp::scalar, as NCCL's per-rank premul scalar; finite)
+//   max / min:   element-wise in rank order, acc = x_k > acc ? x_k : acc; any dtype. A NaN
+//                wins only where it is first in rank order: don't rely on NaN propagation.
 #ifndef BRAID_COMM_REDUCE_OP_H_
 #define BRAID_COMM_REDUCE_OP_H_
 

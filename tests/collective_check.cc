@@ -207,6 +207,21 @@ std::vector<uint8_t> ReferenceOutput(const CollectiveCase& c, int n, int rank) {
   return {};
 }
 
+absl::Status LaunchStatus(Group& g, CollectiveKind kind, DType dtype, ReduceKind op) {
+  std::vector<int64_t> buf(4 * static_cast<size_t>(g.size()));
+  const ReduceOp rop{op, 0.5};
+  absl::StatusOr<WorkPtr> w;
+  switch (kind) {
+    case CollectiveKind::kAllReduce: w = g.AllReduce(buf.data(), buf.data(), 4, dtype, rop); break;
+    case CollectiveKind::kReduceScatter: w = g.ReduceScatter(buf.data(), buf.data(), 1, dtype, rop); break;
+    case CollectiveKind::kAllGather: w = g.AllGather(buf.data(), buf.data(), 1, dtype); break;
+    case CollectiveKind::kBroadcast: w = g.Broadcast(buf.data(), 4, dtype, 0); break;
+    case CollectiveKind::kBarrier: w = g.Barrier(); break;
+  }
+  if (w.ok()) RETURN_IF_ERROR((*w)->Wait(absl::Seconds(60)));  // don't leave it in flight
+  return w.status();
+}
+
 absl::Status RunAndCheck(Group& g, const CollectiveCase& c, absl::Duration timeout) {
   const int n = g.size();
   const int r = g.rank();

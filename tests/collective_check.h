@@ -77,6 +77,10 @@ double PremulScalar(int rank, bool exact);
 // Serial reference: what `rank` must hold after the collective, for a group of `n`.
 std::vector<uint8_t> ReferenceOutput(const CollectiveCase& c, int n, int rank);
 
+// Launches `kind` with reduce op `op` on a few elements of `dtype` and returns the launch's
+// status only (nothing is waited for): for checking that bad combinations are refused up front.
+absl::Status LaunchStatus(Group& g, CollectiveKind kind, DType dtype, ReduceKind op);
+
 // Runs `c` on `g` as rank g.rank(), waits (up to `timeout`), and compares. Also checks that an
 // out-of-place call left its send buffer untouched.
 absl::Status RunAndCheck(Group& g, const CollectiveCase& c,

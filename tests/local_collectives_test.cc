@@ -28,10 +28,10 @@ TEST_P(LocalCollectives, MatchesSerialReference) {
   if (reduces && float_only && !IsFloating(dtype)) {
     // Rejected up front with an error naming op and dtype (checked in errors_test too).
     RunRanks(ranks, [&](Group& g) {
-      int buf[4] = {};
-      auto w = g.AllReduce(buf, buf, 4, dtype, ReduceOp{k.op, 0.5});
-      EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument);
-      EXPECT_NE(w.status().message().find(DTypeName(dtype)), absl::string_view::npos);
+      const absl::Status s = LaunchStatus(g, k.kind, dtype, k.op);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      EXPECT_NE(s.message().find(CollectiveName(k.kind)), absl::string_view::npos) << s;
+      EXPECT_NE(s.message().find(DTypeName(dtype)), absl::string_view::npos) << s;
     });
     return;
   }

@@ -4,12 +4,20 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <memory>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/gpu/scale_kernel.h"
 
 namespace {
+
+struct CudaFree {
+  void operator()(float* p) const { cudaFree(p); }
+};
+struct NcclDestroy {
+  void operator()(ncclComm_t c) const { ncclCommDestroy(c); }
+};
 
 bool HaveGpu(std::string* why) {
   int n = 0;
@@ -36,19 +44,20 @@ TEST(CudaSmoke, KernelAndSingleRankAllReduceOnDevice) {
   constexpr int kN = 1000;
   std::vector<float> host(kN);
   for (int i = 0; i < kN; ++i) host[i] = static_cast<float>(i);
-  float* d = nullptr;
-  ASSERT_EQ(cudaMalloc(&d, kN * sizeof(float)), cudaSuccess);
+  float* raw = nullptr;
+  ASSERT_EQ(cudaMalloc(&raw, kN * sizeof(float)), cudaSuccess);
+  const std::unique_ptr<float, CudaFree> owned(raw);
+  float* d = owned.get();
   ASSERT_EQ(cudaMemcpy(d, host.data(), kN * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(BraidTestScale(d, kN, 0.5f), 0);
-  ncclComm_t comm;
+  ncclComm_t raw_comm;
   int dev = 0;
-  ASSERT_EQ(ncclCommInitAll(&comm, 1, &dev), ncclSuccess);
-  ASSERT_EQ(ncclAllReduce(d, d, kN, ncclFloat32, ncclSum, comm, nullptr), ncclSuccess);
+  ASSERT_EQ(ncclCommInitAll(&raw_comm, 1, &dev), ncclSuccess);
+  const std::unique_ptr<ncclComm, NcclDestroy> comm(raw_comm);
+  ASSERT_EQ(ncclAllReduce(d, d, kN, ncclFloat32, ncclSum, comm.get(), nullptr), ncclSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(host.data(), d, kN * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
   for (int i = 0; i < kN; ++i) ASSERT_EQ(host[i], 0.5f * i) << i;
-  ncclCommDestroy(comm);
-  cudaFree(d);
 }
 
 }  // namespace
