@@ -12,8 +12,8 @@
 // Waiting: Wait() first spins (briefly, `spin` from BRAID_SPIN_US, since a sleeping hand-off
 // costs ~40 us on small VMs), then sleeps on a condition variable until the deadline. A backend
 // whose progress is driven by polling (MPI) installs a poller; Wait() then keeps calling it
-// until completion or the deadline, as MPI_Wait would, and a progress thread covers the case
-// where nobody waits.
+// until completion or the deadline, as MPI_Wait would (backing off to short sleeps after 20 ms),
+// and a progress thread covers the case where nobody waits.
 #ifndef BRAID_COMM_WORK_H_
 #define BRAID_COMM_WORK_H_
 

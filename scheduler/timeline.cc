@@ -9,7 +9,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
 #include "comm/logging.h"
 #include "scheduler/timeline_queue.h"
 
@@ -43,7 +42,12 @@ void AppendJsonString(absl::string_view s, std::string* out) {
 
 // Nanoseconds as microseconds with three exact decimals ("12.345"); `ns` >= 0.
 void AppendMicros(int64_t ns, std::string* out) {
-  absl::StrAppendFormat(out, "%d.%03d", ns / 1000, ns % 1000);
+  absl::StrAppend(out, ns / 1000);
+  const int frac = static_cast<int>(ns % 1000);
+  const char digits[4] = {'.', static_cast<char>('0' + frac / 100),
+                          static_cast<char>('0' + frac / 10 % 10),
+                          static_cast<char>('0' + frac % 10)};
+  out->append(digits, 4);
 }
 
 absl::Status IoError(int err, absl::string_view what, const std::string& path) {
@@ -64,8 +68,9 @@ absl::StatusOr<std::unique_ptr<Timeline>> Timeline::Create(std::string path_pref
                                                    options.queue_capacity));
   }
   if (options.flush_interval <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "timeline: flush_interval must be positive, got ", absl::FormatDuration(options.flush_interval)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeline: flush_interval must be positive, got ",
+                     absl::FormatDuration(options.flush_interval)));
   }
   std::string path = absl::StrCat(path_prefix, ".rank", rank, ".json");
   std::FILE* file = std::fopen(path.c_str(), "w");

@@ -67,8 +67,8 @@ struct TimelineOptions {
 class Timeline {
  public:
   // Disabled (no file, no thread) when `path_prefix` is empty. Otherwise opens
-  // "<path_prefix>.rank<rank>.json" now, so a bad path is an error here that names the file, and
-  // starts the writer thread.
+  // "<path_prefix>.rank<rank>.json" now (truncating an existing file), so a bad path is an error
+  // here that names the file, and starts the writer thread.
   static absl::StatusOr<std::unique_ptr<Timeline>> Create(std::string path_prefix, int rank,
                                                           TimelineOptions options = {});
   // Create(opts.timeline, rank): the BRAID_TIMELINE knob.

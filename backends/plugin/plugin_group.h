@@ -49,7 +49,9 @@ class PluginGroup final : public Group {
   const PluginLibrary& library() const { return comm_.context().library(); }
   const braid_backend_v1& table() const { return comm_.context().table(); }
 
-  PluginComm comm_;  // destroyed (comm_destroy, which runs pending callbacks) before the rest
+  // Declared first, so destroyed last. Its comm_destroy runs pending callbacks, which touch
+  // only their own Work and the library (kept alive by the comm), never this group's members.
+  PluginComm comm_;
   const std::string name_;
   const int rank_;
   const int size_;
