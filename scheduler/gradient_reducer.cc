@@ -30,6 +30,7 @@ struct GradientReducer::Launched {
   int stage;  // 0: reduce-scatter or all-reduce; 1: hybrid replica all-reduce
   WorkPtr work;
   int post_divide;
+  int64_t start_ns = 0;  // timeline only
 };
 
 struct GradientReducer::BucketState {
@@ -79,6 +80,14 @@ GradientReducer::GradientReducer(BucketPlan plan, ReducerGroups groups, const Re
       marked_(new std::atomic<uint8_t>[plan_.params().size()]),
       accumulated_(plan_.params().size(), 0) {
   for (size_t i = 0; i < plan_.params().size(); ++i) marked_[i].store(0);
+  if (config_.timeline != nullptr && config_.timeline->enabled()) {
+    tl_ = config_.timeline;
+    tl_marks_ = tl_->Track("marks");
+    tl_launches_ = tl_->Track("bucket launches");
+    tl_first_ = tl_->Track(absl::StrCat("group ", groups_.shard->name()));
+    if (groups_.replica != nullptr) tl_replica_ = tl_->Track(absl::StrCat("group ", groups_.replica->name()));
+    tl_waits_ = tl_->Track("waits");
+  }
   for (size_t b = 0; b < plan_.buckets().size(); ++b) {
     auto s = std::make_unique<BucketState>();
     const size_t bytes = (plan_.buckets()[b].bytes() + kStorageAlign - 1) / kStorageAlign * kStorageAlign;
@@ -170,6 +179,7 @@ absl::Status GradientReducer::MarkReady(ParamId id, DeviceEvent ready) {
     return absl::FailedPreconditionError(absl::StrCat(
         "MarkReady: parameter ", plan_.params()[*i].Label(), " was already marked ready in this backward"));
   }
+  if (tl_ != nullptr) tl_->Instant(tl_marks_, "mark", *i);
   if (sync_ == SyncMode::kNoSync) return absl::OkStatus();
   OnParamReady(*i);
   return absl::OkStatus();
@@ -202,6 +212,10 @@ void GradientReducer::LaunchFirstStageLocked(int b, std::vector<Launched>* out) 
           : g.ReduceScatter(BucketData(b), ShardData(b), bk.shard_count, bk.dtype, step.op, opts);
   out->push_back(Launched{b, 0, w.ok() ? *w : Work::Completed(WorkInfo{g.name(), "launch", 0, s.label}, w.status()),
                           w.ok() ? step.post_divide : 1});
+  if (tl_ != nullptr) {
+    out->back().start_ns = Timeline::NowNs();
+    tl_->Instant(tl_launches_, "launch", b);
+  }
 }
 
 void GradientReducer::LaunchReplicaStageLocked(int b, std::vector<Launched>* out) {
@@ -214,6 +228,7 @@ void GradientReducer::LaunchReplicaStageLocked(int b, std::vector<Launched>* out
   auto w = g.AllReduce(ShardData(b), ShardData(b), bk.shard_count, bk.dtype, step.op, opts);
   out->push_back(Launched{b, 1, w.ok() ? *w : Work::Completed(WorkInfo{g.name(), "launch", 0, s.label}, w.status()),
                           w.ok() ? step.post_divide : 1});
+  if (tl_ != nullptr) out->back().start_ns = Timeline::NowNs();
 }
 
 void GradientReducer::Watch(std::vector<Launched>& launched) {
@@ -223,6 +238,12 @@ void GradientReducer::Watch(std::vector<Launched>& launched) {
 }
 
 void GradientReducer::OnStageDone(const Launched& l, const absl::Status& st) {
+  if (tl_ != nullptr) {
+    const char* name = l.stage == 1 ? "allreduce (replicas)"
+                       : config_.mode == ReduceMode::kAllReduce ? "allreduce"
+                                                                : "reduce_scatter";
+    tl_->Complete(l.stage == 1 ? tl_replica_ : tl_first_, name, l.start_ns, Timeline::NowNs(), l.bucket);
+  }
   if (st.ok() && l.post_divide > 1) {  // f16: the divide after the sum
     const Bucket& bk = plan_.buckets()[l.bucket];
     const bool whole = config_.mode == ReduceMode::kAllReduce;
@@ -305,11 +326,13 @@ absl::Status GradientReducer::FinishBackward() {
     launched = launch_cursor_;
   }
   const absl::Time deadline = absl::Now() + config_.timeout;
+  const int64_t wait_start = tl_ != nullptr ? Timeline::NowNs() : 0;
   absl::Status wait_error;
   for (int b = 0; b < launched; ++b) {
     absl::Status s = buckets_[b]->work->WaitUntil(deadline);
     if (!s.ok() && wait_error.ok()) wait_error = s;
   }
+  if (tl_ != nullptr) tl_->Complete(tl_waits_, "FinishBackward wait", wait_start, Timeline::NowNs());
   std::fill(accumulated_.begin(), accumulated_.end(), 0);
   in_backward_.store(false, std::memory_order_release);
   if (!unused_error.ok()) return unused_error;

@@ -42,6 +42,7 @@
 #include "comm/tensor.h"
 #include "scheduler/bucket_plan.h"
 #include "scheduler/divide.h"
+#include "scheduler/timeline.h"
 
 namespace braid::sched {
 
@@ -59,6 +60,9 @@ struct ReducerConfig {
   size_t first_bucket_cap_bytes = size_t{1} << 20;
   bool allow_unused = false;  // unmarked parameters are zero-filled and reduced, not an error
   absl::Duration timeout = absl::Seconds(300);  // FinishBackward's deadline
+  // Optional, not owned, must outlive the reducer: marks, bucket launches, each collective's
+  // span on its group's row, and FinishBackward's wait (see Timeline::FromOptions).
+  Timeline* timeline = nullptr;
 };
 
 class GradientReducer {
@@ -118,6 +122,10 @@ class GradientReducer {
 
   std::atomic<bool> in_backward_{false};
   SyncMode sync_ = SyncMode::kSync;
+
+  // Timeline rows (valid when config_.timeline is enabled).
+  Timeline* tl_ = nullptr;
+  int tl_marks_ = 0, tl_launches_ = 0, tl_first_ = 0, tl_replica_ = 0, tl_waits_ = 0;
 
   std::mutex mu_;             // launch cursors and the first error
   int launch_cursor_ = 0;     // next bucket to launch (first stage)

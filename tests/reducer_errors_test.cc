@@ -1,10 +1,16 @@
 // GradientReducer misuse and failures: each is an error naming the parameter, bucket or group;
 // nothing hangs; unused parameters are zero-filled and reduced only when allowed.
+#include <fstream>
+#include <iterator>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
 
 #include "backends/local/local_backend.h"
 #include "gtest/gtest.h"
 #include "scheduler/gradient_reducer.h"
+#include "scheduler/mesh.h"
+#include "scheduler/timeline.h"
 #include "tests/multirank.h"
 
 namespace braid::sched {
@@ -145,5 +151,36 @@ TEST(ReducerErrors, StalledPeerFailsFinishBackwardNamingBucketAndGroup) {
   });
 }
 
+// With a timeline, each rank's trace shows the marks, the launches, each bucket's collective on
+// its group's row (both rows in hybrid mode) and the wait.
+TEST(ReducerTimeline, TraceShowsMarksLaunchesCollectivesAndWaits) {
+  const std::string prefix = absl::StrCat(::testing::TempDir(), "/reducer_trace");
+  RunRanks(4, [&](Group& g) {
+    auto tl = Timeline::Create(prefix, g.rank());
+    ASSERT_TRUE(tl.ok()) << tl.status();
+    auto mesh = MakeMesh(g, 2, 2);
+    ASSERT_TRUE(mesh.ok());
+    ReducerConfig cfg;
+    cfg.mode = ReduceMode::kHybrid;
+    cfg.timeline = tl->get();
+    auto red = GradientReducer::Create(TwoParams(), {mesh->shard.get(), mesh->replica.get()}, cfg);
+    ASSERT_TRUE(red.ok()) << red.status();
+    ASSERT_OK((*red)->BeginBackward(SyncMode::kSync));
+    ASSERT_OK((*red)->MarkReady(2));
+    ASSERT_OK((*red)->MarkReady(1));
+    ASSERT_OK((*red)->FinishBackward());
+    red->reset();
+    ASSERT_OK((*tl)->Close());
+    std::ifstream in((*tl)->path());
+    const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (const char* part : {"\"mark\"", "\"launch\"", "\"reduce_scatter\"", "\"allreduce (replicas)\"",
+                             "\"FinishBackward wait\"", "group world/shard", "group world/replica",
+                             "bucket launches"}) {
+      EXPECT_NE(json.find(part), std::string::npos) << part << " missing from " << (*tl)->path();
+    }
+  });
+}
+
 }  // namespace
 }  // namespace braid::sched
+
