@@ -41,6 +41,10 @@ struct GradientReducer::BucketState {
   bool first_done = false;                   // guarded by mu_ (hybrid)
   bool failed = false;                       // guarded by mu_ (hybrid)
   WorkPtr work;                              // this backward's final result
+  // Hybrid reduce_scatter_only: this rank's shard summed over the window's microbatches so far
+  // (each already averaged over the shard group), added in before the replica all-reduce.
+  std::unique_ptr<char, FreeDeleter> partial;
+  bool has_partial = false;
 };
 
 absl::StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
@@ -139,8 +143,9 @@ TensorView GradientReducer::ShardView(int b) const {
 WorkPtr GradientReducer::BucketWork(int b) const { return buckets_[b]->work; }
 
 absl::Status GradientReducer::BeginBackward(SyncMode mode) {
-  if (mode == SyncMode::kReduceScatterOnly) {
-    return absl::UnimplementedError("reduce_scatter_only accumulation is not implemented yet");
+  if (mode == SyncMode::kReduceScatterOnly && config_.mode != ReduceMode::kHybrid) {
+    return absl::InvalidArgumentError(
+        "BeginBackward(reduce_scatter_only) needs hybrid mode: it skips the replica all-reduce");
   }
   if (in_backward_.load()) {
     return absl::FailedPreconditionError(
@@ -157,7 +162,7 @@ absl::Status GradientReducer::BeginBackward(SyncMode mode) {
       BucketState& s = *buckets_[b];
       s.pending.store(static_cast<int>(plan_.buckets()[b].params.size()), std::memory_order_relaxed);
       s.ready = s.first_done = s.failed = false;
-      if (mode == SyncMode::kSync) {
+      if (mode != SyncMode::kNoSync) {
         s.work = Work::Create(WorkInfo{groups_.shard->name(), "gradient reduction", b, s.label});
       }
     }
@@ -255,8 +260,16 @@ void GradientReducer::OnStageDone(const Launched& l, const absl::Status& st) {
     FinishBucket(l.bucket, st);
     return;
   }
-  // Hybrid: the shard is reduced within its replica; all-reduce it across replicas, in bucket
-  // order (a failed bucket is skipped: its error already ends this backward).
+  // Hybrid: the shard is reduced within its replica.
+  if (st.ok() && sync_ == SyncMode::kReduceScatterOnly) {
+    AccumulatePartial(l.bucket);  // and the microbatch's gradients are consumed: zero them
+    std::memset(BucketData(l.bucket), 0, plan_.buckets()[l.bucket].bytes());
+    FinishBucket(l.bucket, st);
+    return;
+  }
+  if (st.ok()) AddPartialInto(l.bucket);
+  // All-reduce it across replicas, in bucket order (a failed bucket is skipped: its error
+  // already ends this backward).
   if (!st.ok()) FinishBucket(l.bucket, st);
   std::vector<Launched> launched;
   {
@@ -270,6 +283,32 @@ void GradientReducer::OnStageDone(const Launched& l, const absl::Status& st) {
     }
   }
   Watch(launched);
+}
+
+void GradientReducer::AccumulatePartial(int b) {
+  BucketState& s = *buckets_[b];
+  const Bucket& bk = plan_.buckets()[b];
+  const size_t bytes = bk.shard_count * DTypeSize(bk.dtype);
+  if (s.partial == nullptr) {
+    s.partial.reset(static_cast<char*>(std::aligned_alloc(kStorageAlign, (bytes + kStorageAlign - 1) / kStorageAlign * kStorageAlign)));
+    BRAID_CHECK(s.partial != nullptr);
+  }
+  if (!s.has_partial) {
+    std::memcpy(s.partial.get(), ShardData(b), bytes);  // a copy, not 0 + x: keeps -0.0
+    s.has_partial = true;
+    return;
+  }
+  const void* in[2] = {s.partial.get(), ShardData(b)};
+  ReduceInto(in, 2, s.partial.get(), bk.shard_count, bk.dtype, ReduceOp::Sum(), 2);
+}
+
+void GradientReducer::AddPartialInto(int b) {
+  BucketState& s = *buckets_[b];
+  if (!s.has_partial) return;
+  const Bucket& bk = plan_.buckets()[b];
+  const void* in[2] = {s.partial.get(), ShardData(b)};
+  ReduceInto(in, 2, ShardData(b), bk.shard_count, bk.dtype, ReduceOp::Sum(), 2);
+  s.has_partial = false;
 }
 
 void GradientReducer::FinishBucket(int b, absl::Status s) {
@@ -344,7 +383,10 @@ absl::Status GradientReducer::FinishBackward() {
 }
 
 void GradientReducer::ZeroGrads() {
-  for (size_t b = 0; b < buckets_.size(); ++b) std::memset(BucketData(b), 0, plan_.buckets()[b].bytes());
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    std::memset(BucketData(b), 0, plan_.buckets()[b].bytes());
+    buckets_[b]->has_partial = false;
+  }
 }
 
 }  // namespace braid::sched

@@ -26,6 +26,12 @@
 // final result is in place: the sharded optimizer consumes these.
 // Accumulation: kNoSync backwards communicate nothing; the framework keeps accumulating into
 // the views and the next kSync backward reduces the sum (overlapped with that backward).
+// kReduceScatterOnly (hybrid mode) reduce-scatters every microbatch within the shard group,
+// adds the shard into a per-bucket partial sum and zeroes the bucket for the next microbatch;
+// the next kSync backward adds the partial to its own reduced shard *before* the replica
+// all-reduce (accumulating after it would drop the other replicas' earlier microbatches).
+// Every stage divides by its own group's size (scheduler/divide.h), so the result is the
+// average over all ranks of the sum over microbatches, as with kNoSync.
 // Call ZeroGrads() after consuming a synced result, before the next accumulation window.
 #ifndef BRAID_SCHEDULER_GRADIENT_REDUCER_H_
 #define BRAID_SCHEDULER_GRADIENT_REDUCER_H_
@@ -108,6 +114,10 @@ class GradientReducer {
   void LaunchReplicaStageLocked(int b, std::vector<Launched>* out);
   void Watch(std::vector<Launched>& launched);
   void OnStageDone(const Launched& l, const absl::Status& st);
+  // Hybrid reduce_scatter_only: partial (+)= this rank's reduced shard; and, at the synced
+  // microbatch, shard = partial + shard before the replica all-reduce.
+  void AccumulatePartial(int b);
+  void AddPartialInto(int b);
   void FinishBucket(int b, absl::Status s);
   void RecordError(const absl::Status& s);
   char* BucketData(int b) const;

@@ -48,8 +48,8 @@ TEST(ReducerErrors, MarksOutsideBackwardUnknownAndTwice) {
                 {"'fc.bias' (id 2)", "already marked"});
     ASSERT_OK((*red)->MarkReady(1));
     ASSERT_OK((*red)->FinishBackward());
-    ExpectError((*red)->BeginBackward(SyncMode::kReduceScatterOnly), absl::StatusCode::kUnimplemented,
-                {"reduce_scatter_only"});
+    ExpectError((*red)->BeginBackward(SyncMode::kReduceScatterOnly), absl::StatusCode::kInvalidArgument,
+                {"reduce_scatter_only", "hybrid"});
   });
 }
 

@@ -7,6 +7,7 @@
 #include "scheduler/gradient_reducer.h"
 
 #include <algorithm>
+#include <cstring>
 #include <random>
 #include <thread>
 
@@ -113,8 +114,12 @@ struct Scenario {
   ReduceMode mode;
   int replicas, shards;  // world = replicas * shards; all-reduce/reduce-scatter use replicas = 1
   int dtypes;            // 0 f32, 1 bf16, 2 f16, 3 mixed
-  int microbatches;      // the last is synced, the others no_sync
+  const char* schedule;  // one letter per microbatch: N no_sync, R reduce_scatter_only, S sync
 };
+
+SyncMode ModeOf(char c) {
+  return c == 'N' ? SyncMode::kNoSync : c == 'R' ? SyncMode::kReduceScatterOnly : SyncMode::kSync;
+}
 
 std::vector<ParamSpec> MakeParams(int dtypes) {
   const size_t sizes[] = {1, 37, 300, 1025, 64, 13, 4099, 7};
@@ -146,16 +151,57 @@ void Accumulate(const TensorView& v, int r, int p, int m, int s) {
   }
 }
 
-// Rank r's local bucket contents after the accumulation window (padding zero).
-std::vector<char> LocalBucket(const BucketPlan& plan, int b, int r, int mbs, int s) {
+// Rank r's local bucket contents holding microbatches [m0, m1) of step s (padding zero).
+std::vector<char> LocalBucket(const BucketPlan& plan, int b, int r, int m0, int m1, int s) {
   const Bucket& bk = plan.buckets()[b];
   std::vector<char> buf(bk.bytes(), 0);
   for (int p : bk.params) {
     const ParamSpec& ps = plan.params()[p];
     TensorView v{buf.data() + plan.slot(p).offset * DTypeSize(ps.dtype), ps.count, ps.dtype, ps.device};
-    for (int m = 0; m < mbs; ++m) Accumulate(v, r, p, m, s);
+    for (int m = m0; m < m1; ++m) Accumulate(v, r, p, m, s);
   }
   return buf;
+}
+
+// The serial reference for element e of bucket b on rank r after one step's schedule: each
+// reduction point (R or S) reduces the window of microbatches since the previous one; R adds
+// the shard-reduced value into a per-replica partial; S adds the partial to its own shard
+// reduction, then reduces across replicas.
+double ReferenceElement(const Scenario& sc, const BucketPlan& plan, int b, size_t e, int step,
+                        const std::vector<std::vector<std::vector<char>>>& windows) {
+  const Bucket& bk = plan.buckets()[b];
+  const size_t es = DTypeSize(bk.dtype);
+  const int world = sc.replicas * sc.shards;
+  const int reps = sc.mode == ReduceMode::kHybrid ? sc.replicas : 1;
+  const int per_rep = sc.mode == ReduceMode::kHybrid ? sc.shards : world;
+  std::vector<double> partial(reps, 0);
+  std::vector<bool> has(reps, false);
+  size_t w = 0;  // index of the window (reduction point)
+  for (const char* c = sc.schedule; *c; ++c) {
+    if (*c == 'N') continue;
+    std::vector<double> stage1(reps);
+    for (int rep = 0; rep < reps; ++rep) {
+      std::vector<double> in;
+      for (int k = 0; k < per_rep; ++k) in.push_back(Load(bk.dtype, windows[w][rep * per_rep + k].data() + e * es));
+      stage1[rep] = ReduceStage(bk.dtype, in);
+      if (has[rep]) {
+        char buf[8];
+        Store(bk.dtype, buf, Add(bk.dtype, partial[rep], stage1[rep]));
+        stage1[rep] = Load(bk.dtype, buf);
+      }
+    }
+    ++w;
+    if (*c == 'R') {
+      for (int rep = 0; rep < reps; ++rep) {
+        partial[rep] = stage1[rep];
+        has[rep] = true;
+      }
+      continue;
+    }
+    return sc.mode == ReduceMode::kHybrid ? ReduceStage(bk.dtype, stage1) : stage1[0];
+  }
+  ADD_FAILURE() << "schedule " << sc.schedule << " does not end with S";
+  return 0;
 }
 
 class ReducerVsReference : public ::testing::TestWithParam<Scenario> {};
@@ -184,11 +230,11 @@ TEST_P(ReducerVsReference, BitExact) {
     GradientReducer& red = **reducer;
     const BucketPlan& plan = red.plan();
     std::mt19937 order_rng(1234 + 77 * r);
+    const int mbs = static_cast<int>(std::strlen(sc.schedule));
     for (int step = 0; step < 2; ++step) {
       red.ZeroGrads();
-      for (int m = 0; m < sc.microbatches; ++m) {
-        const bool last = m == sc.microbatches - 1;
-        ASSERT_OK(red.BeginBackward(last ? SyncMode::kSync : SyncMode::kNoSync));
+      for (int m = 0; m < mbs; ++m) {
+        ASSERT_OK(red.BeginBackward(ModeOf(sc.schedule[m])));
         std::vector<int> order(params.size());
         std::iota(order.begin(), order.end(), 0);
         std::shuffle(order.begin(), order.end(), order_rng);  // a different order on every rank
@@ -211,8 +257,14 @@ TEST_P(ReducerVsReference, BitExact) {
       for (size_t b = 0; b < plan.buckets().size(); ++b) {
         const Bucket& bk = plan.buckets()[b];
         const size_t es = DTypeSize(bk.dtype);
-        std::vector<std::vector<char>> local;
-        for (int k = 0; k < world; ++k) local.push_back(LocalBucket(plan, b, k, sc.microbatches, step));
+        // windows[w][rank]: the microbatches each reduction point reduces.
+        std::vector<std::vector<std::vector<char>>> windows;
+        for (int m = 0, start = 0; m < mbs; ++m) {
+          if (sc.schedule[m] == 'N') continue;
+          windows.emplace_back();
+          for (int k = 0; k < world; ++k) windows.back().push_back(LocalBucket(plan, b, k, start, m + 1, step));
+          start = m + 1;
+        }
         size_t lo = 0, hi = bk.count;
         const char* got = static_cast<const char*>(red.GradView(params[bk.params[0]].id)->data) -
                           plan.slot(bk.params[0]).offset * es;
@@ -224,20 +276,7 @@ TEST_P(ReducerVsReference, BitExact) {
           got = static_cast<const char*>(sv.data) - lo * es;
         }
         for (size_t e = lo; e < hi; ++e) {
-          double want;
-          if (sc.mode == ReduceMode::kHybrid) {
-            std::vector<double> per_replica;
-            for (int rep = 0; rep < sc.replicas; ++rep) {
-              std::vector<double> in;
-              for (int k = 0; k < sc.shards; ++k) in.push_back(Load(bk.dtype, local[rep * sc.shards + k].data() + e * es));
-              per_replica.push_back(ReduceStage(bk.dtype, in));
-            }
-            want = ReduceStage(bk.dtype, per_replica);
-          } else {
-            std::vector<double> in;
-            for (int k = 0; k < world; ++k) in.push_back(Load(bk.dtype, local[k].data() + e * es));
-            want = ReduceStage(bk.dtype, in);
-          }
+          const double want = ReferenceElement(sc, plan, static_cast<int>(b), e, step, windows);
           char wb[8];
           Store(bk.dtype, wb, want);
           ASSERT_EQ(std::memcmp(got + e * es, wb, es), 0)
@@ -253,19 +292,21 @@ std::string Name(const ::testing::TestParamInfo<Scenario>& i) {
   const Scenario& s = i.param;
   const char* mode = s.mode == ReduceMode::kAllReduce ? "allreduce" : s.mode == ReduceMode::kReduceScatter ? "reducescatter" : "hybrid";
   const char* dt[] = {"f32", "bf16", "f16", "mixed"};
-  return absl::StrCat(mode, "_", s.replicas, "x", s.shards, "_", dt[s.dtypes], "_mb", s.microbatches);
+  return absl::StrCat(mode, "_", s.replicas, "x", s.shards, "_", dt[s.dtypes], "_", s.schedule);
 }
 
 std::vector<Scenario> AllScenarios() {
   std::vector<Scenario> out;
   for (int dt = 0; dt < 4; ++dt) {
-    for (int mb : {1, 3}) {
+    for (const char* sched : {"S", "NNS"}) {
       for (int w : {1, 2, 4, 8}) {
-        out.push_back({ReduceMode::kAllReduce, 1, w, dt, mb});
-        out.push_back({ReduceMode::kReduceScatter, 1, w, dt, mb});
+        out.push_back({ReduceMode::kAllReduce, 1, w, dt, sched});
+        out.push_back({ReduceMode::kReduceScatter, 1, w, dt, sched});
       }
-      out.push_back({ReduceMode::kHybrid, 2, 2, dt, mb});
-      out.push_back({ReduceMode::kHybrid, 2, 4, dt, mb});
+    }
+    for (const char* sched : {"S", "NNS", "RRS", "NRNS", "RNRS"}) {
+      out.push_back({ReduceMode::kHybrid, 2, 2, dt, sched});
+      out.push_back({ReduceMode::kHybrid, 2, 4, dt, sched});
     }
   }
   return out;
