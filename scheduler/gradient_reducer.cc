@@ -82,7 +82,8 @@ GradientReducer::GradientReducer(BucketPlan plan, ReducerGroups groups, const Re
       groups_(groups),
       config_(config),
       marked_(new std::atomic<uint8_t>[plan_.params().size()]),
-      accumulated_(plan_.params().size(), 0) {
+      accumulated_(plan_.params().size(), 0),
+      external_(plan_.params().size(), nullptr) {
   for (size_t i = 0; i < plan_.params().size(); ++i) marked_[i].store(0);
   if (config_.timeline != nullptr && config_.timeline->enabled()) {
     tl_ = config_.timeline;
@@ -135,6 +136,37 @@ absl::StatusOr<TensorView> GradientReducer::GradView(ParamId id) const {
   return TensorView{BucketData(s.bucket) + s.offset * DTypeSize(p.dtype), p.count, p.dtype, p.device};
 }
 
+absl::Status GradientReducer::SetGradBuffer(ParamId id, void* grad) {
+  ASSIGN_OR_RETURN(int i, plan_.IndexOf(id));
+  if (config_.gradient_as_bucket_view) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "SetGradBuffer(", plan_.params()[i].Label(),
+        "): gradients are bucket views (gradient_as_bucket_view); use GradView instead"));
+  }
+  if (grad == nullptr && plan_.params()[i].count > 0) {
+    return absl::InvalidArgumentError(absl::StrCat("SetGradBuffer(", plan_.params()[i].Label(), "): null buffer"));
+  }
+  if (in_backward_.load()) {
+    return absl::FailedPreconditionError(absl::StrCat("SetGradBuffer(", plan_.params()[i].Label(), ") during a backward"));
+  }
+  external_[i] = grad;
+  return absl::OkStatus();
+}
+
+void GradientReducer::Pack(int i) {
+  const ParamSpec& p = plan_.params()[i];
+  const ParamSlot& s = plan_.slot(i);
+  std::memcpy(BucketData(s.bucket) + s.offset * DTypeSize(p.dtype), external_[i], p.count * DTypeSize(p.dtype));
+}
+
+void GradientReducer::Unpack(int b) {
+  for (int i : plan_.buckets()[b].params) {
+    const ParamSpec& p = plan_.params()[i];
+    std::memcpy(external_[i], BucketData(b) + plan_.slot(i).offset * DTypeSize(p.dtype),
+                p.count * DTypeSize(p.dtype));
+  }
+}
+
 TensorView GradientReducer::ShardView(int b) const {
   const Bucket& bk = plan_.buckets()[b];
   return TensorView{ShardData(b), bk.shard_count, bk.dtype, bk.device};
@@ -150,6 +182,20 @@ absl::Status GradientReducer::BeginBackward(SyncMode mode) {
   if (in_backward_.load()) {
     return absl::FailedPreconditionError(
         "BeginBackward: the previous backward is not finished (call FinishBackward first)");
+  }
+  if (!config_.gradient_as_bucket_view) {
+    if (mode == SyncMode::kReduceScatterOnly) {
+      return absl::InvalidArgumentError(
+          "BeginBackward(reduce_scatter_only) needs gradients as bucket views: it zeroes the "
+          "consumed gradients between microbatches, which it cannot do to the framework's buffers");
+    }
+    for (size_t i = 0; i < external_.size(); ++i) {
+      if (external_[i] == nullptr && plan_.params()[i].count > 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "BeginBackward: parameter ", plan_.params()[i].Label(),
+            " has no gradient buffer (copy-in path: call SetGradBuffer for every parameter)"));
+      }
+    }
   }
   sync_ = mode;
   for (size_t i = 0; i < plan_.params().size(); ++i) marked_[i].store(0, std::memory_order_relaxed);
@@ -186,6 +232,7 @@ absl::Status GradientReducer::MarkReady(ParamId id, DeviceEvent ready) {
   }
   if (tl_ != nullptr) tl_->Instant(tl_marks_, "mark", *i);
   if (sync_ == SyncMode::kNoSync) return absl::OkStatus();
+  if (!config_.gradient_as_bucket_view) Pack(*i);
   OnParamReady(*i);
   return absl::OkStatus();
 }
@@ -257,6 +304,9 @@ void GradientReducer::OnStageDone(const Launched& l, const absl::Status& st) {
               ScaleSpec{false, 1.0, l.post_divide});
   }
   if (config_.mode != ReduceMode::kHybrid || l.stage == 1) {
+    if (st.ok() && !config_.gradient_as_bucket_view && config_.mode == ReduceMode::kAllReduce) {
+      Unpack(l.bucket);
+    }
     FinishBucket(l.bucket, st);
     return;
   }
@@ -353,6 +403,8 @@ absl::Status GradientReducer::FinishBackward() {
         const ParamSlot& s = plan_.slot(i);
         std::memset(BucketData(s.bucket) + s.offset * DTypeSize(params[i].dtype), 0,
                     params[i].count * DTypeSize(params[i].dtype));
+      } else if (!config_.gradient_as_bucket_view) {
+        Pack(i);  // the framework's buffer holds the no_sync sum
       }
       marked_[i].store(1, std::memory_order_relaxed);
       OnParamReady(i);

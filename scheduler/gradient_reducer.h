@@ -65,6 +65,10 @@ struct ReducerConfig {
   size_t bucket_cap_bytes = size_t{25} << 20;
   size_t first_bucket_cap_bytes = size_t{1} << 20;
   bool allow_unused = false;  // unmarked parameters are zero-filled and reduced, not an error
+  // true (default): gradients are bucket views (zero copy). false: the framework keeps its own
+  // gradient buffers (SetGradBuffer); MarkReady packs each into its bucket, and in all-reduce
+  // mode the averaged result is unpacked back as each bucket completes.
+  bool gradient_as_bucket_view = true;
   absl::Duration timeout = absl::Seconds(300);  // FinishBackward's deadline
   // Optional, not owned, must outlive the reducer: marks, bucket launches, each collective's
   // span on its group's row, and FinishBackward's wait (see Timeline::FromOptions).
@@ -86,6 +90,10 @@ class GradientReducer {
   const BucketPlan& plan() const { return plan_; }
   // The gradient of `id` inside its bucket (valid for the reducer's lifetime).
   absl::StatusOr<TensorView> GradView(ParamId id) const;
+  // Copy-in path (gradient_as_bucket_view = false): the framework's gradient buffer of `id`
+  // (its registered count and dtype), kept alive by the caller. Every parameter needs one
+  // before the first BeginBackward.
+  absl::Status SetGradBuffer(ParamId id, void* grad);
   // This rank's shard of bucket `b` (reduce-scatter and hybrid modes: after BucketWork(b)).
   TensorView ShardView(int b) const;
   // Bucket b's final reduction in the current (or last) synced backward.
@@ -118,6 +126,9 @@ class GradientReducer {
   // microbatch, shard = partial + shard before the replica all-reduce.
   void AccumulatePartial(int b);
   void AddPartialInto(int b);
+  // Copy-in path: framework gradient -> bucket slot, and back (all-reduce mode).
+  void Pack(int param_index);
+  void Unpack(int b);
   void FinishBucket(int b, absl::Status s);
   void RecordError(const absl::Status& s);
   char* BucketData(int b) const;
@@ -129,6 +140,7 @@ class GradientReducer {
   std::vector<std::unique_ptr<BucketState>> buckets_;
   std::unique_ptr<std::atomic<uint8_t>[]> marked_;  // per parameter, this backward
   std::vector<uint8_t> accumulated_;  // per parameter: marked in a no_sync backward since the last sync
+  std::vector<void*> external_;       // copy-in path: the framework's gradient buffers
 
   std::atomic<bool> in_backward_{false};
   SyncMode sync_ = SyncMode::kSync;

@@ -70,6 +70,25 @@ TEST(ReducerErrors, BadParametersAreNamed) {
   });
 }
 
+TEST(ReducerErrors, CopyInPathMisuse) {
+  RunRanks(1, [](Group& g) {
+    auto views = GradientReducer::Create(TwoParams(), {&g, nullptr}, ReducerConfig{});
+    ASSERT_TRUE(views.ok());
+    float buf[8];
+    ExpectError((*views)->SetGradBuffer(1, buf), absl::StatusCode::kFailedPrecondition,
+                {"'fc.weight'", "bucket views"});
+    ReducerConfig cfg;
+    cfg.gradient_as_bucket_view = false;
+    auto copy = GradientReducer::Create(TwoParams(), {&g, nullptr}, cfg);
+    ASSERT_TRUE(copy.ok());
+    ASSERT_OK((*copy)->SetGradBuffer(1, buf));
+    ExpectError((*copy)->SetGradBuffer(2, nullptr), absl::StatusCode::kInvalidArgument, {"'fc.bias'", "null"});
+    ExpectError((*copy)->BeginBackward(SyncMode::kSync), absl::StatusCode::kFailedPrecondition,
+                {"'fc.bias' (id 2)", "SetGradBuffer"});
+    ExpectError((*copy)->SetGradBuffer(7, buf), absl::StatusCode::kNotFound, {"id 7"});
+  });
+}
+
 TEST(ReducerErrors, PlanThatDiffersOnOneRankFailsCreateEverywhere) {
   RunRanks(3, [](Group& g) {
     auto params = TwoParams();
