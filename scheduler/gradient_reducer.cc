@@ -93,6 +93,15 @@ GradientReducer::GradientReducer(BucketPlan plan, ReducerGroups groups, const Re
     if (groups_.replica != nullptr) tl_replica_ = tl_->Track(absl::StrCat("group ", groups_.replica->name()));
     tl_waits_ = tl_->Track("waits");
   }
+  AllocateBuckets();
+  if (config_.rebuild_bucket_order) {
+    ready_order_.reset(new int[plan_.params().size()]);
+    rebuild_pending_ = true;
+  }
+}
+
+void GradientReducer::AllocateBuckets() {
+  buckets_.clear();
   for (size_t b = 0; b < plan_.buckets().size(); ++b) {
     auto s = std::make_unique<BucketState>();
     const size_t bytes = (plan_.buckets()[b].bytes() + kStorageAlign - 1) / kStorageAlign * kStorageAlign;
@@ -102,6 +111,52 @@ GradientReducer::GradientReducer(BucketPlan plan, ReducerGroups groups, const Re
     s->label = absl::StrCat("bucket ", b);
     buckets_.push_back(std::move(s));
   }
+}
+
+absl::StatusOr<bool> GradientReducer::RebuildBucketsIfPending() {
+  if (in_backward_.load()) {
+    return absl::FailedPreconditionError("RebuildBucketsIfPending during a backward");
+  }
+  if (!rebuild_pending_ || recording_.load() || ready_count_.load() == 0) return false;
+  // This rank's order: the recorded marks, then parameters never marked (reverse registration).
+  const int n = static_cast<int>(plan_.params().size());
+  std::vector<int64_t> order;
+  std::vector<char> seen(n, 0);
+  for (int k = 0; k < ready_count_.load(); ++k) {
+    order.push_back(ready_order_[k]);
+    seen[ready_order_[k]] = 1;
+  }
+  for (int i = n - 1; i >= 0; --i) {
+    if (!seen[i]) order.push_back(i);
+  }
+  // Adopt world rank 0's: the shard group's rank 0, then (hybrid) the replica group's rank 0,
+  // which by then holds world rank 0's order.
+  std::vector<Group*> chain = {groups_.shard};
+  if (config_.mode == ReduceMode::kHybrid) chain.push_back(groups_.replica);
+  for (Group* g : chain) {
+    CollectiveOptions opts;
+    opts.label = "bucket order rebuild";
+    ASSIGN_OR_RETURN(WorkPtr w, g->Broadcast(order.data(), order.size(), DType::kI64, 0, opts));
+    RETURN_IF_ERROR(w->Wait(config_.timeout));
+  }
+  std::vector<int> new_order(order.begin(), order.end());
+  ASSIGN_OR_RETURN(BucketPlan plan, BucketPlan::BuildInOrder(plan_.params(), new_order, plan_.options()));
+  for (Group* g : chain) RETURN_IF_ERROR(VerifyPlanAcrossRanks(plan, *g, config_.timeout));
+  // Move every gradient to its new slot.
+  BucketPlan old_plan = std::move(plan_);
+  std::vector<std::unique_ptr<BucketState>> old_buckets = std::move(buckets_);
+  plan_ = std::move(plan);
+  AllocateBuckets();
+  for (int i = 0; i < n; ++i) {
+    const ParamSpec& p = plan_.params()[i];
+    const size_t es = DTypeSize(p.dtype);
+    std::memcpy(BucketData(plan_.slot(i).bucket) + plan_.slot(i).offset * es,
+                old_buckets[old_plan.slot(i).bucket]->data.get() + old_plan.slot(i).offset * es,
+                p.count * es);
+  }
+  rebuild_pending_ = false;
+  ++plan_generation_;
+  return true;
 }
 
 GradientReducer::~GradientReducer() {
@@ -198,6 +253,8 @@ absl::Status GradientReducer::BeginBackward(SyncMode mode) {
     }
   }
   sync_ = mode;
+  recording_.store(rebuild_pending_ && mode == SyncMode::kSync && ready_count_.load() == 0,
+                   std::memory_order_relaxed);
   for (size_t i = 0; i < plan_.params().size(); ++i) marked_[i].store(0, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -231,6 +288,7 @@ absl::Status GradientReducer::MarkReady(ParamId id, DeviceEvent ready) {
         "MarkReady: parameter ", plan_.params()[*i].Label(), " was already marked ready in this backward"));
   }
   if (tl_ != nullptr) tl_->Instant(tl_marks_, "mark", *i);
+  if (recording_.load(std::memory_order_relaxed)) ready_order_[ready_count_.fetch_add(1)] = *i;
   if (sync_ == SyncMode::kNoSync) return absl::OkStatus();
   if (!config_.gradient_as_bucket_view) Pack(*i);
   OnParamReady(*i);
@@ -425,6 +483,7 @@ absl::Status GradientReducer::FinishBackward() {
   }
   if (tl_ != nullptr) tl_->Complete(tl_waits_, "FinishBackward wait", wait_start, Timeline::NowNs());
   std::fill(accumulated_.begin(), accumulated_.end(), 0);
+  recording_.store(false, std::memory_order_relaxed);
   in_backward_.store(false, std::memory_order_release);
   if (!unused_error.ok()) return unused_error;
   {

@@ -69,6 +69,9 @@ struct ReducerConfig {
   // gradient buffers (SetGradBuffer); MarkReady packs each into its bucket, and in all-reduce
   // mode the averaged result is unpacked back as each bucket completes.
   bool gradient_as_bucket_view = true;
+  // Record the readiness order of the first synced backward; RebuildBucketsIfPending() then
+  // rebuilds the buckets in world rank 0's order (DDP's one-time rebuild).
+  bool rebuild_bucket_order = false;
   absl::Duration timeout = absl::Seconds(300);  // FinishBackward's deadline
   // Optional, not owned, must outlive the reducer: marks, bucket launches, each collective's
   // span on its group's row, and FinishBackward's wait (see Timeline::FromOptions).
@@ -110,6 +113,15 @@ class GradientReducer {
   // Zeroes every bucket (all gradients): the start of a new accumulation window.
   void ZeroGrads();
 
+  // Collective over the reducer's groups; call between steps (after the results were
+  // consumed, before the next BeginBackward), at the same point on every rank. After the first
+  // synced backward with rebuild_bucket_order, rebuilds the plan in world rank 0's readiness
+  // order (parameters never marked go last) and returns true: every GradView, ShardView and
+  // bucket index changes, so the framework fetches its gradient views again. Gradient values
+  // move with their parameters. Returns false when there is nothing to rebuild.
+  absl::StatusOr<bool> RebuildBucketsIfPending();
+  int plan_generation() const { return plan_generation_; }
+
  private:
   struct BucketState;
   struct Launched;
@@ -141,6 +153,14 @@ class GradientReducer {
   std::unique_ptr<std::atomic<uint8_t>[]> marked_;  // per parameter, this backward
   std::vector<uint8_t> accumulated_;  // per parameter: marked in a no_sync backward since the last sync
   std::vector<void*> external_;       // copy-in path: the framework's gradient buffers
+
+  // First-backward readiness order (rebuild_bucket_order).
+  std::unique_ptr<int[]> ready_order_;
+  std::atomic<int> ready_count_{0};
+  std::atomic<bool> recording_{false};
+  bool rebuild_pending_ = false;
+  int plan_generation_ = 0;
+  void AllocateBuckets();
 
   std::atomic<bool> in_backward_{false};
   SyncMode sync_ = SyncMode::kSync;

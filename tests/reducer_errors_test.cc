@@ -1,6 +1,8 @@
 // GradientReducer misuse and failures: each is an error naming the parameter, bucket or group;
 // nothing hangs; unused parameters are zero-filled and reduced only when allowed.
+#include <algorithm>
 #include <fstream>
+#include <random>
 #include <iterator>
 #include <vector>
 
@@ -198,6 +200,74 @@ TEST(ReducerTimeline, TraceShowsMarksLaunchesCollectivesAndWaits) {
       EXPECT_NE(json.find(part), std::string::npos) << part << " missing from " << (*tl)->path();
     }
   });
+}
+
+// The one-time rebuild adopts world rank 0's readiness order on every rank, keeps gradient
+// values, and later backwards reduce correctly in the new layout.
+TEST(ReducerRebuild, AdoptsRankZerosOrderAndKeepsGradients) {
+  for (ReduceMode mode : {ReduceMode::kAllReduce, ReduceMode::kHybrid}) {
+    RunRanks(4, [mode](Group& g) {
+      std::vector<ParamSpec> params;
+      for (int i = 0; i < 6; ++i) {
+        params.push_back(ParamSpec{10 + i, static_cast<size_t>(5 + 7 * i), DType::kF32, Device::Cpu(),
+                                   absl::StrCat("p", i)});
+      }
+      Mesh mesh;
+      ReducerGroups groups{&g, nullptr};
+      if (mode == ReduceMode::kHybrid) {
+        auto m = MakeMesh(g, 2, 2);
+        ASSERT_TRUE(m.ok());
+        mesh = std::move(*m);
+        groups = {mesh.shard.get(), mesh.replica.get()};
+      }
+      ReducerConfig cfg;
+      cfg.mode = mode;
+      cfg.first_bucket_cap_bytes = 64;
+      cfg.bucket_cap_bytes = 256;
+      cfg.rebuild_bucket_order = true;
+      auto red = GradientReducer::Create(params, groups, cfg);
+      ASSERT_TRUE(red.ok()) << red.status();
+      GradientReducer& r = **red;
+      EXPECT_EQ(r.plan().buckets()[0].params.front(), 5);  // reverse registration order at first
+      auto fill_and_mark = [&](std::vector<int> order) {
+        ASSERT_OK(r.BeginBackward(SyncMode::kSync));
+        for (int p : order) {
+          TensorView v = *r.GradView(params[p].id);
+          for (size_t e = 0; e < v.count; ++e) static_cast<float*>(v.data)[e] = (g.rank() + 1.0f) * (p + 1);
+          ASSERT_OK(r.MarkReady(params[p].id));
+        }
+        ASSERT_OK(r.FinishBackward());
+      };
+      std::vector<int> order = {0, 1, 2, 3, 4, 5};
+      if (g.rank() != 0) std::shuffle(order.begin(), order.end(), std::mt19937(g.rank()));
+      fill_and_mark(order);
+      std::vector<std::vector<float>> before;
+      for (const ParamSpec& p : params) {
+        TensorView v = *r.GradView(p.id);
+        before.emplace_back(static_cast<float*>(v.data), static_cast<float*>(v.data) + v.count);
+      }
+      auto rebuilt = r.RebuildBucketsIfPending();
+      ASSERT_TRUE(rebuilt.ok()) << rebuilt.status();
+      EXPECT_TRUE(*rebuilt);
+      EXPECT_EQ(r.plan_generation(), 1);
+      EXPECT_EQ(r.plan().buckets()[0].params.front(), 0);  // rank 0 marked parameter 0 first
+      for (size_t p = 0; p < params.size(); ++p) {
+        TensorView v = *r.GradView(params[p].id);
+        EXPECT_TRUE(std::equal(before[p].begin(), before[p].end(), static_cast<float*>(v.data))) << p;
+      }
+      EXPECT_FALSE(*r.RebuildBucketsIfPending());  // one time only
+      r.ZeroGrads();
+      fill_and_mark({5, 3, 1, 0, 2, 4});
+      if (mode == ReduceMode::kAllReduce) {
+        for (size_t p = 0; p < params.size(); ++p) {
+          TensorView v = *r.GradView(params[p].id);
+          for (size_t e = 0; e < v.count; ++e) {
+            ASSERT_EQ(static_cast<float*>(v.data)[e], 2.5f * (p + 1)) << p;  // avg of 1..4 times p+1
+          }
+        }
+      }
+    });
+  }
 }
 
 }  // namespace
