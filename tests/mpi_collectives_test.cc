@@ -3,8 +3,10 @@
 // bit for bit against the serial reference of tests/collective_check.h (with exact data, so
 // MPI's own reduction order cannot change a bit); Split (colors, keys, kNoColor, a bad
 // color); errors (avg/premul on integers, a count mismatch caught by
-// BRAID_VALIDATE_COLLECTIVES, a missed deadline); and completion without polling (callbacks
-// fire with nobody in Wait, several collectives in flight at once).
+// BRAID_VALIDATE_COLLECTIVES and one MPI itself reports without it, a call refused before it
+// takes a turn, a missed deadline); and completion without polling (callbacks fire with
+// nobody in Wait, several collectives in flight at once). With --host_init=serialized|multiple
+// it checks instead how the backend joins an MPI the host initialized (RunHostInitCheck).
 //
 // Every process runs the same tests in the same order (do not shuffle or filter differently
 // per rank): the rank-order contract applies to the test itself. Every call has a 60 s
@@ -15,14 +17,18 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <numeric>
+#include <string>
 #include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "comm/backend.h"
 #include "gtest/gtest.h"
 #include "tests/collective_check.h"
@@ -162,6 +168,35 @@ TEST(MpiValidated, ManyInFlight) {
       ASSERT_EQ(bufs[i][j], n * (i + static_cast<int>(j)) + n * (n - 1) / 2) << i << "," << j;
     }
   }
+}
+
+// A call the backend refuses after comm/group.cc accepted it (a count above INT_MAX is
+// Unimplemented, refused before any buffer is read) claims no sequence number and no turn:
+// on a validating group the next collective must not wait for a turn nobody will use. On a
+// group of its own, so a regression fails this test alone.
+TEST(MpiValidated, RefusedCallConsumesNoTurn) {
+  Group& g = ValidatingWorld();
+  auto child = g.Split(0, g.rank(), "world/refused");
+  ASSERT_TRUE(child.ok()) << child.status().ToString();
+  Group& c = **child;
+  uint8_t byte = 0;  // the in-place form needs a buffer; it is never read
+  const size_t too_many = static_cast<size_t>(std::numeric_limits<int>::max()) + 1;
+  auto refused = c.AllReduce(&byte, &byte, too_many, DType::kU8, ReduceOp::Sum());
+  ASSERT_FALSE(refused.ok());
+  const absl::Status& why = refused.status();
+  EXPECT_EQ(why.code(), absl::StatusCode::kUnimplemented) << why.ToString();
+  EXPECT_TRUE(absl::StrContains(why.message(), "allreduce #0 on group 'world/refused'"))
+      << why.ToString();
+  std::vector<float> buf(37, static_cast<float>(c.rank() + 1));
+  CollectiveOptions opts;
+  opts.timeout = absl::Seconds(20);  // without the fix, this call waits here for turn 1
+  auto w = c.AllReduce(buf.data(), buf.data(), buf.size(), DType::kF32, ReduceOp::Sum(), opts);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ((*w)->info().seq, 0u);
+  ASSERT_OK((*w)->Wait(kTimeout));
+  const int n = c.size();
+  EXPECT_EQ(buf[0], static_cast<float>(n * (n + 1) / 2));
+  EXPECT_EQ(buf[36], static_cast<float>(n * (n + 1) / 2));
 }
 
 // Two collectives of different kinds in flight at once, waited in reverse order.
@@ -312,6 +347,55 @@ TEST(MpiDeadline, MissedDeadlineFailsTheGroup) {
   ASSERT_OK((*b2)->Wait(kTimeout));
 }
 
+// Without BRAID_VALIDATE_COLLECTIVES, ranks that disagree on a reduce-scatter's count reach
+// MPI with different message sizes, and MPI reports MPI_ERR_TRUNCATE on the ranks that receive
+// more than they expect. That error is raised while the request completes (MPI_Testsome),
+// which Open MPI routes to MPI_COMM_WORLD's handler: it must come back as the Work's error,
+// naming the op and MPI's text, and fail the group, never abort the job. Rank 0 passes the
+// larger count: Open MPI's schedule (reduce to rank 0, then scatter from it) then truncates
+// on the other ranks in its last step, so every rank gets an answer. (The other way round,
+// rank 0 truncates during the reduce and its peers wait for a scatter that never comes: they
+// fail only at the deadline, and MPI keeps their requests, so the backend would have to skip
+// MPI_Finalize and mpirun would fail the job.)
+// On a group of its own: the failure poisons no group that other tests use. Open MPI's libnbc
+// prints "MPI Error in NBC subrequest" on the ranks that truncate; that is expected.
+TEST(MpiErrors, CountMismatchWithoutValidationFailsTheCall) {
+  Group& g = World();
+  auto child = g.Split(0, g.rank(), "world/mismatch");
+  ASSERT_TRUE(child.ok()) << child.status().ToString();
+  Group& c = **child;
+  const size_t count = c.rank() == 0 ? 9 : 8;
+  std::vector<float> send(static_cast<size_t>(c.size()) * 9, 1.0f);
+  std::vector<float> recv(9, 0.0f);
+  CollectiveOptions opts;
+  opts.timeout = absl::Seconds(30);
+  const absl::Time start = absl::Now();
+  auto w = c.ReduceScatter(send.data(), recv.data(), count, DType::kF32, ReduceOp::Sum(), opts);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  const absl::Status s = (*w)->Wait(kTimeout);
+  EXPECT_LT(absl::Now() - start, opts.timeout) << "a rank waited for its deadline";
+  const bool truncated = absl::StrContains(s.message(), "MPI_ERR_TRUNCATE");
+  if (!s.ok()) {
+    EXPECT_TRUE(truncated) << s.ToString();
+    EXPECT_TRUE(absl::StrContains(s.message(), "reduce_scatter #0 on group 'world/mismatch'"))
+        << s.ToString();
+    // The group has failed: the next call fails at once, with the cause.
+    auto again = c.Barrier();
+    EXPECT_FALSE(again.ok());
+    EXPECT_TRUE(absl::StrContains(again.status().message(), "has failed"))
+        << again.status().ToString();
+    EXPECT_TRUE(absl::StrContains(again.status().message(), "MPI_ERR_TRUNCATE"))
+        << again.status().ToString();
+  }
+  // Every rank learns what the others saw, over the (untouched) world group.
+  int32_t seen[2] = {s.ok() ? 0 : 1, truncated ? 1 : 0};
+  auto tally = g.AllReduce(seen, seen, 2, DType::kI32, ReduceOp::Sum());
+  ASSERT_TRUE(tally.ok()) << tally.status().ToString();
+  ASSERT_OK((*tally)->Wait(kTimeout));
+  EXPECT_GE(seen[0], 1) << "no rank saw the mismatch";
+  EXPECT_EQ(seen[1], seen[0]) << "a rank failed with something other than MPI's truncation";
+}
+
 TEST(MpiBackend, DescribesItself) {
   Group& g = World();
   EXPECT_EQ(g.backend_name(), "mpi");
@@ -345,11 +429,90 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
   std::string test_;
 };
 
+// `--host_init=serialized|multiple`: instead of the suite, checks how the backend joins an MPI
+// that the host application initialized itself (the mpi_host_init_* targets):
+//   serialized  the host asks for MPI_THREAD_SERIALIZED; creating the backend must fail with
+//               FailedPrecondition naming that level (the progress thread would call MPI
+//               concurrently with the host);
+//   multiple    the host asks for MPI_THREAD_MULTIPLE; the backend works, leaves the host's
+//               error handler on MPI_COMM_WORLD alone, and leaves finalizing to the host.
+// Plain checks, not gtest: MPI can be initialized once per process. Returns the exit code.
+int RunHostInitCheck(absl::string_view level) {
+  const bool multiple = level == "multiple";
+  if (!multiple && level != "serialized") {
+    std::fprintf(stderr, "--host_init: expected serialized or multiple, got '%s'\n",
+                 std::string(level).c_str());
+    return 2;
+  }
+  int failures = 0;
+  auto check = [&failures](bool ok, const std::string& what) {
+    if (!ok) {
+      ++failures;
+      std::fprintf(stderr, "host_init check FAILED: %s\n", what.c_str());
+    }
+  };
+  int provided = MPI_THREAD_SINGLE;
+  const int wanted = multiple ? MPI_THREAD_MULTIPLE : MPI_THREAD_SERIALIZED;
+  MPI_Init_thread(nullptr, nullptr, wanted, &provided);
+  Options options;
+  options.backend = "mpi";
+  options.timeout = kTimeout;
+  if (!multiple) {
+    if (provided >= MPI_THREAD_MULTIPLE) {
+      std::fprintf(stderr, "host_init: MPI upgraded SERIALIZED to MULTIPLE; nothing to check\n");
+    } else {
+      auto backend = CreateBackend(options);
+      const absl::Status s = backend.status();
+      check(s.code() == absl::StatusCode::kFailedPrecondition,
+            "a host's MPI_THREAD_SERIALIZED is refused with FailedPrecondition: " + s.ToString());
+      check(absl::StrContains(s.message(), "MPI_THREAD_SERIALIZED") &&
+                absl::StrContains(s.message(), "MPI_THREAD_MULTIPLE"),
+            "the error names the level provided and the one needed: " + s.ToString());
+    }
+  } else {
+    check(provided == MPI_THREAD_MULTIPLE, "the host got MPI_THREAD_MULTIPLE");
+    {
+      auto backend = CreateBackend(options);
+      check(backend.ok(),
+            "a host's MPI_THREAD_MULTIPLE is accepted: " + backend.status().ToString());
+      if (backend.ok()) {
+        const int rank = (*backend)->local_ranks().at(0);
+        auto world = (*backend)->WorldGroup(rank);
+        check(world.ok(), "world group: " + world.status().ToString());
+        if (world.ok()) {
+          int32_t x = rank + 1;
+          auto w = (*world)->AllReduce(&x, &x, 1, DType::kI32, ReduceOp::Sum());
+          const absl::Status s = w.ok() ? (*w)->Wait(kTimeout) : w.status();
+          const int n = (*world)->size();
+          check(s.ok() && x == n * (n + 1) / 2, "all-reduce on the host's MPI: " + s.ToString());
+        }
+        MPI_Errhandler handler = MPI_ERRHANDLER_NULL;
+        MPI_Comm_get_errhandler(MPI_COMM_WORLD, &handler);
+        check(handler == MPI_ERRORS_ARE_FATAL,
+              "the host's MPI_ERRORS_ARE_FATAL on MPI_COMM_WORLD is left alone");
+        if (handler != MPI_ERRHANDLER_NULL) MPI_Errhandler_free(&handler);
+      }
+    }
+    int finalized = 1;
+    MPI_Finalized(&finalized);
+    check(!finalized, "the backend leaves finalizing to the host");
+  }
+  MPI_Finalize();
+  std::fprintf(stderr, "host_init=%s: %s\n", std::string(level).c_str(),
+               failures == 0 ? "all checks passed" : "FAILED");
+  return failures == 0 ? 0 : 1;
+}
+
 }  // namespace
 }  // namespace braid::testing
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
+  for (int i = 1; i < argc; ++i) {
+    constexpr absl::string_view kHostInit = "--host_init=";
+    if (absl::StartsWith(argv[i], kHostInit)) {
+      return braid::testing::RunHostInitCheck(absl::string_view(argv[i]).substr(kHostInit.size()));
+    }
+  }
   using braid::Options;
   Options options;
   options.backend = "mpi";
@@ -359,6 +522,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "creating the mpi backend: %s\n", backend.status().ToString().c_str());
     return 1;
   }
+  const int rank = (*backend)->local_ranks().at(0);
+  if (rank != 0) {
+    // Bazel's premature-exit marker belongs to rank 0 alone: gtest creates it when the tests
+    // start and removes it when they end, and every rank would race on the one file.
+    unsetenv("TEST_PREMATURE_EXIT_FILE");
+  }
+  ::testing::InitGoogleTest(&argc, argv);
   Options validating_options = options;
   validating_options.validate_collectives = true;
   auto validating_backend = braid::CreateBackend(validating_options);
@@ -367,7 +537,6 @@ int main(int argc, char** argv) {
                  validating_backend.status().ToString().c_str());
     return 1;
   }
-  const int rank = (*backend)->local_ranks().at(0);
   auto world = (*backend)->WorldGroup(rank);
   auto validating = (*validating_backend)->WorldGroup(rank);
   if (!world.ok() || !validating.ok()) {

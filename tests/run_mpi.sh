@@ -5,8 +5,8 @@
 #
 # Shared memory only (ob1 + vader, loopback for mpirun's own control channel), oversubscribed
 # so 4 ranks run on a 2-core machine. mpirun exits non-zero when any rank does; the wall-clock
-# limit (BRAID_MPI_TEST_LIMIT_S, default 240 s) turns a hang into a failure even if the
-# ranks' own deadlines did not.
+# limit (MPI_TEST_LIMIT_S, default 240 s; deliberately not BRAID_-prefixed, since it is no
+# Braid option) turns a hang into a failure even if the ranks' own deadlines did not.
 set -euo pipefail
 
 if [[ $# -lt 2 ]]; then
@@ -17,7 +17,7 @@ np="$1"
 binary="$2"
 shift 2
 
-limit="${BRAID_MPI_TEST_LIMIT_S:-240}"
+limit="${MPI_TEST_LIMIT_S:-240}"
 # Open MPI's session directory stays in the system /tmp: Bazel's TEST_TMPDIR can be too long
 # for the Unix socket paths Open MPI creates in it (108 bytes).
 

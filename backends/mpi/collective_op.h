@@ -51,8 +51,9 @@ class CollectiveOp final : public Operation {
     const MpiOps* ops = nullptr;  // the runtime's; outlives every operation
   };
 
-  // Unimplemented when the count does not fit MPI's int counts. Reads the send buffer when
-  // the plan stages the input.
+  // Unimplemented when the count does not fit MPI's int counts, before any buffer is read;
+  // the caller then claims nothing for the call (no sequence number, no turn). Reads the send
+  // buffer when the plan stages the input.
   static absl::StatusOr<std::unique_ptr<CollectiveOp>> Create(Params params);
 
   absl::Status Start() override;

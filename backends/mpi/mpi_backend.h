@@ -7,10 +7,17 @@
 //   ASSIGN_OR_RETURN(std::unique_ptr<Group> world, backend->WorldGroup(rank));
 //
 // Creating the backend initializes MPI (or joins the host's MPI); the world group runs on a
-// private duplicate of MPI_COMM_WORLD. Groups keep MPI alive: they may outlive the backend,
-// and MPI is finalized when the last of them goes. avg, premul_sum and bf16/f16 are emulated
-// (f32 staging and host scaling passes, see reduce_plan.h), so results match the other
-// backends' semantics exactly but the reduction order is MPI's.
+// private duplicate of MPI_COMM_WORLD. MPI errors become statuses: the failed collective's
+// Work names the op and MPI's error, and its group fails. That holds fully when the backend
+// initializes MPI (it sets MPI_ERRORS_RETURN on MPI_COMM_WORLD and MPI_COMM_SELF). A host
+// application that initialized MPI itself must have asked for MPI_THREAD_MULTIPLE, and keeps
+// its error handlers: under MPI's default MPI_ERRORS_ARE_FATAL, an error raised while a
+// request completes (a truncated message when ranks' counts differ, say) aborts the job unless
+// the host sets MPI_ERRORS_RETURN on MPI_COMM_WORLD (see mpi_errors.h, mpi_runtime.h). Groups
+// keep MPI alive: they may outlive the backend, and MPI is finalized (when the backend
+// initialized it) when the last of them goes. avg, premul_sum and bf16/f16 are emulated (f32
+// staging and host scaling passes, see reduce_plan.h), so results match the other backends'
+// semantics exactly but the reduction order is MPI's.
 #ifndef BRAID_BACKENDS_MPI_MPI_BACKEND_H_
 #define BRAID_BACKENDS_MPI_MPI_BACKEND_H_
 

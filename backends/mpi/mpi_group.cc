@@ -3,6 +3,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "backends/mpi/call_record.h"
 #include "backends/mpi/collective_op.h"
 #include "backends/mpi/group_setup.h"
@@ -64,16 +65,22 @@ absl::StatusOr<WorkPtr> MpiGroup::Launch(const CollectiveArgs& in) {
   p.args.options.label = {};  // the label lives in the Work; don't keep the view
   p.timeout = in.options.timeout > absl::ZeroDuration() ? in.options.timeout : config_.timeout;
   p.deadline = absl::Now() + p.timeout;
+  // The call's sequence number and turn are only claimed once Create accepted it: a refused
+  // call (on every rank alike) must not leave a gap that the next collective waits on forever.
   p.work = runtime_->engine().NewWork(
-      WorkInfo{state_->name, std::string(CollectiveName(in.kind)), next_seq_++,
+      WorkInfo{state_->name, std::string(CollectiveName(in.kind)), next_seq_,
                std::string(in.options.label)},
       config_.spin);
   p.group = state_;
-  p.turn = state_->validate ? next_turn_++ : 0;
+  p.turn = state_->validate ? next_turn_ : 0;
   p.world_rank = world_rank_;
   p.ops = &runtime_->ops();
   WorkPtr work = p.work;
   ASSIGN_OR_RETURN(std::unique_ptr<CollectiveOp> op, CollectiveOp::Create(std::move(p)));
+  // Claimed from here on, even if Submit fails: a failed Submit fails the group (or finds it
+  // failed or destroyed already), so no later collective waits on this turn.
+  ++next_seq_;
+  if (state_->validate) ++next_turn_;
   RETURN_IF_ERROR(runtime_->engine().Submit(std::move(op)));
   return work;
 }
@@ -87,18 +94,31 @@ absl::StatusOr<std::unique_ptr<Group>> MpiGroup::DoSplit(int color, int key, std
   // Every rank holds the same table, so every rank takes the same branch below.
   RETURN_IF_ERROR(CheckSameCall(table, what));
   RETURN_IF_ERROR(CheckSplitColors(table, state_->name));
-  MPI_Comm child = MPI_COMM_NULL;
+  // Past this point every rank holds the same table and goes on to MPI_Comm_split (see
+  // mpi_group.h for why it is blocking and what that leaves): nothing rank-local, not even a
+  // failure of this group since the exchange, may make one rank back out now.
+  MPI_Comm control = MPI_COMM_NULL;
   {
     std::lock_guard<std::mutex> lock(runtime_->mu());
-    RETURN_IF_ERROR(state_->CheckUsableLocked());
-    // Blocking, but every rank of the group has reached this Split (the exchange completed).
-    const absl::Status s = MpiStatus(
-        MPI_Comm_split(state_->control, color == kNoColor ? MPI_UNDEFINED : color, key, &child),
+    if (state_->closed) return state_->CheckUsableLocked();  // no communicator left
+    control = state_->control;
+  }
+  MPI_Comm child = MPI_COMM_NULL;
+  absl::Status split;
+  {
+    // Under MPI_THREAD_MULTIPLE the split runs without the MPI lock: the engine (other
+    // groups' collectives and deadlines) keeps going while this thread waits for its peers.
+    // Nothing else is issued on `control` meanwhile: calls on a group are serialized.
+    std::unique_lock<std::mutex> serialized(runtime_->mu(), std::defer_lock);
+    if (!runtime_->thread_multiple()) serialized.lock();
+    split = MpiStatus(
+        MPI_Comm_split(control, color == kNoColor ? MPI_UNDEFINED : color, key, &child),
         "MPI_Comm_split");
-    if (!s.ok()) {
-      state_->MarkFailedLocked(s);
-      return s;
-    }
+  }
+  if (!split.ok()) {
+    std::lock_guard<std::mutex> lock(runtime_->mu());
+    state_->MarkFailedLocked(split);
+    return absl::Status(split.code(), absl::StrCat(what, ": ", split.message()));
   }
   if (child == MPI_COMM_NULL) return std::unique_ptr<Group>();
   ASSIGN_OR_RETURN(MpiComm data, MpiComm::Adopt(runtime_, child));

@@ -16,9 +16,29 @@
 // Each group owns two communicators: `data` carries the collectives, `control` carries the
 // record exchanges and Split (so they never reorder the data calls). Every collective has a
 // deadline (CollectiveOptions::timeout, else Options::timeout); one that misses it fails with
-// DeadlineExceeded and fails the group: later calls return that cause at once. Split is
-// collective and blocks its caller: it exchanges (color, key) under the deadline, checks the
-// colors on every rank, then calls MPI_Comm_split (all ranks are known to be there by then).
+// DeadlineExceeded and fails the group: later calls return that cause at once. A call the
+// backend refuses up front (e.g. Unimplemented for a count above INT_MAX) consumes no sequence
+// number and no turn, so the next call matches its peers as if it had not been made.
+//
+// SPLIT is collective and blocks its caller, in two steps:
+//   1. exchange: an MPI_Iallgather of every rank's (color, key) record on `control`, under the
+//      deadline like a collective. Its completion on this rank proves that every rank of the
+//      group has entered this Split (each one's record arrived), and every rank then holds the
+//      same table, so the checks that follow (same call, valid colors) give the same verdict
+//      everywhere: all ranks fail, or all go on.
+//   2. MPI_Comm_split on `control`, which has no deadline: MPI has no nonblocking split
+//      (MPI_Comm_idup, the only nonblocking constructor, cannot change membership). It is
+//      entered only after step 1, and nothing rank-local, not even a failure of this group
+//      since the exchange, makes a rank back out, so every peer arrives. Residual risk: a peer
+//      that does not arrive after all leaves this rank blocked in MPI_Comm_split for good. That
+//      needs (a) the peer's exchange to fail at its own deadline, or to be aborted by a failure
+//      of the group in the same progress pass, in the instant after its record reached the
+//      others, or (b) the peer process to hang between the two steps (a dead process ends the
+//      job: Open MPI's launcher aborts it). Under MPI_THREAD_MULTIPLE (always when the host
+//      initialized MPI; what Debian's Open MPI 4.1 provides) the split runs without the MPI lock,
+//      so only the calling thread is stuck: other groups' collectives keep completing and
+//      their deadlines keep firing. Under MPI_THREAD_SERIALIZED it must hold the MPI lock, and
+//      a stuck split stalls every MPI call of the backend in the process.
 #ifndef BRAID_BACKENDS_MPI_MPI_GROUP_H_
 #define BRAID_BACKENDS_MPI_MPI_GROUP_H_
 
@@ -71,7 +91,8 @@ class MpiGroup final : public Group {
   const std::shared_ptr<GroupState> state_;
   const Config config_;
   const int world_rank_;
-  uint64_t next_seq_ = 0;   // collectives and splits, identical on every rank
+  // Claimed only by calls that were accepted (see Launch), so identical on every rank.
+  uint64_t next_seq_ = 0;   // collectives and splits
   uint64_t next_turn_ = 0;  // collectives only (validate: order on the data communicator)
 };
 

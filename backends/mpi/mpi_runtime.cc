@@ -2,6 +2,8 @@
 
 #include <mpi.h>
 
+#include <string>
+
 #include "absl/strings/str_cat.h"
 #include "backends/mpi/mpi_errors.h"
 #include "comm/logging.h"
@@ -19,8 +21,14 @@ absl::string_view ThreadLevelName(int level) {
   return "unknown thread level";
 }
 
-// Initializes MPI if needed; returns whether we did (and so must finalize).
-absl::StatusOr<bool> InitMpi() {
+struct MpiInit {
+  bool owns = false;  // we called MPI_Init_thread, so we finalize
+  int thread_level = MPI_THREAD_SINGLE;
+};
+
+// Initializes MPI if needed (see mpi_runtime.h for the thread levels accepted and the error
+// handlers set).
+absl::StatusOr<MpiInit> InitMpi() {
   int finalized = 0;
   RETURN_IF_MPI_ERROR(MPI_Finalized(&finalized));
   if (finalized) {
@@ -30,23 +38,51 @@ absl::StatusOr<bool> InitMpi() {
   }
   int initialized = 0;
   RETURN_IF_MPI_ERROR(MPI_Initialized(&initialized));
-  int provided = MPI_THREAD_SINGLE;
-  bool owns = false;
+  MpiInit init;
   if (initialized) {
-    RETURN_IF_MPI_ERROR(MPI_Query_thread(&provided));
-  } else {
-    RETURN_IF_MPI_ERROR(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
-    owns = true;
+    // The host's MPI: its threads may call MPI while the progress thread does, and they do
+    // not take our lock, so only MPI_THREAD_MULTIPLE is safe. Its error handlers are its own.
+    RETURN_IF_MPI_ERROR(MPI_Query_thread(&init.thread_level));
+    if (init.thread_level < MPI_THREAD_MULTIPLE) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "mpi backend: the application initialized MPI with ", ThreadLevelName(init.thread_level),
+          ", but the backend calls MPI from its progress thread concurrently with the "
+          "application's own MPI calls, which needs MPI_THREAD_MULTIPLE; initialize MPI with "
+          "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...), or let the backend initialize it"));
+    }
+    return init;
   }
-  if (provided < MPI_THREAD_SERIALIZED) {
-    if (owns) MPI_Finalize();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "mpi backend: MPI provides ", ThreadLevelName(provided),
+  RETURN_IF_MPI_ERROR(
+      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &init.thread_level));
+  init.owns = true;
+  absl::Status s;
+  if (init.thread_level < MPI_THREAD_SERIALIZED) {
+    s = absl::FailedPreconditionError(absl::StrCat(
+        "mpi backend: MPI provides ", ThreadLevelName(init.thread_level),
         " but the backend needs at least MPI_THREAD_SERIALIZED (it calls MPI from a progress "
-        "thread and from waiting threads, one at a time)",
-        initialized ? "; initialize MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE)" : ""));
+        "thread and from waiting threads, one at a time)"));
   }
-  return owns;
+  // Errors of request completion (MPI_Testsome, MPI_Test) and of calls on no communicator of
+  // ours are raised on these; the default MPI_ERRORS_ARE_FATAL would kill the job.
+  if (s.ok()) {
+    s = MpiStatus(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN),
+                  "MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN)");
+  }
+  if (s.ok()) {
+    s = MpiStatus(MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN),
+                  "MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN)");
+  }
+  if (!s.ok()) {
+    MPI_Finalize();
+    return s;
+  }
+  if (init.thread_level < MPI_THREAD_MULTIPLE) {
+    Log().warn("mpi backend: MPI provides only {}: the backend serializes its own MPI calls, "
+               "so it must be this process's only MPI user (no MPI calls from the "
+               "application)",
+               std::string(ThreadLevelName(init.thread_level)));
+  }
+  return init;
 }
 
 // The process's live runtime. Once the last holder lets go, `finalizing` makes any later
@@ -74,7 +110,8 @@ absl::StatusOr<std::shared_ptr<MpiRuntime>> MpiRuntime::Acquire() {
         "and cannot be initialized again in this process; keep one of them alive for the "
         "process lifetime");
   }
-  ASSIGN_OR_RETURN(const bool owns, InitMpi());
+  ASSIGN_OR_RETURN(const MpiInit init, InitMpi());
+  const bool owns = init.owns;
   int rank = 0;
   int size = 0;
   absl::Status s = MpiStatus(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank");
@@ -86,14 +123,16 @@ absl::StatusOr<std::shared_ptr<MpiRuntime>> MpiRuntime::Acquire() {
     if (owns) MPI_Finalize();
     return s;
   }
-  std::shared_ptr<MpiRuntime> rt(new MpiRuntime(owns, rank, size, std::move(*ops)));
+  std::shared_ptr<MpiRuntime> rt(
+      new MpiRuntime(owns, init.thread_level, rank, size, std::move(*ops)));
   live.runtime = rt;
   return rt;
 }
 
-MpiRuntime::MpiRuntime(bool owns_mpi, int world_rank, int world_size,
+MpiRuntime::MpiRuntime(bool owns_mpi, int thread_level, int world_rank, int world_size,
                        std::unique_ptr<MpiOps> ops)
     : owns_mpi_(owns_mpi),
+      thread_multiple_(thread_level >= MPI_THREAD_MULTIPLE),
       world_rank_(world_rank),
       world_size_(world_size),
       ops_(std::move(ops)),

@@ -1,8 +1,9 @@
 // ProgressEngine: the MPI lock, the table of operations in flight, and the progress thread.
 //
 // Every MPI call of the backend happens under mu(): MPI may only give us
-// MPI_THREAD_SERIALIZED, and one lock also orders the calls on each communicator. Operations
-// complete without the caller polling, two ways:
+// MPI_THREAD_SERIALIZED, and one lock also orders the calls on each communicator. (The one
+// exception is the blocking MPI_Comm_split of a Split under MPI_THREAD_MULTIPLE, see
+// mpi_group.h.) Operations complete without the caller polling, two ways:
 //   - a thread blocked in Work::Wait drives progress itself through the Work's poller (as
 //     MPI_Wait would): this keeps small-message latency near raw MPI;
 //   - the progress thread polls whenever nobody waits, yielding between polls and backing off
@@ -19,6 +20,10 @@
 // group, op and sequence number) and fails its group. MPI cannot cancel a collective, so the
 // operation's buffers stay alive until its request completes; if it never does, they are
 // leaked rather than freed under MPI, and Shutdown() reports that MPI must not be finalized.
+// MPI errors: a request that completes with an error (MPI_Testsome reports it, e.g.
+// MPI_ERR_TRUNCATE when ranks' counts differ) fails its operation's Work with a status naming
+// the op and carrying MPI's error text, and fails its group the same way. That needs the
+// error handler to return rather than abort (see mpi_errors.h).
 #ifndef BRAID_BACKENDS_MPI_PROGRESS_ENGINE_H_
 #define BRAID_BACKENDS_MPI_PROGRESS_ENGINE_H_
 
