@@ -1,0 +1,308 @@
+// GradientReducer over the `mpi` backend under mpirun (tests/run_mpi.sh, 2 and 4 processes):
+// the backend-independent part of tests/reducer_test.cc and tests/reducer_errors_test.cc.
+//  - all-reduce and reduce-scatter on the world, hybrid on a 2x2 mesh (4 processes only), for
+//    f32, bf16, f16 and mixed-dtype parameter sets, with accumulation schedules of no_sync (N),
+//    reduce_scatter_only (R, hybrid) and sync (S) microbatches, readiness orders that differ
+//    on every rank and marks from two threads, checked bit for bit against the serial
+//    reference of tests/reducer_reference.h;
+//  - misuse (a mark outside a backward, an unknown id, a second mark), unused parameters
+//    reported by name or zero-filled when allowed, and a plan that differs on one rank failing
+//    Create on every rank, naming the parameter.
+//
+// Every process runs the same tests in the same order (do not shuffle or filter differently
+// per rank): the rank-order contract applies to the test itself. Each reducer and the backend
+// have a 60 s deadline and run_mpi.sh a wall-clock limit, so a rank that fails an assertion
+// and skips a collective makes its peers fail, not hang.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "comm/backend.h"
+#include "gtest/gtest.h"
+#include "scheduler/gradient_reducer.h"
+#include "scheduler/mesh.h"
+#include "tests/multirank.h"
+#include "tests/reducer_reference.h"
+
+namespace braid::sched {
+namespace {
+
+using reference::CheckStep;
+using reference::Scenario;
+
+constexpr absl::Duration kTimeout = absl::Seconds(60);
+
+// The world group, created once in main() (before InitGoogleTest: the scenario list below
+// depends on its size).
+Group* the_world = nullptr;
+Group& World() { return *the_world; }
+
+// ---- exact gradients ------------------------------------------------------------------------
+// MPI picks its own reduction order (and Open MPI's algorithms differ with the process
+// count), while the reference sums in group-rank order. The comparison stays bit-exact because
+// no operation anywhere rounds:
+//  - every gradient element is k/8 with an integer |k| <= 8;
+//  - every value any rank or MPI ever forms (a microbatch sum in the gradient dtype, the f32
+//    staging of a half-precision reduction, a partial sum in any order, the reduce_scatter_only
+//    partial, the replica all-reduce) is a sum of a subset of the world x microbatches terms
+//    (at most 4 x 4 = 16 of them, so |sum of k| <= 128 < 2^8), times a power of two: the f16
+//    pre-divide (1/2 for groups of 2 and 4), the average (1/2 or 1/4) and the f16 post-divide
+//    (1/2 for a group of 4) are all powers of two because the groups have 1, 2 or 4 ranks;
+//  - so every value is K * 2^-j with an integer |K| <= 128 and 3 <= j <= 5 (the deepest: an
+//    f16 average over 4 ranks, 2^-3 * 1/2 before the sum * 1/2 after it, or over a 2x2 mesh):
+//    K's 8 significant bits fit bf16's 8-bit significand (f16 has 11, f32 24), and 2^-5 is far
+//    above f16's smallest normal (2^-14). Sums, scalings and narrowings are all exact, and
+//    exact arithmetic does not depend on the order.
+// A group size that is not a power of two (an average over 3 ranks) would break this.
+double ExactGrad(int r, int p, int m, int s, size_t i) {
+  uint64_t z = ((((static_cast<uint64_t>(r) * 131 + p) * 17 + m) * 7 + s) << 32) + i + 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;  // splitmix64
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return (static_cast<int>(z % 17) - 8) / 8.0;
+}
+
+// ---- against the serial reference ------------------------------------------------------------
+class MpiReducerVsReference : public ::testing::TestWithParam<Scenario> {};
+
+TEST_P(MpiReducerVsReference, BitExact) {
+  const Scenario sc = GetParam();
+  Group& world = World();
+  ASSERT_EQ(world.size(), sc.replicas * sc.shards);
+  const int r = world.rank();
+  Mesh mesh;
+  ReducerGroups groups{&world, nullptr};
+  if (sc.mode == ReduceMode::kHybrid) {
+    auto m = MakeMesh(world, sc.replicas, sc.shards);
+    ASSERT_TRUE(m.ok()) << m.status();
+    mesh = std::move(*m);
+    groups = {mesh.shard.get(), mesh.replica.get()};
+  }
+  ReducerConfig cfg;
+  cfg.mode = sc.mode;
+  cfg.first_bucket_cap_bytes = 256;  // several buckets per dtype
+  cfg.bucket_cap_bytes = 4096;
+  cfg.timeout = kTimeout;
+  const std::vector<ParamSpec> params = reference::MakeParams(sc.dtypes);
+  auto reducer = GradientReducer::Create(params, groups, cfg);
+  ASSERT_TRUE(reducer.ok()) << reducer.status();
+  GradientReducer& red = **reducer;
+  std::mt19937 order_rng(1234 + 77 * r);  // a different readiness order on every rank
+  const int mbs = static_cast<int>(std::strlen(sc.schedule));
+  for (int step = 0; step < 2; ++step) {
+    red.ZeroGrads();
+    for (int m = 0; m < mbs; ++m) {
+      ASSERT_OK(red.BeginBackward(reference::SyncModeOf(sc.schedule[m])));
+      std::vector<int> order(params.size());
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), order_rng);
+      // Marks come from two threads, as autograd's may; buckets still launch in bucket order.
+      auto mark = [&](size_t from, size_t to) {
+        for (size_t k = from; k < to; ++k) {
+          const int p = order[k];
+          auto v = red.GradView(params[p].id);
+          ASSERT_TRUE(v.ok()) << v.status();
+          reference::Accumulate(*v, ExactGrad, r, p, m, step);
+          ASSERT_OK(red.MarkReady(params[p].id));
+        }
+      };
+      std::thread other([&] { mark(order.size() / 2, order.size()); });
+      mark(0, order.size() / 2);
+      other.join();
+      ASSERT_OK(red.FinishBackward());
+    }
+    ASSERT_OK(CheckStep(sc, red, r, step, ExactGrad));
+  }
+}
+
+// The scenarios for the world's size. gtest (1.10 on) evaluates a suite's generator when
+// InitGoogleTest registers the parameterized tests, which main() calls after creating the
+// world. At most 4 microbatches: the exactness bound above counts 4 ranks x 4 microbatches.
+std::vector<Scenario> ScenariosForWorld() {
+  const int n = the_world != nullptr ? the_world->size() : 1;
+  std::vector<Scenario> out;
+  for (int dt = 0; dt < 4; ++dt) {
+    for (const char* sched : {"S", "NNS", "NNNS"}) {
+      out.push_back({ReduceMode::kAllReduce, 1, n, dt, sched});
+      out.push_back({ReduceMode::kReduceScatter, 1, n, dt, sched});
+    }
+    if (n == 4) {
+      for (const char* sched : {"S", "NNS", "RRS", "NRNS", "RNRS"}) {
+        out.push_back({ReduceMode::kHybrid, 2, 2, dt, sched});
+      }
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(World, MpiReducerVsReference, ::testing::ValuesIn(ScenariosForWorld()),
+                         [](const ::testing::TestParamInfo<Scenario>& i) {
+                           return reference::ScenarioName(i.param);
+                         });
+
+// ---- errors (as in tests/reducer_errors_test.cc, on the mpi world) ----------------------------
+void ExpectError(const absl::Status& s, absl::StatusCode code,
+                 std::initializer_list<absl::string_view> parts) {
+  EXPECT_EQ(s.code(), code) << s;
+  for (absl::string_view p : parts) {
+    EXPECT_NE(s.message().find(p), absl::string_view::npos) << "'" << p << "' not in: " << s;
+  }
+}
+
+std::vector<ParamSpec> TwoParams() {
+  return {ParamSpec{1, 8, DType::kF32, Device::Cpu(), "fc.weight"},
+          ParamSpec{2, 3, DType::kF32, Device::Cpu(), "fc.bias"}};
+}
+
+ReducerConfig TestConfig() {
+  ReducerConfig cfg;
+  cfg.timeout = kTimeout;
+  return cfg;
+}
+
+TEST(MpiReducerErrors, MarksOutsideBackwardUnknownAndTwice) {
+  auto red = GradientReducer::Create(TwoParams(), {&World(), nullptr}, TestConfig());
+  ASSERT_TRUE(red.ok()) << red.status();
+  ExpectError((*red)->MarkReady(1), absl::StatusCode::kFailedPrecondition,
+              {"'fc.weight' (id 1)", "outside a backward"});
+  ASSERT_OK((*red)->BeginBackward(SyncMode::kSync));
+  ExpectError((*red)->MarkReady(99), absl::StatusCode::kNotFound, {"id 99"});
+  ASSERT_OK((*red)->MarkReady(2));
+  ExpectError((*red)->MarkReady(2), absl::StatusCode::kFailedPrecondition,
+              {"'fc.bias' (id 2)", "already marked"});
+  ASSERT_OK((*red)->MarkReady(1));
+  // The refused marks changed nothing: the backward completes on every rank.
+  ASSERT_OK((*red)->FinishBackward());
+}
+
+TEST(MpiReducerErrors, PlanThatDiffersOnOneRankFailsCreateEverywhere) {
+  Group& g = World();
+  const int odd_rank = g.size() - 1;
+  auto params = TwoParams();
+  if (g.rank() == odd_rank) params[0].count = 9;
+  ExpectError(GradientReducer::Create(params, {&g, nullptr}, TestConfig()).status(),
+              absl::StatusCode::kFailedPrecondition, {"'fc.weight'", absl::StrCat("rank ", odd_rank)});
+  // Every rank took part in the same checks, so the world is still in step.
+  auto red = GradientReducer::Create(TwoParams(), {&g, nullptr}, TestConfig());
+  EXPECT_TRUE(red.ok()) << red.status();
+}
+
+TEST(MpiReducerUnused, ReportedByNameUnlessAllowed) {
+  auto red = GradientReducer::Create(TwoParams(), {&World(), nullptr}, TestConfig());
+  ASSERT_TRUE(red.ok()) << red.status();
+  ASSERT_OK((*red)->BeginBackward(SyncMode::kSync));
+  ASSERT_OK((*red)->MarkReady(2));  // the bias bucket (bucket 0: reverse order) launches
+  ExpectError((*red)->FinishBackward(), absl::StatusCode::kFailedPrecondition,
+              {"1 parameter(s)", "'fc.weight' (id 1)", "allow_unused"});
+}
+
+TEST(MpiReducerUnused, ZeroFilledAndReducedWhenAllowedButNoSyncSumsAreKept) {
+  Group& g = World();
+  const int n = g.size();
+  ReducerConfig cfg = TestConfig();
+  cfg.allow_unused = true;
+  auto red = GradientReducer::Create(TwoParams(), {&g, nullptr}, cfg);
+  ASSERT_TRUE(red.ok()) << red.status();
+  GradientReducer& r = **red;
+  float* wd = static_cast<float*>(r.GradView(1)->data);
+  float* bd = static_cast<float*>(r.GradView(2)->data);
+  // Microbatch 1 (no_sync): both used. Microbatch 2 (sync): rank 0 uses only the bias, and its
+  // weight holds the no_sync sum, which must be reduced, not zero-filled; the others use both.
+  ASSERT_OK(r.BeginBackward(SyncMode::kNoSync));
+  for (int i = 0; i < 8; ++i) wd[i] += 1.0f + g.rank();
+  for (int i = 0; i < 3; ++i) bd[i] += 10.0f;
+  ASSERT_OK(r.MarkReady(1));
+  ASSERT_OK(r.MarkReady(2));
+  ASSERT_OK(r.FinishBackward());
+  ASSERT_OK(r.BeginBackward(SyncMode::kSync));
+  for (int i = 0; i < 3; ++i) bd[i] += 2.0f;
+  ASSERT_OK(r.MarkReady(2));
+  if (g.rank() != 0) {
+    for (int i = 0; i < 8; ++i) wd[i] += 4.0f;
+    ASSERT_OK(r.MarkReady(1));
+  }
+  ASSERT_OK(r.FinishBackward());
+  // (sum over ranks of 1 + rank, plus 4 from each rank but 0) / n: exact, n is 2 or 4.
+  const float want_w = static_cast<float>(n * (n + 1) / 2 + 4 * (n - 1)) / static_cast<float>(n);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(wd[i], want_w) << i;
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(bd[i], 12.0f) << i;
+
+  // Next window: a parameter unused since the last sync is zero-filled on every rank.
+  r.ZeroGrads();
+  ASSERT_OK(r.BeginBackward(SyncMode::kSync));
+  for (int i = 0; i < 8; ++i) wd[i] = 123.0f;  // written but never marked: stale, dropped
+  for (int i = 0; i < 3; ++i) bd[i] += 1.0f;
+  ASSERT_OK(r.MarkReady(2));
+  ASSERT_OK(r.FinishBackward());
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(wd[i], 0.0f) << i;
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(bd[i], 1.0f) << i;
+}
+
+// Ranks other than 0 print only failures, prefixed with their rank (as in
+// tests/mpi_collectives_test.cc, duplicated: that file is a binary, not a library). It must
+// not ask gtest for the current test inside OnTestPartResult: gtest holds its lock there.
+class RankFailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  void OnTestStart(const ::testing::TestInfo& t) override {
+    test_ = absl::StrCat(t.test_suite_name(), ".", t.name());
+  }
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (!r.failed()) return;
+    std::fprintf(stderr, "[rank %d] FAILED %s at %s:%d\n%s\n", rank_, test_.c_str(),
+                 r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
+  }
+
+ private:
+  const int rank_;
+  std::string test_;
+};
+
+}  // namespace
+}  // namespace braid::sched
+
+int main(int argc, char** argv) {
+  braid::Options options;
+  options.backend = "mpi";
+  options.timeout = braid::sched::kTimeout;
+  auto backend = braid::CreateBackend(options);
+  if (!backend.ok()) {
+    std::fprintf(stderr, "creating the mpi backend: %s\n", backend.status().ToString().c_str());
+    return 1;
+  }
+  const int rank = (*backend)->local_ranks().at(0);
+  if (rank != 0) {
+    // Bazel's premature-exit marker belongs to rank 0 alone: gtest creates it when the tests
+    // start and removes it when they end, and every rank would race on the one file.
+    unsetenv("TEST_PREMATURE_EXIT_FILE");
+  }
+  auto world = (*backend)->WorldGroup(rank);
+  if (!world.ok()) {
+    std::fprintf(stderr, "creating the world group: %s\n", world.status().ToString().c_str());
+    return 1;
+  }
+  braid::sched::the_world = world->get();
+  // Registers the parameterized tests, calling ScenariosForWorld() now that the world exists.
+  ::testing::InitGoogleTest(&argc, argv);
+  if (rank != 0) {
+    // One XML report and one console transcript (rank 0's); other ranks report failures only.
+    GTEST_FLAG_SET(output, "");
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new braid::sched::RankFailurePrinter(rank));
+  }
+  const int result = RUN_ALL_TESTS();
+  // Backend first: groups may outlive it, and the last group finalizes MPI.
+  backend->reset();
+  world->reset();
+  return result;
+}

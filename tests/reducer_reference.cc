@@ -1,0 +1,210 @@
+#include "tests/reducer_reference.h"
+
+#include <cstring>
+#include <iterator>
+
+#include "absl/strings/str_cat.h"
+#include "comm/half.h"
+
+namespace braid::sched::reference {
+namespace {
+
+// ---- values in any floating dtype, held as double ------------------------------------------
+double Load(DType t, const char* p) {
+  switch (t) {
+    case DType::kF32: { float v; std::memcpy(&v, p, 4); return v; }
+    case DType::kF64: { double v; std::memcpy(&v, p, 8); return v; }
+    case DType::kBF16: { BF16 v; std::memcpy(&v, p, 2); return ToFloat(v); }
+    case DType::kF16: { F16 v; std::memcpy(&v, p, 2); return ToFloat(v); }
+    default: return 0;
+  }
+}
+void Store(DType t, char* p, double v) {
+  switch (t) {
+    case DType::kF32: { float f = static_cast<float>(v); std::memcpy(p, &f, 4); break; }
+    case DType::kF64: std::memcpy(p, &v, 8); break;
+    case DType::kBF16: { BF16 h = ToBF16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+    case DType::kF16: { F16 h = ToF16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+    default: break;
+  }
+}
+// Rounds v to dtype t and back.
+double Round(DType t, double v) {
+  char buf[8];
+  Store(t, buf, v);
+  return Load(t, buf);
+}
+// Arithmetic in the accumulation type: f64 for f64, else f32.
+double Add(DType t, double a, double b) {
+  return t == DType::kF64 ? a + b : static_cast<double>(static_cast<float>(a) + static_cast<float>(b));
+}
+double Mul(DType t, double s, double x) {
+  return t == DType::kF64 ? s * x : static_cast<double>(static_cast<float>(s) * static_cast<float>(x));
+}
+double Div(DType t, double a, int n) {
+  return t == DType::kF64 ? a / n : static_cast<double>(static_cast<float>(a) / static_cast<float>(n));
+}
+
+// The divide rule, written out independently of scheduler/divide.cc: average over the group
+// (plain sum for a group of one); f16 scales each input by 1/pre before the sum and divides
+// the stored result by post after it, with FSDP's factors (pre * post = n, pre ~ sqrt n).
+struct Rule {
+  double premul = 0;  // 0: none
+  int divide = 1;     // divide the sum by this (avg)
+  int post = 1;       // f16: divide the stored result by this
+};
+bool HasRule(int n) { return n == 1 || n == 2 || n == 4 || n == 8; }
+Rule RuleFor(DType t, int n) {
+  if (n == 1) return {};
+  if (t != DType::kF16) return {0, n, 1};
+  switch (n) {
+    case 2: return {1.0 / 2, 1, 1};
+    case 4: return {1.0 / 2, 1, 2};
+    default: return {1.0 / 4, 1, 2};  // 8
+  }
+}
+
+// One reduction stage over `inputs` (group-rank order): the stored value.
+double ReduceStage(DType t, const std::vector<double>& inputs) {
+  const Rule rule = RuleFor(t, static_cast<int>(inputs.size()));
+  double acc = 0;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const double v = rule.premul != 0 ? Mul(t, rule.premul, inputs[k]) : inputs[k];
+    acc = k == 0 ? v : Add(t, acc, v);
+  }
+  if (rule.divide > 1) acc = Div(t, acc, rule.divide);
+  double out = Round(t, acc);
+  if (rule.post > 1) out = Round(t, Div(t, out, rule.post));
+  return out;
+}
+
+// Rank r's local contents of bucket b holding microbatches [m0, m1) of step s (padding zero).
+std::vector<char> LocalBucket(const BucketPlan& plan, int b, int r, int m0, int m1, int s, GradFn grad) {
+  const Bucket& bk = plan.buckets()[b];
+  std::vector<char> buf(bk.bytes(), 0);
+  for (int p : bk.params) {
+    const ParamSpec& ps = plan.params()[p];
+    TensorView v{buf.data() + plan.slot(p).offset * DTypeSize(ps.dtype), ps.count, ps.dtype, ps.device};
+    for (int m = m0; m < m1; ++m) Accumulate(v, grad, r, p, m, s);
+  }
+  return buf;
+}
+
+// Element e of bucket b after the schedule. windows[w][world rank] is the bucket each rank
+// holds at the w-th reduction point (R or S): the microbatches since the previous one. R adds
+// the shard-reduced value into a per-replica partial; S adds the partial to its own shard
+// reduction, then reduces across replicas (hybrid).
+double ReferenceElement(const Scenario& sc, DType t, size_t e,
+                        const std::vector<std::vector<std::vector<char>>>& windows) {
+  const size_t es = DTypeSize(t);
+  const bool hybrid = sc.mode == ReduceMode::kHybrid;
+  const int reps = hybrid ? sc.replicas : 1;
+  const int per_rep = hybrid ? sc.shards : sc.replicas * sc.shards;
+  std::vector<double> partial(reps, 0);
+  std::vector<bool> has(reps, false);
+  size_t w = 0;
+  for (const char* c = sc.schedule; *c != '\0'; ++c) {
+    if (*c == 'N') continue;
+    std::vector<double> stage1(reps);
+    for (int rep = 0; rep < reps; ++rep) {
+      std::vector<double> in;
+      for (int k = 0; k < per_rep; ++k) in.push_back(Load(t, windows[w][rep * per_rep + k].data() + e * es));
+      stage1[rep] = ReduceStage(t, in);
+      if (has[rep]) stage1[rep] = Round(t, Add(t, partial[rep], stage1[rep]));
+    }
+    ++w;
+    if (*c == 'R') {
+      partial = stage1;
+      has.assign(reps, true);
+      continue;
+    }
+    return hybrid ? ReduceStage(t, stage1) : stage1[0];
+  }
+  return 0;  // CheckStep rejects schedules that do not end with S
+}
+
+}  // namespace
+
+std::string ScenarioName(const Scenario& sc) {
+  const char* mode = sc.mode == ReduceMode::kAllReduce       ? "allreduce"
+                     : sc.mode == ReduceMode::kReduceScatter ? "reducescatter"
+                                                             : "hybrid";
+  const char* dtypes[] = {"f32", "bf16", "f16", "mixed"};
+  return absl::StrCat(mode, "_", sc.replicas, "x", sc.shards, "_", dtypes[sc.dtypes], "_", sc.schedule);
+}
+
+SyncMode SyncModeOf(char letter) {
+  return letter == 'N' ? SyncMode::kNoSync : letter == 'R' ? SyncMode::kReduceScatterOnly : SyncMode::kSync;
+}
+
+std::vector<ParamSpec> MakeParams(int dtypes) {
+  const size_t sizes[] = {1, 37, 300, 1025, 64, 13, 4099, 7};
+  const DType pick[] = {DType::kF32, DType::kBF16, DType::kF16};
+  std::vector<ParamSpec> ps;
+  for (size_t i = 0; i < std::size(sizes); ++i) {
+    const DType t = dtypes < 3 ? pick[dtypes] : pick[i % 3];
+    ps.push_back(ParamSpec{static_cast<ParamId>(1000 + 7 * i), sizes[i], t, Device::Cpu(),
+                           absl::StrCat("layer", i, ".weight")});
+  }
+  return ps;
+}
+
+void Accumulate(const TensorView& view, GradFn grad, int rank, int param, int microbatch, int step) {
+  const size_t es = DTypeSize(view.dtype);
+  char* base = static_cast<char*>(view.data);
+  for (size_t i = 0; i < view.count; ++i) {
+    Store(view.dtype, base + i * es,
+          Add(view.dtype, Load(view.dtype, base + i * es), grad(rank, param, microbatch, step, i)));
+  }
+}
+
+absl::Status CheckStep(const Scenario& sc, const GradientReducer& reducer, int rank, int step,
+                       GradFn grad) {
+  const std::string schedule = sc.schedule;
+  if (schedule.empty() || schedule.back() != 'S' || schedule.find('S') != schedule.size() - 1) {
+    return absl::InvalidArgumentError(absl::StrCat("schedule ", schedule, " must end with its only S"));
+  }
+  const int world = sc.replicas * sc.shards;
+  if (!HasRule(world) || !HasRule(sc.replicas) || !HasRule(sc.shards)) {
+    return absl::InvalidArgumentError(absl::StrCat("no reference divide rule for ", ScenarioName(sc)));
+  }
+  const BucketPlan& plan = reducer.plan();
+  const int mbs = static_cast<int>(schedule.size());
+  for (size_t b = 0; b < plan.buckets().size(); ++b) {
+    const Bucket& bk = plan.buckets()[b];
+    const size_t es = DTypeSize(bk.dtype);
+    std::vector<std::vector<std::vector<char>>> windows;
+    for (int m = 0, start = 0; m < mbs; ++m) {
+      if (schedule[m] == 'N') continue;
+      windows.emplace_back();
+      for (int k = 0; k < world; ++k) {
+        windows.back().push_back(LocalBucket(plan, static_cast<int>(b), k, start, m + 1, step, grad));
+      }
+      start = m + 1;
+    }
+    // All-reduce mode: the whole bucket, through the first parameter's view. Otherwise: this
+    // rank's shard, indexed as if it were the whole bucket.
+    const int first = bk.params[0];
+    const char* got = static_cast<const char*>(reducer.GradView(plan.params()[first].id)->data) -
+                      plan.slot(first).offset * es;
+    size_t lo = 0, hi = bk.count;
+    if (sc.mode != ReduceMode::kAllReduce) {
+      lo = static_cast<size_t>(rank % sc.shards) * bk.shard_count;
+      hi = lo + bk.shard_count;
+      got = static_cast<const char*>(reducer.ShardView(static_cast<int>(b)).data) - lo * es;
+    }
+    for (size_t e = lo; e < hi; ++e) {
+      const double want = ReferenceElement(sc, bk.dtype, e, windows);
+      char want_bytes[8];
+      Store(bk.dtype, want_bytes, want);
+      if (std::memcmp(got + e * es, want_bytes, es) != 0) {
+        return absl::InternalError(absl::StrCat(
+            ScenarioName(sc), ": rank ", rank, " step ", step, " bucket ", b, " (",
+            DTypeName(bk.dtype), ") element ", e, ": got ", Load(bk.dtype, got + e * es), " want ", want));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace braid::sched::reference

@@ -1,0 +1,63 @@
+// A serial reference for GradientReducer results, shared by reducer tests on any backend.
+//
+//   const Scenario sc{ReduceMode::kHybrid, /*replicas=*/2, /*shards=*/2, /*dtypes=*/1, "NRNS"};
+//   ... run sc.schedule's backwards, each rank accumulating grad(rank, p, m, step, i) ...
+//   EXPECT_OK(CheckStep(sc, reducer, world_rank, step, grad));
+//
+// The reference replays each reduction stage in group-rank order with the arithmetic a
+// backend uses (sum in f32 for f32/bf16/f16, one rounding to the gradient dtype at the end of
+// a stage) and the divide rule of scheduler/divide.h, written out independently here. Where
+// the backend reduces in group-rank order (local) any gradients compare bit for bit; where it
+// picks its own order (MPI) the gradients must make every partial sum exact (see
+// tests/mpi_reducer_test.cc).
+//
+// (The same arithmetic is spelled out inside tests/reducer_test.cc, which predates this file.)
+#ifndef BRAID_TESTS_REDUCER_REFERENCE_H_
+#define BRAID_TESTS_REDUCER_REFERENCE_H_
+
+#include <cstddef>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "comm/dtype.h"
+#include "comm/tensor.h"
+#include "scheduler/bucket_plan.h"
+#include "scheduler/gradient_reducer.h"
+
+namespace braid::sched::reference {
+
+struct Scenario {
+  ReduceMode mode;
+  int replicas, shards;  // world = replicas * shards; all-reduce/reduce-scatter use replicas = 1
+  int dtypes;            // 0 f32, 1 bf16, 2 f16, 3 mixed (parameter i gets dtype i % 3)
+  const char* schedule;  // one letter per microbatch: N no_sync, R reduce_scatter_only, S sync
+};
+
+// "hybrid_2x2_bf16_NRNS": usable as a gtest parameter name.
+std::string ScenarioName(const Scenario& sc);
+// Lets gtest print a Scenario parameter by name (found by argument-dependent lookup).
+inline void PrintTo(const Scenario& sc, std::ostream* os) { *os << ScenarioName(sc); }
+SyncMode SyncModeOf(char letter);
+
+// Eight parameters with odd sizes (they straddle shards and fill several buckets when the
+// caps are small), named "layer<i>.weight", ids 1000 + 7 i.
+std::vector<ParamSpec> MakeParams(int dtypes);
+
+// Element i of the gradient of parameter index p on world rank r, microbatch m of step s.
+using GradFn = double (*)(int rank, int param, int microbatch, int step, size_t i);
+
+// What the framework does in backward: view += grad, in the view's dtype.
+void Accumulate(const TensorView& view, GradFn grad, int rank, int param, int microbatch, int step);
+
+// Compares what `reducer` holds on world rank `rank` after step `step` of sc.schedule (the
+// averaged gradients in all-reduce mode; this rank's shard of every bucket, padding included,
+// otherwise) with the reference, byte for byte. The error names rank, step, bucket, dtype and
+// the first differing element. The reference's divide table covers groups of 1, 2, 4 and 8.
+absl::Status CheckStep(const Scenario& sc, const GradientReducer& reducer, int rank, int step,
+                       GradFn grad);
+
+}  // namespace braid::sched::reference
+
+#endif  // BRAID_TESTS_REDUCER_REFERENCE_H_
