@@ -53,12 +53,13 @@ struct Rule {
   int divide = 1;     // divide the sum by this (avg)
   int post = 1;       // f16: divide the stored result by this
 };
-bool HasRule(int n) { return n == 1 || n == 2 || n == 4 || n == 8; }
+bool HasRule(int n) { return n == 1 || n == 2 || n == 3 || n == 4 || n == 8; }
 Rule RuleFor(DType t, int n) {
   if (n == 1) return {};
   if (t != DType::kF16) return {0, n, 1};
   switch (n) {
     case 2: return {1.0 / 2, 1, 1};
+    case 3: return {0, 1, 3};  // no power of two divides 3: plain sum, then divide by 3
     case 4: return {1.0 / 2, 1, 2};
     default: return {1.0 / 4, 1, 2};  // 8
   }
@@ -130,7 +131,8 @@ std::string ScenarioName(const Scenario& sc) {
                      : sc.mode == ReduceMode::kReduceScatter ? "reducescatter"
                                                              : "hybrid";
   const char* dtypes[] = {"f32", "bf16", "f16", "mixed"};
-  return absl::StrCat(mode, "_", sc.replicas, "x", sc.shards, "_", dtypes[sc.dtypes], "_", sc.schedule);
+  return absl::StrCat(mode, "_", sc.replicas, "x", sc.shards, "_", dtypes[sc.dtypes], "_", sc.schedule,
+                      sc.copy_in ? "_copyin" : "");
 }
 
 SyncMode SyncModeOf(char letter) {
@@ -159,7 +161,7 @@ void Accumulate(const TensorView& view, GradFn grad, int rank, int param, int mi
 }
 
 absl::Status CheckStep(const Scenario& sc, const GradientReducer& reducer, int rank, int step,
-                       GradFn grad) {
+                       GradFn grad, const std::vector<std::vector<char>>* copy_in_grads) {
   const std::string schedule = sc.schedule;
   if (schedule.empty() || schedule.back() != 'S' || schedule.find('S') != schedule.size() - 1) {
     return absl::InvalidArgumentError(absl::StrCat("schedule ", schedule, " must end with its only S"));
@@ -187,6 +189,15 @@ absl::Status CheckStep(const Scenario& sc, const GradientReducer& reducer, int r
     const int first = bk.params[0];
     const char* got = static_cast<const char*>(reducer.GradView(plan.params()[first].id)->data) -
                       plan.slot(first).offset * es;
+    std::vector<char> gathered;  // copy-in: the framework's buffers, laid out as the bucket
+    if (sc.copy_in && sc.mode == ReduceMode::kAllReduce && copy_in_grads != nullptr) {
+      gathered.assign(bk.bytes(), 0);
+      for (int p : bk.params) {
+        std::memcpy(gathered.data() + plan.slot(p).offset * es, (*copy_in_grads)[p].data(),
+                    plan.params()[p].count * es);
+      }
+      got = gathered.data();
+    }
     size_t lo = 0, hi = bk.count;
     if (sc.mode != ReduceMode::kAllReduce) {
       lo = static_cast<size_t>(rank % sc.shards) * bk.shard_count;

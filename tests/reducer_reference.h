@@ -11,7 +11,6 @@
 // picks its own order (MPI) the gradients must make every partial sum exact (see
 // tests/mpi_reducer_test.cc).
 //
-// (The same arithmetic is spelled out inside tests/reducer_test.cc, which predates this file.)
 #ifndef BRAID_TESTS_REDUCER_REFERENCE_H_
 #define BRAID_TESTS_REDUCER_REFERENCE_H_
 
@@ -33,6 +32,7 @@ struct Scenario {
   int replicas, shards;  // world = replicas * shards; all-reduce/reduce-scatter use replicas = 1
   int dtypes;            // 0 f32, 1 bf16, 2 f16, 3 mixed (parameter i gets dtype i % 3)
   const char* schedule;  // one letter per microbatch: N no_sync, R reduce_scatter_only, S sync
+  bool copy_in = false;  // framework-owned gradient buffers (gradient_as_bucket_view = false)
 };
 
 // "hybrid_2x2_bf16_NRNS": usable as a gtest parameter name.
@@ -54,9 +54,12 @@ void Accumulate(const TensorView& view, GradFn grad, int rank, int param, int mi
 // Compares what `reducer` holds on world rank `rank` after step `step` of sc.schedule (the
 // averaged gradients in all-reduce mode; this rank's shard of every bucket, padding included,
 // otherwise) with the reference, byte for byte. The error names rank, step, bucket, dtype and
-// the first differing element. The reference's divide table covers groups of 1, 2, 4 and 8.
+// the first differing element. The reference's divide table covers groups of 1, 2, 3, 4 and 8.
+// With sc.copy_in, all-reduce mode results are read from `copy_in_grads` (the framework's
+// buffers, one per parameter index) instead of the reducer's views.
 absl::Status CheckStep(const Scenario& sc, const GradientReducer& reducer, int rank, int step,
-                       GradFn grad);
+                       GradFn grad,
+                       const std::vector<std::vector<char>>* copy_in_grads = nullptr);
 
 }  // namespace braid::sched::reference
 
