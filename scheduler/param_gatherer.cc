@@ -1,0 +1,341 @@
+#include "scheduler/param_gatherer.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "comm/logging.h"
+#include "comm/status_macros.h"
+#include "scheduler/plan_check.h"
+
+namespace braid::sched {
+namespace {
+
+constexpr size_t kStorageAlign = 64;
+
+struct FreeDeleter {
+  void operator()(char* p) const { std::free(p); }
+};
+using Storage = std::unique_ptr<char, FreeDeleter>;
+
+// `bytes` rounded up to the alignment (aligned_alloc requires it), zero-filled; null on failure.
+Storage AllocateAligned(size_t bytes) {
+  const size_t rounded = std::max(kStorageAlign, (bytes + kStorageAlign - 1) / kStorageAlign * kStorageAlign);
+  Storage s(static_cast<char*>(std::aligned_alloc(kStorageAlign, rounded)));
+  if (s != nullptr) std::memset(s.get(), 0, rounded);
+  return s;
+}
+
+uint64_t MixIssue(uint64_t h, uint64_t v) {
+  for (int i = 0; i < 8; ++i) {  // FNV-1a over the 8 bytes of v
+    h ^= (v >> (8 * i)) & 0xffu;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// Keeps the message, prefixes where the caller was.
+absl::Status WithContext(const absl::Status& s, absl::string_view context) {
+  return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
+}
+
+}  // namespace
+
+// kNotGathered: never gathered, released, or the last gather failed.
+enum class GatherState { kNotGathered, kInFlight, kGathered };
+
+struct ParamGatherer::BucketState {
+  Storage full;   // padded_count elements; null while released (free_after_use)
+  Storage shard;  // free_after_use only: this rank's shard, shard_count elements
+  GatherState state = GatherState::kNotGathered;
+  WorkPtr work;       // the latest gather
+  // Timeline only: the latest gather's issue time, completion time (written by its callback)
+  // and its predecessor's on the group; whether its span is still to be recorded.
+  int64_t issued_ns = 0;
+  std::shared_ptr<std::atomic<int64_t>> done_ns, prev_done_ns;
+  bool span_pending = false;
+  std::string label;  // "bucket 3": names the bucket in errors and in the Work
+};
+
+absl::StatusOr<std::unique_ptr<ParamGatherer>> ParamGatherer::Create(const BucketPlan& plan,
+                                                                     Group* shard_group,
+                                                                     const GathererConfig& config) {
+  if (shard_group == nullptr) return absl::InvalidArgumentError("param gatherer: no group given");
+  if (plan.options().shards != shard_group->size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "param gatherer: the plan was built for ", plan.options().shards, " shard(s) but group '",
+        shard_group->name(), "' has ", shard_group->size(),
+        " rank(s) (build the plan with PlanOptions::shards = the group's size)"));
+  }
+  for (size_t b = 0; b < plan.buckets().size(); ++b) {
+    const Bucket& bk = plan.buckets()[b];
+    if (bk.device.type != DeviceType::kCpu) {
+      return absl::UnimplementedError(absl::StrCat(
+          "param gatherer: bucket ", b, " (first parameter ", plan.params()[bk.params[0]].Label(),
+          ") is on ", bk.device.ToString(), ": device buffers need the NCCL backend"));
+    }
+  }
+  if (config.verify_plan) RETURN_IF_ERROR(VerifyPlanAcrossRanks(plan, *shard_group, config.timeout));
+  auto g = std::unique_ptr<ParamGatherer>(new ParamGatherer(plan, shard_group, config));
+  for (size_t b = 0; b < g->buckets_.size(); ++b) {
+    const BucketState& s = *g->buckets_[b];
+    if ((config.free_after_use ? s.shard : s.full) == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("param gatherer: cannot allocate bucket ", b,
+                                                       " (", plan.buckets()[b].bytes(), " bytes)"));
+    }
+  }
+  return g;
+}
+
+ParamGatherer::ParamGatherer(BucketPlan plan, Group* group, const GathererConfig& config)
+    : plan_(std::move(plan)), group_(group), config_(config), recent_(kRecentIssues, -1) {
+  if (config_.timeline != nullptr && config_.timeline->enabled()) {
+    tl_ = config_.timeline;
+    tl_group_ = tl_->Track(absl::StrCat("group ", group_->name()));
+    tl_waits_ = tl_->Track("waits");
+    tl_last_done_ = std::make_shared<std::atomic<int64_t>>(0);
+  }
+  for (size_t b = 0; b < plan_.buckets().size(); ++b) {
+    const Bucket& bk = plan_.buckets()[b];
+    auto s = std::make_unique<BucketState>();
+    s->label = absl::StrCat("bucket ", b);
+    if (config_.free_after_use) {
+      s->shard = AllocateAligned(bk.shard_count * DTypeSize(bk.dtype));
+    } else {
+      s->full = AllocateAligned(bk.bytes());  // lives as long as the gatherer
+    }
+    buckets_.push_back(std::move(s));
+  }
+}
+
+ParamGatherer::~ParamGatherer() {
+  // No other thread may call in now, so mu_ is not needed for the *Locked helpers.
+  for (int b = 0; b < num_buckets(); ++b) {
+    BucketState& s = *buckets_[b];
+    if (s.work == nullptr) continue;
+    if (!s.work->Done()) (void)s.work->Wait(config_.timeout);
+    if (s.work->Done()) {
+      RecordGatherSpanLocked(b);  // a gather nobody waited for
+      continue;
+    }
+    // The all-gather may still write into this buffer: leak it rather than free it under it.
+    Log().error("param gatherer destroyed with the all-gather of {} still in flight; leaking its buffer",
+                s.label);
+    (void)s.full.release();
+  }
+}
+
+absl::Status ParamGatherer::CheckBucket(const char* what, int b) const {
+  if (b >= 0 && b < num_buckets()) return absl::OkStatus();
+  return absl::OutOfRangeError(absl::StrCat(what, "(bucket ", b, "): no such bucket (the plan has ",
+                                            num_buckets(), " buckets)"));
+}
+
+char* ParamGatherer::ShardData(int b) const {
+  const BucketState& s = *buckets_[b];
+  if (config_.free_after_use) return s.shard.get();
+  const Bucket& bk = plan_.buckets()[b];
+  return s.full.get() + static_cast<size_t>(group_->rank()) * bk.shard_count * DTypeSize(bk.dtype);
+}
+
+absl::StatusOr<TensorView> ParamGatherer::ParamView(ParamId id) const {
+  absl::StatusOr<int> i = plan_.IndexOf(id);
+  if (!i.ok()) return WithContext(i.status(), "ParamView");
+  const ParamSpec& p = plan_.params()[*i];
+  const ParamSlot& slot = plan_.slot(*i);
+  std::lock_guard<std::mutex> lock(mu_);
+  const BucketState& s = *buckets_[slot.bucket];
+  if (s.full == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ParamView(", p.Label(), "): ", s.label, " is released (free_after_use); call WaitParams(",
+        slot.bucket, ") first"));
+  }
+  return TensorView{s.full.get() + slot.offset * DTypeSize(p.dtype), p.count, p.dtype, p.device};
+}
+
+absl::StatusOr<TensorView> ParamGatherer::ShardView(int b) const {
+  RETURN_IF_ERROR(CheckBucket("ShardView", b));
+  const Bucket& bk = plan_.buckets()[b];
+  return TensorView{ShardData(b), bk.shard_count, bk.dtype, bk.device};
+}
+
+absl::Status ParamGatherer::LaunchLocked(int b, DeviceEvent ready) {
+  BucketState& s = *buckets_[b];
+  const Bucket& bk = plan_.buckets()[b];
+  const size_t shard_bytes = bk.shard_count * DTypeSize(bk.dtype);
+  if (s.full == nullptr) {
+    s.full = AllocateAligned(bk.bytes());
+    if (s.full == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("gathering ", s.label, ": cannot allocate ", bk.bytes(), " bytes"));
+    }
+  }
+  char* mine = s.full.get() + static_cast<size_t>(group_->rank()) * shard_bytes;
+  if (config_.free_after_use) std::memcpy(mine, s.shard.get(), shard_bytes);  // re-materialize
+  CollectiveOptions opts;
+  opts.label = s.label;
+  opts.ready_event = ready;
+  // In place: this rank's block is already in `full`; the backend fills in the others.
+  absl::StatusOr<WorkPtr> w = group_->AllGather(mine, s.full.get(), bk.shard_count, bk.dtype, opts);
+  if (!w.ok()) {
+    return WithContext(w.status(), absl::StrCat("gathering ", s.label, " on group '", group_->name(), "'"));
+  }
+  s.work = *w;
+  s.state = GatherState::kInFlight;
+  issue_hash_ = MixIssue(issue_hash_, static_cast<uint64_t>(b));
+  recent_[issued_ % kRecentIssues] = b;
+  ++issued_;
+  if (tl_ != nullptr) {
+    s.issued_ns = Timeline::NowNs();
+    s.prev_done_ns = tl_last_done_;
+    s.done_ns = tl_last_done_ = std::make_shared<std::atomic<int64_t>>(0);
+    s.span_pending = true;
+    // Runs on the completing thread, possibly after this object is gone: touches only its own.
+    s.work->OnComplete([done = s.done_ns](const absl::Status&) { done->store(Timeline::NowNs()); });
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParamGatherer::Prefetch(int b, DeviceEvent ready) {
+  RETURN_IF_ERROR(CheckBucket("Prefetch", b));
+  std::lock_guard<std::mutex> lock(mu_);
+  const BucketState& s = *buckets_[b];
+  if (s.state == GatherState::kInFlight) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Prefetch(", s.label, "): its all-gather on group '", group_->name(),
+        "' is already in flight (Prefetch called twice without WaitParams)"));
+  }
+  return LaunchLocked(b, ready);
+}
+
+void ParamGatherer::RecordGatherSpanLocked(int b) {
+  BucketState& s = *buckets_[b];
+  if (tl_ == nullptr || !s.span_pending) return;
+  s.span_pending = false;
+  int64_t end = s.done_ns->load();
+  if (end == 0) end = Timeline::NowNs();  // Done, but its callback has not run yet
+  const int64_t start = std::max(s.issued_ns, s.prev_done_ns->load());
+  tl_->Complete(tl_group_, s.work->status().ok() ? "allgather" : "allgather failed", start, end, b);
+}
+
+absl::Status ParamGatherer::AwaitGather(const char* caller, int b, const WorkPtr& w,
+                                        absl::Time deadline) {
+  const int64_t wait_start = tl_ != nullptr ? Timeline::NowNs() : 0;
+  const absl::Status st = w->WaitUntil(deadline);
+  if (tl_ != nullptr) tl_->Complete(tl_waits_, "wait params", wait_start, Timeline::NowNs(), b);
+  std::lock_guard<std::mutex> lock(mu_);
+  BucketState& s = *buckets_[b];
+  if (s.work == w && s.state == GatherState::kInFlight) {
+    if (w->Done()) RecordGatherSpanLocked(b);
+    if (st.ok()) {
+      s.state = GatherState::kGathered;
+    } else if (w->Done()) {
+      s.state = GatherState::kNotGathered;  // failed: contents unspecified; a later wait retries
+    }  // else merely late: still in flight, and a later wait may succeed
+  }
+  if (st.ok()) return st;
+  return WithContext(st, absl::StrCat(caller, ": gathering ", s.label, " on group '", group_->name(), "'"));
+}
+
+absl::Status ParamGatherer::WaitParams(int b) {
+  RETURN_IF_ERROR(CheckBucket("WaitParams", b));
+  WorkPtr w;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    BucketState& s = *buckets_[b];
+    if (s.state == GatherState::kGathered) return absl::OkStatus();
+    if (s.state == GatherState::kNotGathered) RETURN_IF_ERROR(LaunchLocked(b, DeviceEvent{}));
+    w = s.work;
+  }
+  return AwaitGather("WaitParams", b, w, absl::Now() + config_.timeout);
+}
+
+absl::Status ParamGatherer::WaitAll() {
+  std::vector<std::pair<int, WorkPtr>> in_flight;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int b = 0; b < num_buckets(); ++b) {
+      if (buckets_[b]->state == GatherState::kInFlight) in_flight.emplace_back(b, buckets_[b]->work);
+    }
+  }
+  const absl::Time deadline = absl::Now() + config_.timeout;
+  absl::Status first;
+  for (const auto& [b, w] : in_flight) {
+    absl::Status st = AwaitGather("WaitAll", b, w, deadline);
+    if (first.ok()) first = st;
+  }
+  return first;
+}
+
+absl::Status ParamGatherer::Release(int b) {
+  RETURN_IF_ERROR(CheckBucket("Release", b));
+  std::lock_guard<std::mutex> lock(mu_);
+  BucketState& s = *buckets_[b];
+  if (s.state == GatherState::kInFlight) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Release(", s.label, "): its all-gather on group '", group_->name(),
+        "' is in flight; call WaitParams first"));
+  }
+  if (!config_.free_after_use) return absl::OkStatus();
+  s.full.reset();
+  s.state = GatherState::kNotGathered;
+  return absl::OkStatus();
+}
+
+WorkPtr ParamGatherer::GatherWork(int b) const {
+  if (b < 0 || b >= num_buckets()) return nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  return buckets_[b]->work;
+}
+
+bool ParamGatherer::IsGathered(int b) const {
+  if (b < 0 || b >= num_buckets()) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  return buckets_[b]->state == GatherState::kGathered;
+}
+
+absl::Status ParamGatherer::CheckIssueOrder() {
+  constexpr size_t kRecord = 2 + kRecentIssues;  // count, hash, recent buckets (oldest first)
+  const int n = group_->size();
+  // Owned by the completion callback too, so a late collective never writes freed memory.
+  auto bufs = std::make_shared<std::vector<int64_t>>(kRecord * (1 + static_cast<size_t>(n)), -1);
+  int64_t* mine = bufs->data();
+  int64_t* all = bufs->data() + kRecord;
+  WorkPtr w;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    mine[0] = static_cast<int64_t>(issued_);
+    mine[1] = static_cast<int64_t>(issue_hash_);
+    const uint64_t shown = std::min<uint64_t>(issued_, kRecentIssues);
+    for (uint64_t k = 0; k < shown; ++k) mine[2 + k] = recent_[(issued_ - shown + k) % kRecentIssues];
+    CollectiveOptions opts;
+    opts.label = "gather order check";
+    absl::StatusOr<WorkPtr> launched = group_->AllGather(mine, all, kRecord, DType::kI64, opts);
+    if (!launched.ok()) return WithContext(launched.status(), "CheckIssueOrder");
+    w = *launched;
+  }
+  w->OnComplete([bufs](const absl::Status&) {});
+  const absl::Status st = w->Wait(config_.timeout);
+  if (!st.ok()) return WithContext(st, "CheckIssueOrder");
+  bool same = true;
+  for (int r = 1; r < n && same; ++r) same = std::equal(all, all + 2, all + r * kRecord);
+  if (same) return absl::OkStatus();
+  std::vector<std::string> per_rank;
+  for (int r = 0; r < n; ++r) {
+    const int64_t* rec = all + r * kRecord;
+    std::vector<int64_t> seq;
+    for (size_t k = 2; k < kRecord && rec[k] >= 0; ++k) seq.push_back(rec[k]);
+    per_rank.push_back(absl::StrCat("rank ", r, " issued ", rec[0], " gather(s), latest buckets [",
+                                    absl::StrJoin(seq, ", "), "]"));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "all-gather order differs across the ranks of group '", group_->name(),
+      "' (rank-order contract broken: Prefetch/WaitParams must gather the same buckets in the same "
+      "order on every rank; gathered contents may be in the wrong buckets): ",
+      absl::StrJoin(per_rank, "; ")));
+}
+
+}  // namespace braid::sched

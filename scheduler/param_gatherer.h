@@ -1,0 +1,180 @@
+// ParamGatherer: each bucket's full parameters, all-gathered from the ranks' shards in one
+// coalesced call straight into a flat buffer (ZeRO-3 / FSDP, and the all-gather that follows a
+// sharded optimizer step).
+//
+// RANK-ORDER CONTRACT: every all-gather is a collective over the shard group, and ranks match
+// them by position, not by bucket. The caller must therefore call Prefetch / WaitParams (the
+// calls that may start a gather) for the same buckets in the same order on every rank, e.g. by
+// driving them from the model's layer order, which is the same everywhere. A gather is started
+// by Prefetch(b), or by WaitParams(b) when b is neither gathered nor in flight; Release and
+// WaitAll never start one. Forward may walk the buckets in one order and backward in another:
+// what matters is that all ranks walk the same sequence. What is checked:
+//  - Prefetch of a bucket already in flight is an error naming it (the usual slip);
+//  - Create verifies, with one tiny all-gather, that every rank holds the same plan;
+//  - buckets of different sizes issued out of order fail on backends that compare calls
+//    (`local` always, `mpi` with BRAID_VALIDATE_COLLECTIVES=1); buckets of the *same* size and
+//    dtype cannot be told apart by the transport and would silently swap contents, so
+//    CheckIssueOrder() (collective, one all-gather of 18 integers) compares every rank's
+//    sequence of gathered buckets; call it at a point all ranks reach together (tests, or once
+//    per step in debug runs).
+// The gatherer serializes its own calls on the group; the group must not be used concurrently
+// by anyone else (a GradientReducer included). Give the gatherer its own group (Split the shard
+// group once more) so its all-gathers never interleave with reduce-scatters.
+//
+//   ASSIGN_OR_RETURN(auto gatherer, ParamGatherer::Create(reducer->plan(), gather_group.get(),
+//                                                         {absl::Seconds(60), /*free_after_use=*/true}));
+//   ASSIGN_OR_RETURN(TensorView shard, gatherer->ShardView(b));  // the optimizer writes here
+//   RETURN_IF_ERROR(gatherer->Prefetch(b));                      // after the step: start early
+//   ...
+//   RETURN_IF_ERROR(gatherer->WaitParams(b));                    // before the forward reads b
+//   ASSIGN_OR_RETURN(TensorView w, gatherer->ParamView(param_id));
+//   RETURN_IF_ERROR(gatherer->Prefetch(b + 1));                  // overlaps the use of b
+//   ... layer reads w ...
+//   RETURN_IF_ERROR(gatherer->Release(b));                       // ZeRO-3: back to the shard
+//
+// Layout: bucket b's flat buffer holds padded_count elements of the bucket dtype (64-byte
+// aligned), each parameter at its plan slot offset: the same layout as the gradient bucket.
+// Rank r's shard is the range [r * shard_count, (r + 1) * shard_count). A gather is one in-place
+// AllGather (send == recv + rank * shard_count): the backend writes the other ranks' shards
+// around this rank's, and nothing is copied out afterwards (DeepSpeed's coalesced all-gather).
+//
+// Where values live. ShardView(b) is this rank's shard and the only place to write parameter
+// values (initial weights, the optimizer's update); its address is fixed for the gatherer's
+// lifetime. The next gather of b publishes it to every rank. ParamView is for reading: values
+// written there are overwritten by the next gather or lost at Release.
+//  - free_after_use off: ShardView is the shard's range inside the flat buffer, which lives as
+//    long as the gatherer. Release is a no-op (buffers stay gathered until the next Prefetch).
+//  - free_after_use on (ZeRO-3): the shard is kept in its own storage; Release(b) frees the flat
+//    buffer, and the next gather allocates it again and copies the shard in (shard_count
+//    elements) before the in-place all-gather. Buckets start released.
+// A ParamView is valid until Release of its bucket (free_after_use) or the gatherer's
+// destruction; its values are meaningful only after WaitParams of its bucket returned OK.
+// Between Prefetch(b) and the end of WaitParams(b) the backend writes bucket b: do not read or
+// write its views then.
+//
+// Threading: every method may be called from any thread; they serialize on an internal mutex,
+// and waits happen outside it. The timeline is written only from these calls (a gather's span
+// when a wait observes its end), never from a backend's completion thread. Destruction waits (up to the timeout) for gathers in flight and
+// leaks a buffer that a collective may still write rather than free it under it.
+#ifndef BRAID_SCHEDULER_PARAM_GATHERER_H_
+#define BRAID_SCHEDULER_PARAM_GATHERER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "comm/group.h"
+#include "comm/tensor.h"
+#include "comm/work.h"
+#include "scheduler/bucket_plan.h"
+#include "scheduler/timeline.h"
+
+namespace braid::sched {
+
+struct GathererConfig {
+  // WaitParams / WaitAll deadline, the destructor's wait, and Create's plan check.
+  absl::Duration timeout = absl::Seconds(300);
+  // ZeRO-3: Release frees a bucket's full buffer, keeping only this rank's shard.
+  bool free_after_use = false;
+  // Optional, not owned, must outlive the gatherer: each all-gather's span on its group's row
+  // ("group <name>"), and each WaitParams / WaitAll on the "waits" row.
+  Timeline* timeline = nullptr;
+  // Collective: verify at Create that every rank of the group holds the same plan (one small
+  // all-gather). Turn off only when the plan was verified already on this group.
+  bool verify_plan = true;
+};
+
+class ParamGatherer {
+ public:
+  // The plan is copied. It must be built for shard_group->size() shards (PlanOptions::shards),
+  // with CPU buckets (device buffers come with the NCCL backend). Collective over shard_group
+  // when config.verify_plan. Errors name the group, bucket or parameter at fault.
+  static absl::StatusOr<std::unique_ptr<ParamGatherer>> Create(const BucketPlan& plan,
+                                                               Group* shard_group,
+                                                               const GathererConfig& config);
+  ~ParamGatherer();
+  ParamGatherer(const ParamGatherer&) = delete;
+  ParamGatherer& operator=(const ParamGatherer&) = delete;
+
+  const BucketPlan& plan() const { return plan_; }
+  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+
+  // Parameter `id`'s full values inside its bucket's flat buffer. NotFound for an unknown id;
+  // FailedPrecondition when its bucket is released (free_after_use: call WaitParams first).
+  absl::StatusOr<TensorView> ParamView(ParamId id) const;
+  // This rank's shard of bucket `b` (shard_count elements; fixed address). OutOfRange for an
+  // unknown bucket.
+  absl::StatusOr<TensorView> ShardView(int b) const;
+
+  // Starts the all-gather of bucket b and returns without waiting. FailedPrecondition naming the
+  // bucket if its gather is already in flight; the backend's error (naming bucket and group) if
+  // the launch fails. `ready` (device backends) is an event to wait on before reading the shard.
+  absl::Status Prefetch(int b, DeviceEvent ready = {});
+  // Returns once bucket b is gathered: at once if it is; starts the gather first if nobody
+  // prefetched it. Error naming the bucket and group when the gather fails or does not complete
+  // within config.timeout (a gather that is merely late keeps running: a later WaitParams may
+  // still succeed).
+  absl::Status WaitParams(int b);
+  // Waits for every gather in flight (starts none); the first error, or OK.
+  absl::Status WaitAll();
+  // free_after_use: frees bucket b's full buffer, keeping the shard. Otherwise a no-op. Either
+  // way FailedPrecondition while b's gather is in flight (wait first), OK when already released.
+  absl::Status Release(int b);
+
+  // The Work of bucket b's latest gather (null if none was started or b is unknown): for
+  // consumers that wait on its device event or completion instead of calling WaitParams.
+  WorkPtr GatherWork(int b) const;
+  // True once a WaitParams / WaitAll saw bucket b's latest gather complete OK (and b was not
+  // released since); a gather that finished unobserved still counts as in flight.
+  bool IsGathered(int b) const;
+
+  // Collective over the group (call it at the same point on every rank): compares the sequence
+  // of buckets every rank has gathered so far. FailedPrecondition naming the group and each
+  // rank's recent sequence when they differ (the rank-order contract was broken).
+  absl::Status CheckIssueOrder();
+
+ private:
+  struct BucketState;
+  ParamGatherer(BucketPlan plan, Group* group, const GathererConfig& config);
+
+  absl::Status CheckBucket(const char* what, int b) const;
+  // With mu_ held: allocates the buffer if needed and launches bucket b's all-gather.
+  absl::Status LaunchLocked(int b, DeviceEvent ready);
+  // Waits for `w` (bucket b's gather) until `deadline` without mu_, then records the outcome.
+  // Errors are prefixed with `caller` and name the bucket and group.
+  absl::Status AwaitGather(const char* caller, int b, const WorkPtr& w, absl::Time deadline);
+  char* ShardData(int b) const;
+  // With mu_ held: records bucket b's completed gather on the group's row, once.
+  void RecordGatherSpanLocked(int b);
+
+  const BucketPlan plan_;
+  Group* const group_;
+  const GathererConfig config_;
+  std::vector<std::unique_ptr<BucketState>> buckets_;
+
+  // Timeline rows (valid when config_.timeline is enabled).
+  Timeline* tl_ = nullptr;
+  int tl_group_ = 0, tl_waits_ = 0;
+  // Completion time of the latest gather (set by its completion callback): the group runs its
+  // calls in order, so the next gather's span starts at its issue or at this, whichever is later.
+  // Shared, because a completion callback may run after this object is gone: callbacks touch
+  // only this, and spans are recorded by the thread that observes the completion (a wait).
+  std::shared_ptr<std::atomic<int64_t>> tl_last_done_;
+
+  mutable std::mutex mu_;  // bucket states, issue log, and every call on group_
+  // Issue log for CheckIssueOrder: count, rolling hash and the latest buckets gathered.
+  static constexpr int kRecentIssues = 16;
+  uint64_t issued_ = 0;
+  uint64_t issue_hash_ = 14695981039346656037ull;  // FNV-1a basis
+  std::vector<int64_t> recent_;  // ring of the last kRecentIssues buckets
+};
+
+}  // namespace braid::sched
+
+#endif  // BRAID_SCHEDULER_PARAM_GATHERER_H_
