@@ -303,42 +303,30 @@ void GradientReducer::OnParamReady(int param_index) {
     std::lock_guard<std::mutex> lock(mu_);
     s.ready = true;
     while (launch_cursor_ < static_cast<int>(buckets_.size()) && buckets_[launch_cursor_]->ready) {
-      LaunchFirstStageLocked(launch_cursor_++, &launched);
+      LaunchStageLocked(launch_cursor_++, 0, &launched);
     }
   }
   Watch(launched);
 }
 
-void GradientReducer::LaunchFirstStageLocked(int b, std::vector<Launched>* out) {
+void GradientReducer::LaunchStageLocked(int b, int stage, std::vector<Launched>* out) {
   const Bucket& bk = plan_.buckets()[b];
   const BucketState& s = *buckets_[b];
   CollectiveOptions opts;
   opts.label = s.label;
-  Group& g = *groups_.shard;
+  Group& g = stage == 0 ? *groups_.shard : *groups_.replica;
   const ReduceStep step = StepFor(bk.dtype, g.size());
   absl::StatusOr<WorkPtr> w =
-      config_.mode == ReduceMode::kAllReduce
+      stage == 1 ? g.AllReduce(ShardData(b), ShardData(b), bk.shard_count, bk.dtype, step.op, opts)
+      : config_.mode == ReduceMode::kAllReduce
           ? g.AllReduce(BucketData(b), BucketData(b), bk.count, bk.dtype, step.op, opts)
           : g.ReduceScatter(BucketData(b), ShardData(b), bk.shard_count, bk.dtype, step.op, opts);
-  out->push_back(Launched{b, 0, w.ok() ? *w : Work::Completed(WorkInfo{g.name(), "launch", 0, s.label}, w.status()),
+  out->push_back(Launched{b, stage, w.ok() ? *w : Work::Completed(WorkInfo{g.name(), "launch", 0, s.label}, w.status()),
                           w.ok() ? step.post_divide : 1});
   if (tl_ != nullptr) {
     out->back().start_ns = Timeline::NowNs();
-    tl_->Instant(tl_launches_, "launch", b);
+    if (stage == 0) tl_->Instant(tl_launches_, "launch", b);
   }
-}
-
-void GradientReducer::LaunchReplicaStageLocked(int b, std::vector<Launched>* out) {
-  const Bucket& bk = plan_.buckets()[b];
-  const BucketState& s = *buckets_[b];
-  CollectiveOptions opts;
-  opts.label = s.label;
-  Group& g = *groups_.replica;
-  const ReduceStep step = StepFor(bk.dtype, g.size());
-  auto w = g.AllReduce(ShardData(b), ShardData(b), bk.shard_count, bk.dtype, step.op, opts);
-  out->push_back(Launched{b, 1, w.ok() ? *w : Work::Completed(WorkInfo{g.name(), "launch", 0, s.label}, w.status()),
-                          w.ok() ? step.post_divide : 1});
-  if (tl_ != nullptr) out->back().start_ns = Timeline::NowNs();
 }
 
 void GradientReducer::Watch(std::vector<Launched>& launched) {
@@ -387,7 +375,7 @@ void GradientReducer::OnStageDone(const Launched& l, const absl::Status& st) {
     while (allreduce_cursor_ < static_cast<int>(buckets_.size()) &&
            buckets_[allreduce_cursor_]->first_done) {
       const int k = allreduce_cursor_++;
-      if (!buckets_[k]->failed) LaunchReplicaStageLocked(k, &launched);
+      if (!buckets_[k]->failed) LaunchStageLocked(k, 1, &launched);
     }
   }
   Watch(launched);

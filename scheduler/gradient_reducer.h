@@ -128,10 +128,9 @@ class GradientReducer {
   GradientReducer(BucketPlan plan, ReducerGroups groups, const ReducerConfig& config);
 
   void OnParamReady(int param_index);
-  // With mu_ held: launch bucket b's first stage (all-reduce, or reduce-scatter), or its
-  // hybrid replica all-reduce; what was launched is watched after mu_ is released.
-  void LaunchFirstStageLocked(int b, std::vector<Launched>* out);
-  void LaunchReplicaStageLocked(int b, std::vector<Launched>* out);
+  // With mu_ held: launch bucket b's stage 0 (all-reduce, or reduce-scatter) or stage 1 (the
+  // hybrid replica all-reduce); what was launched is watched after mu_ is released.
+  void LaunchStageLocked(int b, int stage, std::vector<Launched>* out);
   void Watch(std::vector<Launched>& launched);
   void OnStageDone(const Launched& l, const absl::Status& st);
   // Hybrid reduce_scatter_only: partial (+)= this rank's reduced shard; and, at the synced

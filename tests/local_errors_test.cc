@@ -13,14 +13,6 @@
 namespace braid::testing {
 namespace {
 
-void ExpectError(const absl::Status& s, absl::StatusCode code,
-                 std::initializer_list<absl::string_view> parts) {
-  EXPECT_EQ(s.code(), code) << s;
-  for (absl::string_view p : parts) {
-    EXPECT_NE(s.message().find(p), absl::string_view::npos) << "'" << p << "' not in: " << s;
-  }
-}
-
 TEST(LocalErrors, NullBuffersWithNonzeroCount) {
   RunRanks(2, [](Group& g) {
     float buf[4] = {};

@@ -13,6 +13,14 @@ Options LocalOptions(int n, absl::Duration timeout) {
   return o;
 }
 
+void ExpectError(const absl::Status& s, absl::StatusCode code,
+                 std::initializer_list<absl::string_view> parts) {
+  EXPECT_EQ(s.code(), code) << s;
+  for (absl::string_view p : parts) {
+    EXPECT_NE(s.message().find(p), absl::string_view::npos) << "'" << p << "' not in: " << s;
+  }
+}
+
 void RunRanks(Backend& backend, const std::function<void(Group&)>& body) {
   std::vector<std::unique_ptr<Group>> groups;
   for (int r : backend.local_ranks()) {

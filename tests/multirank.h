@@ -11,6 +11,7 @@
 #define BRAID_TESTS_MULTIRANK_H_
 
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <ostream>
 
@@ -22,6 +23,11 @@ namespace braid::testing {
 
 // Options for a local world of `n` ranks with a test-sized deadline.
 Options LocalOptions(int n, absl::Duration timeout = absl::Seconds(60));
+
+// Expects `s` to have `code` and to mention every one of `parts` (errors must name what is
+// wrong: the parameter, bucket, group, rank...).
+void ExpectError(const absl::Status& s, absl::StatusCode code,
+                 std::initializer_list<absl::string_view> parts);
 
 // Creates the backend and runs body(world group of rank r) on one thread per local rank.
 void RunRanks(Backend& backend, const std::function<void(Group&)>& body);

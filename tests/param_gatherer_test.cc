@@ -27,14 +27,7 @@ namespace {
 using braid::testing::LocalOptions;
 using braid::testing::RunRanks;
 
-void ExpectError(const absl::Status& s, absl::StatusCode code,
-                 std::initializer_list<absl::string_view> parts) {
-  EXPECT_EQ(s.code(), code) << s;
-  for (absl::string_view p : parts) {
-    EXPECT_NE(s.message().find(p), absl::string_view::npos) << "'" << p << "' not in: " << s;
-  }
-}
-
+using braid::testing::ExpectError;
 // Odd sizes, three dtypes interleaved, small caps: several buckets per dtype, parameters that
 // straddle shard boundaries.
 std::vector<ParamSpec> MixedParams() {

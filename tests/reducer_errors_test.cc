@@ -21,14 +21,7 @@ namespace {
 using braid::testing::LocalOptions;
 using braid::testing::RunRanks;
 
-void ExpectError(const absl::Status& s, absl::StatusCode code,
-                 std::initializer_list<absl::string_view> parts) {
-  EXPECT_EQ(s.code(), code) << s;
-  for (absl::string_view p : parts) {
-    EXPECT_NE(s.message().find(p), absl::string_view::npos) << "'" << p << "' not in: " << s;
-  }
-}
-
+using braid::testing::ExpectError;
 std::vector<ParamSpec> TwoParams() {
   return {ParamSpec{1, 8, DType::kF32, Device::Cpu(), "fc.weight"},
           ParamSpec{2, 3, DType::kF32, Device::Cpu(), "fc.bias"}};
