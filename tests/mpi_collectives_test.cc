@@ -32,6 +32,7 @@
 #include "comm/backend.h"
 #include "gtest/gtest.h"
 #include "tests/collective_check.h"
+#include "tests/mpi_gtest.h"
 #include "tests/multirank.h"
 
 namespace braid::testing {
@@ -410,24 +411,6 @@ TEST(MpiBackend, DescribesItself) {
   EXPECT_EQ(g.size(), world_size);
 }
 
-// Ranks other than 0 print only failures, prefixed with their rank. (It must not ask gtest
-// for the current test inside OnTestPartResult: gtest holds its lock there.)
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  void OnTestStart(const ::testing::TestInfo& t) override {
-    test_ = absl::StrCat(t.test_suite_name(), ".", t.name());
-  }
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (!r.failed()) return;
-    std::fprintf(stderr, "[rank %d] FAILED %s at %s:%d\n%s\n", rank_, test_.c_str(),
-                 r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
-  }
-
- private:
-  const int rank_;
-  std::string test_;
-};
 
 // `--host_init=serialized|multiple`: instead of the suite, checks how the backend joins an MPI
 // that the host application initialized itself (the mpi_host_init_* targets):
@@ -523,11 +506,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   const int rank = (*backend)->local_ranks().at(0);
-  if (rank != 0) {
-    // Bazel's premature-exit marker belongs to rank 0 alone: gtest creates it when the tests
-    // start and removes it when they end, and every rank would race on the one file.
-    unsetenv("TEST_PREMATURE_EXIT_FILE");
-  }
+  braid::testing::BeforeInitGoogleTest(rank);
   ::testing::InitGoogleTest(&argc, argv);
   Options validating_options = options;
   validating_options.validate_collectives = true;
@@ -546,13 +525,7 @@ int main(int argc, char** argv) {
   }
   braid::testing::TheWorlds().world = world->get();
   braid::testing::TheWorlds().validating = validating->get();
-  if (rank != 0) {
-    // One XML report and one console transcript (rank 0's); other ranks report failures only.
-    GTEST_FLAG_SET(output, "");
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new braid::testing::RankFailurePrinter(rank));
-  }
+  braid::testing::AfterInitGoogleTest(rank);
   const int result = RUN_ALL_TESTS();
   // Backends first: groups may outlive them, and the last group finalizes MPI.
   backend->reset();

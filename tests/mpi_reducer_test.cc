@@ -30,6 +30,7 @@
 #include "gtest/gtest.h"
 #include "scheduler/gradient_reducer.h"
 #include "scheduler/mesh.h"
+#include "tests/mpi_gtest.h"
 #include "tests/multirank.h"
 #include "tests/reducer_reference.h"
 
@@ -240,25 +241,6 @@ TEST(MpiReducerUnused, ZeroFilledAndReducedWhenAllowedButNoSyncSumsAreKept) {
   for (int i = 0; i < 3; ++i) EXPECT_EQ(bd[i], 1.0f) << i;
 }
 
-// Ranks other than 0 print only failures, prefixed with their rank (as in
-// tests/mpi_collectives_test.cc, duplicated: that file is a binary, not a library). It must
-// not ask gtest for the current test inside OnTestPartResult: gtest holds its lock there.
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  void OnTestStart(const ::testing::TestInfo& t) override {
-    test_ = absl::StrCat(t.test_suite_name(), ".", t.name());
-  }
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (!r.failed()) return;
-    std::fprintf(stderr, "[rank %d] FAILED %s at %s:%d\n%s\n", rank_, test_.c_str(),
-                 r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
-  }
-
- private:
-  const int rank_;
-  std::string test_;
-};
 
 }  // namespace
 }  // namespace braid::sched
@@ -273,11 +255,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   const int rank = (*backend)->local_ranks().at(0);
-  if (rank != 0) {
-    // Bazel's premature-exit marker belongs to rank 0 alone: gtest creates it when the tests
-    // start and removes it when they end, and every rank would race on the one file.
-    unsetenv("TEST_PREMATURE_EXIT_FILE");
-  }
+  braid::testing::BeforeInitGoogleTest(rank);
   auto world = (*backend)->WorldGroup(rank);
   if (!world.ok()) {
     std::fprintf(stderr, "creating the world group: %s\n", world.status().ToString().c_str());
@@ -286,13 +264,7 @@ int main(int argc, char** argv) {
   braid::sched::the_world = world->get();
   // Registers the parameterized tests, calling ScenariosForWorld() now that the world exists.
   ::testing::InitGoogleTest(&argc, argv);
-  if (rank != 0) {
-    // One XML report and one console transcript (rank 0's); other ranks report failures only.
-    GTEST_FLAG_SET(output, "");
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new braid::sched::RankFailurePrinter(rank));
-  }
+  braid::testing::AfterInitGoogleTest(rank);
   const int result = RUN_ALL_TESTS();
   // Backend first: groups may outlive it, and the last group finalizes MPI.
   backend->reset();
