@@ -1,0 +1,540 @@
+// overlap: how much of the gradient communication Braid hides behind the backward, on a
+// simulated training step with GPT-2-small parameter shapes.
+//
+//   tools/bazelw run //bench:overlap                                   # 2 and 4 ranks, all-reduce
+//   bazel-bin/bench/overlap --csv --ranks=2,4 --mode=reduce_scatter --iters=31
+//
+// Flags (defaults): --ranks=2,4  --mode=all_reduce|reduce_scatter|hybrid  --shards (hybrid:
+// ranks per shard group, ranks/2)  --scale=0.25  --blocks=12  --layer_compute_us=2000
+// --compute=busy|sleep  --iters=21  --warmup=2  --bucket_cap / --first_bucket_cap (bytes;
+// 25 MiB / 1 MiB x scale)  --csv. The default run takes well under a minute on 2 vCPUs.
+//
+// Ranks are threads on the `local` backend. Each rank owns a GradientReducer over the model of
+// bench/overlap_model.h (f32, scaled by --scale; buckets capped at DDP's 25 MiB / 1 MiB times
+// --scale, so the scaled model has as many buckets as the real one would). A layer's backward
+// is a fixed amount of real CPU work writing its gradients into their GradViews, calibrated
+// to take --layer_compute_us on one uncontended thread (bench/overlap_compute.h); under
+// contention (more ranks than cores, communication threads) it takes longer, and that is part
+// of what is measured. --compute=sleep instead models an accelerator: the rank thread writes
+// the layer's gradients once, then sleeps out the rest of --layer_compute_us (a host thread
+// waiting on its device), which leaves the cores to the communication threads and so shows
+// the scheduling alone. Layers run last to first. Four step modes, interleaved (their order
+// rotates every iteration) so that machine noise hits them alike:
+//   compute_only          the backward's compute, no Braid at all
+//   comm_only             BeginBackward, MarkReady of every parameter, FinishBackward: the
+//                         communication alone
+//   sync_after_backward   all the compute, then the marks and FinishBackward: communication
+//                         after backward, the baseline seed 000 (modded-nanogpt #149) improved on
+//   overlapped            MarkReady of each layer's parameters as soon as its compute ends
+//                         (as a post-accumulate-grad hook does), FinishBackward at the end
+// A step's time is the slowest rank's, from a common start (a barrier outside Braid) to the
+// end of its FinishBackward (or compute). Reported: the median over --iters iterations after
+// --warmup, compute_ms = median compute_only, comm_ms = median comm_only, and
+// exposed_frac = (step_ms - compute_ms) / comm_ms: 0 for perfect overlap; about 1 when the
+// communication is fully exposed (sync_after_backward). The embeddings are ready last (see
+// overlap_model.h), so even perfect scheduling leaves their reduction exposed.
+//
+// --csv prints exactly: ranks,mode,step_ms,compute_ms,comm_ms,exposed_frac (one row per rank
+// count x mode). Otherwise: the configuration, a table with min/max and the step split into
+// backward_ms (the slowest rank's compute + marks) and tail_ms (from the last rank's end of
+// backward to the end of the step: the reduction left after the last mark), so exposed time
+// reads as "compute slowed down by communication threads" + "tail"; a summary per rank count,
+// then the same CSV. After the timed iterations every rank runs one more overlapped step and
+// checks its reduced gradients exactly (bench fails on any wrong element). Progress on stderr.
+// ZeroGrads is not called: every step's compute overwrites the gradients it then reduces.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "bench/bench_flags.h"
+#include "bench/overlap_compute.h"
+#include "bench/overlap_model.h"
+#include "comm/backend.h"
+#include "comm/status_macros.h"
+#include "scheduler/gradient_reducer.h"
+#include "scheduler/mesh.h"
+
+namespace braid::bench {
+namespace {
+
+using sched::GradientReducer;
+using sched::ReduceMode;
+using sched::SyncMode;
+
+enum class StepMode { kComputeOnly, kCommOnly, kSyncAfterBackward, kOverlapped };
+constexpr StepMode kModes[] = {StepMode::kComputeOnly, StepMode::kCommOnly,
+                               StepMode::kSyncAfterBackward, StepMode::kOverlapped};
+constexpr int kNumModes = 4;
+
+const char* ModeName(StepMode m) {
+  switch (m) {
+    case StepMode::kComputeOnly: return "compute_only";
+    case StepMode::kCommOnly: return "comm_only";
+    case StepMode::kSyncAfterBackward: return "sync_after_backward";
+    case StepMode::kOverlapped: return "overlapped";
+  }
+  return "?";
+}
+
+const char* ReduceName(ReduceMode m) {
+  switch (m) {
+    case ReduceMode::kAllReduce: return "all_reduce";
+    case ReduceMode::kReduceScatter: return "reduce_scatter";
+    case ReduceMode::kHybrid: return "hybrid";
+  }
+  return "?";
+}
+
+struct Config {
+  std::vector<int> ranks;
+  ReduceMode reduce = ReduceMode::kAllReduce;
+  int shards = 0;  // hybrid: ranks per shard group (0: ranks / 2)
+  double scale = 0.25;
+  int blocks = 12;
+  int64_t layer_compute_us = 2000;
+  int iters = 21, warmup = 2;
+  int64_t bucket_cap = 0, first_bucket_cap = 0;  // bytes; 0: DDP's defaults x scale
+  bool sleep_compute = false;  // --compute=sleep
+  bool csv = false;
+};
+
+// The rank threads' start line, outside Braid (compute_only must not touch it). Abort()
+// releases every waiter with false, so one failed rank never leaves the others waiting here.
+class StartBarrier {
+ public:
+  explicit StartBarrier(int n) : n_(n) {}
+  bool Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (aborted_) return false;
+    const uint64_t gen = generation_;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return true;
+    }
+    cv_.wait(lock, [&] { return generation_ != gen || aborted_; });
+    return !aborted_;
+  }
+  void Abort() {
+    std::lock_guard<std::mutex> lock(mu_);
+    aborted_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  const int n_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  uint64_t generation_ = 0;
+  bool aborted_ = false;
+};
+
+// One layer's backward as a rank runs it: the gradients its compute writes and the ids it
+// marks, in backward order.
+struct RankLayer {
+  std::vector<GradSpan> spans;
+  std::vector<sched::ParamId> ids;
+  size_t elems = 0;   // one full pass
+  size_t writes = 0;  // --compute=busy: the calibrated work (>= elems)
+};
+
+// One layer's backward compute.
+void Compute(const RankLayer& l, const Config& c, int rank) {
+  if (!c.sleep_compute) {
+    WriteGradients(l.spans, rank, l.writes);
+    return;
+  }
+  const auto end = std::chrono::steady_clock::now() + std::chrono::microseconds(c.layer_compute_us);
+  WriteGradients(l.spans, rank, l.elems);
+  std::this_thread::sleep_until(end);
+}
+
+using Clock = std::chrono::steady_clock;
+
+// One rank's step, as steady_clock times: the common start (leaving the barrier), the end of
+// its backward loop (compute, and the marks in overlapped mode), and the end of the step
+// (FinishBackward returned).
+struct StepTimes {
+  Clock::time_point start, backward_end, end;
+};
+
+// Results of one rank count, filled by the rank threads (each writes only its own slots).
+struct Shared {
+  Shared(int ranks, int iters)
+      : barrier(ranks),
+        times(kNumModes, std::vector<std::vector<StepTimes>>(iters, std::vector<StepTimes>(ranks))),
+        wrong(ranks, 0) {}
+  StartBarrier barrier;
+  std::vector<std::vector<std::vector<StepTimes>>> times;  // [mode][iteration][rank]
+  std::vector<int64_t> wrong;                         // per rank, from the final check
+  int buckets = 0;
+};
+
+// One step; fills `t` except t->start.
+absl::Status RunStep(StepMode mode, GradientReducer& r, const std::vector<RankLayer>& backward,
+                     const Config& c, int rank, StepTimes* t) {
+  if (mode == StepMode::kOverlapped) RETURN_IF_ERROR(r.BeginBackward(SyncMode::kSync));
+  for (const RankLayer& l : backward) {
+    if (mode != StepMode::kCommOnly) Compute(l, c, rank);
+    if (mode == StepMode::kOverlapped) {
+      for (sched::ParamId id : l.ids) RETURN_IF_ERROR(r.MarkReady(id));
+    }
+  }
+  t->backward_end = Clock::now();
+  if (mode == StepMode::kCommOnly || mode == StepMode::kSyncAfterBackward) {
+    RETURN_IF_ERROR(r.BeginBackward(SyncMode::kSync));
+    for (const RankLayer& l : backward) {
+      for (sched::ParamId id : l.ids) RETURN_IF_ERROR(r.MarkReady(id));
+    }
+  }
+  if (mode != StepMode::kComputeOnly) RETURN_IF_ERROR(r.FinishBackward());
+  t->end = Clock::now();
+  return absl::OkStatus();
+}
+
+// Wrong elements of this rank's reduced result: the whole bucket (all-reduce) or this rank's
+// shard of it (reduce-scatter, hybrid) must hold the average over all `world_size` ranks.
+int64_t CountWrong(const GradientReducer& r, ReduceMode mode, int shard_rank, int world_size) {
+  const sched::BucketPlan& plan = r.plan();
+  const float offset = static_cast<float>(world_size - 1) / 2;
+  int64_t wrong = 0;
+  for (size_t i = 0; i < plan.params().size(); ++i) {
+    const sched::ParamSpec& p = plan.params()[i];
+    const sched::ParamSlot& slot = plan.slot(static_cast<int>(i));
+    const sched::Bucket& bk = plan.buckets()[slot.bucket];
+    size_t lo = 0, hi = bk.padded_count;
+    if (mode != ReduceMode::kAllReduce) {
+      lo = static_cast<size_t>(shard_rank) * bk.shard_count;
+      hi = lo + bk.shard_count;
+    }
+    const float* g = static_cast<const float*>(r.GradView(p.id)->data);
+    for (size_t j = 0; j < p.count; ++j) {
+      const size_t pos = slot.offset + j;
+      if (pos < lo || pos >= hi) continue;
+      wrong += g[j] != GradValue(j, 0) + offset;
+    }
+  }
+  return wrong;
+}
+
+void Progress(int ranks, int iter, int total, bool tty) {
+  if (tty) {
+    std::fprintf(stderr, "\r[overlap] ranks=%d iteration %d/%d   ", ranks, iter, total);
+  } else {
+    std::fprintf(stderr, "[overlap] ranks=%d iteration %d/%d\n", ranks, iter, total);
+  }
+}
+
+absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
+                     const std::vector<size_t>& writes, Shared* shared) {
+  const int n = world.size(), rank = world.rank();
+  sched::ReducerConfig rc;
+  rc.mode = c.reduce;
+  rc.bucket_cap_bytes = static_cast<size_t>(c.bucket_cap);
+  rc.first_bucket_cap_bytes = static_cast<size_t>(c.first_bucket_cap);
+  rc.timeout = absl::Seconds(120);
+  sched::Mesh mesh;
+  sched::ReducerGroups groups{&world, nullptr};
+  if (c.reduce == ReduceMode::kHybrid) {
+    const int shards = c.shards > 0 ? c.shards : std::max(1, n / 2);
+    ASSIGN_OR_RETURN(mesh, sched::MakeMesh(world, n / shards, shards));
+    groups = sched::ReducerGroups{mesh.shard.get(), mesh.replica.get()};
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<GradientReducer> reducer,
+                   GradientReducer::Create(model.params, groups, rc));
+  if (rank == 0) shared->buckets = static_cast<int>(reducer->plan().buckets().size());
+
+  std::vector<RankLayer> backward;  // last layer first
+  for (int l = static_cast<int>(model.layers.size()) - 1; l >= 0; --l) {
+    RankLayer rl;
+    const std::vector<int>& ps = model.layers[l].params;
+    for (auto it = ps.rbegin(); it != ps.rend(); ++it) {
+      const sched::ParamId id = model.params[*it].id;
+      ASSIGN_OR_RETURN(TensorView v, reducer->GradView(id));
+      rl.spans.push_back(GradSpan{static_cast<float*>(v.data), v.count});
+      rl.ids.push_back(id);
+    }
+    rl.elems = model.layers[l].elems;
+    rl.writes = writes[l];
+    backward.push_back(std::move(rl));
+  }
+
+  const bool tty = isatty(2);
+  const int total = c.warmup + c.iters;
+  for (int it = 0; it < total; ++it) {
+    if (rank == 0) Progress(n, it + 1, total, tty);
+    for (int k = 0; k < kNumModes; ++k) {
+      const int m = (k + it) % kNumModes;  // rotate the order: no mode always runs first
+      if (!shared->barrier.Wait()) return absl::AbortedError("another rank failed");
+      StepTimes t;
+      t.start = Clock::now();
+      RETURN_IF_ERROR(RunStep(kModes[m], *reducer, backward, c, rank, &t));
+      if (it >= c.warmup) shared->times[m][it - c.warmup][rank] = t;
+    }
+  }
+  // Exactness check of one more overlapped step.
+  if (!shared->barrier.Wait()) return absl::AbortedError("another rank failed");
+  StepTimes unused;
+  RETURN_IF_ERROR(RunStep(StepMode::kOverlapped, *reducer, backward, c, rank, &unused));
+  const int shard_rank = c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank();
+  shared->wrong[rank] = CountWrong(*reducer, c.reduce, shard_rank, n);
+  return absl::OkStatus();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t k = v.size();
+  return k % 2 == 1 ? v[k / 2] : (v[k / 2 - 1] + v[k / 2]) / 2;
+}
+
+struct Row {
+  int ranks = 0;
+  StepMode mode = StepMode::kComputeOnly;
+  double step_ms = 0, min_ms = 0, max_ms = 0, compute_ms = 0, comm_ms = 0, exposed = 0;
+  double backward_ms = 0;  // median of the slowest rank's backward loop
+  double tail_ms = 0;      // median of: last rank's step end - last rank's backward end
+};
+
+// Runs every iteration for `ranks` rank threads; appends one row per mode.
+absl::Status MeasureRanks(int ranks, const Config& c, const OverlapModel& model,
+                          const std::vector<size_t>& writes, std::vector<Row>* rows, int* buckets) {
+  Options o;
+  o.backend = "local";
+  o.local_ranks = ranks;
+  o.timeout = absl::Seconds(120);
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(o));
+  std::vector<std::unique_ptr<Group>> worlds;
+  for (int r : backend->local_ranks()) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Group> g, backend->WorldGroup(r));
+    worlds.push_back(std::move(g));
+  }
+  Shared shared(ranks, c.iters);
+  std::vector<absl::Status> status(ranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      status[r] = RunRank(*worlds[r], c, model, writes, &shared);
+      if (!status[r].ok()) shared.barrier.Abort();
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (isatty(2)) std::fprintf(stderr, "\r%60s\r", "");
+  for (const absl::Status& s : status) {
+    if (!s.ok() && !absl::IsAborted(s)) return s;
+  }
+  for (const absl::Status& s : status) RETURN_IF_ERROR(s);
+  int64_t wrong = 0;
+  for (int64_t w : shared.wrong) wrong += w;
+  if (wrong != 0) {
+    return absl::DataLossError(absl::StrCat(ranks, " ranks: ", wrong, " wrong gradient elements after reduction"));
+  }
+  *buckets = shared.buckets;
+  // Per iteration the slowest rank's time; then statistics over iterations.
+  auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  std::vector<std::vector<double>> step(kNumModes), backward(kNumModes), tail(kNumModes);
+  for (int m = 0; m < kNumModes; ++m) {
+    for (int it = 0; it < c.iters; ++it) {
+      double s = 0, b = 0;
+      Clock::time_point last_backward_end = Clock::time_point::min(), last_end = last_backward_end;
+      for (const StepTimes& t : shared.times[m][it]) {
+        s = std::max(s, ms(t.end - t.start));
+        b = std::max(b, ms(t.backward_end - t.start));
+        last_backward_end = std::max(last_backward_end, t.backward_end);
+        last_end = std::max(last_end, t.end);
+      }
+      step[m].push_back(s);
+      backward[m].push_back(b);
+      tail[m].push_back(ms(last_end - last_backward_end));
+    }
+  }
+  const double compute_ms = Median(step[0]);
+  const double comm_ms = Median(step[1]);
+  for (int m = 0; m < kNumModes; ++m) {
+    Row row;
+    row.ranks = ranks;
+    row.mode = kModes[m];
+    row.step_ms = Median(step[m]);
+    row.min_ms = *std::min_element(step[m].begin(), step[m].end());
+    row.max_ms = *std::max_element(step[m].begin(), step[m].end());
+    row.compute_ms = compute_ms;
+    row.comm_ms = comm_ms;
+    row.exposed = (row.step_ms - compute_ms) / comm_ms;
+    row.backward_ms = Median(backward[m]);
+    row.tail_ms = Median(tail[m]);
+    rows->push_back(row);
+  }
+  return absl::OkStatus();
+}
+
+void PrintCsv(const std::vector<Row>& rows) {
+  std::printf("ranks,mode,step_ms,compute_ms,comm_ms,exposed_frac\n");
+  for (const Row& r : rows) {
+    std::printf("%d,%s,%.3f,%.3f,%.3f,%.4f\n", r.ranks, ModeName(r.mode), r.step_ms, r.compute_ms,
+                r.comm_ms, r.exposed);
+  }
+}
+
+absl::StatusOr<Config> ParseConfig(const Flags& f) {
+  Config c;
+  for (absl::string_view s : absl::StrSplit(f.Str("ranks", "2,4"), ',')) {
+    int n = 0;
+    if (!absl::SimpleAtoi(s, &n) || n < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--ranks: '", s, "' is not a rank count >= 1"));
+    }
+    c.ranks.push_back(n);
+  }
+  const std::string mode = f.Str("mode", "all_reduce");
+  if (mode == "all_reduce" || mode == "allreduce") {
+    c.reduce = ReduceMode::kAllReduce;
+  } else if (mode == "reduce_scatter") {
+    c.reduce = ReduceMode::kReduceScatter;
+  } else if (mode == "hybrid") {
+    c.reduce = ReduceMode::kHybrid;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--mode='", mode, "': expected all_reduce, reduce_scatter or hybrid"));
+  }
+  ASSIGN_OR_RETURN(int64_t shards, f.Int("shards", 0));
+  c.shards = static_cast<int>(shards);
+  const std::string scale = f.Str("scale", "0.25");
+  if (!absl::SimpleAtod(scale, &c.scale) || !(c.scale > 0) || c.scale > 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--scale='", scale, "': expected a number in (0, 1]"));
+  }
+  ASSIGN_OR_RETURN(int64_t blocks, f.Int("blocks", 12));
+  c.blocks = static_cast<int>(blocks);
+  ASSIGN_OR_RETURN(c.layer_compute_us, f.Int("layer_compute_us", 2000));
+  ASSIGN_OR_RETURN(int64_t iters, f.Int("iters", 21));
+  ASSIGN_OR_RETURN(int64_t warmup, f.Int("warmup", 2));
+  c.iters = static_cast<int>(iters);
+  c.warmup = static_cast<int>(warmup);
+  ASSIGN_OR_RETURN(c.bucket_cap, f.Int("bucket_cap", 0));
+  ASSIGN_OR_RETURN(c.first_bucket_cap, f.Int("first_bucket_cap", 0));
+  // DDP's defaults scaled with the model, kept a multiple of the plan's 64-byte alignment.
+  auto scaled = [&](double bytes) { return std::max<int64_t>(64, static_cast<int64_t>(bytes * c.scale) / 64 * 64); };
+  if (c.bucket_cap == 0) c.bucket_cap = scaled(25.0 * (1 << 20));
+  if (c.first_bucket_cap == 0) c.first_bucket_cap = scaled(1.0 * (1 << 20));
+  const std::string compute = f.Str("compute", "busy");
+  if (compute != "busy" && compute != "sleep") {
+    return absl::InvalidArgumentError(absl::StrCat("--compute='", compute, "': expected busy or sleep"));
+  }
+  c.sleep_compute = compute == "sleep";
+  c.csv = f.Bool("csv", false);
+  for (const auto& [bad, what] : std::vector<std::pair<bool, const char*>>{
+           {c.blocks < 1, "--blocks must be >= 1"},
+           {c.layer_compute_us < 0, "--layer_compute_us must be >= 0"},
+           {c.iters < 1, "--iters must be >= 1"},
+           {c.warmup < 0, "--warmup must be >= 0"},
+           {c.shards < 0, "--shards must be >= 0"},
+           {c.bucket_cap < 64 || c.first_bucket_cap < 64, "bucket caps must be >= 64 bytes"}}) {
+    if (bad) return absl::InvalidArgumentError(what);
+  }
+  for (int n : c.ranks) {
+    const int shards = c.shards > 0 ? c.shards : std::max(1, n / 2);
+    if (c.reduce == ReduceMode::kHybrid && n % shards != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--shards=", shards, " does not divide --ranks ", n));
+    }
+  }
+  for (const std::string& u : f.Unused()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown flag --", u));
+  }
+  return c;
+}
+
+absl::Status Main(int argc, char** argv) {
+  ASSIGN_OR_RETURN(Flags flags, Flags::Parse(argc, argv));
+  ASSIGN_OR_RETURN(Config c, ParseConfig(flags));
+  const OverlapModel model = Gpt2LikeModel(c.blocks, c.scale);
+
+  // Calibrate on a buffer the size of one block's gradients, before any rank thread exists.
+  std::fprintf(stderr, "[overlap] calibrating the compute...\n");
+  const double writes_per_us = CalibrateWritesPerUs(model.layers[1].elems);
+  std::vector<size_t> writes;
+  int floored = 0;
+  for (const OverlapLayer& l : model.layers) {
+    const size_t w = static_cast<size_t>(writes_per_us * static_cast<double>(c.layer_compute_us));
+    floored += w < l.elems;
+    writes.push_back(std::max(w, l.elems));  // at least one full pass over the gradients
+  }
+
+  std::vector<Row> rows;
+  std::vector<int> buckets;
+  for (int n : c.ranks) {
+    int b = 0;
+    RETURN_IF_ERROR(MeasureRanks(n, c, model, writes, &rows, &b));
+    buckets.push_back(b);
+  }
+
+  if (c.csv) {
+    PrintCsv(rows);
+    return absl::OkStatus();
+  }
+  const double mib = model.elems() * 4.0 / (1 << 20);
+  std::printf("# Braid overlap: GPT-2-small shapes x %.3g (%d blocks): %zu params in %zu layers, %.1f MiB of f32 "
+              "gradients per rank\n",
+              c.scale, c.blocks, model.params.size(), model.layers.size(), mib);
+  std::printf("# reduce mode %s, bucket caps %lld / %lld B (first), buckets per rank:", ReduceName(c.reduce),
+              static_cast<long long>(c.bucket_cap), static_cast<long long>(c.first_bucket_cap));
+  for (size_t i = 0; i < c.ranks.size(); ++i) std::printf(" %d (%d ranks)", buckets[i], c.ranks[i]);
+  if (c.sleep_compute) {
+    std::printf("\n# compute: sleep: one pass writing the layer's gradients, then sleep to %lld us per layer\n",
+                static_cast<long long>(c.layer_compute_us));
+  } else {
+    std::printf("\n# compute: busy: %lld us per layer on one idle core = %zu element writes (%.0f writes/us "
+                "calibrated)%s\n",
+                static_cast<long long>(c.layer_compute_us), writes[1], writes_per_us,
+                floored > 0 ? absl::StrCat("; ", floored, " layer(s) floored at one full pass").c_str() : "");
+  }
+  std::printf("# embeddings (ready last): %.1f MiB = %.0f%% of the gradient bytes\n",
+              model.layers[0].elems * 4.0 / (1 << 20), 100.0 * model.layers[0].elems / model.elems());
+  std::printf("# step = slowest rank, median of %d iterations after %d warm-up, modes interleaved; "
+              "results checked exactly: 0 wrong\n#\n",
+              c.iters, c.warmup);
+  std::printf("# backward_ms: the slowest rank's backward loop (compute, plus the marks when overlapped);\n"
+              "# tail_ms: from the last rank's end of backward to the last rank's end of step (the\n"
+              "# reduction left after the last mark, plus the marks and launches in sync_after_backward)\n#\n");
+  std::printf("# %5s  %-20s %9s %9s %9s %11s %9s %13s %12s %9s\n", "ranks", "mode", "step_ms", "min_ms",
+              "max_ms", "compute_ms", "comm_ms", "exposed_frac", "backward_ms", "tail_ms");
+  for (const Row& r : rows) {
+    std::printf("  %5d  %-20s %9.2f %9.2f %9.2f %11.2f %9.2f %13.3f %12.2f %9.2f\n", r.ranks,
+                ModeName(r.mode), r.step_ms, r.min_ms, r.max_ms, r.compute_ms, r.comm_ms, r.exposed,
+                r.backward_ms, r.tail_ms);
+  }
+  std::printf("#\n");
+  for (size_t i = 0; i + kNumModes <= rows.size(); i += kNumModes) {
+    const Row& sync = rows[i + 2];
+    const Row& ovl = rows[i + 3];
+    std::printf("# %d ranks: overlapped %.2f ms vs sync_after_backward %.2f ms (%.2fx), hides %.0f%% of "
+                "comm_only; exposed %.2f ms: backward %+.2f ms slower than compute_only, %.2f ms tail\n",
+                ovl.ranks, ovl.step_ms, sync.step_ms, sync.step_ms / ovl.step_ms,
+                100.0 * (1.0 - ovl.exposed), ovl.step_ms - ovl.compute_ms,
+                ovl.backward_ms - ovl.compute_ms, ovl.tail_ms);
+  }
+  std::printf("#\n");
+  PrintCsv(rows);
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace braid::bench
+
+int main(int argc, char** argv) {
+  absl::Status s = braid::bench::Main(argc, argv);
+  if (!s.ok()) {
+    std::fprintf(stderr, "overlap: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
