@@ -207,6 +207,22 @@ std::vector<uint8_t> ReferenceOutput(const CollectiveCase& c, int n, int rank) {
   return {};
 }
 
+absl::Status CheckAllSizes(Group& g, const CollectiveVariant& k, DType dtype, bool in_place) {
+  uint64_t seed = 1;
+  for (size_t count : kCheckSizes) {
+    CollectiveCase c{k.kind, k.op, dtype, count, in_place, false, seed++, g.size() - 1};
+    RETURN_IF_ERROR(RunAndCheck(g, c));
+  }
+  return absl::OkStatus();
+}
+
+std::string MatrixCaseName(const CollectiveVariant& k, DType dtype, int ranks, bool in_place) {
+  std::string s(CollectiveName(k.kind));
+  if (Reduces(k.kind)) absl::StrAppend(&s, "_", ReduceKindName(k.op));
+  absl::StrAppend(&s, "_", DTypeName(dtype), "_r", ranks, in_place ? "_inplace" : "");
+  return s;
+}
+
 absl::Status LaunchStatus(Group& g, CollectiveKind kind, DType dtype, ReduceKind op) {
   std::vector<int64_t> buf(4 * static_cast<size_t>(g.size()));
   const ReduceOp rop{op, 0.5};

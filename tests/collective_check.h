@@ -81,6 +81,12 @@ std::vector<uint8_t> ReferenceOutput(const CollectiveCase& c, int n, int rank);
 // status only (nothing is waited for): for checking that bad combinations are refused up front.
 absl::Status LaunchStatus(Group& g, CollectiveKind kind, DType dtype, ReduceKind op);
 
+// One matrix cell (variant x dtype x in-place) at every kCheckSizes count, on `g`, with the
+// broadcast root at the last rank; the first failure is returned.
+absl::Status CheckAllSizes(Group& g, const CollectiveVariant& k, DType dtype, bool in_place);
+// "allreduce_avg_bf16_r4_inplace": a gtest name for a matrix cell on `ranks` ranks.
+std::string MatrixCaseName(const CollectiveVariant& k, DType dtype, int ranks, bool in_place);
+
 // Runs `c` on `g` as rank g.rank(), waits (up to `timeout`), and compares. Also checks that an
 // out-of-place call left its send buffer untouched.
 absl::Status RunAndCheck(Group& g, const CollectiveCase& c,

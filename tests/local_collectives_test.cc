@@ -36,23 +36,13 @@ TEST_P(LocalCollectives, MatchesSerialReference) {
     return;
   }
   RunRanks(ranks, [&](Group& g) {
-    uint64_t seed = 1;
-    for (size_t count : kCheckSizes) {
-      CollectiveCase c{k.kind, k.op, dtype, count, in_place, false, seed++, ranks - 1};
-      EXPECT_OK(RunAndCheck(g, c));
-    }
+    EXPECT_OK(CheckAllSizes(g, k, dtype, in_place));
   });
 }
 
 std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
   const auto [ki, dtype, ranks, in_place] = info.param;
-  const CollectiveVariant k = kCollectiveVariants[ki];
-  std::string s = std::string(CollectiveName(k.kind));
-  if (Reduces(k.kind)) {
-    absl::StrAppend(&s, "_", ReduceKindName(k.op));
-  }
-  absl::StrAppend(&s, "_", DTypeName(dtype), "_r", ranks, in_place ? "_inplace" : "");
-  return s;
+  return MatrixCaseName(kCollectiveVariants[ki], dtype, ranks, in_place);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, LocalCollectives,
