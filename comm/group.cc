@@ -63,36 +63,37 @@ bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
 }  // namespace
 
 absl::StatusOr<WorkPtr> Group::ValidateAndLaunch(CollectiveArgs a) {
-  const std::string what = absl::StrCat(CollectiveName(a.kind), " on group '", name(), "'");
+  // Error text is built only on the error path: this runs for every collective.
+  auto what = [&] { return absl::StrCat(CollectiveName(a.kind), " on group '", name(), "'"); };
   if (a.kind != CollectiveKind::kBarrier) {
     if (!IsValidDType(static_cast<int>(a.dtype))) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, ": invalid dtype value ", static_cast<int>(a.dtype)));
+          absl::StrCat(what(), ": invalid dtype value ", static_cast<int>(a.dtype)));
     }
     const int n = size();
     const size_t esize = DTypeSize(a.dtype);
     const size_t max_elems = std::numeric_limits<size_t>::max() / esize / static_cast<size_t>(n);
     if (a.count > max_elems) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, ": count ", a.count, " overflows the buffer size"));
+          absl::StrCat(what(), ": count ", a.count, " overflows the buffer size"));
     }
     const size_t send_elems = a.send_count(n);
     const size_t recv_elems = a.recv_count(n);
     if (send_elems > 0 && a.send == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": send buffer is null with ",
+      return absl::InvalidArgumentError(absl::StrCat(what(), ": send buffer is null with ",
                                                      send_elems, " elements to send"));
     }
     if (recv_elems > 0 && a.recv == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": recv buffer is null with ",
+      return absl::InvalidArgumentError(absl::StrCat(what(), ": recv buffer is null with ",
                                                      recv_elems, " elements to receive"));
     }
     if (a.kind == CollectiveKind::kAllReduce || a.kind == CollectiveKind::kReduceScatter) {
       absl::Status s = ValidateReduceOp(a.op, a.dtype);
-      if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", s.message()));
+      if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(what(), ": ", s.message()));
     }
     if (a.kind == CollectiveKind::kBroadcast && (a.root < 0 || a.root >= n)) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, ": root ", a.root, " is not a rank of this group of size ", n));
+          absl::StrCat(what(), ": root ", a.root, " is not a rank of this group of size ", n));
     }
     // In-place detection with NCCL's conventions; anything else must not overlap.
     const char* s8 = static_cast<const char*>(a.send);
@@ -113,7 +114,7 @@ absl::StatusOr<WorkPtr> Group::ValidateAndLaunch(CollectiveArgs a) {
     }
     if (!a.in_place && Overlaps(a.send, send_elems * esize, a.recv, recv_elems * esize)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": send and recv buffers overlap but are not the in-place form (",
+          what(), ": send and recv buffers overlap but are not the in-place form (",
           a.kind == CollectiveKind::kReduceScatter ? "recv == send + rank*recvcount"
           : a.kind == CollectiveKind::kAllGather   ? "send == recv + rank*sendcount"
                                                    : "send == recv",
@@ -121,7 +122,7 @@ absl::StatusOr<WorkPtr> Group::ValidateAndLaunch(CollectiveArgs a) {
     }
   }
   if (a.options.timeout < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": negative timeout"));
+    return absl::InvalidArgumentError(absl::StrCat(what(), ": negative timeout"));
   }
   return Launch(a);
 }

@@ -266,7 +266,7 @@ absl::Status GradientReducer::BeginBackward(SyncMode mode) {
       s.pending.store(static_cast<int>(plan_.buckets()[b].params.size()), std::memory_order_relaxed);
       s.ready = s.first_done = s.failed = false;
       if (mode != SyncMode::kNoSync) {
-        s.work = Work::Create(WorkInfo{groups_.shard->name(), "gradient reduction", b, s.label});
+        s.work = Work::Create(WorkInfo{groups_.shard->name(), "reduction", b, s.label});
       }
     }
   }

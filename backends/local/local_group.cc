@@ -218,7 +218,6 @@ void LocalGroup::WorkerLoop() {
 absl::Status LocalGroup::Execute(Op& op) {
   const WorkInfo& info = op.work->info();
   const int world_rank = comm_->world_ranks_[rank_];
-  const std::string what = info.Describe();
   const absl::Duration timeout = op.posted.args.options.timeout > absl::ZeroDuration()
                                      ? op.posted.args.options.timeout
                                      : comm_->timeout_;
@@ -226,7 +225,7 @@ absl::Status LocalGroup::Execute(Op& op) {
     if (auto fault = comm_->faults_->Take(world_rank, comm_->name_, info.seq)) {
       if (fault->kind == Fault::Kind::kFail) {
         absl::Status s = absl::InternalError(
-            absl::StrCat(what, ": rank ", world_rank, " failed: ", fault->message));
+            absl::StrCat(info.Describe(), ": rank ", world_rank, " failed: ", fault->message));
         comm_->barrier_.Fail(s);
         return s;
       }
@@ -240,7 +239,7 @@ absl::Status LocalGroup::Execute(Op& op) {
   std::vector<Posted>& posted = comm_->slots(info.seq);
   posted[rank_] = op.posted;
   comm_->busy_[rank_].store(true, std::memory_order_release);
-  absl::Status s = RunPhases(op, posted, deadline, what);
+  absl::Status s = RunPhases(op, posted, deadline, info);
   comm_->busy_[rank_].store(false, std::memory_order_release);
   if (!s.ok() && comm_->barrier_.failed()) {
     comm_->WaitForPeersToLeave(rank_, std::max(timeout, comm_->timeout_));
@@ -249,16 +248,16 @@ absl::Status LocalGroup::Execute(Op& op) {
 }
 
 absl::Status LocalGroup::RunPhases(const Op& op, const std::vector<Posted>& posted,
-                                   absl::Time deadline, const std::string& what) {
-  RETURN_IF_ERROR(comm_->barrier_.Arrive(rank_, deadline, what, comm_->world_ranks_));
+                                   absl::Time deadline, const WorkInfo& info) {
+  RETURN_IF_ERROR(comm_->barrier_.Arrive(rank_, deadline, info, comm_->world_ranks_));
   // Every rank sees the same slots, so every rank reaches the same verdict.
-  RETURN_IF_ERROR(CheckSameCall(posted, what));
-  if (op.posted.split) return RunSplit(op, posted, deadline, what);
-  return RunCollective(op.posted.args, posted, deadline, what);
+  RETURN_IF_ERROR(CheckSameCall(posted, info));
+  if (op.posted.split) return RunSplit(op, posted, deadline, info);
+  return RunCollective(op.posted.args, posted, deadline, info);
 }
 
 absl::Status LocalGroup::CheckSameCall(const std::vector<Posted>& posted,
-                                       const std::string& what) const {
+                                       const WorkInfo& info) const {
   for (int r = 1; r < comm_->size(); ++r) {
     if (!SameCall(posted[0], posted[r])) {
       std::vector<std::string> calls;
@@ -267,7 +266,7 @@ absl::Status LocalGroup::CheckSameCall(const std::vector<Posted>& posted,
                                      DescribePosted(posted[k])));
       }
       return absl::InvalidArgumentError(
-          absl::StrCat(what, ": ranks called different collectives (the rank-order contract "
+          absl::StrCat(info.Describe(), ": ranks called different collectives (the rank-order contract "
                              "was broken or arguments differ): ",
                        absl::StrJoin(calls, "; ")));
     }
@@ -276,7 +275,7 @@ absl::Status LocalGroup::CheckSameCall(const std::vector<Posted>& posted,
 }
 
 absl::Status LocalGroup::RunCollective(const CollectiveArgs& a, const std::vector<Posted>& posted,
-                                       absl::Time deadline, const std::string& what) {
+                                       absl::Time deadline, const WorkInfo& info) {
   const int n = comm_->size();
   auto& barrier = comm_->barrier_;
   const size_t es = DTypeSize(a.dtype);
@@ -329,11 +328,11 @@ absl::Status LocalGroup::RunCollective(const CollectiveArgs& a, const std::vecto
     }
   }
   if (n == 1) return absl::OkStatus();
-  return barrier.Arrive(rank_, deadline, what, comm_->world_ranks_);
+  return barrier.Arrive(rank_, deadline, info, comm_->world_ranks_);
 }
 
 absl::Status LocalGroup::RunSplit(const Op& op, const std::vector<Posted>& posted,
-                                  absl::Time deadline, const std::string& what) {
+                                  absl::Time deadline, const WorkInfo& info) {
   const int n = comm_->size();
   for (int r = 0; r < n; ++r) {
     if (posted[r].color < kNoColor) {
@@ -357,14 +356,14 @@ absl::Status LocalGroup::RunSplit(const Op& op, const std::vector<Posted>& poste
       comm_->split_children_[rank_] = MakeLocalComm(
           posted[rank_].split_name, std::move(world), comm_->timeout_, comm_->spin_, comm_->faults_);
     }
-    RETURN_IF_ERROR(comm_->barrier_.Arrive(rank_, deadline, what, comm_->world_ranks_));
+    RETURN_IF_ERROR(comm_->barrier_.Arrive(rank_, deadline, info, comm_->world_ranks_));
     *op.split_result = comm_->split_children_[members.front()];
-    RETURN_IF_ERROR(comm_->barrier_.Arrive(rank_, deadline, what, comm_->world_ranks_));
+    RETURN_IF_ERROR(comm_->barrier_.Arrive(rank_, deadline, info, comm_->world_ranks_));
     if (members.front() == rank_) comm_->split_children_[rank_].reset();
     return absl::OkStatus();
   }
-  RETURN_IF_ERROR(comm_->barrier_.Arrive(rank_, deadline, what, comm_->world_ranks_));
-  return comm_->barrier_.Arrive(rank_, deadline, what, comm_->world_ranks_);
+  RETURN_IF_ERROR(comm_->barrier_.Arrive(rank_, deadline, info, comm_->world_ranks_));
+  return comm_->barrier_.Arrive(rank_, deadline, info, comm_->world_ranks_);
 }
 
 }  // namespace braid::local

@@ -76,12 +76,12 @@ class LocalGroup final : public Group {
   void WorkerLoop();
   absl::Status Execute(Op& op);
   absl::Status RunPhases(const Op& op, const std::vector<Posted>& posted, absl::Time deadline,
-                         const std::string& what);
+                         const WorkInfo& info);
   absl::Status RunCollective(const CollectiveArgs& a, const std::vector<Posted>& posted,
-                             absl::Time deadline, const std::string& what);
+                             absl::Time deadline, const WorkInfo& info);
   absl::Status RunSplit(const Op& op, const std::vector<Posted>& posted, absl::Time deadline,
-                        const std::string& what);
-  absl::Status CheckSameCall(const std::vector<Posted>& posted, const std::string& what) const;
+                        const WorkInfo& info);
+  absl::Status CheckSameCall(const std::vector<Posted>& posted, const WorkInfo& info) const;
 
   const std::shared_ptr<LocalComm> comm_;
   const int rank_;

@@ -24,7 +24,7 @@ void RankBarrier::Fail(absl::Status status) {
   cv_.notify_all();
 }
 
-absl::Status RankBarrier::Arrive(int rank, absl::Time deadline, absl::string_view what,
+absl::Status RankBarrier::Arrive(int rank, absl::Time deadline, const WorkInfo& info,
                                  const std::vector<int>& rank_names) {
   uint64_t gen;
   {
@@ -55,7 +55,7 @@ absl::Status RankBarrier::Arrive(int rank, absl::Time deadline, absl::string_vie
     if (!arrived_[r]) missing.push_back(rank_names[r]);
   }
   failure_ = absl::DeadlineExceededError(absl::StrCat(
-      what, ": rank(s) ", absl::StrJoin(missing, ", "), " did not arrive before the deadline"));
+      info.Describe(), ": rank(s) ", absl::StrJoin(missing, ", "), " did not arrive before the deadline"));
   failed_.store(true, std::memory_order_release);
   cv_.notify_all();
   return failure_;

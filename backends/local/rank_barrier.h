@@ -1,7 +1,7 @@
 // RankBarrier: a reusable barrier among the n ranks of one local group, with a deadline, a
 // sticky failure state, and errors that name the ranks that did not arrive.
 //
-//   absl::Status s = barrier.Arrive(my_rank, absl::Now() + timeout, "allreduce #3 on 'world'");
+//   absl::Status s = barrier.Arrive(my_rank, absl::Now() + timeout, work->info(), world_ranks);
 //
 // Generation-counted: a rank may re-enter for the next phase while slower ranks are still
 // leaving the previous one. A waiter spins for `spin` before sleeping. Once Fail() is called
@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "comm/work.h"
 
 namespace braid::local {
 
@@ -27,9 +28,9 @@ class RankBarrier {
   RankBarrier(int n, absl::Duration spin);
 
   // Blocks until all n ranks arrived in this generation, the barrier failed, or `deadline`.
-  // On a deadline the barrier fails with DeadlineExceeded naming `what` and the missing ranks
-  // (as `rank_names[r]`, e.g. world ranks).
-  absl::Status Arrive(int rank, absl::Time deadline, absl::string_view what,
+  // On a deadline the barrier fails with DeadlineExceeded naming the op (`info`, described
+  // only then) and the missing ranks (as `rank_names[r]`, e.g. world ranks).
+  absl::Status Arrive(int rank, absl::Time deadline, const WorkInfo& info,
                       const std::vector<int>& rank_names);
   // Makes every waiter and every later Arrive return `status` (the first failure wins).
   void Fail(absl::Status status);
