@@ -45,7 +45,17 @@ struct GradientReducer::BucketState {
   // (each already averaged over the shard group), added in before the replica all-reduce.
   std::unique_ptr<char, FreeDeleter> partial;
   bool has_partial = false;
+  // reduce_dtype: the bucket widened (padded_count elements of the reduce dtype).
+  std::unique_ptr<char, FreeDeleter> staging;
 };
+
+namespace {
+char* AlignedAlloc(size_t bytes) {
+  char* p = static_cast<char*>(std::aligned_alloc(kStorageAlign, (bytes + kStorageAlign - 1) / kStorageAlign * kStorageAlign));
+  BRAID_CHECK(p != nullptr);
+  return p;
+}
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
     std::vector<ParamSpec> params, ReducerGroups groups, const ReducerConfig& config) {
@@ -64,6 +74,12 @@ absl::StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
                                                    p.device.ToString(),
                                                    ": device buffers need the NCCL backend"));
     }
+  }
+  if (config.reduce_dtype != DType::kBF16 && config.reduce_dtype != DType::kF16 &&
+      config.reduce_dtype != DType::kF32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reduce_dtype must be f32 (or bf16/f16: no staging), got ",
+        IsValidDType(static_cast<int>(config.reduce_dtype)) ? DTypeName(config.reduce_dtype) : "an invalid dtype"));
   }
   PlanOptions po;
   po.bucket_cap_bytes = config.bucket_cap_bytes;
@@ -109,6 +125,9 @@ void GradientReducer::AllocateBuckets() {
     BRAID_CHECK(s->data != nullptr);
     std::memset(s->data.get(), 0, bytes);
     s->label = absl::StrCat("bucket ", b);
+    if (config_.reduce_dtype == DType::kF32 && IsHalf(plan_.buckets()[b].dtype)) {
+      s->staging.reset(AlignedAlloc(plan_.buckets()[b].padded_count * DTypeSize(DType::kF32)));
+    }
     buckets_.push_back(std::move(s));
   }
 }
@@ -182,6 +201,20 @@ char* GradientReducer::ShardData(int b) const {
   const Bucket& bk = plan_.buckets()[b];
   const int shard_rank = config_.mode == ReduceMode::kAllReduce ? 0 : groups_.shard->rank();
   return BucketData(b) + static_cast<size_t>(shard_rank) * bk.shard_count * DTypeSize(bk.dtype);
+}
+
+DType GradientReducer::CommDType(int b) const {
+  return buckets_[b]->staging != nullptr ? DType::kF32 : plan_.buckets()[b].dtype;
+}
+
+char* GradientReducer::CommData(int b) const {
+  return buckets_[b]->staging != nullptr ? buckets_[b]->staging.get() : BucketData(b);
+}
+
+char* GradientReducer::CommShard(int b) const {
+  if (buckets_[b]->staging == nullptr) return ShardData(b);
+  const int shard_rank = config_.mode == ReduceMode::kAllReduce ? 0 : groups_.shard->rank();
+  return CommData(b) + static_cast<size_t>(shard_rank) * plan_.buckets()[b].shard_count * DTypeSize(DType::kF32);
 }
 
 absl::StatusOr<TensorView> GradientReducer::GradView(ParamId id) const {
@@ -296,8 +329,13 @@ absl::Status GradientReducer::MarkReady(ParamId id, DeviceEvent ready) {
 }
 
 void GradientReducer::OnParamReady(int param_index) {
-  BucketState& s = *buckets_[plan_.slot(param_index).bucket];
+  const int bucket = plan_.slot(param_index).bucket;
+  BucketState& s = *buckets_[bucket];
   if (s.pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  if (s.staging != nullptr) {  // complete: widen it now, outside the launch lock
+    const Bucket& bk = plan_.buckets()[bucket];
+    CastScale(BucketData(bucket), bk.dtype, s.staging.get(), DType::kF32, bk.padded_count, ScaleSpec{});
+  }
   std::vector<Launched> launched;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -315,12 +353,13 @@ void GradientReducer::LaunchStageLocked(int b, int stage, std::vector<Launched>*
   CollectiveOptions opts;
   opts.label = s.label;
   Group& g = stage == 0 ? *groups_.shard : *groups_.replica;
-  const ReduceStep step = StepFor(bk.dtype, g.size());
+  const DType t = CommDType(b);
+  const ReduceStep step = StepFor(t, g.size());
   absl::StatusOr<WorkPtr> w =
-      stage == 1 ? g.AllReduce(ShardData(b), ShardData(b), bk.shard_count, bk.dtype, step.op, opts)
+      stage == 1 ? g.AllReduce(CommShard(b), CommShard(b), bk.shard_count, t, step.op, opts)
       : config_.mode == ReduceMode::kAllReduce
-          ? g.AllReduce(BucketData(b), BucketData(b), bk.count, bk.dtype, step.op, opts)
-          : g.ReduceScatter(BucketData(b), ShardData(b), bk.shard_count, bk.dtype, step.op, opts);
+          ? g.AllReduce(CommData(b), CommData(b), bk.count, t, step.op, opts)
+          : g.ReduceScatter(CommData(b), CommShard(b), bk.shard_count, t, step.op, opts);
   out->push_back(Launched{b, stage, w.ok() ? *w : Work::Completed(WorkInfo{g.name(), "launch", 0, s.label}, w.status()),
                           w.ok() ? step.post_divide : 1});
   if (tl_ != nullptr) {
@@ -342,17 +381,21 @@ void GradientReducer::OnStageDone(const Launched& l, const absl::Status& st) {
                                                                 : "reduce_scatter";
     tl_->Complete(l.stage == 1 ? tl_replica_ : tl_first_, name, l.start_ns, Timeline::NowNs(), l.bucket);
   }
+  const Bucket& bk = plan_.buckets()[l.bucket];
+  const bool whole = config_.mode == ReduceMode::kAllReduce;
+  const DType t = CommDType(l.bucket);
   if (st.ok() && l.post_divide > 1) {  // f16: the divide after the sum
-    const Bucket& bk = plan_.buckets()[l.bucket];
-    const bool whole = config_.mode == ReduceMode::kAllReduce;
-    char* p = whole ? BucketData(l.bucket) : ShardData(l.bucket);
-    CastScale(p, bk.dtype, p, bk.dtype, whole ? bk.count : bk.shard_count,
-              ScaleSpec{false, 1.0, l.post_divide});
+    char* p = whole ? CommData(l.bucket) : CommShard(l.bucket);
+    CastScale(p, t, p, t, whole ? bk.count : bk.shard_count, ScaleSpec{false, 1.0, l.post_divide});
   }
-  if (config_.mode != ReduceMode::kHybrid || l.stage == 1) {
-    if (st.ok() && !config_.gradient_as_bucket_view && config_.mode == ReduceMode::kAllReduce) {
-      Unpack(l.bucket);
+  const bool last_stage = config_.mode != ReduceMode::kHybrid || l.stage == 1;
+  if (last_stage) {
+    if (st.ok() && buckets_[l.bucket]->staging != nullptr) {  // round once, to the gradient dtype
+      CastScale(whole ? CommData(l.bucket) : CommShard(l.bucket), t,
+                whole ? BucketData(l.bucket) : ShardData(l.bucket), bk.dtype,
+                whole ? bk.count : bk.shard_count, ScaleSpec{});
     }
+    if (st.ok() && !config_.gradient_as_bucket_view && whole) Unpack(l.bucket);
     FinishBucket(l.bucket, st);
     return;
   }
@@ -384,26 +427,24 @@ void GradientReducer::OnStageDone(const Launched& l, const absl::Status& st) {
 void GradientReducer::AccumulatePartial(int b) {
   BucketState& s = *buckets_[b];
   const Bucket& bk = plan_.buckets()[b];
-  const size_t bytes = bk.shard_count * DTypeSize(bk.dtype);
-  if (s.partial == nullptr) {
-    s.partial.reset(static_cast<char*>(std::aligned_alloc(kStorageAlign, (bytes + kStorageAlign - 1) / kStorageAlign * kStorageAlign)));
-    BRAID_CHECK(s.partial != nullptr);
-  }
+  const DType t = CommDType(b);
+  const size_t bytes = bk.shard_count * DTypeSize(t);
+  if (s.partial == nullptr) s.partial.reset(AlignedAlloc(bytes));
   if (!s.has_partial) {
-    std::memcpy(s.partial.get(), ShardData(b), bytes);  // a copy, not 0 + x: keeps -0.0
+    std::memcpy(s.partial.get(), CommShard(b), bytes);  // a copy, not 0 + x: keeps -0.0
     s.has_partial = true;
     return;
   }
-  const void* in[2] = {s.partial.get(), ShardData(b)};
-  ReduceInto(in, 2, s.partial.get(), bk.shard_count, bk.dtype, ReduceOp::Sum(), 2);
+  const void* in[2] = {s.partial.get(), CommShard(b)};
+  ReduceInto(in, 2, s.partial.get(), bk.shard_count, t, ReduceOp::Sum(), 2);
 }
 
 void GradientReducer::AddPartialInto(int b) {
   BucketState& s = *buckets_[b];
   if (!s.has_partial) return;
   const Bucket& bk = plan_.buckets()[b];
-  const void* in[2] = {s.partial.get(), ShardData(b)};
-  ReduceInto(in, 2, ShardData(b), bk.shard_count, bk.dtype, ReduceOp::Sum(), 2);
+  const void* in[2] = {s.partial.get(), CommShard(b)};
+  ReduceInto(in, 2, CommShard(b), bk.shard_count, CommDType(b), ReduceOp::Sum(), 2);
   s.has_partial = false;
 }
 

@@ -69,6 +69,11 @@ struct ReducerConfig {
   // gradient buffers (SetGradBuffer); MarkReady packs each into its bucket, and in all-reduce
   // mode the averaged result is unpacked back as each bucket completes.
   bool gradient_as_bucket_view = true;
+  // Reduce bf16/f16 gradients in this wider dtype (f32): each such bucket is widened into a
+  // staging buffer when it is complete, every stage (collectives, divides, reduce_scatter_only
+  // partials) runs there, and the result is rounded to the gradient dtype once at the end.
+  // kF16/kBF16 (the default: no staging) or kF32.
+  DType reduce_dtype = DType::kBF16;
   // Record the readiness order of the first synced backward; RebuildBucketsIfPending() then
   // rebuilds the buckets in world rank 0's order (DDP's one-time rebuild).
   bool rebuild_bucket_order = false;
@@ -144,6 +149,11 @@ class GradientReducer {
   void RecordError(const absl::Status& s);
   char* BucketData(int b) const;
   char* ShardData(int b) const;
+  // Where bucket b is reduced, and in which dtype: the f32 staging buffer with reduce_dtype,
+  // else the bucket itself.
+  DType CommDType(int b) const;
+  char* CommData(int b) const;
+  char* CommShard(int b) const;
 
   BucketPlan plan_;
   ReducerGroups groups_;

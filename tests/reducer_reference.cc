@@ -95,7 +95,9 @@ std::vector<char> LocalBucket(const BucketPlan& plan, int b, int r, int m0, int 
 // holds at the w-th reduction point (R or S): the microbatches since the previous one. R adds
 // the shard-reduced value into a per-replica partial; S adds the partial to its own shard
 // reduction, then reduces across replicas (hybrid).
-double ReferenceElement(const Scenario& sc, DType t, size_t e,
+// `t`: the gradient dtype (how windows are stored); every stage computes and stores in `a`
+// (the reduce dtype: t itself, or f32 for half gradients with reduce_f32).
+double ReferenceElement(const Scenario& sc, DType t, DType a, size_t e,
                         const std::vector<std::vector<std::vector<char>>>& windows) {
   const size_t es = DTypeSize(t);
   const bool hybrid = sc.mode == ReduceMode::kHybrid;
@@ -110,8 +112,8 @@ double ReferenceElement(const Scenario& sc, DType t, size_t e,
     for (int rep = 0; rep < reps; ++rep) {
       std::vector<double> in;
       for (int k = 0; k < per_rep; ++k) in.push_back(Load(t, windows[w][rep * per_rep + k].data() + e * es));
-      stage1[rep] = ReduceStage(t, in);
-      if (has[rep]) stage1[rep] = Round(t, Add(t, partial[rep], stage1[rep]));
+      stage1[rep] = ReduceStage(a, in);
+      if (has[rep]) stage1[rep] = Round(a, Add(a, partial[rep], stage1[rep]));
     }
     ++w;
     if (*c == 'R') {
@@ -119,7 +121,7 @@ double ReferenceElement(const Scenario& sc, DType t, size_t e,
       has.assign(reps, true);
       continue;
     }
-    return hybrid ? ReduceStage(t, stage1) : stage1[0];
+    return Round(t, hybrid ? ReduceStage(a, stage1) : stage1[0]);
   }
   return 0;  // CheckStep rejects schedules that do not end with S
 }
@@ -132,7 +134,7 @@ std::string ScenarioName(const Scenario& sc) {
                                                              : "hybrid";
   const char* dtypes[] = {"f32", "bf16", "f16", "mixed"};
   return absl::StrCat(mode, "_", sc.replicas, "x", sc.shards, "_", dtypes[sc.dtypes], "_", sc.schedule,
-                      sc.copy_in ? "_copyin" : "");
+                      sc.copy_in ? "_copyin" : "", sc.reduce_f32 ? "_f32reduce" : "");
 }
 
 SyncMode SyncModeOf(char letter) {
@@ -205,7 +207,8 @@ absl::Status CheckStep(const Scenario& sc, const GradientReducer& reducer, int r
       got = static_cast<const char*>(reducer.ShardView(static_cast<int>(b)).data) - lo * es;
     }
     for (size_t e = lo; e < hi; ++e) {
-      const double want = ReferenceElement(sc, bk.dtype, e, windows);
+      const DType arith = sc.reduce_f32 && IsHalf(bk.dtype) ? DType::kF32 : bk.dtype;
+      const double want = ReferenceElement(sc, bk.dtype, arith, e, windows);
       char want_bytes[8];
       Store(bk.dtype, want_bytes, want);
       if (std::memcmp(got + e * es, want_bytes, es) != 0) {

@@ -33,6 +33,7 @@ struct Scenario {
   int dtypes;            // 0 f32, 1 bf16, 2 f16, 3 mixed (parameter i gets dtype i % 3)
   const char* schedule;  // one letter per microbatch: N no_sync, R reduce_scatter_only, S sync
   bool copy_in = false;  // framework-owned gradient buffers (gradient_as_bucket_view = false)
+  bool reduce_f32 = false;  // bf16/f16 gradients reduced in f32 (ReducerConfig::reduce_dtype)
 };
 
 // "hybrid_2x2_bf16_NRNS": usable as a gtest parameter name.

@@ -68,6 +68,7 @@ TEST_P(ReducerVsReference, BitExact) {
     cfg.bucket_cap_bytes = 4096;
     cfg.timeout = absl::Seconds(60);
     cfg.gradient_as_bucket_view = !sc.copy_in;
+    if (sc.reduce_f32) cfg.reduce_dtype = DType::kF32;
     const auto params = reference::MakeParams(sc.dtypes);
     auto reducer = GradientReducer::Create(params, groups, cfg);
     ASSERT_TRUE(reducer.ok()) << reducer.status();
@@ -122,6 +123,13 @@ std::vector<Scenario> AllScenarios() {
     for (const char* sched : {"S", "NNS", "RRS", "NRNS", "RNRS"}) {
       out.push_back({ReduceMode::kHybrid, 2, 2, dt, sched});
       out.push_back({ReduceMode::kHybrid, 2, 4, dt, sched});
+    }
+    if (dt != 0) {  // half gradients reduced in f32
+      for (const char* sched : {"S", "NNS"}) {
+        out.push_back({ReduceMode::kAllReduce, 1, 4, dt, sched, false, true});
+        out.push_back({ReduceMode::kReduceScatter, 1, 3, dt, sched, true, true});
+      }
+      for (const char* sched : {"S", "RRS", "NRNS"}) out.push_back({ReduceMode::kHybrid, 2, 2, dt, sched, false, true});
     }
     for (const char* sched : {"S", "NNS"}) {  // copy-in path
       out.push_back({ReduceMode::kAllReduce, 1, 3, dt, sched, true});
