@@ -37,7 +37,6 @@
 namespace braid::sched {
 namespace {
 
-using reference::CheckStep;
 using reference::Scenario;
 
 constexpr absl::Duration kTimeout = absl::Seconds(60);
@@ -76,53 +75,7 @@ double ExactGrad(int r, int p, int m, int s, size_t i) {
 class MpiReducerVsReference : public ::testing::TestWithParam<Scenario> {};
 
 TEST_P(MpiReducerVsReference, BitExact) {
-  const Scenario sc = GetParam();
-  Group& world = World();
-  ASSERT_EQ(world.size(), sc.replicas * sc.shards);
-  const int r = world.rank();
-  Mesh mesh;
-  ReducerGroups groups{&world, nullptr};
-  if (sc.mode == ReduceMode::kHybrid) {
-    auto m = MakeMesh(world, sc.replicas, sc.shards);
-    ASSERT_TRUE(m.ok()) << m.status();
-    mesh = std::move(*m);
-    groups = {mesh.shard.get(), mesh.replica.get()};
-  }
-  ReducerConfig cfg;
-  cfg.mode = sc.mode;
-  cfg.first_bucket_cap_bytes = 256;  // several buckets per dtype
-  cfg.bucket_cap_bytes = 4096;
-  cfg.timeout = kTimeout;
-  const std::vector<ParamSpec> params = reference::MakeParams(sc.dtypes);
-  auto reducer = GradientReducer::Create(params, groups, cfg);
-  ASSERT_TRUE(reducer.ok()) << reducer.status();
-  GradientReducer& red = **reducer;
-  std::mt19937 order_rng(1234 + 77 * r);  // a different readiness order on every rank
-  const int mbs = static_cast<int>(std::strlen(sc.schedule));
-  for (int step = 0; step < 2; ++step) {
-    red.ZeroGrads();
-    for (int m = 0; m < mbs; ++m) {
-      ASSERT_OK(red.BeginBackward(reference::SyncModeOf(sc.schedule[m])));
-      std::vector<int> order(params.size());
-      std::iota(order.begin(), order.end(), 0);
-      std::shuffle(order.begin(), order.end(), order_rng);
-      // Marks come from two threads, as autograd's may; buckets still launch in bucket order.
-      auto mark = [&](size_t from, size_t to) {
-        for (size_t k = from; k < to; ++k) {
-          const int p = order[k];
-          auto v = red.GradView(params[p].id);
-          ASSERT_TRUE(v.ok()) << v.status();
-          reference::Accumulate(*v, ExactGrad, r, p, m, step);
-          ASSERT_OK(red.MarkReady(params[p].id));
-        }
-      };
-      std::thread other([&] { mark(order.size() / 2, order.size()); });
-      mark(0, order.size() / 2);
-      other.join();
-      ASSERT_OK(red.FinishBackward());
-    }
-    ASSERT_OK(CheckStep(sc, red, r, step, ExactGrad));
-  }
+  EXPECT_OK(reference::RunScenario(World(), GetParam(), ExactGrad, kTimeout));
 }
 
 // The scenarios for the world's size. gtest (1.10 on) evaluates a suite's generator when

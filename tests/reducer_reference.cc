@@ -1,10 +1,17 @@
 #include "tests/reducer_reference.h"
 
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <thread>
+
 #include <cstring>
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "comm/half.h"
+#include "comm/status_macros.h"
+#include "scheduler/mesh.h"
 
 namespace braid::sched::reference {
 namespace {
@@ -217,6 +224,70 @@ absl::Status CheckStep(const Scenario& sc, const GradientReducer& reducer, int r
             DTypeName(bk.dtype), ") element ", e, ": got ", Load(bk.dtype, got + e * es), " want ", want));
       }
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunScenario(Group& world, const Scenario& sc, GradFn grad, absl::Duration timeout) {
+  if (world.size() != sc.replicas * sc.shards) {
+    return absl::InvalidArgumentError(absl::StrCat(ScenarioName(sc), " needs ", sc.replicas * sc.shards,
+                                                   " ranks, the group has ", world.size()));
+  }
+  const int r = world.rank();
+  Mesh mesh;
+  ReducerGroups groups{&world, nullptr};
+  if (sc.mode == ReduceMode::kHybrid) {
+    ASSIGN_OR_RETURN(mesh, MakeMesh(world, sc.replicas, sc.shards));
+    groups = {mesh.shard.get(), mesh.replica.get()};
+  }
+  ReducerConfig cfg;
+  cfg.mode = sc.mode;
+  cfg.first_bucket_cap_bytes = 256;
+  cfg.bucket_cap_bytes = 4096;
+  cfg.timeout = timeout;
+  cfg.gradient_as_bucket_view = !sc.copy_in;
+  if (sc.reduce_f32) cfg.reduce_dtype = DType::kF32;
+  const std::vector<ParamSpec> params = MakeParams(sc.dtypes);
+  ASSIGN_OR_RETURN(std::unique_ptr<GradientReducer> red, GradientReducer::Create(params, groups, cfg));
+  // Copy-in path: the framework's own gradient buffers.
+  std::vector<std::vector<char>> own(params.size());
+  for (size_t p = 0; p < params.size(); ++p) {
+    own[p].assign(params[p].count * DTypeSize(params[p].dtype), 0);
+    if (sc.copy_in) RETURN_IF_ERROR(red->SetGradBuffer(params[p].id, own[p].data()));
+  }
+  auto grad_of = [&](int p) -> absl::StatusOr<TensorView> {
+    if (sc.copy_in) return TensorView{own[p].data(), params[p].count, params[p].dtype, params[p].device};
+    return red->GradView(params[p].id);
+  };
+  std::mt19937 order_rng(1234 + 77 * r);
+  const int mbs = static_cast<int>(std::strlen(sc.schedule));
+  for (int step = 0; step < 2; ++step) {
+    red->ZeroGrads();
+    for (auto& o : own) std::fill(o.begin(), o.end(), 0);  // the framework's zero_grad
+    for (int m = 0; m < mbs; ++m) {
+      RETURN_IF_ERROR(red->BeginBackward(SyncModeOf(sc.schedule[m])));
+      std::vector<int> order(params.size());
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), order_rng);  // a different order on every rank
+      // Marks come from two threads, as autograd's may; buckets still launch in bucket order.
+      auto mark_range = [&](size_t from, size_t to) -> absl::Status {
+        for (size_t k = from; k < to; ++k) {
+          const int p = order[k];
+          ASSIGN_OR_RETURN(TensorView v, grad_of(p));
+          Accumulate(v, grad, r, p, m, step);
+          RETURN_IF_ERROR(red->MarkReady(params[p].id));
+        }
+        return absl::OkStatus();
+      };
+      absl::Status other_status;
+      std::thread other([&] { other_status = mark_range(order.size() / 2, order.size()); });
+      const absl::Status mine = mark_range(0, order.size() / 2);
+      other.join();
+      RETURN_IF_ERROR(mine);
+      RETURN_IF_ERROR(other_status);
+      RETURN_IF_ERROR(red->FinishBackward());
+    }
+    RETURN_IF_ERROR(CheckStep(sc, *red, r, step, grad, &own));
   }
   return absl::OkStatus();
 }

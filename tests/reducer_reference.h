@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "comm/group.h"
 #include "comm/dtype.h"
 #include "comm/tensor.h"
 #include "scheduler/bucket_plan.h"
@@ -61,6 +63,13 @@ void Accumulate(const TensorView& view, GradFn grad, int rank, int param, int mi
 absl::Status CheckStep(const Scenario& sc, const GradientReducer& reducer, int rank, int step,
                        GradFn grad,
                        const std::vector<std::vector<char>>* copy_in_grads = nullptr);
+
+// Runs sc on `world` as rank world.rank(): builds the mesh (hybrid) and a reducer with small
+// bucket caps (several buckets per dtype), then two steps of sc.schedule's backwards, each
+// accumulating grad() into the gradients (views, or the framework's buffers with sc.copy_in)
+// in a random readiness order that differs per rank, marked from two threads, and checks
+// every step with CheckStep. Collective: every rank of `world` calls it with the same sc.
+absl::Status RunScenario(Group& world, const Scenario& sc, GradFn grad, absl::Duration timeout);
 
 }  // namespace braid::sched::reference
 

@@ -51,63 +51,8 @@ class ReducerVsReference : public ::testing::TestWithParam<Scenario> {};
 
 TEST_P(ReducerVsReference, BitExact) {
   const Scenario sc = GetParam();
-  const int world = sc.replicas * sc.shards;
-  RunRanks(world, [&](Group& g) {
-    const int r = g.rank();
-    Mesh mesh;
-    ReducerGroups groups{&g, nullptr};
-    if (sc.mode == ReduceMode::kHybrid) {
-      auto m = MakeMesh(g, sc.replicas, sc.shards);
-      ASSERT_TRUE(m.ok()) << m.status();
-      mesh = std::move(*m);
-      groups = {mesh.shard.get(), mesh.replica.get()};
-    }
-    ReducerConfig cfg;
-    cfg.mode = sc.mode;
-    cfg.first_bucket_cap_bytes = 256;  // several buckets per dtype
-    cfg.bucket_cap_bytes = 4096;
-    cfg.timeout = absl::Seconds(60);
-    cfg.gradient_as_bucket_view = !sc.copy_in;
-    if (sc.reduce_f32) cfg.reduce_dtype = DType::kF32;
-    const auto params = reference::MakeParams(sc.dtypes);
-    auto reducer = GradientReducer::Create(params, groups, cfg);
-    ASSERT_TRUE(reducer.ok()) << reducer.status();
-    GradientReducer& red = **reducer;
-    // Copy-in path: the framework's own gradient buffers.
-    std::vector<std::vector<char>> own(params.size());
-    for (size_t p = 0; p < params.size(); ++p) {
-      own[p].assign(params[p].count * DTypeSize(params[p].dtype), 0);
-      if (sc.copy_in) ASSERT_OK(red.SetGradBuffer(params[p].id, own[p].data()));
-    }
-    auto grad_of = [&](int p) -> TensorView {
-      if (sc.copy_in) return TensorView{own[p].data(), params[p].count, params[p].dtype, params[p].device};
-      return *red.GradView(params[p].id);
-    };
-    std::mt19937 order_rng(1234 + 77 * r);
-    const int mbs = static_cast<int>(std::strlen(sc.schedule));
-    for (int step = 0; step < 2; ++step) {
-      red.ZeroGrads();
-      for (auto& o : own) std::fill(o.begin(), o.end(), 0);  // the framework's zero_grad
-      for (int m = 0; m < mbs; ++m) {
-        ASSERT_OK(red.BeginBackward(reference::SyncModeOf(sc.schedule[m])));
-        std::vector<int> order(params.size());
-        std::iota(order.begin(), order.end(), 0);
-        std::shuffle(order.begin(), order.end(), order_rng);  // a different order on every rank
-        // Marks come from two threads, as autograd's may.
-        auto mark_range = [&](size_t from, size_t to) {
-          for (size_t k = from; k < to; ++k) {
-            const int p = order[k];
-            reference::Accumulate(grad_of(p), Grad, r, p, m, step);
-            ASSERT_OK(red.MarkReady(params[p].id));
-          }
-        };
-        std::thread other([&] { mark_range(order.size() / 2, order.size()); });
-        mark_range(0, order.size() / 2);
-        other.join();
-        ASSERT_OK(red.FinishBackward());
-      }
-      ASSERT_OK(reference::CheckStep(sc, red, r, step, Grad, &own));
-    }
+  RunRanks(sc.replicas * sc.shards, [&](Group& g) {
+    EXPECT_OK(reference::RunScenario(g, sc, Grad, absl::Seconds(60)));
   });
 }
 
