@@ -207,6 +207,19 @@ std::vector<uint8_t> ReferenceOutput(const CollectiveCase& c, int n, int rank) {
   return {};
 }
 
+const char* MatrixSkipReason(const CollectiveVariant& k, DType dtype, bool in_place) {
+  if ((k.kind == CollectiveKind::kBroadcast || k.kind == CollectiveKind::kBarrier) && in_place) {
+    return "broadcast and barrier have a single form";
+  }
+  if (k.kind == CollectiveKind::kBarrier && dtype != DType::kF32) return "a barrier has no dtype";
+  return nullptr;
+}
+
+bool RefusedUpFront(const CollectiveVariant& k, DType dtype) {
+  return Reduces(k.kind) && (k.op == ReduceKind::kAvg || k.op == ReduceKind::kPreMulSum) &&
+         !IsFloating(dtype);
+}
+
 absl::Status CheckAllSizes(Group& g, const CollectiveVariant& k, DType dtype, bool in_place) {
   uint64_t seed = 1;
   for (size_t count : kCheckSizes) {

@@ -81,6 +81,12 @@ std::vector<uint8_t> ReferenceOutput(const CollectiveCase& c, int n, int rank);
 // status only (nothing is waited for): for checking that bad combinations are refused up front.
 absl::Status LaunchStatus(Group& g, CollectiveKind kind, DType dtype, ReduceKind op);
 
+// Why a matrix cell (variant x dtype x in-place) does not exist, or nullptr if it does:
+// broadcast and barrier have a single form, and a barrier has no dtype.
+const char* MatrixSkipReason(const CollectiveVariant& k, DType dtype, bool in_place);
+// avg and premul_sum on integer dtypes: refused up front (see LaunchStatus).
+bool RefusedUpFront(const CollectiveVariant& k, DType dtype);
+
 // One matrix cell (variant x dtype x in-place) at every kCheckSizes count, on `g`, with the
 // broadcast root at the last rank; the first failure is returned.
 absl::Status CheckAllSizes(Group& g, const CollectiveVariant& k, DType dtype, bool in_place);

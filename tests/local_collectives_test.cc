@@ -19,13 +19,8 @@ class LocalCollectives : public ::testing::TestWithParam<Param> {};
 TEST_P(LocalCollectives, MatchesSerialReference) {
   const auto [ki, dtype, ranks, in_place] = GetParam();
   const CollectiveVariant k = kCollectiveVariants[ki];
-  const bool reduces = Reduces(k.kind);
-  const bool float_only = k.op == ReduceKind::kAvg || k.op == ReduceKind::kPreMulSum;
-  if ((k.kind == CollectiveKind::kBroadcast || k.kind == CollectiveKind::kBarrier) && in_place) {
-    GTEST_SKIP() << "broadcast and barrier have a single form";
-  }
-  if (k.kind == CollectiveKind::kBarrier && dtype != DType::kF32) GTEST_SKIP() << "no dtype";
-  if (reduces && float_only && !IsFloating(dtype)) {
+  if (const char* why = MatrixSkipReason(k, dtype, in_place)) GTEST_SKIP() << why;
+  if (RefusedUpFront(k, dtype)) {
     // Rejected up front with an error naming op and dtype (checked in errors_test too).
     RunRanks(ranks, [&](Group& g) {
       const absl::Status s = LaunchStatus(g, k.kind, dtype, k.op);

@@ -62,20 +62,12 @@ TEST_P(MpiCollectives, MatchesSerialReference) {
   const auto [ki, dtype, in_place] = GetParam();
   const CollectiveVariant k = kCollectiveVariants[ki];
   Group& g = World();
-  if ((k.kind == CollectiveKind::kBroadcast || k.kind == CollectiveKind::kBarrier) && in_place) {
-    GTEST_SKIP() << "broadcast and barrier have a single form";
-  }
-  if (k.kind == CollectiveKind::kBarrier && dtype != DType::kF32) GTEST_SKIP() << "no dtype";
-  const bool float_only = k.op == ReduceKind::kAvg || k.op == ReduceKind::kPreMulSum;
-  if (Reduces(k.kind) && float_only && !IsFloating(dtype)) {
+  if (const char* why = MatrixSkipReason(k, dtype, in_place)) GTEST_SKIP() << why;
+  if (RefusedUpFront(k, dtype)) {
     // Rejected up front on every rank, naming op and dtype; nothing reaches MPI.
-    int64_t send[8] = {};
-    int64_t recv[8] = {};
-    auto w = k.kind == CollectiveKind::kAllReduce
-                 ? g.AllReduce(send, recv, 4, dtype, ReduceOp{k.op, 0.5})
-                 : g.ReduceScatter(send, recv, 1, dtype, ReduceOp{k.op, 0.5});
-    EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument) << w.status().ToString();
-    EXPECT_TRUE(absl::StrContains(w.status().message(), DTypeName(dtype))) << w.status().ToString();
+    const absl::Status s = LaunchStatus(g, k.kind, dtype, k.op);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), DTypeName(dtype))) << s;
     return;
   }
   uint64_t seed = 1;

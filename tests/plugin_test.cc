@@ -31,9 +31,6 @@ std::unique_ptr<Backend> CreatePluginBackend(int ranks) {
 
 // ---- every collective, bit for bit ------------------------------------------------------
 
-constexpr DType kDTypes[] = {DType::kF32, DType::kF64, DType::kBF16, DType::kF16,
-                             DType::kI32, DType::kI64, DType::kU8};
-
 using Param = std::tuple<int /*kind index*/, DType, int /*ranks*/, bool /*in_place*/>;
 
 class PluginCollectives : public ::testing::TestWithParam<Param> {};
@@ -41,16 +38,11 @@ class PluginCollectives : public ::testing::TestWithParam<Param> {};
 TEST_P(PluginCollectives, MatchesSerialReference) {
   const auto [ki, dtype, ranks, in_place] = GetParam();
   const CollectiveVariant k = kCollectiveVariants[ki];
-  const bool reduces = Reduces(k.kind);
-  const bool float_only = k.op == ReduceKind::kAvg || k.op == ReduceKind::kPreMulSum;
-  if ((k.kind == CollectiveKind::kBroadcast || k.kind == CollectiveKind::kBarrier) && in_place) {
-    GTEST_SKIP() << "broadcast and barrier have a single form";
-  }
-  if (k.kind == CollectiveKind::kBarrier && dtype != DType::kF32) GTEST_SKIP() << "no dtype";
+  if (const char* why = MatrixSkipReason(k, dtype, in_place)) GTEST_SKIP() << why;
   std::unique_ptr<Backend> backend = CreatePluginBackend(ranks);
   ASSERT_NE(backend, nullptr);
   ASSERT_EQ(backend->world_size(), ranks);
-  if (reduces && float_only && !IsFloating(dtype)) {
+  if (RefusedUpFront(k, dtype)) {
     // Braid rejects it before the plugin sees it, naming the dtype.
     RunRanks(*backend, [&](Group& g) {
       const absl::Status s = LaunchStatus(g, k.kind, dtype, k.op);
@@ -74,7 +66,7 @@ std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
 INSTANTIATE_TEST_SUITE_P(
     All, PluginCollectives,
     ::testing::Combine(::testing::Range(0, static_cast<int>(std::size(kCollectiveVariants))),
-                       ::testing::ValuesIn(kDTypes), ::testing::Values(1, 2, 3, 4),
+                       ::testing::ValuesIn(kAllDTypes), ::testing::Values(1, 2, 3, 4),
                        ::testing::Bool()),
     ParamName);
 
