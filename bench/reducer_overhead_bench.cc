@@ -49,71 +49,12 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "bench/alloc_counter.h"
 #include "benchmark/benchmark.h"
 #include "comm/backend.h"
 #include "comm/status_macros.h"
 #include "scheduler/divide.h"
 #include "scheduler/gradient_reducer.h"
-
-// ---- counting global operator new / delete -----------------------------------------------
-// Every replaceable form, so nothing bypasses the count. The counters are plain atomics and a
-// trivially-initialized thread_local: neither allocates.
-namespace {
-
-std::atomic<uint64_t> g_allocs{0};
-std::atomic<uint64_t> g_alloc_bytes{0};
-thread_local uint64_t t_allocs = 0;
-
-void* CountedAlloc(std::size_t n, std::size_t align) {
-  g_allocs.fetch_add(1, std::memory_order_relaxed);
-  g_alloc_bytes.fetch_add(n, std::memory_order_relaxed);
-  ++t_allocs;
-  if (n == 0) n = 1;
-  void* p = nullptr;
-  if (align <= alignof(std::max_align_t)) {
-    p = std::malloc(n);
-  } else if (posix_memalign(&p, align, n) != 0) {
-    p = nullptr;
-  }
-  return p;
-}
-
-void* CountedAllocOrThrow(std::size_t n, std::size_t align) {
-  void* p = CountedAlloc(n, align);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
-
-}  // namespace
-
-void* operator new(std::size_t n) { return CountedAllocOrThrow(n, 0); }
-void* operator new[](std::size_t n) { return CountedAllocOrThrow(n, 0); }
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return CountedAlloc(n, 0); }
-void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return CountedAlloc(n, 0); }
-void* operator new(std::size_t n, std::align_val_t a) {
-  return CountedAllocOrThrow(n, static_cast<std::size_t>(a));
-}
-void* operator new[](std::size_t n, std::align_val_t a) {
-  return CountedAllocOrThrow(n, static_cast<std::size_t>(a));
-}
-void* operator new(std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
-  return CountedAlloc(n, static_cast<std::size_t>(a));
-}
-void* operator new[](std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
-  return CountedAlloc(n, static_cast<std::size_t>(a));
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace braid::sched {
 namespace {
@@ -138,11 +79,11 @@ struct PhaseTotals {
 class AllocWindow {
  public:
   AllocWindow()
-      : all0_(g_allocs.load(std::memory_order_relaxed)),
-        bytes0_(g_alloc_bytes.load(std::memory_order_relaxed)) {}
+      : all0_(alloc_counter::Allocs()),
+        bytes0_(alloc_counter::AllocBytes()) {}
   void Close(PhaseTotals* t) const {
-    t->allocs_all = g_allocs.load(std::memory_order_relaxed) - all0_;
-    t->alloc_bytes = g_alloc_bytes.load(std::memory_order_relaxed) - bytes0_;
+    t->allocs_all = alloc_counter::Allocs() - all0_;
+    t->alloc_bytes = alloc_counter::AllocBytes() - bytes0_;
   }
 
  private:
@@ -206,22 +147,22 @@ class OneRankReducer {
 // One backward: BeginBackward(mode), MarkReady(params-1 .. 0), FinishBackward.
 absl::Status Backward(GradientReducer& r, SyncMode mode, int params, PhaseTotals* t) {
   auto t0 = Clock::now();
-  uint64_t a0 = t_allocs;
+  uint64_t a0 = alloc_counter::ThreadAllocs();
   RETURN_IF_ERROR(r.BeginBackward(mode));
   t->begin_ns += NsSince(t0);
-  t->allocs_begin += t_allocs - a0;
+  t->allocs_begin += alloc_counter::ThreadAllocs() - a0;
 
   t0 = Clock::now();
-  a0 = t_allocs;
+  a0 = alloc_counter::ThreadAllocs();
   for (int64_t id = params - 1; id >= 0; --id) RETURN_IF_ERROR(r.MarkReady(id));
   t->marks_ns += NsSince(t0);
-  t->allocs_marks += t_allocs - a0;
+  t->allocs_marks += alloc_counter::ThreadAllocs() - a0;
 
   t0 = Clock::now();
-  a0 = t_allocs;
+  a0 = alloc_counter::ThreadAllocs();
   RETURN_IF_ERROR(r.FinishBackward());
   t->finish_ns += NsSince(t0);
-  t->allocs_finish += t_allocs - a0;
+  t->allocs_finish += alloc_counter::ThreadAllocs() - a0;
   return absl::OkStatus();
 }
 

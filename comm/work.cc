@@ -30,7 +30,7 @@ WorkPtr Work::Completed(WorkInfo info, absl::Status status) {
 }
 
 bool Work::Complete(absl::Status status) {
-  std::vector<Callback> callbacks;
+  absl::InlinedVector<Callback, 2> callbacks;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (done_.load(std::memory_order_relaxed)) return false;

@@ -24,8 +24,10 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "comm/tensor.h"
@@ -42,6 +44,7 @@ struct WorkInfo {
 };
 
 class Work;
+class WorkPool;
 using WorkPtr = std::shared_ptr<Work>;
 
 class Work {
@@ -50,6 +53,13 @@ class Work {
 
   static WorkPtr Create(WorkInfo info, absl::Duration spin = absl::Microseconds(20));
   static WorkPtr Completed(WorkInfo info, absl::Status status);
+
+  // Only WorkPool can make one (std::allocate_shared needs a public constructor).
+  class PoolKey {
+    friend class WorkPool;
+    explicit PoolKey() = default;
+  };
+  Work(PoolKey, WorkInfo info, absl::Duration spin) : Work(std::move(info), spin) {}
 
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
@@ -63,7 +73,8 @@ class Work {
   // Final status; FailedPrecondition if not Done() yet.
   absl::Status status() const;
   // Runs `cb` exactly once with the final status: now (on this thread) if already done, else
-  // on the thread that completes the work. Callbacks must not block.
+  // on the thread that completes the work. Callbacks must not block. A callable of at most
+  // 16 trivially copyable bytes (e.g. [this, index]) is stored without allocating.
   void OnComplete(Callback cb);
   DeviceEvent device_event() const { return device_event_; }
   const WorkInfo& info() const { return info_; }
@@ -85,7 +96,8 @@ class Work {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   absl::Status status_;             // guarded by mu_; immutable once done_
-  std::vector<Callback> callbacks_;  // guarded by mu_
+  // guarded by mu_; inline room for the usual one or two consumers (no allocation)
+  absl::InlinedVector<Callback, 2> callbacks_;
   DeviceEvent device_event_;
   std::function<void()> poller_;
 };

@@ -23,16 +23,6 @@ constexpr size_t kStorageAlign = 64;
 
 }  // namespace
 
-// A launched reduction stage whose completion still has to be watched, outside mu_ (OnComplete
-// may run the callback inline, and the callback takes mu_).
-struct GradientReducer::Launched {
-  int bucket;
-  int stage;  // 0: reduce-scatter or all-reduce; 1: hybrid replica all-reduce
-  WorkPtr work;
-  int post_divide;
-  int64_t start_ns = 0;  // timeline only
-};
-
 struct GradientReducer::BucketState {
   std::unique_ptr<char, FreeDeleter> data;  // padded_count elements, zero-initialized
   std::string label;                         // "bucket 3": names the bucket in errors
@@ -41,6 +31,14 @@ struct GradientReducer::BucketState {
   bool first_done = false;                   // guarded by mu_ (hybrid)
   bool failed = false;                       // guarded by mu_ (hybrid)
   WorkPtr work;                              // this backward's final result
+  // The collective of each stage in this backward (0: reduce-scatter or all-reduce; 1: the
+  // hybrid replica all-reduce): written under mu_ at launch, watched after mu_ is released
+  // (OnComplete may run the callback inline, and the callback takes mu_).
+  struct Stage {
+    WorkPtr work;
+    int post_divide = 1;
+    int64_t start_ns = 0;  // timeline only
+  } stage[2];
   // Hybrid reduce_scatter_only: this rank's shard summed over the window's microbatches so far
   // (each already averaged over the shard group), added in before the replica all-reduce.
   std::unique_ptr<char, FreeDeleter> partial;
@@ -298,8 +296,10 @@ absl::Status GradientReducer::BeginBackward(SyncMode mode) {
       BucketState& s = *buckets_[b];
       s.pending.store(static_cast<int>(plan_.buckets()[b].params.size()), std::memory_order_relaxed);
       s.ready = s.first_done = s.failed = false;
+      s.stage[0].work.reset();
+      s.stage[1].work.reset();
       if (mode != SyncMode::kNoSync) {
-        s.work = Work::Create(WorkInfo{groups_.shard->name(), "reduction", b, s.label});
+        s.work = works_.Create(WorkInfo{groups_.shard->name(), "reduction", b, s.label});
       }
     }
   }
@@ -336,20 +336,22 @@ void GradientReducer::OnParamReady(int param_index) {
     const Bucket& bk = plan_.buckets()[bucket];
     CastScale(BucketData(bucket), bk.dtype, s.staging.get(), DType::kF32, bk.padded_count, ScaleSpec{});
   }
-  std::vector<Launched> launched;
+  int first, last;
   {
     std::lock_guard<std::mutex> lock(mu_);
     s.ready = true;
+    first = launch_cursor_;
     while (launch_cursor_ < static_cast<int>(buckets_.size()) && buckets_[launch_cursor_]->ready) {
-      LaunchStageLocked(launch_cursor_++, 0, &launched);
+      LaunchStageLocked(launch_cursor_++, 0);
     }
+    last = launch_cursor_;
   }
-  Watch(launched);
+  Watch(first, last, 0);
 }
 
-void GradientReducer::LaunchStageLocked(int b, int stage, std::vector<Launched>* out) {
+void GradientReducer::LaunchStageLocked(int b, int stage) {
   const Bucket& bk = plan_.buckets()[b];
-  const BucketState& s = *buckets_[b];
+  BucketState& s = *buckets_[b];
   CollectiveOptions opts;
   opts.label = s.label;
   Group& g = stage == 0 ? *groups_.shard : *groups_.replica;
@@ -360,68 +362,76 @@ void GradientReducer::LaunchStageLocked(int b, int stage, std::vector<Launched>*
       : config_.mode == ReduceMode::kAllReduce
           ? g.AllReduce(CommData(b), CommData(b), bk.count, t, step.op, opts)
           : g.ReduceScatter(CommData(b), CommShard(b), bk.shard_count, t, step.op, opts);
-  out->push_back(Launched{b, stage, w.ok() ? *w : Work::Completed(WorkInfo{g.name(), "launch", 0, s.label}, w.status()),
-                          w.ok() ? step.post_divide : 1});
+  BucketState::Stage& rec = s.stage[stage];
+  rec.work = w.ok() ? *std::move(w)
+                    : Work::Completed(WorkInfo{g.name(), "launch", 0, s.label}, w.status());
+  rec.post_divide = w.ok() ? step.post_divide : 1;
   if (tl_ != nullptr) {
-    out->back().start_ns = Timeline::NowNs();
+    rec.start_ns = Timeline::NowNs();
     if (stage == 0) tl_->Instant(tl_launches_, "launch", b);
   }
 }
 
-void GradientReducer::Watch(std::vector<Launched>& launched) {
-  for (const Launched& l : launched) {
-    l.work->OnComplete([this, l](const absl::Status& st) { OnStageDone(l, st); });
+void GradientReducer::Watch(int first, int last, int stage) {
+  for (int b = first; b < last; ++b) {
+    const WorkPtr& w = buckets_[b]->stage[stage].work;
+    if (w == nullptr) continue;  // hybrid: a bucket whose reduce-scatter failed
+    // [this, b, stage] fits std::function's inline buffer: no allocation per launch.
+    w->OnComplete([this, b, stage](const absl::Status& st) { OnStageDone(b, stage, st); });
   }
 }
 
-void GradientReducer::OnStageDone(const Launched& l, const absl::Status& st) {
+void GradientReducer::OnStageDone(int b, int stage, const absl::Status& st) {
+  const BucketState::Stage& rec = buckets_[b]->stage[stage];
   if (tl_ != nullptr) {
-    const char* name = l.stage == 1 ? "allreduce (replicas)"
+    const char* name = stage == 1 ? "allreduce (replicas)"
                        : config_.mode == ReduceMode::kAllReduce ? "allreduce"
                                                                 : "reduce_scatter";
-    tl_->Complete(l.stage == 1 ? tl_replica_ : tl_first_, name, l.start_ns, Timeline::NowNs(), l.bucket);
+    tl_->Complete(stage == 1 ? tl_replica_ : tl_first_, name, rec.start_ns, Timeline::NowNs(), b);
   }
-  const Bucket& bk = plan_.buckets()[l.bucket];
+  const Bucket& bk = plan_.buckets()[b];
   const bool whole = config_.mode == ReduceMode::kAllReduce;
-  const DType t = CommDType(l.bucket);
-  if (st.ok() && l.post_divide > 1) {  // f16: the divide after the sum
-    char* p = whole ? CommData(l.bucket) : CommShard(l.bucket);
-    CastScale(p, t, p, t, whole ? bk.count : bk.shard_count, ScaleSpec{false, 1.0, l.post_divide});
+  const DType t = CommDType(b);
+  if (st.ok() && rec.post_divide > 1) {  // f16: the divide after the sum
+    char* p = whole ? CommData(b) : CommShard(b);
+    CastScale(p, t, p, t, whole ? bk.count : bk.shard_count, ScaleSpec{false, 1.0, rec.post_divide});
   }
-  const bool last_stage = config_.mode != ReduceMode::kHybrid || l.stage == 1;
+  const bool last_stage = config_.mode != ReduceMode::kHybrid || stage == 1;
   if (last_stage) {
-    if (st.ok() && buckets_[l.bucket]->staging != nullptr) {  // round once, to the gradient dtype
-      CastScale(whole ? CommData(l.bucket) : CommShard(l.bucket), t,
-                whole ? BucketData(l.bucket) : ShardData(l.bucket), bk.dtype,
+    if (st.ok() && buckets_[b]->staging != nullptr) {  // round once, to the gradient dtype
+      CastScale(whole ? CommData(b) : CommShard(b), t,
+                whole ? BucketData(b) : ShardData(b), bk.dtype,
                 whole ? bk.count : bk.shard_count, ScaleSpec{});
     }
-    if (st.ok() && !config_.gradient_as_bucket_view && whole) Unpack(l.bucket);
-    FinishBucket(l.bucket, st);
+    if (st.ok() && !config_.gradient_as_bucket_view && whole) Unpack(b);
+    FinishBucket(b, st);
     return;
   }
   // Hybrid: the shard is reduced within its replica.
   if (st.ok() && sync_ == SyncMode::kReduceScatterOnly) {
-    AccumulatePartial(l.bucket);  // and the microbatch's gradients are consumed: zero them
-    std::memset(BucketData(l.bucket), 0, plan_.buckets()[l.bucket].bytes());
-    FinishBucket(l.bucket, st);
+    AccumulatePartial(b);  // and the microbatch's gradients are consumed: zero them
+    std::memset(BucketData(b), 0, plan_.buckets()[b].bytes());
+    FinishBucket(b, st);
     return;
   }
-  if (st.ok()) AddPartialInto(l.bucket);
+  if (st.ok()) AddPartialInto(b);
   // All-reduce it across replicas, in bucket order (a failed bucket is skipped: its error
   // already ends this backward).
-  if (!st.ok()) FinishBucket(l.bucket, st);
-  std::vector<Launched> launched;
+  if (!st.ok()) FinishBucket(b, st);
+  int first, last;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    buckets_[l.bucket]->first_done = true;
-    buckets_[l.bucket]->failed = !st.ok();
+    buckets_[b]->first_done = true;
+    buckets_[b]->failed = !st.ok();
+    first = allreduce_cursor_;
     while (allreduce_cursor_ < static_cast<int>(buckets_.size()) &&
            buckets_[allreduce_cursor_]->first_done) {
       const int k = allreduce_cursor_++;
-      if (!buckets_[k]->failed) LaunchStageLocked(k, 1, &launched);
+      if (!buckets_[k]->failed) LaunchStageLocked(k, 1);
     }
+    last = allreduce_cursor_;
   }
-  Watch(launched);
+  Watch(first, last, 1);
 }
 
 void GradientReducer::AccumulatePartial(int b) {

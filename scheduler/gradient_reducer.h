@@ -46,6 +46,7 @@
 #include "absl/time/time.h"
 #include "comm/group.h"
 #include "comm/tensor.h"
+#include "comm/work_pool.h"
 #include "scheduler/bucket_plan.h"
 #include "scheduler/divide.h"
 #include "scheduler/timeline.h"
@@ -129,15 +130,15 @@ class GradientReducer {
 
  private:
   struct BucketState;
-  struct Launched;
   GradientReducer(BucketPlan plan, ReducerGroups groups, const ReducerConfig& config);
 
   void OnParamReady(int param_index);
   // With mu_ held: launch bucket b's stage 0 (all-reduce, or reduce-scatter) or stage 1 (the
-  // hybrid replica all-reduce); what was launched is watched after mu_ is released.
-  void LaunchStageLocked(int b, int stage, std::vector<Launched>* out);
-  void Watch(std::vector<Launched>& launched);
-  void OnStageDone(const Launched& l, const absl::Status& st);
+  // hybrid replica all-reduce), recorded in the bucket's state; buckets [first, last) of a
+  // stage are then watched after mu_ is released. Nothing here allocates in steady state.
+  void LaunchStageLocked(int b, int stage);
+  void Watch(int first, int last, int stage);
+  void OnStageDone(int b, int stage, const absl::Status& st);
   // Hybrid reduce_scatter_only: partial (+)= this rank's reduced shard; and, at the synced
   // microbatch, shard = partial + shard before the replica all-reduce.
   void AccumulatePartial(int b);
@@ -178,6 +179,7 @@ class GradientReducer {
   Timeline* tl_ = nullptr;
   int tl_marks_ = 0, tl_launches_ = 0, tl_first_ = 0, tl_replica_ = 0, tl_waits_ = 0;
 
+  WorkPool works_;            // each bucket's per-backward result Work
   std::mutex mu_;             // launch cursors and the first error
   int launch_cursor_ = 0;     // next bucket to launch (first stage)
   int allreduce_cursor_ = 0;  // hybrid: next bucket whose replica all-reduce to launch

@@ -3,9 +3,11 @@
 
 #include <atomic>
 #include <thread>
+#include <vector>
 
 #include "comm/backend.h"
 #include "comm/status_macros.h"
+#include "comm/work_pool.h"
 #include "gtest/gtest.h"
 
 namespace braid {
@@ -98,6 +100,49 @@ absl::Status Quarter(int x, int* out) {
   ASSIGN_OR_RETURN(*out, Half(h));
   RETURN_IF_ERROR(*out > 100 ? absl::OutOfRangeError("big") : absl::OkStatus());
   return absl::OkStatus();
+}
+
+TEST(WorkPool, ReusesBlocksOnceWarm) {
+  WorkPool pool;
+  for (int round = 0; round < 50; ++round) {
+    std::vector<WorkPtr> live;
+    for (int i = 0; i < 4; ++i) live.push_back(pool.Create(Info()));
+    int calls = 0;
+    live[0]->OnComplete([&calls](const absl::Status&) { ++calls; });
+    for (WorkPtr& w : live) EXPECT_TRUE(w->Complete(absl::OkStatus()));
+    EXPECT_EQ(calls, 1);
+  }
+  EXPECT_EQ(pool.heap_blocks(), 4u);  // the high-water mark, not one per Create
+}
+
+TEST(WorkPool, WorksOutliveThePoolAndAreReleasedOnOtherThreads) {
+  std::vector<WorkPtr> kept;
+  {
+    WorkPool pool;
+    for (int i = 0; i < 8; ++i) kept.push_back(pool.Create(Info()));
+  }
+  std::thread t([&kept] {
+    for (WorkPtr& w : kept) w->Complete(absl::InternalError("late"));
+    kept.clear();  // the last references: blocks go back to the (orphaned) arena
+  });
+  t.join();
+  EXPECT_TRUE(kept.empty());
+}
+
+TEST(WorkPool, ConcurrentCreateAndRelease) {
+  WorkPool pool;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&pool] {
+      for (int i = 0; i < 2000; ++i) {
+        WorkPtr w = pool.Create(Info());
+        w->Complete(absl::OkStatus());
+        EXPECT_TRUE(w->Wait(absl::Seconds(1)).ok());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_LE(pool.heap_blocks(), 4u);
 }
 
 TEST(StatusMacros, PropagateAndAssign) {

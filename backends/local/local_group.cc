@@ -110,7 +110,12 @@ std::string DescribePosted(const Posted& p) {
 }  // namespace
 
 LocalGroup::LocalGroup(std::shared_ptr<LocalComm> comm, int rank)
-    : comm_(std::move(comm)), rank_(rank), worker_([this] { WorkerLoop(); }) {}
+    : comm_(std::move(comm)),
+      rank_(rank),
+      in_(comm_->size()),
+      out_(comm_->size()),
+      scalars_(comm_->size()),
+      worker_([this] { WorkerLoop(); }) {}
 
 LocalGroup::~LocalGroup() {
   {
@@ -147,9 +152,8 @@ WorkPtr LocalGroup::Enqueue(Op op, std::string label) {
     const uint64_t seq = next_seq_++;
     std::string op_name = op.posted.split ? std::string("split")
                                           : std::string(CollectiveName(op.posted.args.kind));
-    work = Work::Create(
-        WorkInfo{comm_->name_, std::move(op_name), seq, std::move(label)},
-        comm_->spin_);
+    work = works_.Create(WorkInfo{comm_->name_, std::move(op_name), seq, std::move(label)},
+                         comm_->spin_);
     op.work = work;
     queue_.push_back(std::move(op));
   }
@@ -202,8 +206,7 @@ void LocalGroup::WorkerLoop() {
         cv_.wait(lock, [this] { return !queue_.empty() || stopping_; });
       }
       if (queue_.empty()) return;  // stopping and drained
-      op = std::move(queue_.front());
-      queue_.pop_front();
+      op = queue_.pop_front();
       running_op_ = true;
     }
     absl::Status s = Execute(op);
@@ -212,6 +215,7 @@ void LocalGroup::WorkerLoop() {
       running_op_ = false;
     }
     op.work->Complete(std::move(s));
+    op = Op();  // release the Work now, not when the next op arrives
   }
 }
 
@@ -287,9 +291,9 @@ absl::Status LocalGroup::RunCollective(const CollectiveArgs& a, const std::vecto
       // Rank r alone reads chunk r of every input and writes it, reduced, into every rank's
       // output: no other rank touches chunk r, so this is safe in place too, and one barrier
       // ends the op.
-      std::vector<const void*> in(n);
-      std::vector<void*> out(n);
-      std::vector<double> scalars(n);
+      std::vector<const void*>& in = in_;
+      std::vector<void*>& out = out_;
+      std::vector<double>& scalars = scalars_;
       size_t lo, hi;
       ChunkRange(a.count, es, n, rank_, &lo, &hi);
       for (int k = 0; k < n; ++k) {
@@ -303,8 +307,8 @@ absl::Status LocalGroup::RunCollective(const CollectiveArgs& a, const std::vecto
       break;
     }
     case CollectiveKind::kReduceScatter: {
-      std::vector<const void*> in(n);
-      std::vector<double> scalars(n);
+      std::vector<const void*>& in = in_;
+      std::vector<double>& scalars = scalars_;
       for (int k = 0; k < n; ++k) {
         in[k] = static_cast<const char*>(posted[k].args.send) + static_cast<size_t>(rank_) * a.count * es;
         scalars[k] = posted[k].args.op.scalar;

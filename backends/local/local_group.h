@@ -19,7 +19,6 @@
 
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -29,7 +28,9 @@
 #include "absl/status/statusor.h"
 #include "backends/local/fault_injector.h"
 #include "backends/local/rank_barrier.h"
+#include "backends/local/ring_queue.h"
 #include "comm/group.h"
+#include "comm/work_pool.h"
 
 namespace braid::local {
 
@@ -87,11 +88,16 @@ class LocalGroup final : public Group {
   const int rank_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Op> queue_;  // guarded by mu_
+  RingQueue<Op> queue_;  // guarded by mu_
   bool running_op_ = false;  // guarded by mu_
   bool stopping_ = false;    // guarded by mu_
   uint64_t next_seq_ = 0;    // guarded by mu_
-  std::thread worker_;
+  WorkPool works_;  // steady state: no allocation per collective
+  // The worker's scratch for reductions (one entry per rank), sized once.
+  std::vector<const void*> in_;
+  std::vector<void*> out_;
+  std::vector<double> scalars_;
+  std::thread worker_;  // last: starts after everything it uses
 };
 
 // Creates the shared state of a new group (the world, or a split child).
