@@ -533,10 +533,12 @@ absl::Status GradientReducer::FinishBackward() {
 }
 
 void GradientReducer::ZeroGrads() {
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    std::memset(BucketData(b), 0, plan_.buckets()[b].bytes());
-    buckets_[b]->has_partial = false;
-  }
+  for (size_t b = 0; b < buckets_.size(); ++b) ZeroBucket(static_cast<int>(b));
+}
+
+void GradientReducer::ZeroBucket(int b) {
+  std::memset(BucketData(b), 0, plan_.buckets()[b].bytes());
+  buckets_[b]->has_partial = false;
 }
 
 }  // namespace braid::sched

@@ -118,6 +118,11 @@ class GradientReducer {
   absl::Status FinishBackward();
   // Zeroes every bucket (all gradients): the start of a new accumulation window.
   void ZeroGrads();
+  // Zeroes bucket b only (a sharded optimizer, once it consumed b's shard). No reduction of b
+  // may be in flight.
+  void ZeroBucket(int b);
+  ReduceMode mode() const { return config_.mode; }
+  const ReducerGroups& groups() const { return groups_; }
 
   // Collective over the reducer's groups; call between steps (after the results were
   // consumed, before the next BeginBackward), at the same point on every rank. After the first

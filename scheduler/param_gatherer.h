@@ -103,6 +103,7 @@ class ParamGatherer {
   ParamGatherer& operator=(const ParamGatherer&) = delete;
 
   const BucketPlan& plan() const { return plan_; }
+  Group& group() const { return *group_; }
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
 
   // Parameter `id`'s full values inside its bucket's flat buffer. NotFound for an unknown id;

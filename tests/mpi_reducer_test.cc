@@ -30,7 +30,7 @@
 #include "gtest/gtest.h"
 #include "scheduler/gradient_reducer.h"
 #include "scheduler/mesh.h"
-#include "tests/mpi_gtest.h"
+#include "tests/mpi_world.h"
 #include "tests/multirank.h"
 #include "tests/reducer_reference.h"
 
@@ -199,28 +199,6 @@ TEST(MpiReducerUnused, ZeroFilledAndReducedWhenAllowedButNoSyncSumsAreKept) {
 }  // namespace braid::sched
 
 int main(int argc, char** argv) {
-  braid::Options options;
-  options.backend = "mpi";
-  options.timeout = braid::sched::kTimeout;
-  auto backend = braid::CreateBackend(options);
-  if (!backend.ok()) {
-    std::fprintf(stderr, "creating the mpi backend: %s\n", backend.status().ToString().c_str());
-    return 1;
-  }
-  const int rank = (*backend)->local_ranks().at(0);
-  braid::testing::BeforeInitGoogleTest(rank);
-  auto world = (*backend)->WorldGroup(rank);
-  if (!world.ok()) {
-    std::fprintf(stderr, "creating the world group: %s\n", world.status().ToString().c_str());
-    return 1;
-  }
-  braid::sched::the_world = world->get();
-  // Registers the parameterized tests, calling ScenariosForWorld() now that the world exists.
-  ::testing::InitGoogleTest(&argc, argv);
-  braid::testing::AfterInitGoogleTest(rank);
-  const int result = RUN_ALL_TESTS();
-  // Backend first: groups may outlive it, and the last group finalizes MPI.
-  backend->reset();
-  world->reset();
-  return result;
+  // The parameterized suites call ScenariosForWorld() at InitGoogleTest, once the world exists.
+  return braid::testing::RunTestsOnMpiWorld(argc, argv, braid::sched::kTimeout, &braid::sched::the_world);
 }

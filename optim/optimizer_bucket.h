@@ -1,0 +1,43 @@
+// Internal to the optimizer (sharded_optimizer.cc, optimizer_state.cc): per-bucket state.
+#ifndef BRAID_OPTIM_OPTIMIZER_BUCKET_H_
+#define BRAID_OPTIM_OPTIMIZER_BUCKET_H_
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "optim/sharded_optimizer.h"
+
+namespace braid::optim {
+
+struct FreeDeleter {
+  void operator()(float* p) const { std::free(p); }
+};
+using FloatBuffer = std::unique_ptr<float, FreeDeleter>;
+
+// A range of this rank's shard holding (parts of) parameters of one group; padding between
+// parameters and at the end of the bucket is never stepped.
+struct Segment {
+  size_t lo, hi;  // elements, relative to the shard start
+  int group;
+};
+
+struct ShardedOptimizer::BucketState {
+  std::string label;  // "bucket 3"
+  size_t n = 0;       // shard_count
+  FloatBuffer master, m, v;  // AdamW: exp_avg, exp_avg_sq; SGD: m = momentum buffer
+  std::vector<Segment> segments;
+  int64_t steps = 0;  // updates applied (bias correction); written by the round runner only
+  bool dirty = false;  // SetParam changed the shard: the next WaitParams re-gathers
+  // The armed step, guarded by mu_:
+  bool reduced = true;
+  absl::Status reduce_status;
+  bool published = true;
+  absl::Status publish_status;
+};
+
+}  // namespace braid::optim
+
+#endif  // BRAID_OPTIM_OPTIMIZER_BUCKET_H_

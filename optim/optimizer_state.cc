@@ -1,0 +1,167 @@
+// ShardedOptimizer::Save / Load: the per-rank state file (optim/state_file.h).
+//
+// Sections: "bucket_steps" (i64 per bucket), and per bucket b "bucket<b>/master" plus
+// "bucket<b>/exp_avg" and "bucket<b>/exp_avg_sq" (AdamW) or "bucket<b>/momentum" (SGD), each
+// shard_count f32. Scalars: "groups" and per group "g<k>/<name>" hyper-parameters.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "comm/reduce_kernels.h"
+#include "comm/status_macros.h"
+#include "optim/optimizer_bucket.h"
+#include "optim/sharded_optimizer.h"
+
+namespace braid::optim {
+namespace {
+
+constexpr const char* kAdamWNames[] = {"lr", "beta1", "beta2", "eps", "weight_decay"};
+constexpr const char* kSgdNames[] = {"lr", "momentum", "weight_decay", "nesterov"};
+
+std::vector<double> HyperValues(const GroupHyper& h, OptimizerKind kind) {
+  if (kind == OptimizerKind::kAdamW) {
+    const AdamWHyper& a = h.adamw;
+    return {a.lr, a.beta1, a.beta2, a.eps, a.weight_decay};
+  }
+  const SgdHyper& s = h.sgd;
+  return {s.lr, s.momentum, s.weight_decay, s.nesterov ? 1.0 : 0.0};
+}
+
+GroupHyper HyperFrom(const std::vector<double>& v, OptimizerKind kind, GroupHyper h) {
+  if (kind == OptimizerKind::kAdamW) {
+    h.adamw = AdamWHyper{v[0], v[1], v[2], v[3], v[4]};
+  } else {
+    h.sgd = SgdHyper{v[0], v[1], v[2], v[3] != 0};
+  }
+  return h;
+}
+
+}  // namespace
+
+StateHeader ShardedOptimizer::Identity() const {
+  const Group& shard = *reducer_->groups().shard;
+  const Group* replica = reducer_->groups().replica;
+  StateHeader h;
+  h.kind = config_.kind == OptimizerKind::kAdamW ? "adamw" : "sgd";
+  h.plan_fingerprint = reducer_->plan().Fingerprint();
+  h.shard_group_size = shard.size();
+  h.replica_group_size = replica != nullptr ? replica->size() : 1;
+  h.world_size = h.shard_group_size * h.replica_group_size;
+  h.rank = (replica != nullptr ? replica->rank() : 0) * shard.size() + shard.rank();
+  return h;
+}
+
+absl::Status ShardedOptimizer::Save(const std::string& path) {
+  RETURN_IF_ERROR(WaitRoundIdle("Save"));
+  StateHeader h = Identity();
+  std::vector<int64_t> steps;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    h.step = report_.rounds;
+    h.scalars.emplace_back("groups", static_cast<double>(groups_.size()));
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const std::vector<double> v = HyperValues(groups_[g], config_.kind);
+      for (size_t k = 0; k < v.size(); ++k) {
+        h.scalars.emplace_back(absl::StrCat("g", g, "/",
+                                            config_.kind == OptimizerKind::kAdamW ? kAdamWNames[k] : kSgdNames[k]),
+                               v[k]);
+      }
+    }
+  }
+  std::vector<StateSection> sections;
+  for (const auto& s : buckets_) steps.push_back(s->steps);
+  sections.push_back(StateSection{"bucket_steps", static_cast<int32_t>(DType::kI64), steps.size(),
+                                  steps.data(), steps.size() * sizeof(int64_t)});
+  const int32_t f32 = static_cast<int32_t>(DType::kF32);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const BucketState& s = *buckets_[b];
+    const size_t bytes = s.n * sizeof(float);
+    sections.push_back(StateSection{absl::StrCat("bucket", b, "/master"), f32, s.n, s.master.get(), bytes});
+    if (config_.kind == OptimizerKind::kAdamW) {
+      sections.push_back(StateSection{absl::StrCat("bucket", b, "/exp_avg"), f32, s.n, s.m.get(), bytes});
+      sections.push_back(StateSection{absl::StrCat("bucket", b, "/exp_avg_sq"), f32, s.n, s.v.get(), bytes});
+    } else {
+      sections.push_back(StateSection{absl::StrCat("bucket", b, "/momentum"), f32, s.n, s.m.get(), bytes});
+    }
+  }
+  return WriteStateFile(path, h, sections);
+}
+
+absl::Status ShardedOptimizer::Load(const std::string& path) {
+  RETURN_IF_ERROR(WaitRoundIdle("Load"));
+  // Phase 1: read and validate everything; nothing changes yet.
+  LoadedState file;
+  std::vector<GroupHyper> hyper = groups_;
+  std::vector<std::vector<const LoadedSection*>> found(buckets_.size());
+  const LoadedSection* steps = nullptr;
+  absl::Status mine = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(file, ReadStateFile(path));
+    RETURN_IF_ERROR(CheckCompatible(file.header(), Identity(), path));
+    ASSIGN_OR_RETURN(double groups, file.Scalar("groups"));
+    if (groups != static_cast<double>(groups_.size())) {
+      return absl::FailedPreconditionError(absl::StrCat("state file ", path, " has ", groups,
+                                                        " parameter groups, this optimizer has ",
+                                                        groups_.size()));
+    }
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      std::vector<double> v = HyperValues(groups_[g], config_.kind);
+      for (size_t k = 0; k < v.size(); ++k) {
+        ASSIGN_OR_RETURN(v[k], file.Scalar(absl::StrCat(
+                                   "g", g, "/", config_.kind == OptimizerKind::kAdamW ? kAdamWNames[k] : kSgdNames[k])));
+      }
+      hyper[g] = HyperFrom(v, config_.kind, hyper[g]);
+    }
+    ASSIGN_OR_RETURN(steps, file.Find("bucket_steps", DType::kI64, buckets_.size()));
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      const size_t n = buckets_[b]->n;
+      const std::vector<std::string> names =
+          config_.kind == OptimizerKind::kAdamW
+              ? std::vector<std::string>{"master", "exp_avg", "exp_avg_sq"}
+              : std::vector<std::string>{"master", "momentum"};
+      for (const std::string& name : names) {
+        ASSIGN_OR_RETURN(const LoadedSection* sec, file.Find(absl::StrCat("bucket", b, "/", name), DType::kF32, n));
+        found[b].push_back(sec);
+      }
+    }
+    return absl::OkStatus();
+  }();
+  // Every rank of the group loads or none does (the re-gather below is collective).
+  double failed = mine.ok() ? 0.0 : 1.0;
+  absl::StatusOr<WorkPtr> w = stats_group_->AllReduce(&failed, &failed, 1, DType::kF64, ReduceOp::Sum(),
+                                                      CollectiveOptions{});
+  RETURN_IF_ERROR(w.ok() ? (*w)->Wait(config_.timeout) : w.status());
+  if (!mine.ok()) return mine;
+  if (failed > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "optimizer Load(", path, "): ", failed, " other rank(s) of group '", stats_group_->name(),
+        "' could not load their state files; nothing was loaded"));
+  }
+  // Phase 2: apply, write the model-dtype shards, and gather every bucket.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    groups_ = hyper;
+    report_ = StepReport{};
+    report_.rounds = file.header().step;
+  }
+  const auto* step_values = static_cast<const int64_t*>(steps->data());
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    BucketState& s = *buckets_[b];
+    const size_t bytes = s.n * sizeof(float);
+    s.steps = step_values[b];
+    std::memcpy(s.master.get(), found[b][0]->data(), bytes);
+    std::memcpy(s.m.get(), found[b][1]->data(), bytes);
+    if (config_.kind == OptimizerKind::kAdamW) std::memcpy(s.v.get(), found[b][2]->data(), bytes);
+    const sched::Bucket& bk = reducer_->plan().buckets()[b];
+    char* out = static_cast<char*>(gatherer_->ShardView(static_cast<int>(b))->data);
+    for (const Segment& seg : s.segments) {
+      CastScale(s.master.get() + seg.lo, DType::kF32, out + seg.lo * DTypeSize(bk.dtype), bk.dtype,
+                seg.hi - seg.lo, ScaleSpec{});
+    }
+    s.dirty = false;
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) RETURN_IF_ERROR(Regather(static_cast<int>(b)));
+  return absl::OkStatus();
+}
+
+}  // namespace braid::optim

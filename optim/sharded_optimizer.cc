@@ -1,0 +1,521 @@
+#include "optim/sharded_optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "comm/check.h"
+#include "comm/reduce_kernels.h"
+#include "comm/status_macros.h"
+#include "optim/adamw_kernel.h"
+#include "optim/optimizer_bucket.h"
+
+namespace braid::optim {
+namespace {
+
+using sched::Bucket;
+using sched::BucketPlan;
+using sched::ReduceMode;
+using sched::SyncMode;
+
+FloatBuffer ZeroedFloats(size_t n) {
+  const size_t bytes = std::max<size_t>(64, (n * sizeof(float) + 63) / 64 * 64);
+  auto* p = static_cast<float*>(std::aligned_alloc(64, bytes));
+  BRAID_CHECK(p != nullptr);
+  std::memset(p, 0, bytes);
+  return FloatBuffer(p);
+}
+
+absl::Status CheckHyper(const GroupHyper& h, OptimizerKind kind, int group) {
+  const auto bad = [group](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer: parameter group ", group, ": ", what));
+  };
+  if (kind == OptimizerKind::kAdamW) {
+    const AdamWHyper& a = h.adamw;
+    if (!(a.lr >= 0)) return bad(absl::StrCat("lr must be >= 0, got ", a.lr));
+    if (!(a.beta1 >= 0 && a.beta1 < 1)) return bad(absl::StrCat("beta1 must be in [0, 1), got ", a.beta1));
+    if (!(a.beta2 >= 0 && a.beta2 < 1)) return bad(absl::StrCat("beta2 must be in [0, 1), got ", a.beta2));
+    if (!(a.eps > 0)) return bad(absl::StrCat("eps must be > 0, got ", a.eps));
+    if (!(a.weight_decay >= 0)) return bad(absl::StrCat("weight_decay must be >= 0, got ", a.weight_decay));
+  } else {
+    const SgdHyper& s = h.sgd;
+    if (!(s.lr >= 0)) return bad(absl::StrCat("lr must be >= 0, got ", s.lr));
+    if (!(s.momentum >= 0)) return bad(absl::StrCat("momentum must be >= 0, got ", s.momentum));
+    if (!(s.weight_decay >= 0)) return bad(absl::StrCat("weight_decay must be >= 0, got ", s.weight_decay));
+    if (s.nesterov && s.momentum == 0) return bad("nesterov needs momentum > 0");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// Shared with the reduction callbacks: a callback that fires after the optimizer is gone (an
+// abandoned backward finishing late) finds self == nullptr.
+struct ShardedOptimizer::CallbackGuard {
+  std::mutex mu;
+  ShardedOptimizer* self = nullptr;
+};
+
+ShardedOptimizer::ShardedOptimizer(sched::GradientReducer* reducer, sched::ParamGatherer* gatherer,
+                                   const OptimizerConfig& config)
+    : reducer_(reducer), gatherer_(gatherer), config_(config), groups_(config.groups) {}
+
+absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(
+    sched::GradientReducer* reducer, sched::ParamGatherer* gatherer, const OptimizerConfig& config) {
+  if (reducer == nullptr || gatherer == nullptr) {
+    return absl::InvalidArgumentError("optimizer: needs a reducer and a gatherer");
+  }
+  if (reducer->mode() == ReduceMode::kAllReduce) {
+    return absl::InvalidArgumentError(
+        "optimizer: the reducer is in all-reduce mode; the sharded optimizer needs reduce-scatter "
+        "or hybrid mode (each rank steps only its shard)");
+  }
+  if (gatherer->plan().Fingerprint() != reducer->plan().Fingerprint()) {
+    return absl::FailedPreconditionError(
+        "optimizer: the gatherer was built for another bucket plan than the reducer's (rebuilt "
+        "buckets? create the gatherer from reducer->plan() after RebuildBucketsIfPending)");
+  }
+  Group& shard = *reducer->groups().shard;
+  if (gatherer->group().size() != shard.size() || gatherer->group().rank() != shard.rank()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer: gatherer group '", gatherer->group().name(), "' (rank ", gatherer->group().rank(),
+        " of ", gatherer->group().size(), ") does not match shard group '", shard.name(), "' (rank ",
+        shard.rank(), " of ", shard.size(), "): split the shard group with key = rank"));
+  }
+  if (config.groups.empty()) return absl::InvalidArgumentError("optimizer: no parameter group");
+  for (size_t g = 0; g < config.groups.size(); ++g) {
+    RETURN_IF_ERROR(CheckHyper(config.groups[g], config.kind, static_cast<int>(g)));
+  }
+  const BucketPlan& plan = reducer->plan();
+  for (const auto& [id, g] : config.group_of) {
+    absl::StatusOr<int> i = plan.IndexOf(id);
+    if (!i.ok()) return absl::NotFoundError(absl::StrCat("optimizer: group_of names unknown parameter id ", id));
+    if (g < 0 || g >= static_cast<int>(config.groups.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("optimizer: parameter ", plan.params()[*i].Label(),
+                                                     " is assigned to group ", g, "; there are ",
+                                                     config.groups.size()));
+    }
+  }
+  if (config.threads < 1) return absl::InvalidArgumentError("optimizer: threads must be >= 1");
+  if (!(config.max_grad_norm >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer: max_grad_norm must be >= 0, got ", config.max_grad_norm));
+  }
+  auto opt = std::unique_ptr<ShardedOptimizer>(new ShardedOptimizer(reducer, gatherer, config));
+  RETURN_IF_ERROR(opt->Init());
+  return opt;
+}
+
+absl::Status ShardedOptimizer::Init() {
+  const BucketPlan& plan = reducer_->plan();
+  Group& shard = *reducer_->groups().shard;
+  plan_generation_ = reducer_->plan_generation();
+  const size_t r = static_cast<size_t>(shard.rank());
+  for (size_t b = 0; b < plan.buckets().size(); ++b) {
+    const Bucket& bk = plan.buckets()[b];
+    auto s = std::make_unique<BucketState>();
+    s->label = absl::StrCat("bucket ", b);
+    s->n = bk.shard_count;
+    s->master = ZeroedFloats(s->n);
+    s->m = ZeroedFloats(s->n);
+    if (config_.kind == OptimizerKind::kAdamW) s->v = ZeroedFloats(s->n);
+    const size_t start = r * bk.shard_count, end = start + bk.shard_count;
+    for (int pi : bk.params) {
+      const size_t off = plan.slot(pi).offset, lo = std::max(off, start),
+                   hi = std::min(off + plan.params()[pi].count, end);
+      if (lo >= hi) continue;
+      auto it = config_.group_of.find(plan.params()[pi].id);
+      const int g = it == config_.group_of.end() ? 0 : it->second;
+      if (!s->segments.empty() && s->segments.back().hi == lo - start && s->segments.back().group == g) {
+        s->segments.back().hi = hi - start;
+      } else {
+        s->segments.push_back(Segment{lo - start, hi - start, g});
+      }
+    }
+    buckets_.push_back(std::move(s));
+  }
+  ASSIGN_OR_RETURN(stats_group_, shard.Split(0, shard.rank(), absl::StrCat(shard.name(), "/optim")));
+  pool_ = std::make_unique<KernelPool>(config_.threads);
+  guard_ = std::make_shared<CallbackGuard>();
+  guard_->self = this;
+  if (config_.overlap) stepper_ = std::thread([this] { StepperLoop(); });
+  return absl::OkStatus();
+}
+
+ShardedOptimizer::~ShardedOptimizer() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (stepper_.joinable()) stepper_.join();
+  if (guard_ != nullptr) {
+    std::lock_guard<std::mutex> lock(guard_->mu);
+    guard_->self = nullptr;
+  }
+}
+
+// ---- backward ---------------------------------------------------------------------------
+
+absl::Status ShardedOptimizer::BeginBackward(SyncMode mode) {
+  RETURN_IF_ERROR(WaitRoundIdle("BeginBackward"));
+  if (reducer_->plan_generation() != plan_generation_) {
+    return absl::FailedPreconditionError(
+        "optimizer: the reducer rebuilt its buckets after the optimizer was created; create the "
+        "gatherer and optimizer again from the new plan");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (in_backward_) return absl::FailedPreconditionError("optimizer: BeginBackward while a backward is in progress");
+    if (stepable_) {
+      return absl::FailedPreconditionError(
+          "optimizer: the last synced backward was not stepped (overlap is off: call Step() "
+          "before the next backward, or its gradients would be mixed into this one)");
+    }
+  }
+  RETURN_IF_ERROR(reducer_->BeginBackward(mode));
+  uint64_t round;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_backward_ = true;
+    sync_ = mode;
+    if (mode != SyncMode::kSync) return absl::OkStatus();
+    round = ++round_;
+    for (auto& s : buckets_) {
+      s->reduced = false;
+      s->reduce_status = absl::OkStatus();
+    }
+    if (config_.overlap) ArmLocked();
+  }
+  // Each bucket's final reduction reports here (one small allocation per bucket: the guard).
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    reducer_->BucketWork(static_cast<int>(b))->OnComplete(
+        [guard = guard_, b, round](const absl::Status& st) {
+          std::lock_guard<std::mutex> lock(guard->mu);
+          if (guard->self != nullptr) guard->self->OnReduced(static_cast<int>(b), round, st);
+        });
+  }
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+void ShardedOptimizer::OnReduced(int b, uint64_t round, const absl::Status& st) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (round != round_) return;  // a late completion of an earlier backward
+    buckets_[b]->reduced = true;
+    buckets_[b]->reduce_status = st;
+  }
+  cv_.notify_all();
+}
+
+void ShardedOptimizer::ArmLocked() {
+  for (auto& s : buckets_) {
+    s->published = false;
+    s->publish_status = absl::OkStatus();
+  }
+  round_hyper_ = groups_;
+  round_deadline_ = absl::Now() + config_.timeout;
+  round_armed_ = true;
+}
+
+absl::Status ShardedOptimizer::FinishBackward() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!in_backward_) return absl::FailedPreconditionError("optimizer: FinishBackward without BeginBackward");
+  }
+  absl::Status s = reducer_->FinishBackward();
+  std::lock_guard<std::mutex> lock(mu_);
+  in_backward_ = false;
+  if (sync_ != SyncMode::kSync) return s;
+  if (!config_.overlap) {
+    stepable_ = true;
+  } else if (!s.ok()) {
+    // Buckets that will never report (a parameter was never marked, a launch failed): end the
+    // step there instead of letting the stepper wait for its deadline.
+    for (auto& b : buckets_) {
+      if (!b->reduced) {
+        b->reduced = true;
+        b->reduce_status = s;
+      }
+    }
+    cv_.notify_all();
+  }
+  return s;
+}
+
+absl::Status ShardedOptimizer::Step() {
+  if (config_.overlap) {
+    return absl::FailedPreconditionError("optimizer: Step() with overlap on (steps run as reductions complete)");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stepable_) {
+      return absl::FailedPreconditionError(
+          "optimizer: Step() without gradients to step: run BeginBackward(kSync) ... "
+          "FinishBackward() first (each synced backward is stepped once)");
+    }
+    stepable_ = false;
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      BucketState& s = *buckets_[b];
+      const WorkPtr& w = reducer_->BucketWork(static_cast<int>(b));
+      if (!s.reduced) {
+        s.reduced = true;
+        s.reduce_status = w->Done() ? w->status() : absl::FailedPreconditionError("not reduced");
+      }
+    }
+    ArmLocked();
+  }
+  RunRound();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& s : buckets_) {
+    if (!s->publish_status.ok()) return s->publish_status;
+  }
+  return absl::OkStatus();
+}
+
+// ---- the step ---------------------------------------------------------------------------
+
+void ShardedOptimizer::StepperLoop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stop_ || (round_armed_ && !round_running_); });
+      if (stop_) return;
+      round_running_ = true;
+    }
+    RunRound();
+  }
+}
+
+void ShardedOptimizer::RunRound() {
+  const bool global = config_.max_grad_norm > 0 || config_.skip_nonfinite;
+  absl::Time deadline;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    deadline = round_deadline_;
+    round_running_ = true;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    round_report_ = StepReport{};
+  }
+  double sumsq = 0;
+  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
+    BucketState& s = *buckets_[b];
+    absl::Status st;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_until(lock, absl::ToChronoTime(deadline), [&] { return stop_ || s.reduced; });
+      if (stop_) {
+        st = absl::CancelledError("the optimizer is being destroyed");
+      } else if (!s.reduced) {
+        st = absl::DeadlineExceededError(absl::StrCat("its reduction did not complete within ",
+                                                      absl::FormatDuration(config_.timeout)));
+      } else {
+        st = s.reduce_status;
+      }
+    }
+    if (!st.ok()) return FailFrom(b, st);
+    if (global) {
+      sumsq += BucketSquaredNorm(b);
+    } else {
+      StepBucket(b, 1.0);
+      Publish(b, absl::OkStatus());
+    }
+  }
+  if (global) {
+    StepReport report;
+    // One 2-double all-reduce: every rank then takes the same decision.
+    double stats[2] = {sumsq, 0.0};
+    absl::StatusOr<WorkPtr> w = stats_group_->AllReduce(stats, stats, 1, DType::kF64, ReduceOp::Sum(),
+                                                        CollectiveOptions{});
+    absl::Status st = w.ok() ? (*w)->WaitUntil(deadline) : w.status();
+    if (!st.ok()) return FailFrom(0, absl::Status(st.code(), absl::StrCat("global gradient norm: ", st.message())));
+    report.grad_norm = std::sqrt(stats[0]);
+    const bool finite = std::isfinite(report.grad_norm);
+    report.skipped = config_.skip_nonfinite && !finite;
+    if (config_.max_grad_norm > 0 && finite) {
+      // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6), clamped to 1.
+      report.clip_scale = std::min(1.0, config_.max_grad_norm / (report.grad_norm + 1e-6));
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      round_report_ = report;
+    }
+    for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
+      if (!report.skipped) StepBucket(b, report.clip_scale);
+      Publish(b, absl::OkStatus());
+    }
+  }
+}
+
+void ShardedOptimizer::StepBucket(int b, double grad_scale) {
+  BucketState& s = *buckets_[b];
+  const Bucket& bk = reducer_->plan().buckets()[b];
+  const size_t es = DTypeSize(bk.dtype);
+  const char* grad = static_cast<const char*>(reducer_->ShardView(b).data);
+  char* out = static_cast<char*>(gatherer_->ShardView(b)->data);
+  ++s.steps;
+  for (const Segment& seg : s.segments) {
+    const GroupHyper& h = round_hyper_[seg.group];
+    const size_t n = seg.hi - seg.lo;
+    const char* g = grad + seg.lo * es;
+    char* o = out + seg.lo * es;
+    if (config_.kind == OptimizerKind::kAdamW) {
+      AdamWParallel(*pool_, StepScalars(h.adamw, s.steps, grad_scale), s.master.get() + seg.lo,
+                    s.m.get() + seg.lo, s.v.get() + seg.lo, g, bk.dtype, n, o, bk.dtype);
+    } else {
+      SgdParallel(*pool_, SgdStepScalars(h.sgd, s.steps, grad_scale), s.master.get() + seg.lo,
+                  h.sgd.momentum != 0 ? s.m.get() + seg.lo : nullptr, g, bk.dtype, n, o, bk.dtype);
+    }
+  }
+}
+
+double ShardedOptimizer::BucketSquaredNorm(int b) {
+  const BucketState& s = *buckets_[b];
+  const Bucket& bk = reducer_->plan().buckets()[b];
+  const char* grad = static_cast<const char*>(reducer_->ShardView(b).data);
+  double sum = 0;
+  for (const Segment& seg : s.segments) {
+    sum += SquaredNormF64(*pool_, grad + seg.lo * DTypeSize(bk.dtype), bk.dtype, seg.hi - seg.lo);
+  }
+  return sum;
+}
+
+absl::Status ShardedOptimizer::Regather(int b) {
+  // A gather of b that nobody waited for still counts as in flight for the gatherer.
+  WorkPtr w = gatherer_->GatherWork(b);
+  if (w != nullptr && !gatherer_->IsGathered(b)) RETURN_IF_ERROR(gatherer_->WaitParams(b));
+  return gatherer_->Prefetch(b);
+}
+
+void ShardedOptimizer::Publish(int b, absl::Status status) {
+  if (status.ok()) {
+    reducer_->ZeroBucket(b);  // consumed: the next accumulation window starts from zero
+    status = Regather(b);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    buckets_[b]->published = true;
+    buckets_[b]->publish_status = std::move(status);
+    if (b + 1 == static_cast<int>(buckets_.size())) {  // the step is complete: one critical section
+      const int64_t rounds = report_.rounds + 1;
+      report_ = round_report_;
+      report_.rounds = rounds;
+      round_armed_ = round_running_ = false;
+    }
+  }
+  cv_.notify_all();
+}
+
+void ShardedOptimizer::FailFrom(int b, const absl::Status& s) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int k = b; k < static_cast<int>(buckets_.size()); ++k) {
+      BucketState& bs = *buckets_[k];
+      if (bs.published) continue;
+      bs.published = true;
+      bs.publish_status = absl::Status(
+          s.code(), absl::StrCat("optimizer step of ", bs.label, " not taken (", buckets_[b]->label,
+                                 ": ", s.message(), "); its gradients are kept"));
+    }
+    report_.rounds += 1;
+    round_armed_ = round_running_ = false;
+  }
+  cv_.notify_all();
+}
+
+// ---- waits ------------------------------------------------------------------------------
+
+absl::Status ShardedOptimizer::WaitRoundIdle(const char* caller) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const absl::Time deadline = absl::Now() + config_.timeout;
+  if (!cv_.wait_until(lock, absl::ToChronoTime(deadline), [this] { return !round_armed_; })) {
+    return absl::DeadlineExceededError(absl::StrCat("optimizer ", caller, ": the previous step did not finish within ",
+                                                    absl::FormatDuration(config_.timeout)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizer::WaitParams(int b) {
+  if (b < 0 || b >= static_cast<int>(buckets_.size())) {
+    return absl::OutOfRangeError(absl::StrCat("optimizer WaitParams: no bucket ", b, " (", buckets_.size(), " buckets)"));
+  }
+  BucketState& s = *buckets_[b];
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    const absl::Time deadline = absl::Now() + config_.timeout;
+    if (!cv_.wait_until(lock, absl::ToChronoTime(deadline), [&] { return s.published; })) {
+      return absl::DeadlineExceededError(absl::StrCat("optimizer WaitParams: the step of ", s.label,
+                                                      " did not finish within ",
+                                                      absl::FormatDuration(config_.timeout)));
+    }
+    RETURN_IF_ERROR(s.publish_status);
+  }
+  if (s.dirty) {
+    s.dirty = false;
+    RETURN_IF_ERROR(Regather(b));
+  }
+  return gatherer_->WaitParams(b);
+}
+
+absl::Status ShardedOptimizer::WaitAllParams() {
+  absl::Status first;
+  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
+    absl::Status s = WaitParams(b);
+    if (first.ok()) first = s;
+  }
+  return first;
+}
+
+// ---- parameters and hyper-parameters ----------------------------------------------------
+
+absl::Status ShardedOptimizer::SetParam(ParamId id, const void* values) {
+  const BucketPlan& plan = reducer_->plan();
+  absl::StatusOr<int> i = plan.IndexOf(id);
+  if (!i.ok()) return absl::NotFoundError(absl::StrCat("optimizer SetParam: unknown parameter id ", id));
+  const sched::ParamSpec& p = plan.params()[*i];
+  if (values == nullptr && p.count > 0) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer SetParam(", p.Label(), "): null values"));
+  }
+  RETURN_IF_ERROR(WaitRoundIdle("SetParam"));
+  const int b = plan.slot(*i).bucket;
+  BucketState& s = *buckets_[b];
+  const size_t start = static_cast<size_t>(reducer_->groups().shard->rank()) * s.n;
+  const size_t off = plan.slot(*i).offset;
+  const size_t lo = std::max(off, start), hi = std::min(off + p.count, start + s.n);
+  if (lo < hi) {
+    const size_t es = DTypeSize(p.dtype);
+    const char* src = static_cast<const char*>(values) + (lo - off) * es;
+    CastScale(src, p.dtype, s.master.get() + (lo - start), DType::kF32, hi - lo, ScaleSpec{});
+    char* out = static_cast<char*>(gatherer_->ShardView(b)->data);
+    std::memcpy(out + (lo - start) * es, src, (hi - lo) * es);
+  }
+  s.dirty = true;
+  return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizer::SetHyper(int group, const GroupHyper& h) {
+  if (group < 0 || group >= static_cast<int>(groups_.size())) {
+    return absl::OutOfRangeError(absl::StrCat("optimizer SetHyper: no parameter group ", group));
+  }
+  RETURN_IF_ERROR(CheckHyper(h, config_.kind, group));
+  std::lock_guard<std::mutex> lock(mu_);
+  groups_[group] = h;  // the armed step keeps its snapshot
+  return absl::OkStatus();
+}
+
+int64_t ShardedOptimizer::bucket_steps(int b) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return round_armed_ ? -1 : buckets_.at(b)->steps;
+}
+
+StepReport ShardedOptimizer::last_step() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return report_;
+}
+
+}  // namespace braid::optim

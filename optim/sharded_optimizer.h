@@ -1,0 +1,186 @@
+// ShardedOptimizer: AdamW (or SGD) over this rank's shard of every bucket, stepped as soon as
+// that bucket's reduction completes, with the updated parameters all-gathered through the
+// ParamGatherer and waited for only when the framework next reads them (ZeRO-2 / HSDP).
+//
+//   ASSIGN_OR_RETURN(auto opt, ShardedOptimizer::Create(reducer.get(), gatherer.get(), cfg));
+//   for (each parameter) RETURN_IF_ERROR(opt->SetParam(id, initial_values));
+//   for (;;) {                                       // one optimizer step
+//     for (b in forward order) RETURN_IF_ERROR(opt->WaitParams(b)), forward reads
+//         gatherer->ParamView(id) ...;
+//     RETURN_IF_ERROR(opt->BeginBackward(SyncMode::kSync));
+//     ... backward: accumulate into reducer->GradView(id), reducer->MarkReady(id) ...
+//     RETURN_IF_ERROR(opt->FinishBackward());       // reductions done; steps may still run
+//   }
+//
+// Reduce-scatter and hybrid reducers only (ZeRO-1's all-reduce followed by a sharded step
+// moves twice the bytes of a reduce-scatter for the same result; an all-reduce reducer steps
+// unsharded in the framework). The gatherer must gather the reducer's plan over a group with
+// the shard group's ranks in the same order (a Split of the shard group with key = rank), and
+// must not be driven by anyone else while a step is in flight.
+//
+// When a step happens. A BeginBackward(kSync) arms a step: with `overlap` (the default) a
+// stepper thread takes bucket k as soon as its reduction completes, in bucket order (the
+// reverse layer order of the DistAdam seed falls out of the plan), steps this rank's shard
+// into the f32 master weights and moments, writes the model-dtype parameters into the
+// gatherer's shard, zeroes the bucket's gradients and starts its all-gather; nothing waits for
+// the rest of the backward. Without `overlap` the framework calls Step() after FinishBackward
+// (the baseline the seeds describe). kNoSync and kReduceScatterOnly backwards only accumulate;
+// the step follows the window's last (kSync) backward, and the gradients are zeroed by it.
+// WaitParams(b) waits for bucket b's step and all-gather; BeginBackward waits for the previous
+// step to have consumed every gradient shard.
+//
+// Global-norm clipping (max_grad_norm > 0) and skip_nonfinite need every bucket before any
+// step: each bucket's partial sum of squares is taken as its shard arrives, then one 2-double
+// all-reduce over the shard group (on the optimizer's own split of it), then the steps. Cost:
+// the steps start after the last reduction instead of overlapping it. With skip_nonfinite, a
+// step in which any rank saw inf/NaN in its gradient shard changes no parameter and no state
+// on any rank (the gradients are still zeroed: the window is dropped, as with loss scaling).
+//
+// Exactness: the update of each element is optim/adamw_math.h's, bit for bit, whatever the
+// thread count. Each bucket counts its own steps (bias correction), so a bucket whose
+// reduction failed is simply not stepped and no other bucket's state is lost.
+#ifndef BRAID_OPTIM_SHARDED_OPTIMIZER_H_
+#define BRAID_OPTIM_SHARDED_OPTIMIZER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "comm/group.h"
+#include "optim/adamw_math.h"
+#include "optim/parallel_for.h"
+#include "optim/state_file.h"
+#include "scheduler/gradient_reducer.h"
+#include "scheduler/param_gatherer.h"
+
+namespace braid::optim {
+
+using sched::ParamId;
+
+enum class OptimizerKind { kAdamW, kSgd };
+
+// Hyper-parameters of one parameter group (the rule's half is used).
+struct GroupHyper {
+  AdamWHyper adamw;
+  SgdHyper sgd;
+};
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::kAdamW;
+  std::vector<GroupHyper> groups{GroupHyper{}};  // group 0 is every unlisted parameter's
+  absl::flat_hash_map<ParamId, int> group_of;    // parameter id -> index into groups
+  bool overlap = true;         // step each bucket as its reduction completes; else Step()
+  double max_grad_norm = 0.0;  // > 0: exact global-norm clipping (as torch's clip_grad_norm_)
+  bool skip_nonfinite = false;  // drop the whole step on every rank if any gradient is inf/NaN
+  int threads = 1;              // kernel threads per step (1: the stepper thread alone)
+  absl::Duration timeout = absl::Seconds(300);  // every wait
+};
+
+// What the latest completed step did.
+struct StepReport {
+  int64_t rounds = 0;      // armed steps completed (skipped ones included)
+  bool skipped = false;    // skip_nonfinite dropped it
+  double grad_norm = -1;   // global gradient norm (clipping / skip_nonfinite only; else -1)
+  double clip_scale = 1;   // the factor the gradients were multiplied by
+};
+
+class ShardedOptimizer {
+ public:
+  // Collective over the reducer's shard group (splits it once for the clipping all-reduce).
+  static absl::StatusOr<std::unique_ptr<ShardedOptimizer>> Create(sched::GradientReducer* reducer,
+                                                                  sched::ParamGatherer* gatherer,
+                                                                  const OptimizerConfig& config);
+  ~ShardedOptimizer();
+  ShardedOptimizer(const ShardedOptimizer&) = delete;
+  ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
+
+  // Initial value of parameter `id`: its full `count` elements in its model dtype, identical on
+  // every rank. Sets this rank's master weights and model-dtype shard; the next WaitParams of
+  // its bucket gathers it. Only between steps.
+  absl::Status SetParam(ParamId id, const void* values);
+
+  absl::Status BeginBackward(sched::SyncMode mode);
+  // The reducer's FinishBackward (every reduction complete, or its error). Does not wait for
+  // the steps.
+  absl::Status FinishBackward();
+  // overlap == false: steps every bucket of the last synced backward now and starts the
+  // all-gathers. FailedPrecondition without a finished synced backward to step.
+  absl::Status Step();
+
+  // Bucket b's step (if one is armed) and all-gather are complete: its parameters may be read.
+  absl::Status WaitParams(int b);
+  absl::Status WaitAllParams();
+
+  // Takes effect from the next armed step.
+  absl::Status SetHyper(int group, const GroupHyper& h);
+  const GroupHyper& hyper(int group) const { return groups_.at(group); }
+  int64_t bucket_steps(int b) const;
+  StepReport last_step() const;
+
+  // Per-rank state file: master weights, moments, per-bucket step counts, hyper-parameters.
+  // Save waits for the step in flight. Load is collective over the shard group: it restores
+  // the state, writes the model-dtype shards and gathers every bucket; it fails, changing
+  // nothing, for a file of another plan, world, rank or optimizer kind.
+  absl::Status Save(const std::string& path);
+  absl::Status Load(const std::string& path);
+
+ private:
+  struct BucketState;
+  struct CallbackGuard;
+  ShardedOptimizer(sched::GradientReducer* reducer, sched::ParamGatherer* gatherer,
+                   const OptimizerConfig& config);
+  absl::Status Init();
+
+  void OnReduced(int b, uint64_t round, const absl::Status& st);
+  // With mu_ held: a step of the current backward's gradients is due.
+  void ArmLocked();
+  void StepperLoop();
+  // One armed step: waits for each bucket's reduction (in bucket order), steps and publishes.
+  void RunRound();
+  void StepBucket(int b, double grad_scale);
+  double BucketSquaredNorm(int b);
+  // Zeroes b's gradients and starts its all-gather; b's step is then visible to WaitParams.
+  void Publish(int b, absl::Status status);
+  void FailFrom(int b, const absl::Status& s);
+  // Starts bucket b's all-gather (after waiting for one nobody waited for).
+  absl::Status Regather(int b);
+  // Save / Load: this rank's identity in a state file.
+  StateHeader Identity() const;
+  absl::Status WaitRoundIdle(const char* caller);
+
+  sched::GradientReducer* const reducer_;
+  sched::ParamGatherer* const gatherer_;
+  const OptimizerConfig config_;
+  std::vector<GroupHyper> groups_;  // current; snapshotted when a step is armed
+  std::vector<std::unique_ptr<BucketState>> buckets_;
+  std::unique_ptr<Group> stats_group_;  // clipping / non-finite all-reduce
+  std::unique_ptr<KernelPool> pool_;
+  std::shared_ptr<CallbackGuard> guard_;
+  int plan_generation_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool in_backward_ = false;        // guarded by mu_
+  sched::SyncMode sync_ = sched::SyncMode::kSync;
+  uint64_t round_ = 0;              // guarded by mu_: synced backwards so far
+  bool round_armed_ = false;        // guarded by mu_: a step waits to run or is running
+  bool round_running_ = false;      // guarded by mu_
+  bool stepable_ = false;           // guarded by mu_: !overlap, a synced backward awaits Step()
+  absl::Time round_deadline_;       // guarded by mu_
+  std::vector<GroupHyper> round_hyper_;  // the armed step's hyper-parameters
+  StepReport report_;               // guarded by mu_: the last completed step
+  StepReport round_report_;         // guarded by mu_: the step in flight
+  bool stop_ = false;               // guarded by mu_
+  std::thread stepper_;             // overlap only; last member
+};
+
+}  // namespace braid::optim
+
+#endif  // BRAID_OPTIM_SHARDED_OPTIMIZER_H_

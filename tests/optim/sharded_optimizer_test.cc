@@ -1,0 +1,292 @@
+// ShardedOptimizer on the `local` backend against the serial, unsharded reference of
+// tests/optim/optimizer_harness.h, bit for bit: world sizes 1, 2, 4, 8 and 2x2 / 2x4 meshes,
+// AdamW and SGD, f32 / bf16 / f16 models, overlapped and explicit steps, accumulation
+// schedules (no_sync, reduce_scatter_only), clipping, skipped non-finite steps, two parameter
+// groups and an lr change; resume from a checkpoint; and the errors.
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/multirank.h"
+#include "tests/optim/optimizer_harness.h"
+
+namespace braid::optim::testing {
+namespace {
+
+using braid::testing::ExpectError;
+using braid::testing::RunRanks;
+
+struct Case {
+  std::string name;
+  OptScenario setup;
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+OptScenario Base(int replicas, int shards) {
+  OptScenario s;
+  s.replicas = replicas;
+  s.shards = shards;
+  s.opt.groups = {GroupHyper{}, GroupHyper{}};
+  s.opt.groups[0].adamw = AdamWHyper{1e-2, 0.9, 0.999, 1e-8, 0.1};
+  s.opt.groups[1].adamw = AdamWHyper{3e-3, 0.8, 0.99, 1e-6, 0.0};  // biases: no decay
+  s.opt.groups[0].sgd = SgdHyper{0.05, 0.9, 0.01, false};
+  s.opt.groups[1].sgd = SgdHyper{0.02, 0.5, 0.0, true};
+  s.opt.group_of = {{2, 1}, {6, 1}, {8, 1}};
+  return s;
+}
+
+std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  for (int n : {1, 2, 4, 8}) cases.push_back({absl::StrCat("adamw_f32_world", n), Base(1, n)});
+  {
+    Case c{"adamw_f32_world2_explicit_step", Base(1, 2)};
+    c.setup.opt.overlap = false;
+    cases.push_back(c);
+  }
+  {
+    Case c{"adamw_bf16_world4_nosync", Base(1, 4)};
+    c.setup.dtype = DType::kBF16;
+    c.setup.schedule = {SyncMode::kNoSync, SyncMode::kSync};
+    cases.push_back(c);
+  }
+  {
+    Case c{"adamw_f16_world2_lr_change", Base(1, 2)};
+    c.setup.dtype = DType::kF16;
+    c.setup.lr_change_step = 2;
+    cases.push_back(c);
+  }
+  {
+    Case c{"adamw_f32_mesh2x2_rsonly", Base(2, 2)};
+    c.setup.schedule = {SyncMode::kReduceScatterOnly, SyncMode::kSync};
+    cases.push_back(c);
+  }
+  {
+    Case c{"adamw_bf16_mesh2x4", Base(2, 4)};
+    c.setup.dtype = DType::kBF16;
+    c.setup.steps = 3;
+    cases.push_back(c);
+  }
+  {
+    Case c{"adamw_f32_world4_clip", Base(1, 4)};
+    c.setup.opt.max_grad_norm = 0.5;  // the gradients' norm is ~5-10: clipping is active
+    cases.push_back(c);
+  }
+  {
+    Case c{"adamw_f32_mesh2x2_clip_skip_inf", Base(2, 2)};
+    c.setup.opt.max_grad_norm = 0.5;
+    c.setup.opt.skip_nonfinite = true;
+    c.setup.inf_step = 1;
+    cases.push_back(c);
+  }
+  {
+    Case c{"adamw_f16_world2_skip_inf_explicit", Base(1, 2)};
+    c.setup.dtype = DType::kF16;
+    c.setup.opt.skip_nonfinite = true;
+    c.setup.opt.overlap = false;
+    c.setup.inf_step = 2;
+    cases.push_back(c);
+  }
+  {
+    Case c{"sgd_f32_world4", Base(1, 4)};
+    c.setup.opt.kind = OptimizerKind::kSgd;
+    cases.push_back(c);
+  }
+  {
+    Case c{"sgd_bf16_mesh2x2_clip", Base(2, 2)};
+    c.setup.opt.kind = OptimizerKind::kSgd;
+    c.setup.dtype = DType::kBF16;
+    c.setup.opt.max_grad_norm = 0.5;
+    cases.push_back(c);
+  }
+  {
+    Case c{"adamw_f32_world2_threads2", Base(1, 2)};
+    c.setup.opt.threads = 2;
+    c.setup.counts = {70000, 3, 131072 + 5};  // shards above the kernels' parallel grain
+    c.setup.opt.group_of = {{1, 1}};
+    c.setup.bucket_cap_bytes = size_t{1} << 20;
+    c.setup.steps = 2;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+class OptimizerVsReference : public ::testing::TestWithParam<Case> {};
+
+TEST_P(OptimizerVsReference, BitExact) {
+  const OptScenario& s = GetParam().setup;
+  RunRanks(s.replicas * s.shards, [&](Group& world) { EXPECT_OK(CheckAgainstReference(world, s)); });
+}
+
+INSTANTIATE_TEST_SUITE_P(All, OptimizerVsReference, ::testing::ValuesIn(Cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+
+// The reference itself: a sanity anchor, so a harness bug that made both sides no-ops fails.
+TEST(OptimizerReference, StepsChangeEveryParameter) {
+  const OptScenario s = Base(1, 2);
+  const auto before = ReferenceParams(s, 0), after = ReferenceParams(s, 2);
+  for (size_t i = 0; i < s.counts.size(); ++i) EXPECT_NE(before[i], after[i]) << "parameter " << i;
+}
+
+// Overlap: bucket 0's step and all-gather start while the rest of the backward is unmarked.
+TEST(ShardedOptimizer, StepsBucketZeroBeforeTheBackwardEnds) {
+  OptScenario s = Base(1, 2);
+  RunRanks(2, [&](Group& world) {
+    auto st = BuildStack(world, s);
+    ASSERT_TRUE(st.ok()) << st.status();
+    RankStack& k = **st;
+    const WorkPtr before = k.gatherer->GatherWork(0);
+    const WorkPtr before1 = k.gatherer->GatherWork(1);
+    ASSERT_OK(k.opt->BeginBackward(SyncMode::kSync));
+    const auto& plan = k.reducer->plan();
+    for (int pi : plan.buckets()[0].params) ASSERT_OK(k.reducer->MarkReady(plan.params()[pi].id));
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (k.gatherer->GatherWork(0) == before && absl::Now() < deadline) absl::SleepFor(absl::Microseconds(100));
+    EXPECT_NE(k.gatherer->GatherWork(0), before) << "bucket 0 was not stepped and gathered during backward";
+    EXPECT_EQ(k.gatherer->GatherWork(1), before1) << "bucket 1 cannot have been reduced yet";
+    for (size_t b = 1; b < plan.buckets().size(); ++b) {
+      for (int pi : plan.buckets()[b].params) ASSERT_OK(k.reducer->MarkReady(plan.params()[pi].id));
+    }
+    ASSERT_OK(k.opt->FinishBackward());
+    ASSERT_OK(k.opt->WaitAllParams());
+  });
+}
+
+TEST(ShardedOptimizer, ResumeFromCheckpointIsBitExact) {
+  OptScenario s = Base(2, 2);
+  s.dtype = DType::kBF16;
+  s.steps = 4;
+  const std::string dir = ::testing::TempDir();
+  RunRanks(4, [&](Group& world) {
+    const std::string path = absl::StrCat(dir, "/resume_rank", world.rank(), ".braid");
+    std::vector<std::vector<uint8_t>> uninterrupted;
+    {
+      auto st = BuildStack(world, s);
+      ASSERT_TRUE(st.ok()) << st.status();
+      ASSERT_OK(RunSteps(**st, s, 0, 2));
+      ASSERT_OK((*st)->opt->Save(path));
+      ASSERT_OK(RunSteps(**st, s, 2, 4));
+      auto p = Params(**st, s);
+      ASSERT_TRUE(p.ok());
+      uninterrupted = *p;
+    }
+    auto st = BuildStack(world, s);  // fresh state: initial weights, zero moments
+    ASSERT_TRUE(st.ok()) << st.status();
+    ASSERT_OK((*st)->opt->Load(path));
+    ASSERT_OK((*st)->opt->WaitAllParams());
+    ASSERT_OK(RunSteps(**st, s, 2, 4));
+    auto resumed = Params(**st, s);
+    ASSERT_TRUE(resumed.ok());
+    EXPECT_EQ(*resumed, uninterrupted);
+    EXPECT_EQ(*resumed, ReferenceParams(s, 4));
+  });
+}
+
+TEST(ShardedOptimizerErrors, LoadRefusesOtherWorldsCorruptFilesAndKinds) {
+  const std::string dir = ::testing::TempDir();
+  const std::string path2 = absl::StrCat(dir, "/world2_rank0.braid");
+  OptScenario s2 = Base(1, 2);
+  s2.steps = 1;
+  RunRanks(2, [&](Group& world) {
+    auto st = BuildStack(world, s2);
+    ASSERT_TRUE(st.ok()) << st.status();
+    ASSERT_OK(RunSteps(**st, s2, 0, 1));
+    ASSERT_OK((*st)->opt->Save(absl::StrCat(dir, "/world2_rank", world.rank(), ".braid")));
+  });
+  OptScenario s1 = Base(1, 1);
+  RunRanks(1, [&](Group& world) {
+    auto st = BuildStack(world, s1);
+    ASSERT_TRUE(st.ok()) << st.status();
+    const auto before = Params(**st, s1);
+    ExpectError((*st)->opt->Load(path2), absl::StatusCode::kFailedPrecondition, {path2, "world size 2", "has 1"});
+    ExpectError((*st)->opt->Load(dir + "/missing.braid"), absl::StatusCode::kNotFound, {"missing.braid"});
+    // A file of the right world, then corrupted.
+    const std::string good = dir + "/world1.braid";
+    ASSERT_OK((*st)->opt->Save(good));
+    {
+      FILE* f = std::fopen(good.c_str(), "r+b");
+      ASSERT_NE(f, nullptr);
+      std::fseek(f, -40, SEEK_END);
+      std::fputc(0x5a, f);
+      std::fclose(f);
+    }
+    ExpectError((*st)->opt->Load(good), absl::StatusCode::kDataLoss, {good});
+    EXPECT_EQ(Params(**st, s1).value(), before.value()) << "a failed Load changed parameters";
+  });
+  // An SGD optimizer refuses an AdamW file.
+  OptScenario sgd = Base(1, 1);
+  sgd.opt.kind = OptimizerKind::kSgd;
+  RunRanks(1, [&](Group& world) {
+    auto st = BuildStack(world, Base(1, 1));
+    ASSERT_TRUE(st.ok());
+    ASSERT_OK((*st)->opt->Save(dir + "/adamw1.braid"));
+    auto sg = BuildStack(world, sgd);
+    ASSERT_TRUE(sg.ok());
+    ExpectError((*sg)->opt->Load(dir + "/adamw1.braid"), absl::StatusCode::kFailedPrecondition, {"adamw", "sgd"});
+  });
+}
+
+TEST(ShardedOptimizerErrors, MisuseIsNamed) {
+  RunRanks(2, [](Group& world) {
+    OptScenario s = Base(1, 2);
+    s.opt.overlap = false;
+    auto st = BuildStack(world, s);
+    ASSERT_TRUE(st.ok()) << st.status();
+    ShardedOptimizer& opt = *(*st)->opt;
+    ExpectError(opt.Step(), absl::StatusCode::kFailedPrecondition, {"Step()", "without gradients"});
+    ExpectError(opt.FinishBackward(), absl::StatusCode::kFailedPrecondition, {"without BeginBackward"});
+    ExpectError(opt.WaitParams(99), absl::StatusCode::kOutOfRange, {"bucket 99"});
+    ExpectError(opt.SetParam(1234, nullptr), absl::StatusCode::kNotFound, {"1234"});
+    ExpectError(opt.SetParam(0, nullptr), absl::StatusCode::kInvalidArgument, {"'p0'", "null"});
+    GroupHyper bad;
+    bad.adamw.beta2 = 1.0;
+    ExpectError(opt.SetHyper(1, bad), absl::StatusCode::kInvalidArgument, {"group 1", "beta2"});
+    ExpectError(opt.SetHyper(7, GroupHyper{}), absl::StatusCode::kOutOfRange, {"group 7"});
+    // A synced backward not stepped must not be mixed into the next one.
+    ASSERT_OK(RunSteps(**st, s, 0, 1));
+    ASSERT_OK(opt.BeginBackward(SyncMode::kSync));
+    for (int i = 0; i < static_cast<int>(s.counts.size()); ++i) ASSERT_OK((*st)->reducer->MarkReady(i));
+    ASSERT_OK(opt.FinishBackward());
+    ExpectError(opt.BeginBackward(SyncMode::kSync), absl::StatusCode::kFailedPrecondition, {"not stepped"});
+    ASSERT_OK(opt.Step());
+    ExpectError(opt.Step(), absl::StatusCode::kFailedPrecondition, {"without gradients"});
+    ASSERT_OK(opt.WaitAllParams());
+  });
+}
+
+TEST(ShardedOptimizerErrors, CreateRejectsBadConfigurations) {
+  RunRanks(2, [](Group& world) {
+    sched::ReducerConfig rc;  // all-reduce mode
+    std::vector<sched::ParamSpec> specs = {sched::ParamSpec{0, 10, DType::kF32, Device::Cpu(), "w"},
+                                           sched::ParamSpec{1, 3, DType::kF32, Device::Cpu(), "b"}};
+    auto ar = sched::GradientReducer::Create(specs, {&world, nullptr}, rc);
+    ASSERT_TRUE(ar.ok());
+    auto gg = world.Split(0, world.rank(), "gather");
+    ASSERT_TRUE(gg.ok());
+    rc.mode = sched::ReduceMode::kReduceScatter;
+    auto rs = sched::GradientReducer::Create(specs, {&world, nullptr}, rc);
+    ASSERT_TRUE(rs.ok());
+    auto gatherer = sched::ParamGatherer::Create((*rs)->plan(), gg->get(), sched::GathererConfig{});
+    ASSERT_TRUE(gatherer.ok()) << gatherer.status();
+    ExpectError(ShardedOptimizer::Create(ar->get(), gatherer->get(), OptimizerConfig{}).status(),
+                absl::StatusCode::kInvalidArgument, {"all-reduce mode"});
+    ExpectError(ShardedOptimizer::Create(rs->get(), nullptr, OptimizerConfig{}).status(),
+                absl::StatusCode::kInvalidArgument, {"gatherer"});
+    OptimizerConfig unknown;
+    unknown.group_of = {{42, 0}};
+    ExpectError(ShardedOptimizer::Create(rs->get(), gatherer->get(), unknown).status(),
+                absl::StatusCode::kNotFound, {"42"});
+    OptimizerConfig bad_group;
+    bad_group.group_of = {{1, 3}};
+    ExpectError(ShardedOptimizer::Create(rs->get(), gatherer->get(), bad_group).status(),
+                absl::StatusCode::kInvalidArgument, {"'b'", "group 3"});
+    OptimizerConfig bad_lr;
+    bad_lr.groups[0].adamw.lr = -1;
+    ExpectError(ShardedOptimizer::Create(rs->get(), gatherer->get(), bad_lr).status(),
+                absl::StatusCode::kInvalidArgument, {"group 0", "lr"});
+  });
+}
+
+}  // namespace
+}  // namespace braid::optim::testing
