@@ -7,7 +7,8 @@
 // Flags (defaults): --ranks=2,4  --mode=all_reduce|reduce_scatter|hybrid  --shards (hybrid:
 // ranks per shard group, ranks/2)  --scale=0.25  --blocks=12  --layer_compute_us=2000
 // --compute=busy|sleep  --iters=21  --warmup=2  --bucket_cap / --first_bucket_cap (bytes;
-// 25 MiB / 1 MiB x scale)  --csv. The default run takes well under a minute on 2 vCPUs.
+// 25 MiB / 1 MiB x scale)  --csv  --optimizer=none|adamw (reduce_scatter / hybrid only)
+// --optimizer_threads=1. The default run takes well under a minute on 2 vCPUs.
 //
 // Ranks are threads on the `local` backend. Each rank owns a GradientReducer over the model of
 // bench/overlap_model.h (f32, scaled by --scale; buckets capped at DDP's 25 MiB / 1 MiB times
@@ -27,6 +28,14 @@
 //                         after backward, the baseline seed 000 (modded-nanogpt #149) improved on
 //   overlapped            MarkReady of each layer's parameters as soon as its compute ends
 //                         (as a post-accumulate-grad hook does), FinishBackward at the end
+// With --optimizer=adamw, two more (each with its own ShardedOptimizer, gatherer and group):
+//   optim_after_backward  overlapped reduction, then Step() of every shard once FinishBackward
+//                         returned, then WaitAllParams: the seeds' baseline (step after backward)
+//   optim_overlapped      each shard stepped (and its all-gather started) as soon as its
+//                         reduction completes, during the rest of the backward; then
+//                         FinishBackward and WaitAllParams
+// and the summary reports the exposed optimizer time: step_ms minus `overlapped` (the same
+// backward and reduction without an optimizer).
 // A step's time is the slowest rank's, from a common start (a barrier outside Braid) to the
 // end of its FinishBackward (or compute). Reported: the median over --iters iterations after
 // --warmup, compute_ms = median compute_only, comm_ms = median comm_only, and
@@ -62,8 +71,10 @@
 #include "bench/overlap_model.h"
 #include "comm/backend.h"
 #include "comm/status_macros.h"
+#include "optim/sharded_optimizer.h"
 #include "scheduler/gradient_reducer.h"
 #include "scheduler/mesh.h"
+#include "scheduler/param_gatherer.h"
 
 namespace braid::bench {
 namespace {
@@ -72,10 +83,14 @@ using sched::GradientReducer;
 using sched::ReduceMode;
 using sched::SyncMode;
 
-enum class StepMode { kComputeOnly, kCommOnly, kSyncAfterBackward, kOverlapped };
-constexpr StepMode kModes[] = {StepMode::kComputeOnly, StepMode::kCommOnly,
-                               StepMode::kSyncAfterBackward, StepMode::kOverlapped};
-constexpr int kNumModes = 4;
+enum class StepMode {
+  kComputeOnly,
+  kCommOnly,
+  kSyncAfterBackward,
+  kOverlapped,
+  kOptimAfterBackward,  // --optimizer: overlapped reduction, then every shard stepped, then wait
+  kOptimOverlapped,     // --optimizer: each shard stepped as its reduction completes
+};
 
 const char* ModeName(StepMode m) {
   switch (m) {
@@ -83,6 +98,8 @@ const char* ModeName(StepMode m) {
     case StepMode::kCommOnly: return "comm_only";
     case StepMode::kSyncAfterBackward: return "sync_after_backward";
     case StepMode::kOverlapped: return "overlapped";
+    case StepMode::kOptimAfterBackward: return "optim_after_backward";
+    case StepMode::kOptimOverlapped: return "optim_overlapped";
   }
   return "?";
 }
@@ -107,6 +124,18 @@ struct Config {
   int64_t bucket_cap = 0, first_bucket_cap = 0;  // bytes; 0: DDP's defaults x scale
   bool sleep_compute = false;  // --compute=sleep
   bool csv = false;
+  bool optimizer = false;  // --optimizer=adamw: the two optimizer modes too
+  int optimizer_threads = 1;
+
+  std::vector<StepMode> Modes() const {
+    std::vector<StepMode> m = {StepMode::kComputeOnly, StepMode::kCommOnly, StepMode::kSyncAfterBackward,
+                               StepMode::kOverlapped};
+    if (optimizer) {
+      m.push_back(StepMode::kOptimAfterBackward);
+      m.push_back(StepMode::kOptimOverlapped);
+    }
+    return m;
+  }
 };
 
 // The rank threads' start line, outside Braid (compute_only must not touch it). Abort()
@@ -173,9 +202,9 @@ struct StepTimes {
 
 // Results of one rank count, filled by the rank threads (each writes only its own slots).
 struct Shared {
-  Shared(int ranks, int iters)
+  Shared(int ranks, int iters, int modes)
       : barrier(ranks),
-        times(kNumModes, std::vector<std::vector<StepTimes>>(iters, std::vector<StepTimes>(ranks))),
+        times(modes, std::vector<std::vector<StepTimes>>(iters, std::vector<StepTimes>(ranks))),
         wrong(ranks, 0) {}
   StartBarrier barrier;
   std::vector<std::vector<std::vector<StepTimes>>> times;  // [mode][iteration][rank]
@@ -183,9 +212,36 @@ struct Shared {
   int buckets = 0;
 };
 
+// The two sharded optimizers of --optimizer (each with its own gatherer and gather group):
+// `after` steps when told (Step()), `overlapped` as reductions complete.
+struct RankOptimizers {
+  std::unique_ptr<Group> gather_after, gather_overlapped;
+  std::unique_ptr<sched::ParamGatherer> gatherer_after, gatherer_overlapped;
+  std::unique_ptr<optim::ShardedOptimizer> after, overlapped;
+};
+
+// An optimizer step mode: the backward with marks as layers finish, then (after_backward)
+// Step(), then the wait a framework does before its next forward. Fills `t` except t->start.
+absl::Status RunOptimizerStep(optim::ShardedOptimizer& opt, bool explicit_step, GradientReducer& r,
+                              const std::vector<RankLayer>& backward, const Config& c, int rank, StepTimes* t) {
+  RETURN_IF_ERROR(opt.BeginBackward(SyncMode::kSync));
+  for (const RankLayer& l : backward) {
+    Compute(l, c, rank);
+    for (sched::ParamId id : l.ids) RETURN_IF_ERROR(r.MarkReady(id));
+  }
+  t->backward_end = Clock::now();
+  RETURN_IF_ERROR(opt.FinishBackward());
+  if (explicit_step) RETURN_IF_ERROR(opt.Step());
+  RETURN_IF_ERROR(opt.WaitAllParams());
+  t->end = Clock::now();
+  return absl::OkStatus();
+}
+
 // One step; fills `t` except t->start.
-absl::Status RunStep(StepMode mode, GradientReducer& r, const std::vector<RankLayer>& backward,
-                     const Config& c, int rank, StepTimes* t) {
+absl::Status RunStep(StepMode mode, GradientReducer& r, RankOptimizers* opts,
+                     const std::vector<RankLayer>& backward, const Config& c, int rank, StepTimes* t) {
+  if (mode == StepMode::kOptimAfterBackward) return RunOptimizerStep(*opts->after, true, r, backward, c, rank, t);
+  if (mode == StepMode::kOptimOverlapped) return RunOptimizerStep(*opts->overlapped, false, r, backward, c, rank, t);
   if (mode == StepMode::kOverlapped) RETURN_IF_ERROR(r.BeginBackward(SyncMode::kSync));
   for (const RankLayer& l : backward) {
     if (mode != StepMode::kCommOnly) Compute(l, c, rank);
@@ -256,6 +312,27 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
   ASSIGN_OR_RETURN(std::unique_ptr<GradientReducer> reducer,
                    GradientReducer::Create(model.params, groups, rc));
   if (rank == 0) shared->buckets = static_cast<int>(reducer->plan().buckets().size());
+  RankOptimizers opts;
+  if (c.optimizer) {
+    optim::OptimizerConfig oc;
+    oc.threads = c.optimizer_threads;
+    oc.timeout = absl::Seconds(120);
+    Group& shard = *groups.shard;
+    ASSIGN_OR_RETURN(opts.gather_after, shard.Split(0, shard.rank(), "gather_after"));
+    ASSIGN_OR_RETURN(opts.gather_overlapped, shard.Split(0, shard.rank(), "gather_overlapped"));
+    sched::GathererConfig gc;
+    gc.timeout = absl::Seconds(120);
+    ASSIGN_OR_RETURN(opts.gatherer_after, sched::ParamGatherer::Create(reducer->plan(), opts.gather_after.get(), gc));
+    ASSIGN_OR_RETURN(opts.gatherer_overlapped,
+                     sched::ParamGatherer::Create(reducer->plan(), opts.gather_overlapped.get(), gc));
+    oc.overlap = false;
+    ASSIGN_OR_RETURN(opts.after, optim::ShardedOptimizer::Create(reducer.get(), opts.gatherer_after.get(), oc));
+    oc.overlap = true;
+    ASSIGN_OR_RETURN(opts.overlapped,
+                     optim::ShardedOptimizer::Create(reducer.get(), opts.gatherer_overlapped.get(), oc));
+    RETURN_IF_ERROR(opts.after->WaitAllParams());
+    RETURN_IF_ERROR(opts.overlapped->WaitAllParams());
+  }
 
   std::vector<RankLayer> backward;  // last layer first
   for (int l = static_cast<int>(model.layers.size()) - 1; l >= 0; --l) {
@@ -274,21 +351,23 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
 
   const bool tty = isatty(2);
   const int total = c.warmup + c.iters;
+  const std::vector<StepMode> modes = c.Modes();
+  const int num_modes = static_cast<int>(modes.size());
   for (int it = 0; it < total; ++it) {
     if (rank == 0) Progress(n, it + 1, total, tty);
-    for (int k = 0; k < kNumModes; ++k) {
-      const int m = (k + it) % kNumModes;  // rotate the order: no mode always runs first
+    for (int k = 0; k < num_modes; ++k) {
+      const int m = (k + it) % num_modes;  // rotate the order: no mode always runs first
       if (!shared->barrier.Wait()) return absl::AbortedError("another rank failed");
       StepTimes t;
       t.start = Clock::now();
-      RETURN_IF_ERROR(RunStep(kModes[m], *reducer, backward, c, rank, &t));
+      RETURN_IF_ERROR(RunStep(modes[m], *reducer, &opts, backward, c, rank, &t));
       if (it >= c.warmup) shared->times[m][it - c.warmup][rank] = t;
     }
   }
   // Exactness check of one more overlapped step.
   if (!shared->barrier.Wait()) return absl::AbortedError("another rank failed");
   StepTimes unused;
-  RETURN_IF_ERROR(RunStep(StepMode::kOverlapped, *reducer, backward, c, rank, &unused));
+  RETURN_IF_ERROR(RunStep(StepMode::kOverlapped, *reducer, &opts, backward, c, rank, &unused));
   const int shard_rank = c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank();
   shared->wrong[rank] = CountWrong(*reducer, c.reduce, shard_rank, n);
   return absl::OkStatus();
@@ -321,7 +400,9 @@ absl::Status MeasureRanks(int ranks, const Config& c, const OverlapModel& model,
     ASSIGN_OR_RETURN(std::unique_ptr<Group> g, backend->WorldGroup(r));
     worlds.push_back(std::move(g));
   }
-  Shared shared(ranks, c.iters);
+  const std::vector<StepMode> modes = c.Modes();
+  const int num_modes = static_cast<int>(modes.size());
+  Shared shared(ranks, c.iters, num_modes);
   std::vector<absl::Status> status(ranks);
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {
@@ -344,8 +425,8 @@ absl::Status MeasureRanks(int ranks, const Config& c, const OverlapModel& model,
   *buckets = shared.buckets;
   // Per iteration the slowest rank's time; then statistics over iterations.
   auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
-  std::vector<std::vector<double>> step(kNumModes), backward(kNumModes), tail(kNumModes);
-  for (int m = 0; m < kNumModes; ++m) {
+  std::vector<std::vector<double>> step(num_modes), backward(num_modes), tail(num_modes);
+  for (int m = 0; m < num_modes; ++m) {
     for (int it = 0; it < c.iters; ++it) {
       double s = 0, b = 0;
       Clock::time_point last_backward_end = Clock::time_point::min(), last_end = last_backward_end;
@@ -362,10 +443,10 @@ absl::Status MeasureRanks(int ranks, const Config& c, const OverlapModel& model,
   }
   const double compute_ms = Median(step[0]);
   const double comm_ms = Median(step[1]);
-  for (int m = 0; m < kNumModes; ++m) {
+  for (int m = 0; m < num_modes; ++m) {
     Row row;
     row.ranks = ranks;
-    row.mode = kModes[m];
+    row.mode = modes[m];
     row.step_ms = Median(step[m]);
     row.min_ms = *std::min_element(step[m].begin(), step[m].end());
     row.max_ms = *std::max_element(step[m].begin(), step[m].end());
@@ -432,12 +513,23 @@ absl::StatusOr<Config> ParseConfig(const Flags& f) {
   }
   c.sleep_compute = compute == "sleep";
   c.csv = f.Bool("csv", false);
+  const std::string opt = f.Str("optimizer", "none");
+  if (opt != "none" && opt != "adamw") {
+    return absl::InvalidArgumentError(absl::StrCat("--optimizer='", opt, "': expected none or adamw"));
+  }
+  c.optimizer = opt == "adamw";
+  ASSIGN_OR_RETURN(int64_t othreads, f.Int("optimizer_threads", 1));
+  c.optimizer_threads = static_cast<int>(othreads);
+  if (c.optimizer && c.reduce == ReduceMode::kAllReduce) {
+    return absl::InvalidArgumentError("--optimizer=adamw needs --mode=reduce_scatter or hybrid (a sharded step)");
+  }
   for (const auto& [bad, what] : std::vector<std::pair<bool, const char*>>{
            {c.blocks < 1, "--blocks must be >= 1"},
            {c.layer_compute_us < 0, "--layer_compute_us must be >= 0"},
            {c.iters < 1, "--iters must be >= 1"},
            {c.warmup < 0, "--warmup must be >= 0"},
            {c.shards < 0, "--shards must be >= 0"},
+           {c.optimizer_threads < 1, "--optimizer_threads must be >= 1"},
            {c.bucket_cap < 64 || c.first_bucket_cap < 64, "bucket caps must be >= 64 bytes"}}) {
     if (bad) return absl::InvalidArgumentError(what);
   }
@@ -513,7 +605,8 @@ absl::Status Main(int argc, char** argv) {
                 r.backward_ms, r.tail_ms);
   }
   std::printf("#\n");
-  for (size_t i = 0; i + kNumModes <= rows.size(); i += kNumModes) {
+  const size_t per_count = c.Modes().size();
+  for (size_t i = 0; i + per_count <= rows.size(); i += per_count) {
     const Row& sync = rows[i + 2];
     const Row& ovl = rows[i + 3];
     std::printf("# %d ranks: overlapped %.2f ms vs sync_after_backward %.2f ms (%.2fx), hides %.0f%% of "
@@ -521,6 +614,13 @@ absl::Status Main(int argc, char** argv) {
                 ovl.ranks, ovl.step_ms, sync.step_ms, sync.step_ms / ovl.step_ms,
                 100.0 * (1.0 - ovl.exposed), ovl.step_ms - ovl.compute_ms,
                 ovl.backward_ms - ovl.compute_ms, ovl.tail_ms);
+    if (!c.optimizer) continue;
+    const Row& after = rows[i + 4];
+    const Row& stepped = rows[i + 5];
+    std::printf("# %d ranks, AdamW: optim_overlapped %.2f ms vs optim_after_backward %.2f ms (%.2fx); exposed "
+                "optimizer time (step - overlapped reduction alone) %.2f ms vs %.2f ms\n",
+                stepped.ranks, stepped.step_ms, after.step_ms, after.step_ms / stepped.step_ms,
+                stepped.step_ms - ovl.step_ms, after.step_ms - ovl.step_ms);
   }
   std::printf("#\n");
   PrintCsv(rows);
