@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "bench/bench_flags.h"
 #include "optim/adamw_cuda.h"
+#include "optim/cuda_owners.h"
 #include "optim/adamw_math.h"
 
 namespace braid::optim {
@@ -28,42 +29,7 @@ namespace {
 
 constexpr int kNoOut = -1;
 
-// One cudaMalloc allocation, freed when the owner goes out of scope.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-  }
-  // Allocates and fills every byte with `fill` (0x3c: f32 ~0.0115, bf16 ~0.0115, both normal
-  // and positive, so v >= 0 and no step hits a subnormal slow path).
-  cudaError_t Allocate(size_t bytes, int fill) {
-    const cudaError_t e = cudaMalloc(&ptr_, bytes);
-    return e != cudaSuccess ? e : cudaMemset(ptr_, fill, bytes);
-  }
-  void* get() const { return ptr_; }
-  float* f32() const { return static_cast<float*>(ptr_); }
 
- private:
-  void* ptr_ = nullptr;
-};
-
-class Event {
- public:
-  Event() = default;
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  ~Event() {
-    if (event_ != nullptr) cudaEventDestroy(event_);
-  }
-  cudaError_t Create() { return cudaEventCreate(&event_); }
-  cudaEvent_t get() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
 
 struct Config {
   const char* name;

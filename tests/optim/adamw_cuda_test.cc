@@ -17,6 +17,7 @@
 #include "comm/half.h"
 #include "gtest/gtest.h"
 #include "optim/adamw_cuda.h"
+#include "optim/cuda_owners.h"
 #include "optim/adamw_math.h"
 
 namespace braid::optim {
@@ -27,39 +28,6 @@ static_assert(kCudaDTypeBF16 == static_cast<int>(DType::kBF16));
 static_assert(kCudaDTypeF16 == static_cast<int>(DType::kF16));
 
 constexpr int kNoOut = -1;  // test-only marker: param_out not requested
-
-// ---- Device resources, owned -----------------------------------------------------------------
-
-// One cudaMalloc allocation, freed when the owner goes out of scope.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-  }
-  cudaError_t Allocate(size_t bytes) { return cudaMalloc(&ptr_, bytes == 0 ? 1 : bytes); }
-  char* get() const { return static_cast<char*>(ptr_); }
-
- private:
-  void* ptr_ = nullptr;
-};
-
-class Stream {
- public:
-  Stream() = default;
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  ~Stream() {
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  }
-  cudaError_t Create() { return cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking); }
-  cudaStream_t get() const { return stream_; }
-
- private:
-  cudaStream_t stream_ = nullptr;
-};
 
 // Device tests skip (not fail) when there is no device or no driver; any other reason a
 // device cannot run the kernels (e.g. one older than sm_90) is a failure.

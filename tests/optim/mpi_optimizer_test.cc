@@ -18,23 +18,9 @@ namespace {
 
 Group* the_world = nullptr;
 
-struct Case {
-  std::string name;
-  OptScenario s;
-};
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+using Case = NamedScenario;
 
-OptScenario Base(int replicas, int shards) {
-  OptScenario s;
-  s.replicas = replicas;
-  s.shards = shards;
-  s.opt.groups = {GroupHyper{}, GroupHyper{}};
-  s.opt.groups[1].adamw.weight_decay = 0;
-  s.opt.groups[1].adamw.lr = 3e-3;
-  s.opt.group_of = {{2, 1}, {6, 1}};
-  s.steps = 3;
-  return s;
-}
+OptScenario Base(int replicas, int shards) { return TwoGroupScenario(replicas, shards); }
 
 std::vector<Case> CasesForWorld() {
   const int n = the_world != nullptr ? the_world->size() : 2;

@@ -47,6 +47,21 @@ std::vector<GroupHyper> HyperAt(const OptScenario& s, int t) {
 
 }  // namespace
 
+void PrintTo(const NamedScenario& c, std::ostream* os) { *os << c.name; }
+
+OptScenario TwoGroupScenario(int replicas, int shards) {
+  OptScenario s;
+  s.replicas = replicas;
+  s.shards = shards;
+  s.opt.groups = {GroupHyper{}, GroupHyper{}};
+  s.opt.groups[0].adamw = AdamWHyper{1e-2, 0.9, 0.999, 1e-8, 0.1};
+  s.opt.groups[1].adamw = AdamWHyper{3e-3, 0.8, 0.99, 1e-6, 0.0};  // biases: no decay
+  s.opt.groups[0].sgd = SgdHyper{0.05, 0.9, 0.01, false};
+  s.opt.groups[1].sgd = SgdHyper{0.02, 0.5, 0.0, true};
+  s.opt.group_of = {{2, 1}, {6, 1}, {8, 1}};
+  return s;
+}
+
 float Grad(int rank, int t, int u, int i, size_t j, const OptScenario& s) {
   (void)s;
   const int k = static_cast<int>((rank * 7 + t * 3 + u * 5 + i * 11 + static_cast<int>(j % 1000) * 13) % 17) - 8;

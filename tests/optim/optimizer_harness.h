@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,17 @@ struct OptScenario {
   int inf_step = -1;  // this step, the last rank puts +inf into one gradient element
   int lr_change_step = -1;  // before this step, group 0's lr is halved
 };
+
+// A scenario with a name (gtest parameter), printed by its name.
+struct NamedScenario {
+  std::string name;
+  OptScenario s;
+};
+void PrintTo(const NamedScenario& c, std::ostream* os);
+
+// replicas x shards (hybrid when replicas > 1), two parameter groups (group 1: parameters 2, 6
+// and 8, with their own AdamW / SGD hyper-parameters), 4 steps.
+OptScenario TwoGroupScenario(int replicas, int shards);
 
 // One rank's stack. Members are destroyed in reverse: optimizer, gatherer, groups.
 struct RankStack {

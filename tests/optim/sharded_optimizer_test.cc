@@ -18,95 +18,80 @@ namespace {
 using braid::testing::ExpectError;
 using braid::testing::RunRanks;
 
-struct Case {
-  std::string name;
-  OptScenario setup;
-};
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+using Case = NamedScenario;
 
-OptScenario Base(int replicas, int shards) {
-  OptScenario s;
-  s.replicas = replicas;
-  s.shards = shards;
-  s.opt.groups = {GroupHyper{}, GroupHyper{}};
-  s.opt.groups[0].adamw = AdamWHyper{1e-2, 0.9, 0.999, 1e-8, 0.1};
-  s.opt.groups[1].adamw = AdamWHyper{3e-3, 0.8, 0.99, 1e-6, 0.0};  // biases: no decay
-  s.opt.groups[0].sgd = SgdHyper{0.05, 0.9, 0.01, false};
-  s.opt.groups[1].sgd = SgdHyper{0.02, 0.5, 0.0, true};
-  s.opt.group_of = {{2, 1}, {6, 1}, {8, 1}};
-  return s;
-}
+OptScenario Base(int replicas, int shards) { return TwoGroupScenario(replicas, shards); }
 
 std::vector<Case> Cases() {
   std::vector<Case> cases;
   for (int n : {1, 2, 4, 8}) cases.push_back({absl::StrCat("adamw_f32_world", n), Base(1, n)});
   {
     Case c{"adamw_f32_world2_explicit_step", Base(1, 2)};
-    c.setup.opt.overlap = false;
+    c.s.opt.overlap = false;
     cases.push_back(c);
   }
   {
     Case c{"adamw_bf16_world4_nosync", Base(1, 4)};
-    c.setup.dtype = DType::kBF16;
-    c.setup.schedule = {SyncMode::kNoSync, SyncMode::kSync};
+    c.s.dtype = DType::kBF16;
+    c.s.schedule = {SyncMode::kNoSync, SyncMode::kSync};
     cases.push_back(c);
   }
   {
     Case c{"adamw_f16_world2_lr_change", Base(1, 2)};
-    c.setup.dtype = DType::kF16;
-    c.setup.lr_change_step = 2;
+    c.s.dtype = DType::kF16;
+    c.s.lr_change_step = 2;
     cases.push_back(c);
   }
   {
     Case c{"adamw_f32_mesh2x2_rsonly", Base(2, 2)};
-    c.setup.schedule = {SyncMode::kReduceScatterOnly, SyncMode::kSync};
+    c.s.schedule = {SyncMode::kReduceScatterOnly, SyncMode::kSync};
     cases.push_back(c);
   }
   {
     Case c{"adamw_bf16_mesh2x4", Base(2, 4)};
-    c.setup.dtype = DType::kBF16;
-    c.setup.steps = 3;
+    c.s.dtype = DType::kBF16;
+    c.s.steps = 3;
     cases.push_back(c);
   }
   {
     Case c{"adamw_f32_world4_clip", Base(1, 4)};
-    c.setup.opt.max_grad_norm = 0.5;  // the gradients' norm is ~5-10: clipping is active
+    c.s.opt.max_grad_norm = 0.5;  // the gradients' norm is ~5-10: clipping is active
     cases.push_back(c);
   }
   {
     Case c{"adamw_f32_mesh2x2_clip_skip_inf", Base(2, 2)};
-    c.setup.opt.max_grad_norm = 0.5;
-    c.setup.opt.skip_nonfinite = true;
-    c.setup.inf_step = 1;
+    c.s.opt.max_grad_norm = 0.5;
+    c.s.opt.skip_nonfinite = true;
+    c.s.inf_step = 1;
     cases.push_back(c);
   }
   {
     Case c{"adamw_f16_world2_skip_inf_explicit", Base(1, 2)};
-    c.setup.dtype = DType::kF16;
-    c.setup.opt.skip_nonfinite = true;
-    c.setup.opt.overlap = false;
-    c.setup.inf_step = 2;
+    c.s.dtype = DType::kF16;
+    c.s.opt.skip_nonfinite = true;
+    c.s.opt.overlap = false;
+    c.s.inf_step = 2;
     cases.push_back(c);
   }
   {
     Case c{"sgd_f32_world4", Base(1, 4)};
-    c.setup.opt.kind = OptimizerKind::kSgd;
+    c.s.opt.kind = OptimizerKind::kSgd;
     cases.push_back(c);
   }
   {
     Case c{"sgd_bf16_mesh2x2_clip", Base(2, 2)};
-    c.setup.opt.kind = OptimizerKind::kSgd;
-    c.setup.dtype = DType::kBF16;
-    c.setup.opt.max_grad_norm = 0.5;
+    c.s.opt.kind = OptimizerKind::kSgd;
+    c.s.dtype = DType::kBF16;
+    c.s.opt.max_grad_norm = 0.5;
     cases.push_back(c);
   }
   {
     Case c{"adamw_f32_world2_threads2", Base(1, 2)};
-    c.setup.opt.threads = 2;
-    c.setup.counts = {70000, 3, 131072 + 5};  // shards above the kernels' parallel grain
-    c.setup.opt.group_of = {{1, 1}};
-    c.setup.bucket_cap_bytes = size_t{1} << 20;
-    c.setup.steps = 2;
+    c.s.opt.threads = 2;
+    c.s.counts = {70000, 3, 131072 + 5};  // shards above the kernels' parallel grain
+    c.s.opt.group_of = {{1, 1}};
+    c.s.bucket_cap_bytes = size_t{1} << 20;
+    c.s.steps = 2;
     cases.push_back(c);
   }
   return cases;
@@ -115,7 +100,7 @@ std::vector<Case> Cases() {
 class OptimizerVsReference : public ::testing::TestWithParam<Case> {};
 
 TEST_P(OptimizerVsReference, BitExact) {
-  const OptScenario& s = GetParam().setup;
+  const OptScenario& s = GetParam().s;
   RunRanks(s.replicas * s.shards, [&](Group& world) { EXPECT_OK(CheckAgainstReference(world, s)); });
 }
 
