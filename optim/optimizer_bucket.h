@@ -12,6 +12,9 @@
 
 namespace braid::optim {
 
+// InvalidArgument naming the group and the hyper-parameter out of range.
+absl::Status CheckHyper(const GroupHyper& h, OptimizerKind kind, int group);
+
 struct FreeDeleter {
   void operator()(float* p) const { std::free(p); }
 };

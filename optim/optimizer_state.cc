@@ -53,7 +53,7 @@ StateHeader ShardedOptimizer::Identity() const {
 }
 
 absl::Status ShardedOptimizer::Save(const std::string& path) {
-  RETURN_IF_ERROR(WaitRoundIdle("Save"));
+  RETURN_IF_ERROR(WaitBetweenSteps("Save"));
   StateHeader h = Identity();
   std::vector<int64_t> steps;
   {
@@ -89,7 +89,7 @@ absl::Status ShardedOptimizer::Save(const std::string& path) {
 }
 
 absl::Status ShardedOptimizer::Load(const std::string& path) {
-  RETURN_IF_ERROR(WaitRoundIdle("Load"));
+  RETURN_IF_ERROR(WaitBetweenSteps("Load"));
   // Phase 1: read and validate everything; nothing changes yet.
   LoadedState file;
   std::vector<GroupHyper> hyper = groups_;
@@ -111,8 +111,15 @@ absl::Status ShardedOptimizer::Load(const std::string& path) {
                                    "g", g, "/", config_.kind == OptimizerKind::kAdamW ? kAdamWNames[k] : kSgdNames[k])));
       }
       hyper[g] = HyperFrom(v, config_.kind, hyper[g]);
+      absl::Status bad = CheckHyper(hyper[g], config_.kind, static_cast<int>(g));
+      if (!bad.ok()) return absl::DataLossError(absl::StrCat("state file ", path, ": ", bad.message()));
     }
     ASSIGN_OR_RETURN(steps, file.Find("bucket_steps", DType::kI64, buckets_.size()));
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      if (static_cast<const int64_t*>(steps->data())[b] < 0) {
+        return absl::DataLossError(absl::StrCat("state file ", path, ": negative step count for bucket ", b));
+      }
+    }
     for (size_t b = 0; b < buckets_.size(); ++b) {
       const size_t n = buckets_[b]->n;
       const std::vector<std::string> names =
@@ -126,16 +133,38 @@ absl::Status ShardedOptimizer::Load(const std::string& path) {
     }
     return absl::OkStatus();
   }();
-  // Every rank of the group loads or none does (the re-gather below is collective).
-  double failed = mine.ok() ? 0.0 : 1.0;
-  absl::StatusOr<WorkPtr> w = stats_group_->AllReduce(&failed, &failed, 1, DType::kF64, ReduceOp::Sum(),
-                                                      CollectiveOptions{});
-  RETURN_IF_ERROR(w.ok() ? (*w)->Wait(config_.timeout) : w.status());
+  // Every rank loads or none does (the re-gather below is collective), and all from the same
+  // step: {failed ranks, sum of steps, sum of squared steps} over the shard group, then over the
+  // replica group (hybrid); equal steps <=> sum^2 == n * sum of squares.
+  const double step = mine.ok() ? static_cast<double>(file.header().step) : 0.0;
+  double failed = mine.ok() ? 0.0 : 1.0, sum = step, sumsq = step * step, n = 1;
+  // Sums two values over `g` in the heap buffer of the step's all-reduce (idle between steps).
+  auto sum2 = [this](Group* g, double* x, double* y) -> absl::Status {
+    stats_[0] = *x;
+    stats_[1] = *y;
+    absl::StatusOr<WorkPtr> w = g->AllReduce(stats_.get(), stats_.get(), 2, DType::kF64, ReduceOp::Sum(),
+                                             CollectiveOptions{});
+    RETURN_IF_ERROR(w.ok() ? (*w)->Wait(config_.timeout) : w.status());
+    *x = stats_[0];
+    *y = stats_[1];
+    return absl::OkStatus();
+  };
+  for (Group* g : {stats_group_.get(), reducer_->groups().replica}) {
+    if (g == nullptr) continue;
+    double unused = 0;
+    RETURN_IF_ERROR(sum2(g, &failed, &sum));
+    RETURN_IF_ERROR(sum2(g, &sumsq, &unused));
+    n *= g->size();
+  }
   if (!mine.ok()) return mine;
   if (failed > 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "optimizer Load(", path, "): ", failed, " other rank(s) of group '", stats_group_->name(),
-        "' could not load their state files; nothing was loaded"));
+        "optimizer Load(", path, "): ", failed, " other rank(s) could not load their state files; nothing was loaded"));
+  }
+  if (sum * sum != n * sumsq) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "optimizer Load(", path, "): the ranks' state files were saved at different steps (this one at ", step,
+        "); nothing was loaded"));
   }
   // Phase 2: apply, write the model-dtype shards, and gather every bucket.
   {
@@ -158,7 +187,7 @@ absl::Status ShardedOptimizer::Load(const std::string& path) {
       CastScale(s.master.get() + seg.lo, DType::kF32, out + seg.lo * DTypeSize(bk.dtype), bk.dtype,
                 seg.hi - seg.lo, ScaleSpec{});
     }
-    s.dirty = false;
+    s.dirty = true;  // cleared by each successful re-gather
   }
   for (size_t b = 0; b < buckets_.size(); ++b) RETURN_IF_ERROR(Regather(static_cast<int>(b)));
   return absl::OkStatus();

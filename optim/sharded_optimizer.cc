@@ -29,6 +29,9 @@ FloatBuffer ZeroedFloats(size_t n) {
   return FloatBuffer(p);
 }
 
+
+}  // namespace
+
 absl::Status CheckHyper(const GroupHyper& h, OptimizerKind kind, int group) {
   const auto bad = [group](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat("optimizer: parameter group ", group, ": ", what));
@@ -49,8 +52,6 @@ absl::Status CheckHyper(const GroupHyper& h, OptimizerKind kind, int group) {
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 // Shared with the reduction callbacks: a callback that fires after the optimizer is gone (an
 // abandoned backward finishing late) finds self == nullptr.
@@ -79,6 +80,11 @@ absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(
         "buckets? create the gatherer from reducer->plan() after RebuildBucketsIfPending)");
   }
   Group& shard = *reducer->groups().shard;
+  if (&gatherer->group() == reducer->groups().shard || &gatherer->group() == reducer->groups().replica) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer: the gatherer uses the reducer's group '", gatherer->group().name(),
+        "'; its all-gathers would interleave with the reductions: give it a Split of the shard group"));
+  }
   if (gatherer->group().size() != shard.size() || gatherer->group().rank() != shard.rank()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "optimizer: gatherer group '", gatherer->group().name(), "' (rank ", gatherer->group().rank(),
@@ -136,6 +142,7 @@ absl::Status ShardedOptimizer::Init() {
     }
     buckets_.push_back(std::move(s));
   }
+  stats_.reset(new double[2]());
   ASSIGN_OR_RETURN(stats_group_, shard.Split(0, shard.rank(), absl::StrCat(shard.name(), "/optim")));
   pool_ = std::make_unique<KernelPool>(config_.threads);
   guard_ = std::make_shared<CallbackGuard>();
@@ -204,7 +211,9 @@ absl::Status ShardedOptimizer::BeginBackward(SyncMode mode) {
 void ShardedOptimizer::OnReduced(int b, uint64_t round, const absl::Status& st) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (round != round_) return;  // a late completion of an earlier backward
+    // A late completion of an earlier backward, or of a bucket FinishBackward already failed:
+    // the first verdict stands.
+    if (round != round_ || buckets_[b]->reduced) return;
     buckets_[b]->reduced = true;
     buckets_[b]->reduce_status = st;
   }
@@ -270,9 +279,8 @@ absl::Status ShardedOptimizer::Step() {
   }
   RunRound();
   std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& s : buckets_) {
-    if (!s->publish_status.ok()) return s->publish_status;
-  }
+  RETURN_IF_ERROR(report_.error);
+  for (const auto& s : buckets_) RETURN_IF_ERROR(s->publish_status);
   return absl::OkStatus();
 }
 
@@ -297,58 +305,68 @@ void ShardedOptimizer::RunRound() {
     std::lock_guard<std::mutex> lock(mu_);
     deadline = round_deadline_;
     round_running_ = true;
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
     round_report_ = StepReport{};
   }
   double sumsq = 0;
-  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
+  int failed_at = -1;
+  absl::Status failure;
+  for (int b = 0; b < static_cast<int>(buckets_.size()) && failed_at < 0; ++b) {
     BucketState& s = *buckets_[b];
-    absl::Status st;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_until(lock, absl::ToChronoTime(deadline), [&] { return stop_ || s.reduced; });
-      if (stop_) {
-        st = absl::CancelledError("the optimizer is being destroyed");
-      } else if (!s.reduced) {
-        st = absl::DeadlineExceededError(absl::StrCat("its reduction did not complete within ",
-                                                      absl::FormatDuration(config_.timeout)));
+      if (stop_) return Cancel();
+      if (!s.reduced) {
+        failure = absl::DeadlineExceededError(absl::StrCat("its reduction did not complete within ",
+                                                           absl::FormatDuration(config_.timeout)));
       } else {
-        st = s.reduce_status;
+        failure = s.reduce_status;
       }
     }
-    if (!st.ok()) return FailFrom(b, st);
-    if (global) {
+    if (!failure.ok()) {
+      failed_at = b;
+    } else if (global) {
       sumsq += BucketSquaredNorm(b);
     } else {
       StepBucket(b, 1.0);
-      Publish(b, absl::OkStatus());
+      Publish(b, true);
     }
   }
-  if (global) {
-    StepReport report;
-    // One 2-double all-reduce: every rank then takes the same decision.
-    double stats[2] = {sumsq, 0.0};
-    absl::StatusOr<WorkPtr> w = stats_group_->AllReduce(stats, stats, 1, DType::kF64, ReduceOp::Sum(),
-                                                        CollectiveOptions{});
-    absl::Status st = w.ok() ? (*w)->WaitUntil(deadline) : w.status();
-    if (!st.ok()) return FailFrom(0, absl::Status(st.code(), absl::StrCat("global gradient norm: ", st.message())));
-    report.grad_norm = std::sqrt(stats[0]);
-    const bool finite = std::isfinite(report.grad_norm);
-    report.skipped = config_.skip_nonfinite && !finite;
-    if (config_.max_grad_norm > 0 && finite) {
-      // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6), clamped to 1.
-      report.clip_scale = std::min(1.0, config_.max_grad_norm / (report.grad_norm + 1e-6));
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      round_report_ = report;
-    }
-    for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
-      if (!report.skipped) StepBucket(b, report.clip_scale);
-      Publish(b, absl::OkStatus());
-    }
+  if (!global) {
+    if (failed_at >= 0) DropFrom(failed_at, failure);
+    return;
+  }
+  // One all-reduce of {sum of squares, ranks that failed}: every rank takes the same decision,
+  // a rank whose reduction failed included (it must not skip a collective its peers issue).
+  stats_[0] = failed_at < 0 ? sumsq : 0.0;
+  stats_[1] = failed_at < 0 ? 0.0 : 1.0;
+  absl::StatusOr<WorkPtr> w = stats_group_->AllReduce(stats_.get(), stats_.get(), 2, DType::kF64,
+                                                      ReduceOp::Sum(), CollectiveOptions{});
+  const absl::Status st = w.ok() ? (*w)->WaitUntil(deadline) : w.status();
+  if (!st.ok()) {
+    return DropFrom(0, absl::Status(st.code(), absl::StrCat("global gradient norm: ", st.message())));
+  }
+  if (failed_at >= 0) return DropFrom(0, failure);
+  if (stats_[1] > 0) {
+    return DropFrom(0, absl::AbortedError(absl::StrCat(stats_[1], " other rank(s) of group '",
+                                                       stats_group_->name(),
+                                                       "' could not reduce their gradients")));
+  }
+  StepReport report;
+  report.grad_norm = std::sqrt(stats_[0]);
+  const bool finite = std::isfinite(report.grad_norm);
+  report.skipped = config_.skip_nonfinite && !finite;
+  if (config_.max_grad_norm > 0 && finite) {
+    // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6), clamped to 1.
+    report.clip_scale = std::min(1.0, config_.max_grad_norm / (report.grad_norm + 1e-6));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    round_report_ = report;
+  }
+  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
+    if (!report.skipped) StepBucket(b, report.clip_scale);
+    Publish(b, true);
   }
 }
 
@@ -388,15 +406,18 @@ double ShardedOptimizer::BucketSquaredNorm(int b) {
 absl::Status ShardedOptimizer::Regather(int b) {
   // A gather of b that nobody waited for still counts as in flight for the gatherer.
   WorkPtr w = gatherer_->GatherWork(b);
-  if (w != nullptr && !gatherer_->IsGathered(b)) RETURN_IF_ERROR(gatherer_->WaitParams(b));
-  return gatherer_->Prefetch(b);
+  if (w != nullptr && !w->Done()) RETURN_IF_ERROR(gatherer_->WaitParams(b));
+  if (w != nullptr && w->Done() && !gatherer_->IsGathered(b)) {
+    RETURN_IF_ERROR(gatherer_->WaitParams(b));  // completed unobserved: observe it (starts nothing)
+  }
+  RETURN_IF_ERROR(gatherer_->Prefetch(b));
+  buckets_[b]->dirty = false;  // the shard's values are on their way to every rank
+  return absl::OkStatus();
 }
 
-void ShardedOptimizer::Publish(int b, absl::Status status) {
-  if (status.ok()) {
-    reducer_->ZeroBucket(b);  // consumed: the next accumulation window starts from zero
-    status = Regather(b);
-  }
+void ShardedOptimizer::Publish(int b, bool zero_grads) {
+  if (zero_grads) reducer_->ZeroBucket(b);  // consumed: the next window starts from zero
+  absl::Status status = Regather(b);
   {
     std::lock_guard<std::mutex> lock(mu_);
     buckets_[b]->published = true;
@@ -411,24 +432,48 @@ void ShardedOptimizer::Publish(int b, absl::Status status) {
   cv_.notify_all();
 }
 
-void ShardedOptimizer::FailFrom(int b, const absl::Status& s) {
+void ShardedOptimizer::DropFrom(int b, const absl::Status& s) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (int k = b; k < static_cast<int>(buckets_.size()); ++k) {
-      BucketState& bs = *buckets_[k];
-      if (bs.published) continue;
-      bs.published = true;
-      bs.publish_status = absl::Status(
-          s.code(), absl::StrCat("optimizer step of ", bs.label, " not taken (", buckets_[b]->label,
-                                 ": ", s.message(), "); its gradients are kept"));
+    round_report_ = StepReport{};
+    round_report_.error = absl::Status(
+        s.code(), absl::StrCat("optimizer step not taken from ", buckets_[b]->label, " on (",
+                               buckets_[b]->label, ": ", s.message(),
+                               "); those buckets' gradients were dropped, their parameters are unchanged"));
+  }
+  for (int k = b; k < static_cast<int>(buckets_.size()); ++k) {
+    // Gathered again, unchanged: every rank issues the same gathers whatever failed where. A
+    // reduction still in flight (deadline) keeps its buffer: not ours to zero then.
+    Publish(k, /*zero_grads=*/reducer_->BucketWork(k)->Done());
+  }
+}
+
+void ShardedOptimizer::Cancel() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& bs : buckets_) {
+      if (bs->published) continue;
+      bs->published = true;
+      bs->publish_status = absl::CancelledError(absl::StrCat("optimizer destroyed before the step of ", bs->label));
     }
-    report_.rounds += 1;
     round_armed_ = round_running_ = false;
   }
   cv_.notify_all();
 }
 
 // ---- waits ------------------------------------------------------------------------------
+
+absl::Status ShardedOptimizer::WaitBetweenSteps(const char* caller) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (in_backward_ || stepable_ || sync_ != SyncMode::kSync) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "optimizer ", caller, ": only between steps (not inside a backward, an accumulation "
+          "window, or before Step() of a finished backward)"));
+    }
+  }
+  return WaitRoundIdle(caller);
+}
 
 absl::Status ShardedOptimizer::WaitRoundIdle(const char* caller) {
   std::unique_lock<std::mutex> lock(mu_);
@@ -447,6 +492,11 @@ absl::Status ShardedOptimizer::WaitParams(int b) {
   BucketState& s = *buckets_[b];
   {
     std::unique_lock<std::mutex> lock(mu_);
+    if (in_backward_ && !s.published) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "optimizer WaitParams(", b, ") during a synced backward: ", s.label,
+          " is stepped once its gradients are reduced (wait after FinishBackward)"));
+    }
     const absl::Time deadline = absl::Now() + config_.timeout;
     if (!cv_.wait_until(lock, absl::ToChronoTime(deadline), [&] { return s.published; })) {
       return absl::DeadlineExceededError(absl::StrCat("optimizer WaitParams: the step of ", s.label,
@@ -481,7 +531,7 @@ absl::Status ShardedOptimizer::SetParam(ParamId id, const void* values) {
   if (values == nullptr && p.count > 0) {
     return absl::InvalidArgumentError(absl::StrCat("optimizer SetParam(", p.Label(), "): null values"));
   }
-  RETURN_IF_ERROR(WaitRoundIdle("SetParam"));
+  RETURN_IF_ERROR(WaitBetweenSteps("SetParam"));
   const int b = plan.slot(*i).bucket;
   BucketState& s = *buckets_[b];
   const size_t start = static_cast<size_t>(reducer_->groups().shard->rank()) * s.n;

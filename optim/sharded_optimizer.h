@@ -36,9 +36,14 @@
 // step in which any rank saw inf/NaN in its gradient shard changes no parameter and no state
 // on any rank (the gradients are still zeroed: the window is dropped, as with loss scaling).
 //
+// Failures: when a bucket's reduction fails (or misses the deadline), that bucket and every later
+// one are not stepped on any rank this time (their gradients are dropped, their parameters stay
+// as they were and are gathered again, so WaitParams works); earlier buckets were stepped. The
+// step's error is in last_step().error (and Step()'s result); FinishBackward returns the
+// reduction's. Each bucket counts its own steps (bias correction), so nothing else is lost.
+//
 // Exactness: the update of each element is optim/adamw_math.h's, bit for bit, whatever the
-// thread count. Each bucket counts its own steps (bias correction), so a bucket whose
-// reduction failed is simply not stepped and no other bucket's state is lost.
+// thread count.
 #ifndef BRAID_OPTIM_SHARDED_OPTIMIZER_H_
 #define BRAID_OPTIM_SHARDED_OPTIMIZER_H_
 
@@ -89,6 +94,10 @@ struct StepReport {
   bool skipped = false;    // skip_nonfinite dropped it
   double grad_norm = -1;   // global gradient norm (clipping / skip_nonfinite only; else -1)
   double clip_scale = 1;   // the factor the gradients were multiplied by
+  // Not OK when a reduction failed (or timed out) on any rank: from the first failed bucket on,
+  // the step was dropped on every rank (gradients zeroed, parameters unchanged and gathered
+  // again); earlier buckets were stepped. Names the bucket.
+  absl::Status error;
 };
 
 class ShardedOptimizer {
@@ -146,21 +155,32 @@ class ShardedOptimizer {
   void RunRound();
   void StepBucket(int b, double grad_scale);
   double BucketSquaredNorm(int b);
-  // Zeroes b's gradients and starts its all-gather; b's step is then visible to WaitParams.
-  void Publish(int b, absl::Status status);
-  void FailFrom(int b, const absl::Status& s);
+  // Zeroes b's gradients (zero_grads) and starts its all-gather; b's step is then visible to
+  // WaitParams. The last bucket's Publish completes the step.
+  void Publish(int b, bool zero_grads);
+  // A reduction failed: buckets b.. are not stepped, only gathered again (same gathers on every
+  // rank), and the step reports `s`.
+  void DropFrom(int b, const absl::Status& s);
+  // Destruction during a step: wake every waiter with Cancelled.
+  void Cancel();
   // Starts bucket b's all-gather (after waiting for one nobody waited for).
   absl::Status Regather(int b);
   // Save / Load: this rank's identity in a state file.
   StateHeader Identity() const;
   absl::Status WaitRoundIdle(const char* caller);
+  // FailedPrecondition inside a backward / accumulation window / before Step(); else waits for
+  // the step in flight.
+  absl::Status WaitBetweenSteps(const char* caller);
 
   sched::GradientReducer* const reducer_;
   sched::ParamGatherer* const gatherer_;
   const OptimizerConfig config_;
   std::vector<GroupHyper> groups_;  // current; snapshotted when a step is armed
   std::vector<std::unique_ptr<BucketState>> buckets_;
-  std::unique_ptr<Group> stats_group_;  // clipping / non-finite all-reduce
+  // Clipping / non-finite / failure all-reduce: {sum of squares, failed ranks}. On the heap and
+  // declared before its group, so an all-reduce that outlived its wait never writes freed memory.
+  std::unique_ptr<double[]> stats_;
+  std::unique_ptr<Group> stats_group_;
   std::unique_ptr<KernelPool> pool_;
   std::shared_ptr<CallbackGuard> guard_;
   int plan_generation_ = 0;
