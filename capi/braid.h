@@ -1,0 +1,438 @@
+/* braid.h: the C API of Braid (C99; one header; libbraid.so exports only braid_* symbols).
+ *
+ * A framework embeds Braid through these functions: create a world (a backend and this
+ * process's ranks), take groups from it, run collectives that return works (futures), and hand
+ * a reducer its parameters so it buckets, reduces and (with the sharded optimizer) steps them.
+ *
+ *   braid_world_options_t wo;  braid_world_t* world;  braid_group_t* g;  braid_work_t* w;
+ *   braid_world_options_init(&wo);
+ *   wo.backend = "local";  wo.local_ranks = 1;
+ *   if (braid_world_create(&wo, &world) != BRAID_OK) { puts(braid_last_error()); return 1; }
+ *   braid_world_group(world, 0, &g);
+ *   braid_allreduce(g, buf, buf, n, BRAID_DTYPE_F32, BRAID_OP_SUM, NULL, &w);
+ *   braid_work_wait(w, -1);
+ *   braid_work_destroy(w);  braid_group_destroy(g);  braid_world_destroy(world);
+ *
+ * Conventions (every function):
+ *  - Returns a braid_status_t; BRAID_OK is 0. On any other code, braid_last_error() holds a
+ *    message naming the function, the argument and the problem. Nothing is thrown across.
+ *  - Out-parameters are written only on BRAID_OK (exceptions are noted where they occur).
+ *  - Every handle argument is checked before use: NULL, destroyed, a handle of another type
+ *    and pointers that are no Braid handle at all are each rejected with
+ *    BRAID_INVALID_ARGUMENT, never dereferenced. Handles are opaque tokens (not addresses) and
+ *    are never reused in a process, so a use after destroy is always recognized.
+ *  - Destroy functions accept NULL (a no-op returning BRAID_OK). A handle cannot be destroyed
+ *    while handles created from it are alive; the call then returns BRAID_FAILED_PRECONDITION
+ *    naming how many of each kind remain, and changes nothing:
+ *        world     <- groups (braid_world_group, braid_group_split, braid_mesh_create)
+ *        group     <- works started on it, reducers that use it (shard or replica)
+ *        reducer   <- the optimizer built on it
+ *    So a world with work in flight cannot be destroyed: its groups are alive. A work may be
+ *    destroyed before its operation completes; the operation then continues unobserved, and
+ *    its buffers must stay valid until it completes.
+ *  - Option structs begin with `size_t struct_size`. Fill them with the matching
+ *    braid_*_options_init() (which sets struct_size to sizeof the struct and every field to
+ *    its default), then change fields. Accepted: the size of any version of the struct this
+ *    library knows (ABI 1: exactly sizeof), or a larger size (a newer header) whose extra
+ *    bytes are all zero; otherwise BRAID_INVALID_ARGUMENT ("struct_size ..."). An options
+ *    pointer may be NULL: every default.
+ *  - Thread safety: any function may be called from any thread. Collectives and splits on one
+ *    group are serialized by the library, but every rank must still issue a group's
+ *    collectives in the same order (the RANK-ORDER CONTRACT: ranks match calls by position;
+ *    a violation is an error on the local backend, a deadline error or a hang elsewhere).
+ *    Do not issue collectives on a group while a reducer that uses it is inside a backward.
+ *  - Process-wide state: one handle registry (a locked table) and each thread's last error.
+ */
+#ifndef BRAID_CAPI_BRAID_H_
+#define BRAID_CAPI_BRAID_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define BRAID_API __attribute__((visibility("default")))
+#else
+#define BRAID_API
+#endif
+
+#define BRAID_VERSION_MAJOR 0
+#define BRAID_VERSION_MINOR 5
+#define BRAID_VERSION_PATCH 0
+/* Bumped whenever a struct layout, enum value or signature changes incompatibly. */
+#define BRAID_ABI_VERSION 1
+
+/* ---- Versions, status codes, errors ------------------------------------------------------ */
+
+/* "MAJOR.MINOR.PATCH" of the loaded library (compare with the BRAID_VERSION_* macros). */
+BRAID_API const char* braid_version(void);
+/* BRAID_ABI_VERSION of the loaded library; refuse to run when it differs from the header's. */
+BRAID_API int braid_abi_version(void);
+
+/* Mapping from the library's internal absl::StatusCode:
+ *   OK -> BRAID_OK; InvalidArgument -> INVALID_ARGUMENT; NotFound -> NOT_FOUND;
+ *   FailedPrecondition, AlreadyExists, PermissionDenied, Unauthenticated -> FAILED_PRECONDITION;
+ *   OutOfRange -> OUT_OF_RANGE; DeadlineExceeded -> TIMEOUT;
+ *   Cancelled, Aborted, Unavailable -> PEER_ERROR; Unimplemented -> UNIMPLEMENTED;
+ *   DataLoss -> DATA_LOSS; Internal, Unknown, ResourceExhausted (out of memory) -> INTERNAL. */
+typedef enum braid_status {
+  BRAID_OK = 0,
+  BRAID_IN_PROGRESS,          /* not an error: braid_work_test on an unfinished work */
+  BRAID_INVALID_ARGUMENT,     /* bad value, NULL/destroyed/foreign handle, bad struct_size */
+  BRAID_NOT_FOUND,            /* unknown backend, parameter id, missing file or plugin */
+  BRAID_FAILED_PRECONDITION,  /* call not valid in the current state (see each function) */
+  BRAID_OUT_OF_RANGE,         /* index out of range, output array too small */
+  BRAID_TIMEOUT,              /* a deadline passed */
+  BRAID_PEER_ERROR,           /* a remote rank failed; operation cancelled, aborted, unavailable */
+  BRAID_UNIMPLEMENTED,        /* the backend or this build lacks the feature */
+  BRAID_DATA_LOSS,            /* corrupt state file */
+  BRAID_INTERNAL              /* a bug or out of memory */
+} braid_status_t;
+
+/* "BRAID_OK", "BRAID_TIMEOUT", ...; "BRAID_UNKNOWN_STATUS" for a value outside the enum. */
+BRAID_API const char* braid_status_name(braid_status_t status);
+/* The message of the last call on this thread that failed (returned neither BRAID_OK nor
+ * BRAID_IN_PROGRESS); "" if none. Successful calls leave it unchanged. The pointer is valid
+ * until the next failing call on this thread or braid_clear_error(). Never NULL. */
+BRAID_API const char* braid_last_error(void);
+/* Resets this thread's last error to "". */
+BRAID_API void braid_clear_error(void);
+
+/* ---- Types --------------------------------------------------------------------------------- */
+
+typedef struct braid_world braid_world_t;
+typedef struct braid_group braid_group_t;
+typedef struct braid_work braid_work_t;
+typedef struct braid_reducer braid_reducer_t;
+typedef struct braid_optimizer braid_optimizer_t;
+
+/* Element types (values as Braid's C++ DType). bf16/f16 reduce with f32 accumulation. */
+typedef enum braid_dtype {
+  BRAID_DTYPE_F32 = 0,
+  BRAID_DTYPE_F64 = 1,
+  BRAID_DTYPE_BF16 = 2,
+  BRAID_DTYPE_F16 = 3,
+  BRAID_DTYPE_I32 = 4,
+  BRAID_DTYPE_I64 = 5,
+  BRAID_DTYPE_U8 = 6
+} braid_dtype_t;
+/* Bytes per element; 0 for a value outside the enum. */
+BRAID_API size_t braid_dtype_size(braid_dtype_t dtype);
+
+/* Reduction operators (values as Braid's C++ ReduceKind). AVG divides the sum by the group
+ * size; PREMUL_SUM sums (s_r * x_r) with s_r this rank's premul_scalar (collective options);
+ * AVG and PREMUL_SUM need floating dtypes. */
+typedef enum braid_reduce_op {
+  BRAID_OP_SUM = 0,
+  BRAID_OP_AVG = 1,
+  BRAID_OP_PREMUL_SUM = 2,
+  BRAID_OP_MAX = 3,
+  BRAID_OP_MIN = 4
+} braid_reduce_op_t;
+
+/* ---- World ---------------------------------------------------------------------------------- */
+
+typedef struct braid_world_options {
+  size_t struct_size;
+  /* "local" (ranks are threads of this process), "mpi" (one rank per process, from mpirun's
+   * environment) or "plugin". NULL (default): "plugin" when plugin_path is set, else
+   * BRAID_BACKEND when read_env, else "local". */
+  const char* backend;
+  /* Shared library exporting braidBackendPlugin_v1. NULL (default): BRAID_BACKEND_PLUGIN when
+   * read_env. */
+  const char* plugin_path;
+  /* local: ranks (threads) in this process; plugin: the world size request. 0 (default):
+   * BRAID_LOCAL_RANKS when read_env, else 1. */
+  int local_ranks;
+  /* 1 (default): start from the BRAID_* environment variables (BRAID_LOG_LEVEL,
+   * BRAID_SPIN_US, BRAID_VALIDATE_COLLECTIVES, ...); the fields above override them.
+   * 0: ignore the environment. */
+  int read_env;
+  /* Deadline of every collective and internal wait. 0 (default): BRAID_TIMEOUT_MS when
+   * read_env, else 300000. */
+  int64_t timeout_ms;
+} braid_world_options_t;
+
+/* Fills defaults and struct_size. NULL: no-op. */
+BRAID_API void braid_world_options_init(braid_world_options_t* opts);
+
+/* Creates the backend. `opts` may be NULL (defaults). On success *out is a new world.
+ * Errors: INVALID_ARGUMENT (bad struct_size, malformed BRAID_* variable, local_ranks < 0,
+ * timeout_ms < 0, read_env not 0/1, NULL out); NOT_FOUND (unknown backend name, listing the known ones; a
+ * plugin path with no library); FAILED_PRECONDITION / UNIMPLEMENTED (plugin without a usable
+ * table); others from the backend (e.g. mpi outside mpirun). */
+BRAID_API braid_status_t braid_world_create(const braid_world_options_t* opts,
+                                            braid_world_t** out);
+/* *size = number of ranks in the world (all processes). */
+BRAID_API braid_status_t braid_world_size(braid_world_t* world, int* size);
+/* The world ranks hosted by this process (local: 0..N-1; mpi: this process's rank), in
+ * increasing order. *count = their number (always written, even on OUT_OF_RANGE). `ranks` may
+ * be NULL (count only); else up to `capacity` entries are written, and OUT_OF_RANGE is
+ * returned when capacity < *count. */
+BRAID_API braid_status_t braid_world_local_ranks(braid_world_t* world, int* ranks, int capacity,
+                                                 int* count);
+/* The world group as rank `rank` (one of braid_world_local_ranks) sees it; once per rank.
+ * Hand it to the thread that plays that rank. Errors: INVALID_ARGUMENT (rank outside the
+ * world), FAILED_PRECONDITION (that rank's group was already taken). */
+BRAID_API braid_status_t braid_world_group(braid_world_t* world, int rank, braid_group_t** out);
+/* Destroys the world. FAILED_PRECONDITION while groups created from it are alive. */
+BRAID_API braid_status_t braid_world_destroy(braid_world_t* world);
+
+/* ---- Groups --------------------------------------------------------------------------------- */
+
+#define BRAID_NO_COLOR (-1) /* braid_group_split color: this rank joins no new group */
+
+BRAID_API braid_status_t braid_group_rank(braid_group_t* group, int* rank);
+BRAID_API braid_status_t braid_group_size(braid_group_t* group, int* size);
+/* *name: the group's name ("world", "world/shard", ...), valid while the group lives. */
+BRAID_API braid_status_t braid_group_name(braid_group_t* group, const char** name);
+/* Collective over `group`: ranks passing the same color (>= 0) form a new group, ordered by
+ * (key, rank in `group`). BRAID_NO_COLOR: returns BRAID_OK with *out = NULL. `name` may be
+ * NULL ("<parent>/<color>"). Blocks until every rank of `group` called it. Errors:
+ * INVALID_ARGUMENT (other negative color, here or on a peer), TIMEOUT, PEER_ERROR. */
+BRAID_API braid_status_t braid_group_split(braid_group_t* group, int color, int key,
+                                           const char* name, braid_group_t** out);
+/* Collective over a world group: replicas x shards (HSDP). World rank r is shard r % shards of
+ * replica r / shards; *shard = the `shards` ranks of r's replica (reduce-scatter group),
+ * *replica = the `replicas` ranks holding r's shard (all-reduce group). Both are new groups.
+ * Errors: INVALID_ARGUMENT unless replicas * shards == the group's size. */
+BRAID_API braid_status_t braid_mesh_create(braid_group_t* world_group, int replicas, int shards,
+                                           braid_group_t** shard, braid_group_t** replica);
+/* FAILED_PRECONDITION while works or reducers created on the group are alive. */
+BRAID_API braid_status_t braid_group_destroy(braid_group_t* group);
+
+/* ---- Collectives and works ------------------------------------------------------------------ */
+
+typedef struct braid_collective_options {
+  size_t struct_size;
+  int64_t timeout_ms;     /* 0 (default): the world's timeout */
+  double premul_scalar;   /* BRAID_OP_PREMUL_SUM: this rank's factor (default 1.0) */
+  const char* label;      /* names the caller's unit in errors (e.g. "layer 3"); may be NULL */
+  void* ready_event;      /* device backends: event to wait on before reading; NULL: none */
+} braid_collective_options_t;
+
+BRAID_API void braid_collective_options_init(braid_collective_options_t* opts);
+
+/* Collectives: asynchronous; on success *out is a new work to wait on and destroy. Buffers
+ * are the caller's and must stay valid until the work completes. In-place forms follow NCCL:
+ * allreduce send == recv; reduce_scatter recv == send + rank * recvcount (elements);
+ * allgather send == recv + rank * sendcount. `opts` may be NULL. Errors (returned at once,
+ * nothing started): INVALID_ARGUMENT (NULL buffer with count > 0, overlapping out-of-place
+ * buffers, dtype/op out of range or not valid together, bad root); UNIMPLEMENTED (the backend
+ * lacks the op). Failures of the operation itself are reported by the work. */
+/* Every rank receives the reduction of `count` elements. */
+BRAID_API braid_status_t braid_allreduce(braid_group_t* group, const void* send, void* recv,
+                                         size_t count, braid_dtype_t dtype, braid_reduce_op_t op,
+                                         const braid_collective_options_t* opts,
+                                         braid_work_t** out);
+/* `send` holds size * recvcount elements; this rank receives block `rank`, reduced. */
+BRAID_API braid_status_t braid_reduce_scatter(braid_group_t* group, const void* send, void* recv,
+                                              size_t recvcount, braid_dtype_t dtype,
+                                              braid_reduce_op_t op,
+                                              const braid_collective_options_t* opts,
+                                              braid_work_t** out);
+/* `recv` receives size * sendcount elements, block r from rank r. */
+BRAID_API braid_status_t braid_allgather(braid_group_t* group, const void* send, void* recv,
+                                         size_t sendcount, braid_dtype_t dtype,
+                                         const braid_collective_options_t* opts,
+                                         braid_work_t** out);
+/* `count` elements of `buf` on rank `root` are copied into `buf` on every rank. */
+BRAID_API braid_status_t braid_broadcast(braid_group_t* group, void* buf, size_t count,
+                                         braid_dtype_t dtype, int root,
+                                         const braid_collective_options_t* opts,
+                                         braid_work_t** out);
+BRAID_API braid_status_t braid_barrier(braid_group_t* group,
+                                       const braid_collective_options_t* opts, braid_work_t** out);
+
+/* Waits up to timeout_ms (< 0: no limit; 0: just look) for the work. Returns the operation's
+ * status once it completed (BRAID_OK, or e.g. PEER_ERROR / TIMEOUT naming group, op and
+ * sequence number), or BRAID_TIMEOUT when it is still running at the deadline (it keeps
+ * running: a later wait may succeed; braid_work_test tells the two timeouts apart). */
+BRAID_API braid_status_t braid_work_wait(braid_work_t* work, int64_t timeout_ms);
+/* Never blocks. *done = 0 and BRAID_IN_PROGRESS while the operation runs (last error
+ * unchanged); *done = 1 and the operation's status once it completed. */
+BRAID_API braid_status_t braid_work_test(braid_work_t* work, int* done);
+/* Releases the handle (see the conventions for unfinished works). */
+BRAID_API braid_status_t braid_work_destroy(braid_work_t* work);
+
+/* ---- Gradient reducer ------------------------------------------------------------------------
+ * Buckets parameters' gradients and reduces each bucket as soon as all its gradients are
+ * marked ready, in bucket order on every rank. Gradients live in Braid's bucket storage by
+ * default (braid_reducer_grad: accumulate there, zero copy). */
+
+typedef enum braid_reduce_mode {
+  BRAID_MODE_ALLREDUCE = 0,       /* DDP: every rank gets every averaged gradient */
+  BRAID_MODE_REDUCE_SCATTER = 1,  /* ZeRO-2: each rank gets its averaged shard of each bucket */
+  BRAID_MODE_HYBRID = 2           /* HSDP: reduce-scatter in shard, all-reduce in replica */
+} braid_reduce_mode_t;
+
+typedef enum braid_sync_mode {
+  BRAID_SYNC = 0,                 /* reduce this backward (plus what no_sync accumulated) */
+  BRAID_NO_SYNC = 1,              /* communicate nothing; keep accumulating */
+  BRAID_REDUCE_SCATTER_ONLY = 2   /* hybrid: reduce-scatter now, all-reduce at the next sync */
+} braid_sync_mode_t;
+
+/* One parameter. `name` (may be NULL) is copied; errors use it. Floating dtypes only. */
+typedef struct braid_param {
+  int64_t id;           /* distinct per parameter; identical on every rank */
+  size_t count;         /* elements */
+  braid_dtype_t dtype;
+  const char* name;
+} braid_param_t;
+
+#define BRAID_REDUCE_DTYPE_NATIVE (-1) /* braid_reducer_options_t.reduce_dtype default */
+
+typedef struct braid_reducer_options {
+  size_t struct_size;
+  braid_reduce_mode_t mode;        /* default BRAID_MODE_ALLREDUCE */
+  /* BRAID_REDUCE_DTYPE_NATIVE (default; BRAID_DTYPE_BF16/F16 mean the same): each bucket is
+   * reduced in its own dtype. BRAID_DTYPE_F32: bf16/f16 buckets are widened to f32 for the
+   * reduction and rounded once at the end. Other values: INVALID_ARGUMENT. */
+  int reduce_dtype;
+  size_t bucket_cap_bytes;         /* default 25 MiB */
+  size_t first_bucket_cap_bytes;   /* default 1 MiB (the first bucket launches early) */
+  int allow_unused;                /* 1: unmarked params are zero-filled and reduced; default 0 */
+  int gradient_as_bucket_view;     /* 1 (default): grads live in buckets; 0: set_grad_buffer */
+  int64_t timeout_ms;              /* finish_backward's deadline; default 300000 */
+  /* Chrome-trace timeline written to "<prefix>.rank<world rank>.json"; NULL or "": off. */
+  const char* timeline_prefix;
+} braid_reducer_options_t;
+
+BRAID_API void braid_reducer_options_init(braid_reducer_options_t* opts);
+
+/* Collective over `shard` (and `replica`): builds the bucket plan and checks that every rank
+ * has the same one. `shard`: the data-parallel group (all-reduce mode) or the reduce-scatter
+ * group; `replica`: hybrid mode only (else NULL), from the same world as `shard`. `params`:
+ * n entries, copied. Errors: INVALID_ARGUMENT (NULL params with n > 0, duplicate id, bad dtype
+ * or mode, replica missing in hybrid mode or given otherwise, groups of different worlds, a
+ * plan that differs across ranks), UNIMPLEMENTED (a device the backend lacks), NOT_FOUND
+ * (timeline directory missing). */
+BRAID_API braid_status_t braid_reducer_create(braid_group_t* shard, braid_group_t* replica,
+                                              const braid_param_t* params, size_t n,
+                                              const braid_reducer_options_t* opts,
+                                              braid_reducer_t** out);
+/* *data, *count: parameter `id`'s gradient inside its bucket (its registered dtype), valid
+ * for the reducer's lifetime. All-reduce mode: holds the averaged gradient after
+ * finish_backward. NOT_FOUND for an unknown id. */
+BRAID_API braid_status_t braid_reducer_grad(braid_reducer_t* reducer, int64_t id, void** data,
+                                            size_t* count);
+/* gradient_as_bucket_view = 0: the framework's own gradient buffer of `id` (registered count
+ * and dtype), kept alive by the caller; needed for every parameter before the first backward.
+ * mark_ready copies it in; all-reduce mode copies the average back. FAILED_PRECONDITION
+ * during a backward. */
+BRAID_API braid_status_t braid_reducer_set_grad_buffer(braid_reducer_t* reducer, int64_t id,
+                                                       void* grad);
+/* Starts a backward. FAILED_PRECONDITION when one is in progress or an optimizer was built on
+ * this reducer (use braid_optimizer_begin_backward); INVALID_ARGUMENT for
+ * REDUCE_SCATTER_ONLY outside hybrid mode. */
+BRAID_API braid_status_t braid_reducer_begin_backward(braid_reducer_t* reducer,
+                                                      braid_sync_mode_t mode);
+/* Parameter `id`'s gradient is final for this backward; any thread, any order, once per
+ * parameter per backward. `device_event` (may be NULL): wait on it before reading (device
+ * backends). Errors name the parameter: NOT_FOUND (unknown id), FAILED_PRECONDITION (marked
+ * twice in this backward, or outside a backward: before begin or after finish). */
+BRAID_API braid_status_t braid_reducer_mark_ready(braid_reducer_t* reducer, int64_t id,
+                                                  void* device_event);
+/* Returns once every reduction of this backward completed. Errors: FAILED_PRECONDITION
+ * (unmarked parameters, named, without allow_unused; no backward; an optimizer owns the
+ * backward), TIMEOUT / PEER_ERROR naming bucket and group. */
+BRAID_API braid_status_t braid_reducer_finish_backward(braid_reducer_t* reducer);
+/* Zeroes every gradient (start of a new accumulation window). FAILED_PRECONDITION during a
+ * backward. */
+BRAID_API braid_status_t braid_reducer_zero_grads(braid_reducer_t* reducer);
+BRAID_API braid_status_t braid_reducer_num_buckets(braid_reducer_t* reducer, int* count);
+/* *bucket = the bucket holding parameter `id` (NOT_FOUND for an unknown id). */
+BRAID_API braid_status_t braid_reducer_param_bucket(braid_reducer_t* reducer, int64_t id,
+                                                    int* bucket);
+/* This rank's shard of `bucket` (bucket dtype; reduce-scatter and hybrid modes: the averaged
+ * shard after finish_backward). OUT_OF_RANGE for a bucket outside [0, num_buckets). */
+BRAID_API braid_status_t braid_reducer_shard(braid_reducer_t* reducer, int bucket, void** data,
+                                             size_t* count);
+/* FAILED_PRECONDITION while an optimizer built on it is alive. */
+BRAID_API braid_status_t braid_reducer_destroy(braid_reducer_t* reducer);
+
+/* ---- Sharded optimizer -----------------------------------------------------------------------
+ * AdamW or SGD over this rank's shard of every bucket of a reduce-scatter or hybrid reducer,
+ * stepped as each bucket's reduction completes, then all-gathered into full parameters.
+ * Readiness is still marked through the reducer handle; begin/finish go through here.
+ *   for each step: wait_params(b) before reading bucket b's parameters (braid_optimizer_param);
+ *                  begin_backward; accumulate into braid_reducer_grad; mark_ready; finish. */
+
+typedef enum braid_optimizer_kind {
+  BRAID_OPTIMIZER_ADAMW = 0,  /* torch.optim.AdamW (decoupled decay, amsgrad off) */
+  BRAID_OPTIMIZER_SGD = 1     /* torch.optim.SGD (dampening 0) */
+} braid_optimizer_kind_t;
+
+typedef struct braid_optimizer_options {
+  size_t struct_size;
+  braid_optimizer_kind_t kind;  /* default ADAMW */
+  int threads;                  /* kernel threads per step; default 1 */
+  double lr;                    /* default 1e-3 (set it for SGD) */
+  double beta1, beta2, eps;     /* AdamW; defaults 0.9, 0.999, 1e-8 */
+  double weight_decay;          /* default 0.01 (AdamW's; SGD users usually want 0) */
+  double momentum;              /* SGD; default 0.9 */
+  int nesterov;                 /* SGD; default 0 */
+  int skip_nonfinite;           /* 1: drop the step on every rank if any gradient is inf/NaN */
+  double max_grad_norm;         /* > 0: exact global-norm clipping; default 0 (off) */
+  int overlap;                  /* 1 (default): step buckets as they arrive; 0: call step */
+  int64_t timeout_ms;           /* every wait; default 300000 */
+} braid_optimizer_options_t;
+
+BRAID_API void braid_optimizer_options_init(braid_optimizer_options_t* opts);
+
+/* Collective over the reducer's shard group: creates a gather group (a split of the shard
+ * group with key = rank), the parameter gatherer and the optimizer, all owned by the handle.
+ * Errors: INVALID_ARGUMENT (bad hyper-parameters, threads < 1, all-reduce mode reducer),
+ * TIMEOUT / PEER_ERROR from the collectives. */
+BRAID_API braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
+                                                const braid_optimizer_options_t* opts,
+                                                braid_optimizer_t** out);
+/* Initial value of parameter `id`: `values` holds its full count elements in its dtype,
+ * identical on every rank. Between steps only; gathered by the next wait_params. */
+BRAID_API braid_status_t braid_optimizer_set_param(braid_optimizer_t* opt, int64_t id,
+                                                   const void* values);
+/* *data, *count: read-only view of parameter `id`'s full values (its dtype), valid while the
+ * optimizer lives; meaningful after wait_params of its bucket returned BRAID_OK. */
+BRAID_API braid_status_t braid_optimizer_param(braid_optimizer_t* opt, int64_t id, void** data,
+                                               size_t* count);
+/* Starts a backward on the reducer and arms a step for a BRAID_SYNC one. FAILED_PRECONDITION
+ * when a backward is in progress, or overlap is off and the last synced backward was not
+ * stepped. */
+BRAID_API braid_status_t braid_optimizer_begin_backward(braid_optimizer_t* opt,
+                                                        braid_sync_mode_t mode);
+/* The reducer's finish_backward; does not wait for the steps. */
+BRAID_API braid_status_t braid_optimizer_finish_backward(braid_optimizer_t* opt);
+/* overlap = 0: steps every bucket of the finished synced backward and starts the gathers.
+ * FAILED_PRECONDITION with overlap on, or without a finished synced backward to step. */
+BRAID_API braid_status_t braid_optimizer_step(braid_optimizer_t* opt);
+/* Bucket `bucket`'s step and all-gather are complete: its parameters may be read.
+ * OUT_OF_RANGE for an unknown bucket; TIMEOUT / PEER_ERROR naming the bucket. */
+BRAID_API braid_status_t braid_optimizer_wait_params(braid_optimizer_t* opt, int bucket);
+BRAID_API braid_status_t braid_optimizer_wait_all_params(braid_optimizer_t* opt);
+/* Learning rate of every parameter from the next armed step (lr >= 0, finite). */
+BRAID_API braid_status_t braid_optimizer_set_lr(braid_optimizer_t* opt, double lr);
+/* Per-rank state file (master weights, moments, step counts, hyper-parameters); waits for
+ * the step in flight. Errors name the file (NOT_FOUND, FAILED_PRECONDITION, ...). */
+BRAID_API braid_status_t braid_optimizer_save(braid_optimizer_t* opt, const char* path);
+/* Collective over the shard group: restores a saved state and gathers every bucket. Fails,
+ * changing nothing, for a file of another plan, world, rank or kind (FAILED_PRECONDITION) or
+ * a corrupt one (DATA_LOSS); NOT_FOUND when missing. */
+BRAID_API braid_status_t braid_optimizer_load(braid_optimizer_t* opt, const char* path);
+/* The latest completed step: rounds (synced steps so far, skipped ones included), skipped
+ * (1 if skip_nonfinite dropped it), grad_norm (global norm with clipping/skip_nonfinite,
+ * else -1). Any out-pointer may be NULL. */
+BRAID_API braid_status_t braid_optimizer_last_step(braid_optimizer_t* opt, int64_t* rounds,
+                                                   int* skipped, double* grad_norm);
+/* Stops the optimizer's stepper thread (a step still waiting for reductions is cancelled),
+ * waits for all-gathers in flight, then frees the optimizer, its gatherer and gather group.
+ * The reducer stays usable (its own begin/finish_backward work again). */
+BRAID_API braid_status_t braid_optimizer_destroy(braid_optimizer_t* opt);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* BRAID_CAPI_BRAID_H_ */

@@ -1,0 +1,69 @@
+// What each C handle stands for. Every object keeps the objects it uses alive through
+// shared_ptr (so a call in flight on another thread never sees them freed), and the registry's
+// parent/child counts (handles.h) make destroy order explicit for the caller.
+#ifndef BRAID_CAPI_IMPL_H_
+#define BRAID_CAPI_IMPL_H_
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "capi/braid.h"
+#include "capi/handles.h"
+#include "comm/backend.h"
+#include "comm/group.h"
+#include "comm/work.h"
+#include "optim/sharded_optimizer.h"
+#include "scheduler/gradient_reducer.h"
+#include "scheduler/param_gatherer.h"
+#include "scheduler/timeline.h"
+
+namespace braid::capi {
+
+struct WorldImpl {
+  using Handle = braid_world_t;
+  static constexpr Tag kTag = Tag::kWorld;
+  std::unique_ptr<Backend> backend;
+};
+
+struct GroupImpl {
+  using Handle = braid_group_t;
+  static constexpr Tag kTag = Tag::kGroup;
+  braid_world_t* world = nullptr;  // the world it came from (a token: compared, never used)
+  int world_rank = 0;              // the world rank this group object plays
+  std::mutex mu;                   // serializes collectives and splits on `group`
+  std::unique_ptr<Group> group;
+};
+
+struct WorkImpl {
+  using Handle = braid_work_t;
+  static constexpr Tag kTag = Tag::kWork;
+  std::shared_ptr<GroupImpl> group;  // the group outlives the work's handle
+  WorkPtr work;
+};
+
+struct ReducerImpl {
+  using Handle = braid_reducer_t;
+  static constexpr Tag kTag = Tag::kReducer;
+  std::shared_ptr<GroupImpl> shard, replica;  // replica may be null
+  std::unique_ptr<sched::Timeline> timeline;  // outlives the reducer (declared before it)
+  std::unique_ptr<sched::GradientReducer> reducer;
+  // Between a successful begin_backward (reducer's or optimizer's) and the next finish: the
+  // C++ reducer does not expose it, and zero_grads must refuse then.
+  std::atomic<bool> in_backward{false};
+};
+
+struct OptimizerImpl {
+  using Handle = braid_optimizer_t;
+  static constexpr Tag kTag = Tag::kOptimizer;
+  // Destroyed in reverse: optimizer, gatherer, gather group, then the reducer reference.
+  std::shared_ptr<ReducerImpl> reducer;
+  std::unique_ptr<Group> gather_group;
+  std::unique_ptr<sched::ParamGatherer> gatherer;
+  std::unique_ptr<optim::ShardedOptimizer> opt;
+};
+
+}  // namespace braid::capi
+
+#endif  // BRAID_CAPI_IMPL_H_

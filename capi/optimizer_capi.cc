@@ -1,0 +1,237 @@
+// C API: the sharded optimizer (with the gather group and parameter gatherer it needs).
+#include <cmath>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "capi/braid.h"
+#include "capi/convert.h"
+#include "capi/errors.h"
+#include "capi/handles.h"
+#include "capi/impl.h"
+#include "comm/status_macros.h"
+
+using braid::capi::CheckNotNull;
+using braid::capi::Find;
+using braid::capi::Guard;
+using braid::capi::OptimizerImpl;
+using braid::capi::ReducerImpl;
+using braid::capi::Tag;
+
+namespace braid::capi {
+namespace {
+
+absl::Status CheckFlag(int v, const char* name) {
+  if (v == 0 || v == 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("opts->", name, " must be 0 or 1, got ", v));
+}
+
+absl::StatusOr<optim::OptimizerConfig> ToConfig(const braid_optimizer_options_t& o) {
+  optim::OptimizerConfig c;
+  switch (RawEnum(o.kind)) {
+    case BRAID_OPTIMIZER_ADAMW: c.kind = optim::OptimizerKind::kAdamW; break;
+    case BRAID_OPTIMIZER_SGD: c.kind = optim::OptimizerKind::kSgd; break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "opts->kind ", RawEnum(o.kind), " is not a braid_optimizer_kind_t"));
+  }
+  RETURN_IF_ERROR(CheckFlag(o.nesterov, "nesterov"));
+  RETURN_IF_ERROR(CheckFlag(o.skip_nonfinite, "skip_nonfinite"));
+  RETURN_IF_ERROR(CheckFlag(o.overlap, "overlap"));
+  RETURN_IF_ERROR(CheckTimeoutMs(o.timeout_ms, "opts->timeout_ms"));
+  optim::GroupHyper h;
+  h.adamw = optim::AdamWHyper{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
+  h.sgd = optim::SgdHyper{o.lr, o.momentum, o.weight_decay, o.nesterov != 0};
+  c.groups = {h};
+  c.overlap = o.overlap != 0;
+  c.max_grad_norm = o.max_grad_norm;
+  c.skip_nonfinite = o.skip_nonfinite != 0;
+  c.threads = o.threads;
+  c.timeout = absl::Milliseconds(o.timeout_ms);
+  return c;
+}
+
+// Builds the gather group, gatherer and optimizer: collective over the reducer's shard group.
+absl::Status Build(OptimizerImpl& impl, const optim::OptimizerConfig& config) {
+  GroupImpl& shard = *impl.reducer->shard;
+  {
+    std::lock_guard<std::mutex> lock(shard.mu);
+    ASSIGN_OR_RETURN(impl.gather_group, shard.group->Split(0, shard.group->rank(),
+                                                           shard.group->name() + "/gather"));
+  }
+  sched::GathererConfig gc;
+  gc.timeout = config.timeout;
+  gc.timeline = impl.reducer->timeline.get();
+  ASSIGN_OR_RETURN(impl.gatherer, sched::ParamGatherer::Create(impl.reducer->reducer->plan(),
+                                                               impl.gather_group.get(), gc));
+  std::lock_guard<std::mutex> lock(shard.mu);  // Create splits the shard group once more
+  ASSIGN_OR_RETURN(impl.opt, optim::ShardedOptimizer::Create(impl.reducer->reducer.get(),
+                                                             impl.gatherer.get(), config));
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace braid::capi
+
+extern "C" {
+
+void braid_optimizer_options_init(braid_optimizer_options_t* opts) {
+  if (opts == nullptr) return;
+  const braid::optim::AdamWHyper a;
+  const braid::optim::SgdHyper s;
+  const braid::optim::OptimizerConfig c;
+  *opts = braid_optimizer_options_t{};
+  opts->struct_size = sizeof(*opts);
+  opts->kind = BRAID_OPTIMIZER_ADAMW;
+  opts->threads = c.threads;
+  opts->lr = a.lr;
+  opts->beta1 = a.beta1;
+  opts->beta2 = a.beta2;
+  opts->eps = a.eps;
+  opts->weight_decay = a.weight_decay;
+  opts->momentum = s.momentum;
+  opts->nesterov = s.nesterov ? 1 : 0;
+  opts->skip_nonfinite = c.skip_nonfinite ? 1 : 0;
+  opts->max_grad_norm = c.max_grad_norm;
+  opts->overlap = c.overlap ? 1 : 0;
+  opts->timeout_ms = absl::ToInt64Milliseconds(c.timeout);
+}
+
+braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
+                                      const braid_optimizer_options_t* opts,
+                                      braid_optimizer_t** out) {
+  return Guard("braid_optimizer_create", [&]() -> absl::Status {
+    auto impl = std::make_shared<OptimizerImpl>();
+    ASSIGN_OR_RETURN(impl->reducer, Find<ReducerImpl>(reducer, "reducer"));
+    RETURN_IF_ERROR(CheckNotNull(out, "out"));
+    if (braid::capi::HandleRegistry::Get().Children(reducer, Tag::kOptimizer) > 0) {
+      return absl::FailedPreconditionError("this reducer already has an optimizer");
+    }
+    if (impl->reducer->in_backward) {
+      return absl::FailedPreconditionError("the reducer is inside a backward (finish it first)");
+    }
+    if (impl->reducer->reducer->mode() == braid::sched::ReduceMode::kAllReduce) {
+      return absl::InvalidArgumentError(
+          "the reducer is in all-reduce mode; the sharded optimizer needs reduce-scatter or "
+          "hybrid mode (each rank steps only its shard)");
+    }
+    braid_optimizer_options_t o;
+    braid_optimizer_options_init(&o);
+    RETURN_IF_ERROR(braid::capi::ReadOptions(opts, "braid_optimizer_options_t", &o));
+    ASSIGN_OR_RETURN(braid::optim::OptimizerConfig config, braid::capi::ToConfig(o));
+    RETURN_IF_ERROR(braid::capi::Build(*impl, config));
+    ASSIGN_OR_RETURN(*out, braid::capi::Register(std::move(impl), {reducer}));
+    return absl::OkStatus();
+  });
+}
+
+braid_status_t braid_optimizer_set_param(braid_optimizer_t* opt, int64_t id, const void* values) {
+  return Guard("braid_optimizer_set_param", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto o, Find<OptimizerImpl>(opt, "opt"));
+    RETURN_IF_ERROR(CheckNotNull(values, "values"));
+    return o->opt->SetParam(id, values);
+  });
+}
+
+braid_status_t braid_optimizer_param(braid_optimizer_t* opt, int64_t id, void** data,
+                                     size_t* count) {
+  return Guard("braid_optimizer_param", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto o, Find<OptimizerImpl>(opt, "opt"));
+    RETURN_IF_ERROR(CheckNotNull(data, "data"));
+    RETURN_IF_ERROR(CheckNotNull(count, "count"));
+    ASSIGN_OR_RETURN(braid::TensorView v, o->gatherer->ParamView(id));
+    *data = v.data;
+    *count = v.count;
+    return absl::OkStatus();
+  });
+}
+
+braid_status_t braid_optimizer_begin_backward(braid_optimizer_t* opt, braid_sync_mode_t mode) {
+  return Guard("braid_optimizer_begin_backward", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto o, Find<OptimizerImpl>(opt, "opt"));
+    ASSIGN_OR_RETURN(auto m, braid::capi::ToSyncMode(braid::capi::RawEnum(mode)));
+    RETURN_IF_ERROR(o->opt->BeginBackward(m));
+    o->reducer->in_backward = true;
+    return absl::OkStatus();
+  });
+}
+
+braid_status_t braid_optimizer_finish_backward(braid_optimizer_t* opt) {
+  return Guard("braid_optimizer_finish_backward", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto o, Find<OptimizerImpl>(opt, "opt"));
+    absl::Status s = o->opt->FinishBackward();
+    o->reducer->in_backward = false;
+    return s;
+  });
+}
+
+braid_status_t braid_optimizer_step(braid_optimizer_t* opt) {
+  return Guard("braid_optimizer_step", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto o, Find<OptimizerImpl>(opt, "opt"));
+    return o->opt->Step();
+  });
+}
+
+braid_status_t braid_optimizer_wait_params(braid_optimizer_t* opt, int bucket) {
+  return Guard("braid_optimizer_wait_params", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto o, Find<OptimizerImpl>(opt, "opt"));
+    return o->opt->WaitParams(bucket);
+  });
+}
+
+braid_status_t braid_optimizer_wait_all_params(braid_optimizer_t* opt) {
+  return Guard("braid_optimizer_wait_all_params", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto o, Find<OptimizerImpl>(opt, "opt"));
+    return o->opt->WaitAllParams();
+  });
+}
+
+braid_status_t braid_optimizer_set_lr(braid_optimizer_t* opt, double lr) {
+  return Guard("braid_optimizer_set_lr", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto o, Find<OptimizerImpl>(opt, "opt"));
+    if (!(lr >= 0) || !std::isfinite(lr)) {
+      return absl::InvalidArgumentError(absl::StrCat("lr must be finite and >= 0, got ", lr));
+    }
+    braid::optim::GroupHyper h = o->opt->hyper(0);
+    h.adamw.lr = lr;
+    h.sgd.lr = lr;
+    return o->opt->SetHyper(0, h);
+  });
+}
+
+braid_status_t braid_optimizer_save(braid_optimizer_t* opt, const char* path) {
+  return Guard("braid_optimizer_save", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto o, Find<OptimizerImpl>(opt, "opt"));
+    RETURN_IF_ERROR(CheckNotNull(path, "path"));
+    return o->opt->Save(path);
+  });
+}
+
+braid_status_t braid_optimizer_load(braid_optimizer_t* opt, const char* path) {
+  return Guard("braid_optimizer_load", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto o, Find<OptimizerImpl>(opt, "opt"));
+    RETURN_IF_ERROR(CheckNotNull(path, "path"));
+    return o->opt->Load(path);
+  });
+}
+
+braid_status_t braid_optimizer_last_step(braid_optimizer_t* opt, int64_t* rounds, int* skipped,
+                                         double* grad_norm) {
+  return Guard("braid_optimizer_last_step", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto o, Find<OptimizerImpl>(opt, "opt"));
+    const braid::optim::StepReport r = o->opt->last_step();
+    if (rounds != nullptr) *rounds = r.rounds;
+    if (skipped != nullptr) *skipped = r.skipped ? 1 : 0;
+    if (grad_norm != nullptr) *grad_norm = r.grad_norm;
+    return absl::OkStatus();
+  });
+}
+
+braid_status_t braid_optimizer_destroy(braid_optimizer_t* opt) {
+  return Guard("braid_optimizer_destroy",
+               [&] { return braid::capi::Destroy(opt, Tag::kOptimizer, "opt"); });
+}
+
+}  // extern "C"

@@ -1,0 +1,257 @@
+// C API: the gradient reducer.
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "capi/braid.h"
+#include "capi/convert.h"
+#include "capi/errors.h"
+#include "capi/handles.h"
+#include "capi/impl.h"
+#include "comm/status_macros.h"
+
+using braid::capi::CheckNotNull;
+using braid::capi::Find;
+using braid::capi::GroupImpl;
+using braid::capi::Guard;
+using braid::capi::ReducerImpl;
+using braid::capi::Tag;
+
+namespace braid::capi {
+namespace {
+
+absl::StatusOr<std::vector<sched::ParamSpec>> ToSpecs(const braid_param_t* params, size_t n) {
+  if (params == nullptr && n > 0) {
+    return absl::InvalidArgumentError(absl::StrCat("argument 'params' is NULL with n = ", n));
+  }
+  std::vector<sched::ParamSpec> specs(n);
+  for (size_t i = 0; i < n; ++i) {
+    const braid_param_t& p = params[i];
+    specs[i].id = p.id;
+    specs[i].count = p.count;
+    specs[i].name = p.name != nullptr ? p.name : "";
+    const std::string what = absl::StrCat("params[", i, "] (", specs[i].Label(), "): dtype");
+    ASSIGN_OR_RETURN(specs[i].dtype, ToDType(RawEnum(p.dtype), what.c_str()));
+  }
+  return specs;
+}
+
+absl::StatusOr<sched::ReducerConfig> ToConfig(const braid_reducer_options_t& o) {
+  sched::ReducerConfig c;
+  switch (RawEnum(o.mode)) {
+    case BRAID_MODE_ALLREDUCE: c.mode = sched::ReduceMode::kAllReduce; break;
+    case BRAID_MODE_REDUCE_SCATTER: c.mode = sched::ReduceMode::kReduceScatter; break;
+    case BRAID_MODE_HYBRID: c.mode = sched::ReduceMode::kHybrid; break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("opts->mode ", RawEnum(o.mode), " is not a braid_reduce_mode_t"));
+  }
+  if (o.reduce_dtype == BRAID_DTYPE_F32) {
+    c.reduce_dtype = DType::kF32;
+  } else if (o.reduce_dtype == BRAID_DTYPE_F16) {
+    c.reduce_dtype = DType::kF16;
+  } else if (o.reduce_dtype != BRAID_REDUCE_DTYPE_NATIVE && o.reduce_dtype != BRAID_DTYPE_BF16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "opts->reduce_dtype must be BRAID_REDUCE_DTYPE_NATIVE or BRAID_DTYPE_F32, got ",
+        o.reduce_dtype));
+  }
+  for (const auto& [flag, name] : {std::pair<int, const char*>{o.allow_unused, "allow_unused"},
+                                   {o.gradient_as_bucket_view, "gradient_as_bucket_view"}}) {
+    if (flag != 0 && flag != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("opts->", name, " must be 0 or 1, got ", flag));
+    }
+  }
+  RETURN_IF_ERROR(CheckTimeoutMs(o.timeout_ms, "opts->timeout_ms"));
+  c.bucket_cap_bytes = o.bucket_cap_bytes;
+  c.first_bucket_cap_bytes = o.first_bucket_cap_bytes;
+  c.allow_unused = o.allow_unused != 0;
+  c.gradient_as_bucket_view = o.gradient_as_bucket_view != 0;
+  c.timeout = absl::Milliseconds(o.timeout_ms);
+  return c;
+}
+
+absl::Status NoOptimizer(braid_reducer_t* reducer, const char* instead) {
+  if (HandleRegistry::Get().Children(reducer, Tag::kOptimizer) == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "an optimizer was built on this reducer and owns its backward: call ", instead));
+}
+
+}  // namespace
+}  // namespace braid::capi
+
+extern "C" {
+
+void braid_reducer_options_init(braid_reducer_options_t* opts) {
+  if (opts == nullptr) return;
+  const braid::sched::ReducerConfig d;
+  *opts = braid_reducer_options_t{};
+  opts->struct_size = sizeof(*opts);
+  opts->mode = BRAID_MODE_ALLREDUCE;
+  opts->reduce_dtype = BRAID_REDUCE_DTYPE_NATIVE;
+  opts->bucket_cap_bytes = d.bucket_cap_bytes;
+  opts->first_bucket_cap_bytes = d.first_bucket_cap_bytes;
+  opts->allow_unused = d.allow_unused ? 1 : 0;
+  opts->gradient_as_bucket_view = d.gradient_as_bucket_view ? 1 : 0;
+  opts->timeout_ms = absl::ToInt64Milliseconds(d.timeout);
+}
+
+braid_status_t braid_reducer_create(braid_group_t* shard, braid_group_t* replica,
+                                    const braid_param_t* params, size_t n,
+                                    const braid_reducer_options_t* opts, braid_reducer_t** out) {
+  return Guard("braid_reducer_create", [&]() -> absl::Status {
+    auto impl = std::make_shared<ReducerImpl>();
+    ASSIGN_OR_RETURN(impl->shard, Find<GroupImpl>(shard, "shard"));
+    if (replica != nullptr) {
+      ASSIGN_OR_RETURN(impl->replica, Find<GroupImpl>(replica, "replica"));
+      if (impl->replica->world != impl->shard->world) {
+        return absl::InvalidArgumentError(
+            "argument 'replica' belongs to a different world than 'shard' (a handle from "
+            "another world)");
+      }
+      if (replica == shard) {
+        return absl::InvalidArgumentError("'replica' and 'shard' are the same group");
+      }
+    }
+    RETURN_IF_ERROR(CheckNotNull(out, "out"));
+    braid_reducer_options_t o;
+    braid_reducer_options_init(&o);
+    RETURN_IF_ERROR(braid::capi::ReadOptions(opts, "braid_reducer_options_t", &o));
+    ASSIGN_OR_RETURN(braid::sched::ReducerConfig config, braid::capi::ToConfig(o));
+    if (replica != nullptr && config.mode != braid::sched::ReduceMode::kHybrid) {
+      return absl::InvalidArgumentError(
+          "a 'replica' group is used by BRAID_MODE_HYBRID only: pass NULL in this mode");
+    }
+    ASSIGN_OR_RETURN(auto specs, braid::capi::ToSpecs(params, n));
+    if (o.timeline_prefix != nullptr && o.timeline_prefix[0] != '\0') {
+      ASSIGN_OR_RETURN(impl->timeline,
+                       braid::sched::Timeline::Create(o.timeline_prefix, impl->shard->world_rank));
+      config.timeline = impl->timeline.get();
+    }
+    braid::sched::ReducerGroups groups{impl->shard->group.get(),
+                                       impl->replica ? impl->replica->group.get() : nullptr};
+    {
+      // Create is collective over the groups: keep other calls on them out meanwhile.
+      std::unique_lock<std::mutex> l1(impl->shard->mu, std::defer_lock);
+      std::unique_lock<std::mutex> l2;
+      if (impl->replica) {
+        l2 = std::unique_lock<std::mutex>(impl->replica->mu, std::defer_lock);
+        std::lock(l1, l2);
+      } else {
+        l1.lock();
+      }
+      ASSIGN_OR_RETURN(impl->reducer,
+                       braid::sched::GradientReducer::Create(std::move(specs), groups, config));
+    }
+    ASSIGN_OR_RETURN(*out, braid::capi::Register(std::move(impl), {shard, replica}));
+    return absl::OkStatus();
+  });
+}
+
+braid_status_t braid_reducer_grad(braid_reducer_t* reducer, int64_t id, void** data,
+                                  size_t* count) {
+  return Guard("braid_reducer_grad", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
+    RETURN_IF_ERROR(CheckNotNull(data, "data"));
+    RETURN_IF_ERROR(CheckNotNull(count, "count"));
+    ASSIGN_OR_RETURN(braid::TensorView v, r->reducer->GradView(id));
+    *data = v.data;
+    *count = v.count;
+    return absl::OkStatus();
+  });
+}
+
+braid_status_t braid_reducer_set_grad_buffer(braid_reducer_t* reducer, int64_t id, void* grad) {
+  return Guard("braid_reducer_set_grad_buffer", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
+    return r->reducer->SetGradBuffer(id, grad);
+  });
+}
+
+braid_status_t braid_reducer_begin_backward(braid_reducer_t* reducer, braid_sync_mode_t mode) {
+  return Guard("braid_reducer_begin_backward", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
+    ASSIGN_OR_RETURN(auto m, braid::capi::ToSyncMode(braid::capi::RawEnum(mode)));
+    RETURN_IF_ERROR(braid::capi::NoOptimizer(reducer, "braid_optimizer_begin_backward"));
+    RETURN_IF_ERROR(r->reducer->BeginBackward(m));
+    r->in_backward = true;
+    return absl::OkStatus();
+  });
+}
+
+braid_status_t braid_reducer_mark_ready(braid_reducer_t* reducer, int64_t id,
+                                        void* device_event) {
+  return Guard("braid_reducer_mark_ready", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
+    return r->reducer->MarkReady(id, braid::DeviceEvent{device_event});
+  });
+}
+
+braid_status_t braid_reducer_finish_backward(braid_reducer_t* reducer) {
+  return Guard("braid_reducer_finish_backward", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
+    RETURN_IF_ERROR(braid::capi::NoOptimizer(reducer, "braid_optimizer_finish_backward"));
+    absl::Status s = r->reducer->FinishBackward();
+    r->in_backward = false;
+    return s;
+  });
+}
+
+braid_status_t braid_reducer_zero_grads(braid_reducer_t* reducer) {
+  return Guard("braid_reducer_zero_grads", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
+    RETURN_IF_ERROR(braid::capi::NoOptimizer(reducer, "nothing: the optimizer zeroes gradients"));
+    if (r->in_backward) {
+      return absl::FailedPreconditionError("a backward is in progress (finish it first)");
+    }
+    r->reducer->ZeroGrads();
+    return absl::OkStatus();
+  });
+}
+
+braid_status_t braid_reducer_num_buckets(braid_reducer_t* reducer, int* count) {
+  return Guard("braid_reducer_num_buckets", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
+    RETURN_IF_ERROR(CheckNotNull(count, "count"));
+    *count = static_cast<int>(r->reducer->plan().buckets().size());
+    return absl::OkStatus();
+  });
+}
+
+braid_status_t braid_reducer_param_bucket(braid_reducer_t* reducer, int64_t id, int* bucket) {
+  return Guard("braid_reducer_param_bucket", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
+    RETURN_IF_ERROR(CheckNotNull(bucket, "bucket"));
+    const braid::sched::BucketPlan& plan = r->reducer->plan();
+    ASSIGN_OR_RETURN(int index, plan.IndexOf(id));
+    *bucket = plan.slot(index).bucket;
+    return absl::OkStatus();
+  });
+}
+
+braid_status_t braid_reducer_shard(braid_reducer_t* reducer, int bucket, void** data,
+                                   size_t* count) {
+  return Guard("braid_reducer_shard", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
+    RETURN_IF_ERROR(CheckNotNull(data, "data"));
+    RETURN_IF_ERROR(CheckNotNull(count, "count"));
+    const int n = static_cast<int>(r->reducer->plan().buckets().size());
+    if (bucket < 0 || bucket >= n) {
+      return absl::OutOfRangeError(
+          absl::StrCat("bucket ", bucket, " is outside [0, ", n, ") (the reducer's buckets)"));
+    }
+    const braid::TensorView v = r->reducer->ShardView(bucket);
+    *data = v.data;
+    *count = v.count;
+    return absl::OkStatus();
+  });
+}
+
+braid_status_t braid_reducer_destroy(braid_reducer_t* reducer) {
+  return Guard("braid_reducer_destroy",
+               [&] { return braid::capi::Destroy(reducer, Tag::kReducer, "reducer"); });
+}
+
+}  // extern "C"

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# libbraid.so exports only braid_* symbols, and exactly the functions braid.h declares.
+# Usage: exported_symbols_test.sh <libbraid.so> <braid.h>
+set -euo pipefail
+lib="$1"
+header="$2"
+
+exported="$(nm -D --defined-only "$lib" | awk '{print $NF}' | sort)"
+if [[ -z "$exported" ]]; then
+  echo "FAIL: $lib exports no symbols" >&2
+  exit 1
+fi
+stray="$(grep -v '^braid_' <<<"$exported" || true)"
+if [[ -n "$stray" ]]; then
+  echo "FAIL: $lib exports symbols outside the C API (check capi/braid.lds):" >&2
+  echo "$stray" | head -50 >&2
+  exit 1
+fi
+
+declared="$(grep -o '^BRAID_API[^(]*\bbraid_[a-z0-9_]*(' "$header" |
+  grep -o 'braid_[a-z0-9_]*($' | tr -d '(' | sort)"
+missing="$(comm -23 <(echo "$declared") <(echo "$exported"))"
+extra="$(comm -13 <(echo "$declared") <(echo "$exported"))"
+if [[ -n "$missing" || -n "$extra" ]]; then
+  echo "FAIL: braid.h and $lib disagree" >&2
+  [[ -n "$missing" ]] && echo "declared, not exported: $missing" >&2
+  [[ -n "$extra" ]] && echo "exported, not declared: $extra" >&2
+  exit 1
+fi
+echo "PASS: $(wc -l <<<"$exported") symbols, all braid_*, matching braid.h"
