@@ -75,15 +75,18 @@ inline __m128i Pack16(__m256i x) {
 }
 
 inline void Store8(BF16* o, __m256 x) {
-  // ToBF16, lane-wise: round to nearest even by integer add, NaN kept quiet.
+  // ToBF16, lane-wise: round to nearest even by integer add. NaNs (rare) take a separate,
+  // predictable branch so the common case stays a few integer instructions.
   const __m256i u = _mm256_castps_si256(x);
-  const __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
-  const __m256i is_nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_srli_epi32(
+  __m256i r = _mm256_srli_epi32(
       _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd), 16);
-  const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-  const __m256i r = _mm256_blendv_epi8(rounded, nan, is_nan);
+  const __m256 is_nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  if (__builtin_expect(_mm256_movemask_ps(is_nan) != 0, 0)) {
+    // NaN: the top half with the quiet bit set, as ToBF16 does.
+    const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    r = _mm256_blendv_epi8(r, nan, _mm256_castps_si256(is_nan));
+  }
   _mm_storeu_si128(reinterpret_cast<__m128i*>(o), Pack16(r));
 }
 
