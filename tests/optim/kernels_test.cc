@@ -300,8 +300,12 @@ TEST(KernelPool, ChunksCoverTheRangeOnceOnSixteenElementBoundaries) {
           if (r.lo == r.hi) continue;
           ASSERT_EQ(r.lo, next) << "threads " << threads << " n " << n << " grain " << grain;
           ASSERT_EQ(r.lo % kKernelAlign, 0u);
-          if (r.hi != n) ASSERT_EQ(r.hi % kKernelAlign, 0u);
-          if (r.hi != n && grain > 0) ASSERT_GE(r.hi - r.lo, grain);
+          if (r.hi != n) {
+            ASSERT_EQ(r.hi % kKernelAlign, 0u);
+            if (grain > 0) {
+              ASSERT_GE(r.hi - r.lo, grain);
+            }
+          }
           next = r.hi;
         }
         ASSERT_EQ(next, n);
