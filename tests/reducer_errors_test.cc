@@ -14,6 +14,7 @@
 #include "scheduler/mesh.h"
 #include "scheduler/timeline.h"
 #include "tests/multirank.h"
+#include "tests/reducer_unused_checks.h"
 
 namespace braid::sched {
 namespace {
@@ -22,10 +23,7 @@ using braid::testing::LocalOptions;
 using braid::testing::RunRanks;
 
 using braid::testing::ExpectError;
-std::vector<ParamSpec> TwoParams() {
-  return {ParamSpec{1, 8, DType::kF32, Device::Cpu(), "fc.weight"},
-          ParamSpec{2, 3, DType::kF32, Device::Cpu(), "fc.bias"}};
-}
+using testing::TwoParams;
 
 TEST(ReducerErrors, MarksOutsideBackwardUnknownAndTwice) {
   RunRanks(2, [](Group& g) {
@@ -94,57 +92,11 @@ TEST(ReducerErrors, PlanThatDiffersOnOneRankFailsCreateEverywhere) {
 }
 
 TEST(ReducerUnused, ReportedByNameUnlessAllowed) {
-  RunRanks(2, [](Group& g) {
-    auto red = GradientReducer::Create(TwoParams(), {&g, nullptr}, ReducerConfig{});
-    ASSERT_TRUE(red.ok());
-    ASSERT_OK((*red)->BeginBackward(SyncMode::kSync));
-    ASSERT_OK((*red)->MarkReady(2));  // the bias bucket (bucket 0: reverse order) launches
-    ExpectError((*red)->FinishBackward(), absl::StatusCode::kFailedPrecondition,
-                {"1 parameter(s)", "'fc.weight' (id 1)", "allow_unused"});
-  });
+  RunRanks(2, [](Group& g) { testing::CheckUnusedReportedByName(g, ReducerConfig{}); });
 }
 
 TEST(ReducerUnused, ZeroFilledAndReducedWhenAllowedButNoSyncSumsAreKept) {
-  RunRanks(2, [](Group& g) {
-    ReducerConfig cfg;
-    cfg.allow_unused = true;
-    auto red = GradientReducer::Create(TwoParams(), {&g, nullptr}, cfg);
-    ASSERT_TRUE(red.ok());
-    GradientReducer& r = **red;
-    auto w = *r.GradView(1);
-    auto b = *r.GradView(2);
-    float* wd = static_cast<float*>(w.data);
-    float* bd = static_cast<float*>(b.data);
-    // Microbatch 1 (no_sync): both used. Microbatch 2 (sync): only the bias is used on rank 0,
-    // and the weight holds rank-specific garbage that must not be zero-filled (it is the
-    // no_sync sum), while on rank 1 both are used.
-    ASSERT_OK(r.BeginBackward(SyncMode::kNoSync));
-    for (int i = 0; i < 8; ++i) wd[i] += 1.0f + g.rank();
-    for (int i = 0; i < 3; ++i) bd[i] += 10.0f;
-    ASSERT_OK(r.MarkReady(1));
-    ASSERT_OK(r.MarkReady(2));
-    ASSERT_OK(r.FinishBackward());
-    ASSERT_OK(r.BeginBackward(SyncMode::kSync));
-    for (int i = 0; i < 3; ++i) bd[i] += 2.0f;
-    ASSERT_OK(r.MarkReady(2));
-    if (g.rank() == 1) {
-      for (int i = 0; i < 8; ++i) wd[i] += 4.0f;
-      ASSERT_OK(r.MarkReady(1));
-    }
-    ASSERT_OK(r.FinishBackward());
-    for (int i = 0; i < 8; ++i) EXPECT_EQ(wd[i], (1.0f + (2.0f + 4.0f)) / 2) << i;  // avg of 1 and 6
-    for (int i = 0; i < 3; ++i) EXPECT_EQ(bd[i], 12.0f);
-
-    // Next window: a parameter never used since the last sync is zero-filled.
-    r.ZeroGrads();
-    ASSERT_OK(r.BeginBackward(SyncMode::kSync));
-    for (int i = 0; i < 8; ++i) wd[i] = 123.0f;  // written but never marked: stale, dropped
-    for (int i = 0; i < 3; ++i) bd[i] += 1.0f;
-    ASSERT_OK(r.MarkReady(2));
-    ASSERT_OK(r.FinishBackward());
-    for (int i = 0; i < 8; ++i) EXPECT_EQ(wd[i], 0.0f);
-    for (int i = 0; i < 3; ++i) EXPECT_EQ(bd[i], 1.0f);
-  });
+  RunRanks(2, [](Group& g) { testing::CheckUnusedZeroFilledButNoSyncSumsKept(g, ReducerConfig{}); });
 }
 
 TEST(ReducerErrors, StalledPeerFailsFinishBackwardNamingBucketAndGroup) {
