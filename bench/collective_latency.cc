@@ -35,6 +35,7 @@
 #include "bench/bench_flags.h"
 #include "bench/raw_baselines.h"
 #include "comm/backend.h"
+#include "comm/element.h"
 #include "comm/half.h"
 #include "comm/status_macros.h"
 
@@ -74,34 +75,11 @@ double BusFactor(CollectiveKind k, int n) {
 // --- exact check data: small integers, exact in every dtype and any reduction order -------
 double Pattern(size_t i, int rank) { return static_cast<double>((i * 3 + rank * 5) % 13); }
 
-void SetElem(void* p, DType t, size_t i, double v) {
-  switch (t) {
-    case DType::kF32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
-    case DType::kF64: static_cast<double*>(p)[i] = v; break;
-    case DType::kBF16: static_cast<BF16*>(p)[i] = ToBF16(static_cast<float>(v)); break;
-    case DType::kF16: static_cast<F16*>(p)[i] = ToF16(static_cast<float>(v)); break;
-    case DType::kI32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
-    case DType::kI64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
-    case DType::kU8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
-  }
-}
-double GetElem(const void* p, DType t, size_t i) {
-  switch (t) {
-    case DType::kF32: return static_cast<const float*>(p)[i];
-    case DType::kF64: return static_cast<const double*>(p)[i];
-    case DType::kBF16: return ToFloat(static_cast<const BF16*>(p)[i]);
-    case DType::kF16: return ToFloat(static_cast<const F16*>(p)[i]);
-    case DType::kI32: return static_cast<const int32_t*>(p)[i];
-    case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-    case DType::kU8: return static_cast<const uint8_t*>(p)[i];
-  }
-  return 0;
-}
 // The value `v` as the dtype stores it (so avg's rounding is compared like for like).
 double Rounded(DType t, double v) {
   unsigned char tmp[8];
-  SetElem(tmp, t, 0, v);
-  return GetElem(tmp, t, 0);
+  StoreElement(tmp, t, 0, v);
+  return LoadElement(tmp, t, 0);
 }
 
 // premul_sum's scalar: a power of two, so products and sums stay exact in any order.
@@ -192,32 +170,32 @@ absl::StatusOr<int64_t> CheckOnce(Group& g, const Config& c, CollectiveKind k, c
   if (k == CollectiveKind::kAllGather) {
     if (c.in_place) in = b.recv.data() + r * s.count * es;
   }
-  for (size_t i = 0; i < in_elems; ++i) SetElem(in, c.dtype, i, Pattern(base + i, r));
+  for (size_t i = 0; i < in_elems; ++i) StoreElement(in, c.dtype, i, Pattern(base + i, r));
   ASSIGN_OR_RETURN(WorkPtr w, Issue(g, c, k, s, b));
   RETURN_IF_ERROR(w->Wait(absl::Seconds(300)));
   int64_t wrong = 0;
   switch (k) {
     case CollectiveKind::kAllReduce: {
       const unsigned char* out = c.in_place ? b.send.data() : b.recv.data();
-      for (size_t i = 0; i < s.count; ++i) wrong += GetElem(out, c.dtype, i) != Expected(c.redop, c.dtype, i, n);
+      for (size_t i = 0; i < s.count; ++i) wrong += LoadElement(out, c.dtype, i) != Expected(c.redop, c.dtype, i, n);
       break;
     }
     case CollectiveKind::kReduceScatter: {
       const unsigned char* out = c.in_place ? b.send.data() + r * s.count * es : b.recv.data();
       for (size_t i = 0; i < s.count; ++i) {
-        wrong += GetElem(out, c.dtype, i) != Expected(c.redop, c.dtype, r * s.count + i, n);
+        wrong += LoadElement(out, c.dtype, i) != Expected(c.redop, c.dtype, r * s.count + i, n);
       }
       break;
     }
     case CollectiveKind::kAllGather:
       for (int k2 = 0; k2 < n; ++k2) {
         for (size_t i = 0; i < s.count; ++i) {
-          wrong += GetElem(b.recv.data(), c.dtype, k2 * s.count + i) != Rounded(c.dtype, Pattern(i, k2));
+          wrong += LoadElement(b.recv.data(), c.dtype, k2 * s.count + i) != Rounded(c.dtype, Pattern(i, k2));
         }
       }
       break;
     case CollectiveKind::kBroadcast:
-      for (size_t i = 0; i < s.count; ++i) wrong += GetElem(b.send.data(), c.dtype, i) != Rounded(c.dtype, Pattern(i, 0));
+      for (size_t i = 0; i < s.count; ++i) wrong += LoadElement(b.send.data(), c.dtype, i) != Rounded(c.dtype, Pattern(i, 0));
       break;
     default:
       break;

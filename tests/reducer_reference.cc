@@ -9,6 +9,7 @@
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "comm/element.h"
 #include "comm/half.h"
 #include "comm/status_macros.h"
 #include "scheduler/mesh.h"
@@ -16,30 +17,11 @@
 namespace braid::sched::reference {
 namespace {
 
-// ---- values in any floating dtype, held as double ------------------------------------------
-double Load(DType t, const char* p) {
-  switch (t) {
-    case DType::kF32: { float v; std::memcpy(&v, p, 4); return v; }
-    case DType::kF64: { double v; std::memcpy(&v, p, 8); return v; }
-    case DType::kBF16: { BF16 v; std::memcpy(&v, p, 2); return ToFloat(v); }
-    case DType::kF16: { F16 v; std::memcpy(&v, p, 2); return ToFloat(v); }
-    default: return 0;
-  }
-}
-void Store(DType t, char* p, double v) {
-  switch (t) {
-    case DType::kF32: { float f = static_cast<float>(v); std::memcpy(p, &f, 4); break; }
-    case DType::kF64: std::memcpy(p, &v, 8); break;
-    case DType::kBF16: { BF16 h = ToBF16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
-    case DType::kF16: { F16 h = ToF16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
-    default: break;
-  }
-}
 // Rounds v to dtype t and back.
 double Round(DType t, double v) {
   char buf[8];
-  Store(t, buf, v);
-  return Load(t, buf);
+  StoreElement(buf, t, 0, v);
+  return LoadElement(buf, t, 0);
 }
 // Arithmetic in the accumulation type: f64 for f64, else f32.
 double Add(DType t, double a, double b) {
@@ -106,7 +88,6 @@ std::vector<char> LocalBucket(const BucketPlan& plan, int b, int r, int m0, int 
 // (the reduce dtype: t itself, or f32 for half gradients with reduce_f32).
 double ReferenceElement(const Scenario& sc, DType t, DType a, size_t e,
                         const std::vector<std::vector<std::vector<char>>>& windows) {
-  const size_t es = DTypeSize(t);
   const bool hybrid = sc.mode == ReduceMode::kHybrid;
   const int reps = hybrid ? sc.replicas : 1;
   const int per_rep = hybrid ? sc.shards : sc.replicas * sc.shards;
@@ -118,7 +99,7 @@ double ReferenceElement(const Scenario& sc, DType t, DType a, size_t e,
     std::vector<double> stage1(reps);
     for (int rep = 0; rep < reps; ++rep) {
       std::vector<double> in;
-      for (int k = 0; k < per_rep; ++k) in.push_back(Load(t, windows[w][rep * per_rep + k].data() + e * es));
+      for (int k = 0; k < per_rep; ++k) in.push_back(LoadElement(windows[w][rep * per_rep + k].data(), t, e));
       stage1[rep] = ReduceStage(a, in);
       if (has[rep]) stage1[rep] = Round(a, Add(a, partial[rep], stage1[rep]));
     }
@@ -161,11 +142,10 @@ std::vector<ParamSpec> MakeParams(int dtypes) {
 }
 
 void Accumulate(const TensorView& view, GradFn grad, int rank, int param, int microbatch, int step) {
-  const size_t es = DTypeSize(view.dtype);
   char* base = static_cast<char*>(view.data);
   for (size_t i = 0; i < view.count; ++i) {
-    Store(view.dtype, base + i * es,
-          Add(view.dtype, Load(view.dtype, base + i * es), grad(rank, param, microbatch, step, i)));
+    StoreElement(base, view.dtype, i,
+                 Add(view.dtype, LoadElement(base, view.dtype, i), grad(rank, param, microbatch, step, i)));
   }
 }
 
@@ -217,11 +197,11 @@ absl::Status CheckStep(const Scenario& sc, const GradientReducer& reducer, int r
       const DType arith = sc.reduce_f32 && IsHalf(bk.dtype) ? DType::kF32 : bk.dtype;
       const double want = ReferenceElement(sc, bk.dtype, arith, e, windows);
       char want_bytes[8];
-      Store(bk.dtype, want_bytes, want);
+      StoreElement(want_bytes, bk.dtype, 0, want);
       if (std::memcmp(got + e * es, want_bytes, es) != 0) {
         return absl::InternalError(absl::StrCat(
             ScenarioName(sc), ": rank ", rank, " step ", step, " bucket ", b, " (",
-            DTypeName(bk.dtype), ") element ", e, ": got ", Load(bk.dtype, got + e * es), " want ", want));
+            DTypeName(bk.dtype), ") element ", e, ": got ", LoadElement(got, bk.dtype, e), " want ", want));
       }
     }
   }

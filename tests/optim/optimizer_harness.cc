@@ -8,28 +8,14 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "comm/half.h"
+#include "comm/element.h"
 #include "comm/reduce_kernels.h"
 #include "comm/status_macros.h"
 
 namespace braid::optim::testing {
 namespace {
 
-float Widen(DType t, const void* p, size_t j) {
-  switch (t) {
-    case DType::kBF16: return ToFloat(static_cast<const BF16*>(p)[j]);
-    case DType::kF16: return ToFloat(static_cast<const F16*>(p)[j]);
-    default: return static_cast<const float*>(p)[j];
-  }
-}
-
-void Narrow(DType t, void* p, size_t j, float x) {
-  switch (t) {
-    case DType::kBF16: static_cast<BF16*>(p)[j] = ToBF16(x); break;
-    case DType::kF16: static_cast<F16*>(p)[j] = ToF16(x); break;
-    default: static_cast<float*>(p)[j] = x;
-  }
-}
+float Widen(DType t, const void* p, size_t j) { return static_cast<float>(LoadElement(p, t, j)); }
 
 int GroupOf(const OptScenario& s, int i) {
   auto it = s.opt.group_of.find(i);
@@ -104,7 +90,7 @@ absl::StatusOr<std::unique_ptr<RankStack>> BuildStack(Group& world, const OptSce
   ASSIGN_OR_RETURN(st->opt, ShardedOptimizer::Create(st->reducer.get(), st->gatherer.get(), oc));
   for (size_t i = 0; i < s.counts.size(); ++i) {
     std::vector<uint8_t> init(s.counts[i] * DTypeSize(s.dtype));
-    for (size_t j = 0; j < s.counts[i]; ++j) Narrow(s.dtype, init.data(), j, InitialValue(static_cast<int>(i), j));
+    for (size_t j = 0; j < s.counts[i]; ++j) StoreElement(init.data(), s.dtype, j, InitialValue(static_cast<int>(i), j));
     RETURN_IF_ERROR(st->opt->SetParam(static_cast<sched::ParamId>(i), init.data()));
   }
   RETURN_IF_ERROR(st->opt->WaitAllParams());
@@ -124,11 +110,11 @@ absl::Status RunSteps(RankStack& st, const OptScenario& s, int first, int last) 
       for (int i : order) {
         ASSIGN_OR_RETURN(TensorView g, st.reducer->GradView(i));
         for (size_t j = 0; j < g.count; ++j) {
-          Narrow(s.dtype, g.data, j, Widen(s.dtype, g.data, j) + Grad(st.world_rank, t, u, i, j, s));
+          StoreElement(g.data, s.dtype, j, Widen(s.dtype, g.data, j) + Grad(st.world_rank, t, u, i, j, s));
         }
         if (t == s.inf_step && st.world_rank == st.world_size - 1 && u + 1 == static_cast<int>(s.schedule.size()) &&
             i == 0) {
-          Narrow(s.dtype, g.data, 0, std::numeric_limits<float>::infinity());
+          StoreElement(g.data, s.dtype, 0, std::numeric_limits<float>::infinity());
         }
         RETURN_IF_ERROR(st.reducer->MarkReady(i));
       }
@@ -194,7 +180,7 @@ std::vector<std::vector<uint8_t>> ReferenceParams(const OptScenario& s, int last
     v[i].assign(s.counts[i], 0.0f);
     for (size_t j = 0; j < s.counts[i]; ++j) {
       std::vector<uint8_t> tmp(DTypeSize(s.dtype));
-      Narrow(s.dtype, tmp.data(), 0, InitialValue(i, j));
+      StoreElement(tmp.data(), s.dtype, 0, InitialValue(i, j));
       master[i][j] = Widen(s.dtype, tmp.data(), 0);
     }
   }
@@ -235,7 +221,7 @@ std::vector<std::vector<uint8_t>> ReferenceParams(const OptScenario& s, int last
   std::vector<std::vector<uint8_t>> out(P);
   for (int i = 0; i < P; ++i) {
     out[i].resize(s.counts[i] * DTypeSize(s.dtype));
-    for (size_t j = 0; j < s.counts[i]; ++j) Narrow(s.dtype, out[i].data(), j, master[i][j]);
+    for (size_t j = 0; j < s.counts[i]; ++j) StoreElement(out[i].data(), s.dtype, j, master[i][j]);
   }
   return out;
 }
