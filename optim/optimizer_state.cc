@@ -138,13 +138,11 @@ absl::Status ShardedOptimizer::Load(const std::string& path) {
   // replica group (hybrid); equal steps <=> sum^2 == n * sum of squares.
   const double step = mine.ok() ? static_cast<double>(file.header().step) : 0.0;
   double failed = mine.ok() ? 0.0 : 1.0, sum = step, sumsq = step * step, n = 1;
-  // Sums two values over `g` in the heap buffer of the step's all-reduce (idle between steps).
+  // Sums two values over `g` in the step's all-reduce buffer (idle between steps).
   auto sum2 = [this](Group* g, double* x, double* y) -> absl::Status {
     stats_[0] = *x;
     stats_[1] = *y;
-    absl::StatusOr<WorkPtr> w = g->AllReduce(stats_.get(), stats_.get(), 2, DType::kF64, ReduceOp::Sum(),
-                                             CollectiveOptions{});
-    RETURN_IF_ERROR(w.ok() ? (*w)->Wait(config_.timeout) : w.status());
+    RETURN_IF_ERROR(SumStats(*g, absl::Now() + config_.timeout));
     *x = stats_[0];
     *y = stats_[1];
     return absl::OkStatus();

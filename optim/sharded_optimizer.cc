@@ -340,9 +340,7 @@ void ShardedOptimizer::RunRound() {
   // a rank whose reduction failed included (it must not skip a collective its peers issue).
   stats_[0] = failed_at < 0 ? sumsq : 0.0;
   stats_[1] = failed_at < 0 ? 0.0 : 1.0;
-  absl::StatusOr<WorkPtr> w = stats_group_->AllReduce(stats_.get(), stats_.get(), 2, DType::kF64,
-                                                      ReduceOp::Sum(), CollectiveOptions{});
-  const absl::Status st = w.ok() ? (*w)->WaitUntil(deadline) : w.status();
+  const absl::Status st = SumStats(*stats_group_, deadline);
   if (!st.ok()) {
     return DropFrom(0, absl::Status(st.code(), absl::StrCat("global gradient norm: ", st.message())));
   }
@@ -368,6 +366,12 @@ void ShardedOptimizer::RunRound() {
     if (!report.skipped) StepBucket(b, report.clip_scale);
     Publish(b, true);
   }
+}
+
+absl::Status ShardedOptimizer::SumStats(Group& g, absl::Time deadline) {
+  absl::StatusOr<WorkPtr> w = g.AllReduce(stats_.get(), stats_.get(), 2, DType::kF64, ReduceOp::Sum(),
+                                          CollectiveOptions{});
+  return w.ok() ? (*w)->WaitUntil(deadline) : w.status();
 }
 
 void ShardedOptimizer::StepBucket(int b, double grad_scale) {

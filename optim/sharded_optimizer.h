@@ -153,6 +153,8 @@ class ShardedOptimizer {
   void StepperLoop();
   // One armed step: waits for each bucket's reduction (in bucket order), steps and publishes.
   void RunRound();
+  // All-reduces (sums) stats_[0..1] over `g` in place; waits until `deadline`.
+  absl::Status SumStats(Group& g, absl::Time deadline);
   void StepBucket(int b, double grad_scale);
   double BucketSquaredNorm(int b);
   // Zeroes b's gradients (zero_grads) and starts its all-gather; b's step is then visible to
