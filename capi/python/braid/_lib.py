@@ -1,0 +1,212 @@
+"""ctypes declarations of capi/braid.h: the one place that knows the C ABI.
+
+Everything here mirrors braid.h (ABI 1) one to one: the enums, the option structs (each
+starting with struct_size) and every entry point's argtypes/restype. `load()` finds and opens
+libbraid.so once per process (it is cached: the library stays loaded for the process's
+lifetime, like any shared library); `call()` runs an entry point and turns a non-OK status into
+a BraidError carrying the status and braid_last_error()'s message.
+"""
+
+import ctypes
+import functools
+import os
+
+ABI_VERSION = 1  # BRAID_ABI_VERSION of the braid.h this file mirrors
+
+# braid_status_t
+OK = 0
+IN_PROGRESS = 1
+INVALID_ARGUMENT = 2
+NOT_FOUND = 3
+FAILED_PRECONDITION = 4
+OUT_OF_RANGE = 5
+TIMEOUT = 6
+PEER_ERROR = 7
+UNIMPLEMENTED = 8
+DATA_LOSS = 9
+INTERNAL = 10
+STATUS_NAMES = {
+    OK: "OK", IN_PROGRESS: "IN_PROGRESS", INVALID_ARGUMENT: "INVALID_ARGUMENT",
+    NOT_FOUND: "NOT_FOUND", FAILED_PRECONDITION: "FAILED_PRECONDITION",
+    OUT_OF_RANGE: "OUT_OF_RANGE", TIMEOUT: "TIMEOUT", PEER_ERROR: "PEER_ERROR",
+    UNIMPLEMENTED: "UNIMPLEMENTED", DATA_LOSS: "DATA_LOSS", INTERNAL: "INTERNAL",
+}
+
+# braid_dtype_t
+DTYPE_F32, DTYPE_F64, DTYPE_BF16, DTYPE_F16, DTYPE_I32, DTYPE_I64, DTYPE_U8 = range(7)
+# braid_reduce_op_t
+OP_SUM, OP_AVG, OP_PREMUL_SUM, OP_MAX, OP_MIN = range(5)
+# braid_reduce_mode_t
+MODE_ALLREDUCE, MODE_REDUCE_SCATTER, MODE_HYBRID = range(3)
+# braid_sync_mode_t
+SYNC, NO_SYNC, REDUCE_SCATTER_ONLY = range(3)
+# braid_optimizer_kind_t
+OPTIMIZER_ADAMW, OPTIMIZER_SGD = range(2)
+NO_COLOR = -1
+REDUCE_DTYPE_NATIVE = -1
+
+
+class BraidError(RuntimeError):
+    """A Braid call returned a non-OK status. `.status` is the braid_status_t, `.code` its
+    name ("INVALID_ARGUMENT", ...); the message is braid_last_error() of the failing call."""
+
+    def __init__(self, status, message):
+        self.status = status
+        self.code = STATUS_NAMES.get(status, "status %d" % status)
+        super().__init__("%s: %s" % (self.code, message))
+
+
+class WorldOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("backend", ctypes.c_char_p),
+                ("plugin_path", ctypes.c_char_p), ("local_ranks", ctypes.c_int),
+                ("read_env", ctypes.c_int), ("timeout_ms", ctypes.c_int64)]
+
+
+class CollectiveOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("timeout_ms", ctypes.c_int64),
+                ("premul_scalar", ctypes.c_double), ("label", ctypes.c_char_p),
+                ("ready_event", ctypes.c_void_p)]
+
+
+class Param(ctypes.Structure):  # braid_param_t (an array element: no struct_size)
+    _fields_ = [("id", ctypes.c_int64), ("count", ctypes.c_size_t), ("dtype", ctypes.c_int),
+                ("name", ctypes.c_char_p)]
+
+
+class ReducerOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("mode", ctypes.c_int),
+                ("reduce_dtype", ctypes.c_int), ("bucket_cap_bytes", ctypes.c_size_t),
+                ("first_bucket_cap_bytes", ctypes.c_size_t), ("allow_unused", ctypes.c_int),
+                ("gradient_as_bucket_view", ctypes.c_int), ("timeout_ms", ctypes.c_int64),
+                ("timeline_prefix", ctypes.c_char_p)]
+
+
+class OptimizerOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("kind", ctypes.c_int),
+                ("threads", ctypes.c_int), ("lr", ctypes.c_double), ("beta1", ctypes.c_double),
+                ("beta2", ctypes.c_double), ("eps", ctypes.c_double),
+                ("weight_decay", ctypes.c_double), ("momentum", ctypes.c_double),
+                ("nesterov", ctypes.c_int), ("skip_nonfinite", ctypes.c_int),
+                ("max_grad_norm", ctypes.c_double), ("overlap", ctypes.c_int),
+                ("timeout_ms", ctypes.c_int64)]
+
+
+_p = ctypes.c_void_p  # every handle is an opaque pointer-sized token
+_pp = ctypes.POINTER(ctypes.c_void_p)
+_i = ctypes.c_int
+_i64 = ctypes.c_int64
+_sz = ctypes.c_size_t
+_st = ctypes.c_int  # braid_status_t
+_cs = ctypes.c_char_p
+
+# name: (restype, argtypes). Kept in braid.h's order.
+_SIGNATURES = {
+    "braid_version": (_cs, []),
+    "braid_abi_version": (_i, []),
+    "braid_status_name": (_cs, [_st]),
+    "braid_last_error": (_cs, []),
+    "braid_clear_error": (None, []),
+    "braid_dtype_size": (_sz, [_i]),
+    "braid_world_options_init": (None, [ctypes.POINTER(WorldOptions)]),
+    "braid_world_create": (_st, [ctypes.POINTER(WorldOptions), _pp]),
+    "braid_world_size": (_st, [_p, ctypes.POINTER(_i)]),
+    "braid_world_local_ranks": (_st, [_p, ctypes.POINTER(_i), _i, ctypes.POINTER(_i)]),
+    "braid_world_group": (_st, [_p, _i, _pp]),
+    "braid_world_destroy": (_st, [_p]),
+    "braid_group_rank": (_st, [_p, ctypes.POINTER(_i)]),
+    "braid_group_size": (_st, [_p, ctypes.POINTER(_i)]),
+    "braid_group_name": (_st, [_p, ctypes.POINTER(_cs)]),
+    "braid_group_split": (_st, [_p, _i, _i, _cs, _pp]),
+    "braid_mesh_create": (_st, [_p, _i, _i, _pp, _pp]),
+    "braid_group_destroy": (_st, [_p]),
+    "braid_collective_options_init": (None, [ctypes.POINTER(CollectiveOptions)]),
+    "braid_allreduce": (_st, [_p, _p, _p, _sz, _i, _i, ctypes.POINTER(CollectiveOptions), _pp]),
+    "braid_reduce_scatter": (_st, [_p, _p, _p, _sz, _i, _i, ctypes.POINTER(CollectiveOptions),
+                                   _pp]),
+    "braid_allgather": (_st, [_p, _p, _p, _sz, _i, ctypes.POINTER(CollectiveOptions), _pp]),
+    "braid_broadcast": (_st, [_p, _p, _sz, _i, _i, ctypes.POINTER(CollectiveOptions), _pp]),
+    "braid_barrier": (_st, [_p, ctypes.POINTER(CollectiveOptions), _pp]),
+    "braid_work_wait": (_st, [_p, _i64]),
+    "braid_work_test": (_st, [_p, ctypes.POINTER(_i)]),
+    "braid_work_destroy": (_st, [_p]),
+    "braid_reducer_options_init": (None, [ctypes.POINTER(ReducerOptions)]),
+    "braid_reducer_create": (_st, [_p, _p, ctypes.POINTER(Param), _sz,
+                                   ctypes.POINTER(ReducerOptions), _pp]),
+    "braid_reducer_grad": (_st, [_p, _i64, _pp, ctypes.POINTER(_sz)]),
+    "braid_reducer_set_grad_buffer": (_st, [_p, _i64, _p]),
+    "braid_reducer_begin_backward": (_st, [_p, _i]),
+    "braid_reducer_mark_ready": (_st, [_p, _i64, _p]),
+    "braid_reducer_finish_backward": (_st, [_p]),
+    "braid_reducer_zero_grads": (_st, [_p]),
+    "braid_reducer_num_buckets": (_st, [_p, ctypes.POINTER(_i)]),
+    "braid_reducer_param_bucket": (_st, [_p, _i64, ctypes.POINTER(_i)]),
+    "braid_reducer_shard": (_st, [_p, _i, _pp, ctypes.POINTER(_sz)]),
+    "braid_reducer_destroy": (_st, [_p]),
+    "braid_optimizer_options_init": (None, [ctypes.POINTER(OptimizerOptions)]),
+    "braid_optimizer_create": (_st, [_p, ctypes.POINTER(OptimizerOptions), _pp]),
+    "braid_optimizer_set_param": (_st, [_p, _i64, _p]),
+    "braid_optimizer_param": (_st, [_p, _i64, _pp, ctypes.POINTER(_sz)]),
+    "braid_optimizer_begin_backward": (_st, [_p, _i]),
+    "braid_optimizer_finish_backward": (_st, [_p]),
+    "braid_optimizer_step": (_st, [_p]),
+    "braid_optimizer_wait_params": (_st, [_p, _i]),
+    "braid_optimizer_wait_all_params": (_st, [_p]),
+    "braid_optimizer_set_lr": (_st, [_p, ctypes.c_double]),
+    "braid_optimizer_save": (_st, [_p, _cs]),
+    "braid_optimizer_load": (_st, [_p, _cs]),
+    "braid_optimizer_last_step": (_st, [_p, ctypes.POINTER(_i64), ctypes.POINTER(_i),
+                                        ctypes.POINTER(ctypes.c_double)]),
+    "braid_optimizer_destroy": (_st, [_p]),
+}
+
+
+def _candidates():
+    env = os.environ.get("LIBBRAID_SO")
+    if env:
+        return [env]  # an explicit choice is never second-guessed
+    here = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.normpath(os.path.join(here, "..", "..", ".."))
+    return [os.path.join(here, "libbraid.so"),                      # installed next to the package
+            os.path.join(repo, "bazel-bin", "capi", "libbraid.so")]  # the source tree, built
+
+
+@functools.lru_cache(maxsize=None)
+def load():
+    """Opens libbraid.so ($LIBBRAID_SO, else next to this package, else the tree's bazel-bin)
+    and declares every entry point. Raises OSError naming the paths tried, or when the
+    library's ABI differs from this binding's."""
+    tried = []
+    for path in _candidates():
+        if not os.path.exists(path):
+            tried.append(path + " (missing)")
+            continue
+        lib = ctypes.CDLL(path)
+        for name, (restype, argtypes) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.restype = restype
+            fn.argtypes = argtypes
+        abi = lib.braid_abi_version()
+        if abi != ABI_VERSION:
+            raise OSError("%s has Braid ABI %d; this binding speaks ABI %d" %
+                          (path, abi, ABI_VERSION))
+        return lib
+    raise OSError("libbraid.so not found (build it: tools/bazelw build //capi:braid, or set "
+                  "LIBBRAID_SO); tried: " + ", ".join(tried))
+
+
+def last_error():
+    return load().braid_last_error().decode("utf-8", "replace")
+
+
+def call(name, *args):
+    """Calls braid_<name>(*args); raises BraidError unless it returned BRAID_OK."""
+    status = getattr(load(), name)(*args)
+    if status != OK:
+        raise BraidError(status, last_error())
+    return status
+
+
+def init_options(struct_type, init_name):
+    opts = struct_type()
+    getattr(load(), init_name)(ctypes.byref(opts))
+    return opts

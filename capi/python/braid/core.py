@@ -1,0 +1,450 @@
+"""Python objects over Braid's C handles: World, Group, Work, Reducer, Optimizer.
+
+Each object owns one handle and releases it in close() (also on `with` exit and, as a last
+resort, at garbage collection or interpreter exit). Children keep their parents alive (a Group
+its World, a Reducer its groups, an Optimizer its Reducer), and a World closes whatever is
+still open under it, newest first, when it closes: so an `mpi` world always reaches
+MPI_Finalize, even in a script that forgets to close.
+
+Buffers: anything exposing its memory — a torch.Tensor (contiguous, CPU), a numpy array, a
+bytearray/memoryview, a ctypes array — is accepted where braid.h takes a pointer; the object is
+kept referenced by the Work until the collective completes.
+"""
+
+import atexit
+import collections
+import ctypes
+import itertools
+import weakref
+
+from . import _lib
+from ._lib import BraidError  # noqa: F401  (re-exported)
+
+_DTYPES = {"float32": _lib.DTYPE_F32, "float64": _lib.DTYPE_F64, "bfloat16": _lib.DTYPE_BF16,
+           "float16": _lib.DTYPE_F16, "int32": _lib.DTYPE_I32, "int64": _lib.DTYPE_I64,
+           "uint8": _lib.DTYPE_U8}
+_OPS = {"sum": _lib.OP_SUM, "avg": _lib.OP_AVG, "premul_sum": _lib.OP_PREMUL_SUM,
+        "max": _lib.OP_MAX, "min": _lib.OP_MIN}
+MODES = {"allreduce": _lib.MODE_ALLREDUCE, "reduce_scatter": _lib.MODE_REDUCE_SCATTER,
+         "hybrid": _lib.MODE_HYBRID}
+SYNC_MODES = {"sync": _lib.SYNC, "no_sync": _lib.NO_SYNC,
+              "reduce_scatter_only": _lib.REDUCE_SCATTER_ONLY}
+
+StepReport = collections.namedtuple("StepReport", "rounds skipped grad_norm")
+
+
+def dtype_code(dtype):
+    """braid_dtype_t of a dtype given as a name ("float32"), a torch/numpy dtype or a code."""
+    if isinstance(dtype, int):
+        return dtype
+    name = str(dtype).replace("torch.", "")
+    if name not in _DTYPES:
+        raise ValueError("dtype %r: Braid supports %s" % (dtype, ", ".join(sorted(_DTYPES))))
+    return _DTYPES[name]
+
+
+def dtype_size(dtype):
+    return _lib.load().braid_dtype_size(dtype_code(dtype))
+
+
+def buffer_info(buf, what="buffer"):
+    """(address, element count, braid dtype) of a tensor or array; (address, bytes, None) of a
+    plain writable buffer. Raises ValueError naming `what` for an unusable one."""
+    if hasattr(buf, "data_ptr") and hasattr(buf, "is_contiguous"):  # torch.Tensor
+        if buf.device.type != "cpu":
+            raise ValueError("%s: a %s tensor; the Python binding passes CPU memory only" %
+                             (what, buf.device.type))
+        if not buf.is_contiguous():
+            raise ValueError("%s: tensor is not contiguous" % what)
+        return buf.data_ptr(), buf.numel(), dtype_code(buf.dtype)
+    if hasattr(buf, "__array_interface__"):  # numpy
+        iface = buf.__array_interface__
+        if iface.get("strides") is not None and not buf.flags["C_CONTIGUOUS"]:
+            raise ValueError("%s: array is not C-contiguous" % what)
+        return iface["data"][0], buf.size, dtype_code(buf.dtype.name)
+    try:
+        view = memoryview(buf)
+    except TypeError:
+        raise ValueError("%s: %s exposes no memory (give a tensor, array or buffer)" %
+                         (what, type(buf).__name__)) from None
+    if view.readonly:
+        raise ValueError("%s: read-only buffer" % what)
+    if not view.contiguous:
+        raise ValueError("%s: buffer is not contiguous" % what)
+    array = (ctypes.c_char * view.nbytes).from_buffer(view)
+    return ctypes.addressof(array), view.nbytes, None
+
+
+class _Handle:
+    """One C handle; `close()` is idempotent. Subclasses set _destroy (a braid_*_destroy)."""
+
+    _destroy = None
+
+    def __init__(self, handle, world):
+        self._h = ctypes.c_void_p(handle)
+        self._world = world
+        if world is not None:
+            world._adopt(self)
+
+    @property
+    def handle(self):
+        if not self._h:
+            raise ValueError("%s is closed" % type(self).__name__)
+        return self._h
+
+    @property
+    def closed(self):
+        return not self._h
+
+    def close(self):
+        if self._h:
+            _lib.call(self._destroy, self._h)
+            self._h = ctypes.c_void_p()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # still referenced from C (children alive) or interpreter teardown
+            pass
+
+
+def _out():
+    return ctypes.c_void_p()
+
+
+class World(_Handle):
+    """A backend and this process's ranks: World("mpi") under mpirun, World("local",
+    local_ranks=N) for N ranks as threads of this process, World(plugin_path=...)."""
+
+    _destroy = "braid_world_destroy"
+
+    def __init__(self, backend=None, local_ranks=0, plugin_path=None, timeout_ms=0,
+                 read_env=True):
+        opts = _lib.init_options(_lib.WorldOptions, "braid_world_options_init")
+        opts.backend = backend.encode() if backend else None
+        opts.plugin_path = plugin_path.encode() if plugin_path else None
+        opts.local_ranks = local_ranks
+        opts.read_env = 1 if read_env else 0
+        opts.timeout_ms = timeout_ms
+        out = _out()
+        _lib.call("braid_world_create", ctypes.byref(opts), ctypes.byref(out))
+        self._children = weakref.WeakValueDictionary()
+        self._serial = itertools.count()
+        super().__init__(out.value, None)
+        atexit.register(_close_at_exit, weakref.ref(self))
+
+    def _adopt(self, child):
+        self._children[next(self._serial)] = child
+
+    @property
+    def size(self):
+        n = ctypes.c_int()
+        _lib.call("braid_world_size", self.handle, ctypes.byref(n))
+        return n.value
+
+    @property
+    def local_ranks(self):
+        count = ctypes.c_int()
+        _lib.call("braid_world_local_ranks", self.handle, None, 0, ctypes.byref(count))
+        ranks = (ctypes.c_int * count.value)()
+        _lib.call("braid_world_local_ranks", self.handle, ranks, count.value, ctypes.byref(count))
+        return list(ranks)
+
+    def group(self, rank=None):
+        """The world group as `rank` sees it (default: this process's only rank)."""
+        if rank is None:
+            ranks = self.local_ranks
+            if len(ranks) != 1:
+                raise ValueError("this process hosts ranks %s: name one" % ranks)
+            rank = ranks[0]
+        out = _out()
+        _lib.call("braid_world_group", self.handle, rank, ctypes.byref(out))
+        return Group(out.value, self)
+
+    def close(self):
+        """Closes every object still open under this world (newest first), then the world."""
+        if not self._h:
+            return
+        for key in sorted(self._children.keys(), reverse=True):
+            child = self._children.get(key)
+            if child is not None:
+                child.close()
+        super().close()
+
+
+def _close_at_exit(world_ref):
+    world = world_ref()
+    if world is not None:
+        try:
+            world.close()
+        except BraidError:
+            pass
+
+
+class Group(_Handle):
+    _destroy = "braid_group_destroy"
+
+    def _int(self, fn):
+        v = ctypes.c_int()
+        _lib.call(fn, self.handle, ctypes.byref(v))
+        return v.value
+
+    @property
+    def rank(self):
+        return self._int("braid_group_rank")
+
+    @property
+    def size(self):
+        return self._int("braid_group_size")
+
+    @property
+    def name(self):
+        s = ctypes.c_char_p()
+        _lib.call("braid_group_name", self.handle, ctypes.byref(s))
+        return s.value.decode()
+
+    def split(self, color, key=0, name=None):
+        """Collective: ranks with the same color (>= 0) form a new group; None for
+        color == braid.NO_COLOR."""
+        out = _out()
+        _lib.call("braid_group_split", self.handle, color, key,
+                  name.encode() if name else None, ctypes.byref(out))
+        return Group(out.value, self._world) if out.value else None
+
+    def mesh(self, replicas, shards):
+        """Collective: (shard group, replica group) of a replicas x shards HSDP mesh."""
+        shard, replica = _out(), _out()
+        _lib.call("braid_mesh_create", self.handle, replicas, shards, ctypes.byref(shard),
+                  ctypes.byref(replica))
+        return Group(shard.value, self._world), Group(replica.value, self._world)
+
+    # Collectives: asynchronous, each returns a Work (wait() it). `recv` defaults to `send`
+    # (in place).
+    def _options(self, timeout_ms, premul_scalar, label):
+        opts = _lib.init_options(_lib.CollectiveOptions, "braid_collective_options_init")
+        opts.timeout_ms = timeout_ms
+        opts.premul_scalar = premul_scalar
+        opts.label = label.encode() if label else None
+        return opts
+
+    def _launch(self, fn, bufs, *args, opts):
+        out = _out()
+        _lib.call(fn, self.handle, *args, ctypes.byref(opts), ctypes.byref(out))
+        return Work(out.value, self._world, bufs)
+
+    def _typed(self, send, recv):
+        s_ptr, s_n, s_dt = buffer_info(send, "send")
+        r_ptr, r_n, r_dt = buffer_info(recv, "recv") if recv is not None else (s_ptr, s_n, s_dt)
+        if s_dt is None or r_dt is None or s_dt != r_dt:
+            raise ValueError("send and recv must be typed (tensor or array) of one dtype")
+        return s_ptr, s_n, r_ptr, r_n, s_dt
+
+    def allreduce(self, send, recv=None, op="sum", timeout_ms=0, premul_scalar=1.0, label=None):
+        s, n, r, rn, dt = self._typed(send, recv)
+        if rn != n:
+            raise ValueError("allreduce: recv has %d elements, send %d" % (rn, n))
+        return self._launch("braid_allreduce", (send, recv), s, r, n, dt, _OPS[op],
+                            opts=self._options(timeout_ms, premul_scalar, label))
+
+    def reduce_scatter(self, send, recv, op="sum", timeout_ms=0, premul_scalar=1.0, label=None):
+        s, n, r, rn, dt = self._typed(send, recv)
+        if n != rn * self.size:
+            raise ValueError("reduce_scatter: send has %d elements, want size * %d" % (n, rn))
+        return self._launch("braid_reduce_scatter", (send, recv), s, r, rn, dt, _OPS[op],
+                            opts=self._options(timeout_ms, premul_scalar, label))
+
+    def allgather(self, send, recv, timeout_ms=0, label=None):
+        s, n, r, rn, dt = self._typed(send, recv)
+        if rn != n * self.size:
+            raise ValueError("allgather: recv has %d elements, want size * %d" % (rn, n))
+        return self._launch("braid_allgather", (send, recv), s, r, n, dt,
+                            opts=self._options(timeout_ms, 1.0, label))
+
+    def broadcast(self, buf, root=0, timeout_ms=0, label=None):
+        p, n, _, _, dt = self._typed(buf, None)
+        return self._launch("braid_broadcast", (buf,), p, n, dt, root,
+                            opts=self._options(timeout_ms, 1.0, label))
+
+    def barrier(self, timeout_ms=0):
+        return self._launch("braid_barrier", (), opts=self._options(timeout_ms, 1.0, None))
+
+
+class Work(_Handle):
+    """A collective in flight; holds its buffers until it completes or is closed."""
+
+    _destroy = "braid_work_destroy"
+
+    def __init__(self, handle, world, buffers):
+        super().__init__(handle, world)
+        self._buffers = buffers
+
+    def close(self):
+        """Waits for the operation (its own deadline bounds this) so that no buffer is freed
+        under it, then releases the handle; the operation's error, if any, is not raised
+        here (wait() reports it)."""
+        if self._h:
+            _lib.load().braid_work_wait(self._h, -1)
+            super().close()
+            self._buffers = None
+
+    def wait(self, timeout_ms=-1):
+        """Waits (< 0: no limit); raises BraidError for a failed operation, or TIMEOUT when it
+        is still running at the deadline."""
+        _lib.call("braid_work_wait", self.handle, timeout_ms)
+
+    def done(self):
+        """True once completed (raises BraidError if it failed)."""
+        flag = ctypes.c_int()
+        status = _lib.load().braid_work_test(self.handle, ctypes.byref(flag))
+        if status not in (_lib.OK, _lib.IN_PROGRESS):
+            raise BraidError(status, _lib.last_error())
+        return bool(flag.value)
+
+
+class Reducer(_Handle):
+    """The gradient reducer. `params`: (id, count, dtype, name) tuples, in registration order
+    (buckets fill in reverse: last registered first). `mode`: "allreduce", "reduce_scatter"
+    or "hybrid" (then `replica` is the replica group)."""
+
+    _destroy = "braid_reducer_destroy"
+
+    def __init__(self, shard, params, replica=None, mode="allreduce", bucket_cap_mb=25.0,
+                 first_bucket_cap_mb=1.0, allow_unused=False, reduce_dtype=None,
+                 timeout_ms=300000, timeline_prefix=None):
+        opts = _lib.init_options(_lib.ReducerOptions, "braid_reducer_options_init")
+        if mode not in MODES:
+            raise ValueError("mode %r: one of %s" % (mode, ", ".join(MODES)))
+        opts.mode = MODES[mode]
+        opts.reduce_dtype = (_lib.REDUCE_DTYPE_NATIVE if reduce_dtype is None
+                             else dtype_code(reduce_dtype))
+        opts.bucket_cap_bytes = int(bucket_cap_mb * 1024 * 1024)
+        opts.first_bucket_cap_bytes = int(first_bucket_cap_mb * 1024 * 1024)
+        opts.allow_unused = 1 if allow_unused else 0
+        opts.timeout_ms = timeout_ms
+        opts.timeline_prefix = timeline_prefix.encode() if timeline_prefix else None
+        array = (_lib.Param * len(params))()
+        names = []
+        self._dtypes = {}
+        for slot, (pid, count, dtype, name) in zip(array, params):
+            names.append(name.encode() if name else None)
+            slot.id, slot.count, slot.dtype, slot.name = pid, count, dtype_code(dtype), names[-1]
+            self._dtypes[pid] = slot.dtype
+        out = _out()
+        _lib.call("braid_reducer_create", shard.handle, replica.handle if replica else None,
+                  array, len(params), ctypes.byref(opts), ctypes.byref(out))
+        self.shard_group, self.replica_group = shard, replica
+        super().__init__(out.value, shard._world)
+
+    def grad(self, pid):
+        """(address, element count) of parameter `pid`'s gradient in Braid's bucket storage,
+        valid while the reducer lives."""
+        ptr, count = ctypes.c_void_p(), ctypes.c_size_t()
+        _lib.call("braid_reducer_grad", self.handle, pid, ctypes.byref(ptr), ctypes.byref(count))
+        return ptr.value, count.value
+
+    def dtype(self, pid):
+        return self._dtypes[pid]
+
+    def begin_backward(self, sync="sync"):
+        _lib.call("braid_reducer_begin_backward", self.handle, SYNC_MODES[sync])
+
+    def mark_ready(self, pid, device_event=None):
+        _lib.call("braid_reducer_mark_ready", self.handle, pid, device_event)
+
+    def finish_backward(self):
+        _lib.call("braid_reducer_finish_backward", self.handle)
+
+    def zero_grads(self):
+        _lib.call("braid_reducer_zero_grads", self.handle)
+
+    @property
+    def num_buckets(self):
+        n = ctypes.c_int()
+        _lib.call("braid_reducer_num_buckets", self.handle, ctypes.byref(n))
+        return n.value
+
+    def param_bucket(self, pid):
+        b = ctypes.c_int()
+        _lib.call("braid_reducer_param_bucket", self.handle, pid, ctypes.byref(b))
+        return b.value
+
+    def shard(self, bucket):
+        """(address, element count) of this rank's shard of `bucket`."""
+        ptr, count = ctypes.c_void_p(), ctypes.c_size_t()
+        _lib.call("braid_reducer_shard", self.handle, bucket, ctypes.byref(ptr),
+                  ctypes.byref(count))
+        return ptr.value, count.value
+
+
+class Optimizer(_Handle):
+    """The sharded optimizer (AdamW or SGD) over a reduce_scatter/hybrid reducer."""
+
+    _destroy = "braid_optimizer_destroy"
+
+    def __init__(self, reducer, kind="adamw", lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+                 weight_decay=0.01, momentum=0.9, nesterov=False, max_grad_norm=0.0,
+                 skip_nonfinite=False, overlap=True, threads=1, timeout_ms=300000):
+        opts = _lib.init_options(_lib.OptimizerOptions, "braid_optimizer_options_init")
+        kinds = {"adamw": _lib.OPTIMIZER_ADAMW, "sgd": _lib.OPTIMIZER_SGD}
+        if kind not in kinds:
+            raise ValueError("kind %r: one of adamw, sgd" % (kind,))
+        opts.kind = kinds[kind]
+        opts.lr, (opts.beta1, opts.beta2), opts.eps = lr, betas, eps
+        opts.weight_decay, opts.momentum, opts.nesterov = weight_decay, momentum, int(nesterov)
+        opts.max_grad_norm, opts.skip_nonfinite = max_grad_norm, int(skip_nonfinite)
+        opts.overlap, opts.threads, opts.timeout_ms = int(overlap), threads, timeout_ms
+        out = _out()
+        _lib.call("braid_optimizer_create", reducer.handle, ctypes.byref(opts), ctypes.byref(out))
+        self.reducer = reducer
+        super().__init__(out.value, reducer._world)
+
+    def set_param(self, pid, values):
+        ptr, n, dt = buffer_info(values, "values of parameter %d" % pid)
+        want = self.reducer.dtype(pid)
+        if dt is not None and dt != want:
+            raise ValueError("parameter %d: values of dtype code %d, registered %d" %
+                             (pid, dt, want))
+        _lib.call("braid_optimizer_set_param", self.handle, pid, ctypes.c_void_p(ptr))
+
+    def param(self, pid):
+        """(address, element count) of parameter `pid`'s full values (read-only for callers)."""
+        ptr, count = ctypes.c_void_p(), ctypes.c_size_t()
+        _lib.call("braid_optimizer_param", self.handle, pid, ctypes.byref(ptr),
+                  ctypes.byref(count))
+        return ptr.value, count.value
+
+    def begin_backward(self, sync="sync"):
+        _lib.call("braid_optimizer_begin_backward", self.handle, SYNC_MODES[sync])
+
+    def finish_backward(self):
+        _lib.call("braid_optimizer_finish_backward", self.handle)
+
+    def step(self):
+        _lib.call("braid_optimizer_step", self.handle)
+
+    def wait_params(self, bucket):
+        _lib.call("braid_optimizer_wait_params", self.handle, bucket)
+
+    def wait_all_params(self):
+        _lib.call("braid_optimizer_wait_all_params", self.handle)
+
+    def set_lr(self, lr):
+        _lib.call("braid_optimizer_set_lr", self.handle, float(lr))
+
+    def save(self, path):
+        _lib.call("braid_optimizer_save", self.handle, str(path).encode())
+
+    def load(self, path):
+        _lib.call("braid_optimizer_load", self.handle, str(path).encode())
+
+    def last_step(self):
+        rounds, skipped, norm = ctypes.c_int64(), ctypes.c_int(), ctypes.c_double()
+        _lib.call("braid_optimizer_last_step", self.handle, ctypes.byref(rounds),
+                  ctypes.byref(skipped), ctypes.byref(norm))
+        return StepReport(rounds.value, bool(skipped.value), norm.value)

@@ -1,0 +1,355 @@
+"""The ctypes binding and the PyTorch integration on the `local` backend (ranks are threads of
+this process; ctypes releases the GIL inside every Braid call). Results are compared with serial
+references computed here; bad input must raise with the right code and a message naming the
+problem."""
+
+import ctypes
+import os
+import tempfile
+import threading
+import unittest
+
+import torch
+
+import braid
+from braid import _lib
+from braid import pytorch as bt
+
+TIMEOUT_MS = 20000
+
+
+def run_ranks(n, fn, world=None):
+    """fn(rank, group) on n threads of a local world; re-raises the first failure."""
+    own = world is None
+    world = world or braid.World("local", local_ranks=n, timeout_ms=TIMEOUT_MS, read_env=False)
+    groups = [world.group(r) for r in range(n)]
+    results, errors = [None] * n, []
+
+    def body(r):
+        try:
+            results[r] = fn(r, groups[r])
+        except BaseException as e:  # noqa: B902 (reported below)
+            errors.append((r, e))
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT_MS / 1000 * 3)
+        assert not t.is_alive(), "a rank thread hung"
+    for g in groups:
+        g.close()
+    if own:
+        world.close()
+    if errors:
+        raise errors[0][1]
+    return results
+
+
+class VersionTest(unittest.TestCase):
+    def test_version_and_abi(self):
+        self.assertRegex(braid.version(), r"^\d+\.\d+\.\d+$")
+        self.assertEqual(_lib.load().braid_abi_version(), _lib.ABI_VERSION)
+        self.assertEqual(braid.dtype_size("bfloat16"), 2)
+        self.assertEqual(braid.dtype_size(torch.float64), 8)
+
+
+class CollectivesTest(unittest.TestCase):
+    def test_allreduce_ops_match_serial(self):
+        n = 3
+        inputs = [torch.randn(1000, generator=torch.Generator().manual_seed(r)) for r in range(n)]
+        want_sum = inputs[0] + inputs[1] + inputs[2]  # the same left-to-right order
+
+        def body(r, g):
+            out = {}
+            for op in ("sum", "max", "min"):
+                t = inputs[r].clone()
+                g.allreduce(t, op=op).wait(TIMEOUT_MS)
+                out[op] = t
+            return out
+
+        for out in run_ranks(n, body):
+            torch.testing.assert_close(out["sum"], want_sum, rtol=1e-6, atol=1e-6)
+            self.assertTrue(torch.equal(out["max"], torch.stack(inputs).max(0).values))
+            self.assertTrue(torch.equal(out["min"], torch.stack(inputs).min(0).values))
+
+    def test_reduce_scatter_allgather_broadcast_barrier(self):
+        n = 2
+        send = [torch.arange(8, dtype=torch.float64) * (r + 1) for r in range(n)]
+
+        def body(r, g):
+            shard = torch.zeros(4, dtype=torch.float64)
+            g.reduce_scatter(send[r], shard).wait(TIMEOUT_MS)
+            full = torch.zeros(8, dtype=torch.float64)
+            g.allgather(shard, full).wait(TIMEOUT_MS)
+            b = torch.full((3,), float(r), dtype=torch.int64)
+            g.broadcast(b, root=1).wait(TIMEOUT_MS)
+            work = g.barrier()
+            work.wait(TIMEOUT_MS)
+            self.assertTrue(work.done())
+            return shard, full, b
+
+        for r, (shard, full, b) in enumerate(run_ranks(n, body)):
+            self.assertTrue(torch.equal(shard, (send[0] + send[1])[4 * r:4 * r + 4]))
+            self.assertTrue(torch.equal(full, send[0] + send[1]))
+            self.assertTrue(torch.equal(b, torch.ones(3, dtype=torch.int64)))
+
+    def test_group_split_and_mesh(self):
+        def body(r, g):
+            sub = g.split(r % 2, key=r)
+            shard, replica = g.mesh(2, 2)
+            out = (sub.size, sub.rank, shard.size, shard.rank, replica.size, replica.rank)
+            for h in (sub, shard, replica):
+                h.close()
+            self.assertIsNone(g.split(braid.NO_COLOR))
+            return out
+
+        got = run_ranks(4, body)
+        for r, (ss, sr, sh, shr, rp, rpr) in enumerate(got):
+            self.assertEqual((ss, sr), (2, r // 2))
+            self.assertEqual((sh, shr, rp, rpr), (2, r % 2, 2, r // 2))
+
+
+class ErrorsTest(unittest.TestCase):
+    def assertBraidError(self, code, fn, *needles):
+        with self.assertRaises(braid.BraidError) as ctx:
+            fn()
+        self.assertEqual(ctx.exception.code, code, str(ctx.exception))
+        for needle in needles:
+            self.assertIn(needle, str(ctx.exception))
+
+    def test_world_errors(self):
+        self.assertBraidError("NOT_FOUND", lambda: braid.World("no_such_backend"),
+                              "no_such_backend")
+        self.assertBraidError("NOT_FOUND",
+                              lambda: braid.World(plugin_path="/nonexistent/libplugin.so"),
+                              "/nonexistent/libplugin.so")
+        opts = _lib.WorldOptions()
+        _lib.load().braid_world_options_init(ctypes.byref(opts))
+        opts.struct_size = 3
+        out = ctypes.c_void_p()
+        self.assertBraidError("INVALID_ARGUMENT", lambda: _lib.call(
+            "braid_world_create", ctypes.byref(opts), ctypes.byref(out)), "struct_size")
+
+    def test_handles(self):
+        world = braid.World("local", local_ranks=1, read_env=False)
+        group = world.group(0)
+        # A group handle where a world is expected; a made-up handle; a destroyed one.
+        self.assertBraidError("INVALID_ARGUMENT",
+                              lambda: _lib.call("braid_world_destroy", group.handle))
+        self.assertBraidError("INVALID_ARGUMENT",
+                              lambda: _lib.call("braid_group_destroy", ctypes.c_void_p(0x1234)))
+        # Destroying the world under a live group (the children check) changes nothing.
+        self.assertBraidError("FAILED_PRECONDITION",
+                              lambda: _lib.call("braid_world_destroy", world.handle), "group")
+        stale = ctypes.c_void_p(group.handle.value)
+        group.close()
+        self.assertBraidError("INVALID_ARGUMENT", lambda: _lib.call("braid_group_destroy", stale))
+        with self.assertRaisesRegex(ValueError, "closed"):
+            group.rank
+        world.close()
+
+    def test_bad_buffers_named(self):
+        with braid.World("local", local_ranks=1, read_env=False) as world:
+            with world.group(0) as g:
+                with self.assertRaisesRegex(ValueError, "send: tensor is not contiguous"):
+                    g.allreduce(torch.zeros(4, 4).t())
+                with self.assertRaisesRegex(ValueError, "int8"):
+                    g.allreduce(torch.zeros(4, dtype=torch.int8))
+                with self.assertRaisesRegex(ValueError, "send: read-only buffer"):
+                    g.allreduce(b"abcd")
+                with self.assertRaisesRegex(ValueError, "recv has 3 elements"):
+                    g.allreduce(torch.zeros(4), torch.zeros(3))
+
+    def test_reducer_misuse(self):
+        with braid.World("local", local_ranks=1, read_env=False) as world:
+            g = world.group(0)
+            red = braid.Reducer(g, [(0, 4, "float32", "w"), (1, 2, "float32", "b")])
+            self.assertBraidError("FAILED_PRECONDITION", lambda: red.mark_ready(0), "w")
+            red.begin_backward()
+            red.mark_ready(0)
+            self.assertBraidError("FAILED_PRECONDITION", lambda: red.mark_ready(0), "w")
+            self.assertBraidError("NOT_FOUND", lambda: red.mark_ready(7), "7")
+            self.assertBraidError("FAILED_PRECONDITION", red.finish_backward, "b")
+            self.assertBraidError("INVALID_ARGUMENT", lambda: braid.Reducer(
+                g, [(0, 4, "float32", "x"), (0, 4, "float32", "y")]), "0")
+            self.assertBraidError("FAILED_PRECONDITION", g.close)  # the reducer uses it
+            red.close()
+            g.close()
+
+
+_INIT_LOCK = threading.Lock()  # rank threads must not interleave draws of the global RNG
+
+
+def _mlp():
+    with _INIT_LOCK:
+        torch.manual_seed(5)
+        return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(),
+                                   torch.nn.Linear(5, 3))
+
+
+def _data(r, micro=0):
+    g = torch.Generator().manual_seed(100 * r + micro)
+    return torch.randn(4, 6, generator=g), torch.randn(4, 3, generator=g)
+
+
+def _serial_grads(ranks, micros=1):
+    """Per-rank gradients (summed over micro-batches) of the same model, computed serially."""
+    out = []
+    for r in ranks:
+        m = _mlp()
+        for micro in range(micros):
+            x, y = _data(r, micro)
+            torch.nn.functional.mse_loss(m(x), y).backward()
+        out.append([p.grad.clone() for p in m.parameters()])
+    return out
+
+
+class PyTorchTest(unittest.TestCase):
+    def test_grads_are_bucket_views_averaged_like_ddp(self):
+        n = 2
+        per_rank = _serial_grads(range(n))
+        want = [(a + b) / n for a, b in zip(*per_rank)]
+
+        def body(r, g):
+            model = bt.DistributedDataParallel(_mlp(), g, bucket_cap_mb=1e-4,
+                                               first_bucket_cap_mb=1e-5)
+            self.assertGreater(model.reducer.num_buckets, 1)
+            views = [p.grad.data_ptr() for p in model.parameters()]
+            addresses = [model.reducer.grad(i)[0] for i in range(len(views))]
+            x, y = _data(r)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            grads = [p.grad.clone() for p in model.parameters()]
+            still = [p.grad.data_ptr() for p in model.parameters()]
+            model.zero_grad()
+            zeroed = all(p.grad.abs().sum() == 0 for p in model.parameters())
+            model.close()
+            return views, addresses, still, grads, zeroed
+
+        for views, addresses, still, grads, zeroed in run_ranks(n, body):
+            self.assertEqual(views, addresses)
+            self.assertEqual(still, addresses)
+            self.assertTrue(zeroed)
+            for got, w in zip(grads, want):
+                torch.testing.assert_close(got, w, rtol=0, atol=1e-7)
+
+    def test_no_sync_accumulates_locally_then_syncs(self):
+        n = 2
+        first = _serial_grads(range(n), micros=1)
+        both = _serial_grads(range(n), micros=2)
+        want = [(a + b) / n for a, b in zip(*both)]
+
+        def body(r, g):
+            model = bt.DistributedDataParallel(_mlp(), g)
+            with model.no_sync():
+                x, y = _data(r, 0)
+                torch.nn.functional.mse_loss(model(x), y).backward()
+            local = [p.grad.clone() for p in model.parameters()]
+            x, y = _data(r, 1)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            synced = [p.grad.clone() for p in model.parameters()]
+            model.close()
+            return local, synced
+
+        for r, (local, synced) in enumerate(run_ranks(n, body)):
+            for got, w in zip(local, first[r]):
+                self.assertTrue(torch.equal(got, w))
+            for got, w in zip(synced, want):
+                torch.testing.assert_close(got, w, rtol=0, atol=1e-7)
+
+    def test_unused_parameter_named_unless_allowed(self):
+        class TwoHeads(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.used, self.unused = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+
+            def forward(self, x):
+                return self.used(x)
+
+        def body(r, g):
+            strict = bt.DistributedDataParallel(TwoHeads(), g)
+            with self.assertRaisesRegex(braid.BraidError, "unused"):
+                strict(torch.ones(1, 3)).sum().backward()
+            strict.close()
+            lenient = bt.DistributedDataParallel(TwoHeads(), g, find_unused_parameters=True)
+            lenient(torch.ones(1, 3)).sum().backward()
+            grads = {n: p.grad.clone() for n, p in lenient.module.named_parameters()}
+            lenient.close()
+            return grads
+
+        for grads in run_ranks(2, body):
+            self.assertTrue(torch.equal(grads["unused.weight"], torch.zeros(2, 3)))
+            self.assertTrue(torch.equal(grads["used.bias"], torch.ones(2)))
+
+    def test_grad_set_to_none_or_replaced_is_rebound(self):
+        want = _serial_grads([0])[0]
+
+        def body(r, g):
+            model = bt.DistributedDataParallel(_mlp(), g)
+            x, y = _data(3)
+            torch.nn.functional.mse_loss(model(x), y).backward()  # leaves values in the views
+            params = list(model.parameters())
+            for p in params:
+                p.grad = None  # like zero_grad(set_to_none=True): must start from zero
+            params[0].grad = torch.ones_like(params[0])  # a caller's tensor: copied in
+            x, y = _data(0)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            rebound = [p.grad.data_ptr() == model.reducer.grad(i)[0]
+                       for i, p in enumerate(params)]
+            grads = [p.grad.clone() for p in params]
+            model.close()
+            return rebound, grads
+
+        [(rebound, grads)] = run_ranks(1, body)
+        self.assertTrue(all(rebound))
+        self.assertTrue(torch.equal(grads[0], want[0] + 1))
+        for got, w in zip(grads[1:], want[1:]):
+            self.assertTrue(torch.equal(got, w))
+
+    def test_sharded_adamw_matches_torch_adamw_and_resumes(self):
+        n, steps = 2, 4
+        path = os.path.join(os.environ.get("TEST_TMPDIR", tempfile.gettempdir()), "sharded")
+
+        def train(model, opt, r, first, count):
+            for s in range(first, first + count):
+                x, y = _data(r, s)
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+
+        def body(r, g):
+            ref = bt.DistributedDataParallel(_mlp(), g)
+            ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.01)
+            train(ref, ref_opt, r, 0, steps)
+            want = [p.detach().clone() for p in ref.parameters()]
+            ref.close()
+            got = []
+            for resume in (False, True):
+                model = bt.DistributedDataParallel(_mlp(), g, mode="reduce_scatter",
+                                                   bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-5)
+                opt = bt.ShardedAdamW(model, lr=0.01)
+                if resume:
+                    opt.load(path + str(r))
+                    train(model, opt, r, steps // 2, steps - steps // 2)
+                else:
+                    train(model, opt, r, 0, steps // 2)
+                    opt.save(path + str(r))
+                    train(model, opt, r, steps // 2, steps - steps // 2)
+                opt.synchronize()
+                self.assertEqual(opt.last_step().rounds, steps)
+                got.append([p.detach().clone() for p in model.parameters()])
+                opt.close()
+                model.close()
+            return want, got
+
+        init = [p.detach() for p in _mlp().parameters()]
+        for want, (straight, resumed) in run_ranks(n, body):
+            self.assertTrue(any(not torch.equal(a, i) for a, i in zip(straight, init)))
+            for w, a, b in zip(want, straight, resumed):
+                self.assertTrue(torch.equal(a, b))
+                torch.testing.assert_close(a, w, rtol=0, atol=1e-6)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    unittest.main()
