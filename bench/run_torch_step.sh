@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Launches bench/torch_step_bench.py as the ranks of mpirun (shared memory only, like the tests).
+#
+#   tools/bazelw run //bench:torch_step -- [--np N] [bench flags: --model transformer ...]
+set -euo pipefail
+np=2
+if [[ "${1:-}" == "--np" ]]; then
+  np="$2"
+  shift 2
+fi
+exec mpirun --allow-run-as-root --oversubscribe \
+  --mca pml ob1 --mca btl self,vader --mca oob_tcp_if_include lo \
+  -np "${np}" tests/python/run_python.sh bench/torch_step_bench.py "$@"

@@ -1,0 +1,98 @@
+"""Per-step time of the PyTorch training loop: Braid vs torch DDP (gloo), same machine, same run.
+
+Every rank of `mpirun -np N` (bench/run_torch_step.sh launches it) trains the same model on
+its own batches with each variant in turn, round-robin (so drift hits all alike):
+  ddp       torch DistributedDataParallel (gloo) + torch.optim.AdamW       (the baseline)
+  braid     braid.pytorch.DistributedDataParallel (all-reduce) + torch.optim.AdamW
+  sharded   braid DDP, reduce-scatter mode + braid.pytorch.ShardedAdamW (steps each shard as
+            its reduction completes, all-gathers while the next forward waits per module)
+Each round times --steps steps after --warmup; the figure is the median over rounds of the
+per-step time, the slowest rank's; ratios are against ddp measured in the same rounds.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import braid
+from braid import pytorch as bt
+
+import train_compare  # the gloo bootstrap
+import train_models
+
+
+def build(variant, kind, width, group, lr):
+    model = train_models.make_model(kind, width)
+    if variant == "ddp":
+        wrapped = torch.nn.parallel.DistributedDataParallel(model)
+        return wrapped, torch.optim.AdamW(wrapped.parameters(), lr=lr), None
+    if variant == "braid":
+        wrapped = bt.DistributedDataParallel(model, group)
+        return wrapped, torch.optim.AdamW(wrapped.parameters(), lr=lr), None
+    wrapped = bt.DistributedDataParallel(model, group, mode="reduce_scatter")
+    opt = bt.ShardedAdamW(wrapped, lr=lr)
+    return wrapped, opt, opt
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="mlp", choices=["mlp", "transformer"])
+    parser.add_argument("--width", type=int, default=2, help="model width multiplier")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--variants", default="ddp,braid,sharded")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    world = braid.World("mpi")
+    group = world.group()
+    rank, size = group.rank, group.size
+    train_compare.init_gloo(group, rank, size)
+    variants = args.variants.split(",")
+    stacks = {v: build(v, args.model, args.width, group, 1e-4) for v in variants}
+    times = {v: [] for v in variants}
+    step = 0
+    for _ in range(args.rounds):
+        for v in variants:
+            model, opt, sharded = stacks[v]
+            train_models.train(args.model, model, opt, rank, args.warmup, first_step=step)
+            if sharded is not None:
+                sharded.synchronize()
+            group.barrier().wait()
+            start = time.perf_counter()
+            train_models.train(args.model, model, opt, rank, args.steps, first_step=step)
+            if sharded is not None:
+                sharded.synchronize()
+            elapsed = torch.tensor([(time.perf_counter() - start) / args.steps])
+            group.allreduce(elapsed, op="max").wait()
+            times[v].append(elapsed.item())
+        step += args.steps + args.warmup
+    if rank == 0:
+        nparams = sum(p.numel() for p in stacks[variants[0]][0].parameters())
+        base = statistics.median(times[variants[0]])
+        print("torch_step_bench: %s width %d (%d params, f32), %d ranks, %d steps x %d rounds, "
+              "batch %d per rank" % (args.model, args.width, nparams, size, args.steps,
+                                      args.rounds, 16))
+        print("%-10s %12s %12s %10s" % ("variant", "median ms", "min ms", "vs " + variants[0]))
+        for v in variants:
+            med = statistics.median(times[v])
+            print("%-10s %12.2f %12.2f %9.2fx" % (v, med * 1e3, min(times[v]) * 1e3, base / med))
+        sys.stdout.flush()
+    for v in variants:
+        model, opt, sharded = stacks[v]
+        if sharded is not None:
+            sharded.close()
+        if v != "ddp":
+            model.close()
+    dist.destroy_process_group()
+    group.close()
+    world.close()
+
+
+if __name__ == "__main__":
+    main()
