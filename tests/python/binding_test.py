@@ -350,6 +350,44 @@ class PyTorchTest(unittest.TestCase):
                 torch.testing.assert_close(a, w, rtol=0, atol=1e-6)
 
 
+    def test_hybrid_reduce_scatter_only_accumulation_matches_torch_adamw(self):
+        n, steps = 4, 3
+
+        def train(model, opt, r, sync_mode):
+            for s in range(steps):
+                with model.no_sync(sync_mode):
+                    x, y = _data(r, 2 * s)
+                    torch.nn.functional.mse_loss(model(x), y).backward()
+                x, y = _data(r, 2 * s + 1)
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+
+        def body(r, g):
+            ref = bt.DistributedDataParallel(_mlp(), g)
+            ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.01)
+            train(ref, ref_opt, r, "no_sync")
+            want = [p.detach().clone() for p in ref.parameters()]
+            ref.close()
+            shard, replica = g.mesh(2, 2)
+            model = bt.DistributedDataParallel(_mlp(), shard, replica_group=replica,
+                                               mode="hybrid", bucket_cap_mb=1e-4,
+                                               first_bucket_cap_mb=1e-5)
+            opt = bt.ShardedAdamW(model, lr=0.01, overlap=False)
+            train(model, opt, r, "reduce_scatter_only")
+            opt.synchronize()
+            got = [p.detach().clone() for p in model.parameters()]
+            opt.close()
+            model.close()
+            shard.close()
+            replica.close()
+            return want, got
+
+        for want, got in run_ranks(n, body):
+            for w, a in zip(want, got):
+                torch.testing.assert_close(a, w, rtol=0, atol=1e-6)
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     unittest.main()
