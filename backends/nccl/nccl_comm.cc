@@ -69,7 +69,7 @@ absl::StatusOr<std::shared_ptr<NcclComm>> NcclComm::Init(NcclApis apis, const nc
 
 NcclComm::~NcclComm() {
   std::unique_lock<std::mutex> lock(mu_);
-  if (state_ != State::kLive) return;
+  if (state_ != State::kLive || handle_ == nullptr) return;  // never made (failed init/split)
   const absl::Status s = FinalizeLocked(absl::Now() + config_.timeout);
   if (!s.ok()) Log().error("nccl backend: {}", s.ToString());
 }
