@@ -51,6 +51,7 @@ TEST(NcclGroup, CapabilitiesAndIdentity) {
 TEST(NcclGroup, WaitsOnReadyEventBeforeReading) {
   FakeGpu gpu;
   std::atomic<bool> release{false};
+  std::atomic<int> checked{0};
   RunFakeRanks(gpu, 2, FakeConfig(), [&](NcclGroup& g) {
     cudaStream_t producer;
     ASSERT_EQ(gpu.cuda->StreamCreate(&producer), cudaSuccess);
@@ -76,7 +77,12 @@ TEST(NcclGroup, WaitsOnReadyEventBeforeReading) {
     // Launch returned although the producer has not run: the host did not block.
     absl::SleepFor(absl::Milliseconds(20));
     EXPECT_FALSE((*w)->Done());
-    if (g.rank() == 0) release = true;
+    ++checked;
+    if (g.rank() == 0) {
+      const absl::Time deadline = absl::Now() + kWait;
+      while (checked.load() < 2 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+      release = true;
+    }
     ASSERT_OK((*w)->Wait(kWait));
     for (float v : buf) EXPECT_EQ(v, 3.0f);  // 1 + 2: the producer's values, not -1
     ASSERT_EQ(gpu.cuda->EventDestroy(ready), cudaSuccess);
