@@ -20,6 +20,11 @@ std::string AbortNote(const NcclComm& comm) {
                       "' is failed and every later call on it fails");
 }
 
+// The communicator's failure cause names the call that failed first.
+absl::Status Named(const CompletionPoller::Tracked& e, const absl::Status& s) {
+  return absl::Status(s.code(), absl::StrCat(e.works.front()->info().Describe(), ": ", s.message()));
+}
+
 }  // namespace
 
 std::shared_ptr<CompletionPoller> CompletionPoller::Create(std::shared_ptr<CudaApi> cuda) {
@@ -94,7 +99,7 @@ std::vector<std::pair<std::shared_ptr<NcclComm>, absl::Status>> CompletionPoller
       } else {
         fail = absl::Status(async.code(), absl::StrCat("NCCL reported an error: ", async.message(),
                                                        AbortNote(*comm)));
-        aborts.emplace_back(e.comm, fail);
+        aborts.emplace_back(e.comm, Named(e, fail));
       }
     } else {
       const cudaError_t q = cuda_->EventQuery(e.event.get());
@@ -103,12 +108,12 @@ std::vector<std::pair<std::shared_ptr<NcclComm>, absl::Status>> CompletionPoller
       } else if (q != cudaErrorNotReady) {
         const absl::Status c = CudaStatus(*cuda_, q, "cudaEventQuery on the completion event");
         fail = absl::Status(c.code(), absl::StrCat(c.message(), AbortNote(*comm)));
-        aborts.emplace_back(e.comm, fail);
+        aborts.emplace_back(e.comm, Named(e, fail));
       } else if (now >= e.deadline) {
         fail = absl::DeadlineExceededError(absl::StrCat(
             "not complete at its deadline (timeout ", absl::FormatDuration(e.timeout),
             "); a rank may have stopped or called a different collective", AbortNote(*comm)));
-        aborts.emplace_back(e.comm, fail);
+        aborts.emplace_back(e.comm, Named(e, fail));
       }
     }
     if (done || !fail.ok()) {

@@ -412,7 +412,10 @@ ncclResult_t FakeNcclApi::GroupEnd() {
   ops_per_group_.push_back(static_cast<int>(ops.size()));
   cuda_->LogLocked(absl::StrCat("GroupEnd(", ops.size(), " ops)"));
   const ncclResult_t injected = FailInjectedLocked("GroupEnd");
-  if (injected != ncclSuccess) return injected;
+  if (injected != ncclSuccess) {
+    for (Op& op : ops) op.comm->last_error = "injected failure of GroupEnd";
+    return injected;
+  }
   bool in_progress = false;
   for (Op& op : ops) {
     Comm* c = op.comm;
