@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "backends/nccl/errors.h"
@@ -27,50 +31,76 @@ absl::Status Named(const CompletionPoller::Tracked& e, const absl::Status& s) {
 
 }  // namespace
 
+struct CompletionPoller::Core {
+  struct Retired {
+    absl::InlinedVector<std::weak_ptr<Work>, 1> users;
+    CudaEvent event;
+  };
+  struct Finished {
+    Tracked entry;
+    absl::Status status;
+  };
+  using Aborts = std::vector<std::pair<std::shared_ptr<NcclComm>, absl::Status>>;
+
+  explicit Core(std::shared_ptr<CudaApi> c) : cuda(std::move(c)) {}
+  void ThreadMain();
+  // One pass over the entries; moves finished ones to `out`. Returns communicators to abort.
+  Aborts PollLocked(absl::Time now, std::vector<Finished>* out);
+  void SweepRetiredLocked();
+  void Finish(std::vector<Finished>& finished);
+
+  const std::shared_ptr<CudaApi> cuda;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Tracked> entries;   // guarded by mu, in issue order
+  std::vector<Retired> retired;  // guarded by mu
+  bool stopping = false;         // guarded by mu
+};
+
 std::shared_ptr<CompletionPoller> CompletionPoller::Create(std::shared_ptr<CudaApi> cuda) {
-  std::shared_ptr<CompletionPoller> p(new CompletionPoller(std::move(cuda)));
-  p->thread_ = std::thread([raw = p.get()] { raw->ThreadMain(); });
+  std::shared_ptr<CompletionPoller> p(new CompletionPoller());
+  p->core_ = std::make_shared<Core>(std::move(cuda));
+  p->thread_ = std::thread([core = p->core_] { core->ThreadMain(); });
   return p;
 }
 
 CompletionPoller::~CompletionPoller() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
+    std::lock_guard<std::mutex> lock(core_->mu);
+    core_->stopping = true;
   }
-  cv_.notify_all();
-  if (thread_.joinable()) {
-    if (thread_.get_id() == std::this_thread::get_id()) {
-      thread_.detach();  // released from a completion callback: the thread ends on its own
-    } else {
-      thread_.join();
-    }
+  core_->cv.notify_all();
+  if (!thread_.joinable()) return;
+  if (thread_.get_id() == std::this_thread::get_id()) {
+    thread_.detach();  // released from a completion callback: the thread ends on its own
+    return;
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  retired_.clear();
+  thread_.join();
+  std::lock_guard<std::mutex> lock(core_->mu);
+  core_->retired.clear();
 }
 
 void CompletionPoller::Track(Tracked t) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    entries_.push_back(std::move(t));
+    std::lock_guard<std::mutex> lock(core_->mu);
+    core_->entries.push_back(std::move(t));
   }
-  cv_.notify_one();
+  core_->cv.notify_one();
 }
 
 size_t CompletionPoller::in_flight() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return entries_.size();
+  std::lock_guard<std::mutex> lock(core_->mu);
+  return core_->entries.size();
 }
 
 size_t CompletionPoller::retired_events() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return retired_.size();
+  std::lock_guard<std::mutex> lock(core_->mu);
+  return core_->retired.size();
 }
 
-std::vector<std::pair<std::shared_ptr<NcclComm>, absl::Status>> CompletionPoller::PollLocked(
-    absl::Time now, std::vector<Finished>* out) {
-  std::vector<std::pair<std::shared_ptr<NcclComm>, absl::Status>> aborts;
+CompletionPoller::Core::Aborts CompletionPoller::Core::PollLocked(absl::Time now,
+                                                                  std::vector<Finished>* out) {
+  Aborts aborts;
   // Per pass: each communicator's async state is read once.
   std::vector<std::pair<NcclComm*, absl::Status>> probed;
   auto probe = [&](NcclComm* c) -> absl::Status {
@@ -86,8 +116,8 @@ std::vector<std::pair<std::shared_ptr<NcclComm>, absl::Status>> CompletionPoller
     }
     return nullptr;
   };
-  for (size_t i = 0; i < entries_.size();) {
-    Tracked& e = entries_[i];
+  for (size_t i = 0; i < entries.size();) {
+    Tracked& e = entries[i];
     NcclComm* comm = e.comm.get();
     absl::Status fail;
     bool done = false;
@@ -102,11 +132,11 @@ std::vector<std::pair<std::shared_ptr<NcclComm>, absl::Status>> CompletionPoller
         aborts.emplace_back(e.comm, Named(e, fail));
       }
     } else {
-      const cudaError_t q = cuda_->EventQuery(e.event.get());
+      const cudaError_t q = cuda->EventQuery(e.event.get());
       if (q == cudaSuccess) {
         done = true;
       } else if (q != cudaErrorNotReady) {
-        const absl::Status c = CudaStatus(*cuda_, q, "cudaEventQuery on the completion event");
+        const absl::Status c = CudaStatus(*cuda, q, "cudaEventQuery on the completion event");
         fail = absl::Status(c.code(), absl::StrCat(c.message(), AbortNote(*comm)));
         aborts.emplace_back(e.comm, Named(e, fail));
       } else if (now >= e.deadline) {
@@ -118,19 +148,19 @@ std::vector<std::pair<std::shared_ptr<NcclComm>, absl::Status>> CompletionPoller
     }
     if (done || !fail.ok()) {
       out->push_back(Finished{std::move(e), std::move(fail)});
-      entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(i));
+      entries.erase(entries.begin() + static_cast<std::ptrdiff_t>(i));
     } else {
       ++i;
     }
   }
   if (aborts.empty()) return aborts;
   // Entries issued earlier on a communicator that failed during this pass end with it too.
-  for (size_t i = 0; i < entries_.size();) {
-    if (const absl::Status* cause = aborting(entries_[i].comm.get())) {
+  for (size_t i = 0; i < entries.size();) {
+    if (const absl::Status* cause = aborting(entries[i].comm.get())) {
       absl::Status fail = absl::AbortedError(
           absl::StrCat("aborted with its communicator: ", cause->message()));
-      out->push_back(Finished{std::move(entries_[i]), std::move(fail)});
-      entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(i));
+      out->push_back(Finished{std::move(entries[i]), std::move(fail)});
+      entries.erase(entries.begin() + static_cast<std::ptrdiff_t>(i));
     } else {
       ++i;
     }
@@ -138,8 +168,8 @@ std::vector<std::pair<std::shared_ptr<NcclComm>, absl::Status>> CompletionPoller
   return aborts;
 }
 
-void CompletionPoller::Finish(std::vector<Finished>& finished) {
-  std::vector<Retired> retired;
+void CompletionPoller::Core::Finish(std::vector<Finished>& finished) {
+  std::vector<Retired> done;
   for (Finished& f : finished) {
     Retired r;
     for (const WorkPtr& w : f.entry.works) {
@@ -152,26 +182,26 @@ void CompletionPoller::Finish(std::vector<Finished>& finished) {
       r.users.push_back(w);
     }
     r.event = std::move(f.entry.event);
-    retired.push_back(std::move(r));
+    done.push_back(std::move(r));
   }
   finished.clear();  // releases communicators and buffers outside the lock
-  std::lock_guard<std::mutex> lock(mu_);
-  for (Retired& r : retired) retired_.push_back(std::move(r));
+  std::lock_guard<std::mutex> lock(mu);
+  for (Retired& r : done) retired.push_back(std::move(r));
 }
 
-void CompletionPoller::SweepRetiredLocked() {
-  retired_.erase(std::remove_if(retired_.begin(), retired_.end(),
+void CompletionPoller::Core::SweepRetiredLocked() {
+  retired.erase(std::remove_if(retired.begin(), retired.end(),
                                 [](const Retired& r) {
                                   for (const auto& u : r.users) {
                                     if (!u.expired()) return false;
                                   }
                                   return true;
                                 }),
-                 retired_.end());
+                 retired.end());
 }
 
-void CompletionPoller::ThreadMain() {
-  std::unique_lock<std::mutex> lock(mu_);
+void CompletionPoller::Core::ThreadMain() {
+  std::unique_lock<std::mutex> lock(mu);
   int idle_passes = 0;
   auto last_sweep = std::chrono::steady_clock::now();
   while (true) {
@@ -180,13 +210,13 @@ void CompletionPoller::ThreadMain() {
       SweepRetiredLocked();
       last_sweep = steady_now;
     }
-    if (entries_.empty()) {
-      if (stopping_) break;
+    if (entries.empty()) {
+      if (stopping) break;
       idle_passes = 0;
-      if (retired_.empty()) {
-        cv_.wait(lock, [this] { return stopping_ || !entries_.empty() || !retired_.empty(); });
+      if (retired.empty()) {
+        cv.wait(lock, [this] { return stopping || !entries.empty() || !retired.empty(); });
       } else {
-        cv_.wait_for(lock, kRetiredSweep, [this] { return stopping_ || !entries_.empty(); });
+        cv.wait_for(lock, kRetiredSweep, [this] { return stopping || !entries.empty(); });
       }
       continue;
     }

@@ -26,13 +26,9 @@
 #ifndef BRAID_BACKENDS_NCCL_COMPLETION_POLLER_H_
 #define BRAID_BACKENDS_NCCL_COMPLETION_POLLER_H_
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <memory>
-#include <mutex>
 #include <thread>
-#include <vector>
 
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
@@ -72,29 +68,13 @@ class CompletionPoller {
   size_t retired_events() const;
 
  private:
-  struct Retired {
-    absl::InlinedVector<std::weak_ptr<Work>, 1> users;
-    CudaEvent event;
-  };
-  struct Finished {
-    Tracked entry;
-    absl::Status status;
-  };
+  // The thread's state. The thread holds it too, so the poller may be released from one of its
+  // own completion callbacks (the thread is then detached and ends on its own).
+  struct Core;
 
-  explicit CompletionPoller(std::shared_ptr<CudaApi> cuda) : cuda_(std::move(cuda)) {}
-  void ThreadMain();
-  // One pass over the entries; moves finished ones to `out`. Returns communicators to abort.
-  std::vector<std::pair<std::shared_ptr<NcclComm>, absl::Status>> PollLocked(
-      absl::Time now, std::vector<Finished>* out);
-  void SweepRetiredLocked();
-  void Finish(std::vector<Finished>& finished);
+  CompletionPoller() = default;
 
-  const std::shared_ptr<CudaApi> cuda_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Tracked> entries_;   // guarded by mu_, in issue order
-  std::vector<Retired> retired_;  // guarded by mu_
-  bool stopping_ = false;         // guarded by mu_
+  std::shared_ptr<Core> core_;
   std::thread thread_;
 };
 

@@ -82,7 +82,7 @@ absl::Status NcclComm::ReadRankAndSize() {
 }
 
 absl::Status NcclComm::failure() const {
-  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(mu_));
+  std::lock_guard<std::mutex> lock(mu_);
   return failure_;
 }
 

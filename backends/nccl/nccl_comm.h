@@ -109,7 +109,7 @@ class NcclComm : public std::enable_shared_from_this<NcclComm> {
 
   const NcclApis apis_;
   const Config config_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   ncclComm_t handle_ = nullptr;  // guarded by mu_; null once finalized or aborted
   State state_ = State::kLive;   // guarded by mu_
   bool in_progress_ = false;     // guarded by mu_: the last call returned ncclInProgress

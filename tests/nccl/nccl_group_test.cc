@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "tests/multirank.h"
+#include "backends/nccl/unique_id.h"
 #include "tests/nccl/fake_gpu.h"
 
 namespace braid::nccl::testing {
@@ -363,6 +364,43 @@ TEST(NcclGroup, WorkOutlivesItsGroup) {
   });
   EXPECT_EQ(arrived.load(), 2);
   EXPECT_EQ(gpu.nccl->comms_finalized(), 4);
+  ExpectClean(gpu);
+}
+
+// Dropping the backend and the last group from a completion callback (which runs on the
+// poller's own thread) releases the poller there: it must not join itself, and the thread must
+// finish cleanly on its own, finalizing the communicator.
+TEST(NcclGroup, LastReleaseFromACompletionCallback) {
+  FakeGpu gpu;
+  auto id = NewUniqueIdBytes(*gpu.nccl);
+  ASSERT_TRUE(id.ok());
+  auto backend = NcclBackend::CreateFromUniqueId(gpu.apis(), *id, 1, 0, FakeConfig());
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  auto world = (*backend)->WorldGroup(0);
+  ASSERT_TRUE(world.ok()) << world.status();
+  struct Holder {
+    std::unique_ptr<NcclBackend> backend;
+    std::unique_ptr<Group> world;
+  };
+  auto holder = std::make_shared<Holder>(Holder{std::move(*backend), std::move(*world)});
+  std::vector<float> x(4, 1.0f);
+  auto w = holder->world->AllReduce(x.data(), x.data(), 4, DType::kF32, ReduceOp::Sum());
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::atomic<bool> released{false};
+  (*w)->OnComplete([holder, &released](const absl::Status&) mutable {
+    holder->world.reset();
+    holder->backend.reset();
+    released = true;
+  });
+  holder.reset();
+  ASSERT_OK((*w)->Wait(kWait));
+  const absl::Time deadline = absl::Now() + kWait;
+  while ((!released.load() || gpu.nccl->live_comms() != 0 || gpu.cuda->live_events() != 0) &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_TRUE(released.load());
+  EXPECT_EQ(gpu.nccl->comms_finalized(), 1);
   ExpectClean(gpu);
 }
 
