@@ -36,7 +36,7 @@ absl::StatusOr<int64_t> ParseInt(absl::string_view name, absl::string_view v, in
 
 const std::vector<Entry>& Entries() {
   static const auto* entries = new std::vector<Entry>{
-      {{"BRAID_BACKEND", "local", "backend to create: local, mpi, plugin (nccl: planned)"},
+      {{"BRAID_BACKEND", "local", "backend to create: local, mpi, nccl, plugin"},
        [](Options& o, absl::string_view v) {
          o.backend = std::string(v);
          return absl::OkStatus();
@@ -82,6 +82,23 @@ const std::vector<Entry>& Entries() {
        [](Options& o, absl::string_view v) -> absl::Status {
          if (v != "0" && v != "1") return BadValue("BRAID_VALIDATE_COLLECTIVES", v, "0 or 1");
          o.validate_collectives = v == "1";
+         return absl::OkStatus();
+       }},
+      {{"BRAID_NCCL_BLOCKING", "1",
+        "nccl backend: 1 blocking communicators, 0 nonblocking (every NCCL call returns at once "
+        "and ncclInProgress is polled under the deadline, so a hung peer never blocks a thread "
+        "inside NCCL)"},
+       [](Options& o, absl::string_view v) -> absl::Status {
+         if (v != "0" && v != "1") return BadValue("BRAID_NCCL_BLOCKING", v, "0 or 1");
+         o.nccl_blocking = v == "1";
+         return absl::OkStatus();
+       }},
+      {{"BRAID_CUDA_DEVICE", "-1",
+        "nccl backend: CUDA device of this process's rank (-1: world rank modulo the number of "
+        "visible devices)"},
+       [](Options& o, absl::string_view v) -> absl::Status {
+         ASSIGN_OR_RETURN(int64_t x, ParseInt("BRAID_CUDA_DEVICE", v, -1, 1 << 16));
+         o.cuda_device = static_cast<int>(x);
          return absl::OkStatus();
        }},
       {{"BRAID_TIMELINE", "", "path prefix for per-rank Chrome-trace timelines (off when empty)"},

@@ -30,6 +30,8 @@ struct Options {
   std::string log_level = "warn";     // BRAID_LOG_LEVEL
   bool validate_collectives = false;  // BRAID_VALIDATE_COLLECTIVES
   std::string timeline;               // BRAID_TIMELINE
+  bool nccl_blocking = true;          // BRAID_NCCL_BLOCKING
+  int cuda_device = -1;               // BRAID_CUDA_DEVICE (-1: world rank % device count)
   std::vector<std::string> unknown;   // BRAID_* names seen in the environment but not known
 
   // Parses `environ` once.

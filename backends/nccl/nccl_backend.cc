@@ -1,0 +1,123 @@
+#include "backends/nccl/nccl_backend.h"
+
+#include "absl/strings/str_cat.h"
+#include "backends/nccl/completion_poller.h"
+#include "backends/nccl/errors.h"
+#include "backends/nccl/unique_id.h"
+#include "comm/status_macros.h"
+
+namespace braid::nccl {
+namespace {
+
+// OK with the number of devices; FailedPrecondition naming CUDA's error without a usable GPU.
+absl::StatusOr<int> DeviceCount(CudaApi& cuda) {
+  int n = 0;
+  const cudaError_t rc = cuda.GetDeviceCount(&n);
+  if (rc != cudaSuccess) {
+    const absl::Status s = CudaStatus(cuda, rc, "cudaGetDeviceCount");
+    return absl::FailedPreconditionError(
+        absl::StrCat("nccl backend: no usable CUDA device: ", s.message()));
+  }
+  if (n < 1) return absl::FailedPreconditionError("nccl backend: no CUDA device (count 0)");
+  return n;
+}
+
+std::shared_ptr<const NcclContext> MakeContext(NcclApis apis, const NcclBackendConfig& c) {
+  auto ctx = std::make_shared<NcclContext>();
+  ctx->poller = CompletionPoller::Create(apis.cuda);
+  ctx->apis = std::move(apis);
+  ctx->timeout = c.timeout;
+  ctx->spin = c.spin;
+  ctx->blocking = c.blocking;
+  ctx->device = c.device;
+  return ctx;
+}
+
+}  // namespace
+
+NcclApis RealApis() { return NcclApis{RealCudaApi(), RealNcclApi()}; }
+
+NcclBackend::~NcclBackend() = default;
+
+absl::StatusOr<std::unique_ptr<NcclBackend>> NcclBackend::CreateFromUniqueId(
+    NcclApis apis, absl::string_view unique_id, int world_size, int rank,
+    const NcclBackendConfig& config) {
+  if (apis.cuda == nullptr || apis.nccl == nullptr) {
+    return absl::InvalidArgumentError("nccl backend: CUDA and NCCL APIs must both be given");
+  }
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("nccl backend: rank ", rank,
+                                                   " is outside the world of size ", world_size));
+  }
+  if (config.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("nccl backend: the timeout must be positive");
+  }
+  ASSIGN_OR_RETURN(const ncclUniqueId id, UniqueIdFromBytes(unique_id));
+  ASSIGN_OR_RETURN(const int devices, DeviceCount(*apis.cuda));
+  if (config.device < 0 || config.device >= devices) {
+    return absl::InvalidArgumentError(absl::StrCat("nccl backend: CUDA device ", config.device,
+                                                   " does not exist (", devices, " visible)"));
+  }
+  return std::unique_ptr<NcclBackend>(
+      new NcclBackend(MakeContext(std::move(apis), config), id, world_size, rank));
+}
+
+absl::StatusOr<std::unique_ptr<NcclBackend>> NcclBackend::CreateWithBootstrap(
+    NcclApis apis, Group& bootstrap, const NcclBackendConfig& config) {
+  if (apis.nccl == nullptr) return absl::InvalidArgumentError("nccl backend: no NCCL API given");
+  ASSIGN_OR_RETURN(const ncclUniqueId id, BroadcastUniqueId(bootstrap, *apis.nccl, config.timeout));
+  return CreateFromUniqueId(std::move(apis), absl::string_view(id.internal, kUniqueIdBytes),
+                            bootstrap.size(), bootstrap.rank(), config);
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> NcclBackend::Create(const Options& options) {
+  NcclApis apis = RealApis();
+  // Before MPI: a machine without a GPU fails here, naming CUDA's error.
+  ASSIGN_OR_RETURN(const int devices, DeviceCount(*apis.cuda));
+  Options mpi_options = options;
+  mpi_options.backend = "mpi";
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> mpi, BackendRegistry::Global().Create("mpi",
+                                                                                 mpi_options));
+  const int rank = mpi->local_ranks().front();
+  ASSIGN_OR_RETURN(std::unique_ptr<Group> world, mpi->WorldGroup(rank));
+  NcclBackendConfig config;
+  config.blocking = options.nccl_blocking;
+  config.timeout = options.timeout;
+  config.spin = options.spin;
+  config.device = options.cuda_device >= 0 ? options.cuda_device : rank % devices;
+  ASSIGN_OR_RETURN(std::unique_ptr<NcclBackend> b,
+                   CreateWithBootstrap(std::move(apis), *world, config));
+  b->bootstrap_group_ = std::move(world);
+  b->bootstrap_backend_ = std::move(mpi);
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+absl::StatusOr<std::unique_ptr<Group>> NcclBackend::WorldGroup(int rank) {
+  if (rank != rank_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nccl backend: this process is world rank ", rank_,
+                     "; it cannot create the world group of rank ", rank, " (see local_ranks())"));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (world_handed_out_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("nccl backend: the world group of rank ", rank, " was already created"));
+    }
+    world_handed_out_ = true;
+  }
+  NcclComm::Config cfg{"world", ctx_->blocking, ctx_->device, ctx_->timeout};
+  ASSIGN_OR_RETURN(std::shared_ptr<NcclComm> comm,
+                   NcclComm::Init(ctx_->apis, id_, world_size_, rank_, std::move(cfg),
+                                  absl::Now() + ctx_->timeout));
+  ASSIGN_OR_RETURN(std::unique_ptr<NcclGroup> g, NcclGroup::Create(ctx_, std::move(comm), "world"));
+  return std::unique_ptr<Group>(std::move(g));
+}
+
+namespace {
+const BackendRegistration kRegistration(
+    "nccl", "NCCL 2.28 on CUDA device buffers: one GPU per rank, bootstrapped over MPI",
+    &NcclBackend::Create);
+}  // namespace
+
+}  // namespace braid::nccl

@@ -1,0 +1,133 @@
+// The `nccl` backend's Group: collectives on device buffers, stream-ordered, with device
+// readiness and completion events and host futures.
+//
+// RANK-ORDER CONTRACT (see comm/group.h): every rank issues this group's collectives, coalesced
+// buckets and Splits in the same order with matching arguments; NCCL matches calls by that
+// order and cannot see a mismatch: it hangs, and the deadline turns the hang into an error.
+// Calls on one NcclGroup must not run concurrently (the scheduler serializes them).
+//
+//   ASSIGN_OR_RETURN(WorkPtr w, group->AllReduce(d_grad, d_grad, n, DType::kBF16,
+//                                                ReduceOp::Avg(), {ready_event, {}, "bucket 3"}));
+//   cudaStreamWaitEvent(consumer, static_cast<cudaEvent_t>(w->device_event().handle), 0);
+//   w->OnComplete([](const absl::Status& s) { ... });   // host side, from the poller thread
+//
+//   group->StartCoalescing();                           // one bucket, one ncclGroupStart/End
+//   ASSIGN_OR_RETURN(WorkPtr a, group->ReduceScatter(...));
+//   ASSIGN_OR_RETURN(WorkPtr b, group->ReduceScatter(...));
+//   ASSIGN_OR_RETURN(WorkPtr bucket, group->EndCoalescing("bucket 3"));
+//
+// Each launch, on the group's own stream (cudaStreamNonBlocking, Braid-owned):
+//   1. cudaStreamWaitEvent(stream, ready_event) for each distinct CollectiveOptions::ready_event
+//      (a cudaEvent_t the producer recorded after its last write; the host never blocks);
+//   2. pre-mul-sum ops created (premul_sum), ncclGroupStart, the call(s), ncclGroupEnd; on a
+//      nonblocking communicator the ncclInProgress state is polled away (deadline-bounded)
+//      before anything else touches the communicator; the ops are destroyed;
+//   3. a completion event recorded on the stream, exposed as Work::device_event() (valid while
+//      the Work is held), and handed to the CompletionPoller, which completes the host future
+//      or fails it at the deadline (aborting the communicator; the error names group, op,
+//      sequence number and label).
+// A failure in steps 1-3 after arguments were accepted aborts the communicator (peers may
+// have issued the call, so the order can no longer be trusted): the group fails, for good.
+// Barrier is a one-element all-reduce on a Braid-owned device buffer. Split exchanges every
+// rank's color first (an all-gather on the parent), so a bad color fails on every rank with an
+// error naming the rank, then runs ncclCommSplit.
+//
+// Buffers are device pointers (or anything NCCL accepts, e.g. managed memory); the caller keeps
+// them alive until the Work completes.
+#ifndef BRAID_BACKENDS_NCCL_NCCL_GROUP_H_
+#define BRAID_BACKENDS_NCCL_NCCL_GROUP_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "backends/nccl/completion_poller.h"
+#include "backends/nccl/cuda_handles.h"
+#include "backends/nccl/nccl_api.h"
+#include "backends/nccl/nccl_comm.h"
+#include "comm/group.h"
+#include "comm/work_pool.h"
+
+namespace braid::nccl {
+
+// What a world group and every group split from it share.
+struct NcclContext {
+  NcclApis apis;
+  std::shared_ptr<CompletionPoller> poller;
+  absl::Duration timeout = absl::Seconds(300);  // default deadline of every call
+  absl::Duration spin = absl::Microseconds(20);
+  bool blocking = true;  // communicator mode (children inherit it)
+  int device = 0;        // this rank's CUDA device
+};
+
+class NcclGroup final : public Group {
+ public:
+  // A group over `comm` (ready); creates the group's stream and small buffers.
+  static absl::StatusOr<std::unique_ptr<NcclGroup>> Create(std::shared_ptr<const NcclContext> ctx,
+                                                           std::shared_ptr<NcclComm> comm,
+                                                           std::string name);
+  ~NcclGroup() override;
+
+  int rank() const override { return comm_->rank(); }
+  int size() const override { return comm_->size(); }
+  const std::string& name() const override { return name_; }
+  absl::string_view backend_name() const override { return "nccl"; }
+  Capabilities capabilities() const override { return NcclCapabilities(); }
+  static Capabilities NcclCapabilities();
+
+  // Coalescing: collectives issued between StartCoalescing and EndCoalescing are validated and
+  // queued (each returns its own Work at once, sequence numbers assigned in call order), then
+  // EndCoalescing issues them in one ncclGroupStart/End with one completion event and returns a
+  // Work for the whole bucket; the members complete with it (their device_event() is set when
+  // EndCoalescing returns). Barrier is not allowed inside. EndCoalescing with nothing queued
+  // returns a completed Work.
+  absl::Status StartCoalescing();
+  absl::StatusOr<WorkPtr> EndCoalescing(absl::string_view label = {});
+
+  DeviceStream stream() const { return DeviceStream{resources_->stream.get()}; }
+  const NcclComm& comm() const { return *comm_; }
+
+ protected:
+  absl::StatusOr<WorkPtr> Launch(const CollectiveArgs& args) override;
+  absl::StatusOr<std::unique_ptr<Group>> DoSplit(int color, int key, std::string name) override;
+
+ private:
+  struct Resources {
+    CudaStream stream;
+    DeviceBuffer scratch;  // barrier and split exchange: 8 bytes per rank
+    DeviceBuffer pinned;   // host side of the split exchange: 4 bytes per rank
+  };
+  struct Call {
+    CollectiveArgs args;
+    WorkPtr work;
+  };
+
+  NcclGroup(std::shared_ptr<const NcclContext> ctx, std::shared_ptr<NcclComm> comm,
+            std::string name, std::shared_ptr<Resources> resources);
+  WorkPtr NewWork(CollectiveKind kind, absl::string_view label);
+  absl::Duration TimeoutOf(const CollectiveOptions& o) const;
+  // Issues `calls` in one group bracket; `launch` is the Work the poller completes (calls'
+  // own Works complete with it).
+  absl::Status Issue(const std::vector<Call>& calls, const WorkPtr& launch,
+                     absl::Duration timeout);
+  absl::Status IssueLocked(const std::vector<Call>& calls, const WorkPtr& launch,
+                           absl::Time deadline, absl::Duration timeout);
+  absl::Status EnqueueLocked(const CollectiveArgs& a, ncclRedOp_t op);
+  absl::StatusOr<std::vector<int32_t>> ExchangeColors(int color, absl::Time deadline);
+
+  const std::shared_ptr<const NcclContext> ctx_;
+  const std::shared_ptr<NcclComm> comm_;
+  const std::string name_;
+  const std::shared_ptr<Resources> resources_;  // in-flight entries keep it alive
+  WorkPool works_;
+  uint64_t next_seq_ = 0;  // collectives and splits; identical on every rank
+  bool coalescing_ = false;
+  std::vector<Call> coalesced_;
+};
+
+}  // namespace braid::nccl
+
+#endif  // BRAID_BACKENDS_NCCL_NCCL_GROUP_H_

@@ -1,0 +1,136 @@
+// The nccl backend as a Backend: registration, options, worlds from unique-id bytes and from a
+// CPU bootstrap group (the mpirun path, with the `local` backend standing in for MPI), and bad
+// input at creation (each error naming the offending item).
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_join.h"
+#include "backends/nccl/errors.h"
+#include "backends/nccl/unique_id.h"
+#include "comm/backend.h"
+#include "comm/options.h"
+#include "gtest/gtest.h"
+#include "tests/multirank.h"
+#include "tests/nccl/fake_gpu.h"
+
+namespace braid::nccl::testing {
+namespace {
+
+using braid::testing::ExpectError;
+
+TEST(NcclBackend, RegisteredAsNccl) {
+  const std::vector<std::string> names = BackendRegistry::Global().Names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "nccl"), names.end())
+      << absl::StrJoin(names, ", ");
+}
+
+TEST(NcclBackend, OptionsSelectModeAndDevice) {
+  auto o = Options::FromMap({{"BRAID_BACKEND", "nccl"},
+                             {"BRAID_NCCL_BLOCKING", "0"},
+                             {"BRAID_CUDA_DEVICE", "3"}});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->backend, "nccl");
+  EXPECT_FALSE(o->nccl_blocking);
+  EXPECT_EQ(o->cuda_device, 3);
+  EXPECT_TRUE(o->unknown.empty());
+  auto d = Options::FromMap({});
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(d->nccl_blocking);
+  EXPECT_EQ(d->cuda_device, -1);
+  ExpectError(Options::FromMap({{"BRAID_NCCL_BLOCKING", "yes"}}).status(),
+              absl::StatusCode::kInvalidArgument, {"BRAID_NCCL_BLOCKING", "yes"});
+  ExpectError(Options::FromMap({{"BRAID_CUDA_DEVICE", "-2"}}).status(),
+              absl::StatusCode::kInvalidArgument, {"BRAID_CUDA_DEVICE", "-2"});
+}
+
+// On a machine without a GPU, CreateBackend("nccl") fails before touching MPI, naming CUDA's
+// error. (With a GPU this would initialize MPI; that path runs under mpirun only.)
+TEST(NcclBackend, CreateWithoutGpuFailsNamingCudaError) {
+  int n = 0;
+  const cudaError_t rc = RealCudaApi()->GetDeviceCount(&n);
+  if (rc == cudaSuccess && n > 0) GTEST_SKIP() << "a GPU is present: the no-GPU path is moot";
+  Options o;
+  o.backend = "nccl";
+  ExpectError(CreateBackend(o).status(), absl::StatusCode::kFailedPrecondition,
+              {"nccl backend", "no usable CUDA device", "cudaGetDeviceCount"});
+}
+
+TEST(NcclBackend, BadInputAtCreationNamesTheItem) {
+  FakeGpu gpu;
+  auto id = NewUniqueIdBytes(*gpu.nccl);
+  ASSERT_TRUE(id.ok());
+  ExpectError(NcclBackend::CreateFromUniqueId(gpu.apis(), "abc", 2, 0, FakeConfig()).status(),
+              absl::StatusCode::kInvalidArgument, {"unique id", "128", "got 3"});
+  ExpectError(NcclBackend::CreateFromUniqueId(gpu.apis(), *id, 2, 2, FakeConfig()).status(),
+              absl::StatusCode::kInvalidArgument, {"rank 2", "size 2"});
+  NcclBackendConfig bad_device = FakeConfig();
+  bad_device.device = 3;
+  ExpectError(NcclBackend::CreateFromUniqueId(gpu.apis(), *id, 2, 0, bad_device).status(),
+              absl::StatusCode::kInvalidArgument, {"CUDA device 3", "1 visible"});
+  NcclBackendConfig no_timeout = FakeConfig();
+  no_timeout.timeout = absl::ZeroDuration();
+  ExpectError(NcclBackend::CreateFromUniqueId(gpu.apis(), *id, 2, 0, no_timeout).status(),
+              absl::StatusCode::kInvalidArgument, {"timeout"});
+  gpu.cuda->SetDeviceCountResult(cudaErrorInsufficientDriver, 0);
+  ExpectError(NcclBackend::CreateFromUniqueId(gpu.apis(), *id, 2, 0, FakeConfig()).status(),
+              absl::StatusCode::kFailedPrecondition, {"no usable CUDA device", "CUDA error 35"});
+  gpu.cuda->SetDeviceCountResult(cudaSuccess, 1);
+  auto b = NcclBackend::CreateFromUniqueId(gpu.apis(), *id, 1, 0, FakeConfig());
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*b)->name(), "nccl");
+  EXPECT_EQ((*b)->local_ranks(), std::vector<int>{0});
+  ExpectError((*b)->WorldGroup(1).status(), absl::StatusCode::kInvalidArgument,
+              {"world rank 0", "rank 1"});
+  auto world = (*b)->WorldGroup(0);
+  ASSERT_TRUE(world.ok()) << world.status();
+  ExpectError((*b)->WorldGroup(0).status(), absl::StatusCode::kFailedPrecondition,
+              {"already created"});
+  b->reset();  // the group outlives its backend
+  std::vector<float> x(3, 2.0f);
+  auto w = (*world)->AllReduce(x.data(), x.data(), 3, DType::kF32, ReduceOp::Sum());
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_OK((*w)->Wait(absl::Seconds(30)));
+  EXPECT_EQ(x[0], 2.0f);
+  world->reset();
+  ExpectClean(gpu);
+}
+
+// The mpirun path's logic with the `local` backend as the CPU bootstrap: rank 0 of the CPU
+// group makes the id, broadcasts it, and every rank builds its NCCL world from it.
+TEST(NcclBackend, BootstrapOverACpuGroup) {
+  FakeGpu gpu;
+  braid::testing::RunRanks(4, [&](Group& cpu) {
+    auto b = NcclBackend::CreateWithBootstrap(gpu.apis(), cpu, FakeConfig());
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ((*b)->world_size(), 4);
+    auto world = (*b)->WorldGroup(cpu.rank());
+    ASSERT_TRUE(world.ok()) << world.status();
+    std::vector<int64_t> x(5, cpu.rank());
+    auto w = (*world)->AllReduce(x.data(), x.data(), 5, DType::kI64, ReduceOp::Sum());
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_OK((*w)->Wait(absl::Seconds(30)));
+    EXPECT_EQ(x, std::vector<int64_t>(5, 6));
+  });
+  ExpectClean(gpu);
+}
+
+// Rank 0 cannot make an id: every rank fails instead of waiting for it.
+TEST(NcclBackend, BootstrapFailureReachesEveryRank) {
+  FakeGpu gpu;
+  gpu.nccl->FailNextCall("GetUniqueId", ncclSystemError);
+  braid::testing::RunRanks(3, [&](Group& cpu) {
+    auto b = NcclBackend::CreateWithBootstrap(gpu.apis(), cpu, FakeConfig());
+    if (cpu.rank() == 0) {
+      ExpectError(b.status(), absl::StatusCode::kInternal, {"ncclGetUniqueId"});
+    } else {
+      ExpectError(b.status(), absl::StatusCode::kUnavailable,
+                  {"rank 0", "could not create the NCCL unique id"});
+    }
+  });
+  ExpectClean(gpu);
+}
+
+}  // namespace
+}  // namespace braid::nccl::testing
