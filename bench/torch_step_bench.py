@@ -60,7 +60,8 @@ def main():
     for _ in range(args.rounds):
         for v in variants:
             model, opt, sharded = stacks[v]
-            train_models.train(args.model, model, opt, rank, args.warmup, first_step=step)
+            train_models.train(args.model, model, opt, rank, args.warmup,
+                               first_step=step + args.steps)
             if sharded is not None:
                 sharded.synchronize()
             group.barrier().wait()
@@ -71,7 +72,7 @@ def main():
             elapsed = torch.tensor([(time.perf_counter() - start) / args.steps])
             group.allreduce(elapsed, op="max").wait()
             times[v].append(elapsed.item())
-        step += args.steps + args.warmup
+        step += args.steps + args.warmup  # warm-up on batches the timed steps do not use
     if rank == 0:
         nparams = sum(p.numel() for p in stacks[variants[0]][0].parameters())
         base = statistics.median(times[variants[0]])

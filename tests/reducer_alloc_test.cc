@@ -4,9 +4,10 @@
 // operator new of //bench:alloc_counter.
 //
 // A pool (WorkPool) grows only when more Works are alive at once than ever before; which thread
-// drops its last reference first can, rarely, move that high-water mark by one after warm-up.
-// The bound below allows a couple of such blocks over 60 backwards; before the pools, every
-// bucket cost 10+ allocations per backward (hundreds here).
+// drops its last reference first can move that high-water mark after warm-up, more often on a
+// loaded machine (5 blocks were seen once with two builds running beside the suite on 2
+// cores). The bound allows 10 such blocks over 60 backwards: any allocation made per backward
+// would still cost >= 60, and before the pools every bucket cost 10+ per backward (4560 here).
 #include <ostream>
 #include <vector>
 
@@ -24,7 +25,7 @@ using braid::testing::RunRanks;
 
 constexpr int kWarmup = 8;
 constexpr int kMeasured = 60;
-constexpr uint64_t kMaxPoolGrowth = 3;
+constexpr uint64_t kMaxPoolGrowth = 10;
 
 struct Case {
   const char* name;

@@ -11,7 +11,7 @@ VOCAB, SEQ = 256, 16
 class TinyTransformer(torch.nn.Module):
     """Embedding + positional embedding, two pre-norm encoder layers, a vocabulary head."""
 
-    def __init__(self, d_model=64, layers=2):
+    def __init__(self, d_model=96, layers=2):
         super().__init__()
         self.embed = torch.nn.Embedding(VOCAB, d_model)
         self.pos = torch.nn.Parameter(torch.randn(SEQ, d_model) * 0.02)
@@ -37,7 +37,7 @@ def make_model(kind, width=1):
                                    torch.nn.Linear(h, h), torch.nn.GELU(),
                                    torch.nn.Linear(h, 16))
     if kind == "transformer":
-        return TinyTransformer(d_model=64 * width)
+        return TinyTransformer(d_model=96 * width)
     raise ValueError("model %r: mlp or transformer" % (kind,))
 
 

@@ -53,7 +53,11 @@ class BraidError(RuntimeError):
     def __init__(self, status, message):
         self.status = status
         self.code = STATUS_NAMES.get(status, "status %d" % status)
+        self.message = message
         super().__init__("%s: %s" % (self.code, message))
+
+    def __reduce__(self):
+        return (BraidError, (self.status, self.message))
 
 
 class WorldOptions(ctypes.Structure):
@@ -181,14 +185,15 @@ def load():
             tried.append(path + " (missing)")
             continue
         lib = ctypes.CDLL(path)
-        for name, (restype, argtypes) in _SIGNATURES.items():
-            fn = getattr(lib, name)
-            fn.restype = restype
-            fn.argtypes = argtypes
+        lib.braid_abi_version.restype, lib.braid_abi_version.argtypes = ctypes.c_int, []
         abi = lib.braid_abi_version()
         if abi != ABI_VERSION:
             raise OSError("%s has Braid ABI %d; this binding speaks ABI %d" %
                           (path, abi, ABI_VERSION))
+        for name, (restype, argtypes) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.restype = restype
+            fn.argtypes = argtypes
         return lib
     raise OSError("libbraid.so not found (build it: tools/bazelw build //capi:braid, or set "
                   "LIBBRAID_SO); tried: " + ", ".join(tried))

@@ -76,15 +76,17 @@ def buffer_info(buf, what="buffer"):
 
 
 class _Handle:
-    """One C handle; `close()` is idempotent. Subclasses set _destroy (a braid_*_destroy)."""
+    """One C handle; `close()` is idempotent. Subclasses set _destroy (a braid_*_destroy).
+    `before_close` callbacks run first (the PyTorch wrappers detach tensors viewing Braid's
+    memory there, whoever closes the handle)."""
 
     _destroy = None
 
     def __init__(self, handle, world):
         self._h = ctypes.c_void_p(handle)
         self._world = world
-        if world is not None:
-            world._adopt(self)
+        self.before_close = []
+        self._serial = world._adopt(self) if world is not None else 0
 
     @property
     def handle(self):
@@ -98,6 +100,9 @@ class _Handle:
 
     def close(self):
         if self._h:
+            for callback in self.before_close:
+                callback()
+            self.before_close = []
             _lib.call(self._destroy, self._h)
             self._h = ctypes.c_void_p()
 
@@ -110,8 +115,14 @@ class _Handle:
     def __del__(self):
         try:
             self.close()
-        except Exception:  # still referenced from C (children alive) or interpreter teardown
-            pass
+        except Exception:  # pylint: disable=broad-except
+            # Children still alive in C (the cycle collector frees in no fixed order): the
+            # world destroys the handle later, newest first, so it is never leaked.
+            world = getattr(self, "_world", None)
+            handle = getattr(self, "_h", None)
+            if world is not None and handle:
+                world._orphans.append((self._serial, self._destroy, handle.value))
+                self._h = ctypes.c_void_p()  # the world owns the raw handle now
 
 
 def _out():
@@ -135,12 +146,15 @@ class World(_Handle):
         out = _out()
         _lib.call("braid_world_create", ctypes.byref(opts), ctypes.byref(out))
         self._children = weakref.WeakValueDictionary()
-        self._serial = itertools.count()
+        self._orphans = []  # (serial, destroy function, raw handle) of collected objects
+        self._serials = itertools.count(1)
         super().__init__(out.value, None)
         atexit.register(_close_at_exit, weakref.ref(self))
 
     def _adopt(self, child):
-        self._children[next(self._serial)] = child
+        serial = next(self._serials)
+        self._children[serial] = child
+        return serial
 
     @property
     def size(self):
@@ -168,14 +182,26 @@ class World(_Handle):
         return Group(out.value, self)
 
     def close(self):
-        """Closes every object still open under this world (newest first), then the world."""
+        """Closes every object still open under this world, newest first (children before
+        parents), then the world. Goes on past a failing child; raises the first error."""
         if not self._h:
             return
-        for key in sorted(self._children.keys(), reverse=True):
-            child = self._children.get(key)
-            if child is not None:
-                child.close()
+        first_error = None
+        live = [(key, self._children.get(key)) for key in list(self._children.keys())]
+        pending = [(key, child, None, None) for key, child in live if child is not None]
+        pending += [(serial, None, destroy, handle) for serial, destroy, handle in self._orphans]
+        for _, child, destroy, handle in sorted(pending, key=lambda e: e[0], reverse=True):
+            try:
+                if child is not None:
+                    child.close()
+                else:
+                    _lib.call(destroy, ctypes.c_void_p(handle))
+            except BraidError as e:
+                first_error = first_error or e
+        self._orphans = []
         super().close()
+        if first_error is not None:
+            raise first_error
 
 
 def _close_at_exit(world_ref):
@@ -236,7 +262,7 @@ class Group(_Handle):
     def _launch(self, fn, bufs, *args, opts):
         out = _out()
         _lib.call(fn, self.handle, *args, ctypes.byref(opts), ctypes.byref(out))
-        return Work(out.value, self._world, bufs)
+        return Work(out.value, self, bufs)
 
     def _typed(self, send, recv):
         s_ptr, s_n, s_dt = buffer_info(send, "send")
@@ -280,8 +306,9 @@ class Work(_Handle):
 
     _destroy = "braid_work_destroy"
 
-    def __init__(self, handle, world, buffers):
-        super().__init__(handle, world)
+    def __init__(self, handle, group, buffers):
+        super().__init__(handle, group._world)
+        self._group = group  # a group cannot be destroyed under its works
         self._buffers = buffers
 
     def close(self):
@@ -291,7 +318,7 @@ class Work(_Handle):
         if self._h:
             _lib.load().braid_work_wait(self._h, -1)
             super().close()
-            self._buffers = None
+            self._buffers = self._group = None
 
     def wait(self, timeout_ms=-1):
         """Waits (< 0: no limit); raises BraidError for a failed operation, or TIMEOUT when it
@@ -330,11 +357,11 @@ class Reducer(_Handle):
         opts.timeline_prefix = timeline_prefix.encode() if timeline_prefix else None
         array = (_lib.Param * len(params))()
         names = []
-        self._dtypes = {}
+        self._specs = {}  # id -> (count, dtype)
         for slot, (pid, count, dtype, name) in zip(array, params):
             names.append(name.encode() if name else None)
             slot.id, slot.count, slot.dtype, slot.name = pid, count, dtype_code(dtype), names[-1]
-            self._dtypes[pid] = slot.dtype
+            self._specs[pid] = (count, slot.dtype)
         out = _out()
         _lib.call("braid_reducer_create", shard.handle, replica.handle if replica else None,
                   array, len(params), ctypes.byref(opts), ctypes.byref(out))
@@ -348,8 +375,11 @@ class Reducer(_Handle):
         _lib.call("braid_reducer_grad", self.handle, pid, ctypes.byref(ptr), ctypes.byref(count))
         return ptr.value, count.value
 
-    def dtype(self, pid):
-        return self._dtypes[pid]
+    def spec(self, pid):
+        """(element count, braid dtype) parameter `pid` was registered with."""
+        if pid not in self._specs:
+            raise KeyError("parameter %r is not registered" % (pid,))
+        return self._specs[pid]
 
     def begin_backward(self, sync="sync"):
         _lib.call("braid_reducer_begin_backward", self.handle, SYNC_MODES[sync])
@@ -406,10 +436,14 @@ class Optimizer(_Handle):
 
     def set_param(self, pid, values):
         ptr, n, dt = buffer_info(values, "values of parameter %d" % pid)
-        want = self.reducer.dtype(pid)
-        if dt is not None and dt != want:
+        count, dtype = self.reducer.spec(pid)
+        if dt is not None and dt != dtype:
             raise ValueError("parameter %d: values of dtype code %d, registered %d" %
-                             (pid, dt, want))
+                             (pid, dt, dtype))
+        want = count if dt is not None else count * dtype_size(dtype)
+        if n != want:
+            raise ValueError("parameter %d: %d %s given, registered %d" %
+                             (pid, n, "elements" if dt is not None else "bytes", want))
         _lib.call("braid_optimizer_set_param", self.handle, pid, ctypes.c_void_p(ptr))
 
     def param(self, pid):

@@ -26,23 +26,50 @@ How it is wired (torch 1.13, CPU):
     all-gather of late buckets overlaps the forward of early layers.
 Gradient views stay bound: zero_grad() zeroes them in place (set_to_none is ignored), and a
 gradient the caller replaced or set to None is copied back (or zeroed) at the next forward.
+
+Memory: each view keeps the Braid object owning its memory alive, and whoever closes that
+object (close(), World.close(), interpreter exit) first gives the tensors copies of their
+values, so no tensor ever points at freed memory.
+
+Differences from torch DDP: buffers (BatchNorm statistics) are broadcast at construction only
+(torch re-broadcasts them every forward by default); parameters no rank used are reduced as
+zeros with find_unused_parameters=True (torch leaves their .grad None); reentrant activation
+checkpointing is not supported (its inner backward would finish Braid's backward early).
+With ShardedAdamW the parameters are Braid's gathered copy: write initial values before
+creating it (later writes to p.data are overwritten by the next gather).
 """
 
 import contextlib
 import ctypes
 import functools
+import warnings
+import weakref
 
 import torch
 
 from . import core
 
 
-def _view(address, count, dtype, shape):
-    """A tensor over `count` elements of Braid-owned memory at `address` (no copy). The owner
-    (reducer or optimizer) must outlive it: DistributedDataParallel keeps both alive."""
+def _view(owner, address, count, dtype, shape):
+    """A tensor over `count` elements of Braid-owned memory at `address` (no copy); it keeps
+    `owner` (the core Reducer or Optimizer) alive."""
+    if count == 0:
+        return torch.empty(shape, dtype=dtype)
     nbytes = count * torch.tensor([], dtype=dtype).element_size()
     raw = (ctypes.c_char * nbytes).from_address(address)
+    raw.owner = owner  # the buffer object is what the tensor's storage references
     return torch.frombuffer(raw, dtype=dtype, count=count).view(shape)
+
+
+def _weak_call(method):
+    """A callback calling a bound method only while its object lives (no reference cycle)."""
+    ref = weakref.WeakMethod(method)
+
+    def call():
+        bound = ref()
+        if bound is not None:
+            bound()
+    return call
 
 
 class DistributedDataParallel(torch.nn.Module):
@@ -69,36 +96,46 @@ class DistributedDataParallel(torch.nn.Module):
             replica=replica_group, mode=mode, bucket_cap_mb=bucket_cap_mb,
             first_bucket_cap_mb=first_bucket_cap_mb, allow_unused=find_unused_parameters,
             reduce_dtype=reduce_dtype, timeout_ms=timeout_ms, timeline_prefix=timeline_prefix)
+        self._mode = mode
         self._grads = []
         for pid, p in enumerate(self._params):
             address, count = self.reducer.grad(pid)
-            self._grads.append(_view(address, count, p.dtype, p.shape))
+            self._grads.append(_view(self.reducer, address, count, p.dtype, p.shape))
         self.reducer.zero_grads()
         for p, view in zip(self._params, self._grads):
             if p.grad is not None:
                 view.copy_(p.grad)
             p.grad = view
         # Keep the AccumulateGrad nodes alive: a node dropped by autograd would lose its hook.
-        self._grad_accs = []
+        self._grad_accs, self._hooks = [], []
         for pid, p in enumerate(self._params):
             acc = p.expand_as(p).grad_fn.next_functions[0][0]
-            acc.register_hook(functools.partial(self._grad_ready, pid))
+            self._hooks.append(acc.register_hook(functools.partial(self._grad_ready, pid)))
             self._grad_accs.append(acc)
         self._sync = "sync"          # the sync mode of forwards run now
         self._armed = "sync"         # the sync mode the next backward uses
         self._in_backward = False
         self._stepper = None         # the braid.core.Optimizer of a ShardedAdamW, if any
+        self._warned_unreduced = False
+        self.reducer.before_close.append(_weak_call(self._detach_grads))
 
     def close(self):
-        """Gives the gradients their own memory back (clones) and frees the reducer. Close a
-        ShardedAdamW on this model first."""
+        """Unhooks the module, gives the gradients their own memory (copies) and frees the
+        reducer: `module` is a plain torch module again. Close a ShardedAdamW on this model
+        first."""
         if self._stepper is not None:
             raise RuntimeError("close the ShardedAdamW of this model first")
-        for p in self._params:
-            if p.grad is not None:
+        self.reducer.close()  # runs _detach_grads first
+
+    def _detach_grads(self):
+        """Before the reducer's memory goes (whoever closes it): unhook, copy gradients."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks, self._grad_accs = [], []
+        for p, view in zip(self._params, self._grads):
+            if p.grad is not None and p.grad.data_ptr() == view.data_ptr():
                 p.grad = p.grad.clone()
         self._grads = []
-        self.reducer.close()
 
     def _broadcast_state(self):
         tensors = list(self.module.parameters()) + list(self.module.buffers())
@@ -107,10 +144,30 @@ class DistributedDataParallel(torch.nn.Module):
                 g.broadcast(t.data, root=0).wait()
 
     def forward(self, *args, **kwargs):
+        if self._in_backward:
+            self._abandon_backward("the previous backward did not finish (an exception in "
+                                   "backward or in a hook)")
         if torch.is_grad_enabled():
             self._armed = self._sync
             self._rebind_grads()
         return self.module(*args, **kwargs)
+
+    def _owner(self):
+        return self._stepper if self._stepper is not None else self.reducer
+
+    def _abandon_backward(self, why):
+        """Ends a backward that cannot complete and raises: the reducer is reset, this
+        backward's gradients are discarded (zeroed), the next forward starts afresh. Peers
+        that completed the backward may have launched reductions this rank did not: a
+        failed backward on one rank generally needs all ranks to restart."""
+        self._in_backward = False
+        try:
+            self._owner().finish_backward()
+            detail = ""
+        except core.BraidError as e:
+            detail = ": " + str(e)
+        self.zero_grad()
+        raise RuntimeError("%s; Braid ended it and zeroed the gradients%s" % (why, detail))
 
     @contextlib.contextmanager
     def no_sync(self, mode="no_sync"):
@@ -135,61 +192,64 @@ class DistributedDataParallel(torch.nn.Module):
             self.reducer.zero_grads()
 
     def _rebind_grads(self):
-        for p, view in zip(self._params, self._grads):
-            g = p.grad
-            if g is None:
+        stale = [(p, view) for p, view in zip(self._params, self._grads)
+                 if p.grad is None or p.grad.data_ptr() != view.data_ptr()]
+        if stale and self._stepper is not None:
+            self._stepper.wait_all_params()  # the stepper may still be zeroing those buckets
+        for p, view in stale:
+            if p.grad is None:
                 view.zero_()
-            elif g.data_ptr() != view.data_ptr():
-                view.copy_(g)
             else:
-                continue
+                view.copy_(p.grad)
             p.grad = view
 
     def _grad_ready(self, pid, *unused):
         if not self._in_backward:
-            owner = self._stepper if self._stepper is not None else self.reducer
-            owner.begin_backward(self._armed)
+            self._owner().begin_backward(self._armed)
             self._in_backward = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
-        p, view = self._params[pid], self._grads[pid]
-        if p.grad is None or p.grad.data_ptr() != view.data_ptr():
-            raise RuntimeError("parameter %d: its .grad was replaced during backward; Braid "
-                               "reduces the bucket view bound at forward" % pid)
-        self.reducer.mark_ready(pid)
+        try:
+            p, view = self._params[pid], self._grads[pid]
+            if p.grad is None or p.grad.data_ptr() != view.data_ptr():
+                raise RuntimeError("parameter %d: its .grad was replaced during backward; "
+                                   "Braid reduces the bucket view bound at forward" % pid)
+            self.reducer.mark_ready(pid)
+        except Exception as e:
+            # torch runs no queued callback after a hook raised: end the backward here.
+            self._abandon_backward(str(e))
 
     def _finish_backward(self):
         self._in_backward = False
-        owner = self._stepper if self._stepper is not None else self.reducer
-        owner.finish_backward()
+        self._owner().finish_backward()
+        if self._stepper is None and self._mode != "allreduce" and not self._warned_unreduced:
+            self._warned_unreduced = True
+            warnings.warn("mode %r without ShardedAdamW: param.grad holds this rank's local "
+                          "(unreduced) gradients; the reduced shards are in "
+                          "reducer.shard(bucket)" % self._mode)
 
 
-class ShardedAdamW:
-    """Braid's sharded AdamW (torch.optim.AdamW's math, amsgrad off) over a
-    DistributedDataParallel in "reduce_scatter" or "hybrid" mode: each rank keeps f32 master
-    weights and moments for its shard only, steps each bucket as soon as its reduction
-    completes (overlap=True) and all-gathers the updated parameters. Parameters' data become
-    views over the gathered values (read them after synchronize(); the model's forward waits
-    by itself)."""
+class _ShardedOptimizer:
+    """Braid's sharded optimizer over a DistributedDataParallel in "reduce_scatter" or "hybrid"
+    mode: each rank keeps f32 master weights and state for its shard only, steps each bucket
+    as soon as its reduction completes (overlap=True) and all-gathers the updated parameters.
+    Parameters' data become views over the gathered values (read them after synchronize();
+    the model's forward waits by itself). Not a torch.optim.Optimizer (no param_groups, so no
+    torch LR schedulers): change the rate with set_lr()."""
 
-    def __init__(self, ddp, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
-                 max_grad_norm=0.0, skip_nonfinite=False, overlap=True, threads=1,
-                 timeout_ms=300000):
+    def __init__(self, ddp, overlap, lr, **options):
         if ddp._stepper is not None:
             raise ValueError("this DistributedDataParallel already has a sharded optimizer")
         self.ddp = ddp
-        self.optimizer = core.Optimizer(
-            ddp.reducer, kind="adamw", lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-            max_grad_norm=max_grad_norm, skip_nonfinite=skip_nonfinite, overlap=overlap,
-            threads=threads, timeout_ms=timeout_ms)
-        self._overlap = overlap
-        self._lr = lr
+        self.optimizer = core.Optimizer(ddp.reducer, lr=lr, overlap=overlap, **options)
+        self._overlap, self._lr = overlap, lr
         params = ddp._params
         for pid, p in enumerate(params):
             self.optimizer.set_param(pid, p.data.contiguous())
         self.optimizer.wait_all_params()
         for pid, p in enumerate(params):
             address, count = self.optimizer.param(pid)
-            p.data = _view(address, count, p.dtype, p.shape)
+            p.data = _view(self.optimizer, address, count, p.dtype, p.shape)
+        self.optimizer.before_close.append(_weak_call(self._detach_params))
         self._hooks = []
         reducer = ddp.reducer
         index = {id(p): pid for pid, p in enumerate(params)}
@@ -240,14 +300,44 @@ class ShardedAdamW:
         self.optimizer.load(path)
         self.optimizer.wait_all_params()
 
-    def close(self):
+    def _detach_params(self):
+        """Before the optimizer's memory goes (whoever closes it): unhook the forwards, give
+        the parameters copies of their values."""
         for h in self._hooks:
             h.remove()
         self._hooks = []
-        if self.ddp._stepper is self.optimizer:
-            # Detach the parameters from Braid's memory before it is freed.
+        try:
             self.optimizer.wait_all_params()
+        finally:
             for p in self.ddp._params:
                 p.data = p.data.clone()
-            self.ddp._stepper = None
-        self.optimizer.close()
+            if self.ddp._stepper is self.optimizer:
+                self.ddp._stepper = None
+
+    def close(self):
+        """Unhooks the model's forwards, gives the parameters their own memory (copies) and
+        frees the optimizer; the model keeps training with a torch optimizer after this."""
+        self.optimizer.close()  # runs _detach_params first
+
+
+class ShardedAdamW(_ShardedOptimizer):
+    """Sharded AdamW: torch.optim.AdamW's math (decoupled weight decay, amsgrad off), plus
+    optional exact global-norm clipping (max_grad_norm) and skipping non-finite steps."""
+
+    def __init__(self, ddp, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+                 max_grad_norm=0.0, skip_nonfinite=False, overlap=True, threads=1,
+                 timeout_ms=300000):
+        super().__init__(ddp, overlap, lr, kind="adamw", betas=betas, eps=eps,
+                         weight_decay=weight_decay, max_grad_norm=max_grad_norm,
+                         skip_nonfinite=skip_nonfinite, threads=threads, timeout_ms=timeout_ms)
+
+
+class ShardedSGD(_ShardedOptimizer):
+    """Sharded SGD: torch.optim.SGD's math (dampening 0) with momentum and nesterov."""
+
+    def __init__(self, ddp, lr, momentum=0.0, nesterov=False, weight_decay=0.0,
+                 max_grad_norm=0.0, skip_nonfinite=False, overlap=True, threads=1,
+                 timeout_ms=300000):
+        super().__init__(ddp, overlap, lr, kind="sgd", momentum=momentum, nesterov=nesterov,
+                         weight_decay=weight_decay, max_grad_norm=max_grad_norm,
+                         skip_nonfinite=skip_nonfinite, threads=threads, timeout_ms=timeout_ms)
