@@ -308,6 +308,34 @@ class PyTorchTest(unittest.TestCase):
             for got, w in zip(grads, want):
                 torch.testing.assert_close(got, w, rtol=0, atol=1e-7)
 
+    def test_bf16_parameters_reduced_in_f32(self):
+        n = 3
+
+        def model():
+            return _mlp().to(torch.bfloat16)
+
+        per_rank = []
+        for r in range(n):
+            m = model()
+            x, y = _data(r)
+            ((m(x.bfloat16()) - y.bfloat16()) ** 2).mean().backward()  # no bf16 mse_loss on CPU
+            per_rank.append([p.grad.float() for p in m.parameters()])
+        # Summed in f32 in rank order, divided, rounded to bf16 once.
+        want = [((a + b + c) / n).bfloat16() for a, b, c in zip(*per_rank)]
+
+        def body(r, g):
+            ddp = bt.DistributedDataParallel(model(), g, reduce_dtype="float32")
+            x, y = _data(r)
+            ((ddp(x.bfloat16()) - y.bfloat16()) ** 2).mean().backward()
+            grads = [p.grad.clone() for p in ddp.parameters()]
+            ddp.close()
+            return grads
+
+        for grads in run_ranks(n, body):
+            for got, w in zip(grads, want):
+                self.assertEqual(got.dtype, torch.bfloat16)
+                self.assertTrue(torch.equal(got, w), (got - w).abs().max())
+
     def test_no_sync_accumulates_locally_then_syncs(self):
         n = 2
         first = _serial_grads(range(n), micros=1)
