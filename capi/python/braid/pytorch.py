@@ -166,7 +166,12 @@ class DistributedDataParallel(torch.nn.Module):
             detail = ""
         except core.BraidError as e:
             detail = ": " + str(e)
-        self.zero_grad()
+        if self._stepper is not None:
+            self._stepper.wait_all_params()  # then no step touches the buckets
+            for view in self._grads:
+                view.zero_()
+        else:
+            self.reducer.zero_grads()
         raise RuntimeError("%s; Braid ended it and zeroed the gradients%s" % (why, detail))
 
     @contextlib.contextmanager
