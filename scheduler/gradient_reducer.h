@@ -44,6 +44,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "comm/buffer_ops.h"
 #include "comm/group.h"
 #include "comm/tensor.h"
 #include "comm/work_pool.h"
@@ -146,12 +147,17 @@ class GradientReducer {
   void OnStageDone(int b, int stage, const absl::Status& st);
   // Hybrid reduce_scatter_only: partial (+)= this rank's reduced shard; and, at the synced
   // microbatch, shard = partial + shard before the replica all-reduce.
-  void AccumulatePartial(int b);
-  void AddPartialInto(int b);
+  absl::Status AccumulatePartial(int b);
+  absl::Status AddPartialInto(int b);
   // Copy-in path: framework gradient -> bucket slot, and back (all-reduce mode).
-  void Pack(int param_index);
-  void Unpack(int b);
-  void FinishBucket(int b, absl::Status s);
+  absl::Status Pack(int param_index);
+  absl::Status Unpack(int b);
+  // Completes bucket b's Work with `s`, after the operations queued on `ops` (device).
+  void FinishBucket(int b, absl::Status s, BufferOps& ops);
+  // `st` (a failed memory operation after `collective`) named with the bucket.
+  absl::Status OpError(int b, const absl::Status& collective, const absl::Status& st) const;
+  void ZeroBucketQueued(int b);
+  void SyncZeroing();
   void RecordError(const absl::Status& s);
   char* BucketData(int b) const;
   char* ShardData(int b) const;
@@ -168,6 +174,10 @@ class GradientReducer {
   std::unique_ptr<std::atomic<uint8_t>[]> marked_;  // per parameter, this backward
   std::vector<uint8_t> accumulated_;  // per parameter: marked in a no_sync backward since the last sync
   std::vector<void*> external_;       // copy-in path: the framework's gradient buffers
+  // Memory operations on the buckets (comm/buffer_ops.h): the shard group's, and where the
+  // last stage runs (hybrid: the replica group's; else the same).
+  BufferOps& ops_;
+  BufferOps& final_ops_;
 
   // First-backward readiness order (rebuild_bucket_order).
   std::unique_ptr<int[]> ready_order_;
@@ -175,7 +185,7 @@ class GradientReducer {
   std::atomic<bool> recording_{false};
   bool rebuild_pending_ = false;
   int plan_generation_ = 0;
-  void AllocateBuckets();
+  absl::Status AllocateBuckets();
 
   std::atomic<bool> in_backward_{false};
   SyncMode sync_ = SyncMode::kSync;
