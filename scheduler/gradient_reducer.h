@@ -33,6 +33,18 @@
 // Every stage divides by its own group's size (scheduler/divide.h), so the result is the
 // average over all ranks of the sum over microbatches, as with kNoSync.
 // Call ZeroGrads() after consuming a synced result, before the next accumulation window.
+//
+// Device buffers (parameters on a CUDA device, groups with device_memory, e.g. `nccl`): the
+// buckets live in device memory and every operation on them (zeroing, packing, the f32
+// staging casts, unpacking) is queued through the groups' BufferOps (comm/buffer_ops.h) on the
+// comm streams, ordered with the collectives; the host never touches them. MarkReady's event
+// is kept with the parameter's bucket and the comm stream waits on every such event before the
+// bucket's collective (or before its f32 widening cast); with the copy-in path it waits before
+// packing. BucketWork(b) completes once the bucket's last queued operation ran, and its
+// device_event() marks that point for consumer streams. ZeroGrads / ZeroBucket wait (host,
+// deadline-bounded) for the zeroing, so the framework may write from its own streams after
+// they return. Not on device yet: f16 buckets without reduce_dtype f32 (the post-divide) and
+// kReduceScatterOnly (partial sums): both Unimplemented.
 #ifndef BRAID_SCHEDULER_GRADIENT_REDUCER_H_
 #define BRAID_SCHEDULER_GRADIENT_REDUCER_H_
 
@@ -88,8 +100,8 @@ struct ReducerConfig {
 class GradientReducer {
  public:
   // Collective over the groups: builds the plan and verifies it is identical on every rank.
-  // Parameters must have floating dtypes, CPU device (device buffers come with the NCCL
-  // backend), and distinct ids; errors name the offending parameter.
+  // Parameters must have floating dtypes, a device the groups' memory matches (CPU, or CUDA on
+  // groups with device_memory), and distinct ids; errors name the offending parameter.
   static absl::StatusOr<std::unique_ptr<GradientReducer>> Create(std::vector<ParamSpec> params,
                                                                  ReducerGroups groups,
                                                                  const ReducerConfig& config);
@@ -111,7 +123,10 @@ class GradientReducer {
 
   absl::Status BeginBackward(SyncMode mode);
   // Any thread, any order, once per parameter per backward. `ready` is a device event to wait
-  // on before reading the gradient (device backends; ignored for CPU buffers).
+  // on before reading the gradient (device backends; ignored for CPU buffers). It must stay
+  // valid until the bucket's collective was issued (FinishBackward returned suffices). In a
+  // no_sync backward it is not used: the events of the synced backward that reduces the sum
+  // must come after every earlier write (one producer stream, as autograd's, does that).
   absl::Status MarkReady(ParamId id, DeviceEvent ready = {});
   // Returns once every reduction of this backward completed (or the deadline passed: the error
   // names the bucket and group). Unmarked parameters: zero-filled and reduced with

@@ -99,6 +99,45 @@ TEST(NcclReducerErrorsTest, ReduceScatterOnlyIsUnimplementedOnDevice) {
   ExpectClean(gpu);
 }
 
+// The one-time bucket rebuild on device storage: world rank 0's order is broadcast through a
+// staged device buffer, and every gradient moves with its parameter (device copies).
+TEST(NcclReducerRebuildTest, GradientsMoveWithTheirParameters) {
+  FakeGpu gpu;
+  RunFakeRanks(gpu, 2, FakeConfig(), [&](NcclGroup& world) {
+    sched::ReducerConfig cfg;
+    cfg.rebuild_bucket_order = true;
+    cfg.first_bucket_cap_bytes = 256;
+    cfg.bucket_cap_bytes = 4096;
+    std::vector<sched::ParamSpec> params = sched::reference::MakeParams(0);
+    for (auto& p : params) p.device = Device{DeviceType::kCuda, 0};
+    auto red = sched::GradientReducer::Create(params, {&world, nullptr}, cfg);
+    ASSERT_TRUE(red.ok()) << red.status();
+    sched::GradientReducer& r = **red;
+    ASSERT_TRUE(r.BeginBackward(sched::SyncMode::kSync).ok());
+    for (size_t p = 0; p < params.size(); ++p) {  // registration order: the reverse of the plan's
+      ASSERT_TRUE(r.MarkReady(params[p].id).ok());
+    }
+    ASSERT_TRUE(r.FinishBackward().ok());
+    // Fake device memory is host memory: stamp each gradient with its parameter index.
+    for (size_t p = 0; p < params.size(); ++p) {
+      auto v = r.GradView(params[p].id);
+      ASSERT_TRUE(v.ok());
+      for (size_t i = 0; i < v->count; ++i) static_cast<float*>(v->data)[i] = 1000.0f * p + i;
+    }
+    auto rebuilt = r.RebuildBucketsIfPending();
+    ASSERT_TRUE(rebuilt.ok()) << rebuilt.status();
+    EXPECT_TRUE(*rebuilt);
+    for (size_t p = 0; p < params.size(); ++p) {
+      auto v = r.GradView(params[p].id);
+      ASSERT_TRUE(v.ok());
+      for (size_t i = 0; i < v->count; ++i) {
+        ASSERT_EQ(static_cast<float*>(v->data)[i], 1000.0f * p + i) << params[p].Label() << " [" << i << "]";
+      }
+    }
+  });
+  ExpectClean(gpu);
+}
+
 TEST(NcclReducerErrorsTest, HostParametersRejectedOnDeviceGroup) {
   FakeGpu gpu;
   RunFakeRanks(gpu, 2, FakeConfig(), [&](NcclGroup& world) {
