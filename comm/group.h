@@ -26,6 +26,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "comm/buffer_ops.h"
 #include "comm/dtype.h"
 #include "comm/reduce_op.h"
 #include "comm/tensor.h"
@@ -39,7 +41,7 @@ inline constexpr int kNoColor = -1;  // Split color for "this rank joins no new 
 struct Capabilities {
   bool host_memory = true;         // buffers in host memory
   bool device_memory = false;      // buffers in device memory
-  bool device_events = false;      // honours CollectiveOptions::ready_event, sets Work events
+  bool device_events = false;      // honours CollectiveOptions' ready events, sets Work events
   bool native_avg = false;         // avg without a scaling pass
   bool native_premul_sum = false;  // pre-multiplied sum without a scaling pass
   bool native_half = false;        // bf16/f16 reduced without f32 staging
@@ -50,6 +52,9 @@ struct Capabilities {
 
 struct CollectiveOptions {
   DeviceEvent ready_event;                         // device backends wait on it first
+  // More events to wait on first, as ready_event (a bucket's several producers). Not owned:
+  // valid until the call returns (backends that keep the call copy the handles).
+  absl::Span<const DeviceEvent> ready_events;
   absl::Duration timeout = absl::ZeroDuration();   // 0: the group's default (BRAID_TIMEOUT_MS)
   absl::string_view label;                          // names the caller's unit in errors
 };
@@ -84,6 +89,9 @@ class Group {
   virtual const std::string& name() const = 0;
   virtual absl::string_view backend_name() const = 0;
   virtual Capabilities capabilities() const = 0;
+  // Memory operations on buffers this group's collectives use, ordered with its collectives
+  // (comm/buffer_ops.h). Default: host memory (HostBufferOps()). Valid for the group's life.
+  virtual BufferOps& buffer_ops() { return HostBufferOps(); }
 
   absl::StatusOr<WorkPtr> AllReduce(const void* send, void* recv, size_t count, DType dtype,
                                     ReduceOp op, const CollectiveOptions& opts = {});

@@ -15,18 +15,19 @@
 namespace braid::sched {
 namespace {
 
-struct FreeDeleter {
-  void operator()(char* p) const { std::free(p); }
-};
-
 constexpr size_t kStorageAlign = 64;
 
 }  // namespace
 
 struct GradientReducer::BucketState {
-  std::unique_ptr<char, FreeDeleter> data;  // padded_count elements, zero-initialized
+  OwnedBuffer data;                          // padded_count elements, zero-initialized
   std::string label;                         // "bucket 3": names the bucket in errors
   std::atomic<int> pending{0};               // parameters not yet marked this backward
+  // The device events given to MarkReady this backward (room for one per parameter: no
+  // allocation when marking); the mark that completes the bucket reads them.
+  std::unique_ptr<DeviceEvent[]> events;
+  std::atomic<int> n_events{0};
+  absl::Status prepare_error;                // the pre-launch cast failed (read at launch)
   bool ready = false;                        // guarded by mu_
   bool first_done = false;                   // guarded by mu_ (hybrid)
   bool failed = false;                       // guarded by mu_ (hybrid)
@@ -41,19 +42,11 @@ struct GradientReducer::BucketState {
   } stage[2];
   // Hybrid reduce_scatter_only: this rank's shard summed over the window's microbatches so far
   // (each already averaged over the shard group), added in before the replica all-reduce.
-  std::unique_ptr<char, FreeDeleter> partial;
+  OwnedBuffer partial;
   bool has_partial = false;
   // reduce_dtype: the bucket widened (padded_count elements of the reduce dtype).
-  std::unique_ptr<char, FreeDeleter> staging;
+  OwnedBuffer staging;
 };
-
-namespace {
-char* AlignedAlloc(size_t bytes) {
-  char* p = static_cast<char*>(std::aligned_alloc(kStorageAlign, (bytes + kStorageAlign - 1) / kStorageAlign * kStorageAlign));
-  BRAID_CHECK(p != nullptr);
-  return p;
-}
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
     std::vector<ParamSpec> params, ReducerGroups groups, const ReducerConfig& config) {
@@ -67,10 +60,16 @@ absl::StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
           absl::StrCat("parameter ", p.Label(), ": gradients must have a floating dtype, got ",
                        IsValidDType(static_cast<int>(p.dtype)) ? DTypeName(p.dtype) : "an invalid one"));
     }
-    if (p.device.type != DeviceType::kCpu) {
-      return absl::UnimplementedError(absl::StrCat("parameter ", p.Label(), " is on ",
-                                                   p.device.ToString(),
-                                                   ": device buffers need the NCCL backend"));
+    const bool on_device = p.device.type != DeviceType::kCpu;
+    for (Group* g : {groups.shard, config.mode == ReduceMode::kHybrid ? groups.replica : nullptr}) {
+      if (g == nullptr) continue;
+      const Capabilities c = g->capabilities();
+      if (on_device ? !c.device_memory : !c.host_memory) {
+        return absl::UnimplementedError(absl::StrCat(
+            "parameter ", p.Label(), " is on ", p.device.ToString(), ": group '", g->name(),
+            "' (backend ", g->backend_name(), ") does not reduce ",
+            on_device ? "device buffers (they need the NCCL backend)" : "host buffers"));
+      }
     }
   }
   if (config.reduce_dtype != DType::kBF16 && config.reduce_dtype != DType::kF16 &&
@@ -88,7 +87,9 @@ absl::StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
   if (groups.replica != nullptr && config.mode == ReduceMode::kHybrid) {
     RETURN_IF_ERROR(VerifyPlanAcrossRanks(plan, *groups.replica, config.timeout));
   }
-  return std::unique_ptr<GradientReducer>(new GradientReducer(std::move(plan), groups, config));
+  std::unique_ptr<GradientReducer> r(new GradientReducer(std::move(plan), groups, config));
+  RETURN_IF_ERROR(r->AllocateBuckets());
+  return r;
 }
 
 GradientReducer::GradientReducer(BucketPlan plan, ReducerGroups groups, const ReducerConfig& config)
@@ -97,7 +98,9 @@ GradientReducer::GradientReducer(BucketPlan plan, ReducerGroups groups, const Re
       config_(config),
       marked_(new std::atomic<uint8_t>[plan_.params().size()]),
       accumulated_(plan_.params().size(), 0),
-      external_(plan_.params().size(), nullptr) {
+      external_(plan_.params().size(), nullptr),
+      ops_(groups_.shard->buffer_ops()),
+      final_ops_(config_.mode == ReduceMode::kHybrid ? groups_.replica->buffer_ops() : ops_) {
   for (size_t i = 0; i < plan_.params().size(); ++i) marked_[i].store(0);
   if (config_.timeline != nullptr && config_.timeline->enabled()) {
     tl_ = config_.timeline;
@@ -107,27 +110,30 @@ GradientReducer::GradientReducer(BucketPlan plan, ReducerGroups groups, const Re
     if (groups_.replica != nullptr) tl_replica_ = tl_->Track(absl::StrCat("group ", groups_.replica->name()));
     tl_waits_ = tl_->Track("waits");
   }
-  AllocateBuckets();
   if (config_.rebuild_bucket_order) {
     ready_order_.reset(new int[plan_.params().size()]);
     rebuild_pending_ = true;
   }
 }
 
-void GradientReducer::AllocateBuckets() {
+absl::Status GradientReducer::AllocateBuckets() {
   buckets_.clear();
   for (size_t b = 0; b < plan_.buckets().size(); ++b) {
     auto s = std::make_unique<BucketState>();
-    const size_t bytes = (plan_.buckets()[b].bytes() + kStorageAlign - 1) / kStorageAlign * kStorageAlign;
-    s->data.reset(static_cast<char*>(std::aligned_alloc(kStorageAlign, bytes)));
-    BRAID_CHECK(s->data != nullptr);
-    std::memset(s->data.get(), 0, bytes);
     s->label = absl::StrCat("bucket ", b);
+    const size_t bytes = (plan_.buckets()[b].bytes() + kStorageAlign - 1) / kStorageAlign * kStorageAlign;
+    ASSIGN_OR_RETURN(s->data, ops_.Allocate(bytes, s->label));
+    RETURN_IF_ERROR(ops_.Zero(s->data.get(), bytes));
     if (config_.reduce_dtype == DType::kF32 && IsHalf(plan_.buckets()[b].dtype)) {
-      s->staging.reset(AlignedAlloc(plan_.buckets()[b].padded_count * DTypeSize(DType::kF32)));
+      ASSIGN_OR_RETURN(s->staging,
+                       ops_.Allocate(plan_.buckets()[b].padded_count * DTypeSize(DType::kF32),
+                                     absl::StrCat(s->label, " (f32 staging)")));
     }
+    s->events.reset(new DeviceEvent[plan_.buckets()[b].params.size()]);
     buckets_.push_back(std::move(s));
   }
+  // Device storage: zeroed before the framework writes into it from its own streams.
+  return ops_.Synchronize(absl::Now() + config_.timeout);
 }
 
 absl::StatusOr<bool> GradientReducer::RebuildBucketsIfPending() {
@@ -153,8 +159,25 @@ absl::StatusOr<bool> GradientReducer::RebuildBucketsIfPending() {
   for (Group* g : chain) {
     CollectiveOptions opts;
     opts.label = "bucket order rebuild";
-    ASSIGN_OR_RETURN(WorkPtr w, g->Broadcast(order.data(), order.size(), DType::kI64, 0, opts));
-    RETURN_IF_ERROR(w->Wait(config_.timeout));
+    BufferOps& ops = g->buffer_ops();
+    if (ops.synchronous()) {
+      ASSIGN_OR_RETURN(WorkPtr w, g->Broadcast(order.data(), order.size(), DType::kI64, 0, opts));
+      RETURN_IF_ERROR(w->Wait(config_.timeout));
+      continue;
+    }
+    // Device memory: staged through a buffer of the group's.
+    const absl::Time deadline = absl::Now() + config_.timeout;
+    const size_t bytes = order.size() * sizeof(int64_t);
+    ASSIGN_OR_RETURN(OwnedBuffer staged, ops.Allocate(bytes, opts.label));
+    RETURN_IF_ERROR(ops.Copy(staged.get(), order.data(), bytes));
+    ASSIGN_OR_RETURN(WorkPtr w, g->Broadcast(staged.get(), order.size(), DType::kI64, 0, opts));
+    absl::Status st = w->WaitUntil(deadline);
+    if (st.ok()) st = ops.Copy(order.data(), staged.get(), bytes);
+    if (st.ok()) st = ops.Synchronize(deadline);
+    if (!st.ok()) {
+      (void)staged.release();  // the device may still write into it
+      return st;
+    }
   }
   std::vector<int> new_order(order.begin(), order.end());
   ASSIGN_OR_RETURN(BucketPlan plan, BucketPlan::BuildInOrder(plan_.params(), new_order, plan_.options()));
@@ -163,14 +186,16 @@ absl::StatusOr<bool> GradientReducer::RebuildBucketsIfPending() {
   BucketPlan old_plan = std::move(plan_);
   std::vector<std::unique_ptr<BucketState>> old_buckets = std::move(buckets_);
   plan_ = std::move(plan);
-  AllocateBuckets();
+  RETURN_IF_ERROR(AllocateBuckets());
   for (int i = 0; i < n; ++i) {
     const ParamSpec& p = plan_.params()[i];
     const size_t es = DTypeSize(p.dtype);
-    std::memcpy(BucketData(plan_.slot(i).bucket) + plan_.slot(i).offset * es,
-                old_buckets[old_plan.slot(i).bucket]->data.get() + old_plan.slot(i).offset * es,
-                p.count * es);
+    RETURN_IF_ERROR(ops_.Copy(BucketData(plan_.slot(i).bucket) + plan_.slot(i).offset * es,
+                              old_buckets[old_plan.slot(i).bucket]->data.get() + old_plan.slot(i).offset * es,
+                              p.count * es));
   }
+  // The old storage is freed on return: the copies out of it must have run.
+  RETURN_IF_ERROR(ops_.Synchronize(absl::Now() + config_.timeout));
   rebuild_pending_ = false;
   ++plan_generation_;
   return true;
@@ -189,6 +214,8 @@ GradientReducer::~GradientReducer() {
       // A collective may still write into this bucket: leak it rather than free it under one.
       Log().error("gradient reducer destroyed with {} still in flight; leaking its storage", b->label);
       (void)b->data.release();
+      (void)b->staging.release();
+      (void)b->partial.release();
     }
   }
 }
@@ -202,15 +229,15 @@ char* GradientReducer::ShardData(int b) const {
 }
 
 DType GradientReducer::CommDType(int b) const {
-  return buckets_[b]->staging != nullptr ? DType::kF32 : plan_.buckets()[b].dtype;
+  return buckets_[b]->staging ? DType::kF32 : plan_.buckets()[b].dtype;
 }
 
 char* GradientReducer::CommData(int b) const {
-  return buckets_[b]->staging != nullptr ? buckets_[b]->staging.get() : BucketData(b);
+  return buckets_[b]->staging ? buckets_[b]->staging.get() : BucketData(b);
 }
 
 char* GradientReducer::CommShard(int b) const {
-  if (buckets_[b]->staging == nullptr) return ShardData(b);
+  if (!buckets_[b]->staging) return ShardData(b);
   const int shard_rank = config_.mode == ReduceMode::kAllReduce ? 0 : groups_.shard->rank();
   return CommData(b) + static_cast<size_t>(shard_rank) * plan_.buckets()[b].shard_count * DTypeSize(DType::kF32);
 }
@@ -239,18 +266,20 @@ absl::Status GradientReducer::SetGradBuffer(ParamId id, void* grad) {
   return absl::OkStatus();
 }
 
-void GradientReducer::Pack(int i) {
+absl::Status GradientReducer::Pack(int i) {
   const ParamSpec& p = plan_.params()[i];
   const ParamSlot& s = plan_.slot(i);
-  std::memcpy(BucketData(s.bucket) + s.offset * DTypeSize(p.dtype), external_[i], p.count * DTypeSize(p.dtype));
+  return ops_.Copy(BucketData(s.bucket) + s.offset * DTypeSize(p.dtype), external_[i],
+                   p.count * DTypeSize(p.dtype));
 }
 
-void GradientReducer::Unpack(int b) {
+absl::Status GradientReducer::Unpack(int b) {
   for (int i : plan_.buckets()[b].params) {
     const ParamSpec& p = plan_.params()[i];
-    std::memcpy(external_[i], BucketData(b) + plan_.slot(i).offset * DTypeSize(p.dtype),
-                p.count * DTypeSize(p.dtype));
+    RETURN_IF_ERROR(ops_.Copy(external_[i], BucketData(b) + plan_.slot(i).offset * DTypeSize(p.dtype),
+                              p.count * DTypeSize(p.dtype)));
   }
+  return absl::OkStatus();
 }
 
 TensorView GradientReducer::ShardView(int b) const {
@@ -268,6 +297,11 @@ absl::Status GradientReducer::BeginBackward(SyncMode mode) {
   if (in_backward_.load()) {
     return absl::FailedPreconditionError(
         "BeginBackward: the previous backward is not finished (call FinishBackward first)");
+  }
+  if (mode == SyncMode::kReduceScatterOnly && !(ops_.can_add() && final_ops_.can_add())) {
+    return absl::UnimplementedError(absl::StrCat(
+        "BeginBackward(reduce_scatter_only): group '", groups_.shard->name(), "' (backend ",
+        groups_.shard->backend_name(), ") cannot add partial shards in its memory"));
   }
   if (!config_.gradient_as_bucket_view) {
     if (mode == SyncMode::kReduceScatterOnly) {
@@ -295,6 +329,8 @@ absl::Status GradientReducer::BeginBackward(SyncMode mode) {
     for (size_t b = 0; b < buckets_.size(); ++b) {
       BucketState& s = *buckets_[b];
       s.pending.store(static_cast<int>(plan_.buckets()[b].params.size()), std::memory_order_relaxed);
+      s.n_events.store(0, std::memory_order_relaxed);
+      s.prepare_error = absl::OkStatus();
       s.ready = s.first_done = s.failed = false;
       s.stage[0].work.reset();
       s.stage[1].work.reset();
@@ -322,8 +358,24 @@ absl::Status GradientReducer::MarkReady(ParamId id, DeviceEvent ready) {
   }
   if (tl_ != nullptr) tl_->Instant(tl_marks_, "mark", *i);
   if (recording_.load(std::memory_order_relaxed)) ready_order_[ready_count_.fetch_add(1)] = *i;
-  if (sync_ == SyncMode::kNoSync) return absl::OkStatus();
-  if (!config_.gradient_as_bucket_view) Pack(*i);
+  if (sync_ == SyncMode::kNoSync) {
+    // Nothing reads the gradient in this backward; the synced one that does waits for its own
+    // events, and the framework orders its accumulation itself. Keep no reference.
+    return absl::OkStatus();
+  }
+  if (!config_.gradient_as_bucket_view) {
+    // Copy-in: the pack reads the framework's buffer, so it waits for the producer.
+    absl::Status st = ops_.WaitFor(ready);
+    if (st.ok()) st = Pack(*i);
+    if (!st.ok()) {
+      marked_[*i].store(0, std::memory_order_release);
+      return absl::Status(st.code(), absl::StrCat("MarkReady(", plan_.params()[*i].Label(),
+                                                  "): packing into its bucket: ", st.message()));
+    }
+  } else if (ready) {
+    BucketState& s = *buckets_[plan_.slot(*i).bucket];
+    s.events[s.n_events.fetch_add(1, std::memory_order_relaxed)] = ready;
+  }
   OnParamReady(*i);
   return absl::OkStatus();
 }
@@ -332,9 +384,19 @@ void GradientReducer::OnParamReady(int param_index) {
   const int bucket = plan_.slot(param_index).bucket;
   BucketState& s = *buckets_[bucket];
   if (s.pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  if (s.staging != nullptr) {  // complete: widen it now, outside the launch lock
+  if (s.staging) {  // complete: widen it now, outside the launch lock, after its producers
     const Bucket& bk = plan_.buckets()[bucket];
-    CastScale(BucketData(bucket), bk.dtype, s.staging.get(), DType::kF32, bk.padded_count, ScaleSpec{});
+    absl::Status st;
+    const int n = s.n_events.load(std::memory_order_relaxed);  // after pending's acq_rel
+    for (int k = 0; k < n && st.ok(); ++k) st = ops_.WaitFor(s.events[k]);
+    if (st.ok()) {
+      st = ops_.CastScale(BucketData(bucket), bk.dtype, s.staging.get(), DType::kF32,
+                          bk.padded_count, ScaleSpec{});
+    }
+    s.n_events.store(0, std::memory_order_relaxed);  // waited for: the launch needs none
+    if (!st.ok()) {
+      s.prepare_error = absl::Status(st.code(), absl::StrCat(s.label, ": widening to f32 for the reduction: ", st.message()));
+    }
   }
   int first, last;
   {
@@ -354,11 +416,15 @@ void GradientReducer::LaunchStageLocked(int b, int stage) {
   BucketState& s = *buckets_[b];
   CollectiveOptions opts;
   opts.label = s.label;
+  if (stage == 0) {  // the group's stream waits for every producer of the bucket
+    opts.ready_events = absl::MakeConstSpan(s.events.get(), s.n_events.load(std::memory_order_relaxed));
+  }
   Group& g = stage == 0 ? *groups_.shard : *groups_.replica;
   const DType t = CommDType(b);
   const ReduceStep step = StepFor(t, g.size());
   absl::StatusOr<WorkPtr> w =
-      stage == 1 ? g.AllReduce(CommShard(b), CommShard(b), bk.shard_count, t, step.op, opts)
+      stage == 0 && !s.prepare_error.ok() ? absl::StatusOr<WorkPtr>(s.prepare_error)
+      : stage == 1 ? g.AllReduce(CommShard(b), CommShard(b), bk.shard_count, t, step.op, opts)
       : config_.mode == ReduceMode::kAllReduce
           ? g.AllReduce(CommData(b), CommData(b), bk.count, t, step.op, opts)
           : g.ReduceScatter(CommData(b), CommShard(b), bk.shard_count, t, step.op, opts);
@@ -381,7 +447,7 @@ void GradientReducer::Watch(int first, int last, int stage) {
   }
 }
 
-void GradientReducer::OnStageDone(int b, int stage, const absl::Status& st) {
+void GradientReducer::OnStageDone(int b, int stage, const absl::Status& done) {
   const BucketState::Stage& rec = buckets_[b]->stage[stage];
   if (tl_ != nullptr) {
     const char* name = stage == 1 ? "allreduce (replicas)"
@@ -392,32 +458,40 @@ void GradientReducer::OnStageDone(int b, int stage, const absl::Status& st) {
   const Bucket& bk = plan_.buckets()[b];
   const bool whole = config_.mode == ReduceMode::kAllReduce;
   const DType t = CommDType(b);
+  const bool last_stage = config_.mode != ReduceMode::kHybrid || stage == 1;
+  const bool feeds_replicas = !last_stage && sync_ != SyncMode::kReduceScatterOnly;
+  // Where this step's memory operations run: after the collective on its own group, except
+  // those that feed the hybrid replica all-reduce, which run ahead of it on the replica group
+  // (ordered after the reduce-scatter's completion event).
+  BufferOps& ops = stage == 1 || feeds_replicas ? final_ops_ : ops_;
+  absl::Status st = done;
+  if (st.ok() && feeds_replicas) st = ops.WaitFor(rec.work->device_event());
   if (st.ok() && rec.post_divide > 1) {  // f16: the divide after the sum
     char* p = whole ? CommData(b) : CommShard(b);
-    CastScale(p, t, p, t, whole ? bk.count : bk.shard_count, ScaleSpec{false, 1.0, rec.post_divide});
+    st = ops.CastScale(p, t, p, t, whole ? bk.count : bk.shard_count, ScaleSpec{false, 1.0, rec.post_divide});
   }
-  const bool last_stage = config_.mode != ReduceMode::kHybrid || stage == 1;
   if (last_stage) {
-    if (st.ok() && buckets_[b]->staging != nullptr) {  // round once, to the gradient dtype
-      CastScale(whole ? CommData(b) : CommShard(b), t,
-                whole ? BucketData(b) : ShardData(b), bk.dtype,
-                whole ? bk.count : bk.shard_count, ScaleSpec{});
+    if (st.ok() && buckets_[b]->staging) {  // round once, to the gradient dtype
+      st = ops.CastScale(whole ? CommData(b) : CommShard(b), t,
+                         whole ? BucketData(b) : ShardData(b), bk.dtype,
+                         whole ? bk.count : bk.shard_count, ScaleSpec{});
     }
-    if (st.ok() && !config_.gradient_as_bucket_view && whole) Unpack(b);
-    FinishBucket(b, st);
+    if (st.ok() && !config_.gradient_as_bucket_view && whole) st = Unpack(b);
+    FinishBucket(b, OpError(b, done, st), ops);
     return;
   }
   // Hybrid: the shard is reduced within its replica.
   if (st.ok() && sync_ == SyncMode::kReduceScatterOnly) {
-    AccumulatePartial(b);  // and the microbatch's gradients are consumed: zero them
-    std::memset(BucketData(b), 0, plan_.buckets()[b].bytes());
-    FinishBucket(b, st);
+    st = AccumulatePartial(b);  // and the microbatch's gradients are consumed: zero them
+    if (st.ok()) st = ops.Zero(BucketData(b), plan_.buckets()[b].bytes());
+    FinishBucket(b, OpError(b, done, st), ops);
     return;
   }
-  if (st.ok()) AddPartialInto(b);
+  if (st.ok()) st = AddPartialInto(b);
+  st = OpError(b, done, st);
   // All-reduce it across replicas, in bucket order (a failed bucket is skipped: its error
   // already ends this backward).
-  if (!st.ok()) FinishBucket(b, st);
+  if (!st.ok()) FinishBucket(b, st, ops);
   int first, last;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -434,33 +508,47 @@ void GradientReducer::OnStageDone(int b, int stage, const absl::Status& st) {
   Watch(first, last, 1);
 }
 
-void GradientReducer::AccumulatePartial(int b) {
+absl::Status GradientReducer::OpError(int b, const absl::Status& collective,
+                                      const absl::Status& st) const {
+  if (st.ok() || !collective.ok()) return st;  // a collective's error names itself
+  return absl::Status(st.code(), absl::StrCat(buckets_[b]->label, " on group '",
+                                              groups_.shard->name(), "': ", st.message()));
+}
+
+absl::Status GradientReducer::AccumulatePartial(int b) {
   BucketState& s = *buckets_[b];
   const Bucket& bk = plan_.buckets()[b];
   const DType t = CommDType(b);
   const size_t bytes = bk.shard_count * DTypeSize(t);
-  if (s.partial == nullptr) s.partial.reset(AlignedAlloc(bytes));
-  if (!s.has_partial) {
-    std::memcpy(s.partial.get(), CommShard(b), bytes);  // a copy, not 0 + x: keeps -0.0
-    s.has_partial = true;
-    return;
+  if (!s.partial) {
+    ASSIGN_OR_RETURN(s.partial, ops_.Allocate(bytes, absl::StrCat(s.label, " (partial sum)")));
   }
-  const void* in[2] = {s.partial.get(), CommShard(b)};
-  ReduceInto(in, 2, s.partial.get(), bk.shard_count, t, ReduceOp::Sum(), 2);
+  if (!s.has_partial) {
+    RETURN_IF_ERROR(ops_.Copy(s.partial.get(), CommShard(b), bytes));  // a copy, not 0 + x: keeps -0.0
+    s.has_partial = true;
+    return absl::OkStatus();
+  }
+  return ops_.Add(s.partial.get(), CommShard(b), s.partial.get(), bk.shard_count, t);
 }
 
-void GradientReducer::AddPartialInto(int b) {
+absl::Status GradientReducer::AddPartialInto(int b) {
   BucketState& s = *buckets_[b];
-  if (!s.has_partial) return;
+  if (!s.has_partial) return absl::OkStatus();
   const Bucket& bk = plan_.buckets()[b];
-  const void* in[2] = {s.partial.get(), CommShard(b)};
-  ReduceInto(in, 2, CommShard(b), bk.shard_count, CommDType(b), ReduceOp::Sum(), 2);
   s.has_partial = false;
+  return final_ops_.Add(s.partial.get(), CommShard(b), CommShard(b), bk.shard_count, CommDType(b));
 }
 
-void GradientReducer::FinishBucket(int b, absl::Status s) {
-  if (!s.ok()) RecordError(s);
+void GradientReducer::FinishBucket(int b, absl::Status s, BufferOps& ops) {
   WorkPtr w = buckets_[b]->work;  // keeps the Work alive while its callbacks run
+  if (s.ok() && !ops.synchronous()) {
+    // Device: the bucket's result is final once the operations queued after the collective
+    // have run; the Work completes then (and exposes that point as its device event).
+    s = ops.CompleteAfter(w, absl::Now() + config_.timeout);
+    if (s.ok()) return;
+    s = OpError(b, absl::OkStatus(), s);
+  }
+  if (!s.ok()) RecordError(s);
   w->Complete(std::move(s));
 }
 
@@ -496,12 +584,17 @@ absl::Status GradientReducer::FinishBackward() {
   } else {
     for (int i : unmarked) {
       // A parameter unused now but used in an earlier no_sync microbatch keeps that sum.
+      absl::Status st;
       if (!accumulated_[i]) {
         const ParamSlot& s = plan_.slot(i);
-        std::memset(BucketData(s.bucket) + s.offset * DTypeSize(params[i].dtype), 0,
-                    params[i].count * DTypeSize(params[i].dtype));
+        st = ops_.Zero(BucketData(s.bucket) + s.offset * DTypeSize(params[i].dtype),
+                       params[i].count * DTypeSize(params[i].dtype));
       } else if (!config_.gradient_as_bucket_view) {
-        Pack(i);  // the framework's buffer holds the no_sync sum
+        st = Pack(i);  // the framework's buffer holds the no_sync sum
+      }
+      if (!st.ok()) {
+        RecordError(absl::Status(st.code(), absl::StrCat("FinishBackward: preparing unused parameter ",
+                                                         params[i].Label(), ": ", st.message())));
       }
       marked_[i].store(1, std::memory_order_relaxed);
       OnParamReady(i);
@@ -533,12 +626,27 @@ absl::Status GradientReducer::FinishBackward() {
 }
 
 void GradientReducer::ZeroGrads() {
-  for (size_t b = 0; b < buckets_.size(); ++b) ZeroBucket(static_cast<int>(b));
+  for (size_t b = 0; b < buckets_.size(); ++b) ZeroBucketQueued(static_cast<int>(b));
+  SyncZeroing();
 }
 
 void GradientReducer::ZeroBucket(int b) {
-  std::memset(BucketData(b), 0, plan_.buckets()[b].bytes());
+  ZeroBucketQueued(b);
+  SyncZeroing();
+}
+
+void GradientReducer::ZeroBucketQueued(int b) {
+  const absl::Status st = ops_.Zero(BucketData(b), plan_.buckets()[b].bytes());
+  if (!st.ok()) Log().error("zeroing {}: {}", buckets_[b]->label, st.ToString());
   buckets_[b]->has_partial = false;
+}
+
+void GradientReducer::SyncZeroing() {
+  // Device storage: the framework's next writes come from its own streams, so the zeroes must
+  // have landed first (a host wait; nothing to wait for on the host).
+  if (ops_.synchronous()) return;
+  const absl::Status st = ops_.Synchronize(absl::Now() + config_.timeout);
+  if (!st.ok()) Log().error("zeroing gradients: {}", st.ToString());
 }
 
 }  // namespace braid::sched

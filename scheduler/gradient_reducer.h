@@ -33,6 +33,18 @@
 // Every stage divides by its own group's size (scheduler/divide.h), so the result is the
 // average over all ranks of the sum over microbatches, as with kNoSync.
 // Call ZeroGrads() after consuming a synced result, before the next accumulation window.
+//
+// Device buffers (parameters on a CUDA device, groups with device_memory, e.g. `nccl`): the
+// buckets live in device memory and every operation on them (zeroing, packing, the f32
+// staging casts, unpacking) is queued through the groups' BufferOps (comm/buffer_ops.h) on the
+// comm streams, ordered with the collectives; the host never touches them. MarkReady's event
+// is kept with the parameter's bucket and the comm stream waits on every such event before the
+// bucket's collective (or before its f32 widening cast); with the copy-in path it waits before
+// packing. BucketWork(b) completes once the bucket's last queued operation ran, and its
+// device_event() marks that point for consumer streams. ZeroGrads / ZeroBucket wait (host,
+// deadline-bounded) for the zeroing, so the framework may write from its own streams after
+// they return. Not on device yet: f16 buckets without reduce_dtype f32 (the post-divide) and
+// kReduceScatterOnly (partial sums): both Unimplemented.
 #ifndef BRAID_SCHEDULER_GRADIENT_REDUCER_H_
 #define BRAID_SCHEDULER_GRADIENT_REDUCER_H_
 
@@ -44,6 +56,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "comm/buffer_ops.h"
 #include "comm/group.h"
 #include "comm/tensor.h"
 #include "comm/work_pool.h"
@@ -87,8 +100,8 @@ struct ReducerConfig {
 class GradientReducer {
  public:
   // Collective over the groups: builds the plan and verifies it is identical on every rank.
-  // Parameters must have floating dtypes, CPU device (device buffers come with the NCCL
-  // backend), and distinct ids; errors name the offending parameter.
+  // Parameters must have floating dtypes, a device the groups' memory matches (CPU, or CUDA on
+  // groups with device_memory), and distinct ids; errors name the offending parameter.
   static absl::StatusOr<std::unique_ptr<GradientReducer>> Create(std::vector<ParamSpec> params,
                                                                  ReducerGroups groups,
                                                                  const ReducerConfig& config);
@@ -110,7 +123,10 @@ class GradientReducer {
 
   absl::Status BeginBackward(SyncMode mode);
   // Any thread, any order, once per parameter per backward. `ready` is a device event to wait
-  // on before reading the gradient (device backends; ignored for CPU buffers).
+  // on before reading the gradient (device backends; ignored for CPU buffers). It must stay
+  // valid until the bucket's collective was issued (FinishBackward returned suffices). In a
+  // no_sync backward it is not used: the events of the synced backward that reduces the sum
+  // must come after every earlier write (one producer stream, as autograd's, does that).
   absl::Status MarkReady(ParamId id, DeviceEvent ready = {});
   // Returns once every reduction of this backward completed (or the deadline passed: the error
   // names the bucket and group). Unmarked parameters: zero-filled and reduced with
@@ -146,12 +162,17 @@ class GradientReducer {
   void OnStageDone(int b, int stage, const absl::Status& st);
   // Hybrid reduce_scatter_only: partial (+)= this rank's reduced shard; and, at the synced
   // microbatch, shard = partial + shard before the replica all-reduce.
-  void AccumulatePartial(int b);
-  void AddPartialInto(int b);
+  absl::Status AccumulatePartial(int b);
+  absl::Status AddPartialInto(int b);
   // Copy-in path: framework gradient -> bucket slot, and back (all-reduce mode).
-  void Pack(int param_index);
-  void Unpack(int b);
-  void FinishBucket(int b, absl::Status s);
+  absl::Status Pack(int param_index);
+  absl::Status Unpack(int b);
+  // Completes bucket b's Work with `s`, after the operations queued on `ops` (device).
+  void FinishBucket(int b, absl::Status s, BufferOps& ops);
+  // `st` (a failed memory operation after `collective`) named with the bucket.
+  absl::Status OpError(int b, const absl::Status& collective, const absl::Status& st) const;
+  void ZeroBucketQueued(int b);
+  void SyncZeroing();
   void RecordError(const absl::Status& s);
   char* BucketData(int b) const;
   char* ShardData(int b) const;
@@ -168,6 +189,10 @@ class GradientReducer {
   std::unique_ptr<std::atomic<uint8_t>[]> marked_;  // per parameter, this backward
   std::vector<uint8_t> accumulated_;  // per parameter: marked in a no_sync backward since the last sync
   std::vector<void*> external_;       // copy-in path: the framework's gradient buffers
+  // Memory operations on the buckets (comm/buffer_ops.h): the shard group's, and where the
+  // last stage runs (hybrid: the replica group's; else the same).
+  BufferOps& ops_;
+  BufferOps& final_ops_;
 
   // First-backward readiness order (rebuild_bucket_order).
   std::unique_ptr<int[]> ready_order_;
@@ -175,7 +200,7 @@ class GradientReducer {
   std::atomic<bool> recording_{false};
   bool rebuild_pending_ = false;
   int plan_generation_ = 0;
-  void AllocateBuckets();
+  absl::Status AllocateBuckets();
 
   std::atomic<bool> in_backward_{false};
   SyncMode sync_ = SyncMode::kSync;

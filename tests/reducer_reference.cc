@@ -150,7 +150,8 @@ void Accumulate(const TensorView& view, GradFn grad, int rank, int param, int mi
 }
 
 absl::Status CheckStep(const Scenario& sc, const GradientReducer& reducer, int rank, int step,
-                       GradFn grad, const std::vector<std::vector<char>>* copy_in_grads) {
+                       GradFn grad, const std::vector<std::vector<char>>* copy_in_grads,
+                       const std::vector<std::vector<char>>* bucket_copies) {
   const std::string schedule = sc.schedule;
   if (schedule.empty() || schedule.back() != 'S' || schedule.find('S') != schedule.size() - 1) {
     return absl::InvalidArgumentError(absl::StrCat("schedule ", schedule, " must end with its only S"));
@@ -176,8 +177,12 @@ absl::Status CheckStep(const Scenario& sc, const GradientReducer& reducer, int r
     // All-reduce mode: the whole bucket, through the first parameter's view. Otherwise: this
     // rank's shard, indexed as if it were the whole bucket.
     const int first = bk.params[0];
-    const char* got = static_cast<const char*>(reducer.GradView(plan.params()[first].id)->data) -
-                      plan.slot(first).offset * es;
+    const char* bucket_base =
+        bucket_copies != nullptr
+            ? (*bucket_copies)[b].data()
+            : static_cast<const char*>(reducer.GradView(plan.params()[first].id)->data) -
+                  plan.slot(first).offset * es;
+    const char* got = bucket_base;
     std::vector<char> gathered;  // copy-in: the framework's buffers, laid out as the bucket
     if (sc.copy_in && sc.mode == ReduceMode::kAllReduce && copy_in_grads != nullptr) {
       gathered.assign(bk.bytes(), 0);
@@ -191,7 +196,9 @@ absl::Status CheckStep(const Scenario& sc, const GradientReducer& reducer, int r
     if (sc.mode != ReduceMode::kAllReduce) {
       lo = static_cast<size_t>(rank % sc.shards) * bk.shard_count;
       hi = lo + bk.shard_count;
-      got = static_cast<const char*>(reducer.ShardView(static_cast<int>(b)).data) - lo * es;
+      got = bucket_copies != nullptr
+                ? bucket_base
+                : static_cast<const char*>(reducer.ShardView(static_cast<int>(b)).data) - lo * es;
     }
     for (size_t e = lo; e < hi; ++e) {
       const DType arith = sc.reduce_f32 && IsHalf(bk.dtype) ? DType::kF32 : bk.dtype;

@@ -59,10 +59,13 @@ void Accumulate(const TensorView& view, GradFn grad, int rank, int param, int mi
 // otherwise) with the reference, byte for byte. The error names rank, step, bucket, dtype and
 // the first differing element. The reference's divide table covers groups of 1, 2, 3, 4 and 8.
 // With sc.copy_in, all-reduce mode results are read from `copy_in_grads` (the framework's
-// buffers, one per parameter index) instead of the reducer's views.
+// buffers, one per parameter index) instead of the reducer's views. With `bucket_copies`
+// (host copies of each bucket's bytes, e.g. read back from a device), the reducer's results are
+// read from those instead of its own memory.
 absl::Status CheckStep(const Scenario& sc, const GradientReducer& reducer, int rank, int step,
                        GradFn grad,
-                       const std::vector<std::vector<char>>* copy_in_grads = nullptr);
+                       const std::vector<std::vector<char>>* copy_in_grads = nullptr,
+                       const std::vector<std::vector<char>>* bucket_copies = nullptr);
 
 // Runs sc on `world` as rank world.rank(): builds the mesh (hybrid) and a reducer with small
 // bucket caps (several buckets per dtype), then two steps of sc.schedule's backwards, each

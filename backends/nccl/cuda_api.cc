@@ -32,6 +32,9 @@ class RealCuda final : public CudaApi {
                           cudaStream_t stream) override {
     return cudaMemcpyAsync(dst, src, bytes, kind, stream);
   }
+  cudaError_t MemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) override {
+    return cudaMemsetAsync(dst, value, bytes, stream);
+  }
   const char* ErrorString(cudaError_t error) override { return cudaGetErrorString(error); }
 };
 

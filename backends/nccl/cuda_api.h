@@ -43,6 +43,8 @@ class CudaApi {
   virtual cudaError_t FreeHost(void* ptr) = 0;                   // cudaFreeHost
   virtual cudaError_t MemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                                   cudaStream_t stream) = 0;  // cudaMemcpyAsync
+  virtual cudaError_t MemsetAsync(void* dst, int value, size_t bytes,
+                                  cudaStream_t stream) = 0;  // cudaMemsetAsync
   virtual const char* ErrorString(cudaError_t error) = 0;    // cudaGetErrorString, never null
 };
 

@@ -23,6 +23,7 @@
 #include <memory>
 
 #include "backends/nccl/cuda_api.h"
+#include "backends/nccl/kernel_api.h"
 
 namespace braid::nccl {
 
@@ -68,6 +69,7 @@ std::shared_ptr<NcclApi> RealNcclApi();
 struct NcclApis {
   std::shared_ptr<CudaApi> cuda;
   std::shared_ptr<NcclApi> nccl;
+  std::shared_ptr<KernelApi> kernels;  // null: device casts are Unimplemented
 };
 
 }  // namespace braid::nccl

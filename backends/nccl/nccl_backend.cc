@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "backends/nccl/completion_poller.h"
 #include "backends/nccl/errors.h"
+#include "backends/nccl/kernel_api_real.h"
 #include "backends/nccl/unique_id.h"
 #include "comm/status_macros.h"
 
@@ -35,7 +36,7 @@ std::shared_ptr<const NcclContext> MakeContext(NcclApis apis, const NcclBackendC
 
 }  // namespace
 
-NcclApis RealApis() { return NcclApis{RealCudaApi(), RealNcclApi()}; }
+NcclApis RealApis() { return NcclApis{RealCudaApi(), RealNcclApi(), RealKernelApi()}; }
 
 NcclBackend::~NcclBackend() = default;
 

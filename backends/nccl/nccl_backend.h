@@ -14,6 +14,8 @@
 //                            machine, finalize, abort; RAII pre-mul-sum op
 //   unique_id.h              the unique id as bytes; broadcast over a CPU group
 //   completion_poller.h      progress thread: events + async errors -> host futures, deadlines
+//   kernel_api.h             our bucket kernels behind a thin interface (fake: the CPU reference)
+//   nccl_buffer_ops.h        BufferOps on the comm stream: memset, memcpy, cast kernel, events
 //   nccl_group.h             Group: comm stream, readiness waits, coalesced buckets, split
 //   nccl_backend.h           this file: worlds, the "nccl" registration
 //   kernels/                 CUDA pack/unpack (scale fused) and cast kernels for buckets

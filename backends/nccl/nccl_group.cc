@@ -55,13 +55,33 @@ absl::StatusOr<std::unique_ptr<NcclGroup>> NcclGroup::Create(
 NcclGroup::NcclGroup(std::shared_ptr<const NcclContext> ctx, std::shared_ptr<NcclComm> comm,
                      std::string name, std::shared_ptr<Resources> resources)
     : ctx_(std::move(ctx)), comm_(std::move(comm)), name_(std::move(name)),
-      resources_(std::move(resources)) {}
+      resources_(std::move(resources)) {
+  NcclBufferOpsConfig c;
+  c.apis = ctx_->apis;
+  c.poller = ctx_->poller;
+  c.comm = comm_;
+  c.stream = resources_->stream.get();
+  c.keep_alive = resources_;
+  c.device = ctx_->device;
+  c.group_name = name_;
+  ops_ = std::make_unique<NcclBufferOps>(std::move(c));
+}
 
 NcclGroup::~NcclGroup() {
   for (Call& c : coalesced_) {
     c.work->Complete(absl::CancelledError(absl::StrCat(
         c.work->info().Describe(), ": the group was destroyed before EndCoalescing issued it")));
   }
+}
+
+NcclGroup::Call NcclGroup::MakeCall(const CollectiveArgs& args, WorkPtr work) {
+  Call c{args, std::move(work), {}};
+  c.args.options.ready_events = {};
+  if (args.options.ready_event) c.ready.push_back(args.options.ready_event.handle);
+  for (const DeviceEvent& e : args.options.ready_events) {
+    if (e) c.ready.push_back(e.handle);
+  }
+  return c;
 }
 
 absl::Duration NcclGroup::TimeoutOf(const CollectiveOptions& o) const {
@@ -87,11 +107,11 @@ absl::StatusOr<WorkPtr> NcclGroup::Launch(const CollectiveArgs& args) {
           "': not allowed while coalescing (between StartCoalescing and EndCoalescing)"));
     }
     WorkPtr w = NewWork(args.kind, args.options.label);
-    coalesced_.push_back(Call{args, w});
+    coalesced_.push_back(MakeCall(args, w));
     return w;
   }
   WorkPtr w = NewWork(args.kind, args.options.label);
-  RETURN_IF_ERROR(Issue({Call{args, w}}, w, TimeoutOf(args.options)));
+  RETURN_IF_ERROR(Issue({MakeCall(args, w)}, w, TimeoutOf(args.options)));
   return w;
 }
 
@@ -164,12 +184,13 @@ absl::Status NcclGroup::IssueLocked(const std::vector<Call>& calls, const WorkPt
   // 1. Readiness: the comm stream waits for each producer; the host does not.
   absl::InlinedVector<void*, 4> waited;
   for (const Call& c : calls) {
-    void* ev = c.args.options.ready_event.handle;
-    if (ev == nullptr || std::find(waited.begin(), waited.end(), ev) != waited.end()) continue;
-    waited.push_back(ev);
-    RETURN_IF_ERROR(CudaStatus(
-        cuda, cuda.StreamWaitEvent(stream, static_cast<cudaEvent_t>(ev)),
-        absl::StrCat("cudaStreamWaitEvent on the ready event of ", c.work->info().Describe())));
+    for (void* ev : c.ready) {
+      if (std::find(waited.begin(), waited.end(), ev) != waited.end()) continue;
+      waited.push_back(ev);
+      RETURN_IF_ERROR(CudaStatus(
+          cuda, cuda.StreamWaitEvent(stream, static_cast<cudaEvent_t>(ev)),
+          absl::StrCat("cudaStreamWaitEvent on a ready event of ", c.work->info().Describe())));
+    }
   }
   // 2. Reduction ops (pre-mul-sum ops live until the calls using them returned), the bracket.
   std::vector<PreMulSumOp> premul;

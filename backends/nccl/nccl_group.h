@@ -17,8 +17,9 @@
 //   ASSIGN_OR_RETURN(WorkPtr bucket, group->EndCoalescing("bucket 3"));
 //
 // Each launch, on the group's own stream (cudaStreamNonBlocking, Braid-owned):
-//   1. cudaStreamWaitEvent(stream, ready_event) for each distinct CollectiveOptions::ready_event
-//      (a cudaEvent_t the producer recorded after its last write; the host never blocks);
+//   1. cudaStreamWaitEvent(stream, e) for each distinct event of CollectiveOptions::ready_event
+//      and ready_events (cudaEvent_t's the producers recorded after their last writes; the host
+//      never blocks);
 //   2. pre-mul-sum ops created (premul_sum), ncclGroupStart, the call(s), ncclGroupEnd; on a
 //      nonblocking communicator the ncclInProgress state is polled away (deadline-bounded)
 //      before anything else touches the communicator; the ops are destroyed;
@@ -33,7 +34,9 @@
 // error naming the rank, then runs ncclCommSplit.
 //
 // Buffers are device pointers (or anything NCCL accepts, e.g. managed memory); the caller keeps
-// them alive until the Work completes.
+// them alive until the Work completes. buffer_ops() allocates, zeroes, copies and casts such
+// buffers on the same stream (nccl_buffer_ops.h), so a scheduler's pack / cast / unpack steps
+// are ordered with the collectives without host waits.
 #ifndef BRAID_BACKENDS_NCCL_NCCL_GROUP_H_
 #define BRAID_BACKENDS_NCCL_NCCL_GROUP_H_
 
@@ -45,7 +48,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "backends/nccl/completion_poller.h"
+#include "absl/container/inlined_vector.h"
 #include "backends/nccl/cuda_handles.h"
+#include "backends/nccl/nccl_buffer_ops.h"
 #include "backends/nccl/nccl_api.h"
 #include "backends/nccl/nccl_comm.h"
 #include "comm/group.h"
@@ -77,6 +82,7 @@ class NcclGroup final : public Group {
   absl::string_view backend_name() const override { return "nccl"; }
   Capabilities capabilities() const override { return NcclCapabilities(); }
   static Capabilities NcclCapabilities();
+  BufferOps& buffer_ops() override { return *ops_; }
 
   // Coalescing: collectives issued between StartCoalescing and EndCoalescing are validated and
   // queued (each returns its own Work at once, sequence numbers assigned in call order), then
@@ -101,13 +107,15 @@ class NcclGroup final : public Group {
     DeviceBuffer pinned;   // host side of the split exchange: 4 bytes per rank
   };
   struct Call {
-    CollectiveArgs args;
+    CollectiveArgs args;  // args.options.ready_events is not used after Launch returns
     WorkPtr work;
+    absl::InlinedVector<void*, 4> ready;  // the events to wait on, copied at Launch
   };
 
   NcclGroup(std::shared_ptr<const NcclContext> ctx, std::shared_ptr<NcclComm> comm,
             std::string name, std::shared_ptr<Resources> resources);
   WorkPtr NewWork(CollectiveKind kind, absl::string_view label);
+  static Call MakeCall(const CollectiveArgs& args, WorkPtr work);
   absl::Duration TimeoutOf(const CollectiveOptions& o) const;
   // Issues `calls` in one group bracket; `launch` is the Work the poller completes (calls'
   // own Works complete with it).
@@ -123,6 +131,7 @@ class NcclGroup final : public Group {
   const std::string name_;
   const std::shared_ptr<Resources> resources_;  // in-flight entries keep it alive
   WorkPool works_;
+  std::unique_ptr<NcclBufferOps> ops_;  // on resources_->stream
   uint64_t next_seq_ = 0;  // collectives and splits; identical on every rank
   bool coalescing_ = false;
   std::vector<Call> coalesced_;

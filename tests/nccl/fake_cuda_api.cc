@@ -191,6 +191,17 @@ cudaError_t FakeCudaApi::MemcpyAsync(void* dst, const void* src, size_t bytes,
   return cudaSuccess;
 }
 
+cudaError_t FakeCudaApi::MemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (StreamLocked(stream) == nullptr) return cudaErrorInvalidResourceHandle;
+  LogLocked(absl::StrCat("MemsetAsync(", bytes, ",", Name(stream), ")"));
+  EnqueueLocked(stream, [dst, value, bytes] {
+    std::memset(dst, value, bytes);
+    return true;
+  });
+  return cudaSuccess;
+}
+
 const char* FakeCudaApi::ErrorString(cudaError_t error) {
   switch (error) {
     case cudaSuccess: return "no error";

@@ -53,6 +53,7 @@ class FakeCudaApi : public CudaApi {
   cudaError_t FreeHost(void* ptr) override;
   cudaError_t MemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                           cudaStream_t stream) override;
+  cudaError_t MemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) override;
   const char* ErrorString(cudaError_t error) override;
 
   // --- For the fake NCCL and tests --------------------------------------------------------

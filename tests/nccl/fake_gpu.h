@@ -18,6 +18,7 @@
 #include "backends/nccl/nccl_backend.h"
 #include "backends/nccl/nccl_group.h"
 #include "tests/nccl/fake_cuda_api.h"
+#include "tests/nccl/fake_kernel_api.h"
 #include "tests/nccl/fake_nccl_api.h"
 
 namespace braid::nccl::testing {
@@ -25,7 +26,8 @@ namespace braid::nccl::testing {
 struct FakeGpu {
   std::shared_ptr<FakeCudaApi> cuda = std::make_shared<FakeCudaApi>();
   std::shared_ptr<FakeNcclApi> nccl = std::make_shared<FakeNcclApi>(cuda);
-  NcclApis apis() const { return NcclApis{cuda, nccl}; }
+  std::shared_ptr<FakeKernelApi> kernels = std::make_shared<FakeKernelApi>(cuda);
+  NcclApis apis() const { return NcclApis{cuda, nccl, kernels}; }
 };
 
 NcclBackendConfig FakeConfig(bool blocking = true, absl::Duration timeout = absl::Seconds(60));

@@ -1,0 +1,127 @@
+#include "backends/nccl/nccl_buffer_ops.h"
+
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "backends/nccl/cuda_handles.h"
+#include "backends/nccl/errors.h"
+#include "backends/nccl/kernels/bucket_convert.h"
+#include "backends/nccl/poll.h"
+#include "comm/logging.h"
+#include "comm/status_macros.h"
+
+namespace braid::nccl {
+
+std::string NcclBufferOps::What(absl::string_view op) const {
+  return absl::StrCat(op, " on the stream of group '", c_.group_name, "'");
+}
+
+absl::Status NcclBufferOps::SetDevice() {
+  CudaApi& cuda = *c_.apis.cuda;
+  return CudaStatus(cuda, cuda.SetDevice(c_.device), What("cudaSetDevice"));
+}
+
+absl::StatusOr<OwnedBuffer> NcclBufferOps::Allocate(size_t bytes, absl::string_view what) {
+  RETURN_IF_ERROR(SetDevice());
+  std::shared_ptr<CudaApi> cuda = c_.apis.cuda;
+  void* p = nullptr;
+  RETURN_IF_ERROR(CudaStatus(*cuda, cuda->Malloc(&p, bytes == 0 ? 1 : bytes),
+                             absl::StrCat("cudaMalloc of ", bytes, " bytes for ", what)));
+  return OwnedBuffer(p, bytes, [cuda](void* q) {
+    const cudaError_t rc = cuda->Free(q);
+    if (rc != cudaSuccess) Log().error("cudaFree: {}", cuda->ErrorString(rc));
+  });
+}
+
+absl::Status NcclBufferOps::Zero(void* dst, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(SetDevice());
+  CudaApi& cuda = *c_.apis.cuda;
+  return CudaStatus(cuda, cuda.MemsetAsync(dst, 0, bytes, c_.stream), What("cudaMemsetAsync"));
+}
+
+absl::Status NcclBufferOps::Copy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || dst == src) return absl::OkStatus();
+  RETURN_IF_ERROR(SetDevice());
+  CudaApi& cuda = *c_.apis.cuda;
+  return CudaStatus(cuda, cuda.MemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c_.stream),
+                    What("cudaMemcpyAsync"));
+}
+
+absl::Status NcclBufferOps::CastScale(const void* src, DType src_type, void* dst,
+                                      DType dst_type, size_t n, const ScaleSpec& scale) {
+  if (scale.apply_mul || scale.div > 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        What("a scaled cast"), ": only plain casts run on the device (a divide by ", scale.div,
+        " or multiply by ", scale.mul, " would not match the host's rounding)"));
+  }
+  if (n == 0) return absl::OkStatus();
+  if (src_type == dst_type) return Copy(dst, src, n * DTypeSize(src_type));
+  const int st = static_cast<int>(src_type), dt = static_cast<int>(dst_type);
+  if (!kernels::ValidDType(st) || !kernels::ValidDType(dt)) {
+    return absl::InvalidArgumentError(absl::StrCat(What("cast"), ": ", DTypeName(src_type), " -> ",
+                                                   DTypeName(dst_type), " (f32, bf16, f16 only)"));
+  }
+  if (c_.apis.kernels == nullptr) {
+    return absl::UnimplementedError(absl::StrCat(What("cast"), ": no kernels (NcclApis::kernels)"));
+  }
+  RETURN_IF_ERROR(SetDevice());
+  const int rc = c_.apis.kernels->CastScale(src, st, dst, dt, n, 1.0f, c_.stream);
+  if (rc != 0) {
+    return absl::InternalError(absl::StrCat(What("cast kernel"), " (", DTypeName(src_type), " -> ",
+                                            DTypeName(dst_type), ", ", n, " elements): CUDA error ",
+                                            rc, ": ", c_.apis.kernels->ErrorString(rc)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NcclBufferOps::Add(const void*, const void*, void*, size_t, DType) {
+  return absl::UnimplementedError(
+      absl::StrCat(What("add"), ": no device kernel for adding buffers (reduce_scatter_only partial sums)"));
+}
+
+absl::Status NcclBufferOps::WaitFor(DeviceEvent event) {
+  if (!event) return absl::OkStatus();
+  RETURN_IF_ERROR(SetDevice());
+  CudaApi& cuda = *c_.apis.cuda;
+  return CudaStatus(cuda, cuda.StreamWaitEvent(c_.stream, static_cast<cudaEvent_t>(event.handle)),
+                    What("cudaStreamWaitEvent"));
+}
+
+absl::Status NcclBufferOps::Synchronize(absl::Time deadline) {
+  RETURN_IF_ERROR(SetDevice());
+  CudaApi& cuda = *c_.apis.cuda;
+  ASSIGN_OR_RETURN(CudaEvent done, CudaEvent::Create(c_.apis.cuda));
+  RETURN_IF_ERROR(CudaStatus(cuda, cuda.EventRecord(done.get(), c_.stream), What("cudaEventRecord")));
+  absl::Status s = PollUntil(deadline, [&]() -> std::optional<absl::Status> {
+    const cudaError_t q = cuda.EventQuery(done.get());
+    if (q == cudaErrorNotReady) return std::nullopt;
+    return CudaStatus(cuda, q, What("cudaEventQuery"));
+  });
+  if (absl::IsDeadlineExceeded(s)) {
+    s = absl::DeadlineExceededError(
+        absl::StrCat(What("synchronizing buffer operations"), ": not done by the deadline"));
+  }
+  return s;
+}
+
+absl::Status NcclBufferOps::CompleteAfter(const WorkPtr& work, absl::Time deadline) {
+  RETURN_IF_ERROR(SetDevice());
+  CudaApi& cuda = *c_.apis.cuda;
+  ASSIGN_OR_RETURN(CudaEvent done, CudaEvent::Create(c_.apis.cuda));
+  RETURN_IF_ERROR(CudaStatus(cuda, cuda.EventRecord(done.get(), c_.stream),
+                             What(absl::StrCat("cudaEventRecord for ", work->info().Describe()))));
+  work->set_device_event(DeviceEvent{done.get()});
+  CompletionPoller::Tracked t;
+  t.works.push_back(work);
+  t.event = std::move(done);
+  t.comm = c_.comm;
+  t.deadline = deadline;
+  t.timeout = deadline - absl::Now();
+  t.keep_alive = c_.keep_alive;
+  c_.poller->Track(std::move(t));
+  return absl::OkStatus();
+}
+
+}  // namespace braid::nccl

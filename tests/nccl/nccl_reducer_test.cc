@@ -1,0 +1,153 @@
+// GradientReducer on the `nccl` backend's fake device (fake_gpu.h): bucket storage in "device"
+// memory, every bucket operation queued on the groups' comm streams (NcclBufferOps), gradients
+// written on a compute stream and marked ready with events recorded there. Results are read
+// back and compared bit for bit with the serial reference of the CPU reducer tests.
+// The fake runs a stream's work only when something waits on it, so a reduction that does not
+// wait on the readiness events reads the gradients before the producer's writes: the
+// NoReadyEvents* control shows this test would see that.
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "scheduler/gradient_reducer.h"
+#include "scheduler/mesh.h"
+#include "tests/multirank.h"
+#include "tests/nccl/device_reducer_driver.h"
+#include "tests/nccl/fake_gpu.h"
+
+namespace braid::nccl::testing {
+namespace {
+
+using sched::ReduceMode;
+using sched::reference::Scenario;
+using sched::reference::ScenarioName;
+
+class NcclReducerTest : public ::testing::TestWithParam<Scenario> {};
+
+TEST_P(NcclReducerTest, MatchesSerialReference) {
+  const Scenario sc = GetParam();
+  FakeGpu gpu;
+  RunFakeRanks(gpu, sc.replicas * sc.shards, FakeConfig(), [&](NcclGroup& world) {
+    const absl::Status s = RunDeviceScenario(world, gpu.cuda, sc, ExactGrad, absl::Seconds(60));
+    EXPECT_TRUE(s.ok()) << "rank " << world.rank() << ": " << s;
+  });
+  ExpectClean(gpu);
+  // The bucket operations ran on the device, through the stream-ordered interface.
+  bool memset = false, waits = false;
+  for (const std::string& line : gpu.cuda->log()) {
+    memset |= line.rfind("MemsetAsync(", 0) == 0;
+    waits |= line.rfind("StreamWaitEvent(", 0) == 0;
+  }
+  EXPECT_TRUE(memset);
+  EXPECT_TRUE(waits);
+  if (sc.reduce_f32) {
+    EXPECT_GT(gpu.kernels->launches(), 0);
+  }
+}
+
+// f32, and bf16 reduced in f32 (dtypes 0 and 1); "NS": a no_sync microbatch, then a synced one.
+INSTANTIATE_TEST_SUITE_P(
+    Modes, NcclReducerTest,
+    ::testing::Values(Scenario{ReduceMode::kAllReduce, 1, 2, 0, "S"},
+                      Scenario{ReduceMode::kAllReduce, 1, 4, 0, "NS"},
+                      Scenario{ReduceMode::kAllReduce, 1, 4, 1, "NS", false, true},
+                      Scenario{ReduceMode::kAllReduce, 1, 2, 0, "NS", true},
+                      Scenario{ReduceMode::kAllReduce, 1, 2, 1, "S", true, true},
+                      Scenario{ReduceMode::kReduceScatter, 1, 4, 0, "NS"},
+                      Scenario{ReduceMode::kReduceScatter, 1, 4, 1, "NS", false, true},
+                      Scenario{ReduceMode::kHybrid, 2, 2, 0, "NS"},
+                      Scenario{ReduceMode::kHybrid, 2, 2, 1, "NNS", false, true}),
+    [](const ::testing::TestParamInfo<Scenario>& i) { return ScenarioName(i.param); });
+
+// Negative control: the same run with MarkReady given no events must fail the comparison (the
+// fake runs the producer's writes only once something waits on them).
+void ExpectStale(const Scenario& sc) {
+  FakeGpu gpu;
+  std::atomic<int> stale{0};
+  RunFakeRanks(gpu, sc.replicas * sc.shards, FakeConfig(), [&](NcclGroup& world) {
+    const absl::Status s = RunDeviceScenario(world, gpu.cuda, sc, ExactGrad, absl::Seconds(60),
+                                             /*pass_events=*/false);
+    if (!s.ok()) ++stale;
+  });
+  EXPECT_EQ(stale.load(), sc.replicas * sc.shards);
+}
+
+TEST(NcclReducerControlTest, NoReadyEventsAllReduceIsStale) {
+  ExpectStale(Scenario{ReduceMode::kAllReduce, 1, 2, 0, "S"});
+}
+TEST(NcclReducerControlTest, NoReadyEventsF32ReduceIsStale) {
+  ExpectStale(Scenario{ReduceMode::kReduceScatter, 1, 2, 1, "S", false, true});
+}
+
+TEST(NcclReducerErrorsTest, ReduceScatterOnlyIsUnimplementedOnDevice) {
+  FakeGpu gpu;
+  RunFakeRanks(gpu, 4, FakeConfig(), [&](NcclGroup& world) {
+    auto mesh = sched::MakeMesh(world, 2, 2);
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    sched::ReducerConfig cfg;
+    cfg.mode = ReduceMode::kHybrid;
+    std::vector<sched::ParamSpec> params = sched::reference::MakeParams(0);
+    for (auto& p : params) p.device = Device{DeviceType::kCuda, 0};
+    auto red = sched::GradientReducer::Create(params, {mesh->shard.get(), mesh->replica.get()}, cfg);
+    ASSERT_TRUE(red.ok()) << red.status();
+    const absl::Status s = (*red)->BeginBackward(sched::SyncMode::kReduceScatterOnly);
+    EXPECT_TRUE(absl::IsUnimplemented(s)) << s;
+    EXPECT_NE(std::string(s.message()).find("cannot add partial shards"), std::string::npos) << s;
+  });
+  ExpectClean(gpu);
+}
+
+// The one-time bucket rebuild on device storage: world rank 0's order is broadcast through a
+// staged device buffer, and every gradient moves with its parameter (device copies).
+TEST(NcclReducerRebuildTest, GradientsMoveWithTheirParameters) {
+  FakeGpu gpu;
+  RunFakeRanks(gpu, 2, FakeConfig(), [&](NcclGroup& world) {
+    sched::ReducerConfig cfg;
+    cfg.rebuild_bucket_order = true;
+    cfg.first_bucket_cap_bytes = 256;
+    cfg.bucket_cap_bytes = 4096;
+    std::vector<sched::ParamSpec> params = sched::reference::MakeParams(0);
+    for (auto& p : params) p.device = Device{DeviceType::kCuda, 0};
+    auto red = sched::GradientReducer::Create(params, {&world, nullptr}, cfg);
+    ASSERT_TRUE(red.ok()) << red.status();
+    sched::GradientReducer& r = **red;
+    ASSERT_TRUE(r.BeginBackward(sched::SyncMode::kSync).ok());
+    for (size_t p = 0; p < params.size(); ++p) {  // registration order: the reverse of the plan's
+      ASSERT_TRUE(r.MarkReady(params[p].id).ok());
+    }
+    ASSERT_TRUE(r.FinishBackward().ok());
+    // Fake device memory is host memory: stamp each gradient with its parameter index.
+    for (size_t p = 0; p < params.size(); ++p) {
+      auto v = r.GradView(params[p].id);
+      ASSERT_TRUE(v.ok());
+      for (size_t i = 0; i < v->count; ++i) static_cast<float*>(v->data)[i] = 1000.0f * p + i;
+    }
+    auto rebuilt = r.RebuildBucketsIfPending();
+    ASSERT_TRUE(rebuilt.ok()) << rebuilt.status();
+    EXPECT_TRUE(*rebuilt);
+    for (size_t p = 0; p < params.size(); ++p) {
+      auto v = r.GradView(params[p].id);
+      ASSERT_TRUE(v.ok());
+      for (size_t i = 0; i < v->count; ++i) {
+        ASSERT_EQ(static_cast<float*>(v->data)[i], 1000.0f * p + i) << params[p].Label() << " [" << i << "]";
+      }
+    }
+  });
+  ExpectClean(gpu);
+}
+
+TEST(NcclReducerErrorsTest, HostParametersRejectedOnDeviceGroup) {
+  FakeGpu gpu;
+  RunFakeRanks(gpu, 2, FakeConfig(), [&](NcclGroup& world) {
+    auto red = sched::GradientReducer::Create(sched::reference::MakeParams(0), {&world, nullptr}, {});
+    ASSERT_FALSE(red.ok());
+    EXPECT_TRUE(absl::IsUnimplemented(red.status())) << red.status();
+    EXPECT_NE(std::string(red.status().message()).find("layer"), std::string::npos) << red.status();
+  });
+  ExpectClean(gpu);
+}
+
+}  // namespace
+}  // namespace braid::nccl::testing
