@@ -79,6 +79,10 @@ class BufferOps {
   // dst[i] = a[i] + b[i] as braid::ReduceInto with a sum of {a, b} in that order; dst may
   // alias a or b.
   virtual absl::Status Add(const void* a, const void* b, void* dst, size_t n, DType dtype) = 0;
+  // The stream the operations are queued on (device: the group's comm stream), for a caller
+  // that queues its own kernels in the same order (the sharded optimizer's step). Null on the
+  // host.
+  virtual DeviceStream stream() const { return {}; }
   // Whether Add is implemented (callers check before relying on it).
   virtual bool can_add() const = 0;
   // Later operations wait for `event` (a device event a producer recorded; null: nothing).

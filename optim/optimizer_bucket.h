@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "comm/buffer_ops.h"
+#include "comm/work.h"
 #include "optim/sharded_optimizer.h"
 
 namespace braid::optim {
@@ -15,10 +17,13 @@ namespace braid::optim {
 // InvalidArgument naming the group and the hyper-parameter out of range.
 absl::Status CheckHyper(const GroupHyper& h, OptimizerKind kind, int group);
 
-struct FreeDeleter {
-  void operator()(float* p) const { std::free(p); }
+// f32 state allocated through the shard group's BufferOps: host memory, or device memory on
+// device groups (then only the stream-ordered operations and kernels touch it).
+struct FloatBuffer {
+  OwnedBuffer buf;
+  float* get() const { return reinterpret_cast<float*>(buf.get()); }
+  explicit operator bool() const { return static_cast<bool>(buf); }
 };
-using FloatBuffer = std::unique_ptr<float, FreeDeleter>;
 
 // A range of this rank's shard holding (parts of) parameters of one group; padding between
 // parameters and at the end of the bucket is never stepped.
@@ -34,6 +39,9 @@ struct ShardedOptimizer::BucketState {
   std::vector<Segment> segments;
   int64_t steps = 0;  // updates applied (bias correction); written by the round runner only
   bool dirty = false;  // SetParam changed the shard: the next WaitParams re-gathers
+  // Device: the latest step's completion on the shard group's stream (its device event is what
+  // the all-gather waits on; held so the event stays valid until the gather was queued).
+  WorkPtr step_work;
   // The armed step, guarded by mu_:
   bool reduced = true;
   absl::Status reduce_status;

@@ -21,12 +21,14 @@ using sched::BucketPlan;
 using sched::ReduceMode;
 using sched::SyncMode;
 
-FloatBuffer ZeroedFloats(size_t n) {
+// n zeroed floats in the shard group's memory (device: the memset is queued on its stream,
+// ahead of every step).
+absl::StatusOr<FloatBuffer> ZeroedFloats(BufferOps& ops, size_t n, const std::string& what) {
   const size_t bytes = std::max<size_t>(64, (n * sizeof(float) + 63) / 64 * 64);
-  auto* p = static_cast<float*>(std::aligned_alloc(64, bytes));
-  BRAID_CHECK(p != nullptr);
-  std::memset(p, 0, bytes);
-  return FloatBuffer(p);
+  FloatBuffer f;
+  ASSIGN_OR_RETURN(f.buf, ops.Allocate(bytes, what));
+  RETURN_IF_ERROR(ops.Zero(f.buf.get(), bytes));
+  return f;
 }
 
 
@@ -106,6 +108,28 @@ absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(
     }
   }
   if (config.threads < 1) return absl::InvalidArgumentError("optimizer: threads must be >= 1");
+  const sched::Bucket* first = plan.buckets().empty() ? nullptr : &plan.buckets()[0];
+  if (first != nullptr && first->device.type != DeviceType::kCpu) {
+    const std::string where = absl::StrCat("the parameters are on ", first->device.ToString());
+    if (config.device_kernels == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer: ", where, ": OptimizerConfig::device_kernels is required (optim::CudaStepKernels())"));
+    }
+    if (shard.buffer_ops().synchronous() || !shard.buffer_ops().stream()) {
+      return absl::InvalidArgumentError(absl::StrCat("optimizer: ", where, " but shard group '", shard.name(),
+                                                     "' has no device stream for the step"));
+    }
+    if (config.max_grad_norm > 0) {
+      return absl::UnimplementedError(absl::StrCat(
+          "optimizer: max_grad_norm (global-norm clipping) is not implemented on device yet (", where,
+          "; it needs a device reduction of the gradient norm)"));
+    }
+    if (config.skip_nonfinite) {
+      return absl::UnimplementedError(absl::StrCat(
+          "optimizer: skip_nonfinite is not implemented on device yet (", where,
+          "; it needs a device reduction of the gradient norm)"));
+    }
+  }
   if (!(config.max_grad_norm >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat("optimizer: max_grad_norm must be >= 0, got ", config.max_grad_norm));
   }
@@ -119,14 +143,18 @@ absl::Status ShardedOptimizer::Init() {
   Group& shard = *reducer_->groups().shard;
   plan_generation_ = reducer_->plan_generation();
   const size_t r = static_cast<size_t>(shard.rank());
+  BufferOps& mem = shard.buffer_ops();
+  on_device_ = !plan.buckets().empty() && plan.buckets()[0].device.type != DeviceType::kCpu;
   for (size_t b = 0; b < plan.buckets().size(); ++b) {
     const Bucket& bk = plan.buckets()[b];
     auto s = std::make_unique<BucketState>();
     s->label = absl::StrCat("bucket ", b);
     s->n = bk.shard_count;
-    s->master = ZeroedFloats(s->n);
-    s->m = ZeroedFloats(s->n);
-    if (config_.kind == OptimizerKind::kAdamW) s->v = ZeroedFloats(s->n);
+    ASSIGN_OR_RETURN(s->master, ZeroedFloats(mem, s->n, absl::StrCat("optimizer master weights of ", s->label)));
+    ASSIGN_OR_RETURN(s->m, ZeroedFloats(mem, s->n, absl::StrCat("optimizer state of ", s->label)));
+    if (config_.kind == OptimizerKind::kAdamW) {
+      ASSIGN_OR_RETURN(s->v, ZeroedFloats(mem, s->n, absl::StrCat("optimizer state of ", s->label)));
+    }
     const size_t start = r * bk.shard_count, end = start + bk.shard_count;
     for (int pi : bk.params) {
       const size_t off = plan.slot(pi).offset, lo = std::max(off, start),
@@ -328,8 +356,7 @@ void ShardedOptimizer::RunRound() {
     } else if (global) {
       sumsq += BucketSquaredNorm(b);
     } else {
-      StepBucket(b, 1.0);
-      Publish(b, true);
+      Publish(b, true, StepBucket(b, 1.0));
     }
   }
   if (!global) {
@@ -363,8 +390,7 @@ void ShardedOptimizer::RunRound() {
     round_report_ = report;
   }
   for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
-    if (!report.skipped) StepBucket(b, report.clip_scale);
-    Publish(b, true);
+    Publish(b, true, report.skipped ? absl::OkStatus() : StepBucket(b, report.clip_scale));
   }
 }
 
@@ -374,13 +400,38 @@ absl::Status ShardedOptimizer::SumStats(Group& g, absl::Time deadline) {
   return w.ok() ? (*w)->WaitUntil(deadline) : w.status();
 }
 
-void ShardedOptimizer::StepBucket(int b, double grad_scale) {
+absl::Status ShardedOptimizer::StepBucket(int b, double grad_scale) {
   BucketState& s = *buckets_[b];
   const Bucket& bk = reducer_->plan().buckets()[b];
   const size_t es = DTypeSize(bk.dtype);
   const char* grad = static_cast<const char*>(reducer_->ShardView(b).data);
   char* out = static_cast<char*>(gatherer_->ShardView(b)->data);
   ++s.steps;
+  if (on_device_) {
+    // Queued on the shard group's stream after the reduction's last device operation (hybrid:
+    // on the replica group's stream, so this wait is what orders the step after it).
+    BufferOps& mem = ops();
+    absl::Status st = mem.WaitFor(reducer_->BucketWork(b)->device_event());
+    for (size_t k = 0; k < s.segments.size() && st.ok(); ++k) {
+      const Segment& seg = s.segments[k];
+      const GroupHyper& h = round_hyper_[seg.group];
+      const size_t n = seg.hi - seg.lo;
+      if (config_.kind == OptimizerKind::kAdamW) {
+        st = config_.device_kernels->AdamW(StepScalars(h.adamw, s.steps, grad_scale), s.master.get() + seg.lo,
+                                           s.m.get() + seg.lo, s.v.get() + seg.lo, grad + seg.lo * es, bk.dtype,
+                                           n, out + seg.lo * es, bk.dtype, mem.stream());
+      } else {
+        st = config_.device_kernels->Sgd(SgdStepScalars(h.sgd, s.steps, grad_scale), s.master.get() + seg.lo,
+                                         h.sgd.momentum != 0 ? s.m.get() + seg.lo : nullptr, grad + seg.lo * es,
+                                         bk.dtype, n, out + seg.lo * es, bk.dtype, mem.stream());
+      }
+    }
+    if (!st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("optimizer step of ", s.label, " on the stream of group '",
+                                                  reducer_->groups().shard->name(), "': ", st.message()));
+    }
+    return absl::OkStatus();
+  }
   for (const Segment& seg : s.segments) {
     const GroupHyper& h = round_hyper_[seg.group];
     const size_t n = seg.hi - seg.lo;
@@ -394,6 +445,7 @@ void ShardedOptimizer::StepBucket(int b, double grad_scale) {
                   h.sgd.momentum != 0 ? s.m.get() + seg.lo : nullptr, g, bk.dtype, n, o, bk.dtype);
     }
   }
+  return absl::OkStatus();
 }
 
 double ShardedOptimizer::BucketSquaredNorm(int b) {
@@ -407,21 +459,32 @@ double ShardedOptimizer::BucketSquaredNorm(int b) {
   return sum;
 }
 
-absl::Status ShardedOptimizer::Regather(int b) {
+absl::Status ShardedOptimizer::Regather(int b, DeviceEvent ready) {
   // A gather of b that nobody waited for still counts as in flight for the gatherer.
   WorkPtr w = gatherer_->GatherWork(b);
   if (w != nullptr && !w->Done()) RETURN_IF_ERROR(gatherer_->WaitParams(b));
   if (w != nullptr && w->Done() && !gatherer_->IsGathered(b)) {
     RETURN_IF_ERROR(gatherer_->WaitParams(b));  // completed unobserved: observe it (starts nothing)
   }
-  RETURN_IF_ERROR(gatherer_->Prefetch(b));
+  RETURN_IF_ERROR(gatherer_->Prefetch(b, ready));
   buckets_[b]->dirty = false;  // the shard's values are on their way to every rank
   return absl::OkStatus();
 }
 
-void ShardedOptimizer::Publish(int b, bool zero_grads) {
-  if (zero_grads) reducer_->ZeroBucket(b);  // consumed: the next window starts from zero
-  absl::Status status = Regather(b);
+void ShardedOptimizer::Publish(int b, bool zero_grads, absl::Status stepped) {
+  DeviceEvent ready;
+  if (on_device_ && stepped.ok()) {
+    // The gather (another group's stream) waits for the step through this event, recorded on
+    // the shard group's stream after the step's kernels; the Work keeps it valid.
+    BucketState& s = *buckets_[b];
+    s.step_work = Work::Create(WorkInfo{reducer_->groups().shard->name(), "optimizer step", 0, s.label});
+    stepped = ops().CompleteAfter(s.step_work, absl::Now() + config_.timeout);
+    if (stepped.ok()) ready = s.step_work->device_event();
+  }
+  // Consumed: the next window starts from zero (device: queued after the step, which reads it).
+  if (zero_grads) reducer_->ZeroBucket(b);
+  absl::Status status = Regather(b, ready);
+  if (!stepped.ok()) status = stepped;
   {
     std::lock_guard<std::mutex> lock(mu_);
     buckets_[b]->published = true;
@@ -544,9 +607,21 @@ absl::Status ShardedOptimizer::SetParam(ParamId id, const void* values) {
   if (lo < hi) {
     const size_t es = DTypeSize(p.dtype);
     const char* src = static_cast<const char*>(values) + (lo - off) * es;
-    CastScale(src, p.dtype, s.master.get() + (lo - start), DType::kF32, hi - lo, ScaleSpec{});
-    char* out = static_cast<char*>(gatherer_->ShardView(b)->data);
-    std::memcpy(out + (lo - start) * es, src, (hi - lo) * es);
+    char* out = static_cast<char*>(gatherer_->ShardView(b)->data) + (lo - start) * es;
+    if (on_device_) {
+      // Host values -> the model-dtype shard (device), widened from there into the master
+      // weights; the host waits, as `values` is the caller's.
+      BufferOps& mem = ops();
+      absl::Status st = mem.Copy(out, src, (hi - lo) * es);
+      if (st.ok()) st = mem.CastScale(out, p.dtype, s.master.get() + (lo - start), DType::kF32, hi - lo, ScaleSpec{});
+      if (st.ok()) st = mem.Synchronize(absl::Now() + config_.timeout);
+      if (!st.ok()) {
+        return absl::Status(st.code(), absl::StrCat("optimizer SetParam(", p.Label(), "): ", st.message()));
+      }
+    } else {
+      CastScale(src, p.dtype, s.master.get() + (lo - start), DType::kF32, hi - lo, ScaleSpec{});
+      std::memcpy(out, src, (hi - lo) * es);
+    }
   }
   s.dirty = true;
   return absl::OkStatus();

@@ -44,6 +44,16 @@
 //
 // Exactness: the update of each element is optim/adamw_math.h's, bit for bit, whatever the
 // thread count.
+//
+// Device parameters (CUDA buckets on `nccl` groups): master weights and moments are device
+// memory allocated through the shard group's BufferOps (comm/buffer_ops.h). When bucket b's
+// reduction has completed, its step is queued on the shard group's comm stream: a wait on
+// BucketWork(b)->device_event(), then config.device_kernels' fused AdamW / SGD per segment,
+// writing the model dtype straight into the gatherer's shard; the bucket is zeroed on the same
+// stream, and the all-gather (on the gatherer's stream) waits on an event recorded after the
+// step. SetParam copies host values in and waits for the copy. Not on device yet (Unimplemented,
+// naming the feature): max_grad_norm, skip_nonfinite (both need a device norm reduction), and
+// Save / Load.
 #ifndef BRAID_OPTIM_SHARDED_OPTIMIZER_H_
 #define BRAID_OPTIM_SHARDED_OPTIMIZER_H_
 
@@ -62,6 +72,7 @@
 #include "optim/adamw_math.h"
 #include "optim/parallel_for.h"
 #include "optim/state_file.h"
+#include "optim/step_kernels.h"
 #include "scheduler/gradient_reducer.h"
 #include "scheduler/param_gatherer.h"
 
@@ -86,6 +97,9 @@ struct OptimizerConfig {
   bool skip_nonfinite = false;  // drop the whole step on every rank if any gradient is inf/NaN
   int threads = 1;              // kernel threads per step (1: the stepper thread alone)
   absl::Duration timeout = absl::Seconds(300);  // every wait
+  // Required when the parameters are on a device: the step kernels to queue on the shard
+  // group's stream (optim::CudaStepKernels() from cuda_step_kernels.h, or a fake in tests).
+  std::shared_ptr<DeviceStepKernels> device_kernels;
 };
 
 // What the latest completed step did.
@@ -155,18 +169,24 @@ class ShardedOptimizer {
   void RunRound();
   // All-reduces (sums) stats_[0..1] over `g` in place; waits until `deadline`.
   absl::Status SumStats(Group& g, absl::Time deadline);
-  void StepBucket(int b, double grad_scale);
+  // Host: runs the kernels (always OK). Device: queues them on the shard group's stream after
+  // a wait on the reduction's event; the error names the bucket.
+  absl::Status StepBucket(int b, double grad_scale);
   double BucketSquaredNorm(int b);
   // Zeroes b's gradients (zero_grads) and starts its all-gather; b's step is then visible to
   // WaitParams. The last bucket's Publish completes the step.
-  void Publish(int b, bool zero_grads);
+  // `stepped` (device): b's step was queued (its completion event is recorded for the gather);
+  // an error there is the bucket's publish error.
+  void Publish(int b, bool zero_grads, absl::Status stepped = absl::OkStatus());
   // A reduction failed: buckets b.. are not stepped, only gathered again (same gathers on every
   // rank), and the step reports `s`.
   void DropFrom(int b, const absl::Status& s);
   // Destruction during a step: wake every waiter with Cancelled.
   void Cancel();
   // Starts bucket b's all-gather (after waiting for one nobody waited for).
-  absl::Status Regather(int b);
+  absl::Status Regather(int b, DeviceEvent ready = {});
+  // The shard group's memory operations (host or device).
+  BufferOps& ops() const { return reducer_->groups().shard->buffer_ops(); }
   // Save / Load: this rank's identity in a state file.
   StateHeader Identity() const;
   absl::Status WaitRoundIdle(const char* caller);
@@ -177,6 +197,7 @@ class ShardedOptimizer {
   sched::GradientReducer* const reducer_;
   sched::ParamGatherer* const gatherer_;
   const OptimizerConfig config_;
+  bool on_device_ = false;  // the buckets are device memory (ops() is not synchronous)
   std::vector<GroupHyper> groups_;  // current; snapshotted when a step is armed
   std::vector<std::unique_ptr<BucketState>> buckets_;
   // Clipping / non-finite / failure all-reduce: {sum of squares, failed ranks}. On the heap and

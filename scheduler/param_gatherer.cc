@@ -14,19 +14,12 @@
 namespace braid::sched {
 namespace {
 
-constexpr size_t kStorageAlign = 64;
-
-struct FreeDeleter {
-  void operator()(char* p) const { std::free(p); }
-};
-using Storage = std::unique_ptr<char, FreeDeleter>;
-
-// `bytes` rounded up to the alignment (aligned_alloc requires it), zero-filled; null on failure.
-Storage AllocateAligned(size_t bytes) {
-  const size_t rounded = std::max(kStorageAlign, (bytes + kStorageAlign - 1) / kStorageAlign * kStorageAlign);
-  Storage s(static_cast<char*>(std::aligned_alloc(kStorageAlign, rounded)));
-  if (s != nullptr) std::memset(s.get(), 0, rounded);
-  return s;
+// `bytes` of the group's memory (host, or device on device groups), zero-filled (queued on the
+// group's stream on device: ordered before its collectives).
+absl::StatusOr<OwnedBuffer> AllocateZeroed(BufferOps& ops, size_t bytes, const std::string& what) {
+  ASSIGN_OR_RETURN(OwnedBuffer b, ops.Allocate(bytes, what));
+  RETURN_IF_ERROR(ops.Zero(b.get(), bytes));
+  return b;
 }
 
 uint64_t MixIssue(uint64_t h, uint64_t v) {
@@ -48,8 +41,8 @@ absl::Status WithContext(const absl::Status& s, absl::string_view context) {
 enum class GatherState { kNotGathered, kInFlight, kGathered };
 
 struct ParamGatherer::BucketState {
-  Storage full;   // padded_count elements; null while released (free_after_use)
-  Storage shard;  // free_after_use only: this rank's shard, shard_count elements
+  OwnedBuffer full;   // padded_count elements; null while released (free_after_use)
+  OwnedBuffer shard;  // free_after_use only: this rank's shard, shard_count elements
   GatherState state = GatherState::kNotGathered;
   WorkPtr work;       // the latest gather
   // Timeline only: the latest gather's issue time, completion time (written by its callback)
@@ -70,23 +63,35 @@ absl::StatusOr<std::unique_ptr<ParamGatherer>> ParamGatherer::Create(const Bucke
         shard_group->name(), "' has ", shard_group->size(),
         " rank(s) (build the plan with PlanOptions::shards = the group's size)"));
   }
+  const Capabilities caps = shard_group->capabilities();
   for (size_t b = 0; b < plan.buckets().size(); ++b) {
     const Bucket& bk = plan.buckets()[b];
-    if (bk.device.type != DeviceType::kCpu) {
+    const bool on_device = bk.device.type != DeviceType::kCpu;
+    if (on_device ? !caps.device_memory : !caps.host_memory) {
       return absl::UnimplementedError(absl::StrCat(
           "param gatherer: bucket ", b, " (first parameter ", plan.params()[bk.params[0]].Label(),
-          ") is on ", bk.device.ToString(), ": device buffers need the NCCL backend"));
+          ") is on ", bk.device.ToString(), ": group '", shard_group->name(), "' (backend ",
+          shard_group->backend_name(), ") does not gather ",
+          on_device ? "device buffers (they need the NCCL backend)" : "host buffers"));
     }
   }
   if (config.verify_plan) RETURN_IF_ERROR(VerifyPlanAcrossRanks(plan, *shard_group, config.timeout));
   auto g = std::unique_ptr<ParamGatherer>(new ParamGatherer(plan, shard_group, config));
+  BufferOps& ops = shard_group->buffer_ops();
   for (size_t b = 0; b < g->buckets_.size(); ++b) {
-    const BucketState& s = *g->buckets_[b];
-    if ((config.free_after_use ? s.shard : s.full) == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrCat("param gatherer: cannot allocate bucket ", b,
-                                                       " (", plan.buckets()[b].bytes(), " bytes)"));
+    BucketState& s = *g->buckets_[b];
+    const Bucket& bk = plan.buckets()[b];
+    absl::StatusOr<OwnedBuffer> buf =
+        config.free_after_use ? AllocateZeroed(ops, bk.shard_count * DTypeSize(bk.dtype), s.label + " (shard)")
+                              : AllocateZeroed(ops, bk.bytes(), s.label);  // lives as long as the gatherer
+    if (!buf.ok()) {
+      return absl::Status(buf.status().code(), absl::StrCat("param gatherer: cannot allocate bucket ", b,
+                                                            " (", bk.bytes(), " bytes): ", buf.status().message()));
     }
+    (config.free_after_use ? s.shard : s.full) = *std::move(buf);
   }
+  // Device: the zeroes land before anyone writes a shard from another stream or the host.
+  if (!ops.synchronous()) RETURN_IF_ERROR(ops.Synchronize(absl::Now() + config.timeout));
   return g;
 }
 
@@ -101,12 +106,8 @@ ParamGatherer::ParamGatherer(BucketPlan plan, Group* group, const GathererConfig
   for (size_t b = 0; b < plan_.buckets().size(); ++b) {
     const Bucket& bk = plan_.buckets()[b];
     auto s = std::make_unique<BucketState>();
+    (void)bk;
     s->label = absl::StrCat("bucket ", b);
-    if (config_.free_after_use) {
-      s->shard = AllocateAligned(bk.shard_count * DTypeSize(bk.dtype));
-    } else {
-      s->full = AllocateAligned(bk.bytes());  // lives as long as the gatherer
-    }
     buckets_.push_back(std::move(s));
   }
 }
@@ -148,7 +149,7 @@ absl::StatusOr<TensorView> ParamGatherer::ParamView(ParamId id) const {
   const ParamSlot& slot = plan_.slot(*i);
   std::lock_guard<std::mutex> lock(mu_);
   const BucketState& s = *buckets_[slot.bucket];
-  if (s.full == nullptr) {
+  if (!s.full) {
     return absl::FailedPreconditionError(absl::StrCat(
         "ParamView(", p.Label(), "): ", s.label, " is released (free_after_use); call WaitParams(",
         slot.bucket, ") first"));
@@ -166,15 +167,23 @@ absl::Status ParamGatherer::LaunchLocked(int b, DeviceEvent ready) {
   BucketState& s = *buckets_[b];
   const Bucket& bk = plan_.buckets()[b];
   const size_t shard_bytes = bk.shard_count * DTypeSize(bk.dtype);
-  if (s.full == nullptr) {
-    s.full = AllocateAligned(bk.bytes());
-    if (s.full == nullptr) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("gathering ", s.label, ": cannot allocate ", bk.bytes(), " bytes"));
+  BufferOps& ops = group_->buffer_ops();
+  if (!s.full) {
+    absl::StatusOr<OwnedBuffer> full = AllocateZeroed(ops, bk.bytes(), s.label);
+    if (!full.ok()) {
+      return absl::Status(full.status().code(), absl::StrCat("gathering ", s.label, ": cannot allocate ",
+                                                             bk.bytes(), " bytes: ", full.status().message()));
     }
+    s.full = *std::move(full);
   }
   char* mine = s.full.get() + static_cast<size_t>(group_->rank()) * shard_bytes;
-  if (config_.free_after_use) std::memcpy(mine, s.shard.get(), shard_bytes);  // re-materialize
+  // Device: the wait for `ready` (a producer of the shard, e.g. the optimizer's step) comes
+  // before the copy that reads it; the all-gather is queued after it on the same stream.
+  if (config_.free_after_use) {
+    absl::Status c = ops.WaitFor(ready);
+    if (c.ok()) c = ops.Copy(mine, s.shard.get(), shard_bytes);  // re-materialize
+    if (!c.ok()) return WithContext(c, absl::StrCat("gathering ", s.label));
+  }
   CollectiveOptions opts;
   opts.label = s.label;
   opts.ready_event = ready;
@@ -280,7 +289,7 @@ absl::Status ParamGatherer::Release(int b) {
         "' is in flight; call WaitParams first"));
   }
   if (!config_.free_after_use) return absl::OkStatus();
-  s.full.reset();
+  s.full.Reset();
   s.state = GatherState::kNotGathered;
   return absl::OkStatus();
 }

@@ -52,6 +52,13 @@
 // Between Prefetch(b) and the end of WaitParams(b) the backend writes bucket b: do not read or
 // write its views then.
 //
+// Device buckets (CUDA parameters on a group with device_memory, e.g. `nccl`): every buffer is
+// device memory allocated through the group's BufferOps (comm/buffer_ops.h); ShardView and
+// ParamView are device pointers. The ZeRO-3 re-materializing copy is queued on the group's comm
+// stream after a wait for Prefetch's `ready` event, so a producer on another stream (the
+// optimizer's step) needs no host synchronization; the all-gather follows on the same stream.
+// WaitParams still returns once the gather completed on the device (host future).
+//
 // Threading: every method may be called from any thread; they serialize on an internal mutex,
 // and waits happen outside it. The timeline is written only from these calls (a gather's span
 // when a wait observes its end), never from a backend's completion thread. Destruction waits (up to the timeout) for gathers in flight and
@@ -93,8 +100,9 @@ struct GathererConfig {
 class ParamGatherer {
  public:
   // The plan is copied. It must be built for shard_group->size() shards (PlanOptions::shards),
-  // with CPU buckets (device buffers come with the NCCL backend). Collective over shard_group
-  // when config.verify_plan. Errors name the group, bucket or parameter at fault.
+  // with buckets in memory the group handles (CPU buckets on CPU groups; CUDA buckets on groups
+  // with device_memory, e.g. `nccl`). Collective over shard_group when config.verify_plan.
+  // Errors name the group, bucket or parameter at fault.
   static absl::StatusOr<std::unique_ptr<ParamGatherer>> Create(const BucketPlan& plan,
                                                                Group* shard_group,
                                                                const GathererConfig& config);

@@ -51,6 +51,7 @@ class NcclBufferOps final : public BufferOps {
                          const ScaleSpec& scale) override;
   absl::Status Add(const void* a, const void* b, void* dst, size_t n, DType dtype) override;
   bool can_add() const override { return false; }
+  DeviceStream stream() const override { return DeviceStream{c_.stream}; }
   absl::Status WaitFor(DeviceEvent event) override;
   absl::Status Synchronize(absl::Time deadline) override;
   absl::Status CompleteAfter(const WorkPtr& work, absl::Time deadline) override;
