@@ -17,6 +17,7 @@
 #include "comm/half.h"
 #include "gtest/gtest.h"
 #include "tests/multirank.h"
+#include "tests/nccl/real_gpu_world.h"
 
 namespace braid::nccl {
 namespace {
@@ -26,24 +27,14 @@ constexpr absl::Duration kWait = absl::Seconds(60);
 class NcclGpu : public ::testing::TestWithParam<bool /*blocking*/> {
  protected:
   void SetUp() override {
-    int n = 0;
-    const cudaError_t rc = cudaGetDeviceCount(&n);
-    if (IsNoDevice(rc)) {
-      GTEST_SKIP() << "no GPU: " << cudaGetErrorString(rc) << " (" << static_cast<int>(rc) << ")";
-    }
-    ASSERT_EQ(rc, cudaSuccess) << cudaGetErrorString(rc);
-    if (n == 0) GTEST_SKIP() << "no GPU: device count 0";
-    auto id = NewUniqueIdBytes(*RealNcclApi());
-    ASSERT_TRUE(id.ok()) << id.status();
-    NcclBackendConfig cfg;
-    cfg.blocking = GetParam();
-    cfg.timeout = absl::Seconds(60);
-    auto b = NcclBackend::CreateFromUniqueId(RealApis(), *id, 1, 0, cfg);
-    ASSERT_TRUE(b.ok()) << b.status();
-    backend_ = std::move(*b);
-    auto w = backend_->WorldGroup(0);
+    std::string no_gpu;
+    const absl::Status gpu = testing::NoGpuReason(&no_gpu);
+    ASSERT_TRUE(gpu.ok()) << gpu;
+    if (!no_gpu.empty()) GTEST_SKIP() << no_gpu;
+    auto w = testing::MakeRealSingleRankWorld(GetParam());
     ASSERT_TRUE(w.ok()) << w.status();
-    world_.reset(static_cast<NcclGroup*>(w->release()));
+    backend_ = std::move(w->backend);
+    world_.reset(static_cast<NcclGroup*>(w->world.release()));
   }
 
   // Device copy of `host`, freed by the test's owner vector.

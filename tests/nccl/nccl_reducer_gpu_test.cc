@@ -12,11 +12,11 @@
 
 #include <memory>
 
-#include "backends/nccl/errors.h"
-#include "backends/nccl/nccl_backend.h"
-#include "backends/nccl/unique_id.h"
+#include <string>
+
 #include "gtest/gtest.h"
 #include "tests/nccl/device_reducer_driver.h"
+#include "tests/nccl/real_gpu_world.h"
 
 namespace braid::nccl::testing {
 namespace {
@@ -28,23 +28,13 @@ using sched::reference::ScenarioName;
 class NcclReducerGpuTest : public ::testing::TestWithParam<Scenario> {};
 
 TEST_P(NcclReducerGpuTest, MatchesSerialReference) {
-  int n = 0;
-  const cudaError_t rc = cudaGetDeviceCount(&n);
-  if (IsNoDevice(rc)) {
-    GTEST_SKIP() << "no GPU: " << cudaGetErrorString(rc) << " (" << static_cast<int>(rc) << ")";
-  }
-  ASSERT_EQ(rc, cudaSuccess) << cudaGetErrorString(rc);
-  if (n == 0) GTEST_SKIP() << "no GPU: device count 0";
-  auto id = NewUniqueIdBytes(*RealNcclApi());
-  ASSERT_TRUE(id.ok()) << id.status();
-  NcclBackendConfig cfg;
-  cfg.timeout = absl::Seconds(60);
-  const NcclApis apis = RealApis();
-  auto backend = NcclBackend::CreateFromUniqueId(apis, *id, 1, 0, cfg);
-  ASSERT_TRUE(backend.ok()) << backend.status();
-  auto world = (*backend)->WorldGroup(0);
-  ASSERT_TRUE(world.ok()) << world.status();
-  const absl::Status s = RunDeviceScenario(**world, apis.cuda, GetParam(), ExactGrad, absl::Seconds(60));
+  std::string no_gpu;
+  const absl::Status gpu = NoGpuReason(&no_gpu);
+  ASSERT_TRUE(gpu.ok()) << gpu;
+  if (!no_gpu.empty()) GTEST_SKIP() << no_gpu;
+  auto w = MakeRealSingleRankWorld();
+  ASSERT_TRUE(w.ok()) << w.status();
+  const absl::Status s = RunDeviceScenario(*w->world, w->apis.cuda, GetParam(), ExactGrad, absl::Seconds(60));
   EXPECT_TRUE(s.ok()) << s;
 }
 
