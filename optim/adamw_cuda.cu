@@ -326,20 +326,6 @@ bool ValidArgs(const void* grad, int grad_dtype, size_t n, const void* out, int 
 
 }  // namespace
 
-int CudaDeviceStatus() {
-  int count = 0;
-  cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) return e;
-  if (count == 0) return cudaErrorNoDevice;
-  // The genrule builds sm_90 code and compute_90 PTX only: an older device cannot run it.
-  int device = 0, major = 0;
-  e = cudaGetDevice(&device);
-  if (e != cudaSuccess) return e;
-  e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (e != cudaSuccess) return e;
-  return major >= 9 ? cudaSuccess : cudaErrorNoKernelImageForDevice;
-}
-
 const char* CudaErrorString(int code) {
   return cudaGetErrorString(static_cast<cudaError_t>(code));
 }

@@ -17,7 +17,7 @@
 // a cudaError_t value as an int (0 = cudaSuccess); CudaErrorString turns it into text.
 //
 //   using namespace braid::optim;
-//   if (CudaDeviceStatus() != 0) { /* no usable GPU: fall back to the CPU kernel */ }
+//   if (braid::CudaKernelDeviceStatus() != 0) { /* no usable GPU (comm/cuda_device.h) */ }
 //   const AdamWScalars s = StepScalars(hyper, step);
 //   int rc = AdamWCudaLaunch(s, p, m, v, grad, kCudaDTypeBF16, n, weights_bf16, kCudaDTypeBF16,
 //                            stream);
@@ -40,10 +40,6 @@ namespace braid::optim {
 inline constexpr int kCudaDTypeF32 = 0;   // DType::kF32
 inline constexpr int kCudaDTypeBF16 = 2;  // DType::kBF16
 inline constexpr int kCudaDTypeF16 = 3;   // DType::kF16
-
-// cudaSuccess (0) when a device can run kernels; otherwise the CUDA error: cudaErrorNoDevice
-// (100) with no GPU or a device count of 0, cudaErrorInsufficientDriver (35) without a driver.
-int CudaDeviceStatus();
 
 // cudaGetErrorString for a code returned here (never null).
 const char* CudaErrorString(int code);

@@ -13,6 +13,7 @@
 #include "backends/nccl/kernels/bucket_kernels.h"
 #include "backends/nccl/kernels/bucket_reference.h"
 #include "comm/dtype.h"
+#include "comm/cuda_device.h"
 #include "comm/half.h"
 #include "gtest/gtest.h"
 #include "tests/multirank.h"
@@ -106,7 +107,7 @@ TEST(BucketReference, BadSegmentsAreRefusedNamingTheSegment) {
 class BucketKernelsGpu : public ::testing::Test {
  protected:
   void SetUp() override {
-    const int rc = BucketKernelsDeviceStatus();
+    const int rc = CudaKernelDeviceStatus();
     if (rc == cudaErrorNoDevice || rc == cudaErrorInsufficientDriver) {
       GTEST_SKIP() << "no GPU: " << BucketKernelsErrorString(rc) << " (" << rc << ")";
     }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/dtype.h"
+#include "comm/cuda_device.h"
 #include "comm/half.h"
 #include "gtest/gtest.h"
 #include "optim/adamw_cuda.h"
@@ -35,7 +36,7 @@ template <typename Base>
 class GpuTest : public Base {
  protected:
   void SetUp() override {
-    const int rc = CudaDeviceStatus();
+    const int rc = CudaKernelDeviceStatus();
     if (rc == cudaErrorNoDevice || rc == cudaErrorInsufficientDriver) {
       GTEST_SKIP() << "no GPU: " << CudaErrorString(rc) << " (" << rc << ")";
     }
@@ -431,7 +432,7 @@ TEST(AdamWCudaArgs, NullOrBadArgumentsAreInvalidValue) {
 }
 
 TEST(AdamWCudaArgs, DeviceStatusIsSuccessOrAKnownReason) {
-  const int rc = CudaDeviceStatus();
+  const int rc = CudaKernelDeviceStatus();
   EXPECT_TRUE(rc == cudaSuccess || rc == cudaErrorNoDevice || rc == cudaErrorInsufficientDriver ||
               rc == cudaErrorNoKernelImageForDevice)
       << rc << ": " << CudaErrorString(rc);

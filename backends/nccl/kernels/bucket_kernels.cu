@@ -101,19 +101,6 @@ int CastScaleLaunch(const void* src, int src_dtype, void* dst, int dst_dtype, si
   return cudaGetLastError();
 }
 
-int BucketKernelsDeviceStatus() {
-  int count = 0;
-  cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) return e;
-  if (count == 0) return cudaErrorNoDevice;
-  int device = 0, major = 0;
-  e = cudaGetDevice(&device);
-  if (e != cudaSuccess) return e;
-  e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (e != cudaSuccess) return e;
-  return major >= 9 ? cudaSuccess : cudaErrorNoKernelImageForDevice;
-}
-
 const char* BucketKernelsErrorString(int code) {
   return cudaGetErrorString(static_cast<cudaError_t>(code));
 }

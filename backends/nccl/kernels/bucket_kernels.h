@@ -47,9 +47,8 @@ int BucketUnpackLaunch(const BucketSegment* segs, int n, const void* bucket, int
 int CastScaleLaunch(const void* src, int src_dtype, void* dst, int dst_dtype, size_t n,
                     float scale, void* stream);
 
-// cudaSuccess (0) when a device can run these kernels (sm_90 build), else the CUDA error
-// (35 / 100 without a GPU); text for any code.
-int BucketKernelsDeviceStatus();
+// Text for a code returned here. Whether the device can run these kernels:
+// CudaKernelDeviceStatus() (comm/cuda_device.h).
 const char* BucketKernelsErrorString(int code);
 
 }  // namespace braid::nccl::kernels
