@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "backends/nccl/errors.h"
+#include "backends/nccl/poll.h"
 #include "comm/logging.h"
 #include "comm/status_macros.h"
 
@@ -90,6 +91,18 @@ void DeviceBuffer::Reset() {
                pinned_host_ ? "cudaFreeHost" : "cudaFree");
   }
   ptr_ = nullptr;
+}
+
+absl::Status WaitForStream(const std::shared_ptr<CudaApi>& cuda, cudaStream_t stream,
+                           absl::Time deadline, absl::string_view where) {
+  ASSIGN_OR_RETURN(CudaEvent done, CudaEvent::Create(cuda));
+  RETURN_IF_ERROR(CudaStatus(*cuda, cuda->EventRecord(done.get(), stream),
+                             absl::StrCat("cudaEventRecord", where)));
+  return PollUntil(deadline, [&]() -> std::optional<absl::Status> {
+    const cudaError_t q = cuda->EventQuery(done.get());
+    if (q == cudaErrorNotReady) return std::nullopt;
+    return CudaStatus(*cuda, q, absl::StrCat("cudaEventQuery", where));
+  });
 }
 
 }  // namespace braid::nccl

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "backends/nccl/cuda_api.h"
 
 namespace braid::nccl {
@@ -71,6 +72,12 @@ class DeviceBuffer {
   size_t bytes_ = 0;
   bool pinned_host_ = false;
 };
+
+// Returns once everything queued on `stream` so far has run: records an event there and polls
+// it until `deadline`. CUDA errors name "cudaEventRecord<where>" / "cudaEventQuery<where>"; a
+// missed deadline is DeadlineExceeded (the caller says what was late).
+absl::Status WaitForStream(const std::shared_ptr<CudaApi>& cuda, cudaStream_t stream,
+                           absl::Time deadline, absl::string_view where = "");
 
 }  // namespace braid::nccl
 

@@ -91,14 +91,7 @@ absl::Status NcclBufferOps::WaitFor(DeviceEvent event) {
 
 absl::Status NcclBufferOps::Synchronize(absl::Time deadline) {
   RETURN_IF_ERROR(SetDevice());
-  CudaApi& cuda = *c_.apis.cuda;
-  ASSIGN_OR_RETURN(CudaEvent done, CudaEvent::Create(c_.apis.cuda));
-  RETURN_IF_ERROR(CudaStatus(cuda, cuda.EventRecord(done.get(), c_.stream), What("cudaEventRecord")));
-  absl::Status s = PollUntil(deadline, [&]() -> std::optional<absl::Status> {
-    const cudaError_t q = cuda.EventQuery(done.get());
-    if (q == cudaErrorNotReady) return std::nullopt;
-    return CudaStatus(cuda, q, What("cudaEventQuery"));
-  });
+  absl::Status s = WaitForStream(c_.apis.cuda, c_.stream, deadline, What(""));
   if (absl::IsDeadlineExceeded(s)) {
     s = absl::DeadlineExceededError(
         absl::StrCat(What("synchronizing buffer operations"), ": not done by the deadline"));

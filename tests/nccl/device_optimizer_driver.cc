@@ -27,58 +27,9 @@ using optim::testing::ReferenceParams;
 namespace {
 
 absl::Status SyncStream(const std::shared_ptr<CudaApi>& cuda, cudaStream_t stream, absl::Duration timeout) {
-  ASSIGN_OR_RETURN(CudaEvent done, CudaEvent::Create(cuda));
-  RETURN_IF_ERROR(CudaStatus(*cuda, cuda->EventRecord(done.get(), stream), "cudaEventRecord"));
-  absl::Status s = PollUntil(absl::Now() + timeout, [&]() -> std::optional<absl::Status> {
-    const cudaError_t q = cuda->EventQuery(done.get());
-    if (q == cudaErrorNotReady) return std::nullopt;
-    return CudaStatus(*cuda, q, "cudaEventQuery");
-  });
+  absl::Status s = WaitForStream(cuda, stream, absl::Now() + timeout);
   if (absl::IsDeadlineExceeded(s)) return absl::DeadlineExceededError("compute stream sync");
   return s;
-}
-
-// The stack of optimizer_harness.h's BuildStack, on CUDA parameters with device step kernels.
-absl::StatusOr<std::unique_ptr<RankStack>> BuildDeviceStack(Group& world, const OptScenario& s,
-                                                            std::shared_ptr<optim::DeviceStepKernels> kernels,
-                                                            absl::Duration timeout) {
-  auto st = std::make_unique<RankStack>();
-  st->world_rank = world.rank();
-  st->world_size = world.size();
-  sched::ReducerConfig rc;
-  rc.bucket_cap_bytes = s.bucket_cap_bytes;
-  rc.first_bucket_cap_bytes = s.bucket_cap_bytes / 2;
-  rc.timeout = timeout;
-  sched::ReducerGroups groups;
-  if (s.replicas > 1) {
-    ASSIGN_OR_RETURN(st->mesh, sched::MakeMesh(world, s.replicas, s.shards));
-    rc.mode = sched::ReduceMode::kHybrid;
-    groups = {st->mesh.shard.get(), st->mesh.replica.get()};
-  } else {
-    rc.mode = sched::ReduceMode::kReduceScatter;
-    groups = {&world, nullptr};
-  }
-  std::vector<sched::ParamSpec> specs;
-  for (size_t i = 0; i < s.counts.size(); ++i) {
-    specs.push_back(sched::ParamSpec{static_cast<sched::ParamId>(i), s.counts[i], s.dtype,
-                                     Device{DeviceType::kCuda, 0}, absl::StrCat("p", i)});
-  }
-  ASSIGN_OR_RETURN(st->reducer, sched::GradientReducer::Create(specs, groups, rc));
-  ASSIGN_OR_RETURN(st->gather_group, groups.shard->Split(0, groups.shard->rank(), "gather"));
-  sched::GathererConfig gc;
-  gc.timeout = timeout;
-  ASSIGN_OR_RETURN(st->gatherer, sched::ParamGatherer::Create(st->reducer->plan(), st->gather_group.get(), gc));
-  optim::OptimizerConfig oc = s.opt;
-  oc.timeout = timeout;
-  oc.device_kernels = std::move(kernels);
-  ASSIGN_OR_RETURN(st->opt, optim::ShardedOptimizer::Create(st->reducer.get(), st->gatherer.get(), oc));
-  for (size_t i = 0; i < s.counts.size(); ++i) {
-    std::vector<uint8_t> init(s.counts[i] * DTypeSize(s.dtype));
-    for (size_t j = 0; j < s.counts[i]; ++j) StoreElement(init.data(), s.dtype, j, InitialValue(static_cast<int>(i), j));
-    RETURN_IF_ERROR(st->opt->SetParam(static_cast<sched::ParamId>(i), init.data()));
-  }
-  RETURN_IF_ERROR(st->opt->WaitAllParams());
-  return st;
 }
 
 }  // namespace
@@ -92,7 +43,8 @@ absl::Status RunDeviceOptimizer(Group& world, std::shared_ptr<CudaApi> cuda,
   const int r = world.rank();
   const int P = static_cast<int>(s.counts.size());
   const size_t es = DTypeSize(s.dtype);
-  ASSIGN_OR_RETURN(std::unique_ptr<RankStack> st, BuildDeviceStack(world, s, kernels, timeout));
+  ASSIGN_OR_RETURN(std::unique_ptr<RankStack> st,
+                   optim::testing::BuildStack(world, s, {Device{DeviceType::kCuda, 0}, std::move(kernels), timeout}));
   // The framework's gradients: a host mirror of what the compute stream wrote.
   std::vector<std::vector<uint8_t>> mirror(P);
   // Declared after the buffers its queued copies touch: destroyed (and drained) first.

@@ -37,15 +37,8 @@ double ExactGrad(int r, int p, int m, int s, size_t i) {
 namespace {
 
 // Waits (deadline-bounded) for everything queued on `stream` so far.
-absl::Status SyncStream(const std::shared_ptr<CudaApi>& cuda, cudaStream_t stream,
-                        absl::Duration timeout) {
-  ASSIGN_OR_RETURN(CudaEvent done, CudaEvent::Create(cuda));
-  RETURN_IF_ERROR(CudaStatus(*cuda, cuda->EventRecord(done.get(), stream), "cudaEventRecord"));
-  absl::Status s = PollUntil(absl::Now() + timeout, [&]() -> std::optional<absl::Status> {
-    const cudaError_t q = cuda->EventQuery(done.get());
-    if (q == cudaErrorNotReady) return std::nullopt;
-    return CudaStatus(*cuda, q, "cudaEventQuery");
-  });
+absl::Status SyncStream(const std::shared_ptr<CudaApi>& cuda, cudaStream_t stream, absl::Duration timeout) {
+  absl::Status s = WaitForStream(cuda, stream, absl::Now() + timeout);
   if (absl::IsDeadlineExceeded(s)) return absl::DeadlineExceededError("compute stream sync");
   return s;
 }

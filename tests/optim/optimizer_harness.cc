@@ -58,14 +58,15 @@ float InitialValue(int i, size_t j) {
   return static_cast<float>(static_cast<int>((i * 31 + static_cast<int>(j % 1000) * 7) % 23) - 11) / 16.0f;
 }
 
-absl::StatusOr<std::unique_ptr<RankStack>> BuildStack(Group& world, const OptScenario& s) {
+absl::StatusOr<std::unique_ptr<RankStack>> BuildStack(Group& world, const OptScenario& s,
+                                                      const StackPlacement& where) {
   auto st = std::make_unique<RankStack>();
   st->world_rank = world.rank();
   st->world_size = world.size();
   sched::ReducerConfig rc;
   rc.bucket_cap_bytes = s.bucket_cap_bytes;
   rc.first_bucket_cap_bytes = s.bucket_cap_bytes / 2;
-  rc.timeout = absl::Seconds(60);
+  rc.timeout = where.timeout;
   sched::ReducerGroups groups;
   if (s.replicas > 1) {
     ASSIGN_OR_RETURN(st->mesh, sched::MakeMesh(world, s.replicas, s.shards));
@@ -77,16 +78,17 @@ absl::StatusOr<std::unique_ptr<RankStack>> BuildStack(Group& world, const OptSce
   }
   std::vector<sched::ParamSpec> specs;
   for (size_t i = 0; i < s.counts.size(); ++i) {
-    specs.push_back(sched::ParamSpec{static_cast<sched::ParamId>(i), s.counts[i], s.dtype, Device::Cpu(),
+    specs.push_back(sched::ParamSpec{static_cast<sched::ParamId>(i), s.counts[i], s.dtype, where.device,
                                      absl::StrCat("p", i)});
   }
   ASSIGN_OR_RETURN(st->reducer, sched::GradientReducer::Create(specs, groups, rc));
   ASSIGN_OR_RETURN(st->gather_group, groups.shard->Split(0, groups.shard->rank(), "gather"));
   sched::GathererConfig gc;
-  gc.timeout = absl::Seconds(60);
+  gc.timeout = where.timeout;
   ASSIGN_OR_RETURN(st->gatherer, sched::ParamGatherer::Create(st->reducer->plan(), st->gather_group.get(), gc));
   OptimizerConfig oc = s.opt;
-  oc.timeout = absl::Seconds(60);
+  oc.timeout = where.timeout;
+  oc.device_kernels = where.kernels;
   ASSIGN_OR_RETURN(st->opt, ShardedOptimizer::Create(st->reducer.get(), st->gatherer.get(), oc));
   for (size_t i = 0; i < s.counts.size(); ++i) {
     std::vector<uint8_t> init(s.counts[i] * DTypeSize(s.dtype));

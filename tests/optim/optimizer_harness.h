@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "comm/group.h"
 #include "optim/sharded_optimizer.h"
 #include "scheduler/gradient_reducer.h"
@@ -60,8 +61,17 @@ struct RankStack {
   int world_size = 1;
 };
 
+// Where the stack's parameters live: host memory by default; device parameters (a device
+// backend's world) need the optimizer's device step kernels.
+struct StackPlacement {
+  Device device = Device::Cpu();
+  std::shared_ptr<DeviceStepKernels> kernels;
+  absl::Duration timeout = absl::Seconds(60);  // reducer, gatherer and optimizer deadlines
+};
+
 // Builds the stack (collective over `world`) and sets every parameter's initial value.
-absl::StatusOr<std::unique_ptr<RankStack>> BuildStack(Group& world, const OptScenario& s);
+absl::StatusOr<std::unique_ptr<RankStack>> BuildStack(Group& world, const OptScenario& s,
+                                                      const StackPlacement& where = {});
 
 // Gradient of element j of parameter i contributed by `rank` in microbatch u of step t.
 float Grad(int rank, int t, int u, int i, size_t j, const OptScenario& s);
