@@ -285,6 +285,16 @@ class LifetimeTest(unittest.TestCase):
                 opt.set_param(3, torch.zeros(8))
 
 
+def _torch_reference(group, make_optimizer, train):
+    """Final parameters of _mlp() trained by train(model, optimizer) with Braid's all-reduce
+    and a torch optimizer: the reference the sharded optimizers are compared with."""
+    ref = bt.DistributedDataParallel(_mlp(), group)
+    train(ref, make_optimizer(ref.parameters()))
+    want = [p.detach().clone() for p in ref.parameters()]
+    ref.close()
+    return want
+
+
 class PyTorchTest(unittest.TestCase):
     def test_grads_are_bucket_views_averaged_like_ddp(self):
         n = 2
@@ -426,11 +436,8 @@ class PyTorchTest(unittest.TestCase):
                 opt.zero_grad()
 
         def body(r, g):
-            ref = bt.DistributedDataParallel(_mlp(), g)
-            ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.01)
-            train(ref, ref_opt, r, 0, steps)
-            want = [p.detach().clone() for p in ref.parameters()]
-            ref.close()
+            want = _torch_reference(g, lambda ps: torch.optim.AdamW(ps, lr=0.01),
+                                    lambda m, o: train(m, o, r, 0, steps))
             got = []
             for resume in (False, True):
                 model = bt.DistributedDataParallel(_mlp(), g, mode="reduce_scatter",
@@ -514,11 +521,8 @@ class PyTorchTest(unittest.TestCase):
         def body(r, g):
             out = []
             for accumulate in (1, 2):
-                ref = bt.DistributedDataParallel(_mlp(), g)
-                ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-                train(ref, ref_opt, r, accumulate)
-                want = [p.detach().clone() for p in ref.parameters()]
-                ref.close()
+                want = _torch_reference(g, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+                                        lambda m, o: train(m, o, r, accumulate))
                 model = bt.DistributedDataParallel(_mlp(), g, mode="reduce_scatter",
                                                    bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-5)
                 opt = bt.ShardedSGD(model, lr=0.1, momentum=0.9)
@@ -548,11 +552,8 @@ class PyTorchTest(unittest.TestCase):
                 opt.zero_grad()
 
         def body(r, g):
-            ref = bt.DistributedDataParallel(_mlp(), g)
-            ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.01)
-            train(ref, ref_opt, r, "no_sync")
-            want = [p.detach().clone() for p in ref.parameters()]
-            ref.close()
+            want = _torch_reference(g, lambda ps: torch.optim.AdamW(ps, lr=0.01),
+                                    lambda m, o: train(m, o, r, "no_sync"))
             shard, replica = g.mesh(2, 2)
             model = bt.DistributedDataParallel(_mlp(), shard, replica_group=replica,
                                                mode="hybrid", bucket_cap_mb=1e-4,
