@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "bench/bench_flags.h"
+#include "comm/cuda_device.h"
 #include "optim/adamw_cuda.h"
 #include "optim/cuda_owners.h"
 #include "optim/adamw_math.h"
@@ -121,7 +122,7 @@ int Run(int argc, char** argv) {
     return 2;
   }
 
-  const int status = CudaDeviceStatus();
+  const int status = braid::CudaKernelDeviceStatus();
   if (status == cudaErrorNoDevice || status == cudaErrorInsufficientDriver) {
     std::printf("no CUDA device: skipped (%s, %d)\n", CudaErrorString(status), status);
     return 0;
