@@ -20,7 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "bench/bench_flags.h"
-#include "comm/cuda_device.h"
+#include "bench/cuda_timing.h"
 #include "optim/adamw_cuda.h"
 #include "optim/cuda_owners.h"
 #include "optim/adamw_math.h"
@@ -30,7 +30,7 @@ namespace {
 
 constexpr int kNoOut = -1;
 
-
+using bench::TimeMs;
 
 struct Config {
   const char* name;
@@ -43,24 +43,6 @@ size_t DTypeBytes(int dtype) { return dtype == kCudaDTypeF32 ? 4 : 2; }
 // p, m, v read and written, the gradient read, param_out written.
 size_t BytesPerParam(const Config& c) {
   return 24 + DTypeBytes(c.grad_dtype) + (c.out_dtype == kNoOut ? 0 : DTypeBytes(c.out_dtype));
-}
-
-// Milliseconds per call of `enqueue` (which enqueues one operation on the default stream),
-// averaged over `iters` calls after `warmup` untimed ones.
-template <typename Enqueue>
-cudaError_t TimeMs(const Enqueue& enqueue, int warmup, int iters, double* ms) {
-  Event start, stop;
-  cudaError_t e = start.Create();
-  if (e == cudaSuccess) e = stop.Create();
-  for (int i = 0; i < warmup && e == cudaSuccess; ++i) e = enqueue();
-  if (e == cudaSuccess) e = cudaEventRecord(start.get(), nullptr);
-  for (int i = 0; i < iters && e == cudaSuccess; ++i) e = enqueue();
-  if (e == cudaSuccess) e = cudaEventRecord(stop.get(), nullptr);
-  if (e == cudaSuccess) e = cudaEventSynchronize(stop.get());
-  float total = 0.0f;
-  if (e == cudaSuccess) e = cudaEventElapsedTime(&total, start.get(), stop.get());
-  *ms = static_cast<double>(total) / iters;
-  return e;
 }
 
 struct Row {
@@ -122,21 +104,7 @@ int Run(int argc, char** argv) {
     return 2;
   }
 
-  const int status = braid::CudaKernelDeviceStatus();
-  if (status == cudaErrorNoDevice || status == cudaErrorInsufficientDriver) {
-    std::printf("no CUDA device: skipped (%s, %d)\n", CudaErrorString(status), status);
-    return 0;
-  }
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "CUDA device unusable: %s (%d)\n", CudaErrorString(status), status);
-    return 1;
-  }
-  int device = 0;
-  cudaDeviceProp prop{};
-  if (cudaGetDevice(&device) == cudaSuccess &&
-      cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
-    std::printf("device %d: %s\n", device, prop.name);
-  }
+  if (const int code = bench::SkipUnlessCudaDevice(); code >= 0) return code;
 
   const Config configs[] = {
       {"f32 grad, no param_out", kCudaDTypeF32, kNoOut},

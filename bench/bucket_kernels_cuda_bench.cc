@@ -1,0 +1,157 @@
+// Memory bandwidth of the bucket kernels (backends/nccl/kernels/bucket_kernels.h: pack of many
+// gradients into a bucket with the divide factor fused, unpack, and the reduce-dtype casts)
+// against their baseline: a device-to-device cudaMemcpy moving the same number of bytes, timed
+// in the same run. Bytes moved = bytes read + bytes written (a copy of B bytes moves 2B, so the
+// baseline copies bytes_moved / 2); `ratio` = kernel GB/s / memcpy GB/s (issue target >= 0.8).
+//
+//   tools/bazelw run //bench:bucket_kernels_cuda_bench                  # n = 10M and 100M
+//   tools/bazelw run //bench:bucket_kernels_cuda_bench -- --n=25000000 --segments=200
+//
+// Without a GPU it prints "no CUDA device: skipped" and exits 0.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "backends/nccl/kernels/bucket_kernels.h"
+#include "bench/bench_flags.h"
+#include "bench/cuda_timing.h"
+#include "optim/cuda_owners.h"
+
+namespace braid::bench {
+namespace {
+
+using nccl::kernels::BucketSegment;
+using optim::DeviceBuffer;
+
+enum class Kind { kPack, kUnpack, kCast };
+
+struct Config {
+  const char* name;
+  Kind kind;
+  int grad_dtype;    // pack / unpack: the gradients' dtype; cast: the source dtype
+  int bucket_dtype;  // pack / unpack: the bucket's dtype; cast: the destination dtype
+};
+
+size_t DTypeBytes(int dtype) { return dtype == nccl::kernels::kF32 ? 4 : 2; }
+
+size_t BytesMoved(const Config& c, size_t n) {
+  return n * (DTypeBytes(c.grad_dtype) + DTypeBytes(c.bucket_dtype));
+}
+
+struct Row {
+  double kernel_ms = 0, kernel_gbps = 0, memcpy_gbps = 0;
+};
+
+cudaError_t Measure(const Config& c, size_t n, int segments, int warmup, int iters, Row* row) {
+  const size_t bytes = BytesMoved(c, n);
+  DeviceBuffer grads, bucket, src, dst;
+  cudaError_t e = grads.Allocate(DTypeBytes(c.grad_dtype) * n, 0x3c);
+  if (e == cudaSuccess) e = bucket.Allocate(DTypeBytes(c.bucket_dtype) * n, 0x3c);
+  if (e == cudaSuccess) e = src.Allocate(bytes / 2, 0x3c);
+  if (e == cudaSuccess) e = dst.Allocate(bytes / 2, 0);
+  if (e != cudaSuccess) return e;
+  // `segments` gradients of (almost) equal size laid end to end, as a bucket of that many
+  // parameters.
+  std::vector<BucketSegment> segs;
+  const size_t per = n / segments;
+  for (int i = 0; i < segments; ++i) {
+    const size_t off = per * i;
+    const size_t count = i + 1 == segments ? n - off : per;
+    segs.push_back(BucketSegment{grads.get() + off * DTypeBytes(c.grad_dtype), off, count, c.grad_dtype});
+  }
+  const auto kernel = [&] {
+    switch (c.kind) {
+      case Kind::kPack:
+        return static_cast<cudaError_t>(nccl::kernels::BucketPackLaunch(
+            segs.data(), segments, bucket.get(), c.bucket_dtype, n, 0.5f, nullptr));
+      case Kind::kUnpack:
+        return static_cast<cudaError_t>(nccl::kernels::BucketUnpackLaunch(
+            segs.data(), segments, bucket.get(), c.bucket_dtype, n, 0.5f, nullptr));
+      case Kind::kCast:
+        break;
+    }
+    return static_cast<cudaError_t>(nccl::kernels::CastScaleLaunch(
+        grads.get(), c.grad_dtype, bucket.get(), c.bucket_dtype, n, 1.0f, nullptr));
+  };
+  const auto copy = [&] {
+    return cudaMemcpyAsync(dst.get(), src.get(), bytes / 2, cudaMemcpyDeviceToDevice, nullptr);
+  };
+  double copy_ms = 0;
+  e = TimeMs(kernel, warmup, iters, &row->kernel_ms);
+  if (e == cudaSuccess) e = TimeMs(copy, warmup, iters, &copy_ms);
+  if (e != cudaSuccess) return e;
+  row->kernel_gbps = static_cast<double>(bytes) / (row->kernel_ms * 1e6);
+  row->memcpy_gbps = static_cast<double>(bytes) / (copy_ms * 1e6);
+  return cudaSuccess;
+}
+
+int Run(int argc, char** argv) {
+  absl::StatusOr<Flags> flags = Flags::Parse(argc, argv);
+  if (!flags.ok()) {
+    std::fprintf(stderr, "%s\n", flags.status().ToString().c_str());
+    return 2;
+  }
+  const absl::StatusOr<int64_t> iters = flags->Int("iters", 20);
+  const absl::StatusOr<int64_t> warmup = flags->Int("warmup", 5);
+  const absl::StatusOr<int64_t> only_n = flags->Int("n", 0);
+  const absl::StatusOr<int64_t> segments = flags->Int("segments", 64);
+  for (const absl::Status& st : {iters.status(), warmup.status(), only_n.status(), segments.status()}) {
+    if (!st.ok()) {
+      std::fprintf(stderr, "%s\n", st.ToString().c_str());
+      return 2;
+    }
+  }
+  for (const std::string& u : flags->Unused()) {
+    std::fprintf(stderr, "unknown flag --%s\n", u.c_str());
+    return 2;
+  }
+  if (*iters < 1 || *warmup < 0 || *only_n < 0 || *segments < 1) {
+    std::fprintf(stderr, "--iters and --segments must be >= 1, --warmup and --n >= 0\n");
+    return 2;
+  }
+  if (const int code = SkipUnlessCudaDevice(); code >= 0) return code;
+
+  using nccl::kernels::kBF16;
+  using nccl::kernels::kF32;
+  const Config configs[] = {
+      {"pack f32 -> f32 bucket", Kind::kPack, kF32, kF32},
+      {"pack bf16 -> f32 bucket", Kind::kPack, kBF16, kF32},
+      {"pack bf16 -> bf16 bucket", Kind::kPack, kBF16, kBF16},
+      {"unpack f32 bucket -> f32", Kind::kUnpack, kF32, kF32},
+      {"unpack f32 bucket -> bf16", Kind::kUnpack, kBF16, kF32},
+      {"cast bf16 -> f32", Kind::kCast, kBF16, kF32},
+      {"cast f32 -> bf16", Kind::kCast, kF32, kBF16},
+  };
+  std::vector<size_t> sizes = {size_t{10} * 1000 * 1000, size_t{100} * 1000 * 1000};
+  if (*only_n > 0) sizes = {static_cast<size_t>(*only_n)};
+  std::printf("bucket kernels vs device-to-device cudaMemcpy of the same bytes moved (read + write);"
+              " GB/s = 1e9 B/s; %lld segments; iters %lld after %lld warmup\n",
+              static_cast<long long>(*segments), static_cast<long long>(*iters),
+              static_cast<long long>(*warmup));
+  std::printf("%12s  %-28s %10s %12s %12s %7s\n", "n", "kernel", "ms", "kernel_GB/s", "memcpy_GB/s",
+              "ratio");
+  for (const size_t n : sizes) {
+    for (const Config& c : configs) {
+      Row row;
+      const cudaError_t e = Measure(c, n, static_cast<int>(*segments), static_cast<int>(*warmup),
+                                    static_cast<int>(*iters), &row);
+      if (e != cudaSuccess) {
+        std::fprintf(stderr, "n=%zu %s: %s (%d)\n", n, c.name, cudaGetErrorString(e),
+                     static_cast<int>(e));
+        return 1;
+      }
+      std::printf("%12zu  %-28s %10.3f %12.1f %12.1f %7.3f\n", n, c.name, row.kernel_ms,
+                  row.kernel_gbps, row.memcpy_gbps, row.kernel_gbps / row.memcpy_gbps);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace braid::bench
+
+int main(int argc, char** argv) { return braid::bench::Run(argc, argv); }
