@@ -2,7 +2,7 @@
 //
 //   tools/bazelw run //bench:collective_latency                      # local, 4 ranks, 8 B..64 MiB
 //   tools/bazelw run //bench:collective_latency -- --backend=mpi --ranks=2   # relaunches under mpirun
-//   tools/bazelw run //bench:collective_latency -- --backend=nccl   # 1 rank on the GPU (mpirun)
+//   tools/bazelw run //bench:collective_latency -- --backend=nccl   # 1 rank on GPU 0, no mpirun
 //   bazel-bin/bench/collective_latency --ranks=2 --minbytes=64M --csv
 //
 // Columns follow nccl-tests: size is the bytes nccl-tests counts (the full array for
@@ -93,10 +93,11 @@ absl::StatusOr<Config> ParseConfig(const Flags& f, const Options& env) {
   return c;
 }
 
-// Under `bazel run` the mpi and nccl backends need a launcher (nccl bootstraps its unique id
-// over MPI): re-exec this binary under mpirun.
+// Under `bazel run` the mpi backend, and nccl with more than one rank (it bootstraps its unique
+// id over MPI), need a launcher: re-exec this binary under mpirun. One nccl rank runs without.
 void RelaunchUnderMpirunIfNeeded(const Config& c, int argc, char** argv) {
-  if ((c.backend != "mpi" && c.backend != "nccl") || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) return;
+  const bool needs_mpirun = c.backend == "mpi" || (c.backend == "nccl" && c.ranks > 1);
+  if (!needs_mpirun || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) return;
   std::vector<std::string> args = {"mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "pml",
                                    "ob1", "--mca", "btl", "self,vader", "--mca",
                                    "oob_tcp_if_include", "lo", "-np", std::to_string(c.ranks),

@@ -1,5 +1,8 @@
 #include "backends/nccl/nccl_backend.h"
 
+#include <algorithm>
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
 #include "backends/nccl/completion_poller.h"
 #include "backends/nccl/errors.h"
@@ -21,6 +24,23 @@ absl::StatusOr<int> DeviceCount(CudaApi& cuda) {
   }
   if (n < 1) return absl::FailedPreconditionError("nccl backend: no CUDA device (count 0)");
   return n;
+}
+
+NcclBackendConfig ConfigFrom(const Options& options, int device) {
+  NcclBackendConfig config;
+  config.blocking = options.nccl_blocking;
+  config.timeout = options.timeout;
+  config.spin = options.spin;
+  config.device = device;
+  return config;
+}
+
+// Whether an MPI launcher (Open MPI's mpirun, or a PMI/PMIx one) started this process.
+bool LaunchedByMpi() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
+    if (std::getenv(name) != nullptr) return true;
+  }
+  return false;
 }
 
 std::shared_ptr<const NcclContext> MakeContext(NcclApis apis, const NcclBackendConfig& c) {
@@ -71,21 +91,30 @@ absl::StatusOr<std::unique_ptr<NcclBackend>> NcclBackend::CreateWithBootstrap(
                             bootstrap.size(), bootstrap.rank(), config);
 }
 
+absl::StatusOr<std::unique_ptr<NcclBackend>> NcclBackend::CreateSingleRank(
+    NcclApis apis, const Options& options) {
+  if (apis.nccl == nullptr) return absl::InvalidArgumentError("nccl backend: no NCCL API given");
+  ASSIGN_OR_RETURN(const std::string id, NewUniqueIdBytes(*apis.nccl));
+  return CreateFromUniqueId(std::move(apis), id, 1, 0,
+                            ConfigFrom(options, std::max(options.cuda_device, 0)));
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> NcclBackend::Create(const Options& options) {
   NcclApis apis = RealApis();
   // Before MPI: a machine without a GPU fails here, naming CUDA's error.
   ASSIGN_OR_RETURN(const int devices, DeviceCount(*apis.cuda));
+  if (!LaunchedByMpi()) {
+    ASSIGN_OR_RETURN(std::unique_ptr<NcclBackend> b, CreateSingleRank(std::move(apis), options));
+    return std::unique_ptr<Backend>(std::move(b));
+  }
   Options mpi_options = options;
   mpi_options.backend = "mpi";
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> mpi, BackendRegistry::Global().Create("mpi",
                                                                                  mpi_options));
   const int rank = mpi->local_ranks().front();
   ASSIGN_OR_RETURN(std::unique_ptr<Group> world, mpi->WorldGroup(rank));
-  NcclBackendConfig config;
-  config.blocking = options.nccl_blocking;
-  config.timeout = options.timeout;
-  config.spin = options.spin;
-  config.device = options.cuda_device >= 0 ? options.cuda_device : rank % devices;
+  const NcclBackendConfig config =
+      ConfigFrom(options, options.cuda_device >= 0 ? options.cuda_device : rank % devices);
   ASSIGN_OR_RETURN(std::unique_ptr<NcclBackend> b,
                    CreateWithBootstrap(std::move(apis), *world, config));
   b->bootstrap_group_ = std::move(world);
@@ -117,7 +146,9 @@ absl::StatusOr<std::unique_ptr<Group>> NcclBackend::WorldGroup(int rank) {
 
 namespace {
 const BackendRegistration kRegistration(
-    "nccl", "NCCL 2.28 on CUDA device buffers: one GPU per rank, bootstrapped over MPI",
+    "nccl",
+    "NCCL 2.28 on CUDA device buffers: one GPU per rank, bootstrapped over MPI under mpirun "
+    "(one rank without a launcher)",
     &NcclBackend::Create);
 }  // namespace
 

@@ -30,6 +30,10 @@
 //       (the `mpi` backend), broadcasts the id over MPI_COMM_WORLD, picks the device
 //       (BRAID_CUDA_DEVICE, else world rank modulo the device count) and the mode
 //       (BRAID_NCCL_BLOCKING). The MPI world stays up for the backend's lifetime.
+//   (c) not launched by mpirun (no OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK in the
+//       environment): CreateBackend(options) makes a world of one rank on BRAID_CUDA_DEVICE
+//       (else device 0) from an id it makes itself, without initializing MPI (single-GPU runs,
+//       and GPU machines without Open MPI's launcher).
 //
 // Semantics differ from the CPU backends in two documented places: avg is ncclAvg (a
 // pre-multiplied 1/n for floats, so rounding differs from sum-then-divide), and premul_sum on
@@ -67,8 +71,12 @@ NcclApis RealApis();
 
 class NcclBackend final : public Backend {
  public:
-  // The registry's factory (BRAID_BACKEND=nccl): the mpirun path, (b) above.
+  // The registry's factory (BRAID_BACKEND=nccl): the mpirun path, (b) above, or (c) outside
+  // a launcher.
   static absl::StatusOr<std::unique_ptr<Backend>> Create(const Options& options);
+  // (c) above: a world of one rank (options: cuda_device, nccl_blocking, timeout, spin).
+  static absl::StatusOr<std::unique_ptr<NcclBackend>> CreateSingleRank(NcclApis apis,
+                                                                       const Options& options);
   // One rank of a world whose unique id (kUniqueIdBytes bytes) the caller distributed.
   static absl::StatusOr<std::unique_ptr<NcclBackend>> CreateFromUniqueId(
       NcclApis apis, absl::string_view unique_id, int world_size, int rank,

@@ -97,6 +97,35 @@ TEST(NcclBackend, BadInputAtCreationNamesTheItem) {
   ExpectClean(gpu);
 }
 
+// Outside a launcher: a world of one rank on the configured device (0 by default), from an id
+// the backend made itself, in the options' mode; the device option is checked against the
+// visible devices.
+TEST(NcclBackend, SingleRankWithoutLauncher) {
+  FakeGpu gpu;
+  gpu.cuda->SetDeviceCountResult(cudaSuccess, 2);
+  Options o;
+  o.cuda_device = 1;
+  o.nccl_blocking = false;
+  auto b = NcclBackend::CreateSingleRank(gpu.apis(), o);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*b)->world_size(), 1);
+  EXPECT_EQ((*b)->local_ranks(), std::vector<int>{0});
+  auto world = (*b)->WorldGroup(0);
+  ASSERT_TRUE(world.ok()) << world.status();
+  EXPECT_EQ((*world)->size(), 1);
+  std::vector<float> x = {1.5f, -2.0f};
+  auto w = (*world)->AllReduce(x.data(), x.data(), 2, DType::kF32, ReduceOp::Sum());
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_OK((*w)->Wait(absl::Seconds(30)));
+  EXPECT_EQ(x, (std::vector<float>{1.5f, -2.0f}));
+  world->reset();
+  b->reset();
+  o.cuda_device = 2;  // only devices 0 and 1 exist
+  ExpectError(NcclBackend::CreateSingleRank(gpu.apis(), o).status(),
+              absl::StatusCode::kInvalidArgument, {"CUDA device 2", "2 visible"});
+  ExpectClean(gpu);
+}
+
 // The mpirun path's logic with the `local` backend as the CPU bootstrap: rank 0 of the CPU
 // group makes the id, broadcasts it, and every rank builds its NCCL world from it.
 TEST(NcclBackend, BootstrapOverACpuGroup) {
