@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Builds Braid's GPU checks here and packs them into .gpu_bundle/ (git-ignored) together with
+# the shared libraries they load that a bare GPU machine lacks (Abseil, spdlog, fmt, GoogleTest,
+# Open MPI's libraries, Bazel's per-target libraries, libstdc++), so they run on a machine
+# without Bazel, Debian's packages or a network. glibc, the CUDA driver and NCCL stay the
+# machine's (NCCL 2.28.9 is 218 MB here; tools/gpu/run.sh finds one there).
+#
+#   tools/gpu/bundle.sh          # here: builds, then fills .gpu_bundle/ (~20-40 MB)
+#   then, with the device tool:  run(command="tools/gpu/run.sh", carry=[".gpu_bundle"])
+#
+# What it packs: every test tagged "gpu", //tests/gpu:cuda_smoke_test, and the GPU benches.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$root"
+bundle="$root/.gpu_bundle"
+limit_mb=60  # the device tool carries at most 64 MiB
+
+mapfile -t tests < <(tools/bazelw query --noshow_progress 'attr(tags, "gpu", tests(//...))' 2>/dev/null)
+targets=("${tests[@]}" //tests/gpu:cuda_smoke_test //bench:collective_latency
+         //bench:adamw_cuda_bench //bench:bucket_kernels_cuda_bench)
+tools/bazelw build "$@" "${targets[@]}"
+
+rm -rf "$bundle"
+mkdir -p "$bundle/bin" "$bundle/lib"
+# Loaded from the GPU machine itself: glibc's libraries, the driver, NCCL.
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread\.so|librt\.so|libdl\.so|libresolv\.so|libcuda\.so|libnccl\.so)'
+for t in "${targets[@]}"; do
+  pkg="${t#//}"; pkg="${pkg%%:*}"; name="${t##*:}"
+  exe="bazel-bin/$pkg/$name"
+  [[ -x "$exe" ]] || { echo "bundle: $exe was not built" >&2; exit 1; }
+  cp "$exe" "$bundle/bin/${pkg//\//_}__$name"
+  while read -r lib path; do
+    [[ "$lib" =~ $skip ]] && continue
+    [[ -n "$path" && -f "$path" && ! -e "$bundle/lib/$lib" ]] && cp -L "$path" "$bundle/lib/$lib"
+  done < <(ldd "$exe" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}')
+done
+chmod -R u+w "$bundle"
+{
+  echo "built from $(git rev-parse HEAD)$(git diff --quiet || echo ' + local changes') on $(date -u +%FT%TZ)"
+  printf '%s\n' "${targets[@]}"
+} > "$bundle/MANIFEST"
+size_mb=$(du -sm "$bundle" | cut -f1)
+echo "bundle: $bundle: ${#targets[@]} binaries, $(ls "$bundle/lib" | wc -l) libraries, ${size_mb} MB"
+if ((size_mb > limit_mb)); then
+  echo "bundle: over ${limit_mb} MB: the device tool carries at most 64 MiB" >&2
+  exit 1
+fi
