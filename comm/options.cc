@@ -94,8 +94,8 @@ const std::vector<Entry>& Entries() {
          return absl::OkStatus();
        }},
       {{"BRAID_CUDA_DEVICE", "-1",
-        "nccl backend: CUDA device of this process's rank (-1: world rank modulo the number of "
-        "visible devices)"},
+        "nccl backend: CUDA device of this process's rank (-1: the node-local rank under mpirun, "
+        "else 0, modulo the number of visible devices)"},
        [](Options& o, absl::string_view v) -> absl::Status {
          ASSIGN_OR_RETURN(int64_t x, ParseInt("BRAID_CUDA_DEVICE", v, -1, 1 << 16));
          o.cuda_device = static_cast<int>(x);

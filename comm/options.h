@@ -31,7 +31,7 @@ struct Options {
   bool validate_collectives = false;  // BRAID_VALIDATE_COLLECTIVES
   std::string timeline;               // BRAID_TIMELINE
   bool nccl_blocking = true;          // BRAID_NCCL_BLOCKING
-  int cuda_device = -1;               // BRAID_CUDA_DEVICE (-1: world rank % device count)
+  int cuda_device = -1;               // BRAID_CUDA_DEVICE (-1: node-local rank % device count)
   std::vector<std::string> unknown;   // BRAID_* names seen in the environment but not known
 
   // Parses `environ` once.

@@ -42,7 +42,7 @@ struct CompletionPoller::Core {
   };
   using Aborts = std::vector<std::pair<std::shared_ptr<NcclComm>, absl::Status>>;
 
-  explicit Core(std::shared_ptr<CudaApi> c) : cuda(std::move(c)) {}
+  Core(std::shared_ptr<CudaApi> c, int d) : cuda(std::move(c)), device(d) {}
   void ThreadMain();
   // One pass over the entries; moves finished ones to `out`. Returns communicators to abort.
   Aborts PollLocked(absl::Time now, std::vector<Finished>* out);
@@ -50,6 +50,7 @@ struct CompletionPoller::Core {
   void Finish(std::vector<Finished>& finished);
 
   const std::shared_ptr<CudaApi> cuda;
+  const int device;  // the thread's current device: its queries, destroys and frees go there
   std::mutex mu;
   std::condition_variable cv;
   std::deque<Tracked> entries;   // guarded by mu, in issue order
@@ -57,9 +58,10 @@ struct CompletionPoller::Core {
   bool stopping = false;         // guarded by mu
 };
 
-std::shared_ptr<CompletionPoller> CompletionPoller::Create(std::shared_ptr<CudaApi> cuda) {
+std::shared_ptr<CompletionPoller> CompletionPoller::Create(std::shared_ptr<CudaApi> cuda,
+                                                           int device) {
   std::shared_ptr<CompletionPoller> p(new CompletionPoller());
-  p->core_ = std::make_shared<Core>(std::move(cuda));
+  p->core_ = std::make_shared<Core>(std::move(cuda), device);
   p->thread_ = std::thread([core = p->core_] { core->ThreadMain(); });
   return p;
 }
@@ -201,6 +203,10 @@ void CompletionPoller::Core::SweepRetiredLocked() {
 }
 
 void CompletionPoller::Core::ThreadMain() {
+  // A new thread's current device is 0: without this, every query, event destroy and free
+  // here would run on (and make a CUDA context on) device 0, whatever the rank's device. A
+  // failure shows up as errors of the first queries, which name the work.
+  (void)cuda->SetDevice(device);
   std::unique_lock<std::mutex> lock(mu);
   int idle_passes = 0;
   auto last_sweep = std::chrono::steady_clock::now();

@@ -21,7 +21,7 @@
 // consumer may cudaStreamWaitEvent on work->device_event() for as long as it holds the Work
 // (and the poller lives: it is shared by a world group and all groups split from it).
 //
-//   std::shared_ptr<CompletionPoller> poller = CompletionPoller::Create(cuda);
+//   std::shared_ptr<CompletionPoller> poller = CompletionPoller::Create(cuda, device);
 //   poller->Track({works, std::move(event), comm, deadline, timeout, nullptr});
 #ifndef BRAID_BACKENDS_NCCL_COMPLETION_POLLER_H_
 #define BRAID_BACKENDS_NCCL_COMPLETION_POLLER_H_
@@ -54,7 +54,8 @@ class CompletionPoller {
   };
 
   // Starts the thread.
-  static std::shared_ptr<CompletionPoller> Create(std::shared_ptr<CudaApi> cuda);
+  // `device`: the CUDA device of every event and stream tracked (the thread makes it current).
+  static std::shared_ptr<CompletionPoller> Create(std::shared_ptr<CudaApi> cuda, int device);
   // Stops taking entries, lets the thread finish what is tracked (bounded by the entries'
   // deadlines: a stuck one is aborted at its deadline), joins it, destroys retired events.
   ~CompletionPoller();

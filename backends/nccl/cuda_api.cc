@@ -20,7 +20,14 @@ class RealCuda final : public CudaApi {
   cudaError_t EventRecord(cudaEvent_t event, cudaStream_t stream) override {
     return cudaEventRecord(event, stream);
   }
-  cudaError_t EventQuery(cudaEvent_t event) override { return cudaEventQuery(event); }
+  cudaError_t EventQuery(cudaEvent_t event) override {
+    const cudaError_t rc = cudaEventQuery(event);
+    // "Not ready" is no failure, but the runtime also keeps it as this thread's last error,
+    // which the next kernel launcher's cudaGetLastError() would then report as its own
+    // (PyTorch's CUDAEvent::query clears it the same way).
+    if (rc == cudaErrorNotReady) (void)cudaGetLastError();
+    return rc;
+  }
   cudaError_t StreamWaitEvent(cudaStream_t stream, cudaEvent_t event) override {
     return cudaStreamWaitEvent(stream, event, 0);
   }

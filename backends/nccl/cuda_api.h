@@ -35,6 +35,7 @@ class CudaApi {
   virtual cudaError_t EventRecord(cudaEvent_t event, cudaStream_t stream) = 0;  // cudaEventRecord
   // cudaEventQuery: cudaSuccess once the work before the record has run, cudaErrorNotReady
   // before that, another error when the device failed.
+  // cudaErrorNotReady leaves no error behind for the thread's next cudaGetLastError().
   virtual cudaError_t EventQuery(cudaEvent_t event) = 0;
   virtual cudaError_t StreamWaitEvent(cudaStream_t stream, cudaEvent_t event) = 0;  // flags 0
   virtual cudaError_t Malloc(void** ptr, size_t bytes) = 0;                         // cudaMalloc

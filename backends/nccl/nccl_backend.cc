@@ -43,9 +43,29 @@ bool LaunchedByMpi() {
   return false;
 }
 
+// A launcher that is no MPI one but made a world of several processes (torchrun, SLURM's
+// srun without PMI): its variable and value, else empty. A world of one would be wrong there.
+std::string NonMpiWorld() {
+  for (const char* name : {"WORLD_SIZE", "SLURM_NTASKS"}) {
+    const char* v = std::getenv(name);
+    if (v != nullptr && std::atoi(v) > 1) return absl::StrCat(name, "=", v);
+  }
+  return "";
+}
+
+// This process's rank among those on its node: the default device is that modulo the node's
+// devices (ranks placed round-robin across nodes would otherwise share a GPU).
+int NodeLocalRank(int world_rank) {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMIX_LOCAL_RANK"}) {
+    const char* v = std::getenv(name);
+    if (v != nullptr && *v != 0) return std::atoi(v);
+  }
+  return world_rank;
+}
+
 std::shared_ptr<const NcclContext> MakeContext(NcclApis apis, const NcclBackendConfig& c) {
   auto ctx = std::make_shared<NcclContext>();
-  ctx->poller = CompletionPoller::Create(apis.cuda);
+  ctx->poller = CompletionPoller::Create(apis.cuda, c.device);
   ctx->apis = std::move(apis);
   ctx->timeout = c.timeout;
   ctx->spin = c.spin;
@@ -104,6 +124,12 @@ absl::StatusOr<std::unique_ptr<Backend>> NcclBackend::Create(const Options& opti
   // Before MPI: a machine without a GPU fails here, naming CUDA's error.
   ASSIGN_OR_RETURN(const int devices, DeviceCount(*apis.cuda));
   if (!LaunchedByMpi()) {
+    if (const std::string world = NonMpiWorld(); !world.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "nccl backend: this process was launched into a world of several ranks (", world,
+          ") but not by an MPI launcher: start it with mpirun, or distribute a unique id "
+          "yourself (NcclBackend::CreateFromUniqueId)"));
+    }
     ASSIGN_OR_RETURN(std::unique_ptr<NcclBackend> b, CreateSingleRank(std::move(apis), options));
     return std::unique_ptr<Backend>(std::move(b));
   }
@@ -114,7 +140,7 @@ absl::StatusOr<std::unique_ptr<Backend>> NcclBackend::Create(const Options& opti
   const int rank = mpi->local_ranks().front();
   ASSIGN_OR_RETURN(std::unique_ptr<Group> world, mpi->WorldGroup(rank));
   const NcclBackendConfig config =
-      ConfigFrom(options, options.cuda_device >= 0 ? options.cuda_device : rank % devices);
+      ConfigFrom(options, options.cuda_device >= 0 ? options.cuda_device : NodeLocalRank(rank) % devices);
   ASSIGN_OR_RETURN(std::unique_ptr<NcclBackend> b,
                    CreateWithBootstrap(std::move(apis), *world, config));
   b->bootstrap_group_ = std::move(world);

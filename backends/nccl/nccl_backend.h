@@ -28,12 +28,14 @@
 //         ASSIGN_OR_RETURN(std::unique_ptr<Group> world, b->WorldGroup(rank));
 //   (b) launched by mpirun: BRAID_BACKEND=nccl, and CreateBackend(options) initializes MPI
 //       (the `mpi` backend), broadcasts the id over MPI_COMM_WORLD, picks the device
-//       (BRAID_CUDA_DEVICE, else world rank modulo the device count) and the mode
+//       (BRAID_CUDA_DEVICE, else the node-local rank (OMPI_COMM_WORLD_LOCAL_RANK) modulo the
+//       device count) and the mode
 //       (BRAID_NCCL_BLOCKING). The MPI world stays up for the backend's lifetime.
 //   (c) not launched by mpirun (no OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK in the
 //       environment): CreateBackend(options) makes a world of one rank on BRAID_CUDA_DEVICE
 //       (else device 0) from an id it makes itself, without initializing MPI (single-GPU runs,
-//       and GPU machines without Open MPI's launcher).
+//       and GPU machines without Open MPI's launcher). Refused when WORLD_SIZE or SLURM_NTASKS
+//       says the process belongs to a larger world (torchrun, srun).
 //
 // Semantics differ from the CPU backends in two documented places: avg is ncclAvg (a
 // pre-multiplied 1/n for floats, so rounding differs from sum-then-divide), and premul_sum on

@@ -154,8 +154,13 @@ absl::StatusOr<std::shared_ptr<NcclComm>> NcclComm::Split(int color, int key, Co
   if (!s.ok()) {
     // Peers may have split: this communicator's call order is no longer known to match.
     s = WithContext(s, what);
-    if (handle != nullptr) apis_.nccl->CommAbort(handle);
+    // Parent first: aborting it joins a pending nonblocking split, which may write the child's
+    // pointer into `handle` on its way out (also on failure); a child seen then is aborted
+    // too. `handle` stays in this frame until that join is over.
     AbortLocked(s);
+    if (ncclComm_t child_handle = __atomic_load_n(&handle, __ATOMIC_ACQUIRE); child_handle != nullptr) {
+      apis_.nccl->CommAbort(child_handle);
+    }
     return s;
   }
   if (handle == nullptr) {
