@@ -101,6 +101,14 @@ const std::vector<Entry>& Entries() {
          o.cuda_device = static_cast<int>(x);
          return absl::OkStatus();
        }},
+      {{"BRAID_NCCL_LIBRARY", "libnccl.so.2",
+        "nccl backend: the NCCL library to dlopen when a world first needs it (a path, or a "
+        "name found through LD_LIBRARY_PATH and the ld.so cache); nothing links NCCL"},
+       [](Options& o, absl::string_view v) -> absl::Status {
+         if (v.empty()) return BadValue("BRAID_NCCL_LIBRARY", v, "a library name or path");
+         o.nccl_library = std::string(v);
+         return absl::OkStatus();
+       }},
       {{"BRAID_TIMELINE", "", "path prefix for per-rank Chrome-trace timelines (off when empty)"},
        [](Options& o, absl::string_view v) {
          o.timeline = std::string(v);
