@@ -6,6 +6,9 @@
 // Layers of this folder (each uses only the ones above it):
 //   cuda_api.h, nccl_api.h   the only places that call libcudart / libnccl (thin interfaces;
 //                            tests swap in fakes: tests/nccl/fake_cuda_api.h, fake_nccl_api.h)
+//   nccl_library.h           libnccl opened with dlopen at first use (BRAID_NCCL_LIBRARY);
+//                            nothing links NCCL, and the CUDA runtime is linked statically, so
+//                            every binary loads on machines without either
 //   errors.h                 CUDA / NCCL results -> absl::Status, once
 //   nccl_types.h             DType / ReduceOp -> NCCL types, FSDP2's avg and pre-mul-sum choices
 //   cuda_handles.h           RAII streams, events, device and pinned buffers

@@ -129,20 +129,44 @@ def _out():
     return ctypes.c_void_p()
 
 
+def nccl_unique_id():
+    """A new NCCL unique id (bytes) for World("nccl", unique_id=...): make it on one rank and
+    hand it to the others through your own channel. Needs NCCL (BRAID_NCCL_LIBRARY, else
+    libnccl.so.2), not a GPU."""
+    size = ctypes.c_size_t()
+    _lib.call("braid_nccl_unique_id", None, 0, ctypes.byref(size))
+    buf = ctypes.create_string_buffer(size.value)
+    _lib.call("braid_nccl_unique_id", buf, size.value, ctypes.byref(size))
+    return buf.raw[:size.value]
+
+
 class World(_Handle):
     """A backend and this process's ranks: World("mpi") under mpirun, World("local",
-    local_ranks=N) for N ranks as threads of this process, World(plugin_path=...)."""
+    local_ranks=N) for N ranks as threads of this process, World(plugin_path=...), and
+    World("nccl", unique_id=braid.nccl_unique_id() bytes from one rank, world_size=N, rank=r)
+    for one rank per process and GPU (cuda_device: default BRAID_CUDA_DEVICE or rank % GPUs;
+    nccl_blocking: default BRAID_NCCL_BLOCKING or blocking). World("nccl") without a
+    unique_id bootstraps over MPI (mpirun)."""
 
     _destroy = "braid_world_destroy"
 
     def __init__(self, backend=None, local_ranks=0, plugin_path=None, timeout_ms=0,
-                 read_env=True):
+                 read_env=True, unique_id=None, world_size=0, rank=0, cuda_device=-1,
+                 nccl_blocking=None):
         opts = _lib.init_options(_lib.WorldOptions, "braid_world_options_init")
         opts.backend = backend.encode() if backend else None
         opts.plugin_path = plugin_path.encode() if plugin_path else None
         opts.local_ranks = local_ranks
         opts.read_env = 1 if read_env else 0
         opts.timeout_ms = timeout_ms
+        id_buf = None
+        if unique_id is not None:
+            id_buf = ctypes.create_string_buffer(bytes(unique_id), len(unique_id))
+            opts.unique_id = ctypes.cast(id_buf, ctypes.c_void_p)
+            opts.unique_id_size = len(unique_id)
+        opts.world_size, opts.rank, opts.cuda_device = world_size, rank, cuda_device
+        if nccl_blocking is not None:
+            opts.nccl_blocking = 1 if nccl_blocking else 0
         out = _out()
         _lib.call("braid_world_create", ctypes.byref(opts), ctypes.byref(out))
         self._children = weakref.WeakValueDictionary()
@@ -325,6 +349,15 @@ class Work(_Handle):
         is still running at the deadline."""
         _lib.call("braid_work_wait", self.handle, timeout_ms)
 
+    @property
+    def device_event(self):
+        """The completion event (an int: a cudaEvent_t on nccl worlds) a consumer stream waits
+        on, e.g. torch.cuda.ExternalStream-style cudaStreamWaitEvent; None on host backends.
+        Valid while this Work is open."""
+        event = ctypes.c_void_p()
+        _lib.call("braid_work_device_event", self.handle, ctypes.byref(event))
+        return event.value
+
     def done(self):
         """True once completed (raises BraidError if it failed)."""
         flag = ctypes.c_int()
@@ -337,13 +370,15 @@ class Work(_Handle):
 class Reducer(_Handle):
     """The gradient reducer. `params`: (id, count, dtype, name) tuples, in registration order
     (buckets fill in reverse: last registered first). `mode`: "allreduce", "reduce_scatter"
-    or "hybrid" (then `replica` is the replica group)."""
+    or "hybrid" (then `replica` is the replica group). `device`: None (host memory) or the
+    CUDA device index of every gradient, on groups of a World("nccl") (grad() and shard()
+    then return device addresses; mark_ready takes the producer's cudaEvent_t as an int)."""
 
     _destroy = "braid_reducer_destroy"
 
     def __init__(self, shard, params, replica=None, mode="allreduce", bucket_cap_mb=25.0,
                  first_bucket_cap_mb=1.0, allow_unused=False, reduce_dtype=None,
-                 timeout_ms=300000, timeline_prefix=None):
+                 timeout_ms=300000, timeline_prefix=None, device=None):
         opts = _lib.init_options(_lib.ReducerOptions, "braid_reducer_options_init")
         if mode not in MODES:
             raise ValueError("mode %r: one of %s" % (mode, ", ".join(MODES)))
@@ -355,6 +390,7 @@ class Reducer(_Handle):
         opts.allow_unused = 1 if allow_unused else 0
         opts.timeout_ms = timeout_ms
         opts.timeline_prefix = timeline_prefix.encode() if timeline_prefix else None
+        opts.device = _lib.DEVICE_HOST if device is None else device
         array = (_lib.Param * len(params))()
         names = []
         self._specs = {}  # id -> (count, dtype)
