@@ -198,6 +198,16 @@ class NcclTest(unittest.TestCase):
                 g, [(0, 4, "float32", "w")], device=0), "w", "cuda:0", "device buffers")
             red = braid.Reducer(g, [(0, 4, "float32", "w")], device=None)
             red.close()
+            # The raw (address, count, dtype) form device memory is given in, here over host
+            # memory; ready_event is passed through (host backends need none).
+            data = (ctypes.c_float * 4)(1, 2, 3, 4)
+            out = (ctypes.c_float * 4)()
+            g.allreduce((ctypes.addressof(data), 4, "float32"),
+                        (ctypes.addressof(out), 4, "float32"), op="premul_sum",
+                        premul_scalar=2.0, ready_event=None).wait(TIMEOUT_MS)
+            self.assertEqual(list(out), [2.0, 4.0, 6.0, 8.0])
+            with self.assertRaisesRegex(ValueError, "send: a raw buffer is an"):
+                g.allreduce((ctypes.addressof(data), 4))
             g.close()
 
 

@@ -8,7 +8,9 @@ MPI_Finalize, even in a script that forgets to close.
 
 Buffers: anything exposing its memory — a torch.Tensor (contiguous, CPU), a numpy array, a
 bytearray/memoryview, a ctypes array — is accepted where braid.h takes a pointer; the object is
-kept referenced by the Work until the collective completes.
+kept referenced by the Work until the collective completes. Device memory (a World("nccl")) is
+given as a raw (address, element count, dtype) tuple, e.g. from Reducer.grad() or your own
+allocator; the binding does not take CUDA tensors (braid.pytorch is host-memory only).
 """
 
 import atexit
@@ -48,8 +50,14 @@ def dtype_size(dtype):
 
 
 def buffer_info(buf, what="buffer"):
-    """(address, element count, braid dtype) of a tensor or array; (address, bytes, None) of a
-    plain writable buffer. Raises ValueError naming `what` for an unusable one."""
+    """(address, element count, braid dtype) of a tensor or array, or of a raw (address,
+    count, dtype) tuple (device memory); (address, bytes, None) of a plain writable buffer.
+    Raises ValueError naming `what` for an unusable one."""
+    if isinstance(buf, tuple):
+        if len(buf) != 3 or not isinstance(buf[0], int) or not isinstance(buf[1], int):
+            raise ValueError("%s: a raw buffer is an (address, element count, dtype) tuple" %
+                             what)
+        return buf[0], buf[1], dtype_code(buf[2])
     if hasattr(buf, "data_ptr") and hasattr(buf, "is_contiguous"):  # torch.Tensor
         if buf.device.type != "cpu":
             raise ValueError("%s: a %s tensor; the Python binding passes CPU memory only" %
@@ -276,11 +284,12 @@ class Group(_Handle):
 
     # Collectives: asynchronous, each returns a Work (wait() it). `recv` defaults to `send`
     # (in place).
-    def _options(self, timeout_ms, premul_scalar, label):
+    def _options(self, timeout_ms, premul_scalar, label, ready_event=None):
         opts = _lib.init_options(_lib.CollectiveOptions, "braid_collective_options_init")
         opts.timeout_ms = timeout_ms
         opts.premul_scalar = premul_scalar
         opts.label = label.encode() if label else None
+        opts.ready_event = ready_event  # nccl: the producer's cudaEvent_t (an int); else None
         return opts
 
     def _launch(self, fn, bufs, *args, opts):
@@ -295,31 +304,33 @@ class Group(_Handle):
             raise ValueError("send and recv must be typed (tensor or array) of one dtype")
         return s_ptr, s_n, r_ptr, r_n, s_dt
 
-    def allreduce(self, send, recv=None, op="sum", timeout_ms=0, premul_scalar=1.0, label=None):
+    def allreduce(self, send, recv=None, op="sum", timeout_ms=0, premul_scalar=1.0, label=None,
+                  ready_event=None):
         s, n, r, rn, dt = self._typed(send, recv)
         if rn != n:
             raise ValueError("allreduce: recv has %d elements, send %d" % (rn, n))
         return self._launch("braid_allreduce", (send, recv), s, r, n, dt, _OPS[op],
-                            opts=self._options(timeout_ms, premul_scalar, label))
+                            opts=self._options(timeout_ms, premul_scalar, label, ready_event))
 
-    def reduce_scatter(self, send, recv, op="sum", timeout_ms=0, premul_scalar=1.0, label=None):
+    def reduce_scatter(self, send, recv, op="sum", timeout_ms=0, premul_scalar=1.0, label=None,
+                       ready_event=None):
         s, n, r, rn, dt = self._typed(send, recv)
         if n != rn * self.size:
             raise ValueError("reduce_scatter: send has %d elements, want size * %d" % (n, rn))
         return self._launch("braid_reduce_scatter", (send, recv), s, r, rn, dt, _OPS[op],
-                            opts=self._options(timeout_ms, premul_scalar, label))
+                            opts=self._options(timeout_ms, premul_scalar, label, ready_event))
 
-    def allgather(self, send, recv, timeout_ms=0, label=None):
+    def allgather(self, send, recv, timeout_ms=0, label=None, ready_event=None):
         s, n, r, rn, dt = self._typed(send, recv)
         if rn != n * self.size:
             raise ValueError("allgather: recv has %d elements, want size * %d" % (rn, n))
         return self._launch("braid_allgather", (send, recv), s, r, n, dt,
-                            opts=self._options(timeout_ms, 1.0, label))
+                            opts=self._options(timeout_ms, 1.0, label, ready_event))
 
-    def broadcast(self, buf, root=0, timeout_ms=0, label=None):
+    def broadcast(self, buf, root=0, timeout_ms=0, label=None, ready_event=None):
         p, n, _, _, dt = self._typed(buf, None)
         return self._launch("braid_broadcast", (buf,), p, n, dt, root,
-                            opts=self._options(timeout_ms, 1.0, label))
+                            opts=self._options(timeout_ms, 1.0, label, ready_event))
 
     def barrier(self, timeout_ms=0):
         return self._launch("braid_barrier", (), opts=self._options(timeout_ms, 1.0, None))
