@@ -352,8 +352,9 @@ typedef struct braid_reducer_options {
   /* Chrome-trace timeline written to "<prefix>.rank<world rank>.json"; NULL or "": off. */
   const char* timeline_prefix;
   /* 0.6. Where every parameter's gradient (and the buckets) live. BRAID_DEVICE_HOST (-1,
-   * default): host memory. >= 0: that CUDA device, on groups of a "nccl" world (its
-   * cuda_device): braid_reducer_grad / braid_reducer_shard return device pointers, every
+   * default): host memory. >= 0: that CUDA device, on groups of a "nccl" world whose
+   * cuda_device it must be (the buckets are allocated and reduced there; Braid does not
+   * check the match): braid_reducer_grad / braid_reducer_shard return device pointers, every
    * bucket operation is queued on Braid's comm streams, and mark_ready's device_event is
    * waited on by them; an optimizer on the reducer steps on the device too. Not on device
    * (UNIMPLEMENTED): f16 gradients without reduce_dtype F32, BRAID_REDUCE_SCATTER_ONLY. */
