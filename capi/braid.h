@@ -33,9 +33,11 @@
  *  - Option structs begin with `size_t struct_size`. Fill them with the matching
  *    braid_*_options_init() (which sets struct_size to sizeof the struct and every field to
  *    its default), then change fields. Accepted: the size of any version of the struct this
- *    library knows (ABI 1: exactly sizeof), or a larger size (a newer header) whose extra
- *    bytes are all zero; otherwise BRAID_INVALID_ARGUMENT ("struct_size ..."). An options
- *    pointer may be NULL: every default.
+ *    library knows (fields are only ever appended: an older caller's smaller struct is read
+ *    as far as it goes and the fields it lacks keep their defaults; each struct notes its
+ *    versions), or a larger size (a newer header) whose extra bytes are all zero; otherwise
+ *    BRAID_INVALID_ARGUMENT ("struct_size ..."). An options pointer may be NULL: every
+ *    default.
  *  - Thread safety: any function may be called from any thread. Collectives and splits on one
  *    group are serialized by the library, but every rank must still issue a group's
  *    collectives in the same order (the RANK-ORDER CONTRACT: ranks match calls by position;
@@ -60,7 +62,7 @@ extern "C" {
 #endif
 
 #define BRAID_VERSION_MAJOR 0
-#define BRAID_VERSION_MINOR 5
+#define BRAID_VERSION_MINOR 6
 #define BRAID_VERSION_PATCH 0
 /* Bumped whenever a struct layout, enum value or signature changes incompatibly. */
 #define BRAID_ABI_VERSION 1
@@ -135,11 +137,14 @@ typedef enum braid_reduce_op {
 
 /* ---- World ---------------------------------------------------------------------------------- */
 
+/* Versions (struct_size): 0.5 ends after timeout_ms (40 bytes on LP64); 0.6 adds the nccl
+ * fields from unique_id on. */
 typedef struct braid_world_options {
   size_t struct_size;
   /* "local" (ranks are threads of this process), "mpi" (one rank per process, from mpirun's
-   * environment) or "plugin". NULL (default): "plugin" when plugin_path is set, else
-   * BRAID_BACKEND when read_env, else "local". */
+   * environment), "nccl" (one rank per process and CUDA device; see unique_id) or "plugin".
+   * NULL (default): "plugin" when plugin_path is set, else BRAID_BACKEND when read_env, else
+   * "local". */
   const char* backend;
   /* Shared library exporting braidBackendPlugin_v1. NULL (default): BRAID_BACKEND_PLUGIN when
    * read_env. */
@@ -154,16 +159,45 @@ typedef struct braid_world_options {
   /* Deadline of every collective and internal wait. 0 (default): BRAID_TIMEOUT_MS when
    * read_env, else 300000. */
   int64_t timeout_ms;
+  /* ---- 0.6: the nccl backend. The library opens NCCL (BRAID_NCCL_LIBRARY when read_env,
+   * else libnccl.so.2) with dlopen when an nccl world is first created; nothing else needs
+   * NCCL or a GPU. */
+  /* backend "nccl" only: the NCCL unique id (unique_id_size bytes, copied) that one rank made
+   * with braid_nccl_unique_id and the caller handed to every rank through its own channel
+   * (a store, a TCP connection, a file). Needs world_size and rank. NULL (default): "nccl"
+   * bootstraps over MPI instead (under mpirun: rank 0 makes the id and broadcasts it). */
+  const void* unique_id;
+  /* The size braid_nccl_unique_id reported (128); 0 (default) without unique_id. */
+  size_t unique_id_size;
+  /* With unique_id: the world's number of ranks (>= 1; one process and GPU each) and this
+   * process's rank in [0, world_size). Without unique_id both must stay 0 (the default). */
+  int world_size;
+  int rank;
+  /* nccl: this rank's CUDA device. -1 (default): BRAID_CUDA_DEVICE when read_env, else the
+   * rank modulo the number of visible devices. */
+  int cuda_device;
+  /* nccl: 1 blocking communicators, 0 nonblocking (NCCL calls return at once and are polled
+   * under the deadline, so a hung peer never blocks a thread inside NCCL). -1 (default):
+   * BRAID_NCCL_BLOCKING when read_env, else 1. */
+  int nccl_blocking;
 } braid_world_options_t;
 
 /* Fills defaults and struct_size. NULL: no-op. */
 BRAID_API void braid_world_options_init(braid_world_options_t* opts);
 
 /* Creates the backend. `opts` may be NULL (defaults). On success *out is a new world.
+ * Backend "nccl" with unique_id: this process is rank `rank` of a world of world_size ranks;
+ * braid_world_group(world, rank, ...) is collective over all of them (ncclCommInitRank).
  * Errors: INVALID_ARGUMENT (bad struct_size, malformed BRAID_* variable, local_ranks < 0,
- * timeout_ms < 0, read_env not 0/1, NULL out); NOT_FOUND (unknown backend name, listing the known ones; a
- * plugin path with no library); FAILED_PRECONDITION / UNIMPLEMENTED (plugin without a usable
- * table); others from the backend (e.g. mpi outside mpirun). */
+ * timeout_ms < 0, read_env not 0/1, NULL out; unique_id with another backend than "nccl",
+ * unique_id_size not the id's size, unique_id_size / world_size / rank set without unique_id,
+ * world_size < 1 or rank outside [0, world_size), cuda_device < -1 or not a visible device,
+ * nccl_blocking not -1/0/1: each naming the field); NOT_FOUND (unknown backend name, listing
+ * the known ones; a plugin path with no library); FAILED_PRECONDITION (nccl: NCCL cannot be
+ * loaded, naming the library path, the symbol and the loader's message; no usable GPU,
+ * naming the CUDA error, e.g. 35 without a driver, 100 without a device); FAILED_PRECONDITION
+ * / UNIMPLEMENTED (plugin without a usable table); others from the backend (e.g. mpi outside
+ * mpirun). */
 BRAID_API braid_status_t braid_world_create(const braid_world_options_t* opts,
                                             braid_world_t** out);
 /* *size = number of ranks in the world (all processes). */
@@ -180,6 +214,15 @@ BRAID_API braid_status_t braid_world_local_ranks(braid_world_t* world, int* rank
 BRAID_API braid_status_t braid_world_group(braid_world_t* world, int rank, braid_group_t** out);
 /* Destroys the world. FAILED_PRECONDITION while groups created from it are alive. */
 BRAID_API braid_status_t braid_world_destroy(braid_world_t* world);
+
+/* A new NCCL unique id for a world of backend "nccl" (call it on one rank, e.g. rank 0, then
+ * hand the bytes to every rank's braid_world_options_t.unique_id). Needs NCCL (opened from
+ * BRAID_NCCL_LIBRARY, else libnccl.so.2), not a GPU. *size = the id's size in bytes (128;
+ * always written, even on OUT_OF_RANGE). `out` may be NULL (size only); else the id is
+ * written to out[0, *size). Errors: INVALID_ARGUMENT (NULL size, malformed BRAID_* variable);
+ * OUT_OF_RANGE (capacity < *size: nothing made); FAILED_PRECONDITION (NCCL cannot be loaded,
+ * naming the library path and the loader's message); INTERNAL (ncclGetUniqueId failed). */
+BRAID_API braid_status_t braid_nccl_unique_id(void* out, size_t capacity, size_t* size);
 
 /* ---- Groups --------------------------------------------------------------------------------- */
 
@@ -255,6 +298,12 @@ BRAID_API braid_status_t braid_work_wait(braid_work_t* work, int64_t timeout_ms)
 /* Never blocks. *done = 0 and BRAID_IN_PROGRESS while the operation runs (last error
  * unchanged); *done = 1 and the operation's status once it completed. */
 BRAID_API braid_status_t braid_work_test(braid_work_t* work, int* done);
+/* *event = the work's device completion event (nccl: a cudaEvent_t recorded on Braid's comm
+ * stream after the operation; cudaStreamWaitEvent(consumer, event, 0) orders a consumer
+ * stream after it without blocking the host). NULL for host backends (local, mpi, plugin):
+ * the results are in place once the work completed. Valid while the work's handle lives;
+ * Braid owns it (never destroy it). */
+BRAID_API braid_status_t braid_work_device_event(braid_work_t* work, void** event);
 /* Releases the handle (see the conventions for unfinished works). */
 BRAID_API braid_status_t braid_work_destroy(braid_work_t* work);
 
@@ -284,7 +333,10 @@ typedef struct braid_param {
 } braid_param_t;
 
 #define BRAID_REDUCE_DTYPE_NATIVE (-1) /* braid_reducer_options_t.reduce_dtype default */
+#define BRAID_DEVICE_HOST (-1)         /* braid_reducer_options_t.device default */
 
+/* Versions (struct_size): 0.5 ends after timeline_prefix (56 bytes on LP64); 0.6 adds
+ * device. */
 typedef struct braid_reducer_options {
   size_t struct_size;
   braid_reduce_mode_t mode;        /* default BRAID_MODE_ALLREDUCE */
@@ -299,6 +351,14 @@ typedef struct braid_reducer_options {
   int64_t timeout_ms;              /* finish_backward's deadline; default 300000 */
   /* Chrome-trace timeline written to "<prefix>.rank<world rank>.json"; NULL or "": off. */
   const char* timeline_prefix;
+  /* 0.6. Where every parameter's gradient (and the buckets) live. BRAID_DEVICE_HOST (-1,
+   * default): host memory. >= 0: that CUDA device, on groups of a "nccl" world whose
+   * cuda_device it must be (the buckets are allocated and reduced there; Braid does not
+   * check the match): braid_reducer_grad / braid_reducer_shard return device pointers, every
+   * bucket operation is queued on Braid's comm streams, and mark_ready's device_event is
+   * waited on by them; an optimizer on the reducer steps on the device too. Not on device
+   * (UNIMPLEMENTED): f16 gradients without reduce_dtype F32, BRAID_REDUCE_SCATTER_ONLY. */
+  int device;
 } braid_reducer_options_t;
 
 BRAID_API void braid_reducer_options_init(braid_reducer_options_t* opts);
@@ -308,7 +368,8 @@ BRAID_API void braid_reducer_options_init(braid_reducer_options_t* opts);
  * group; `replica`: hybrid mode only (else NULL), from the same world as `shard`. `params`:
  * n entries, copied. Errors: INVALID_ARGUMENT (NULL params with n > 0, duplicate id, bad dtype
  * or mode, replica missing in hybrid mode or given otherwise, groups of different worlds, a
- * plan that differs across ranks), UNIMPLEMENTED (a device the backend lacks), NOT_FOUND
+ * plan that differs across ranks, device < -1), UNIMPLEMENTED (a device the backend lacks:
+ * device >= 0 on a host backend, or a device-side feature not there yet), NOT_FOUND
  * (timeline directory missing). */
 BRAID_API braid_status_t braid_reducer_create(braid_group_t* shard, braid_group_t* replica,
                                               const braid_param_t* params, size_t n,
@@ -385,8 +446,12 @@ BRAID_API void braid_optimizer_options_init(braid_optimizer_options_t* opts);
 
 /* Collective over the reducer's shard group: creates a gather group (a split of the shard
  * group with key = rank), the parameter gatherer and the optimizer, all owned by the handle.
- * Errors: INVALID_ARGUMENT (bad hyper-parameters, threads < 1, all-reduce mode reducer),
- * TIMEOUT / PEER_ERROR from the collectives. */
+ * A reducer on a CUDA device (its device option) gets the fused CUDA AdamW / SGD kernels:
+ * master weights, moments and parameters live on that device (braid_optimizer_param returns
+ * device pointers; set_param copies host values in). Errors: INVALID_ARGUMENT (bad
+ * hyper-parameters, threads < 1, all-reduce mode reducer), UNIMPLEMENTED (a feature the
+ * device optimizer lacks, named; see optim/sharded_optimizer.h), TIMEOUT / PEER_ERROR from
+ * the collectives. */
 BRAID_API braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
                                                 const braid_optimizer_options_t* opts,
                                                 braid_optimizer_t** out);

@@ -174,6 +174,15 @@ braid_status_t braid_work_test(braid_work_t* work, int* done) {
   return running ? BRAID_IN_PROGRESS : code;
 }
 
+braid_status_t braid_work_device_event(braid_work_t* work, void** event) {
+  return Guard("braid_work_device_event", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto w, Find<WorkImpl>(work, "work"));
+    RETURN_IF_ERROR(CheckNotNull(event, "event"));
+    *event = w->work->device_event().handle;
+    return absl::OkStatus();
+  });
+}
+
 braid_status_t braid_work_destroy(braid_work_t* work) {
   return Guard("braid_work_destroy",
                [&] { return braid::capi::Destroy(work, Tag::kWork, "work"); });

@@ -86,6 +86,23 @@ absl::Status ReadOptionBytes(const void* opts, size_t min_size, size_t known_siz
   return absl::OkStatus();
 }
 
+absl::Status CheckKnownSize(const void* opts, std::initializer_list<size_t> older,
+                            size_t known_size, const char* type) {
+  if (opts == nullptr) return absl::OkStatus();
+  size_t size = 0;
+  std::memcpy(&size, opts, sizeof(size));
+  if (size >= known_size) return absl::OkStatus();
+  std::string sizes;
+  for (size_t s : older) {
+    if (s == size) return absl::OkStatus();
+    absl::StrAppend(&sizes, s, ", ");
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      type, ".struct_size is ", size, ": not the size of any version of the struct (known: ",
+      sizes, known_size, "; call ", absl::string_view(type).substr(0, std::strlen(type) - 2),
+      "_init first)"));
+}
+
 absl::Status CheckTimeoutMs(int64_t ms, const char* what) {
   if (ms >= 0) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(what, " must be >= 0, got ", ms));

@@ -17,12 +17,14 @@
 #include <cstddef>
 #include <cstring>
 #include <exception>
+#include <initializer_list>
 #include <new>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "capi/braid.h"
+#include "comm/status_macros.h"
 
 namespace braid::capi {
 
@@ -61,6 +63,19 @@ absl::Status ReadOptionBytes(const void* opts, size_t min_size, size_t known_siz
 template <typename T>
 absl::Status ReadOptions(const T* opts, const char* type, T* out) {
   return ReadOptionBytes(opts, sizeof(T), sizeof(T), type, out);
+}
+// For a struct with several versions (fields appended): `older` lists the sizes of the earlier
+// versions (offsetof the first field each later version added). A caller's size below sizeof(T)
+// must be one of them exactly (a size inside a field is a mismatched header, not a version).
+absl::Status CheckKnownSize(const void* opts, std::initializer_list<size_t> older,
+                            size_t known_size, const char* type);
+template <typename T>
+absl::Status ReadVersionedOptions(const T* opts, std::initializer_list<size_t> older,
+                                  const char* type, T* out) {
+  size_t min_size = sizeof(T);
+  for (size_t s : older) min_size = s < min_size ? s : min_size;
+  RETURN_IF_ERROR(ReadOptionBytes(opts, min_size, sizeof(T), type, out));
+  return CheckKnownSize(opts, older, sizeof(T), type);
 }
 
 // Milliseconds from the C API to a Duration; `what` names the field. InvalidArgument if < 0.

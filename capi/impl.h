@@ -47,6 +47,7 @@ struct ReducerImpl {
   using Handle = braid_reducer_t;
   static constexpr Tag kTag = Tag::kReducer;
   std::shared_ptr<GroupImpl> shard, replica;  // replica may be null
+  int device = BRAID_DEVICE_HOST;             // braid_reducer_options_t.device
   std::unique_ptr<sched::Timeline> timeline;  // outlives the reducer (declared before it)
   std::unique_ptr<sched::GradientReducer> reducer;
   // Between a successful begin_backward (reducer's or optimizer's) and the next finish: the

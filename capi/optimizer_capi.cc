@@ -12,6 +12,7 @@
 #include "capi/handles.h"
 #include "capi/impl.h"
 #include "comm/status_macros.h"
+#include "optim/cuda_step_kernels.h"
 
 using braid::capi::CheckNotNull;
 using braid::capi::Find;
@@ -121,6 +122,10 @@ braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
     braid_optimizer_options_init(&o);
     RETURN_IF_ERROR(braid::capi::ReadOptions(opts, "braid_optimizer_options_t", &o));
     ASSIGN_OR_RETURN(braid::optim::OptimizerConfig config, braid::capi::ToConfig(o));
+    // Device parameters: the fused CUDA kernels, queued on the shard group's comm stream.
+    if (impl->reducer->device != BRAID_DEVICE_HOST) {
+      config.device_kernels = braid::optim::CudaStepKernels();
+    }
     RETURN_IF_ERROR(braid::capi::Build(*impl, config));
     ASSIGN_OR_RETURN(*out, braid::capi::Register(std::move(impl), {reducer}));
     return absl::OkStatus();

@@ -1,4 +1,5 @@
 // C API: the gradient reducer.
+#include <cstddef>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -23,7 +24,8 @@ using braid::capi::Tag;
 namespace braid::capi {
 namespace {
 
-absl::StatusOr<std::vector<sched::ParamSpec>> ToSpecs(const braid_param_t* params, size_t n) {
+absl::StatusOr<std::vector<sched::ParamSpec>> ToSpecs(const braid_param_t* params, size_t n,
+                                                     Device device) {
   if (params == nullptr && n > 0) {
     return absl::InvalidArgumentError(absl::StrCat("argument 'params' is NULL with n = ", n));
   }
@@ -33,6 +35,7 @@ absl::StatusOr<std::vector<sched::ParamSpec>> ToSpecs(const braid_param_t* param
     specs[i].id = p.id;
     specs[i].count = p.count;
     specs[i].name = p.name != nullptr ? p.name : "";
+    specs[i].device = device;
     const std::string what = absl::StrCat("params[", i, "] (", specs[i].Label(), "): dtype");
     ASSIGN_OR_RETURN(specs[i].dtype, ToDType(RawEnum(p.dtype), what.c_str()));
   }
@@ -65,6 +68,11 @@ absl::StatusOr<sched::ReducerConfig> ToConfig(const braid_reducer_options_t& o) 
     }
   }
   RETURN_IF_ERROR(CheckTimeoutMs(o.timeout_ms, "opts->timeout_ms"));
+  if (o.device < BRAID_DEVICE_HOST) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "opts->device must be BRAID_DEVICE_HOST (-1) or a CUDA device index >= 0, got ",
+        o.device));
+  }
   c.bucket_cap_bytes = o.bucket_cap_bytes;
   c.first_bucket_cap_bytes = o.first_bucket_cap_bytes;
   c.allow_unused = o.allow_unused != 0;
@@ -96,6 +104,7 @@ void braid_reducer_options_init(braid_reducer_options_t* opts) {
   opts->allow_unused = d.allow_unused ? 1 : 0;
   opts->gradient_as_bucket_view = d.gradient_as_bucket_view ? 1 : 0;
   opts->timeout_ms = absl::ToInt64Milliseconds(d.timeout);
+  opts->device = BRAID_DEVICE_HOST;
 }
 
 braid_status_t braid_reducer_create(braid_group_t* shard, braid_group_t* replica,
@@ -118,13 +127,18 @@ braid_status_t braid_reducer_create(braid_group_t* shard, braid_group_t* replica
     RETURN_IF_ERROR(CheckNotNull(out, "out"));
     braid_reducer_options_t o;
     braid_reducer_options_init(&o);
-    RETURN_IF_ERROR(braid::capi::ReadOptions(opts, "braid_reducer_options_t", &o));
+    // 0.5's struct ended after timeline_prefix.
+    RETURN_IF_ERROR(braid::capi::ReadVersionedOptions(
+        opts, {offsetof(braid_reducer_options_t, device)}, "braid_reducer_options_t", &o));
     ASSIGN_OR_RETURN(braid::sched::ReducerConfig config, braid::capi::ToConfig(o));
     if (replica != nullptr && config.mode != braid::sched::ReduceMode::kHybrid) {
       return absl::InvalidArgumentError(
           "a 'replica' group is used by BRAID_MODE_HYBRID only: pass NULL in this mode");
     }
-    ASSIGN_OR_RETURN(auto specs, braid::capi::ToSpecs(params, n));
+    impl->device = o.device;
+    const braid::Device device =
+        o.device == BRAID_DEVICE_HOST ? braid::Device::Cpu() : braid::Device::Cuda(o.device);
+    ASSIGN_OR_RETURN(auto specs, braid::capi::ToSpecs(params, n, device));
     if (o.timeline_prefix != nullptr && o.timeline_prefix[0] != '\0') {
       ASSIGN_OR_RETURN(impl->timeline,
                        braid::sched::Timeline::Create(o.timeline_prefix, impl->shard->world_rank));

@@ -1,4 +1,5 @@
 // C API: worlds, groups, meshes.
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <utility>
@@ -8,6 +9,7 @@
 #include "capi/errors.h"
 #include "capi/handles.h"
 #include "capi/impl.h"
+#include "capi/nccl_capi.h"
 #include "comm/backend.h"
 #include "comm/options.h"
 #include "comm/status_macros.h"
@@ -44,6 +46,7 @@ absl::StatusOr<Options> ToOptions(const braid_world_options_t& o) {
   if (o.backend != nullptr) opts.backend = o.backend;
   if (o.local_ranks > 0) opts.local_ranks = o.local_ranks;
   if (o.timeout_ms > 0) opts.timeout = absl::Milliseconds(o.timeout_ms);
+  RETURN_IF_ERROR(ApplyNcclFields(o, opts));
   return opts;
 }
 
@@ -72,6 +75,8 @@ void braid_world_options_init(braid_world_options_t* opts) {
   *opts = braid_world_options_t{};
   opts->struct_size = sizeof(*opts);
   opts->read_env = 1;
+  opts->cuda_device = -1;
+  opts->nccl_blocking = -1;
 }
 
 braid_status_t braid_world_create(const braid_world_options_t* opts, braid_world_t** out) {
@@ -79,10 +84,16 @@ braid_status_t braid_world_create(const braid_world_options_t* opts, braid_world
     RETURN_IF_ERROR(CheckNotNull(out, "out"));
     braid_world_options_t o;
     braid_world_options_init(&o);
-    RETURN_IF_ERROR(braid::capi::ReadOptions(opts, "braid_world_options_t", &o));
+    // 0.5's struct ended after timeout_ms.
+    RETURN_IF_ERROR(braid::capi::ReadVersionedOptions(
+        opts, {offsetof(braid_world_options_t, unique_id)}, "braid_world_options_t", &o));
     ASSIGN_OR_RETURN(braid::Options options, braid::capi::ToOptions(o));
     auto impl = std::make_shared<WorldImpl>();
-    ASSIGN_OR_RETURN(impl->backend, braid::CreateBackend(options));
+    if (braid::capi::FromUniqueId(o)) {
+      ASSIGN_OR_RETURN(impl->backend, braid::capi::CreateNcclFromUniqueId(o, options));
+    } else {
+      ASSIGN_OR_RETURN(impl->backend, braid::CreateBackend(options));
+    }
     ASSIGN_OR_RETURN(*out, Register(std::move(impl), {}));
     return absl::OkStatus();
   });

@@ -95,10 +95,18 @@ const std::vector<Entry>& Entries() {
        }},
       {{"BRAID_CUDA_DEVICE", "-1",
         "nccl backend: CUDA device of this process's rank (-1: the node-local rank under mpirun, "
-        "else 0, modulo the number of visible devices)"},
+        "else the world rank, modulo the number of visible devices)"},
        [](Options& o, absl::string_view v) -> absl::Status {
          ASSIGN_OR_RETURN(int64_t x, ParseInt("BRAID_CUDA_DEVICE", v, -1, 1 << 16));
          o.cuda_device = static_cast<int>(x);
+         return absl::OkStatus();
+       }},
+      {{"BRAID_NCCL_LIBRARY", "libnccl.so.2",
+        "nccl backend: the NCCL library to dlopen when a world first needs it (a path, or a "
+        "name found through LD_LIBRARY_PATH and the ld.so cache); nothing links NCCL"},
+       [](Options& o, absl::string_view v) -> absl::Status {
+         if (v.empty()) return BadValue("BRAID_NCCL_LIBRARY", v, "a library name or path");
+         o.nccl_library = std::string(v);
          return absl::OkStatus();
        }},
       {{"BRAID_TIMELINE", "", "path prefix for per-rank Chrome-trace timelines (off when empty)"},

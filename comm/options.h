@@ -32,6 +32,7 @@ struct Options {
   std::string timeline;               // BRAID_TIMELINE
   bool nccl_blocking = true;          // BRAID_NCCL_BLOCKING
   int cuda_device = -1;               // BRAID_CUDA_DEVICE (-1: node-local rank % device count)
+  std::string nccl_library = "libnccl.so.2";  // BRAID_NCCL_LIBRARY (opened with dlopen)
   std::vector<std::string> unknown;   // BRAID_* names seen in the environment but not known
 
   // Parses `environ` once.

@@ -5,7 +5,8 @@
 // ops and error paths are unit-tested on CPU against a fake (tests/nccl/fake_nccl_api.h) that
 // runs the collectives on host memory across fake ranks in one process.
 //
-//   std::shared_ptr<NcclApi> nccl = RealNcclApi();
+//   std::shared_ptr<NcclApi> nccl = RealNcclApi(options.nccl_library);   // nothing loaded yet
+//   RETURN_IF_ERROR(nccl->Ready());        // opens libnccl: FailedPrecondition if it cannot
 //   ncclUniqueId id;
 //   RETURN_IF_ERROR(NcclStatus(*nccl, nccl->GetUniqueId(&id), "ncclGetUniqueId"));
 //
@@ -21,6 +22,9 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
+
+#include "absl/status/status.h"
 
 #include "backends/nccl/cuda_api.h"
 #include "backends/nccl/kernel_api.h"
@@ -30,6 +34,12 @@ namespace braid::nccl {
 class NcclApi {
  public:
   virtual ~NcclApi() = default;
+
+  // OK when the library is usable. The real API opens libnccl on its first call (once; see
+  // nccl_library.h) and returns FailedPrecondition naming the path, the symbol and dlerror()
+  // when it cannot; then every other method returns ncclSystemError and GetErrorString says
+  // why. Entry points (backend creation, NewUniqueIdBytes) call this first. Fakes: always OK.
+  virtual absl::Status Ready() { return absl::OkStatus(); }
 
   virtual ncclResult_t GetUniqueId(ncclUniqueId* id) = 0;
   virtual ncclResult_t CommInitRankConfig(ncclComm_t* comm, int nranks, const ncclUniqueId& id,
@@ -62,8 +72,9 @@ class NcclApi {
   virtual ncclResult_t RedOpDestroy(ncclRedOp_t op, ncclComm_t comm) = 0;
 };
 
-// NCCL itself (libnccl). Stateless; one shared instance is fine everywhere.
-std::shared_ptr<NcclApi> RealNcclApi();
+// NCCL itself: `library` (default libnccl.so.2; BRAID_NCCL_LIBRARY) opened with dlopen at the
+// first call of any method and kept open by the instance. Thread-safe; share one instance.
+std::shared_ptr<NcclApi> RealNcclApi(std::string library = "libnccl.so.2");
 
 // The two libraries together, as every object of the backend holds them.
 struct NcclApis {

@@ -26,15 +26,6 @@ absl::StatusOr<int> DeviceCount(CudaApi& cuda) {
   return n;
 }
 
-NcclBackendConfig ConfigFrom(const Options& options, int device) {
-  NcclBackendConfig config;
-  config.blocking = options.nccl_blocking;
-  config.timeout = options.timeout;
-  config.spin = options.spin;
-  config.device = device;
-  return config;
-}
-
 // Whether an MPI launcher (Open MPI's mpirun, or a PMI/PMIx one) started this process.
 bool LaunchedByMpi() {
   for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
@@ -76,7 +67,18 @@ std::shared_ptr<const NcclContext> MakeContext(NcclApis apis, const NcclBackendC
 
 }  // namespace
 
-NcclApis RealApis() { return NcclApis{RealCudaApi(), RealNcclApi(), RealKernelApi()}; }
+NcclApis RealApis(const std::string& nccl_library) {
+  return NcclApis{RealCudaApi(), RealNcclApi(nccl_library), RealKernelApi()};
+}
+
+NcclBackendConfig NcclConfigFromOptions(const Options& options) {
+  NcclBackendConfig config;
+  config.blocking = options.nccl_blocking;
+  config.timeout = options.timeout;
+  config.spin = options.spin;
+  config.device = options.cuda_device;  // -1: rank modulo the device count
+  return config;
+}
 
 NcclBackend::~NcclBackend() = default;
 
@@ -93,14 +95,21 @@ absl::StatusOr<std::unique_ptr<NcclBackend>> NcclBackend::CreateFromUniqueId(
   if (config.timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("nccl backend: the timeout must be positive");
   }
+  if (config.device < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "nccl backend: CUDA device ", config.device, " is not valid (-1: rank modulo devices)"));
+  }
   ASSIGN_OR_RETURN(const ncclUniqueId id, UniqueIdFromBytes(unique_id));
+  RETURN_IF_ERROR(apis.nccl->Ready());
   ASSIGN_OR_RETURN(const int devices, DeviceCount(*apis.cuda));
-  if (config.device < 0 || config.device >= devices) {
-    return absl::InvalidArgumentError(absl::StrCat("nccl backend: CUDA device ", config.device,
+  NcclBackendConfig resolved = config;
+  if (resolved.device < 0) resolved.device = rank % devices;
+  if (resolved.device >= devices) {
+    return absl::InvalidArgumentError(absl::StrCat("nccl backend: CUDA device ", resolved.device,
                                                    " does not exist (", devices, " visible)"));
   }
   return std::unique_ptr<NcclBackend>(
-      new NcclBackend(MakeContext(std::move(apis), config), id, world_size, rank));
+      new NcclBackend(MakeContext(std::move(apis), resolved), id, world_size, rank));
 }
 
 absl::StatusOr<std::unique_ptr<NcclBackend>> NcclBackend::CreateWithBootstrap(
@@ -115,13 +124,13 @@ absl::StatusOr<std::unique_ptr<NcclBackend>> NcclBackend::CreateSingleRank(
     NcclApis apis, const Options& options) {
   if (apis.nccl == nullptr) return absl::InvalidArgumentError("nccl backend: no NCCL API given");
   ASSIGN_OR_RETURN(const std::string id, NewUniqueIdBytes(*apis.nccl));
-  return CreateFromUniqueId(std::move(apis), id, 1, 0,
-                            ConfigFrom(options, std::max(options.cuda_device, 0)));
+  return CreateFromUniqueId(std::move(apis), id, 1, 0, NcclConfigFromOptions(options));
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> NcclBackend::Create(const Options& options) {
-  NcclApis apis = RealApis();
-  // Before MPI: a machine without a GPU fails here, naming CUDA's error.
+  NcclApis apis = RealApis(options.nccl_library);
+  // Before MPI: a machine without NCCL or a GPU fails here, naming the library or CUDA's error.
+  RETURN_IF_ERROR(apis.nccl->Ready());
   ASSIGN_OR_RETURN(const int devices, DeviceCount(*apis.cuda));
   if (!LaunchedByMpi()) {
     if (const std::string world = NonMpiWorld(); !world.empty()) {
@@ -139,8 +148,8 @@ absl::StatusOr<std::unique_ptr<Backend>> NcclBackend::Create(const Options& opti
                                                                                  mpi_options));
   const int rank = mpi->local_ranks().front();
   ASSIGN_OR_RETURN(std::unique_ptr<Group> world, mpi->WorldGroup(rank));
-  const NcclBackendConfig config =
-      ConfigFrom(options, options.cuda_device >= 0 ? options.cuda_device : NodeLocalRank(rank) % devices);
+  NcclBackendConfig config = NcclConfigFromOptions(options);
+  if (config.device < 0) config.device = NodeLocalRank(rank) % devices;
   ASSIGN_OR_RETURN(std::unique_ptr<NcclBackend> b,
                    CreateWithBootstrap(std::move(apis), *world, config));
   b->bootstrap_group_ = std::move(world);

@@ -6,6 +6,9 @@
 // Layers of this folder (each uses only the ones above it):
 //   cuda_api.h, nccl_api.h   the only places that call libcudart / libnccl (thin interfaces;
 //                            tests swap in fakes: tests/nccl/fake_cuda_api.h, fake_nccl_api.h)
+//   nccl_library.h           libnccl opened with dlopen at first use (BRAID_NCCL_LIBRARY);
+//                            nothing links NCCL, and the CUDA runtime is linked statically, so
+//                            every binary loads on machines without either
 //   errors.h                 CUDA / NCCL results -> absl::Status, once
 //   nccl_types.h             DType / ReduceOp -> NCCL types, FSDP2's avg and pre-mul-sum choices
 //   cuda_handles.h           RAII streams, events, device and pinned buffers
@@ -58,6 +61,7 @@
 #include "backends/nccl/nccl_api.h"
 #include "backends/nccl/nccl_group.h"
 #include "comm/backend.h"
+#include "comm/options.h"
 
 namespace braid::nccl {
 
@@ -65,11 +69,17 @@ struct NcclBackendConfig {
   bool blocking = true;  // NCCL communicator mode (BRAID_NCCL_BLOCKING)
   absl::Duration timeout = absl::Seconds(300);  // every call's default deadline
   absl::Duration spin = absl::Microseconds(20);
-  int device = 0;  // this rank's CUDA device
+  // This rank's CUDA device; -1: the rank modulo the number of visible devices.
+  int device = 0;
 };
 
-// The real libraries.
-NcclApis RealApis();
+// The backend's settings from BRAID_* options: BRAID_NCCL_BLOCKING, BRAID_CUDA_DEVICE,
+// BRAID_TIMEOUT_MS, BRAID_SPIN_US.
+NcclBackendConfig NcclConfigFromOptions(const Options& options);
+
+// The real libraries: the CUDA runtime (linked statically) and NCCL, opened from
+// `nccl_library` (BRAID_NCCL_LIBRARY) at its first use.
+NcclApis RealApis(const std::string& nccl_library = "libnccl.so.2");
 
 class NcclBackend final : public Backend {
  public:
@@ -80,6 +90,9 @@ class NcclBackend final : public Backend {
   static absl::StatusOr<std::unique_ptr<NcclBackend>> CreateSingleRank(NcclApis apis,
                                                                        const Options& options);
   // One rank of a world whose unique id (kUniqueIdBytes bytes) the caller distributed.
+  // Errors, in this order: InvalidArgument (rank outside the world, timeout, id length);
+  // FailedPrecondition when NCCL cannot be loaded (naming the library) or there is no usable
+  // GPU (naming the CUDA error); InvalidArgument for a device that does not exist.
   static absl::StatusOr<std::unique_ptr<NcclBackend>> CreateFromUniqueId(
       NcclApis apis, absl::string_view unique_id, int world_size, int rank,
       const NcclBackendConfig& config);

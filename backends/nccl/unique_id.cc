@@ -10,6 +10,7 @@
 namespace braid::nccl {
 
 absl::StatusOr<std::string> NewUniqueIdBytes(NcclApi& nccl) {
+  RETURN_IF_ERROR(nccl.Ready());
   ncclUniqueId id;
   RETURN_IF_ERROR(NcclStatus(nccl, nccl.GetUniqueId(&id), "ncclGetUniqueId"));
   return std::string(id.internal, kUniqueIdBytes);

@@ -28,7 +28,8 @@ namespace braid::nccl {
 
 inline constexpr size_t kUniqueIdBytes = NCCL_UNIQUE_ID_BYTES;
 
-// ncclGetUniqueId, as kUniqueIdBytes bytes.
+// ncclGetUniqueId, as kUniqueIdBytes bytes. FailedPrecondition when NCCL cannot be loaded
+// (NcclApi::Ready). Needs no GPU.
 absl::StatusOr<std::string> NewUniqueIdBytes(NcclApi& nccl);
 // InvalidArgument naming both lengths unless `bytes` holds exactly kUniqueIdBytes.
 absl::StatusOr<ncclUniqueId> UniqueIdFromBytes(absl::string_view bytes);

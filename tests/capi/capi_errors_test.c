@@ -3,6 +3,7 @@
  * unknown backend, missing plugin, marking twice or outside a backward, destroy order, a
  * handle from another world, timeouts of works in flight. */
 #define _POSIX_C_SOURCE 200809L
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,8 +78,10 @@ static void test_options(void) {
   o.struct_size = 0;
   EXPECT_ERROR(inval, "braid_world_options_t.struct_size is 0: not set", braid_world_create(&o, &w));
   braid_world_options_init(&o);
-  o.struct_size = sizeof(o) - 8;
+  o.struct_size = offsetof(braid_world_options_t, timeout_ms); /* before 0.5's end */
   EXPECT_ERROR(inval, "smaller than any known version", braid_world_create(&o, &w));
+  o.struct_size = sizeof(o) - 8; /* between 0.5's and 0.6's sizes */
+  EXPECT_ERROR(inval, "not the size of any version", braid_world_create(&o, &w));
   o.struct_size = 1u << 20;
   EXPECT_ERROR(inval, "implausibly large", braid_world_create(&o, &w));
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# libbraid.so exports only braid_* symbols, and exactly the functions braid.h declares.
+# libbraid.so exports only braid_* symbols, exactly the functions braid.h declares, and needs
+# neither libcudart nor libnccl (the runtime is static, NCCL is opened with dlopen).
 # Usage: exported_symbols_test.sh <libbraid.so> <braid.h>
 set -euo pipefail
 lib="$1"
@@ -27,4 +28,10 @@ if [[ -n "$missing" || -n "$extra" ]]; then
   [[ -n "$extra" ]] && echo "exported, not declared: $extra" >&2
   exit 1
 fi
-echo "PASS: $(wc -l <<<"$exported") symbols, all braid_*, matching braid.h"
+needed="$(readelf -d "$lib" | grep NEEDED)"
+if grep -qE '\[lib(cudart|nccl)\.so' <<<"$needed"; then
+  echo "FAIL: $lib has NEEDED entries for CUDA/NCCL (it must load without them):" >&2
+  grep -E '\[lib(cudart|nccl)\.so' <<<"$needed" >&2
+  exit 1
+fi
+echo "PASS: $(wc -l <<<"$exported") symbols, all braid_*, matching braid.h; no NEEDED libcudart/libnccl"

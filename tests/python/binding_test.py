@@ -61,6 +61,156 @@ class VersionTest(unittest.TestCase):
         self.assertEqual(braid.dtype_size(torch.float64), 8)
 
 
+def _header_path():
+    for path in ("capi/braid.h", os.path.join(os.path.dirname(__file__), "..", "..", "capi",
+                                               "braid.h")):
+        if os.path.exists(path):
+            return path
+    raise FileNotFoundError("capi/braid.h (a data dependency of this test)")
+
+
+def _header_structs(text):
+    """{struct name: [field names in order]} of braid.h's typedef'd structs."""
+    import re
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    structs = {}
+    for m in re.finditer(r"typedef struct (braid_\w+) \{(.*?)\} \w+;", text, flags=re.S):
+        fields = []
+        for decl in m.group(2).split(";"):
+            decl = decl.strip()
+            if not decl:
+                continue
+            # "double beta1, beta2, eps" -> three fields; the name is each declarator's last word
+            first, *rest = [d.strip() for d in decl.split(",")]
+            fields.append(re.findall(r"\w+", first)[-1])
+            fields.extend(re.findall(r"\w+", d)[-1] for d in rest)
+        structs[m.group(1)] = fields
+    return structs
+
+
+class HeaderLayoutTest(unittest.TestCase):
+    """_lib.py mirrors braid.h: the same entry points, the same struct fields in the same order,
+    and the same struct sizes as the library's braid_*_options_init writes."""
+
+    STRUCTS = {"braid_world_options": _lib.WorldOptions,
+               "braid_collective_options": _lib.CollectiveOptions,
+               "braid_param": _lib.Param,
+               "braid_reducer_options": _lib.ReducerOptions,
+               "braid_optimizer_options": _lib.OptimizerOptions}
+
+    def setUp(self):
+        with open(_header_path()) as f:
+            self.header = f.read()
+
+    def test_entry_points_match_header(self):
+        import re
+        declared = set(re.findall(r"^BRAID_API[^(]*?\b(braid_\w+)\(", self.header, flags=re.M))
+        self.assertIn("braid_nccl_unique_id", declared)
+        self.assertIn("braid_work_device_event", declared)
+        self.assertEqual(declared, set(_lib._SIGNATURES))
+
+    def test_struct_fields_match_header(self):
+        structs = _header_structs(self.header)
+        self.assertEqual(set(structs), set(self.STRUCTS))
+        for name, ctype in self.STRUCTS.items():
+            self.assertEqual([f[0] for f in ctype._fields_], structs[name], name)
+
+    def test_struct_sizes_and_defaults_match_library(self):
+        for name, ctype in self.STRUCTS.items():
+            if name == "braid_param":
+                continue
+            opts = _lib.init_options(ctype, name + "_init")
+            self.assertEqual(opts.struct_size, ctypes.sizeof(ctype), name)
+        # Defaults at the binding's offsets of the appended (0.6) fields.
+        world = _lib.init_options(_lib.WorldOptions, "braid_world_options_init")
+        self.assertEqual((world.read_env, world.unique_id, world.unique_id_size,
+                          world.world_size, world.rank, world.cuda_device,
+                          world.nccl_blocking), (1, None, 0, 0, 0, -1, -1))
+        red = _lib.init_options(_lib.ReducerOptions, "braid_reducer_options_init")
+        self.assertEqual((red.timeout_ms, red.device), (300000, _lib.DEVICE_HOST))
+
+
+class NcclTest(unittest.TestCase):
+    """The nccl backend through the binding on a machine without a GPU (with one, the world is
+    created instead): unique ids, the CUDA error, bad fields and a bad BRAID_NCCL_LIBRARY."""
+
+    MISSING = "/nonexistent/braid-binding-test/libnccl.so.2"
+
+    def assertBraidError(self, code, fn, *needles):
+        ErrorsTest.assertBraidError(self, code, fn, *needles)
+
+    def test_unique_id(self):
+        a, b = braid.nccl_unique_id(), braid.nccl_unique_id()
+        self.assertEqual(len(a), _lib.NCCL_UNIQUE_ID_BYTES)
+        self.assertNotEqual(a, bytes(len(a)))
+        self.assertNotEqual(a, b)
+
+    def test_world_from_unique_id_names_the_cuda_error(self):
+        uid = braid.nccl_unique_id()
+        try:
+            world = braid.World("nccl", unique_id=uid, world_size=1, rank=0, cuda_device=0,
+                                nccl_blocking=False, read_env=False, timeout_ms=TIMEOUT_MS)
+        except braid.BraidError as e:
+            self.assertEqual(e.code, "FAILED_PRECONDITION", str(e))
+            self.assertIn("no usable CUDA device", str(e))
+            self.assertRegex(str(e), r"\(CUDA error (35|100)\)")
+            return
+        with world:  # a GPU machine
+            self.assertEqual(world.size, 1)
+
+    def test_bad_fields_named(self):
+        uid = braid.nccl_unique_id()
+        inval = "INVALID_ARGUMENT"
+        self.assertBraidError(inval, lambda: braid.World(
+            "nccl", unique_id=uid[:127], world_size=1, read_env=False), "unique_id_size is 127")
+        self.assertBraidError(inval, lambda: braid.World(
+            "nccl", unique_id=uid, world_size=2, rank=2, read_env=False),
+            "rank 2 is outside [0, 2)")
+        self.assertBraidError(inval, lambda: braid.World(
+            "nccl", unique_id=uid, world_size=0, read_env=False), "world_size must be >= 1")
+        self.assertBraidError(inval, lambda: braid.World(
+            "local", unique_id=uid, world_size=1, read_env=False), "backend is 'local'")
+        self.assertBraidError(inval, lambda: braid.World(
+            "local", world_size=2, read_env=False), "go with a unique_id")
+        self.assertBraidError(inval, lambda: braid.World(
+            "nccl", unique_id=uid, world_size=1, cuda_device=-3, read_env=False), "cuda_device")
+
+    def test_bad_library_named(self):
+        os.environ["BRAID_NCCL_LIBRARY"] = self.MISSING
+        try:
+            self.assertBraidError("FAILED_PRECONDITION", braid.nccl_unique_id, self.MISSING)
+            self.assertBraidError("FAILED_PRECONDITION", lambda: braid.World(
+                "nccl", unique_id=bytes(128), world_size=1), self.MISSING, "dlopen")
+        finally:
+            del os.environ["BRAID_NCCL_LIBRARY"]
+        self.assertEqual(len(braid.nccl_unique_id()), 128)
+
+    def test_host_work_has_no_device_event_and_reducer_device_checked(self):
+        with braid.World("local", local_ranks=1, read_env=False) as world:
+            g = world.group(0)
+            work = g.allreduce(torch.ones(4))
+            work.wait(TIMEOUT_MS)
+            self.assertIsNone(work.device_event)
+            work.close()
+            self.assertBraidError("INVALID_ARGUMENT", lambda: braid.Reducer(
+                g, [(0, 4, "float32", "w")], device=-2), "opts->device")
+            self.assertBraidError("UNIMPLEMENTED", lambda: braid.Reducer(
+                g, [(0, 4, "float32", "w")], device=0), "w", "cuda:0", "device buffers")
+            red = braid.Reducer(g, [(0, 4, "float32", "w")], device=None)
+            red.close()
+            # The raw (address, count, dtype) form device memory is given in, here over host
+            # memory; ready_event is passed through (host backends need none).
+            data = (ctypes.c_float * 4)(1, 2, 3, 4)
+            out = (ctypes.c_float * 4)()
+            g.allreduce((ctypes.addressof(data), 4, "float32"),
+                        (ctypes.addressof(out), 4, "float32"), op="premul_sum",
+                        premul_scalar=2.0, ready_event=None).wait(TIMEOUT_MS)
+            self.assertEqual(list(out), [2.0, 4.0, 6.0, 8.0])
+            with self.assertRaisesRegex(ValueError, "send: a raw buffer is an"):
+                g.allreduce((ctypes.addressof(data), 4))
+            g.close()
+
+
 class CollectivesTest(unittest.TestCase):
     def test_allreduce_ops_match_serial(self):
         n = 3

@@ -12,7 +12,7 @@ the source tree's bazel-bin/capi/.
 
 from ._lib import BraidError, NO_COLOR
 from .core import (Group, Optimizer, Reducer, StepReport, Work, World, buffer_info,
-                   dtype_code, dtype_size)
+                   dtype_code, dtype_size, nccl_unique_id)
 
 
 def version():
@@ -22,4 +22,4 @@ def version():
 
 
 __all__ = ["BraidError", "NO_COLOR", "Group", "Optimizer", "Reducer", "StepReport", "Work",
-           "World", "buffer_info", "dtype_code", "dtype_size", "version"]
+           "World", "buffer_info", "dtype_code", "dtype_size", "nccl_unique_id", "version"]

@@ -44,6 +44,8 @@ SYNC, NO_SYNC, REDUCE_SCATTER_ONLY = range(3)
 OPTIMIZER_ADAMW, OPTIMIZER_SGD = range(2)
 NO_COLOR = -1
 REDUCE_DTYPE_NATIVE = -1
+DEVICE_HOST = -1  # BRAID_DEVICE_HOST: braid_reducer_options_t.device default (host memory)
+NCCL_UNIQUE_ID_BYTES = 128  # what braid_nccl_unique_id reports
 
 
 class BraidError(RuntimeError):
@@ -63,7 +65,11 @@ class BraidError(RuntimeError):
 class WorldOptions(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("backend", ctypes.c_char_p),
                 ("plugin_path", ctypes.c_char_p), ("local_ranks", ctypes.c_int),
-                ("read_env", ctypes.c_int), ("timeout_ms", ctypes.c_int64)]
+                ("read_env", ctypes.c_int), ("timeout_ms", ctypes.c_int64),
+                # 0.6: the nccl backend
+                ("unique_id", ctypes.c_void_p), ("unique_id_size", ctypes.c_size_t),
+                ("world_size", ctypes.c_int), ("rank", ctypes.c_int),
+                ("cuda_device", ctypes.c_int), ("nccl_blocking", ctypes.c_int)]
 
 
 class CollectiveOptions(ctypes.Structure):
@@ -82,7 +88,8 @@ class ReducerOptions(ctypes.Structure):
                 ("reduce_dtype", ctypes.c_int), ("bucket_cap_bytes", ctypes.c_size_t),
                 ("first_bucket_cap_bytes", ctypes.c_size_t), ("allow_unused", ctypes.c_int),
                 ("gradient_as_bucket_view", ctypes.c_int), ("timeout_ms", ctypes.c_int64),
-                ("timeline_prefix", ctypes.c_char_p)]
+                ("timeline_prefix", ctypes.c_char_p),
+                ("device", ctypes.c_int)]  # 0.6
 
 
 class OptimizerOptions(ctypes.Structure):
@@ -117,6 +124,7 @@ _SIGNATURES = {
     "braid_world_local_ranks": (_st, [_p, ctypes.POINTER(_i), _i, ctypes.POINTER(_i)]),
     "braid_world_group": (_st, [_p, _i, _pp]),
     "braid_world_destroy": (_st, [_p]),
+    "braid_nccl_unique_id": (_st, [_p, _sz, ctypes.POINTER(_sz)]),
     "braid_group_rank": (_st, [_p, ctypes.POINTER(_i)]),
     "braid_group_size": (_st, [_p, ctypes.POINTER(_i)]),
     "braid_group_name": (_st, [_p, ctypes.POINTER(_cs)]),
@@ -132,6 +140,7 @@ _SIGNATURES = {
     "braid_barrier": (_st, [_p, ctypes.POINTER(CollectiveOptions), _pp]),
     "braid_work_wait": (_st, [_p, _i64]),
     "braid_work_test": (_st, [_p, ctypes.POINTER(_i)]),
+    "braid_work_device_event": (_st, [_p, _pp]),
     "braid_work_destroy": (_st, [_p]),
     "braid_reducer_options_init": (None, [ctypes.POINTER(ReducerOptions)]),
     "braid_reducer_create": (_st, [_p, _p, ctypes.POINTER(Param), _sz,

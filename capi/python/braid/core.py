@@ -8,7 +8,9 @@ MPI_Finalize, even in a script that forgets to close.
 
 Buffers: anything exposing its memory — a torch.Tensor (contiguous, CPU), a numpy array, a
 bytearray/memoryview, a ctypes array — is accepted where braid.h takes a pointer; the object is
-kept referenced by the Work until the collective completes.
+kept referenced by the Work until the collective completes. Device memory (a World("nccl")) is
+given as a raw (address, element count, dtype) tuple, e.g. from Reducer.grad() or your own
+allocator; the binding does not take CUDA tensors (braid.pytorch is host-memory only).
 """
 
 import atexit
@@ -48,8 +50,14 @@ def dtype_size(dtype):
 
 
 def buffer_info(buf, what="buffer"):
-    """(address, element count, braid dtype) of a tensor or array; (address, bytes, None) of a
-    plain writable buffer. Raises ValueError naming `what` for an unusable one."""
+    """(address, element count, braid dtype) of a tensor or array, or of a raw (address,
+    count, dtype) tuple (device memory); (address, bytes, None) of a plain writable buffer.
+    Raises ValueError naming `what` for an unusable one."""
+    if isinstance(buf, tuple):
+        if len(buf) != 3 or not isinstance(buf[0], int) or not isinstance(buf[1], int):
+            raise ValueError("%s: a raw buffer is an (address, element count, dtype) tuple" %
+                             what)
+        return buf[0], buf[1], dtype_code(buf[2])
     if hasattr(buf, "data_ptr") and hasattr(buf, "is_contiguous"):  # torch.Tensor
         if buf.device.type != "cpu":
             raise ValueError("%s: a %s tensor; the Python binding passes CPU memory only" %
@@ -129,20 +137,44 @@ def _out():
     return ctypes.c_void_p()
 
 
+def nccl_unique_id():
+    """A new NCCL unique id (bytes) for World("nccl", unique_id=...): make it on one rank and
+    hand it to the others through your own channel. Needs NCCL (BRAID_NCCL_LIBRARY, else
+    libnccl.so.2), not a GPU."""
+    size = ctypes.c_size_t()
+    _lib.call("braid_nccl_unique_id", None, 0, ctypes.byref(size))
+    buf = ctypes.create_string_buffer(size.value)
+    _lib.call("braid_nccl_unique_id", buf, size.value, ctypes.byref(size))
+    return buf.raw[:size.value]
+
+
 class World(_Handle):
     """A backend and this process's ranks: World("mpi") under mpirun, World("local",
-    local_ranks=N) for N ranks as threads of this process, World(plugin_path=...)."""
+    local_ranks=N) for N ranks as threads of this process, World(plugin_path=...), and
+    World("nccl", unique_id=braid.nccl_unique_id() bytes from one rank, world_size=N, rank=r)
+    for one rank per process and GPU (cuda_device: default BRAID_CUDA_DEVICE or rank % GPUs;
+    nccl_blocking: default BRAID_NCCL_BLOCKING or blocking). World("nccl") without a
+    unique_id bootstraps over MPI (mpirun)."""
 
     _destroy = "braid_world_destroy"
 
     def __init__(self, backend=None, local_ranks=0, plugin_path=None, timeout_ms=0,
-                 read_env=True):
+                 read_env=True, unique_id=None, world_size=0, rank=0, cuda_device=-1,
+                 nccl_blocking=None):
         opts = _lib.init_options(_lib.WorldOptions, "braid_world_options_init")
         opts.backend = backend.encode() if backend else None
         opts.plugin_path = plugin_path.encode() if plugin_path else None
         opts.local_ranks = local_ranks
         opts.read_env = 1 if read_env else 0
         opts.timeout_ms = timeout_ms
+        id_buf = None
+        if unique_id is not None:
+            id_buf = ctypes.create_string_buffer(bytes(unique_id), len(unique_id))
+            opts.unique_id = ctypes.cast(id_buf, ctypes.c_void_p)
+            opts.unique_id_size = len(unique_id)
+        opts.world_size, opts.rank, opts.cuda_device = world_size, rank, cuda_device
+        if nccl_blocking is not None:
+            opts.nccl_blocking = 1 if nccl_blocking else 0
         out = _out()
         _lib.call("braid_world_create", ctypes.byref(opts), ctypes.byref(out))
         self._children = weakref.WeakValueDictionary()
@@ -252,11 +284,12 @@ class Group(_Handle):
 
     # Collectives: asynchronous, each returns a Work (wait() it). `recv` defaults to `send`
     # (in place).
-    def _options(self, timeout_ms, premul_scalar, label):
+    def _options(self, timeout_ms, premul_scalar, label, ready_event=None):
         opts = _lib.init_options(_lib.CollectiveOptions, "braid_collective_options_init")
         opts.timeout_ms = timeout_ms
         opts.premul_scalar = premul_scalar
         opts.label = label.encode() if label else None
+        opts.ready_event = ready_event  # nccl: the producer's cudaEvent_t (an int); else None
         return opts
 
     def _launch(self, fn, bufs, *args, opts):
@@ -271,31 +304,33 @@ class Group(_Handle):
             raise ValueError("send and recv must be typed (tensor or array) of one dtype")
         return s_ptr, s_n, r_ptr, r_n, s_dt
 
-    def allreduce(self, send, recv=None, op="sum", timeout_ms=0, premul_scalar=1.0, label=None):
+    def allreduce(self, send, recv=None, op="sum", timeout_ms=0, premul_scalar=1.0, label=None,
+                  ready_event=None):
         s, n, r, rn, dt = self._typed(send, recv)
         if rn != n:
             raise ValueError("allreduce: recv has %d elements, send %d" % (rn, n))
         return self._launch("braid_allreduce", (send, recv), s, r, n, dt, _OPS[op],
-                            opts=self._options(timeout_ms, premul_scalar, label))
+                            opts=self._options(timeout_ms, premul_scalar, label, ready_event))
 
-    def reduce_scatter(self, send, recv, op="sum", timeout_ms=0, premul_scalar=1.0, label=None):
+    def reduce_scatter(self, send, recv, op="sum", timeout_ms=0, premul_scalar=1.0, label=None,
+                       ready_event=None):
         s, n, r, rn, dt = self._typed(send, recv)
         if n != rn * self.size:
             raise ValueError("reduce_scatter: send has %d elements, want size * %d" % (n, rn))
         return self._launch("braid_reduce_scatter", (send, recv), s, r, rn, dt, _OPS[op],
-                            opts=self._options(timeout_ms, premul_scalar, label))
+                            opts=self._options(timeout_ms, premul_scalar, label, ready_event))
 
-    def allgather(self, send, recv, timeout_ms=0, label=None):
+    def allgather(self, send, recv, timeout_ms=0, label=None, ready_event=None):
         s, n, r, rn, dt = self._typed(send, recv)
         if rn != n * self.size:
             raise ValueError("allgather: recv has %d elements, want size * %d" % (rn, n))
         return self._launch("braid_allgather", (send, recv), s, r, n, dt,
-                            opts=self._options(timeout_ms, 1.0, label))
+                            opts=self._options(timeout_ms, 1.0, label, ready_event))
 
-    def broadcast(self, buf, root=0, timeout_ms=0, label=None):
+    def broadcast(self, buf, root=0, timeout_ms=0, label=None, ready_event=None):
         p, n, _, _, dt = self._typed(buf, None)
         return self._launch("braid_broadcast", (buf,), p, n, dt, root,
-                            opts=self._options(timeout_ms, 1.0, label))
+                            opts=self._options(timeout_ms, 1.0, label, ready_event))
 
     def barrier(self, timeout_ms=0):
         return self._launch("braid_barrier", (), opts=self._options(timeout_ms, 1.0, None))
@@ -325,6 +360,15 @@ class Work(_Handle):
         is still running at the deadline."""
         _lib.call("braid_work_wait", self.handle, timeout_ms)
 
+    @property
+    def device_event(self):
+        """The completion event (an int: a cudaEvent_t on nccl worlds) a consumer stream waits
+        on, e.g. torch.cuda.ExternalStream-style cudaStreamWaitEvent; None on host backends.
+        Valid while this Work is open."""
+        event = ctypes.c_void_p()
+        _lib.call("braid_work_device_event", self.handle, ctypes.byref(event))
+        return event.value
+
     def done(self):
         """True once completed (raises BraidError if it failed)."""
         flag = ctypes.c_int()
@@ -337,13 +381,15 @@ class Work(_Handle):
 class Reducer(_Handle):
     """The gradient reducer. `params`: (id, count, dtype, name) tuples, in registration order
     (buckets fill in reverse: last registered first). `mode`: "allreduce", "reduce_scatter"
-    or "hybrid" (then `replica` is the replica group)."""
+    or "hybrid" (then `replica` is the replica group). `device`: None (host memory) or the
+    CUDA device index of every gradient, on groups of a World("nccl") (grad() and shard()
+    then return device addresses; mark_ready takes the producer's cudaEvent_t as an int)."""
 
     _destroy = "braid_reducer_destroy"
 
     def __init__(self, shard, params, replica=None, mode="allreduce", bucket_cap_mb=25.0,
                  first_bucket_cap_mb=1.0, allow_unused=False, reduce_dtype=None,
-                 timeout_ms=300000, timeline_prefix=None):
+                 timeout_ms=300000, timeline_prefix=None, device=None):
         opts = _lib.init_options(_lib.ReducerOptions, "braid_reducer_options_init")
         if mode not in MODES:
             raise ValueError("mode %r: one of %s" % (mode, ", ".join(MODES)))
@@ -355,6 +401,7 @@ class Reducer(_Handle):
         opts.allow_unused = 1 if allow_unused else 0
         opts.timeout_ms = timeout_ms
         opts.timeline_prefix = timeline_prefix.encode() if timeline_prefix else None
+        opts.device = _lib.DEVICE_HOST if device is None else device
         array = (_lib.Param * len(params))()
         names = []
         self._specs = {}  # id -> (count, dtype)

@@ -12,6 +12,10 @@
     for x, y in data:
         loss_fn(model(x), y).backward(); opt.step()  # step(): no-op with overlap (the default)
 
+Host memory only: the modules' parameters and gradients must be CPU tensors, on a host
+backend (local, mpi). A World("nccl") with Reducer(device=...) is usable from braid.core with
+raw device addresses, but these wrappers do not take CUDA tensors.
+
 How it is wired (torch 1.13, CPU):
   - every trainable parameter is registered with the reducer (id = its index in
     module.parameters()); `param.grad` is a tensor over the reducer's bucket storage
