@@ -3,7 +3,9 @@
 // FakeStepKernels (adamw_math.h's rules on the fake stream), the all-gather on the gatherer's
 // stream waiting on the step's event. Compared bit for bit after every step with the serial
 // unsharded reference of tests/optim (reduce-scatter on 2 and 4 ranks, hybrid 2 x 2; AdamW and
-// SGD; f32 and bf16; no_sync windows; overlap on and off).
+// SGD; f32 and bf16; no_sync windows; overlap on and off; global-norm clipping active and
+// inactive and skip_nonfinite with inf / NaN in one rank's gradient, through the fake norm
+// kernel, with the step report checked against the reference's norm).
 #include <atomic>
 #include <limits>
 #include <string>
