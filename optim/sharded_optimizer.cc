@@ -163,14 +163,13 @@ absl::Status ShardedOptimizer::Init() {
   }
   stats_.reset(new double[2]());
   if (on_device_ && (config_.max_grad_norm > 0 || config_.skip_nonfinite)) {
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      BucketState& s = *buckets_[b];
-      size_t blocks = 0;
-      for (const Segment& seg : s.segments) blocks += NormBlocks(seg.hi - seg.lo);
-      s.norm_host.assign(blocks, 0.0);
-      ASSIGN_OR_RETURN(s.norm_blocks, mem.Allocate(std::max<size_t>(1, blocks) * sizeof(double),
-                                                   absl::StrCat("gradient norm block sums of ", s.label)));
+    size_t blocks = 0;
+    for (auto& s : buckets_) {
+      s->norm_offset = blocks;
+      for (const Segment& seg : s->segments) blocks += NormBlocks(seg.hi - seg.lo);
     }
+    norm_host_.assign(blocks, 0.0);
+    ASSIGN_OR_RETURN(norm_dev_, mem.Allocate(std::max<size_t>(1, blocks) * sizeof(double), "gradient norm block sums"));
   }
   if (on_device_) {
     // Load's agreement all-reduces use it even without clipping.
@@ -370,8 +369,9 @@ void ShardedOptimizer::RunRound() {
     return;
   }
   if (on_device_) {
-    // The one host wait of a clipped / checked device step: every queued block sum is back.
-    absl::Status synced = ops().Synchronize(deadline);
+    // The one host wait of a clipped / checked device step: every block sum comes back.
+    absl::Status synced = ops().Copy(norm_host_.data(), norm_dev_.get(), norm_host_.size() * sizeof(double));
+    if (synced.ok()) synced = ops().Synchronize(deadline);
     if (!synced.ok() && failed_at < 0) {
       failed_at = 0;
       failure = absl::Status(synced.code(), absl::StrCat("gradient norm on the stream of group '",
@@ -432,17 +432,16 @@ absl::Status ShardedOptimizer::QueueDeviceNorm(int b) {
   BucketState& s = *buckets_[b];
   const Bucket& bk = reducer_->plan().buckets()[b];
   const char* grad = static_cast<const char*>(reducer_->ShardView(b).data);
-  auto* sums = reinterpret_cast<double*>(s.norm_blocks.get());
+  auto* sums = reinterpret_cast<double*>(norm_dev_.get());
   BufferOps& mem = ops();
   absl::Status st = mem.WaitFor(reducer_->BucketWork(b)->device_event());
-  size_t at = 0;
+  size_t at = s.norm_offset;
   for (size_t k = 0; k < s.segments.size() && st.ok(); ++k) {
     const Segment& seg = s.segments[k];
     st = config_.device_kernels->NormBlockSums(grad + seg.lo * DTypeSize(bk.dtype), bk.dtype, seg.hi - seg.lo,
                                                sums + at, mem.stream());
     at += NormBlocks(seg.hi - seg.lo);
   }
-  if (st.ok()) st = mem.Copy(s.norm_host.data(), sums, s.norm_host.size() * sizeof(double));
   if (!st.ok()) {
     return absl::Status(st.code(), absl::StrCat("gradient norm of ", s.label, " on the stream of group '",
                                                 reducer_->groups().shard->name(), "': ", st.message()));
@@ -453,10 +452,10 @@ absl::Status ShardedOptimizer::QueueDeviceNorm(int b) {
 double ShardedOptimizer::DeviceBucketSquaredNorm(int b) const {
   const BucketState& s = *buckets_[b];
   double sum = 0;
-  size_t at = 0;
+  size_t at = s.norm_offset;
   for (const Segment& seg : s.segments) {
     const size_t blocks = NormBlocks(seg.hi - seg.lo);
-    sum += NormSumBlocks(s.norm_host.data() + at, blocks);  // SquaredNormF64 of the segment
+    sum += NormSumBlocks(norm_host_.data() + at, blocks);  // SquaredNormF64 of the segment
     at += blocks;
   }
   return sum;

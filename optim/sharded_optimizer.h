@@ -54,11 +54,12 @@
 // step. SetParam copies host values in and waits for the copy.
 // max_grad_norm / skip_nonfinite on device: as each bucket's reduction completes, the device
 // kernels' NormBlockSums (optim/norm_math.h) write its shard's squared-norm block sums on the
-// shard group's stream and a copy brings them to host memory; after the last bucket the stepper
-// waits once for that stream (Synchronize, with the step's deadline: the one host sync of a
-// clipped step), adds the block sums in the host's order (the same bits as the host's
-// SquaredNormF64), and the 2-double agreement all-reduce runs in device memory on the
-// optimizer's split of the shard group. The clip coefficient is then a scalar of the step
+// shard group's stream (8 bytes per 4096 elements); after the last bucket one copy brings them
+// all to host memory and the stepper waits once for that stream (Synchronize, with the step's
+// deadline: the one host sync of a clipped step), adds the block sums in the host's order
+// (the same bits as the host's SquaredNormF64), and the 2-double agreement all-reduce runs in
+// device memory on the optimizer's split of the shard group (copied in and out: a second,
+// small wait). The clip coefficient is then a scalar of the step
 // kernels (grad_scale), as on host; a skipped step queues no kernel.
 // Save / Load on device copy master weights and moments through the shard group's BufferOps
 // (device -> host and back, each followed by a Synchronize with the timeout); the file is the
@@ -180,8 +181,8 @@ class ShardedOptimizer {
   // All-reduces (sums) stats_[0..1] over `g` in place; waits until `deadline`. On device the
   // sum runs in stats_dev_ (copied in and out on g's stream).
   absl::Status SumStats(Group& g, absl::Time deadline);
-  // Device, clipping / skip_nonfinite: queues b's norm block sums and their copy to the host
-  // (after a wait on the reduction's event); the error names the bucket.
+  // Device, clipping / skip_nonfinite: queues b's norm block sums into norm_dev_ (after a wait
+  // on the reduction's event); the error names the bucket.
   absl::Status QueueDeviceNorm(int b);
   // The host's per-bucket sum: segments' squared norms added in segment order (on device from
   // the block sums QueueDeviceNorm copied back, once the stream passed them).
@@ -221,6 +222,10 @@ class ShardedOptimizer {
   // declared before its group, so an all-reduce that outlived its wait never writes freed memory.
   std::unique_ptr<double[]> stats_;
   OwnedBuffer stats_dev_;  // device: the all-reduce's 2 doubles (shard group's memory)
+  // Device, clipping / skip_nonfinite: every bucket's norm block sums (device memory), and
+  // their host copy, made by one copy after the last bucket (read after the Synchronize).
+  OwnedBuffer norm_dev_;
+  std::vector<double> norm_host_;
   std::unique_ptr<Group> stats_group_;
   std::unique_ptr<KernelPool> pool_;
   std::shared_ptr<CallbackGuard> guard_;
