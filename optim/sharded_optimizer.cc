@@ -368,8 +368,9 @@ void ShardedOptimizer::RunRound() {
     if (failed_at >= 0) DropFrom(failed_at, failure);
     return;
   }
-  if (on_device_) {
-    // The one host wait of a clipped / checked device step: every block sum comes back.
+  if (on_device_ && failed_at < 0) {
+    // The one host wait of a clipped / checked device step: every block sum comes back. (Not
+    // after a failure: a reduction that missed its deadline may still hold the stream.)
     absl::Status synced = ops().Copy(norm_host_.data(), norm_dev_.get(), norm_host_.size() * sizeof(double));
     if (synced.ok()) synced = ops().Synchronize(deadline);
     if (!synced.ok() && failed_at < 0) {
@@ -391,7 +392,7 @@ void ShardedOptimizer::RunRound() {
   if (stats_[1] > 0) {
     return DropFrom(0, absl::AbortedError(absl::StrCat(stats_[1], " other rank(s) of group '",
                                                        stats_group_->name(),
-                                                       "' could not reduce their gradients")));
+                                                       "' could not reduce their gradients or take their norm")));
   }
   StepReport report;
   report.grad_norm = std::sqrt(stats_[0]);

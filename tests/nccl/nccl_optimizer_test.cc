@@ -121,9 +121,7 @@ TEST(NcclOptimizerErrorsTest, DeviceKernelsRequired) {
   ExpectClean(gpu);
 }
 
-// Step kernels without a norm kernel (DeviceStepKernels' default NormBlockSums): a clipped step
-// fails on every rank (the failure is agreed on through the all-reduce, nothing hangs), names
-// the kernel and the bucket, and changes no parameter.
+// Step kernels without a norm kernel (DeviceStepKernels' default NormBlockSums).
 class NoNormKernels final : public optim::DeviceStepKernels {
  public:
   explicit NoNormKernels(std::shared_ptr<FakeStepKernels> k) : k_(std::move(k)) {}
@@ -140,26 +138,41 @@ class NoNormKernels final : public optim::DeviceStepKernels {
   std::shared_ptr<FakeStepKernels> k_;
 };
 
-TEST(NcclOptimizerErrorsTest, MissingNormKernelDropsTheStepOnEveryRank) {
+// Only the last rank cannot take its norm: the failure is agreed on through the statistics
+// all-reduce, so every rank drops the clipped step (nothing hangs), that rank's error names the
+// kernel and the bucket, the others' name the failed peer, and no parameter changes anywhere.
+// Two steps: both dropped the same way.
+TEST(NcclOptimizerErrorsTest, OneRanksNormFailureDropsTheStepOnEveryRank) {
   FakeGpu gpu;
-  auto kernels = std::make_shared<NoNormKernels>(std::make_shared<FakeStepKernels>(gpu.cuda));
+  auto good = std::make_shared<FakeStepKernels>(gpu.cuda);
+  auto bad = std::make_shared<NoNormKernels>(std::make_shared<FakeStepKernels>(gpu.cuda));
   OptScenario s = TwoGroupScenario(1, 2);
   s.opt.max_grad_norm = 0.5;
   const auto initial = optim::testing::ReferenceParams(s, 0);
   RunFakeRanks(gpu, 2, FakeConfig(), [&](NcclGroup& world) {
+    const bool failing = world.rank() == 1;
+    std::shared_ptr<optim::DeviceStepKernels> kernels = good;
+    if (failing) kernels = bad;
     auto st = BuildDeviceStack(world, kernels, s);
     ASSERT_TRUE(st.ok()) << st.status();
-    ASSERT_TRUE(RunDeviceSteps(**st, gpu.cuda, s, 0, 1, absl::Seconds(60), true, /*compare=*/false).ok());
+    ASSERT_TRUE(RunDeviceSteps(**st, gpu.cuda, s, 0, 2, absl::Seconds(60), true, /*compare=*/false).ok());
     const absl::Status err = (*st)->opt->last_step().error;
-    EXPECT_TRUE(absl::IsUnimplemented(err)) << err;
-    for (const char* want : {"NormBlockSums", "bucket 0", "dropped"}) {
-      EXPECT_NE(std::string(err.message()).find(want), std::string::npos) << want << " in " << err;
+    if (failing) {
+      EXPECT_TRUE(absl::IsUnimplemented(err)) << err;
+      for (const char* want : {"NormBlockSums", "gradient norm of bucket 0", "dropped"}) {
+        EXPECT_NE(std::string(err.message()).find(want), std::string::npos) << want << " in " << err;
+      }
+    } else {
+      EXPECT_TRUE(absl::IsAborted(err)) << err;
+      EXPECT_NE(std::string(err.message()).find("1 other rank(s)"), std::string::npos) << err;
     }
     auto got = DeviceParams(**st, gpu.cuda, s);
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(*got, initial) << "rank " << world.rank() << ": a dropped step changed parameters";
     EXPECT_EQ((*st)->opt->bucket_steps(0), 0);
+    EXPECT_EQ((*st)->opt->last_step().rounds, 2);
   });
+  EXPECT_GT(good->norm_launches(), 0);
   ExpectClean(gpu);
 }
 
