@@ -10,6 +10,7 @@
 #include <initializer_list>
 
 #include "optim/adamw_cuda.h"
+#include "optim/norm_math.h"
 
 namespace braid::optim {
 namespace {
@@ -218,6 +219,39 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- Squared-norm block sums (optim/norm_math.h) --------------------------------------------
+
+// One thread per lane of a norm block: kNormLanes consecutive threads own one block, lane k
+// adding elements k, k + 16, ... of it in increasing order (NormBlockSum's lane rule; a read of
+// 16 consecutive elements per step), then the block's first thread forms the lane tree.
+constexpr int kNormBlocksPerCta = kThreads / static_cast<int>(kNormLanes);
+
+template <typename G>
+__global__ void __launch_bounds__(kThreads)
+    NormBlockSumsKernel(const G* __restrict__ g, size_t n, double* __restrict__ sums) {
+  __shared__ double lanes[kThreads];
+  const size_t blocks = NormBlocks(n);
+  const unsigned lane = threadIdx.x % kNormLanes;
+  const size_t block = static_cast<size_t>(blockIdx.x) * kNormBlocksPerCta + threadIdx.x / kNormLanes;
+  double acc = 0.0;
+  if (block < blocks) {
+    const size_t lo = block * kNormBlock;
+    const size_t len = n - lo < kNormBlock ? n - lo : kNormBlock;
+    for (size_t i = lane; i < len; i += kNormLanes) acc += NormSquare(Io<G>::Load(g, lo + i));
+  }
+  lanes[threadIdx.x] = acc;
+  __syncthreads();
+  if (lane == 0 && block < blocks) sums[block] = NormLaneTree(&lanes[threadIdx.x]);
+}
+
+template <typename G>
+int LaunchNorm(const G* g, size_t n, double* sums, cudaStream_t stream) {
+  const size_t ctas = (NormBlocks(n) + kNormBlocksPerCta - 1) / kNormBlocksPerCta;
+  if (ctas > 0x7fffffffu) return cudaErrorInvalidValue;
+  NormBlockSumsKernel<G><<<static_cast<unsigned>(ctas), kThreads, 0, stream>>>(g, n, sums);
+  return cudaGetLastError();
+}
+
 // ---- Host side ------------------------------------------------------------------------------
 
 // The f32 state buffers of a rule (null when absent), for Plan().
@@ -347,6 +381,23 @@ int SgdCudaLaunch(const SgdScalars& s, float* p, float* buf, const void* grad, i
   float* const used_buf = s.momentum != 0.0f ? buf : nullptr;
   return Dispatch(SgdRule{s, used_buf}, State{used_buf, nullptr}, p, grad, grad_dtype, n, param_out,
                   out_dtype, stream);
+}
+
+int NormBlockSumsCudaLaunch(const void* grad, int grad_dtype, size_t n, double* block_sums,
+                            void* stream) {
+  if (!IsKernelDType(grad_dtype)) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (grad == nullptr || block_sums == nullptr) return cudaErrorInvalidValue;
+  const auto st = static_cast<cudaStream_t>(stream);
+  switch (grad_dtype) {
+    case kCudaDTypeF32:
+      return LaunchNorm(static_cast<const float*>(grad), n, block_sums, st);
+    case kCudaDTypeBF16:
+      return LaunchNorm(static_cast<const Bf16*>(grad), n, block_sums, st);
+    case kCudaDTypeF16:
+      return LaunchNorm(static_cast<const Half*>(grad), n, block_sums, st);
+  }
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace braid::optim

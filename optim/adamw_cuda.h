@@ -64,6 +64,16 @@ int AdamWCudaLaunch(const AdamWScalars& s, float* p, float* m, float* v, const v
 int SgdCudaLaunch(const SgdScalars& s, float* p, float* buf, const void* grad, int grad_dtype,
                   size_t n, void* param_out, int out_dtype, void* stream);
 
+// The squared-norm block sums of n gradient elements (optim/norm_math.h): block_sums[k] =
+// NormBlockSum of elements [k * kNormBlock, min(n, (k + 1) * kNormBlock)), for k <
+// NormBlocks(n), f64 device memory, bit for bit with the host's (grad_stats.cc); the caller
+// adds them in block order (NormSumBlocks) to get SquaredNormF64. An inf/NaN element makes its
+// block's sum non-finite (a NaN's payload may differ from the host's). Returns
+// cudaErrorInvalidValue before touching the device for a bad grad_dtype, or n > 0 with a null
+// pointer; n == 0 is a successful no-op.
+int NormBlockSumsCudaLaunch(const void* grad, int grad_dtype, size_t n, double* block_sums,
+                            void* stream);
+
 }  // namespace braid::optim
 
 #endif  // BRAID_OPTIM_ADAMW_CUDA_H_

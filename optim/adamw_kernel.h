@@ -20,6 +20,7 @@
 
 #include "comm/dtype.h"
 #include "optim/adamw_math.h"
+#include "optim/norm_math.h"
 #include "optim/parallel_for.h"
 
 namespace braid::optim {
@@ -65,7 +66,7 @@ void SgdParallel(KernelPool& pool, const SgdScalars& s, float* p, float* buf, co
 //     pairs, then pairs of pairs);
 //   - the result is ((0 + b0) + b1) + ... over blocks in increasing order.
 // A NaN or inf gradient gives a non-finite result.
-inline constexpr size_t kNormBlock = 4096;
+// kNormBlock and the element rule are in optim/norm_math.h (shared with the device kernels).
 double SquaredNormF64(const void* grad, DType dtype, size_t n);
 double SquaredNormF64(KernelPool& pool, const void* grad, DType dtype, size_t n);
 

@@ -28,6 +28,12 @@ class CudaKernels final : public DeviceStepKernels {
                                       static_cast<int>(out_dtype), stream.handle),
                         "SgdCudaLaunch", n, grad_dtype, out_dtype);
   }
+  absl::Status NormBlockSums(const void* grad, DType grad_dtype, size_t n, double* block_sums,
+                             DeviceStream stream) override {
+    return LaunchStatus(NormBlockSumsCudaLaunch(grad, static_cast<int>(grad_dtype), n, block_sums,
+                                                stream.handle),
+                        "NormBlockSumsCudaLaunch", n, grad_dtype, DType::kF64);
+  }
 };
 
 }  // namespace

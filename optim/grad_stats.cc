@@ -1,4 +1,6 @@
-// SquaredNormF64 and AllFinite (declared in adamw_kernel.h).
+// SquaredNormF64 and AllFinite (declared in adamw_kernel.h). The norm's rule (blocks, lanes,
+// tree) is optim/norm_math.h's, shared with the device kernels; the AVX2 body below is its
+// 16 lanes as four 4-wide vectors.
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -6,17 +8,18 @@
 
 #include "optim/adamw_kernel.h"
 #include "optim/kernel_convert.h"
+#include "optim/norm_math.h"
 
 namespace braid::optim {
 namespace {
 
 using internal::Widen;
 
-constexpr size_t kLanes = 16;
+constexpr size_t kLanes = kNormLanes;
+static_assert(kLanes == 16, "the AVX2 body holds 16 lanes in four vectors");
 
-// One block's sum in the documented order: lane i % 16 accumulates in increasing i, then the
-// 16 lanes are added as a pairwise tree. Squares of widened floats are exact in double, so a
-// fused multiply-add would give the same bits as well.
+// NormBlockSum (norm_math.h): lane i % 16 accumulates in increasing i, then the 16 lanes are
+// added as a pairwise tree.
 template <typename G>
 double BlockSum(const G* g, size_t len) {
   alignas(32) double lane[kLanes] = {};
@@ -34,14 +37,8 @@ double BlockSum(const G* g, size_t len) {
   }
   for (int k = 0; k < 4; ++k) _mm256_store_pd(lane + 4 * k, acc[k]);
 #endif
-  for (; i < len; ++i) {
-    const double x = Widen(g[i]);
-    lane[i % kLanes] += x * x;
-  }
-  for (size_t width = kLanes; width > 1; width /= 2) {
-    for (size_t j = 0; j < width / 2; ++j) lane[j] = lane[2 * j] + lane[2 * j + 1];
-  }
-  return lane[0];
+  for (; i < len; ++i) lane[i % kLanes] += NormSquare(Widen(g[i]));
+  return NormLaneTree(lane);
 }
 
 template <typename G>

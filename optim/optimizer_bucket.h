@@ -42,6 +42,9 @@ struct ShardedOptimizer::BucketState {
   // Device: the latest step's completion on the shard group's stream (its device event is what
   // the all-gather waits on; held so the event stays valid until the gather was queued).
   WorkPtr step_work;
+  // Device, clipping / skip_nonfinite: where this bucket's block sums (each segment's
+  // NormBlocks, back to back) start in the optimizer's norm_dev_ / norm_host_.
+  size_t norm_offset = 0;
   // The armed step, guarded by mu_:
   bool reduced = true;
   absl::Status reduce_status;

@@ -2,7 +2,14 @@
 //
 // Sections: "bucket_steps" (i64 per bucket), and per bucket b "bucket<b>/master" plus
 // "bucket<b>/exp_avg" and "bucket<b>/exp_avg_sq" (AdamW) or "bucket<b>/momentum" (SGD), each
-// shard_count f32. Scalars: "groups" and per group "g<k>/<name>" hyper-parameters.
+// shard_count f32. Scalars: "groups" and per group "g<k>/<name>" hyper-parameters. The plan
+// fingerprint is the layout's on the CPU (FingerprintOn), the same for host and device runs.
+//
+// Device parameters: Save copies the f32 buffers device -> host through the shard group's
+// BufferOps and waits (Synchronize, timeout) before writing; Load validates everything on the
+// host first, then copies host -> device, narrows the master weights into the model-dtype
+// shards on the stream (BufferOps::CastScale, bit for bit with the host's) and waits before
+// gathering.
 #include <cstring>
 #include <string>
 #include <vector>
@@ -44,7 +51,7 @@ StateHeader ShardedOptimizer::Identity() const {
   const Group* replica = reducer_->groups().replica;
   StateHeader h;
   h.kind = config_.kind == OptimizerKind::kAdamW ? "adamw" : "sgd";
-  h.plan_fingerprint = reducer_->plan().Fingerprint();
+  h.plan_fingerprint = reducer_->plan().FingerprintOn(Device::Cpu());
   h.shard_group_size = shard.size();
   h.replica_group_size = replica != nullptr ? replica->size() : 1;
   h.world_size = h.shard_group_size * h.replica_group_size;
@@ -53,10 +60,6 @@ StateHeader ShardedOptimizer::Identity() const {
 }
 
 absl::Status ShardedOptimizer::Save(const std::string& path) {
-  if (on_device_) {
-    return absl::UnimplementedError(absl::StrCat("optimizer Save(", path,
-                                                 "): not implemented for device parameters yet"));
-  }
   RETURN_IF_ERROR(WaitBetweenSteps("Save"));
   StateHeader h = Identity();
   std::vector<int64_t> steps;
@@ -78,25 +81,43 @@ absl::Status ShardedOptimizer::Save(const std::string& path) {
   sections.push_back(StateSection{"bucket_steps", static_cast<int32_t>(DType::kI64), steps.size(),
                                   steps.data(), steps.size() * sizeof(int64_t)});
   const int32_t f32 = static_cast<int32_t>(DType::kF32);
+  // Device: host copies of the f32 buffers (the host's are written in place).
+  std::vector<std::vector<float>> staged;
+  staged.reserve(buckets_.size() * 3);
+  auto host_view = [&](const FloatBuffer& f, size_t n) -> absl::StatusOr<const float*> {
+    if (!on_device_) return f.get();
+    staged.emplace_back(n);
+    RETURN_IF_ERROR(ops().Copy(staged.back().data(), f.get(), n * sizeof(float)));
+    return staged.back().data();
+  };
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const BucketState& s = *buckets_[b];
     const size_t bytes = s.n * sizeof(float);
-    sections.push_back(StateSection{absl::StrCat("bucket", b, "/master"), f32, s.n, s.master.get(), bytes});
-    if (config_.kind == OptimizerKind::kAdamW) {
-      sections.push_back(StateSection{absl::StrCat("bucket", b, "/exp_avg"), f32, s.n, s.m.get(), bytes});
-      sections.push_back(StateSection{absl::StrCat("bucket", b, "/exp_avg_sq"), f32, s.n, s.v.get(), bytes});
-    } else {
-      sections.push_back(StateSection{absl::StrCat("bucket", b, "/momentum"), f32, s.n, s.m.get(), bytes});
+    auto add = [&](const char* name, const FloatBuffer& f) -> absl::Status {
+      ASSIGN_OR_RETURN(const float* data, host_view(f, s.n));
+      sections.push_back(StateSection{absl::StrCat("bucket", b, "/", name), f32, s.n, data, bytes});
+      return absl::OkStatus();
+    };
+    absl::Status st = add("master", s.master);
+    if (st.ok() && config_.kind == OptimizerKind::kAdamW) {
+      st = add("exp_avg", s.m);
+      if (st.ok()) st = add("exp_avg_sq", s.v);
+    } else if (st.ok()) {
+      st = add("momentum", s.m);
+    }
+    if (st.ok() && on_device_ && b + 1 == buckets_.size()) st = ops().Synchronize(absl::Now() + config_.timeout);
+    if (!st.ok()) {
+      // Queued copies into `staged` must have run (or failed) before it goes away.
+      if (on_device_) ops().Synchronize(absl::Now() + config_.timeout).IgnoreError();
+      return absl::Status(st.code(), absl::StrCat("optimizer Save(", path, "): copying the state of ", s.label,
+                                                  " to the host: ", st.message()));
     }
   }
+  if (on_device_ && buckets_.empty()) RETURN_IF_ERROR(ops().Synchronize(absl::Now() + config_.timeout));
   return WriteStateFile(path, h, sections);
 }
 
 absl::Status ShardedOptimizer::Load(const std::string& path) {
-  if (on_device_) {
-    return absl::UnimplementedError(absl::StrCat("optimizer Load(", path,
-                                                 "): not implemented for device parameters yet"));
-  }
   RETURN_IF_ERROR(WaitBetweenSteps("Load"));
   // Phase 1: read and validate everything; nothing changes yet.
   LoadedState file;
@@ -184,14 +205,35 @@ absl::Status ShardedOptimizer::Load(const std::string& path) {
     BucketState& s = *buckets_[b];
     const size_t bytes = s.n * sizeof(float);
     s.steps = step_values[b];
-    std::memcpy(s.master.get(), found[b][0]->data(), bytes);
-    std::memcpy(s.m.get(), found[b][1]->data(), bytes);
-    if (config_.kind == OptimizerKind::kAdamW) std::memcpy(s.v.get(), found[b][2]->data(), bytes);
     const sched::Bucket& bk = reducer_->plan().buckets()[b];
     char* out = static_cast<char*>(gatherer_->ShardView(static_cast<int>(b))->data);
-    for (const Segment& seg : s.segments) {
-      CastScale(s.master.get() + seg.lo, DType::kF32, out + seg.lo * DTypeSize(bk.dtype), bk.dtype,
-                seg.hi - seg.lo, ScaleSpec{});
+    if (on_device_) {
+      // Host -> device on the shard group's stream, then the model-dtype shard from the master
+      // weights there; `file` (the source) outlives the Synchronize below.
+      BufferOps& mem = ops();
+      absl::Status st = mem.Copy(s.master.get(), found[b][0]->data(), bytes);
+      if (st.ok()) st = mem.Copy(s.m.get(), found[b][1]->data(), bytes);
+      if (st.ok() && config_.kind == OptimizerKind::kAdamW) st = mem.Copy(s.v.get(), found[b][2]->data(), bytes);
+      for (size_t k = 0; k < s.segments.size() && st.ok(); ++k) {
+        const Segment& seg = s.segments[k];
+        st = mem.CastScale(s.master.get() + seg.lo, DType::kF32, out + seg.lo * DTypeSize(bk.dtype), bk.dtype,
+                           seg.hi - seg.lo, ScaleSpec{});
+      }
+      if (st.ok() && b + 1 == buckets_.size()) st = mem.Synchronize(absl::Now() + config_.timeout);
+      if (!st.ok()) {
+        mem.Synchronize(absl::Now() + config_.timeout).IgnoreError();  // nothing reads `file` after return
+        return absl::Status(st.code(), absl::StrCat("optimizer Load(", path, "): copying the state of ", s.label,
+                                                    " to the device: ", st.message(),
+                                                    " (the optimizer state is now partly loaded)"));
+      }
+    } else {
+      std::memcpy(s.master.get(), found[b][0]->data(), bytes);
+      std::memcpy(s.m.get(), found[b][1]->data(), bytes);
+      if (config_.kind == OptimizerKind::kAdamW) std::memcpy(s.v.get(), found[b][2]->data(), bytes);
+      for (const Segment& seg : s.segments) {
+        CastScale(s.master.get() + seg.lo, DType::kF32, out + seg.lo * DTypeSize(bk.dtype), bk.dtype,
+                  seg.hi - seg.lo, ScaleSpec{});
+      }
     }
     s.dirty = true;  // cleared by each successful re-gather
   }

@@ -11,6 +11,7 @@
 #include "comm/reduce_kernels.h"
 #include "comm/status_macros.h"
 #include "optim/adamw_kernel.h"
+#include "optim/norm_math.h"
 #include "optim/optimizer_bucket.h"
 
 namespace braid::optim {
@@ -119,16 +120,6 @@ absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(
       return absl::InvalidArgumentError(absl::StrCat("optimizer: ", where, " but shard group '", shard.name(),
                                                      "' has no device stream for the step"));
     }
-    if (config.max_grad_norm > 0) {
-      return absl::UnimplementedError(absl::StrCat(
-          "optimizer: max_grad_norm (global-norm clipping) is not implemented on device yet (", where,
-          "; it needs a device reduction of the gradient norm)"));
-    }
-    if (config.skip_nonfinite) {
-      return absl::UnimplementedError(absl::StrCat(
-          "optimizer: skip_nonfinite is not implemented on device yet (", where,
-          "; it needs a device reduction of the gradient norm)"));
-    }
   }
   if (!(config.max_grad_norm >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat("optimizer: max_grad_norm must be >= 0, got ", config.max_grad_norm));
@@ -171,6 +162,19 @@ absl::Status ShardedOptimizer::Init() {
     buckets_.push_back(std::move(s));
   }
   stats_.reset(new double[2]());
+  if (on_device_ && (config_.max_grad_norm > 0 || config_.skip_nonfinite)) {
+    size_t blocks = 0;
+    for (auto& s : buckets_) {
+      s->norm_offset = blocks;
+      for (const Segment& seg : s->segments) blocks += NormBlocks(seg.hi - seg.lo);
+    }
+    norm_host_.assign(blocks, 0.0);
+    ASSIGN_OR_RETURN(norm_dev_, mem.Allocate(std::max<size_t>(1, blocks) * sizeof(double), "gradient norm block sums"));
+  }
+  if (on_device_) {
+    // Load's agreement all-reduces use it even without clipping.
+    ASSIGN_OR_RETURN(stats_dev_, mem.Allocate(2 * sizeof(double), "optimizer statistics all-reduce"));
+  }
   ASSIGN_OR_RETURN(stats_group_, shard.Split(0, shard.rank(), absl::StrCat(shard.name(), "/optim")));
   pool_ = std::make_unique<KernelPool>(config_.threads);
   guard_ = std::make_shared<CallbackGuard>();
@@ -351,10 +355,11 @@ void ShardedOptimizer::RunRound() {
         failure = s.reduce_status;
       }
     }
+    if (failure.ok() && global && on_device_) failure = QueueDeviceNorm(b);
     if (!failure.ok()) {
       failed_at = b;
     } else if (global) {
-      sumsq += BucketSquaredNorm(b);
+      if (!on_device_) sumsq += BucketSquaredNorm(b);
     } else {
       Publish(b, true, StepBucket(b, 1.0));
     }
@@ -362,6 +367,18 @@ void ShardedOptimizer::RunRound() {
   if (!global) {
     if (failed_at >= 0) DropFrom(failed_at, failure);
     return;
+  }
+  if (on_device_ && failed_at < 0) {
+    // The one host wait of a clipped / checked device step: every block sum comes back. (Not
+    // after a failure: a reduction that missed its deadline may still hold the stream.)
+    absl::Status synced = ops().Copy(norm_host_.data(), norm_dev_.get(), norm_host_.size() * sizeof(double));
+    if (synced.ok()) synced = ops().Synchronize(deadline);
+    if (!synced.ok() && failed_at < 0) {
+      failed_at = 0;
+      failure = absl::Status(synced.code(), absl::StrCat("gradient norm on the stream of group '",
+                                                         reducer_->groups().shard->name(), "': ", synced.message()));
+    }
+    for (int b = 0; b < static_cast<int>(buckets_.size()) && failed_at < 0; ++b) sumsq += DeviceBucketSquaredNorm(b);
   }
   // One all-reduce of {sum of squares, ranks that failed}: every rank takes the same decision,
   // a rank whose reduction failed included (it must not skip a collective its peers issue).
@@ -375,7 +392,7 @@ void ShardedOptimizer::RunRound() {
   if (stats_[1] > 0) {
     return DropFrom(0, absl::AbortedError(absl::StrCat(stats_[1], " other rank(s) of group '",
                                                        stats_group_->name(),
-                                                       "' could not reduce their gradients")));
+                                                       "' could not reduce their gradients or take their norm")));
   }
   StepReport report;
   report.grad_norm = std::sqrt(stats_[0]);
@@ -395,9 +412,54 @@ void ShardedOptimizer::RunRound() {
 }
 
 absl::Status ShardedOptimizer::SumStats(Group& g, absl::Time deadline) {
-  absl::StatusOr<WorkPtr> w = g.AllReduce(stats_.get(), stats_.get(), 2, DType::kF64, ReduceOp::Sum(),
-                                          CollectiveOptions{});
-  return w.ok() ? (*w)->WaitUntil(deadline) : w.status();
+  if (!on_device_) {
+    absl::StatusOr<WorkPtr> w = g.AllReduce(stats_.get(), stats_.get(), 2, DType::kF64, ReduceOp::Sum(),
+                                            CollectiveOptions{});
+    return w.ok() ? (*w)->WaitUntil(deadline) : w.status();
+  }
+  // Device collectives take device memory: in through g's stream, summed there, and back.
+  BufferOps& mem = g.buffer_ops();
+  auto* dev = reinterpret_cast<double*>(stats_dev_.get());
+  const size_t bytes = 2 * sizeof(double);
+  RETURN_IF_ERROR(mem.Copy(dev, stats_.get(), bytes));
+  ASSIGN_OR_RETURN(WorkPtr w, g.AllReduce(dev, dev, 2, DType::kF64, ReduceOp::Sum(), CollectiveOptions{}));
+  RETURN_IF_ERROR(w->WaitUntil(deadline));
+  RETURN_IF_ERROR(mem.WaitFor(w->device_event()));
+  RETURN_IF_ERROR(mem.Copy(stats_.get(), dev, bytes));
+  return mem.Synchronize(deadline);
+}
+
+absl::Status ShardedOptimizer::QueueDeviceNorm(int b) {
+  BucketState& s = *buckets_[b];
+  const Bucket& bk = reducer_->plan().buckets()[b];
+  const char* grad = static_cast<const char*>(reducer_->ShardView(b).data);
+  auto* sums = reinterpret_cast<double*>(norm_dev_.get());
+  BufferOps& mem = ops();
+  absl::Status st = mem.WaitFor(reducer_->BucketWork(b)->device_event());
+  size_t at = s.norm_offset;
+  for (size_t k = 0; k < s.segments.size() && st.ok(); ++k) {
+    const Segment& seg = s.segments[k];
+    st = config_.device_kernels->NormBlockSums(grad + seg.lo * DTypeSize(bk.dtype), bk.dtype, seg.hi - seg.lo,
+                                               sums + at, mem.stream());
+    at += NormBlocks(seg.hi - seg.lo);
+  }
+  if (!st.ok()) {
+    return absl::Status(st.code(), absl::StrCat("gradient norm of ", s.label, " on the stream of group '",
+                                                reducer_->groups().shard->name(), "': ", st.message()));
+  }
+  return absl::OkStatus();
+}
+
+double ShardedOptimizer::DeviceBucketSquaredNorm(int b) const {
+  const BucketState& s = *buckets_[b];
+  double sum = 0;
+  size_t at = s.norm_offset;
+  for (const Segment& seg : s.segments) {
+    const size_t blocks = NormBlocks(seg.hi - seg.lo);
+    sum += NormSumBlocks(norm_host_.data() + at, blocks);  // SquaredNormF64 of the segment
+    at += blocks;
+  }
+  return sum;
 }
 
 absl::Status ShardedOptimizer::StepBucket(int b, double grad_scale) {

@@ -51,9 +51,20 @@
 // BucketWork(b)->device_event(), then config.device_kernels' fused AdamW / SGD per segment,
 // writing the model dtype straight into the gatherer's shard; the bucket is zeroed on the same
 // stream, and the all-gather (on the gatherer's stream) waits on an event recorded after the
-// step. SetParam copies host values in and waits for the copy. Not on device yet (Unimplemented,
-// naming the feature): max_grad_norm, skip_nonfinite (both need a device norm reduction), and
-// Save / Load.
+// step. SetParam copies host values in and waits for the copy.
+// max_grad_norm / skip_nonfinite on device: as each bucket's reduction completes, the device
+// kernels' NormBlockSums (optim/norm_math.h) write its shard's squared-norm block sums on the
+// shard group's stream (8 bytes per 4096 elements); after the last bucket one copy brings them
+// all to host memory and the stepper waits once for that stream (Synchronize, with the step's
+// deadline: the one host sync of a clipped step), adds the block sums in the host's order
+// (the same bits as the host's SquaredNormF64), and the 2-double agreement all-reduce runs in
+// device memory on the optimizer's split of the shard group (copied in and out: a second,
+// small wait). The clip coefficient is then a scalar of the step
+// kernels (grad_scale), as on host; a skipped step queues no kernel.
+// Save / Load on device copy master weights and moments through the shard group's BufferOps
+// (device -> host and back, each followed by a Synchronize with the timeout); the file is the
+// host's, and a file saved on device loads on host and back (the state file records the plan's
+// layout as if on the CPU: BucketPlan::FingerprintOn).
 #ifndef BRAID_OPTIM_SHARDED_OPTIMIZER_H_
 #define BRAID_OPTIM_SHARDED_OPTIMIZER_H_
 
@@ -167,8 +178,15 @@ class ShardedOptimizer {
   void StepperLoop();
   // One armed step: waits for each bucket's reduction (in bucket order), steps and publishes.
   void RunRound();
-  // All-reduces (sums) stats_[0..1] over `g` in place; waits until `deadline`.
+  // All-reduces (sums) stats_[0..1] over `g` in place; waits until `deadline`. On device the
+  // sum runs in stats_dev_ (copied in and out on g's stream).
   absl::Status SumStats(Group& g, absl::Time deadline);
+  // Device, clipping / skip_nonfinite: queues b's norm block sums into norm_dev_ (after a wait
+  // on the reduction's event); the error names the bucket.
+  absl::Status QueueDeviceNorm(int b);
+  // The host's per-bucket sum: segments' squared norms added in segment order (on device from
+  // the block sums QueueDeviceNorm copied back, once the stream passed them).
+  double DeviceBucketSquaredNorm(int b) const;
   // Host: runs the kernels (always OK). Device: queues them on the shard group's stream after
   // a wait on the reduction's event; the error names the bucket.
   absl::Status StepBucket(int b, double grad_scale);
@@ -203,6 +221,11 @@ class ShardedOptimizer {
   // Clipping / non-finite / failure all-reduce: {sum of squares, failed ranks}. On the heap and
   // declared before its group, so an all-reduce that outlived its wait never writes freed memory.
   std::unique_ptr<double[]> stats_;
+  OwnedBuffer stats_dev_;  // device: the all-reduce's 2 doubles (shard group's memory)
+  // Device, clipping / skip_nonfinite: every bucket's norm block sums (device memory), and
+  // their host copy, made by one copy after the last bucket (read after the Synchronize).
+  OwnedBuffer norm_dev_;
+  std::vector<double> norm_host_;
   std::unique_ptr<Group> stats_group_;
   std::unique_ptr<KernelPool> pool_;
   std::shared_ptr<CallbackGuard> guard_;

@@ -8,7 +8,8 @@
 //                            DType::kBF16, ops.stream()));
 //
 // Contract: the arguments and the per-element result of AdamWCudaLaunch / SgdCudaLaunch
-// (bit for bit with AdamWElement / SgdElement), all pointers device memory, the work queued on
+// (bit for bit with AdamWElement / SgdElement) and NormBlockSumsCudaLaunch (bit for bit with
+// optim/norm_math.h's NormBlockSum), all pointers device memory, the work queued on
 // `stream` (asynchronous: buffers stay alive and untouched until the stream passed it). Errors
 // name the kernel and the CUDA error. Implementations are thread-safe.
 #ifndef BRAID_OPTIM_STEP_KERNELS_H_
@@ -20,6 +21,7 @@
 #include "comm/dtype.h"
 #include "comm/tensor.h"
 #include "optim/adamw_math.h"
+#include "optim/norm_math.h"
 
 namespace braid::optim {
 
@@ -35,6 +37,16 @@ class DeviceStepKernels {
   virtual absl::Status Sgd(const SgdScalars& s, float* p, float* buf, const void* grad,
                            DType grad_dtype, size_t n, void* param_out, DType out_dtype,
                            DeviceStream stream) = 0;
+  // The squared-norm block sums of n gradient elements (grad_dtype f32, bf16 or f16):
+  // block_sums[k] (f64, NormBlocks(n) of them) = NormBlockSum of block k, bit for bit with the
+  // host's SquaredNormF64 blocks, so NormSumBlocks(block_sums) on the host is SquaredNormF64.
+  // Inf / NaN elements make their block's sum non-finite. The default says Unimplemented.
+  virtual absl::Status NormBlockSums(const void* grad, DType grad_dtype, size_t n,
+                                     double* block_sums, DeviceStream stream) {
+    (void)grad, (void)grad_dtype, (void)n, (void)block_sums, (void)stream;
+    return absl::UnimplementedError(
+        "NormBlockSums: these device step kernels have no gradient-norm kernel");
+  }
 };
 
 }  // namespace braid::optim

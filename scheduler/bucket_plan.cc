@@ -125,10 +125,17 @@ absl::StatusOr<int> BucketPlan::IndexOf(ParamId id) const {
   return it->second;
 }
 
-uint64_t BucketPlan::Fingerprint() const {
+uint64_t BucketPlan::Fingerprint() const { return HashLayout(nullptr); }
+
+uint64_t BucketPlan::FingerprintOn(Device device) const { return HashLayout(&device); }
+
+uint64_t BucketPlan::HashLayout(const Device* device) const {
   uint64_t h = kFnvBasis;
   h = Mix(h, params_.size());
-  for (const ParamSpec& p : params_) h = Mix(h, ParamHash(p));
+  for (ParamSpec p : params_) {
+    if (device != nullptr) p.device = *device;
+    h = Mix(h, ParamHash(p));
+  }
   for (const ParamSlot& s : slots_) h = Mix(Mix(h, static_cast<uint64_t>(s.bucket)), s.offset);
   for (const Bucket& b : buckets_) h = Mix(Mix(h, b.padded_count), b.shard_count);
   return h;

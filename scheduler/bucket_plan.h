@@ -88,10 +88,17 @@ class BucketPlan {
   absl::StatusOr<int> IndexOf(ParamId id) const;
   // A hash of everything that must match across ranks (params and layout).
   uint64_t Fingerprint() const;
+  // Fingerprint() as if every parameter were on `device`: the same layout wherever it lives
+  // (what the optimizer's state files record, so a file saved on a GPU loads on the CPU and
+  // back). Equals Fingerprint() when every parameter is on `device`.
+  uint64_t FingerprintOn(Device device) const;
   // Hash of one parameter's spec (id, count, dtype, device), for pinpointing a mismatch.
   static uint64_t ParamHash(const ParamSpec& p);
 
  private:
+  // Fingerprint, with every parameter's device taken as *device when not null.
+  uint64_t HashLayout(const Device* device) const;
+
   PlanOptions options_;
   std::vector<ParamSpec> params_;
   std::vector<ParamSlot> slots_;

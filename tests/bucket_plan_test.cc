@@ -103,6 +103,23 @@ TEST(BucketPlan, ExplicitOrderAndFingerprint) {
   EXPECT_FALSE(BucketPlan::BuildInOrder(params, {1, 1, 2}, PlanOptions{}).ok());
 }
 
+// FingerprintOn: the layout's hash as if on another device (what the optimizer's state files
+// record): a CPU plan's own fingerprint, and the same for that plan's CUDA twin, whose own
+// Fingerprint (device included) differs; a different layout still differs.
+TEST(BucketPlan, FingerprintOnIgnoresTheDeviceOnly) {
+  auto params = Params({{10, DType::kF32}, {20, DType::kBF16}, {30, DType::kF32}});
+  auto cpu = BucketPlan::Build(params, PlanOptions{});
+  for (auto& p : params) p.device = Device::Cuda(1);
+  auto cuda = BucketPlan::Build(params, PlanOptions{});
+  ASSERT_TRUE(cpu.ok() && cuda.ok());
+  EXPECT_EQ(cpu->FingerprintOn(Device::Cpu()), cpu->Fingerprint());
+  EXPECT_NE(cuda->Fingerprint(), cpu->Fingerprint());
+  EXPECT_EQ(cuda->FingerprintOn(Device::Cpu()), cpu->Fingerprint());
+  EXPECT_EQ(cpu->FingerprintOn(Device::Cuda(1)), cuda->Fingerprint());
+  params[1].count = 21;
+  EXPECT_NE(BucketPlan::Build(params, PlanOptions{})->FingerprintOn(Device::Cpu()), cpu->Fingerprint());
+}
+
 TEST(PlanCheck, IdenticalPlansPassAndADifferentParameterIsNamedOnEveryRank) {
   RunRanks(3, [](Group& g) {
     auto params = Params({{10, DType::kF32}, {20, DType::kBF16}, {30, DType::kF32}});

@@ -1,9 +1,11 @@
 #include "tests/nccl/fake_step_kernels.h"
 
+#include <algorithm>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "comm/element.h"
+#include "optim/norm_math.h"
 
 namespace braid::nccl::testing {
 namespace {
@@ -51,6 +53,28 @@ absl::Status FakeStepKernels::Sgd(const optim::SgdScalars& s, float* p, float* b
       optim::SgdElement(s, static_cast<float>(LoadElement(grad, grad_dtype, i)), p + i,
                         buf != nullptr ? buf + i : nullptr);
       if (param_out != nullptr) StoreElement(param_out, out_dtype, i, p[i]);
+    }
+    return true;
+  });
+  return absl::OkStatus();
+}
+
+absl::Status FakeStepKernels::NormBlockSums(const void* grad, DType grad_dtype, size_t n, double* block_sums,
+                                            DeviceStream stream) {
+  if (absl::Status st = CheckArgs("NormBlockSums", grad, grad, n, grad_dtype, nullptr, DType::kF32); !st.ok()) {
+    return st;
+  }
+  if (n > 0 && block_sums == nullptr) return absl::InternalError("NormBlockSums: CUDA error 1: no output");
+  ++norm_launches_;
+  auto st = static_cast<cudaStream_t>(stream.handle);
+  std::lock_guard<std::mutex> lock(cuda_->mu());
+  cuda_->LogLocked(absl::StrCat("NormKernel(", n, ",", cuda_->Name(st), ")"));
+  cuda_->EnqueueLocked(st, [=] {
+    for (size_t k = 0; k < optim::NormBlocks(n); ++k) {
+      const size_t lo = k * optim::kNormBlock;
+      block_sums[k] = optim::NormBlockSum(
+          [&](size_t i) { return static_cast<float>(LoadElement(grad, grad_dtype, lo + i)); },
+          std::min(optim::kNormBlock, n - lo));
     }
     return true;
   });

@@ -3,8 +3,11 @@
 // FakeStepKernels (adamw_math.h's rules on the fake stream), the all-gather on the gatherer's
 // stream waiting on the step's event. Compared bit for bit after every step with the serial
 // unsharded reference of tests/optim (reduce-scatter on 2 and 4 ranks, hybrid 2 x 2; AdamW and
-// SGD; f32 and bf16; no_sync windows; overlap on and off).
+// SGD; f32 and bf16; no_sync windows; overlap on and off; global-norm clipping active and
+// inactive and skip_nonfinite with inf / NaN in one rank's gradient, through the fake norm
+// kernel, with the step report checked against the reference's norm).
 #include <atomic>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -34,6 +37,22 @@ NamedScenario Make(const std::string& name, int replicas, int shards, OptimizerK
   return {name, s};
 }
 
+NamedScenario Clip(NamedScenario c, double max_norm) {
+  c.s.opt.max_grad_norm = max_norm;  // 0.5: active (the norm is ~5-10); 1e6: inactive
+  return c;
+}
+
+const float kInf = std::numeric_limits<float>::infinity();
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// skip_nonfinite, with the last rank's gradient holding `bad` at step `step` (every rank skips).
+NamedScenario Skip(NamedScenario c, float bad, int step) {
+  c.s.opt.skip_nonfinite = true;
+  c.s.inf_step = step;
+  c.s.bad_value = bad;
+  return c;
+}
+
 class NcclOptimizerTest : public ::testing::TestWithParam<NamedScenario> {};
 
 TEST_P(NcclOptimizerTest, MatchesSerialReference) {
@@ -46,6 +65,8 @@ TEST_P(NcclOptimizerTest, MatchesSerialReference) {
   });
   ExpectClean(gpu);
   EXPECT_GT(kernels->launches(), 0);  // the steps ran as device kernels
+  const bool global = s.opt.max_grad_norm > 0 || s.opt.skip_nonfinite;
+  EXPECT_EQ(kernels->norm_launches() > 0, global);  // the norm too, when needed
 }
 
 const SyncMode kS = SyncMode::kSync, kN = SyncMode::kNoSync;
@@ -58,7 +79,22 @@ INSTANTIATE_TEST_SUITE_P(
                       Make("Sgd_RS4_f32_NoSync", 1, 4, OptimizerKind::kSgd, DType::kF32, {kN, kS}),
                       Make("Sgd_RS2_bf16", 1, 2, OptimizerKind::kSgd, DType::kBF16, {kS}),
                       Make("Sgd_Hybrid2x2_bf16_NoSync", 2, 2, OptimizerKind::kSgd, DType::kBF16, {kN, kS}),
-                      Make("AdamW_RS2_f32_NoOverlap", 1, 2, OptimizerKind::kAdamW, DType::kF32, {kS}, false)),
+                      Make("AdamW_RS2_f32_NoOverlap", 1, 2, OptimizerKind::kAdamW, DType::kF32, {kS}, false),
+                      // Global-norm clipping and skip_nonfinite on device (the norm's block sums
+                      // on the stream, the agreement all-reduce in device memory).
+                      Clip(Make("Clip_RS2_f32", 1, 2, OptimizerKind::kAdamW, DType::kF32, {kS}), 0.5),
+                      Clip(Make("Clip_RS4_bf16_NoSync", 1, 4, OptimizerKind::kAdamW, DType::kBF16, {kN, kS}), 0.5),
+                      Clip(Make("Clip_Hybrid2x2_f32", 2, 2, OptimizerKind::kAdamW, DType::kF32, {kS}), 0.5),
+                      Clip(Make("Clip_Hybrid2x2_bf16_Sgd", 2, 2, OptimizerKind::kSgd, DType::kBF16, {kS}), 0.5),
+                      Clip(Make("ClipInactive_RS2_bf16", 1, 2, OptimizerKind::kAdamW, DType::kBF16, {kS}), 1e6),
+                      Clip(Make("ClipInactive_Hybrid2x2_f32", 2, 2, OptimizerKind::kAdamW, DType::kF32, {kS}), 1e6),
+                      Skip(Make("SkipInf_RS2_f32", 1, 2, OptimizerKind::kAdamW, DType::kF32, {kS}), kInf, 1),
+                      Skip(Make("SkipNaN_RS4_bf16_LastStep", 1, 4, OptimizerKind::kAdamW, DType::kBF16, {kS}), kNaN, 2),
+                      Skip(Clip(Make("SkipInf_Clip_Hybrid2x2_bf16", 2, 2, OptimizerKind::kAdamW, DType::kBF16,
+                                     {kN, kS}), 0.5), kInf, 1),
+                      Skip(Make("SkipNaN_Hybrid2x2_f32_NoOverlap", 2, 2, OptimizerKind::kAdamW, DType::kF32, {kS},
+                                false), kNaN, 0),
+                      Skip(Make("SkipInf_RS2_bf16_Sgd", 1, 2, OptimizerKind::kSgd, DType::kBF16, {kS}), kInf, 1)),
     [](const ::testing::TestParamInfo<NamedScenario>& i) { return i.param.name; });
 
 // Control: without readiness events the reductions read gradients before the compute stream
@@ -75,26 +111,6 @@ TEST(NcclOptimizerControlTest, NoReadyEventsIsStale) {
   EXPECT_EQ(stale.load(), 4);
 }
 
-// Features that need device reductions say so, naming the feature.
-TEST(NcclOptimizerErrorsTest, ClippingAndSkipNonfiniteAreUnimplementedOnDevice) {
-  for (const bool clip : {true, false}) {
-    FakeGpu gpu;
-    auto kernels = std::make_shared<FakeStepKernels>(gpu.cuda);
-    RunFakeRanks(gpu, 2, FakeConfig(), [&](NcclGroup& world) {
-      OptScenario s = TwoGroupScenario(1, 2);
-      if (clip) {
-        s.opt.max_grad_norm = 1.0;
-      } else {
-        s.opt.skip_nonfinite = true;
-      }
-      const absl::Status st = RunDeviceOptimizer(world, gpu.cuda, kernels, s);
-      EXPECT_TRUE(absl::IsUnimplemented(st)) << st;
-      EXPECT_NE(std::string(st.message()).find(clip ? "max_grad_norm" : "skip_nonfinite"), std::string::npos) << st;
-    });
-    ExpectClean(gpu);
-  }
-}
-
 TEST(NcclOptimizerErrorsTest, DeviceKernelsRequired) {
   FakeGpu gpu;
   RunFakeRanks(gpu, 2, FakeConfig(), [&](NcclGroup& world) {
@@ -102,6 +118,61 @@ TEST(NcclOptimizerErrorsTest, DeviceKernelsRequired) {
     EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
     EXPECT_NE(std::string(st.message()).find("device_kernels"), std::string::npos) << st;
   });
+  ExpectClean(gpu);
+}
+
+// Step kernels without a norm kernel (DeviceStepKernels' default NormBlockSums).
+class NoNormKernels final : public optim::DeviceStepKernels {
+ public:
+  explicit NoNormKernels(std::shared_ptr<FakeStepKernels> k) : k_(std::move(k)) {}
+  absl::Status AdamW(const optim::AdamWScalars& s, float* p, float* m, float* v, const void* grad, DType gt,
+                     size_t n, void* out, DType ot, DeviceStream stream) override {
+    return k_->AdamW(s, p, m, v, grad, gt, n, out, ot, stream);
+  }
+  absl::Status Sgd(const optim::SgdScalars& s, float* p, float* buf, const void* grad, DType gt, size_t n,
+                   void* out, DType ot, DeviceStream stream) override {
+    return k_->Sgd(s, p, buf, grad, gt, n, out, ot, stream);
+  }
+
+ private:
+  std::shared_ptr<FakeStepKernels> k_;
+};
+
+// Only the last rank cannot take its norm: the failure is agreed on through the statistics
+// all-reduce, so every rank drops the clipped step (nothing hangs), that rank's error names the
+// kernel and the bucket, the others' name the failed peer, and no parameter changes anywhere.
+// Two steps: both dropped the same way.
+TEST(NcclOptimizerErrorsTest, OneRanksNormFailureDropsTheStepOnEveryRank) {
+  FakeGpu gpu;
+  auto good = std::make_shared<FakeStepKernels>(gpu.cuda);
+  auto bad = std::make_shared<NoNormKernels>(std::make_shared<FakeStepKernels>(gpu.cuda));
+  OptScenario s = TwoGroupScenario(1, 2);
+  s.opt.max_grad_norm = 0.5;
+  const auto initial = optim::testing::ReferenceParams(s, 0);
+  RunFakeRanks(gpu, 2, FakeConfig(), [&](NcclGroup& world) {
+    const bool failing = world.rank() == 1;
+    std::shared_ptr<optim::DeviceStepKernels> kernels = good;
+    if (failing) kernels = bad;
+    auto st = BuildDeviceStack(world, kernels, s);
+    ASSERT_TRUE(st.ok()) << st.status();
+    ASSERT_TRUE(RunDeviceSteps(**st, gpu.cuda, s, 0, 2, absl::Seconds(60), true, /*compare=*/false).ok());
+    const absl::Status err = (*st)->opt->last_step().error;
+    if (failing) {
+      EXPECT_TRUE(absl::IsUnimplemented(err)) << err;
+      for (const char* want : {"NormBlockSums", "gradient norm of bucket 0", "dropped"}) {
+        EXPECT_NE(std::string(err.message()).find(want), std::string::npos) << want << " in " << err;
+      }
+    } else {
+      EXPECT_TRUE(absl::IsAborted(err)) << err;
+      EXPECT_NE(std::string(err.message()).find("1 other rank(s)"), std::string::npos) << err;
+    }
+    auto got = DeviceParams(**st, gpu.cuda, s);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, initial) << "rank " << world.rank() << ": a dropped step changed parameters";
+    EXPECT_EQ((*st)->opt->bucket_steps(0), 0);
+    EXPECT_EQ((*st)->opt->last_step().rounds, 2);
+  });
+  EXPECT_GT(good->norm_launches(), 0);
   ExpectClean(gpu);
 }
 

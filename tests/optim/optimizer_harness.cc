@@ -116,7 +116,7 @@ absl::Status RunSteps(RankStack& st, const OptScenario& s, int first, int last) 
         }
         if (t == s.inf_step && st.world_rank == st.world_size - 1 && u + 1 == static_cast<int>(s.schedule.size()) &&
             i == 0) {
-          StoreElement(g.data, s.dtype, 0, std::numeric_limits<float>::infinity());
+          StoreElement(g.data, s.dtype, 0, s.bad_value);
         }
         RETURN_IF_ERROR(st.reducer->MarkReady(i));
       }
@@ -156,25 +156,68 @@ absl::Status CheckAgainstReference(Group& world, const OptScenario& s) {
       }
     }
   }
-  const StepReport r = st->opt->last_step();
+  return CheckReport(*st, s);
+}
+
+absl::Status CheckReport(RankStack& st, const OptScenario& s) {
+  const StepReport r = st.opt->last_step();
   const bool skipped_one = s.inf_step >= 0 && s.opt.skip_nonfinite;
   if (r.rounds != s.steps) return absl::InternalError(absl::StrCat("rounds ", r.rounds, ", want ", s.steps));
+  RETURN_IF_ERROR(r.error);
   if (r.skipped != (skipped_one && s.inf_step == s.steps - 1)) return absl::InternalError("wrong skipped flag");
-  if (s.opt.max_grad_norm > 0 && !r.skipped && !(r.grad_norm > s.opt.max_grad_norm && r.clip_scale < 1)) {
-    return absl::InternalError(absl::StrCat("clipping inactive: norm ", r.grad_norm, ", scale ", r.clip_scale));
+  if (s.opt.max_grad_norm > 0 || s.opt.skip_nonfinite) {
+    const double want = ReferenceNorm(s, s.steps - 1);
+    const bool same = std::isnan(want) ? std::isnan(r.grad_norm) : r.grad_norm == want;
+    if (!same) return absl::InternalError(absl::StrCat("gradient norm ", r.grad_norm, ", reference ", want));
   }
-  for (int b = 0; b < static_cast<int>(st->reducer->plan().buckets().size()); ++b) {
-    if (st->opt->bucket_steps(b) != s.steps - (skipped_one ? 1 : 0)) {
-      return absl::InternalError(absl::StrCat("bucket ", b, " took ", st->opt->bucket_steps(b), " steps"));
+  if (s.opt.max_grad_norm > 0 && !r.skipped && std::isfinite(r.grad_norm)) {
+    const double want = std::min(1.0, s.opt.max_grad_norm / (r.grad_norm + 1e-6));
+    if (r.clip_scale != want) {
+      return absl::InternalError(absl::StrCat("clip factor ", r.clip_scale, " for norm ", r.grad_norm, ", want ", want));
+    }
+  }
+  for (int b = 0; b < static_cast<int>(st.reducer->plan().buckets().size()); ++b) {
+    if (st.opt->bucket_steps(b) != s.steps - (skipped_one ? 1 : 0)) {
+      return absl::InternalError(absl::StrCat("bucket ", b, " took ", st.opt->bucket_steps(b), " steps"));
     }
   }
   return absl::OkStatus();
 }
 
-std::vector<std::vector<uint8_t>> ReferenceParams(const OptScenario& s, int last) {
+namespace {
+
+// The averaged gradient of step t's window (exact: see the header) into g; returns its sum of
+// squares.
+double AveragedGrad(const OptScenario& s, int t, std::vector<std::vector<float>>* g) {
   const int P = static_cast<int>(s.counts.size());
   const int n = s.replicas * s.shards;
   const int U = static_cast<int>(s.schedule.size());
+  double sumsq = 0;
+  g->assign(P, {});
+  for (int i = 0; i < P; ++i) {
+    (*g)[i].resize(s.counts[i]);
+    for (size_t j = 0; j < s.counts[i]; ++j) {
+      double sum = 0;
+      for (int r = 0; r < n; ++r) {
+        for (int u = 0; u < U; ++u) sum += Grad(r, t, u, i, j, s);
+      }
+      if (t == s.inf_step && i == 0 && j == 0) sum = s.bad_value;
+      (*g)[i][j] = static_cast<float>(sum / n);
+      sumsq += static_cast<double>((*g)[i][j]) * (*g)[i][j];
+    }
+  }
+  return sumsq;
+}
+
+}  // namespace
+
+double ReferenceNorm(const OptScenario& s, int t) {
+  std::vector<std::vector<float>> g;
+  return std::sqrt(AveragedGrad(s, t, &g));
+}
+
+std::vector<std::vector<uint8_t>> ReferenceParams(const OptScenario& s, int last) {
+  const int P = static_cast<int>(s.counts.size());
   std::vector<std::vector<float>> master(P), m(P), v(P);
   for (int i = 0; i < P; ++i) {
     master[i].resize(s.counts[i]);
@@ -188,22 +231,8 @@ std::vector<std::vector<uint8_t>> ReferenceParams(const OptScenario& s, int last
   }
   int64_t steps = 0;
   for (int t = 0; t < last; ++t) {
-    // The averaged gradient of the window: exact (see the header).
-    std::vector<std::vector<float>> g(P);
-    double sumsq = 0;
-    for (int i = 0; i < P; ++i) {
-      g[i].resize(s.counts[i]);
-      for (size_t j = 0; j < s.counts[i]; ++j) {
-        double sum = 0;
-        for (int r = 0; r < n; ++r) {
-          for (int u = 0; u < U; ++u) sum += Grad(r, t, u, i, j, s);
-        }
-        if (t == s.inf_step && i == 0 && j == 0) sum = std::numeric_limits<double>::infinity();
-        g[i][j] = static_cast<float>(sum / n);
-        sumsq += static_cast<double>(g[i][j]) * g[i][j];
-      }
-    }
-    const double norm = std::sqrt(sumsq);
+    std::vector<std::vector<float>> g;
+    const double norm = std::sqrt(AveragedGrad(s, t, &g));
     if (s.opt.skip_nonfinite && !std::isfinite(norm)) continue;  // dropped on every rank
     double scale = 1.0;
     if (s.opt.max_grad_norm > 0 && std::isfinite(norm)) scale = std::min(1.0, s.opt.max_grad_norm / (norm + 1e-6));

@@ -9,6 +9,7 @@
 #define BRAID_TESTS_OPTIM_OPTIMIZER_HARNESS_H_
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -35,7 +36,8 @@ struct OptScenario {
   size_t bucket_cap_bytes = 1024;
   int steps = 4;
   std::vector<SyncMode> schedule = {SyncMode::kSync};  // microbatches of one step
-  int inf_step = -1;  // this step, the last rank puts +inf into one gradient element
+  int inf_step = -1;  // this step, the last rank puts bad_value into one gradient element
+  float bad_value = std::numeric_limits<float>::infinity();  // or a NaN
   int lr_change_step = -1;  // before this step, group 0's lr is halved
 };
 
@@ -88,6 +90,14 @@ absl::StatusOr<std::vector<std::vector<uint8_t>>> Params(RankStack& st, const Op
 // reference after each step (bit for bit), then the step report and per-bucket step counts.
 // The error names the rank, step and parameter that differ.
 absl::Status CheckAgainstReference(Group& world, const OptScenario& s);
+
+// After every step of `s` on this rank: the last step's report (rounds, error, skipped flag,
+// gradient norm and clip factor against the reference's) and every bucket's step count.
+absl::Status CheckReport(RankStack& st, const OptScenario& s);
+
+// The reference's global gradient norm of step t (the averaged gradients; inf / NaN at
+// s.inf_step).
+double ReferenceNorm(const OptScenario& s, int t);
 
 // Serial reference: the parameters (model dtype bytes) after steps [0, last) of `s`.
 std::vector<std::vector<uint8_t>> ReferenceParams(const OptScenario& s, int last);
