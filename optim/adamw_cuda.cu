@@ -244,10 +244,29 @@ __global__ void __launch_bounds__(kThreads)
   if (lane == 0 && block < blocks) sums[block] = NormLaneTree(&lanes[threadIdx.x]);
 }
 
+// Before a launch: the stream's device made current (a launch into a stream of another device
+// fails, and the occupancy query below reads the current device), and the thread's last error
+// cleared, so the cudaGetLastError() after the launch reports the launch alone (an earlier
+// non-sticky error on this thread, such as a cudaEventQuery "not ready", is no launch failure).
+cudaError_t PrepareLaunch(cudaStream_t stream) {
+  if (stream != nullptr) {
+    int device = 0, current = -1;
+    cudaError_t e = cudaStreamGetDevice(stream, &device);
+    if (e != cudaSuccess) return e;
+    if (cudaGetDevice(&current) != cudaSuccess || current != device) {
+      e = cudaSetDevice(device);
+      if (e != cudaSuccess) return e;
+    }
+  }
+  (void)cudaGetLastError();
+  return cudaSuccess;
+}
+
 template <typename G>
 int LaunchNorm(const G* g, size_t n, double* sums, cudaStream_t stream) {
   const size_t ctas = (NormBlocks(n) + kNormBlocksPerCta - 1) / kNormBlocksPerCta;
   if (ctas > 0x7fffffffu) return cudaErrorInvalidValue;
+  if (const cudaError_t e = PrepareLaunch(stream); e != cudaSuccess) return e;
   NormBlockSumsKernel<G><<<static_cast<unsigned>(ctas), kThreads, 0, stream>>>(g, n, sums);
   return cudaGetLastError();
 }
@@ -298,7 +317,9 @@ int Launch(const Rule& rule, const State& state, float* p, const G* g, O* out, s
                              Buffer{out, sizeof(O)}});
   const auto kernel = FusedStepKernel<Rule, G, O>;
   int device = 0, sms = 0, per_sm = 0;
-  cudaError_t e = cudaGetDevice(&device);
+  cudaError_t e = PrepareLaunch(stream);
+  if (e != cudaSuccess) return e;
+  e = cudaGetDevice(&device);
   if (e != cudaSuccess) return e;
   e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (e != cudaSuccess) return e;
