@@ -48,6 +48,22 @@
 //
 // Without a GPU (CUDA error 35 or 100) creating the backend fails with FailedPrecondition
 // naming the CUDA error; tests that need a device skip on it.
+//
+// Known hazards, not yet handled (from a review against NCCL's and CUDA's rules; none has run
+// on a GPU yet):
+//   - One completion poller thread per backend serves every group. It aborts communicators on
+//     deadlines and, in hybrid mode, the reducer issues the replica all-reduce from a poller
+//     callback: a blocking communicator stuck inside NCCL (or a nonblocking one waiting in
+//     ReadyLocked) stalls every group's completions until its own deadline. A launcher thread
+//     for collectives issued from callbacks, and aborts off the poller, would remove that.
+//   - Collectives on different communicators (shard, replica, the optimizer's stats group, the
+//     gatherer) are issued from different threads, so their order can differ across ranks;
+//     NCCL asks for a consistent order across communicators (concurrent NCCL kernels are not
+//     guaranteed to be co-resident). Issuing from one thread in bucket order would.
+//   - Communicators are destroyed when their last reference drops, in an order that may differ
+//     across ranks; recent NCCL versions synchronize ranks of a node in destroy.
+//   - A null readiness event at MarkReady is trusted: the comm stream does not order after the
+//     framework's compute stream by itself.
 #ifndef BRAID_BACKENDS_NCCL_NCCL_BACKEND_H_
 #define BRAID_BACKENDS_NCCL_NCCL_BACKEND_H_
 
