@@ -51,7 +51,7 @@ check() {
   ((rc != 0 && rc != 124 && rc != 137)) && verdict="FAIL(rc=$rc)"
   # GoogleTest's tallies, and a bench's "skipped" line, so a run that skipped is not a pass.
   local tally
-  tally="$(grep -hoE '^\[ +(PASSED|SKIPPED|FAILED) +\] [0-9]+ tests?|no CUDA device: skipped' "$tmp" | tr '\n' ' ')"
+  tally="$(grep -hoE '^\[ +(PASSED|SKIPPED|FAILED) +\] [0-9]+ tests?|no CUDA device: skipped|skipped, no GPU' "$tmp" | tr '\n' ' ')"
   { echo "=== $name: $*"; cat "$tmp"; echo "=== $name: $verdict in $((SECONDS - t0)) s"; } >> "$log"
   rm -f "$tmp"
   printf '%-44s %-14s %4ss  %s\n' "$name" "$verdict" "$((SECONDS - t0))" "$tally" >> "$summary"
