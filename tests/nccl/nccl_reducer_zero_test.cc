@@ -1,7 +1,7 @@
 // ZeroGrads / ZeroGradsAsync on device buckets (gradients as bucket views), on the fake device:
 // the zeroing is a memset queued on the comm stream, and the framework's next writes come from
 // its own compute stream. The test makes the compute stream run ahead of the comm stream (it
-// stalls the fake's event queries, pumps the compute stream by hand, then lets go): the next
+// stalls the fake's event queries while queuing, then pumps the compute stream first): the next
 // backward's result is the new gradient only if the memset was ordered before the compute
 // stream's writes, through ZeroGradsAsync's event or ZeroGrads' host wait. The control that
 // skips the event wait sees its gradients zeroed after it wrote them.
@@ -92,12 +92,13 @@ absl::StatusOr<size_t> RunZeroing(NcclGroup& world, FakeGpu& gpu, Zeroing how) {
   }
   RETURN_IF_ERROR(write(g2));
   {
-    // The compute stream runs as far as it may before the comm stream moves: its copies if
-    // nothing orders them after the memset.
+    // Let go and, before anything else can move the comm stream (the poller needs the lock),
+    // run the compute stream as far as it may: its wait on the zeroing event runs the comm
+    // stream up to that event (the memsets, if the event comes after them), then its copies.
     std::lock_guard<std::mutex> lock(gpu.cuda->mu());
+    gpu.cuda->StallEventsLocked(false);
     gpu.cuda->PumpLocked(compute.get());
   }
-  gpu.cuda->StallEvents(false);
   RETURN_IF_ERROR(backward());
   size_t wrong = 0;
   for (size_t p = 0; p < n; ++p) {
