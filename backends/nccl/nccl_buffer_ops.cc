@@ -49,8 +49,7 @@ absl::Status NcclBufferOps::Copy(void* dst, const void* src, size_t bytes) {
                     What("cudaMemcpyAsync"));
 }
 
-absl::Status NcclBufferOps::KernelStatus(int rc, absl::string_view what) const {
-  if (rc == 0) return absl::OkStatus();
+absl::Status NcclBufferOps::KernelError(int rc, absl::string_view what) const {
   return absl::InternalError(absl::StrCat(What(what), ": CUDA error ", rc, ": ",
                                           c_.apis.kernels->ErrorString(rc)));
 }
@@ -61,37 +60,41 @@ absl::Status NcclBufferOps::CastScale(const void* src, DType src_type, void* dst
   const bool scaled = scale.apply_mul || scale.div > 0;
   if (src_type == dst_type && !scaled) return Copy(dst, src, n * DTypeSize(src_type));
   const int st = static_cast<int>(src_type), dt = static_cast<int>(dst_type);
-  const std::string what = absl::StrCat("cast kernel (", DTypeName(src_type), " -> ",
-                                        DTypeName(dst_type), ", ", n, " elements",
-                                        scale.apply_mul ? absl::StrCat(", * ", scale.mul) : "",
-                                        scale.div > 0 ? absl::StrCat(", / ", scale.div) : "", ")");
+  auto what = [&] {  // built only for an error: no allocation per bucket
+    return absl::StrCat("cast kernel (", DTypeName(src_type), " -> ", DTypeName(dst_type), ", ",
+                        n, " elements", scale.apply_mul ? absl::StrCat(", * ", scale.mul) : "",
+                        scale.div > 0 ? absl::StrCat(", / ", scale.div) : "", ")");
+  };
   if (!kernels::ValidDType(st) || !kernels::ValidDType(dt)) {
-    return absl::InvalidArgumentError(absl::StrCat(What(what), ": f32, bf16, f16 only"));
+    return absl::InvalidArgumentError(absl::StrCat(What(what()), ": f32, bf16, f16 only"));
   }
   if (c_.apis.kernels == nullptr) {
-    return absl::UnimplementedError(absl::StrCat(What(what), ": no kernels (NcclApis::kernels)"));
+    return absl::UnimplementedError(absl::StrCat(What(what()), ": no kernels (NcclApis::kernels)"));
   }
   RETURN_IF_ERROR(SetDevice());
-  // The host's conversions (braid::CastScale): mul and div rounded to f32 (the kernel does it).
+  // ScaleSpec as the host's braid::CastScale takes it: mul rounded to f32 here, div converted
+  // to f32 by the element rule (kernels/bucket_convert.h, CastScaleElement).
   kernels::ScaleArgs args;
   args.apply_mul = scale.apply_mul ? 1 : 0;
   args.mul = static_cast<float>(scale.mul);
   args.div = scale.div;
-  return KernelStatus(c_.apis.kernels->CastScale(src, st, dst, dt, n, args, c_.stream), what);
+  const int rc = c_.apis.kernels->CastScale(src, st, dst, dt, n, args, c_.stream);
+  return rc == 0 ? absl::OkStatus() : KernelError(rc, what());
 }
 
 absl::Status NcclBufferOps::Add(const void* a, const void* b, void* dst, size_t n, DType dtype) {
   if (n == 0) return absl::OkStatus();
   const int t = static_cast<int>(dtype);
-  const std::string what = absl::StrCat("add kernel (", DTypeName(dtype), ", ", n, " elements)");
+  auto what = [&] { return absl::StrCat("add kernel (", DTypeName(dtype), ", ", n, " elements)"); };
   if (!kernels::ValidDType(t)) {
-    return absl::InvalidArgumentError(absl::StrCat(What(what), ": f32, bf16, f16 only"));
+    return absl::InvalidArgumentError(absl::StrCat(What(what()), ": f32, bf16, f16 only"));
   }
   if (c_.apis.kernels == nullptr) {
-    return absl::UnimplementedError(absl::StrCat(What(what), ": no kernels (NcclApis::kernels)"));
+    return absl::UnimplementedError(absl::StrCat(What(what()), ": no kernels (NcclApis::kernels)"));
   }
   RETURN_IF_ERROR(SetDevice());
-  return KernelStatus(c_.apis.kernels->Add(a, b, dst, n, t, c_.stream), what);
+  const int rc = c_.apis.kernels->Add(a, b, dst, n, t, c_.stream);
+  return rc == 0 ? absl::OkStatus() : KernelError(rc, what());
 }
 
 absl::Status NcclBufferOps::WaitFor(DeviceEvent event) {

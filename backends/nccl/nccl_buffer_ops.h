@@ -60,8 +60,8 @@ class NcclBufferOps final : public BufferOps {
 
  private:
   absl::Status SetDevice();
-  // A kernel launcher's result (a cudaError_t value) as a status naming `what`.
-  absl::Status KernelStatus(int rc, absl::string_view what) const;
+  // A kernel launcher's failure (a cudaError_t value) as a status naming `what`.
+  absl::Status KernelError(int rc, absl::string_view what) const;
   std::string What(absl::string_view op) const;  // "cudaMemsetAsync on group 'world'"
 
   const NcclBufferOpsConfig c_;
