@@ -635,6 +635,20 @@ void GradientReducer::ZeroBucket(int b) {
   SyncZeroing();
 }
 
+absl::StatusOr<WorkPtr> GradientReducer::ZeroGradsAsync() {
+  for (size_t b = 0; b < buckets_.size(); ++b) ZeroBucketQueued(static_cast<int>(b));
+  WorkPtr w = works_.Create(WorkInfo{groups_.shard->name(), "zero_grads", 0, "every bucket"});
+  if (ops_.synchronous()) {  // host memory: the zeroes are there now
+    w->Complete(absl::OkStatus());
+    return w;
+  }
+  // The device event is recorded on the comm stream after the memsets: the framework's stream
+  // waits on it (cudaStreamWaitEvent) before writing into the gradient views; the reducer's own
+  // operations need nothing (same stream). The Work keeps the event valid while it is held.
+  RETURN_IF_ERROR(ops_.CompleteAfter(w, absl::Now() + config_.timeout));
+  return w;
+}
+
 void GradientReducer::ZeroBucketQueued(int b) {
   const absl::Status st = ops_.Zero(BucketData(b), plan_.buckets()[b].bytes());
   if (!st.ok()) Log().error("zeroing {}: {}", buckets_[b]->label, st.ToString());
@@ -642,9 +656,16 @@ void GradientReducer::ZeroBucketQueued(int b) {
 }
 
 void GradientReducer::SyncZeroing() {
-  // Device storage: the framework's next writes come from its own streams, so the zeroes must
-  // have landed first (a host wait; nothing to wait for on the host).
-  if (ops_.synchronous()) return;
+  // Who touches a bucket after its zeroing: the reducer's own operations (packs, the f32
+  // widening, the collectives, the unused-parameter fills) are queued on the shard group's
+  // comm stream, the same stream as the memset, so stream order puts them after it; the hybrid
+  // replica stream only reads a shard after waiting on the reduce-scatter's completion event,
+  // which comes after the memset too. With the copy-in path (gradient_as_bucket_view = false)
+  // nobody else writes the buckets: no host wait at all. With bucket views the framework
+  // writes the gradients from its own streams, which nothing orders with the comm stream:
+  // without an event to hand out, the host waits (deadline-bounded) here. ZeroGradsAsync hands
+  // out that event instead (the Work's device_event()) and never waits.
+  if (ops_.synchronous() || !config_.gradient_as_bucket_view) return;
   const absl::Status st = ops_.Synchronize(absl::Now() + config_.timeout);
   if (!st.ok()) Log().error("zeroing gradients: {}", st.ToString());
 }

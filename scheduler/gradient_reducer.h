@@ -41,10 +41,15 @@
 // is kept with the parameter's bucket and the comm stream waits on every such event before the
 // bucket's collective (or before its f32 widening cast); with the copy-in path it waits before
 // packing. BucketWork(b) completes once the bucket's last queued operation ran, and its
-// device_event() marks that point for consumer streams. ZeroGrads / ZeroBucket wait (host,
-// deadline-bounded) for the zeroing, so the framework may write from its own streams after
-// they return. Not on device yet: f16 buckets without reduce_dtype f32 (the post-divide) and
-// kReduceScatterOnly (partial sums): both Unimplemented.
+// device_event() marks that point for consumer streams. f16 buckets (native pre- and
+// post-divide), the f32 staging casts and kReduceScatterOnly's partial sums run as Braid's
+// kernels on the comm stream, bit for bit with the host (backends/nccl/kernels).
+// Zeroing is queued on the comm stream like everything else, so the reducer's own later
+// operations are ordered after it. The framework's writes into gradient views come from its
+// own streams: ZeroGradsAsync() returns a Work whose device_event() its stream waits on
+// before writing (no host wait); ZeroGrads() / ZeroBucket() wait on the host instead
+// (deadline-bounded), except with the copy-in path, where nothing but the reducer's own
+// stream writes the buckets and they return at once.
 #ifndef BRAID_SCHEDULER_GRADIENT_REDUCER_H_
 #define BRAID_SCHEDULER_GRADIENT_REDUCER_H_
 
@@ -132,8 +137,18 @@ class GradientReducer {
   // names the bucket and group). Unmarked parameters: zero-filled and reduced with
   // allow_unused, else an error naming them.
   absl::Status FinishBackward();
-  // Zeroes every bucket (all gradients): the start of a new accumulation window.
+  // Zeroes every bucket (all gradients): the start of a new accumulation window. Device
+  // buckets as gradient views: returns once the zeroes landed (a host wait), so the framework
+  // may write from any stream afterwards.
   void ZeroGrads();
+  // The same without any host wait: the returned Work completes once the zeroing ran, and on
+  // device its device_event() is recorded on the comm stream after it: the framework's stream
+  // waits on it (cudaStreamWaitEvent) before writing into the gradient views, and keeps the
+  // Work while it may still wait. Host buckets: a completed Work.
+  //
+  //   ASSIGN_OR_RETURN(WorkPtr zeroed, reducer->ZeroGradsAsync());
+  //   cudaStreamWaitEvent(compute, (cudaEvent_t)zeroed->device_event().handle);
+  absl::StatusOr<WorkPtr> ZeroGradsAsync();
   // Zeroes bucket b only (a sharded optimizer, once it consumed b's shard). No reduction of b
   // may be in flight.
   void ZeroBucket(int b);

@@ -107,8 +107,69 @@ void ReduceRef(const std::vector<std::vector<uint8_t>>& inputs, size_t offset, s
   }
 }
 
+// NCCL 2.28's arithmetic (CollectiveCase::nccl_arithmetic), written out from NCCL's source
+// (src/enqueue.cc hostToDevRedOp, src/device/reduce_kernel.h): avg on floating types is a
+// pre-multiplied sum with the scalar 1/n (double 1.0/n, converted to the dtype through float),
+// pre-mul-sum multiplies each input by its scalar in the dtype (bf16/f16: rounded to the dtype
+// after the multiply), and every addition is in the dtype (bf16/f16 round after each add).
+template <typename T>
+T NcclMul(T a, T b) {
+  if constexpr (std::is_same_v<T, BF16> || std::is_same_v<T, F16>) {
+    return FromDouble<T>(static_cast<double>(ToFloat(a) * ToFloat(b)));
+  } else {
+    return a * b;
+  }
+}
+template <typename T>
+T NcclAdd(T a, T b) {
+  if constexpr (std::is_same_v<T, BF16> || std::is_same_v<T, F16>) {
+    return FromDouble<T>(static_cast<double>(ToFloat(a) + ToFloat(b)));
+  } else if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+  } else {
+    return a + b;
+  }
+}
+
+template <typename T>
+void NcclReduceRef(const std::vector<std::vector<uint8_t>>& inputs, size_t offset, size_t count,
+                   ReduceKind op, int n, bool exact, T* out) {
+  constexpr bool kFloating = !std::is_integral_v<T>;
+  if (!kFloating || op == ReduceKind::kMax || op == ReduceKind::kMin) {
+    return ReduceRef(inputs, offset, count, op, n, exact, out);  // no rounding to differ
+  }
+  std::vector<T> scalar(n);
+  for (int k = 0; k < n; ++k) {
+    const double inv = 1.0 / n;
+    scalar[k] = op == ReduceKind::kAvg
+                    ? (std::is_same_v<T, double> ? FromDouble<T>(inv)
+                                                 : FromDouble<T>(static_cast<float>(inv)))
+                    : FromDouble<T>(PremulScalar(k, exact));
+  }
+  const bool premul = op == ReduceKind::kAvg || op == ReduceKind::kPreMulSum;
+  for (size_t i = 0; i < count; ++i) {
+    T acc{};
+    for (int k = 0; k < n; ++k) {
+      T v = reinterpret_cast<const T*>(inputs[k].data())[offset + i];
+      if (premul) v = NcclMul(v, scalar[k]);
+      acc = k == 0 ? v : NcclAdd(acc, v);
+    }
+    out[i] = acc;
+  }
+}
+
 void ReduceRefDispatch(DType t, const std::vector<std::vector<uint8_t>>& in, size_t off,
-                       size_t count, ReduceKind op, int n, bool exact, void* out) {
+                       size_t count, ReduceKind op, int n, bool exact, void* out, bool nccl) {
+  if (nccl) {
+    switch (t) {
+      case DType::kF32: return NcclReduceRef(in, off, count, op, n, exact, static_cast<float*>(out));
+      case DType::kF64: return NcclReduceRef(in, off, count, op, n, exact, static_cast<double*>(out));
+      case DType::kBF16: return NcclReduceRef(in, off, count, op, n, exact, static_cast<BF16*>(out));
+      case DType::kF16: return NcclReduceRef(in, off, count, op, n, exact, static_cast<F16*>(out));
+      default: break;  // integers: sum, max, min as below (avg and premul are refused)
+    }
+  }
   switch (t) {
     case DType::kF32: return ReduceRef(in, off, count, op, n, exact, static_cast<float*>(out));
     case DType::kF64: return ReduceRef(in, off, count, op, n, exact, static_cast<double*>(out));
@@ -185,13 +246,14 @@ std::vector<uint8_t> ReferenceOutput(const CollectiveCase& c, int n, int rank) {
   switch (c.kind) {
     case CollectiveKind::kAllReduce: {
       std::vector<uint8_t> out(c.count * es);
-      ReduceRefDispatch(c.dtype, in, 0, c.count, c.op, n, c.exact_data, out.data());
+      ReduceRefDispatch(c.dtype, in, 0, c.count, c.op, n, c.exact_data, out.data(),
+                        c.nccl_arithmetic);
       return out;
     }
     case CollectiveKind::kReduceScatter: {
       std::vector<uint8_t> out(c.count * es);
       ReduceRefDispatch(c.dtype, in, static_cast<size_t>(rank) * c.count, c.count, c.op, n,
-                        c.exact_data, out.data());
+                        c.exact_data, out.data(), c.nccl_arithmetic);
       return out;
     }
     case CollectiveKind::kAllGather: {

@@ -65,6 +65,10 @@ struct CollectiveCase {
   bool exact_data = false;
   uint64_t seed = 1;
   int root = 0;  // broadcast
+  // The reference computes NCCL's arithmetic instead (rank order still): avg as a sum
+  // pre-multiplied by 1/n in the dtype, pre-mul-sum scalars in the dtype, bf16/f16 rounded
+  // after every multiply and add (the fake NCCL does the same: tests/nccl/fake_nccl_reduce.h).
+  bool nccl_arithmetic = false;
 };
 
 std::string CaseName(const CollectiveCase& c);

@@ -3,7 +3,8 @@
 // against a fake that executes the CPU reference (kernels/bucket_reference.h) on a fake stream
 // (tests/nccl/fake_kernel_api.h).
 //
-//   int rc = apis.kernels->CastScale(src, kBF16, dst, kF32, n, 1.0f, stream);
+//   int rc = apis.kernels->CastScale(src, kBF16, dst, kF32, n, kernels::ScaleArgs{}, stream);
+//   rc = apis.kernels->Add(partial, shard, partial, n, kF16, stream);
 //
 // Arguments and results are those of the launchers (dtype codes of kernels/bucket_convert.h,
 // a cudaError_t value as an int).
@@ -14,14 +15,21 @@
 
 #include <cstddef>
 
+#include "backends/nccl/kernels/bucket_convert.h"
+
 namespace braid::nccl {
 
 class KernelApi {
  public:
   virtual ~KernelApi() = default;
-  // kernels::CastScaleLaunch: dst[i] = narrow(widen(src[i]) * scale), queued on `stream`.
+  // kernels::CastScaleLaunch: dst[i] = braid::CastScale's element with `scale`, queued on
+  // `stream`.
   virtual int CastScale(const void* src, int src_dtype, void* dst, int dst_dtype, size_t n,
-                        float scale, cudaStream_t stream) = 0;
+                        const kernels::ScaleArgs& scale, cudaStream_t stream) = 0;
+  // kernels::AddLaunch: dst[i] = a[i] + b[i] (f32 accumulation, one rounding), queued on
+  // `stream`; dst may alias a or b.
+  virtual int Add(const void* a, const void* b, void* dst, size_t n, int dtype,
+                  cudaStream_t stream) = 0;
   // kernels::BucketKernelsErrorString.
   virtual const char* ErrorString(int code) = 0;
 };

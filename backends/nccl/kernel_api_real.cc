@@ -7,9 +7,13 @@ namespace {
 
 class RealKernels final : public KernelApi {
  public:
-  int CastScale(const void* src, int src_dtype, void* dst, int dst_dtype, size_t n, float scale,
-                cudaStream_t stream) override {
+  int CastScale(const void* src, int src_dtype, void* dst, int dst_dtype, size_t n,
+                const kernels::ScaleArgs& scale, cudaStream_t stream) override {
     return kernels::CastScaleLaunch(src, src_dtype, dst, dst_dtype, n, scale, stream);
+  }
+  int Add(const void* a, const void* b, void* dst, size_t n, int dtype,
+          cudaStream_t stream) override {
+    return kernels::AddLaunch(a, b, dst, n, dtype, stream);
   }
   const char* ErrorString(int code) override { return kernels::BucketKernelsErrorString(code); }
 };

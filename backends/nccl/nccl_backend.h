@@ -40,9 +40,14 @@
 //       and GPU machines without Open MPI's launcher). Refused when WORLD_SIZE or SLURM_NTASKS
 //       says the process belongs to a larger world (torchrun, srun).
 //
-// Semantics differ from the CPU backends in two documented places: avg is ncclAvg (a
-// pre-multiplied 1/n for floats, so rounding differs from sum-then-divide), and premul_sum on
-// bf16/f16 uses the scalar rounded to bf16/f16 (NCCL takes it in the data type).
+// Semantics differ from the CPU backends in documented places, all NCCL's arithmetic
+// (NCCL 2.28.9, src/enqueue.cc hostToDevRedOp and src/device/reduce_kernel.h): avg is ncclAvg,
+// for floating types a sum pre-multiplied by 1/n, with 1/n computed as the double 1.0/n and
+// converted to the data type through float (f32: float(1.0/n); bf16/f16: that float rounded to
+// nearest even), each input multiplied by it in the data type, so rounding differs from
+// sum-then-divide (integer avg would be a sum then a truncating division; Braid refuses it);
+// premul_sum on bf16/f16 uses the scalar rounded to bf16/f16 (NCCL takes it in the data type);
+// and bf16/f16 sums round to the data type after every addition (f16/bf16 __hadd), not once.
 // Nothing blocks without a deadline except what NCCL itself may do inside a blocking
 // communicator's call (see nccl_comm.h); prefer BRAID_NCCL_BLOCKING=0 where that matters.
 //

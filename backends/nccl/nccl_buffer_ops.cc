@@ -49,36 +49,52 @@ absl::Status NcclBufferOps::Copy(void* dst, const void* src, size_t bytes) {
                     What("cudaMemcpyAsync"));
 }
 
-absl::Status NcclBufferOps::CastScale(const void* src, DType src_type, void* dst,
-                                      DType dst_type, size_t n, const ScaleSpec& scale) {
-  if (scale.apply_mul || scale.div > 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        What("a scaled cast"), ": only plain casts run on the device (a divide by ", scale.div,
-        " or multiply by ", scale.mul, " would not match the host's rounding)"));
-  }
-  if (n == 0) return absl::OkStatus();
-  if (src_type == dst_type) return Copy(dst, src, n * DTypeSize(src_type));
-  const int st = static_cast<int>(src_type), dt = static_cast<int>(dst_type);
-  if (!kernels::ValidDType(st) || !kernels::ValidDType(dt)) {
-    return absl::InvalidArgumentError(absl::StrCat(What("cast"), ": ", DTypeName(src_type), " -> ",
-                                                   DTypeName(dst_type), " (f32, bf16, f16 only)"));
-  }
-  if (c_.apis.kernels == nullptr) {
-    return absl::UnimplementedError(absl::StrCat(What("cast"), ": no kernels (NcclApis::kernels)"));
-  }
-  RETURN_IF_ERROR(SetDevice());
-  const int rc = c_.apis.kernels->CastScale(src, st, dst, dt, n, 1.0f, c_.stream);
-  if (rc != 0) {
-    return absl::InternalError(absl::StrCat(What("cast kernel"), " (", DTypeName(src_type), " -> ",
-                                            DTypeName(dst_type), ", ", n, " elements): CUDA error ",
-                                            rc, ": ", c_.apis.kernels->ErrorString(rc)));
-  }
-  return absl::OkStatus();
+absl::Status NcclBufferOps::KernelError(int rc, absl::string_view what) const {
+  return absl::InternalError(absl::StrCat(What(what), ": CUDA error ", rc, ": ",
+                                          c_.apis.kernels->ErrorString(rc)));
 }
 
-absl::Status NcclBufferOps::Add(const void*, const void*, void*, size_t, DType) {
-  return absl::UnimplementedError(
-      absl::StrCat(What("add"), ": no device kernel for adding buffers (reduce_scatter_only partial sums)"));
+absl::Status NcclBufferOps::CastScale(const void* src, DType src_type, void* dst,
+                                      DType dst_type, size_t n, const ScaleSpec& scale) {
+  if (n == 0) return absl::OkStatus();
+  const bool scaled = scale.apply_mul || scale.div > 0;
+  if (src_type == dst_type && !scaled) return Copy(dst, src, n * DTypeSize(src_type));
+  const int st = static_cast<int>(src_type), dt = static_cast<int>(dst_type);
+  auto what = [&] {  // built only for an error: no allocation per bucket
+    return absl::StrCat("cast kernel (", DTypeName(src_type), " -> ", DTypeName(dst_type), ", ",
+                        n, " elements", scale.apply_mul ? absl::StrCat(", * ", scale.mul) : "",
+                        scale.div > 0 ? absl::StrCat(", / ", scale.div) : "", ")");
+  };
+  if (!kernels::ValidDType(st) || !kernels::ValidDType(dt)) {
+    return absl::InvalidArgumentError(absl::StrCat(What(what()), ": f32, bf16, f16 only"));
+  }
+  if (c_.apis.kernels == nullptr) {
+    return absl::UnimplementedError(absl::StrCat(What(what()), ": no kernels (NcclApis::kernels)"));
+  }
+  RETURN_IF_ERROR(SetDevice());
+  // ScaleSpec as the host's braid::CastScale takes it: mul rounded to f32 here, div converted
+  // to f32 by the element rule (kernels/bucket_convert.h, CastScaleElement).
+  kernels::ScaleArgs args;
+  args.apply_mul = scale.apply_mul ? 1 : 0;
+  args.mul = static_cast<float>(scale.mul);
+  args.div = scale.div;
+  const int rc = c_.apis.kernels->CastScale(src, st, dst, dt, n, args, c_.stream);
+  return rc == 0 ? absl::OkStatus() : KernelError(rc, what());
+}
+
+absl::Status NcclBufferOps::Add(const void* a, const void* b, void* dst, size_t n, DType dtype) {
+  if (n == 0) return absl::OkStatus();
+  const int t = static_cast<int>(dtype);
+  auto what = [&] { return absl::StrCat("add kernel (", DTypeName(dtype), ", ", n, " elements)"); };
+  if (!kernels::ValidDType(t)) {
+    return absl::InvalidArgumentError(absl::StrCat(What(what()), ": f32, bf16, f16 only"));
+  }
+  if (c_.apis.kernels == nullptr) {
+    return absl::UnimplementedError(absl::StrCat(What(what()), ": no kernels (NcclApis::kernels)"));
+  }
+  RETURN_IF_ERROR(SetDevice());
+  const int rc = c_.apis.kernels->Add(a, b, dst, n, t, c_.stream);
+  return rc == 0 ? absl::OkStatus() : KernelError(rc, what());
 }
 
 absl::Status NcclBufferOps::WaitFor(DeviceEvent event) {

@@ -8,10 +8,12 @@
 //   RETURN_IF_ERROR(ops.CompleteAfter(work, deadline));     // event + the completion poller
 //
 // Zero: cudaMemsetAsync; Copy: cudaMemcpyAsync (cudaMemcpyDefault, so either side may be host
-// memory); CastScale: the cast kernel (KernelApi) with scale 1, the only ScaleSpec implemented
-// (a scaled cast, the reducer's f16 post-divide, is Unimplemented: its division would not be
-// bit-identical with the host's); Add: Unimplemented (no device kernel yet: the reducer's
-// reduce_scatter_only partial sums). Synchronize polls an event recorded on the stream
+// memory); CastScale: the cast kernel (KernelApi) with the ScaleSpec's mul and div applied as
+// the host applies them (f32, mul then a true division: the reducer's f16 post-divide), bit
+// for bit with HostBufferOps (element rule: kernels/bucket_convert.h); f64 is InvalidArgument.
+// Add: the add kernel (f32 accumulation, one rounding, as the host's ReduceInto: the reducer's
+// reduce_scatter_only partial sums); can_add() is true when there are kernels (NcclApis).
+// Synchronize polls an event recorded on the stream
 // (deadline-bounded); CompleteAfter hands one to the group's CompletionPoller, which fails the
 // Work (and aborts the communicator, as for a collective) at the deadline.
 // Each call first sets the calling thread's device (calls come from the framework's threads
@@ -50,7 +52,7 @@ class NcclBufferOps final : public BufferOps {
   absl::Status CastScale(const void* src, DType src_type, void* dst, DType dst_type, size_t n,
                          const ScaleSpec& scale) override;
   absl::Status Add(const void* a, const void* b, void* dst, size_t n, DType dtype) override;
-  bool can_add() const override { return false; }
+  bool can_add() const override { return c_.apis.kernels != nullptr; }
   DeviceStream stream() const override { return DeviceStream{c_.stream}; }
   absl::Status WaitFor(DeviceEvent event) override;
   absl::Status Synchronize(absl::Time deadline) override;
@@ -58,6 +60,8 @@ class NcclBufferOps final : public BufferOps {
 
  private:
   absl::Status SetDevice();
+  // A kernel launcher's failure (a cudaError_t value) as a status naming `what`.
+  absl::Status KernelError(int rc, absl::string_view what) const;
   std::string What(absl::string_view op) const;  // "cudaMemsetAsync on group 'world'"
 
   const NcclBufferOpsConfig c_;

@@ -15,6 +15,7 @@
 #include "comm/dtype.h"
 #include "comm/cuda_device.h"
 #include "comm/half.h"
+#include "comm/reduce_kernels.h"
 #include "gtest/gtest.h"
 #include "tests/multirank.h"
 
@@ -71,7 +72,7 @@ TEST(BucketReference, PacksAndUnpacksWithTheScale) {
   EXPECT_EQ(bb[0], 0x3f80);  // tie -> even
   EXPECT_EQ(bb[1], 0x3f82);  // tie -> even (up)
   std::vector<float> f(2);
-  CastScaleReference(bb.data(), kBF16, f.data(), kF32, 2, 0.5f);
+  CastScaleReference(bb.data(), kBF16, f.data(), kF32, 2, ScaleArgs{1, 0.5f, 0});
   EXPECT_EQ(f, (std::vector<float>{0.5f, 0.5f + 1.0f / 128}));
 }
 
@@ -95,11 +96,125 @@ TEST(BucketReference, BadSegmentsAreRefusedNamingTheSegment) {
             static_cast<int>(cudaErrorInvalidValue));
   EXPECT_EQ(BucketUnpackLaunch(null_grad, 1, bucket.data(), kF32, 8, 1.0f, nullptr),
             static_cast<int>(cudaErrorInvalidValue));
-  EXPECT_EQ(CastScaleLaunch(g.data(), 1, bucket.data(), kF32, 4, 1.0f, nullptr),
+  EXPECT_EQ(CastScaleLaunch(g.data(), 1, bucket.data(), kF32, 4, ScaleArgs{}, nullptr),
             static_cast<int>(cudaErrorInvalidValue));
-  EXPECT_EQ(CastScaleLaunch(nullptr, kF32, bucket.data(), kF32, 4, 1.0f, nullptr),
+  EXPECT_EQ(CastScaleLaunch(nullptr, kF32, bucket.data(), kF32, 4, ScaleArgs{}, nullptr),
             static_cast<int>(cudaErrorInvalidValue));
-  EXPECT_EQ(CastScaleLaunch(nullptr, kF32, nullptr, kF32, 0, 1.0f, nullptr), 0);
+  EXPECT_EQ(CastScaleLaunch(nullptr, kF32, nullptr, kF32, 0, ScaleArgs{}, nullptr), 0);
+  EXPECT_EQ(AddLaunch(g.data(), g.data(), g.data(), 4, 1, nullptr),  // f64: no kernel
+            static_cast<int>(cudaErrorInvalidValue));
+  EXPECT_EQ(AddLaunch(g.data(), nullptr, g.data(), 4, kF32, nullptr),
+            static_cast<int>(cudaErrorInvalidValue));
+  EXPECT_EQ(AddLaunch(nullptr, nullptr, nullptr, 0, kF32, nullptr), 0);
+}
+
+// ---- The scaled cast and the add against the host's BufferOps arithmetic ---------------------
+
+// f32 bit patterns that stress the rule: signed zeros, the smallest and largest subnormals,
+// normals near the f16/bf16 limits, values that round to a tie in bf16 / f16, infinities, a
+// quiet NaN with a payload, a signalling NaN, a negative NaN, and values whose division by 3
+// is inexact.
+std::vector<uint32_t> AwkwardBits() {
+  return {0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x00800000u, 0x3f800000u,
+          0xbf800000u, 0x3f808000u, 0x3f818000u, 0x3f802000u, 0x477fe000u, 0x477ff000u,
+          0xc77ff000u, 0x33800000u, 0x33000000u, 0x387fc000u, 0x38800000u, 0x40400000u,
+          0x3eaaaaabu, 0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00001u,
+          0x7f800123u, 0xffc12345u, 0x4b7fffffu, 0x3dcccccdu};
+}
+
+// n awkward elements of `dtype` (narrowed from the f32 patterns, then their halves' own
+// patterns where the dtype is 16-bit: subnormal halves, half NaNs and infinities).
+std::vector<uint8_t> AwkwardElems(int dtype) {
+  std::vector<uint8_t> out;
+  std::vector<uint32_t> bits = AwkwardBits();
+  const size_t es = ElemSize(dtype);
+  auto push16 = [&](uint16_t h) {
+    out.resize(out.size() + 2);
+    std::memcpy(out.data() + out.size() - 2, &h, 2);
+  };
+  for (uint32_t u : bits) {
+    if (dtype == kF32) {
+      out.resize(out.size() + 4);
+      std::memcpy(out.data() + out.size() - 4, &u, 4);
+    } else {
+      push16(static_cast<uint16_t>(u >> 16));  // bf16-ish patterns: also valid halves
+      push16(static_cast<uint16_t>(u & 0xffffu));
+    }
+  }
+  if (es == 2) {
+    for (uint16_t h : {0x0001, 0x03ff, 0x8001, 0x7c00, 0xfc00, 0x7e01, 0x7c01, 0x0400, 0x7bff,
+                       0x3c01, 0x3555}) {
+      push16(h);
+    }
+  }
+  return out;
+}
+
+ScaleArgs ArgsOf(const ScaleSpec& s) {
+  return ScaleArgs{s.apply_mul ? 1 : 0, static_cast<float>(s.mul), s.div};
+}
+
+const ScaleSpec kSpecs[] = {{false, 1.0, 0}, {false, 1.0, 2}, {false, 1.0, 3}, {false, 1.0, 6},
+                            {true, 0.5, 0},  {true, 1.0 / 3, 0}, {true, 0.1, 4}, {true, 0.0, 0},
+                            {true, 3.0e38, 0}};
+
+TEST(BucketReference, ScaledCastMatchesTheHostBitForBit) {
+  const int dtypes[] = {kF32, kBF16, kF16};
+  for (int s : dtypes) {
+    const std::vector<uint8_t> src = AwkwardElems(s);
+    const size_t n = src.size() / ElemSize(s);
+    for (int d : dtypes) {
+      for (const ScaleSpec& spec : kSpecs) {
+        std::vector<uint8_t> want(n * ElemSize(d), 0xab), got(n * ElemSize(d), 0xcd);
+        braid::CastScale(src.data(), static_cast<DType>(s), want.data(), static_cast<DType>(d),
+                         n, spec);
+        CastScaleReference(src.data(), s, got.data(), d, n, ArgsOf(spec));
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_EQ(std::memcmp(got.data() + i * ElemSize(d), want.data() + i * ElemSize(d),
+                                ElemSize(d)),
+                    0)
+              << s << " -> " << d << " mul " << spec.apply_mul << "/" << spec.mul << " div "
+              << spec.div << " element " << i;
+        }
+      }
+    }
+  }
+  // In place (the reducer's f16 post-divide): dst == src.
+  std::vector<uint8_t> x = AwkwardElems(kF16), want = x;
+  const size_t n = x.size() / 2;
+  braid::CastScale(want.data(), DType::kF16, want.data(), DType::kF16, n, {false, 1.0, 3});
+  CastScaleReference(x.data(), kF16, x.data(), kF16, n, ScaleArgs{0, 1.0f, 3});
+  EXPECT_EQ(x, want);
+}
+
+TEST(BucketReference, AddMatchesTheHostBitForBit) {
+  for (int t : {kF32, kBF16, kF16}) {
+    const std::vector<uint8_t> v = AwkwardElems(t);
+    const size_t es = ElemSize(t), m = v.size() / es;
+    // Every ordered pair of awkward values: a[k] = v[k / m], b[k] = v[k % m].
+    std::vector<uint8_t> a(m * m * es), b(m * m * es);
+    for (size_t k = 0; k < m * m; ++k) {
+      std::memcpy(a.data() + k * es, v.data() + (k / m) * es, es);
+      std::memcpy(b.data() + k * es, v.data() + (k % m) * es, es);
+    }
+    std::vector<uint8_t> want(a.size()), got(a.size());
+    const void* in[2] = {a.data(), b.data()};
+    ReduceInto(in, 2, want.data(), m * m, static_cast<DType>(t), ReduceOp::Sum(), 2);
+    AddReference(a.data(), b.data(), got.data(), m * m, t);
+    size_t compared = 0;
+    for (size_t k = 0; k < m * m; ++k) {
+      // Both NaN: the host returns whichever operand its compiler put first (gcc's vaddps
+      // takes the array element as the first source); the kernels return a's. Not compared.
+      if (IsNaN(LoadAs(a.data(), k, t)) && IsNaN(LoadAs(b.data(), k, t))) continue;
+      ++compared;
+      ASSERT_EQ(std::memcmp(got.data() + k * es, want.data() + k * es, es), 0)
+          << "dtype " << t << " pair " << k / m << " + " << k % m;
+    }
+    EXPECT_GT(compared, m * m * 3 / 4);
+    // dst aliasing a (the reducer's partial += shard): the same as a separate dst.
+    AddReference(a.data(), b.data(), a.data(), m * m, t);
+    EXPECT_EQ(a, got);
+  }
 }
 
 // ---- On the device ----------------------------------------------------------------------------
@@ -191,13 +306,60 @@ TEST_F(BucketKernelsGpu, CastScaleMatchesTheReference) {
       const size_t n = 100003;
       std::vector<uint8_t> src = RandomElems(s, n, 7 + s + 10 * d);
       std::vector<uint8_t> want(n * ElemSize(d));
-      CastScaleReference(src.data(), s, want.data(), d, n, 0.5f);
+      CastScaleReference(src.data(), s, want.data(), d, n, ScaleArgs{1, 0.5f, 0});
       void* d_src = Device(src.data(), src.size());
       void* d_dst = Device(want.data(), want.size());
       ASSERT_EQ(cudaMemsetAsync(d_dst, 0, want.size(), stream_), cudaSuccess);
-      ASSERT_EQ(CastScaleLaunch(d_src, s, d_dst, d, n, 0.5f, stream_), 0);
+      ASSERT_EQ(CastScaleLaunch(d_src, s, d_dst, d, n, ScaleArgs{1, 0.5f, 0}, stream_), 0);
       ASSERT_EQ(Host(d_dst, want.size()), want) << s << " -> " << d;
     }
+  }
+}
+
+// The scaled cast (mul, true division, in place) and the add on the device against the
+// reference (itself checked against the host above) on awkward values: subnormals, infinities,
+// NaN payloads, rounding ties, invalid operations.
+TEST_F(BucketKernelsGpu, ScaledCastMatchesTheReferenceOnAwkwardValues) {
+  const int dtypes[] = {kF32, kBF16, kF16};
+  for (int s : dtypes) {
+    std::vector<uint8_t> src = AwkwardElems(s);
+    const std::vector<uint8_t> rnd = RandomElems(s, 4099, 11 + s);
+    src.insert(src.end(), rnd.begin(), rnd.end());
+    const size_t n = src.size() / ElemSize(s);
+    for (int d : dtypes) {
+      for (const ScaleSpec& spec : kSpecs) {
+        std::vector<uint8_t> want(n * ElemSize(d));
+        CastScaleReference(src.data(), s, want.data(), d, n, ArgsOf(spec));
+        void* d_src = Device(src.data(), src.size());
+        void* d_dst = s == d ? d_src : Device(want.data(), want.size());  // in place
+        ASSERT_EQ(CastScaleLaunch(d_src, s, d_dst, d, n, ArgsOf(spec), stream_), 0);
+        ASSERT_EQ(Host(d_dst, want.size()), want)
+            << s << " -> " << d << " mul " << spec.apply_mul << "/" << spec.mul << " div "
+            << spec.div;
+      }
+    }
+  }
+}
+
+TEST_F(BucketKernelsGpu, AddMatchesTheReferenceOnAwkwardValues) {
+  for (int t : {kF32, kBF16, kF16}) {
+    const std::vector<uint8_t> v = AwkwardElems(t);
+    const size_t es = ElemSize(t), m = v.size() / es;
+    std::vector<uint8_t> a(m * m * es), b(m * m * es);
+    for (size_t k = 0; k < m * m; ++k) {
+      std::memcpy(a.data() + k * es, v.data() + (k / m) * es, es);
+      std::memcpy(b.data() + k * es, v.data() + (k % m) * es, es);
+    }
+    const std::vector<uint8_t> ra = RandomElems(t, 70001, 5), rb = RandomElems(t, 70001, 6);
+    a.insert(a.end(), ra.begin(), ra.end());
+    b.insert(b.end(), rb.begin(), rb.end());
+    const size_t n = a.size() / es;
+    std::vector<uint8_t> want(a.size());
+    AddReference(a.data(), b.data(), want.data(), n, t);
+    void* d_a = Device(a.data(), a.size());
+    void* d_b = Device(b.data(), b.size());
+    ASSERT_EQ(AddLaunch(d_a, d_b, d_a, n, t, stream_), 0);  // in place, as the reducer adds
+    ASSERT_EQ(Host(d_a, want.size()), want) << "dtype " << t;
   }
 }
 

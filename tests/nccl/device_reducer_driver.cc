@@ -90,10 +90,26 @@ absl::Status RunDeviceScenario(Group& world, std::shared_ptr<CudaApi> cuda, cons
   // never written after its copy is queued (the fake device copies when it gets there).
   std::vector<std::vector<char>> snapshots(static_cast<size_t>(2 * mbs) * n);
   // Declared after the buffers the queued copies touch: destroyed (and drained) first.
+  // ZeroGradsAsync's Works, held while the compute stream may wait on their events.
+  std::vector<WorkPtr> zero_works;
   ASSIGN_OR_RETURN(CudaStream compute, CudaStream::Create(cuda, "compute stream"));
   std::mt19937 order_rng(1234 + 77 * r);
   for (int step = 0; step < 2; ++step) {
-    red->ZeroGrads();
+    if (sc.copy_in) {
+      red->ZeroGrads();  // returns without a host wait: only the comm stream writes the buckets
+    } else {
+      // The framework's stream waits for the zeroing before writing into the views (no host
+      // wait: ZeroGradsAsync's event).
+      ASSIGN_OR_RETURN(WorkPtr zeroed, red->ZeroGradsAsync());
+      if (zeroed->device_event()) {
+        RETURN_IF_ERROR(CudaStatus(
+            *cuda,
+            cuda->StreamWaitEvent(compute.get(),
+                                  static_cast<cudaEvent_t>(zeroed->device_event().handle)),
+            "cudaStreamWaitEvent (zeroed gradients)"));
+      }
+      zero_works.push_back(std::move(zeroed));  // keeps its event valid while waited on
+    }
     for (size_t p = 0; p < n; ++p) {
       std::fill(mirror[p].begin(), mirror[p].end(), 0);  // the framework's zero_grad
       if (sc.copy_in) {
@@ -142,6 +158,11 @@ absl::Status RunDeviceScenario(Group& world, std::shared_ptr<CudaApi> cuda, cons
       RETURN_IF_ERROR(mine);
       RETURN_IF_ERROR(other_status);
       RETURN_IF_ERROR(red->FinishBackward());
+      if (sc.schedule[m] == 'R') {
+        // reduce_scatter_only consumed the microbatch's gradients and zeroed the buckets: the
+        // framework accumulates from zero again (its host mirror follows).
+        for (auto& g : mirror) std::fill(g.begin(), g.end(), 0);
+      }
     }
     // Read the results back (the reduction is complete: FinishBackward returned).
     const sched::BucketPlan& plan = red->plan();

@@ -12,7 +12,10 @@
 // as Accumulate computes it) is copied host-to-device on the compute stream into the gradient
 // (the reducer's view, or the framework's own device buffer with sc.copy_in), an event is
 // recorded after the copy, and MarkReady gets it. Nothing on the host waits for the compute
-// stream: only the reducer's waits order the copies before the reduction. With
+// stream: only the reducer's waits order the copies before the reduction. Each step starts
+// with ZeroGradsAsync, whose event the compute stream waits on (bucket views), or ZeroGrads
+// (copy-in: no host wait). After a reduce_scatter_only microbatch the reducer zeroed the
+// buckets, so the framework's accumulation restarts from zero. With
 // `pass_events = false` MarkReady gets no event (a negative control: results are then stale).
 #ifndef BRAID_TESTS_NCCL_DEVICE_REDUCER_DRIVER_H_
 #define BRAID_TESTS_NCCL_DEVICE_REDUCER_DRIVER_H_

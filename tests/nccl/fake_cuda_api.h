@@ -72,6 +72,7 @@ class FakeCudaApi : public CudaApi {
   // Knobs.
   void SetDeviceCountResult(cudaError_t rc, int count);  // default: cudaSuccess, 1 device
   void StallEvents(bool stall);                           // EventQuery -> cudaErrorNotReady
+  void StallEventsLocked(bool stall) { stall_ = stall; }  // the same, under mu()
   void FailEventQueries(cudaError_t rc);                  // EventQuery -> rc (cudaSuccess: off)
 
   // Observations.

@@ -18,15 +18,21 @@ namespace braid::nccl::testing {
 class FakeKernelApi : public KernelApi {
  public:
   explicit FakeKernelApi(std::shared_ptr<FakeCudaApi> cuda) : cuda_(std::move(cuda)) {}
-  int CastScale(const void* src, int src_dtype, void* dst, int dst_dtype, size_t n, float scale,
-                cudaStream_t stream) override;
+  int CastScale(const void* src, int src_dtype, void* dst, int dst_dtype, size_t n,
+                const kernels::ScaleArgs& scale, cudaStream_t stream) override;
+  int Add(const void* a, const void* b, void* dst, size_t n, int dtype,
+          cudaStream_t stream) override;
   const char* ErrorString(int code) override;
 
-  int launches() const { return launches_.load(); }
+  int launches() const { return launches_.load(); }  // every kernel
+  int scaled_casts() const { return scaled_casts_.load(); }  // casts with a mul or a div
+  int adds() const { return adds_.load(); }
 
  private:
   std::shared_ptr<FakeCudaApi> cuda_;
   std::atomic<int> launches_{0};
+  std::atomic<int> scaled_casts_{0};
+  std::atomic<int> adds_{0};
 };
 
 }  // namespace braid::nccl::testing

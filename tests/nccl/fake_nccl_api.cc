@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "backends/nccl/nccl_types.h"
 #include "comm/reduce_kernels.h"
+#include "tests/nccl/fake_nccl_reduce.h"
 
 namespace braid::nccl::testing {
 
@@ -529,16 +530,17 @@ void FakeNcclApi::ExecuteLocked(Clique* clique, uint64_t index) {
   std::vector<const void*> in(n);
   std::vector<void*> out(n);
   std::vector<double> scalars(n);
-  ReduceOp rop = ReduceOp::Sum();
+  // NCCL's arithmetic, ncclAvg's premultiplied 1/n included (fake_nccl_reduce.h).
+  FakeRedOp rop = FakeRedOp::kSum;
   if (first.op >= ncclNumOps) {
-    rop = ReduceOp::PreMulSum(1.0);
+    rop = FakeRedOp::kPreMulSum;
     for (int r = 0; r < n; ++r) scalars[r] = slot.posted[r].scalar;
   } else if (first.op == ncclAvg) {
-    rop = ReduceOp::Avg();
+    rop = FakeRedOp::kAvg;
   } else if (first.op == ncclMax) {
-    rop = ReduceOp::Max();
+    rop = FakeRedOp::kMax;
   } else if (first.op == ncclMin) {
-    rop = ReduceOp::Min();
+    rop = FakeRedOp::kMin;
   }
   switch (first.kind) {
     case Kind::kAllReduce:
@@ -546,15 +548,15 @@ void FakeNcclApi::ExecuteLocked(Clique* clique, uint64_t index) {
         in[r] = slot.posted[r].send;
         out[r] = slot.posted[r].recv;
       }
-      ReduceIntoMany(in.data(), n, out.data(), n, first.count, dtype, rop, n, scalars.data());
+      FakeNcclReduce(in.data(), n, out.data(), n, first.count, dtype, rop, scalars.data());
       break;
     case Kind::kReduceScatter:
       for (int dst = 0; dst < n; ++dst) {
         for (int r = 0; r < n; ++r) {
           in[r] = static_cast<const char*>(slot.posted[r].send) + static_cast<size_t>(dst) * block;
         }
-        ReduceInto(in.data(), n, slot.posted[dst].recv, first.count, dtype, rop, n,
-                   scalars.data());
+        void* recv = slot.posted[dst].recv;
+        FakeNcclReduce(in.data(), n, &recv, 1, first.count, dtype, rop, scalars.data());
       }
       break;
     case Kind::kAllGather:

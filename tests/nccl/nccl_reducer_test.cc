@@ -5,7 +5,9 @@
 // The fake runs a stream's work only when something waits on it, so a reduction that does not
 // wait on the readiness events reads the gradients before the producer's writes: the
 // NoReadyEvents* control shows this test would see that.
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -45,9 +47,19 @@ TEST_P(NcclReducerTest, MatchesSerialReference) {
   if (sc.reduce_f32) {
     EXPECT_GT(gpu.kernels->launches(), 0);
   }
+  // f16 reduced natively over a group of 4 or more: the post-divide ran as a scaled cast.
+  const bool f16_post = (sc.dtypes == 2 || sc.dtypes == 3) && !sc.reduce_f32 &&
+                        ((sc.mode == ReduceMode::kHybrid ? std::max(sc.shards, sc.replicas)
+                                                         : sc.replicas * sc.shards) >= 4);
+  EXPECT_EQ(gpu.kernels->scaled_casts() > 0, f16_post) << gpu.kernels->scaled_casts();
+  // reduce_scatter_only: the partial shards were added on the device (two R microbatches or
+  // more; one R then S adds the partial into the synced shard).
+  const bool adds = std::strchr(sc.schedule, 'R') != nullptr;
+  EXPECT_EQ(gpu.kernels->adds() > 0, adds) << gpu.kernels->adds();
 }
 
-// f32, and bf16 reduced in f32 (dtypes 0 and 1); "NS": a no_sync microbatch, then a synced one.
+// dtypes 0 f32, 1 bf16, 2 f16, 3 mixed; "NS": a no_sync microbatch, then a synced one; "R": a
+// reduce_scatter_only microbatch (hybrid).
 INSTANTIATE_TEST_SUITE_P(
     Modes, NcclReducerTest,
     ::testing::Values(Scenario{ReduceMode::kAllReduce, 1, 2, 0, "S"},
@@ -58,7 +70,19 @@ INSTANTIATE_TEST_SUITE_P(
                       Scenario{ReduceMode::kReduceScatter, 1, 4, 0, "NS"},
                       Scenario{ReduceMode::kReduceScatter, 1, 4, 1, "NS", false, true},
                       Scenario{ReduceMode::kHybrid, 2, 2, 0, "NS"},
-                      Scenario{ReduceMode::kHybrid, 2, 2, 1, "NNS", false, true}),
+                      Scenario{ReduceMode::kHybrid, 2, 2, 1, "NNS", false, true},
+                      // f16 reduced natively: premul 1/2, then the post-divide by 2 on device.
+                      Scenario{ReduceMode::kAllReduce, 1, 4, 2, "S"},
+                      Scenario{ReduceMode::kAllReduce, 1, 4, 3, "NS", true},
+                      Scenario{ReduceMode::kReduceScatter, 1, 4, 2, "NS"},
+                      Scenario{ReduceMode::kHybrid, 2, 4, 2, "NS"},
+                      Scenario{ReduceMode::kHybrid, 4, 2, 3, "S"},
+                      // reduce_scatter_only: partial shards added on the device.
+                      Scenario{ReduceMode::kHybrid, 2, 2, 0, "RRS"},
+                      Scenario{ReduceMode::kHybrid, 2, 2, 1, "RNRS"},
+                      Scenario{ReduceMode::kHybrid, 2, 2, 1, "RRS", false, true},
+                      Scenario{ReduceMode::kHybrid, 4, 2, 2, "RRRS"},
+                      Scenario{ReduceMode::kHybrid, 2, 4, 3, "RS"}),
     [](const ::testing::TestParamInfo<Scenario>& i) { return ScenarioName(i.param); });
 
 // Negative control: the same run with MarkReady given no events must fail the comparison (the
@@ -79,24 +103,6 @@ TEST(NcclReducerControlTest, NoReadyEventsAllReduceIsStale) {
 }
 TEST(NcclReducerControlTest, NoReadyEventsF32ReduceIsStale) {
   ExpectStale(Scenario{ReduceMode::kReduceScatter, 1, 2, 1, "S", false, true});
-}
-
-TEST(NcclReducerErrorsTest, ReduceScatterOnlyIsUnimplementedOnDevice) {
-  FakeGpu gpu;
-  RunFakeRanks(gpu, 4, FakeConfig(), [&](NcclGroup& world) {
-    auto mesh = sched::MakeMesh(world, 2, 2);
-    ASSERT_TRUE(mesh.ok()) << mesh.status();
-    sched::ReducerConfig cfg;
-    cfg.mode = ReduceMode::kHybrid;
-    std::vector<sched::ParamSpec> params = sched::reference::MakeParams(0);
-    for (auto& p : params) p.device = Device{DeviceType::kCuda, 0};
-    auto red = sched::GradientReducer::Create(params, {mesh->shard.get(), mesh->replica.get()}, cfg);
-    ASSERT_TRUE(red.ok()) << red.status();
-    const absl::Status s = (*red)->BeginBackward(sched::SyncMode::kReduceScatterOnly);
-    EXPECT_TRUE(absl::IsUnimplemented(s)) << s;
-    EXPECT_NE(std::string(s.message()).find("cannot add partial shards"), std::string::npos) << s;
-  });
-  ExpectClean(gpu);
 }
 
 // The one-time bucket rebuild on device storage: world rank 0's order is broadcast through a

@@ -36,11 +36,19 @@ __global__ void UnpackKernel(SegmentTable t, const void* bucket, int bucket_dtyp
 }
 
 __global__ void CastScaleKernel(const void* src, int src_dtype, void* dst, int dst_dtype,
-                                size_t n, float scale) {
+                                size_t n, ScaleArgs scale) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    ConvertElement(src, i, src_dtype, dst, i, dst_dtype, scale);
+    CastScaleElement(src, i, src_dtype, dst, dst_dtype, scale);
+  }
+}
+
+__global__ void AddKernel(const void* a, const void* b, void* dst, size_t n, int dtype) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    AddElement(a, b, dst, i, dtype);
   }
 }
 
@@ -92,12 +100,20 @@ int BucketUnpackLaunch(const BucketSegment* segs, int n, const void* bucket, int
 }
 
 int CastScaleLaunch(const void* src, int src_dtype, void* dst, int dst_dtype, size_t n,
-                    float scale, void* stream) {
+                    const ScaleArgs& scale, void* stream) {
   if (!ValidDType(src_dtype) || !ValidDType(dst_dtype)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (src == nullptr || dst == nullptr) return cudaErrorInvalidValue;
   CastScaleKernel<<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       src, src_dtype, dst, dst_dtype, n, scale);
+  return cudaGetLastError();
+}
+
+int AddLaunch(const void* a, const void* b, void* dst, size_t n, int dtype, void* stream) {
+  if (!ValidDType(dtype)) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (a == nullptr || b == nullptr || dst == nullptr) return cudaErrorInvalidValue;
+  AddKernel<<<BlocksFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(a, b, dst, n, dtype);
   return cudaGetLastError();
 }
 

@@ -1,5 +1,6 @@
 // CUDA kernels that move gradients between their own buffers and a bucket, with the divide
-// factor fused and the dtype cast to / from the reduce dtype fused, and a plain cast-and-scale.
+// factor fused and the dtype cast to / from the reduce dtype fused, a cast-and-scale and an
+// element-wise add.
 //
 //   BucketSegment segs[] = {{d_grad_a, 0, 1000, kBF16}, {d_grad_b, 1000, 24, kBF16}};
 //   int rc = BucketPackLaunch(segs, 2, d_bucket, kF32, 1024, /*scale=*/1.0f / pre, stream);
@@ -43,9 +44,14 @@ int BucketPackLaunch(const BucketSegment* segs, int n, void* bucket, int bucket_
                      size_t bucket_count, float scale, void* stream);
 int BucketUnpackLaunch(const BucketSegment* segs, int n, const void* bucket, int bucket_dtype,
                        size_t bucket_count, float scale, void* stream);
-// dst[i] = narrow(widen(src[i]) * scale), n elements (reduce-dtype staging: bf16 <-> f32).
+// dst[i] = braid::CastScale's element (CastScaleElement in bucket_convert.h), n elements:
+// reduce-dtype staging (bf16 <-> f32, ScaleArgs{}) and the f16 post-divide ({0, 1, post}).
+// dst may equal src when the dtypes match.
 int CastScaleLaunch(const void* src, int src_dtype, void* dst, int dst_dtype, size_t n,
-                    float scale, void* stream);
+                    const ScaleArgs& scale, void* stream);
+// dst[i] = a[i] + b[i] as braid::ReduceInto sums {a, b} (AddElement), n elements of `dtype`;
+// dst may alias a or b. The reducer's reduce_scatter_only partial sums.
+int AddLaunch(const void* a, const void* b, void* dst, size_t n, int dtype, void* stream);
 
 // Text for a code returned here. Whether the device can run these kernels:
 // CudaKernelDeviceStatus() (comm/cuda_device.h).

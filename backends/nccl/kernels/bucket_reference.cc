@@ -73,8 +73,12 @@ void UnpackReference(const BucketSegment* segs, int n, const void* bucket, int b
 }
 
 void CastScaleReference(const void* src, int src_dtype, void* dst, int dst_dtype, size_t n,
-                        float scale) {
-  for (size_t i = 0; i < n; ++i) ConvertElement(src, i, src_dtype, dst, i, dst_dtype, scale);
+                        const ScaleArgs& scale) {
+  for (size_t i = 0; i < n; ++i) CastScaleElement(src, i, src_dtype, dst, dst_dtype, scale);
+}
+
+void AddReference(const void* a, const void* b, void* dst, size_t n, int dtype) {
+  for (size_t i = 0; i < n; ++i) AddElement(a, b, dst, i, dtype);
 }
 
 }  // namespace braid::nccl::kernels

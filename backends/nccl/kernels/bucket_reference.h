@@ -24,7 +24,8 @@ void PackReference(const BucketSegment* segs, int n, void* bucket, int bucket_dt
 void UnpackReference(const BucketSegment* segs, int n, const void* bucket, int bucket_dtype,
                      float scale);
 void CastScaleReference(const void* src, int src_dtype, void* dst, int dst_dtype, size_t n,
-                        float scale);
+                        const ScaleArgs& scale);
+void AddReference(const void* a, const void* b, void* dst, size_t n, int dtype);
 
 }  // namespace braid::nccl::kernels
 

@@ -1,0 +1,140 @@
+// ZeroGrads / ZeroGradsAsync on device buckets (gradients as bucket views), on the fake device:
+// the zeroing is a memset queued on the comm stream, and the framework's next writes come from
+// its own compute stream. The test makes the compute stream run ahead of the comm stream (it
+// stalls the fake's event queries while queuing, then pumps the compute stream first): the next
+// backward's result is the new gradient only if the memset was ordered before the compute
+// stream's writes, through ZeroGradsAsync's event or ZeroGrads' host wait. The control that
+// skips the event wait sees its gradients zeroed after it wrote them.
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "backends/nccl/cuda_handles.h"
+#include "backends/nccl/errors.h"
+#include "comm/status_macros.h"
+#include "gtest/gtest.h"
+#include "scheduler/gradient_reducer.h"
+#include "tests/nccl/device_reducer_driver.h"
+#include "tests/nccl/fake_gpu.h"
+#include "tests/reducer_reference.h"
+
+namespace braid::nccl::testing {
+namespace {
+
+enum class Zeroing { kAsyncAndWait, kAsyncNoWait, kHostWait };
+
+std::vector<float> GradOf(int p, size_t n, int microbatch) {
+  std::vector<float> g(n);
+  for (size_t i = 0; i < n; ++i) g[i] = static_cast<float>(ExactGrad(0, p, microbatch, 0, i));
+  return g;
+}
+
+// One rank: a synced backward of gradients g1, the zeroing, then gradients g2 written on the
+// compute stream (which runs ahead), a second synced backward. Returns how many elements differ
+// from g2 (world size 1: the all-reduce's result is the gradient itself).
+absl::StatusOr<size_t> RunZeroing(NcclGroup& world, FakeGpu& gpu, Zeroing how) {
+  std::shared_ptr<CudaApi> cuda = gpu.cuda;
+  sched::ReducerConfig cfg;
+  cfg.first_bucket_cap_bytes = 256;
+  cfg.bucket_cap_bytes = 4096;
+  std::vector<sched::ParamSpec> params = sched::reference::MakeParams(0);  // f32
+  for (auto& p : params) p.device = Device{DeviceType::kCuda, 0};
+  ASSIGN_OR_RETURN(std::unique_ptr<sched::GradientReducer> red,
+                   sched::GradientReducer::Create(params, {&world, nullptr}, cfg));
+  const size_t n = params.size();
+  std::vector<std::vector<float>> g1(n), g2(n);
+  for (size_t p = 0; p < n; ++p) {
+    g1[p] = GradOf(static_cast<int>(p), params[p].count, 0);
+    g2[p] = GradOf(static_cast<int>(p), params[p].count, 1);
+  }
+  std::vector<WorkPtr> zero_works;
+  std::vector<CudaEvent> events(n);
+  for (auto& e : events) {
+    ASSIGN_OR_RETURN(e, CudaEvent::Create(cuda));
+  }
+  ASSIGN_OR_RETURN(CudaStream compute, CudaStream::Create(cuda, "compute stream"));
+  auto write = [&](const std::vector<std::vector<float>>& g) -> absl::Status {
+    for (size_t p = 0; p < n; ++p) {
+      ASSIGN_OR_RETURN(TensorView v, red->GradView(params[p].id));
+      RETURN_IF_ERROR(CudaStatus(*cuda,
+                                 cuda->MemcpyAsync(v.data, g[p].data(), g[p].size() * 4,
+                                                   cudaMemcpyHostToDevice, compute.get()),
+                                 "cudaMemcpyAsync"));
+      RETURN_IF_ERROR(CudaStatus(*cuda, cuda->EventRecord(events[p].get(), compute.get()),
+                                 "cudaEventRecord"));
+    }
+    return absl::OkStatus();
+  };
+  auto backward = [&]() -> absl::Status {
+    RETURN_IF_ERROR(red->BeginBackward(sched::SyncMode::kSync));
+    for (size_t p = 0; p < n; ++p) {
+      RETURN_IF_ERROR(red->MarkReady(params[p].id, DeviceEvent{events[p].get()}));
+    }
+    return red->FinishBackward();
+  };
+  RETURN_IF_ERROR(write(g1));
+  RETURN_IF_ERROR(backward());  // the buckets now hold g1
+
+  if (how == Zeroing::kHostWait) red->ZeroGrads();  // returns after the memsets ran
+  gpu.cuda->StallEvents(true);  // from here the comm stream only runs when let go
+  if (how != Zeroing::kHostWait) {
+    ASSIGN_OR_RETURN(WorkPtr zeroed, red->ZeroGradsAsync());
+    if (!zeroed->device_event()) return absl::InternalError("ZeroGradsAsync gave no event");
+    if (how == Zeroing::kAsyncAndWait) {
+      RETURN_IF_ERROR(CudaStatus(
+          *cuda,
+          cuda->StreamWaitEvent(compute.get(),
+                                static_cast<cudaEvent_t>(zeroed->device_event().handle)),
+          "cudaStreamWaitEvent"));
+    }
+    zero_works.push_back(std::move(zeroed));
+  }
+  RETURN_IF_ERROR(write(g2));
+  {
+    // Let go and, before anything else can move the comm stream (the poller needs the lock),
+    // run the compute stream as far as it may: its wait on the zeroing event runs the comm
+    // stream up to that event (the memsets, if the event comes after them), then its copies.
+    std::lock_guard<std::mutex> lock(gpu.cuda->mu());
+    gpu.cuda->StallEventsLocked(false);
+    gpu.cuda->PumpLocked(compute.get());
+  }
+  RETURN_IF_ERROR(backward());
+  size_t wrong = 0;
+  for (size_t p = 0; p < n; ++p) {
+    ASSIGN_OR_RETURN(TensorView v, red->GradView(params[p].id));
+    // Fake device memory is host memory; FinishBackward saw every bucket's operations run.
+    if (std::memcmp(v.data, g2[p].data(), g2[p].size() * 4) != 0) ++wrong;
+  }
+  RETURN_IF_ERROR(WaitForStream(cuda, compute.get(), absl::Now() + absl::Seconds(60)));
+  return wrong;
+}
+
+size_t ZeroAndReduce(Zeroing how) {
+  FakeGpu gpu;
+  size_t wrong = 0;
+  RunFakeRanks(gpu, 1, FakeConfig(), [&](NcclGroup& world) {
+    absl::StatusOr<size_t> w = RunZeroing(world, gpu, how);
+    ASSERT_TRUE(w.ok()) << w.status();
+    wrong = *w;
+  });
+  ExpectClean(gpu);
+  return wrong;
+}
+
+TEST(NcclReducerZeroTest, AsyncZeroingIsOrderedByItsEvent) {
+  EXPECT_EQ(ZeroAndReduce(Zeroing::kAsyncAndWait), 0u);
+}
+
+TEST(NcclReducerZeroTest, HostWaitingZeroGradsIsOrderedWithoutAnEvent) {
+  EXPECT_EQ(ZeroAndReduce(Zeroing::kHostWait), 0u);
+}
+
+// Negative control: without the wait on ZeroGradsAsync's event the memset lands after the
+// framework's writes and zeroes them (so the tests above would see a misordered memset).
+TEST(NcclReducerZeroTest, ControlWithoutTheEventWaitLosesTheGradients) {
+  EXPECT_EQ(ZeroAndReduce(Zeroing::kAsyncNoWait), sched::reference::MakeParams(0).size());
+}
+
+}  // namespace
+}  // namespace braid::nccl::testing
