@@ -1,5 +1,6 @@
 // Memory bandwidth of the bucket kernels (backends/nccl/kernels/bucket_kernels.h: pack of many
-// gradients into a bucket with the divide factor fused, unpack, and the reduce-dtype casts)
+// gradients into a bucket with the divide factor fused, unpack, the reduce-dtype casts, the f16
+// post-divide and the partial-sum add)
 // against their baseline: a device-to-device cudaMemcpy moving the same number of bytes, timed
 // in the same run. Bytes moved = bytes read + bytes written (a copy of B bytes moves 2B, so the
 // baseline copies bytes_moved / 2); `ratio` = kernel GB/s / memcpy GB/s (issue target >= 0.8).
@@ -27,7 +28,7 @@ namespace {
 using nccl::kernels::BucketSegment;
 using optim::DeviceBuffer;
 
-enum class Kind { kPack, kUnpack, kCast };
+enum class Kind { kPack, kUnpack, kCast, kPostDivide, kAdd };
 
 struct Config {
   const char* name;
@@ -39,6 +40,8 @@ struct Config {
 size_t DTypeBytes(int dtype) { return dtype == nccl::kernels::kF32 ? 4 : 2; }
 
 size_t BytesMoved(const Config& c, size_t n) {
+  // add: reads a and b, writes dst (all of grad_dtype).
+  if (c.kind == Kind::kAdd) return 3 * n * DTypeBytes(c.grad_dtype);
   return n * (DTypeBytes(c.grad_dtype) + DTypeBytes(c.bucket_dtype));
 }
 
@@ -71,11 +74,18 @@ cudaError_t Measure(const Config& c, size_t n, int segments, int warmup, int ite
       case Kind::kUnpack:
         return static_cast<cudaError_t>(nccl::kernels::BucketUnpackLaunch(
             segs.data(), segments, bucket.get(), c.bucket_dtype, n, 0.5f, nullptr));
+      case Kind::kPostDivide:  // the f16 native post-divide: in place, divide by 2
+        return static_cast<cudaError_t>(nccl::kernels::CastScaleLaunch(
+            bucket.get(), c.bucket_dtype, bucket.get(), c.bucket_dtype, n,
+            nccl::kernels::ScaleArgs{0, 1.0f, 2}, nullptr));
+      case Kind::kAdd:  // reduce_scatter_only's partial sums: bucket += grads
+        return static_cast<cudaError_t>(nccl::kernels::AddLaunch(
+            bucket.get(), grads.get(), bucket.get(), n, c.grad_dtype, nullptr));
       case Kind::kCast:
         break;
     }
     return static_cast<cudaError_t>(nccl::kernels::CastScaleLaunch(
-        grads.get(), c.grad_dtype, bucket.get(), c.bucket_dtype, n, 1.0f, nullptr));
+        grads.get(), c.grad_dtype, bucket.get(), c.bucket_dtype, n, nccl::kernels::ScaleArgs{}, nullptr));
   };
   const auto copy = [&] {
     return cudaMemcpyAsync(dst.get(), src.get(), bytes / 2, cudaMemcpyDeviceToDevice, nullptr);
@@ -116,6 +126,7 @@ int Run(int argc, char** argv) {
   if (const int code = SkipUnlessCudaDevice(); code >= 0) return code;
 
   using nccl::kernels::kBF16;
+  using nccl::kernels::kF16;
   using nccl::kernels::kF32;
   const Config configs[] = {
       {"pack f32 -> f32 bucket", Kind::kPack, kF32, kF32},
@@ -125,6 +136,9 @@ int Run(int argc, char** argv) {
       {"unpack f32 bucket -> bf16", Kind::kUnpack, kBF16, kF32},
       {"cast bf16 -> f32", Kind::kCast, kBF16, kF32},
       {"cast f32 -> bf16", Kind::kCast, kF32, kBF16},
+      {"post-divide f16 (in place)", Kind::kPostDivide, kF16, kF16},
+      {"add f32 (in place)", Kind::kAdd, kF32, kF32},
+      {"add bf16 (in place)", Kind::kAdd, kBF16, kBF16},
   };
   std::vector<size_t> sizes = {size_t{10} * 1000 * 1000, size_t{100} * 1000 * 1000};
   if (*only_n > 0) sizes = {static_cast<size_t>(*only_n)};
