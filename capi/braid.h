@@ -393,7 +393,9 @@ BRAID_API braid_status_t braid_reducer_begin_backward(braid_reducer_t* reducer,
                                                       braid_sync_mode_t mode);
 /* Parameter `id`'s gradient is final for this backward; any thread, any order, once per
  * parameter per backward. `device_event` (may be NULL): wait on it before reading (device
- * backends). Errors name the parameter: NOT_FOUND (unknown id), FAILED_PRECONDITION (marked
+ * backends). On a device reducer pass the cudaEvent_t recorded after the gradient's last write:
+ * Braid's comm stream is not ordered after the framework's streams, so NULL there means "this
+ * gradient is already complete on the device" (e.g. after a synchronize), and is not checked. Errors name the parameter: NOT_FOUND (unknown id), FAILED_PRECONDITION (marked
  * twice in this backward, or outside a backward: before begin or after finish). */
 BRAID_API braid_status_t braid_reducer_mark_ready(braid_reducer_t* reducer, int64_t id,
                                                   void* device_event);

@@ -132,6 +132,8 @@ class GradientReducer {
   // valid until the bucket's collective was issued (FinishBackward returned suffices). In a
   // no_sync backward it is not used: the events of the synced backward that reduces the sum
   // must come after every earlier write (one producer stream, as autograd's, does that).
+  // On device a null `ready` is trusted to mean the gradient is complete on the device already:
+  // the comm stream is not ordered after the framework's streams by anything else.
   absl::Status MarkReady(ParamId id, DeviceEvent ready = {});
   // Returns once every reduction of this backward completed (or the deadline passed: the error
   // names the bucket and group). Unmarked parameters: zero-filled and reduced with

@@ -67,8 +67,10 @@
 //     guaranteed to be co-resident). Issuing from one thread in bucket order would.
 //   - Communicators are destroyed when their last reference drops, in an order that may differ
 //     across ranks; recent NCCL versions synchronize ranks of a node in destroy.
-//   - A null readiness event at MarkReady is trusted: the comm stream does not order after the
-//     framework's compute stream by itself.
+//   - A null readiness event at MarkReady is trusted (documented in gradient_reducer.h and
+//     braid.h): the comm stream does not order after the framework's compute stream by itself.
+//     Refusing it on device would need the fake-device negative controls (which pass no events
+//     on purpose to show stale results) to use a misplaced event instead.
 #ifndef BRAID_BACKENDS_NCCL_NCCL_BACKEND_H_
 #define BRAID_BACKENDS_NCCL_NCCL_BACKEND_H_
 
