@@ -30,7 +30,8 @@ namespace {
 
 constexpr int kNoOut = -1;
 
-using bench::TimeMs;
+using bench::KernelVsCopy;
+using bench::TimeAgainstCopy;
 
 struct Config {
   const char* name;
@@ -45,20 +46,14 @@ size_t BytesPerParam(const Config& c) {
   return 24 + DTypeBytes(c.grad_dtype) + (c.out_dtype == kNoOut ? 0 : DTypeBytes(c.out_dtype));
 }
 
-struct Row {
-  double adamw_ms = 0, adamw_gbps = 0, memcpy_gbps = 0;
-};
-
-cudaError_t Measure(const Config& c, size_t n, int warmup, int iters, Row* row) {
+cudaError_t Measure(const Config& c, size_t n, int warmup, int iters, KernelVsCopy* row) {
   const size_t bytes = n * BytesPerParam(c);
-  DeviceBuffer p, m, v, g, out, src, dst;
+  DeviceBuffer p, m, v, g, out;
   cudaError_t e = p.Allocate(4 * n, 0x3c);
   if (e == cudaSuccess) e = m.Allocate(4 * n, 0x3c);
   if (e == cudaSuccess) e = v.Allocate(4 * n, 0x3c);
   if (e == cudaSuccess) e = g.Allocate(DTypeBytes(c.grad_dtype) * n, 0x3c);
   if (e == cudaSuccess && c.out_dtype != kNoOut) e = out.Allocate(DTypeBytes(c.out_dtype) * n, 0);
-  if (e == cudaSuccess) e = src.Allocate(bytes / 2, 0x3c);
-  if (e == cudaSuccess) e = dst.Allocate(bytes / 2, 0);
   if (e != cudaSuccess) return e;
 
   AdamWHyper hyper;
@@ -68,16 +63,7 @@ cudaError_t Measure(const Config& c, size_t n, int warmup, int iters, Row* row) 
                                                     c.grad_dtype, n, out.get(), c.out_dtype,
                                                     nullptr));
   };
-  const auto copy = [&] {
-    return cudaMemcpyAsync(dst.get(), src.get(), bytes / 2, cudaMemcpyDeviceToDevice, nullptr);
-  };
-  double copy_ms = 0;
-  e = TimeMs(step, warmup, iters, &row->adamw_ms);
-  if (e == cudaSuccess) e = TimeMs(copy, warmup, iters, &copy_ms);
-  if (e != cudaSuccess) return e;
-  row->adamw_gbps = static_cast<double>(bytes) / (row->adamw_ms * 1e6);
-  row->memcpy_gbps = static_cast<double>(bytes) / (copy_ms * 1e6);
-  return cudaSuccess;
+  return TimeAgainstCopy(step, bytes, warmup, iters, row);
 }
 
 int Run(int argc, char** argv) {
@@ -119,7 +105,7 @@ int Run(int argc, char** argv) {
               "adamw_GB/s", "memcpy_GB/s", "ratio");
   for (const size_t n : sizes) {
     for (const Config& c : configs) {
-      Row row;
+      KernelVsCopy row;
       const cudaError_t e =
           Measure(c, n, static_cast<int>(*warmup), static_cast<int>(*iters), &row);
       if (e != cudaSuccess) {
@@ -128,8 +114,8 @@ int Run(int argc, char** argv) {
         return 1;
       }
       std::printf("%12zu  %-28s %8zu %10.3f %12.1f %12.1f %7.3f\n", n, c.name, BytesPerParam(c),
-                  row.adamw_ms, row.adamw_gbps, row.memcpy_gbps,
-                  row.adamw_gbps / row.memcpy_gbps);
+                  row.kernel_ms, row.kernel_gbps, row.memcpy_gbps,
+                  row.kernel_gbps / row.memcpy_gbps);
     }
   }
   return 0;

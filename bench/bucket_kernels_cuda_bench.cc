@@ -45,17 +45,11 @@ size_t BytesMoved(const Config& c, size_t n) {
   return n * (DTypeBytes(c.grad_dtype) + DTypeBytes(c.bucket_dtype));
 }
 
-struct Row {
-  double kernel_ms = 0, kernel_gbps = 0, memcpy_gbps = 0;
-};
-
-cudaError_t Measure(const Config& c, size_t n, int segments, int warmup, int iters, Row* row) {
-  const size_t bytes = BytesMoved(c, n);
-  DeviceBuffer grads, bucket, src, dst;
+cudaError_t Measure(const Config& c, size_t n, int segments, int warmup, int iters,
+                    KernelVsCopy* row) {
+  DeviceBuffer grads, bucket;
   cudaError_t e = grads.Allocate(DTypeBytes(c.grad_dtype) * n, 0x3c);
   if (e == cudaSuccess) e = bucket.Allocate(DTypeBytes(c.bucket_dtype) * n, 0x3c);
-  if (e == cudaSuccess) e = src.Allocate(bytes / 2, 0x3c);
-  if (e == cudaSuccess) e = dst.Allocate(bytes / 2, 0);
   if (e != cudaSuccess) return e;
   // `segments` gradients of (almost) equal size laid end to end, as a bucket of that many
   // parameters.
@@ -87,16 +81,7 @@ cudaError_t Measure(const Config& c, size_t n, int segments, int warmup, int ite
     return static_cast<cudaError_t>(nccl::kernels::CastScaleLaunch(
         grads.get(), c.grad_dtype, bucket.get(), c.bucket_dtype, n, nccl::kernels::ScaleArgs{}, nullptr));
   };
-  const auto copy = [&] {
-    return cudaMemcpyAsync(dst.get(), src.get(), bytes / 2, cudaMemcpyDeviceToDevice, nullptr);
-  };
-  double copy_ms = 0;
-  e = TimeMs(kernel, warmup, iters, &row->kernel_ms);
-  if (e == cudaSuccess) e = TimeMs(copy, warmup, iters, &copy_ms);
-  if (e != cudaSuccess) return e;
-  row->kernel_gbps = static_cast<double>(bytes) / (row->kernel_ms * 1e6);
-  row->memcpy_gbps = static_cast<double>(bytes) / (copy_ms * 1e6);
-  return cudaSuccess;
+  return TimeAgainstCopy(kernel, BytesMoved(c, n), warmup, iters, row);
 }
 
 int Run(int argc, char** argv) {
@@ -150,7 +135,7 @@ int Run(int argc, char** argv) {
               "ratio");
   for (const size_t n : sizes) {
     for (const Config& c : configs) {
-      Row row;
+      KernelVsCopy row;
       const cudaError_t e = Measure(c, n, static_cast<int>(*segments), static_cast<int>(*warmup),
                                     static_cast<int>(*iters), &row);
       if (e != cudaSuccess) {

@@ -31,6 +31,31 @@ cudaError_t TimeMs(const Enqueue& enqueue, int warmup, int iters, double* ms) {
   return e;
 }
 
+// A kernel's figures against its baseline: a device-to-device cudaMemcpy moving the same bytes
+// (a copy of B bytes moves 2B: read + write), timed in the same run.
+struct KernelVsCopy {
+  double kernel_ms = 0, kernel_gbps = 0, memcpy_gbps = 0;
+};
+
+// Times `kernel` (which moves `bytes_moved` bytes, read + write) and the copy baseline.
+template <typename Enqueue>
+cudaError_t TimeAgainstCopy(const Enqueue& kernel, size_t bytes_moved, int warmup, int iters,
+                            KernelVsCopy* out) {
+  optim::DeviceBuffer src, dst;
+  cudaError_t e = src.Allocate(bytes_moved / 2, 0x3c);
+  if (e == cudaSuccess) e = dst.Allocate(bytes_moved / 2, 0);
+  const auto copy = [&] {
+    return cudaMemcpyAsync(dst.get(), src.get(), bytes_moved / 2, cudaMemcpyDeviceToDevice, nullptr);
+  };
+  double copy_ms = 0;
+  if (e == cudaSuccess) e = TimeMs(kernel, warmup, iters, &out->kernel_ms);
+  if (e == cudaSuccess) e = TimeMs(copy, warmup, iters, &copy_ms);
+  if (e != cudaSuccess) return e;
+  out->kernel_gbps = static_cast<double>(bytes_moved) / (out->kernel_ms * 1e6);
+  out->memcpy_gbps = static_cast<double>(bytes_moved) / (copy_ms * 1e6);
+  return cudaSuccess;
+}
+
 // -1: a device that runs Braid's sm_90 kernels is present (its name printed); else the exit
 // code: 0 after printing "no CUDA device: skipped" (CUDA error 35 or 100), 1 for another error.
 inline int SkipUnlessCudaDevice() {

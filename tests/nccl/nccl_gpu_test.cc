@@ -29,10 +29,7 @@ constexpr absl::Duration kWait = absl::Seconds(60);
 class NcclGpu : public ::testing::TestWithParam<bool /*blocking*/> {
  protected:
   void SetUp() override {
-    std::string no_gpu;
-    const absl::Status gpu = testing::NoGpuReason(&no_gpu);
-    ASSERT_TRUE(gpu.ok()) << gpu;
-    if (!no_gpu.empty()) GTEST_SKIP() << no_gpu;
+    BRAID_SKIP_WITHOUT_GPU();
     auto w = testing::MakeRealSingleRankWorld(GetParam());
     ASSERT_TRUE(w.ok()) << w.status();
     backend_ = std::move(w->backend);
@@ -182,9 +179,7 @@ TEST_P(NcclGpu, FinalizeAndAbort) {
 // clears it, or the next kernel launcher's cudaGetLastError() on that thread (the completion
 // poller casts, the stepper launches AdamW) would report a failure that is none.
 TEST(NcclGpuRuntime, NotReadyQueryLeavesNoLastError) {
-  std::string no_gpu;
-  ASSERT_OK(testing::NoGpuReason(&no_gpu));
-  if (!no_gpu.empty()) GTEST_SKIP() << no_gpu;
+  BRAID_SKIP_WITHOUT_GPU();
   optim::Stream stream;
   optim::Event event;
   optim::DeviceBuffer buf;

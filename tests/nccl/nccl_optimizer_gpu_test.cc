@@ -37,10 +37,7 @@ struct GpuCase {
 class NcclOptimizerGpuTest : public ::testing::TestWithParam<GpuCase> {};
 
 TEST_P(NcclOptimizerGpuTest, MatchesSerialReference) {
-  std::string no_gpu;
-  const absl::Status gpu = NoGpuReason(&no_gpu);
-  ASSERT_TRUE(gpu.ok()) << gpu;
-  if (!no_gpu.empty()) GTEST_SKIP() << no_gpu;
+  BRAID_SKIP_WITHOUT_GPU();
   auto w = MakeRealSingleRankWorld();
   ASSERT_TRUE(w.ok()) << w.status();
   OptScenario s = optim::testing::TwoGroupScenario(GetParam().replicas, 1);
@@ -71,10 +68,7 @@ INSTANTIATE_TEST_SUITE_P(
 // Save after 2 steps (device -> host copies), Load into a fresh stack (host -> device), 2 more
 // steps: the same parameters as the reference after 4.
 TEST(NcclOptimizerGpuStateTest, ResumeIsBitExact) {
-  std::string no_gpu;
-  const absl::Status gpu = NoGpuReason(&no_gpu);
-  ASSERT_TRUE(gpu.ok()) << gpu;
-  if (!no_gpu.empty()) GTEST_SKIP() << no_gpu;
+  BRAID_SKIP_WITHOUT_GPU();
   auto w = MakeRealSingleRankWorld();
   ASSERT_TRUE(w.ok()) << w.status();
   OptScenario s = optim::testing::TwoGroupScenario(1, 1);

@@ -36,10 +36,7 @@ using sched::reference::ScenarioName;
 class NcclReducerGpuTest : public ::testing::TestWithParam<Scenario> {};
 
 TEST_P(NcclReducerGpuTest, MatchesSerialReference) {
-  std::string no_gpu;
-  const absl::Status gpu = NoGpuReason(&no_gpu);
-  ASSERT_TRUE(gpu.ok()) << gpu;
-  if (!no_gpu.empty()) GTEST_SKIP() << no_gpu;
+  BRAID_SKIP_WITHOUT_GPU();
   auto w = MakeRealSingleRankWorld();
   ASSERT_TRUE(w.ok()) << w.status();
   const absl::Status s = RunDeviceScenario(*w->world, w->apis.cuda, GetParam(), ExactGrad, absl::Seconds(60));
@@ -85,10 +82,7 @@ std::vector<uint8_t> StressElems(DType t, size_t n) {
 }
 
 TEST(NcclReducerGpuBufferOps, BufferOpsMatchTheHost) {
-  std::string no_gpu;
-  const absl::Status gpu = NoGpuReason(&no_gpu);
-  ASSERT_TRUE(gpu.ok()) << gpu;
-  if (!no_gpu.empty()) GTEST_SKIP() << no_gpu;
+  BRAID_SKIP_WITHOUT_GPU();
   auto w = MakeRealSingleRankWorld();
   ASSERT_TRUE(w.ok()) << w.status();
   BufferOps& dev = w->world->buffer_ops();

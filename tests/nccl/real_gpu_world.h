@@ -2,10 +2,7 @@
 // (skip, naming the CUDA error, when it has none) and make a single-rank `nccl` world on the
 // real CUDA/NCCL libraries.
 //
-//   std::string no_gpu;
-//   absl::Status st = NoGpuReason(&no_gpu);
-//   ASSERT_TRUE(st.ok()) << st;                  // a CUDA error other than "no device"
-//   if (!no_gpu.empty()) GTEST_SKIP() << no_gpu;
+//   BRAID_SKIP_WITHOUT_GPU();     // skips without a GPU, fails on another CUDA error
 //   auto w = MakeRealSingleRankWorld(/*blocking=*/true);
 //   ASSERT_TRUE(w.ok()) << w.status();
 #ifndef BRAID_TESTS_NCCL_REAL_GPU_WORLD_H_
@@ -18,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "backends/nccl/nccl_backend.h"
 #include "comm/group.h"
+#include "gtest/gtest.h"
 
 namespace braid::nccl::testing {
 
@@ -35,5 +33,15 @@ struct RealSingleRankWorld {
 absl::StatusOr<RealSingleRankWorld> MakeRealSingleRankWorld(bool blocking = true);
 
 }  // namespace braid::nccl::testing
+
+// First statement of a GPU test body (or SetUp): skips, naming CUDA's error, on a machine
+// without a GPU; fails on any other CUDA error.
+#define BRAID_SKIP_WITHOUT_GPU()                                                        \
+  do {                                                                                  \
+    std::string braid_no_gpu_;                                                          \
+    const absl::Status braid_gpu_ = ::braid::nccl::testing::NoGpuReason(&braid_no_gpu_); \
+    ASSERT_TRUE(braid_gpu_.ok()) << braid_gpu_;                                         \
+    if (!braid_no_gpu_.empty()) GTEST_SKIP() << braid_no_gpu_;                          \
+  } while (0)
 
 #endif  // BRAID_TESTS_NCCL_REAL_GPU_WORLD_H_
