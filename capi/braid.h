@@ -356,8 +356,9 @@ typedef struct braid_reducer_options {
    * cuda_device it must be (the buckets are allocated and reduced there; Braid does not
    * check the match): braid_reducer_grad / braid_reducer_shard return device pointers, every
    * bucket operation is queued on Braid's comm streams, and mark_ready's device_event is
-   * waited on by them; an optimizer on the reducer steps on the device too. Not on device
-   * (UNIMPLEMENTED): f16 gradients without reduce_dtype F32, BRAID_REDUCE_SCATTER_ONLY. */
+   * waited on by them; an optimizer on the reducer steps on the device too (f32/bf16/f16
+   * gradients; f16 reduced natively with its pre/post-divide, BRAID_REDUCE_SCATTER_ONLY's
+   * partial sums added on the device). */
   int device;
 } braid_reducer_options_t;
 
@@ -404,7 +405,10 @@ BRAID_API braid_status_t braid_reducer_mark_ready(braid_reducer_t* reducer, int6
  * backward), TIMEOUT / PEER_ERROR naming bucket and group. */
 BRAID_API braid_status_t braid_reducer_finish_backward(braid_reducer_t* reducer);
 /* Zeroes every gradient (start of a new accumulation window). FAILED_PRECONDITION during a
- * backward. */
+ * backward. Device reducer: returns once the zeroes landed (any stream may write after it);
+ * the memsets run on Braid's comm stream, so the framework's reads of the reduced gradients
+ * must have finished first (synchronize the stream that reads them). A failed memset is
+ * returned (naming the bucket), never only logged. */
 BRAID_API braid_status_t braid_reducer_zero_grads(braid_reducer_t* reducer);
 BRAID_API braid_status_t braid_reducer_num_buckets(braid_reducer_t* reducer, int* count);
 /* *bucket = the bucket holding parameter `id` (NOT_FOUND for an unknown id). */

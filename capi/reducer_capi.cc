@@ -220,8 +220,7 @@ braid_status_t braid_reducer_zero_grads(braid_reducer_t* reducer) {
     if (r->in_backward) {
       return absl::FailedPreconditionError("a backward is in progress (finish it first)");
     }
-    r->reducer->ZeroGrads();
-    return absl::OkStatus();
+    return r->reducer->ZeroGrads();
   });
 }
 

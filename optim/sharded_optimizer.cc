@@ -544,9 +544,11 @@ void ShardedOptimizer::Publish(int b, bool zero_grads, absl::Status stepped) {
     if (stepped.ok()) ready = s.step_work->device_event();
   }
   // Consumed: the next window starts from zero (device: queued after the step, which reads it).
-  if (zero_grads) reducer_->ZeroBucket(b);
+  // A failed zeroing is reported after the gather is issued (every rank issues it).
+  const absl::Status zeroed = zero_grads ? reducer_->ZeroBucket(b) : absl::OkStatus();
   absl::Status status = Regather(b, ready);
   if (!stepped.ok()) status = stepped;
+  if (status.ok()) status = zeroed;
   {
     std::lock_guard<std::mutex> lock(mu_);
     buckets_[b]->published = true;

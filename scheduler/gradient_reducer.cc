@@ -625,18 +625,23 @@ absl::Status GradientReducer::FinishBackward() {
   return wait_error;
 }
 
-void GradientReducer::ZeroGrads() {
-  for (size_t b = 0; b < buckets_.size(); ++b) ZeroBucketQueued(static_cast<int>(b));
-  SyncZeroing();
+absl::Status GradientReducer::ZeroGrads(DeviceEvent after) {
+  RETURN_IF_ERROR(ops_.WaitFor(after));
+  absl::Status first;
+  for (size_t b = 0; b < buckets_.size(); ++b) first.Update(ZeroBucketQueued(static_cast<int>(b)));
+  first.Update(SyncZeroing());
+  return first;
 }
 
-void GradientReducer::ZeroBucket(int b) {
-  ZeroBucketQueued(b);
-  SyncZeroing();
+absl::Status GradientReducer::ZeroBucket(int b) {
+  absl::Status st = ZeroBucketQueued(b);
+  st.Update(SyncZeroing());
+  return st;
 }
 
-absl::StatusOr<WorkPtr> GradientReducer::ZeroGradsAsync() {
-  for (size_t b = 0; b < buckets_.size(); ++b) ZeroBucketQueued(static_cast<int>(b));
+absl::StatusOr<WorkPtr> GradientReducer::ZeroGradsAsync(DeviceEvent after) {
+  RETURN_IF_ERROR(ops_.WaitFor(after));
+  for (size_t b = 0; b < buckets_.size(); ++b) RETURN_IF_ERROR(ZeroBucketQueued(static_cast<int>(b)));
   WorkPtr w = works_.Create(WorkInfo{groups_.shard->name(), "zero_grads", 0, "every bucket"});
   if (ops_.synchronous()) {  // host memory: the zeroes are there now
     w->Complete(absl::OkStatus());
@@ -649,13 +654,17 @@ absl::StatusOr<WorkPtr> GradientReducer::ZeroGradsAsync() {
   return w;
 }
 
-void GradientReducer::ZeroBucketQueued(int b) {
+absl::Status GradientReducer::ZeroBucketQueued(int b) {
+  // A bucket whose zeroing failed keeps its partial sum flag: nothing is silently dropped.
   const absl::Status st = ops_.Zero(BucketData(b), plan_.buckets()[b].bytes());
-  if (!st.ok()) Log().error("zeroing {}: {}", buckets_[b]->label, st.ToString());
+  if (!st.ok()) {
+    return absl::Status(st.code(), absl::StrCat("zeroing ", buckets_[b]->label, ": ", st.message()));
+  }
   buckets_[b]->has_partial = false;
+  return absl::OkStatus();
 }
 
-void GradientReducer::SyncZeroing() {
+absl::Status GradientReducer::SyncZeroing() {
   // Who touches a bucket after its zeroing: the reducer's own operations (packs, the f32
   // widening, the collectives, the unused-parameter fills) are queued on the shard group's
   // comm stream, the same stream as the memset, so stream order puts them after it; the hybrid
@@ -665,9 +674,10 @@ void GradientReducer::SyncZeroing() {
   // writes the gradients from its own streams, which nothing orders with the comm stream:
   // without an event to hand out, the host waits (deadline-bounded) here. ZeroGradsAsync hands
   // out that event instead (the Work's device_event()) and never waits.
-  if (ops_.synchronous() || !config_.gradient_as_bucket_view) return;
+  if (ops_.synchronous() || !config_.gradient_as_bucket_view) return absl::OkStatus();
   const absl::Status st = ops_.Synchronize(absl::Now() + config_.timeout);
-  if (!st.ok()) Log().error("zeroing gradients: {}", st.ToString());
+  if (st.ok()) return st;
+  return absl::Status(st.code(), absl::StrCat("zeroing gradients: ", st.message()));
 }
 
 }  // namespace braid::sched

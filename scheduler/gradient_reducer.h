@@ -141,8 +141,10 @@ class GradientReducer {
   absl::Status FinishBackward();
   // Zeroes every bucket (all gradients): the start of a new accumulation window. Device
   // buckets as gradient views: returns once the zeroes landed (a host wait), so the framework
-  // may write from any stream afterwards.
-  void ZeroGrads();
+  // may write from any stream afterwards. On device the memsets run on the comm stream, which
+  // nothing orders after the framework's reads of the reduced gradients: pass `after`, an event
+  // recorded after the last read (null: the reads already finished). Errors name the bucket.
+  absl::Status ZeroGrads(DeviceEvent after = {});
   // The same without any host wait: the returned Work completes once the zeroing ran, and on
   // device its device_event() is recorded on the comm stream after it: the framework's stream
   // waits on it (cudaStreamWaitEvent) before writing into the gradient views, and keeps the
@@ -150,10 +152,10 @@ class GradientReducer {
   //
   //   ASSIGN_OR_RETURN(WorkPtr zeroed, reducer->ZeroGradsAsync());
   //   cudaStreamWaitEvent(compute, (cudaEvent_t)zeroed->device_event().handle);
-  absl::StatusOr<WorkPtr> ZeroGradsAsync();
-  // Zeroes bucket b only (a sharded optimizer, once it consumed b's shard). No reduction of b
-  // may be in flight.
-  void ZeroBucket(int b);
+  absl::StatusOr<WorkPtr> ZeroGradsAsync(DeviceEvent after = {});
+  // Zeroes bucket b only (a sharded optimizer, once it consumed b's shard; its reads are on the
+  // comm stream, so ordered). No reduction of b may be in flight.
+  absl::Status ZeroBucket(int b);
   ReduceMode mode() const { return config_.mode; }
   const ReducerGroups& groups() const { return groups_; }
 
@@ -188,8 +190,8 @@ class GradientReducer {
   void FinishBucket(int b, absl::Status s, BufferOps& ops);
   // `st` (a failed memory operation after `collective`) named with the bucket.
   absl::Status OpError(int b, const absl::Status& collective, const absl::Status& st) const;
-  void ZeroBucketQueued(int b);
-  void SyncZeroing();
+  absl::Status ZeroBucketQueued(int b);
+  absl::Status SyncZeroing();
   void RecordError(const absl::Status& s);
   char* BucketData(int b) const;
   char* ShardData(int b) const;

@@ -55,7 +55,7 @@ absl::Status Window(GradientReducer& r, const Case& c) {
     }
     RETURN_IF_ERROR(r.FinishBackward());
   }
-  r.ZeroGrads();
+  RETURN_IF_ERROR(r.ZeroGrads());
   return absl::OkStatus();
 }
 

@@ -201,7 +201,7 @@ TEST(ReducerRebuild, AdoptsRankZerosOrderAndKeepsGradients) {
         EXPECT_TRUE(std::equal(before[p].begin(), before[p].end(), static_cast<float*>(v.data))) << p;
       }
       EXPECT_FALSE(*r.RebuildBucketsIfPending());  // one time only
-      r.ZeroGrads();
+      ASSERT_OK(r.ZeroGrads());
       fill_and_mark({5, 3, 1, 0, 2, 4});
       if (mode == ReduceMode::kAllReduce) {
         for (size_t p = 0; p < params.size(); ++p) {

@@ -249,7 +249,7 @@ absl::Status RunScenario(Group& world, const Scenario& sc, GradFn grad, absl::Du
   std::mt19937 order_rng(1234 + 77 * r);
   const int mbs = static_cast<int>(std::strlen(sc.schedule));
   for (int step = 0; step < 2; ++step) {
-    red->ZeroGrads();
+    RETURN_IF_ERROR(red->ZeroGrads());
     for (auto& o : own) std::fill(o.begin(), o.end(), 0);  // the framework's zero_grad
     for (int m = 0; m < mbs; ++m) {
       RETURN_IF_ERROR(red->BeginBackward(SyncModeOf(sc.schedule[m])));

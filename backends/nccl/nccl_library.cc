@@ -81,6 +81,14 @@ absl::StatusOr<std::unique_ptr<NcclLibrary>> NcclLibrary::Open(const std::string
                                                       "': ncclGetVersion failed: ",
                                                       lib->fn_.GetErrorString(rc)));
   }
+  // The headers Braid is built with are 2.28's (ncclConfig_t, ncclCommSplit, ...); an older
+  // library may accept the symbols and still misread them.
+  if (lib->version_ < kMinNcclVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the NCCL library '", path, "' is version ", lib->version_ / 10000, ".",
+        (lib->version_ / 100) % 100, ".", lib->version_ % 100,
+        "; Braid needs NCCL 2.28 or newer (point BRAID_NCCL_LIBRARY at one)"));
+  }
   return lib;
 }
 

@@ -55,6 +55,10 @@ struct NcclFunctions {
   decltype(&::ncclRedOpDestroy) RedOpDestroy = nullptr;
 };
 
+// The oldest NCCL Open accepts (ncclGetVersion's code of 2.28.0): Braid is built against 2.28's
+// headers.
+inline constexpr int kMinNcclVersion = 22800;
+
 class NcclLibrary {
  public:
   // dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE), then every symbol of NcclFunctions and

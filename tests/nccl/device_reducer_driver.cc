@@ -96,7 +96,8 @@ absl::Status RunDeviceScenario(Group& world, std::shared_ptr<CudaApi> cuda, cons
   std::mt19937 order_rng(1234 + 77 * r);
   for (int step = 0; step < 2; ++step) {
     if (sc.copy_in) {
-      red->ZeroGrads();  // returns without a host wait: only the comm stream writes the buckets
+      // Returns without a host wait: only the comm stream writes the buckets.
+      RETURN_IF_ERROR(red->ZeroGrads());
     } else {
       // The framework's stream waits for the zeroing before writing into the views (no host
       // wait: ZeroGradsAsync's event).

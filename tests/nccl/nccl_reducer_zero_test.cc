@@ -76,7 +76,7 @@ absl::StatusOr<size_t> RunZeroing(NcclGroup& world, FakeGpu& gpu, Zeroing how) {
   RETURN_IF_ERROR(write(g1));
   RETURN_IF_ERROR(backward());  // the buckets now hold g1
 
-  if (how == Zeroing::kHostWait) red->ZeroGrads();  // returns after the memsets ran
+  if (how == Zeroing::kHostWait) RETURN_IF_ERROR(red->ZeroGrads());  // returns after the memsets ran
   gpu.cuda->StallEvents(true);  // from here the comm stream only runs when let go
   if (how != Zeroing::kHostWait) {
     ASSIGN_OR_RETURN(WorkPtr zeroed, red->ZeroGradsAsync());

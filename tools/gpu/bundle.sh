@@ -17,6 +17,10 @@ bundle="$root/.gpu_bundle"
 limit_mb=60  # the device tool carries at most 64 MiB
 
 mapfile -t tests < <(tools/bazelw query --noshow_progress 'attr(tags, "gpu", tests(//...))' 2>/dev/null)
+if ((${#tests[@]} == 0)); then
+  echo "bundle: bazel query found no test tagged gpu (did the query fail?)" >&2
+  exit 1
+fi
 targets=("${tests[@]}" //tests/gpu:cuda_smoke_test //bench:collective_latency
          //bench:adamw_cuda_bench //bench:bucket_kernels_cuda_bench)
 tools/bazelw build "$@" "${targets[@]}"

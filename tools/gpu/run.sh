@@ -55,7 +55,9 @@ check() {
   { echo "=== $name: $*"; cat "$tmp"; echo "=== $name: $verdict in $((SECONDS - t0)) s"; } >> "$log"
   rm -f "$tmp"
   printf '%-44s %-14s %4ss  %s\n' "$name" "$verdict" "$((SECONDS - t0))" "$tally" >> "$summary"
+  [[ $verdict == PASS ]] || failures=$((failures + 1))
 }
+failures=0
 
 for t in "$bundle"/bin/tests_*; do
   check "$(basename "$t")" 120 "$out/tests.log" "$t" --gtest_color=no
@@ -70,3 +72,5 @@ check "collective_latency nccl nonblocking"      100 "$out/benches.log" env BRAI
 check "adamw_cuda_bench"                          120 "$out/benches.log" "$b/bench__adamw_cuda_bench" $n
 check "bucket_kernels_cuda_bench"                 120 "$out/benches.log" "$b/bench__bucket_kernels_cuda_bench" $n
 cat "$summary"
+# The device tool's rc says whether everything passed (the summary says what did not).
+((failures == 0)) || { echo "run.sh: $failures check(s) did not pass" >&2; exit 1; }
