@@ -19,53 +19,64 @@
 #include "tests/collective_check.h"
 #include "tests/multirank.h"
 #include "tests/nccl/fake_gpu.h"
+#include "tests/nccl/forwarding_cuda_api.h"
 
 namespace braid::nccl::testing {
 namespace {
 
 // Forwards to the fake, recording each call made while the calling thread's current device
 // (as CUDA would track it) is not `expected`.
-class DeviceTrackingCuda final : public CudaApi {
+class DeviceTrackingCuda final : public ForwardingCudaApi {
  public:
   DeviceTrackingCuda(std::shared_ptr<FakeCudaApi> fake, int expected)
-      : fake_(std::move(fake)), expected_(expected) {}
+      : ForwardingCudaApi(std::move(fake)), expected_(expected) {}
 
   std::vector<std::string> wrong_device_calls() const {
     std::lock_guard<std::mutex> lock(mu_);
     return wrong_;
   }
 
-  cudaError_t GetDeviceCount(int* count) override { return fake_->GetDeviceCount(count); }
   cudaError_t SetDevice(int device) override {
-    const cudaError_t rc = fake_->SetDevice(device);
+    const cudaError_t rc = ForwardingCudaApi::SetDevice(device);
     if (rc == cudaSuccess) {
       std::lock_guard<std::mutex> lock(mu_);
       current_[std::this_thread::get_id()] = device;
     }
     return rc;
   }
-  cudaError_t StreamCreate(cudaStream_t* s) override { return Check("StreamCreate"), fake_->StreamCreate(s); }
-  cudaError_t StreamDestroy(cudaStream_t s) override { return Check("StreamDestroy"), fake_->StreamDestroy(s); }
-  cudaError_t EventCreate(cudaEvent_t* e) override { return Check("EventCreate"), fake_->EventCreate(e); }
-  cudaError_t EventDestroy(cudaEvent_t e) override { return Check("EventDestroy"), fake_->EventDestroy(e); }
+  cudaError_t StreamCreate(cudaStream_t* s) override {
+    return Check("StreamCreate"), ForwardingCudaApi::StreamCreate(s);
+  }
+  cudaError_t StreamDestroy(cudaStream_t s) override {
+    return Check("StreamDestroy"), ForwardingCudaApi::StreamDestroy(s);
+  }
+  cudaError_t EventCreate(cudaEvent_t* e) override {
+    return Check("EventCreate"), ForwardingCudaApi::EventCreate(e);
+  }
+  cudaError_t EventDestroy(cudaEvent_t e) override {
+    return Check("EventDestroy"), ForwardingCudaApi::EventDestroy(e);
+  }
   cudaError_t EventRecord(cudaEvent_t e, cudaStream_t s) override {
-    return Check("EventRecord"), fake_->EventRecord(e, s);
+    return Check("EventRecord"), ForwardingCudaApi::EventRecord(e, s);
   }
-  cudaError_t EventQuery(cudaEvent_t e) override { return Check("EventQuery"), fake_->EventQuery(e); }
+  cudaError_t EventQuery(cudaEvent_t e) override {
+    return Check("EventQuery"), ForwardingCudaApi::EventQuery(e);
+  }
   cudaError_t StreamWaitEvent(cudaStream_t s, cudaEvent_t e) override {
-    return Check("StreamWaitEvent"), fake_->StreamWaitEvent(s, e);
+    return Check("StreamWaitEvent"), ForwardingCudaApi::StreamWaitEvent(s, e);
   }
-  cudaError_t Malloc(void** p, size_t n) override { return Check("Malloc"), fake_->Malloc(p, n); }
-  cudaError_t Free(void* p) override { return Check("Free"), fake_->Free(p); }
-  cudaError_t MallocHost(void** p, size_t n) override { return Check("MallocHost"), fake_->MallocHost(p, n); }
-  cudaError_t FreeHost(void* p) override { return Check("FreeHost"), fake_->FreeHost(p); }
+  cudaError_t Malloc(void** p, size_t n) override { return Check("Malloc"), ForwardingCudaApi::Malloc(p, n); }
+  cudaError_t Free(void* p) override { return Check("Free"), ForwardingCudaApi::Free(p); }
+  cudaError_t MallocHost(void** p, size_t n) override {
+    return Check("MallocHost"), ForwardingCudaApi::MallocHost(p, n);
+  }
+  cudaError_t FreeHost(void* p) override { return Check("FreeHost"), ForwardingCudaApi::FreeHost(p); }
   cudaError_t MemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind k, cudaStream_t st) override {
-    return Check("MemcpyAsync"), fake_->MemcpyAsync(d, s, n, k, st);
+    return Check("MemcpyAsync"), ForwardingCudaApi::MemcpyAsync(d, s, n, k, st);
   }
   cudaError_t MemsetAsync(void* d, int v, size_t n, cudaStream_t st) override {
-    return Check("MemsetAsync"), fake_->MemsetAsync(d, v, n, st);
+    return Check("MemsetAsync"), ForwardingCudaApi::MemsetAsync(d, v, n, st);
   }
-  const char* ErrorString(cudaError_t e) override { return fake_->ErrorString(e); }
 
  private:
   void Check(const char* call) {
@@ -77,7 +88,6 @@ class DeviceTrackingCuda final : public CudaApi {
     }
   }
 
-  const std::shared_ptr<FakeCudaApi> fake_;
   const int expected_;
   mutable std::mutex mu_;
   std::map<std::thread::id, int> current_;  // guarded by mu_

@@ -5,6 +5,7 @@
 // backward's result is the new gradient only if the memset was ordered before the compute
 // stream's writes, through ZeroGradsAsync's event or ZeroGrads' host wait. The control that
 // skips the event wait sees its gradients zeroed after it wrote them.
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -17,6 +18,8 @@
 #include "scheduler/gradient_reducer.h"
 #include "tests/nccl/device_reducer_driver.h"
 #include "tests/nccl/fake_gpu.h"
+#include "tests/nccl/forwarding_cuda_api.h"
+#include "backends/nccl/unique_id.h"
 #include "tests/reducer_reference.h"
 
 namespace braid::nccl::testing {
@@ -134,6 +137,47 @@ TEST(NcclReducerZeroTest, HostWaitingZeroGradsIsOrderedWithoutAnEvent) {
 // framework's writes and zeroes them (so the tests above would see a misordered memset).
 TEST(NcclReducerZeroTest, ControlWithoutTheEventWaitLosesTheGradients) {
   EXPECT_EQ(ZeroAndReduce(Zeroing::kAsyncNoWait), sched::reference::MakeParams(0).size());
+}
+
+// A memset that fails is returned by ZeroGrads / ZeroGradsAsync, naming the bucket (a window
+// that silently started from stale gradients would be lost accumulation).
+class FailingMemsetCuda final : public ForwardingCudaApi {
+ public:
+  using ForwardingCudaApi::ForwardingCudaApi;
+  cudaError_t MemsetAsync(void* d, int v, size_t n, cudaStream_t st) override {
+    if (fail.load()) return cudaErrorInvalidValue;
+    return ForwardingCudaApi::MemsetAsync(d, v, n, st);
+  }
+  std::atomic<bool> fail{false};
+};
+
+TEST(NcclReducerZeroTest, FailedMemsetIsReturnedNamingTheBucket) {
+  FakeGpu gpu;
+  auto cuda = std::make_shared<FailingMemsetCuda>(gpu.cuda);
+  absl::StatusOr<std::string> id = NewUniqueIdBytes(*gpu.nccl);
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto backend = NcclBackend::CreateFromUniqueId(NcclApis{cuda, gpu.nccl, gpu.kernels}, *id, 1, 0,
+                                                 FakeConfig());
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  auto world = (*backend)->WorldGroup(0);
+  ASSERT_TRUE(world.ok()) << world.status();
+  std::vector<sched::ParamSpec> params = sched::reference::MakeParams(0);
+  for (auto& p : params) p.device = Device{DeviceType::kCuda, 0};
+  auto red = sched::GradientReducer::Create(params, {world->get(), nullptr}, sched::ReducerConfig{});
+  ASSERT_TRUE(red.ok()) << red.status();
+  cuda->fail = true;
+  const absl::Status sync = (*red)->ZeroGrads();
+  EXPECT_FALSE(sync.ok());
+  EXPECT_NE(sync.message().find("zeroing bucket"), absl::string_view::npos) << sync;
+  const absl::StatusOr<WorkPtr> async = (*red)->ZeroGradsAsync();
+  EXPECT_FALSE(async.ok());
+  EXPECT_NE(async.status().message().find("zeroing bucket"), absl::string_view::npos) << async.status();
+  cuda->fail = false;
+  EXPECT_TRUE((*red)->ZeroGrads().ok());
+  red->reset();
+  world->reset();
+  backend->reset();
+  ExpectClean(gpu);
 }
 
 }  // namespace
