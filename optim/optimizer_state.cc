@@ -201,7 +201,8 @@ absl::Status ShardedOptimizer::Load(const std::string& path) {
     report_.rounds = file.header().step;
   }
   const auto* step_values = static_cast<const int64_t*>(steps->data());
-  for (size_t b = 0; b < buckets_.size(); ++b) {
+  absl::Status applied;  // device only: a copy to the device that failed on this rank
+  for (size_t b = 0; b < buckets_.size() && applied.ok(); ++b) {
     BucketState& s = *buckets_[b];
     const size_t bytes = s.n * sizeof(float);
     s.steps = step_values[b];
@@ -222,9 +223,10 @@ absl::Status ShardedOptimizer::Load(const std::string& path) {
       if (st.ok() && b + 1 == buckets_.size()) st = mem.Synchronize(absl::Now() + config_.timeout);
       if (!st.ok()) {
         mem.Synchronize(absl::Now() + config_.timeout).IgnoreError();  // nothing reads `file` after return
-        return absl::Status(st.code(), absl::StrCat("optimizer Load(", path, "): copying the state of ", s.label,
-                                                    " to the device: ", st.message(),
-                                                    " (the optimizer state is now partly loaded)"));
+        applied = absl::Status(st.code(), absl::StrCat("optimizer Load(", path, "): copying the state of ",
+                                                       s.label, " to the device: ", st.message(),
+                                                       " (the optimizer state is now partly loaded)"));
+        break;
       }
     } else {
       std::memcpy(s.master.get(), found[b][0]->data(), bytes);
@@ -236,6 +238,21 @@ absl::Status ShardedOptimizer::Load(const std::string& path) {
       }
     }
     s.dirty = true;  // cleared by each successful re-gather
+  }
+  if (on_device_) {
+    // The re-gather is collective: a rank whose device copies failed must not skip it alone.
+    // Agree on failures first; if any rank failed, no rank gathers and every rank says why.
+    double copy_failed = applied.ok() ? 0.0 : 1.0, unused = 0;
+    for (Group* g : {stats_group_.get(), reducer_->groups().replica}) {
+      if (g == nullptr) continue;
+      RETURN_IF_ERROR(sum2(g, &copy_failed, &unused));
+    }
+    if (!applied.ok()) return applied;
+    if (copy_failed > 0) {
+      return absl::AbortedError(absl::StrCat(
+          "optimizer Load(", path, "): ", copy_failed, " other rank(s) failed to copy their state to the "
+          "device (their state is partly loaded); no parameters were re-gathered"));
+    }
   }
   for (size_t b = 0; b < buckets_.size(); ++b) RETURN_IF_ERROR(Regather(static_cast<int>(b)));
   return absl::OkStatus();

@@ -2,8 +2,10 @@
 // uninterrupted one and the serial reference bit for bit (RS and hybrid, AdamW and SGD, f32 and
 // bf16); a file saved on device loads on the host (`local` backend) and a host file on device,
 // both continuing bit-exactly; Load refuses a corrupt file or another world, changing nothing.
+#include <atomic>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +15,8 @@
 #include "tests/nccl/device_optimizer_driver.h"
 #include "tests/nccl/fake_gpu.h"
 #include "tests/nccl/fake_step_kernels.h"
+#include "tests/nccl/forwarding_cuda_api.h"
+#include "backends/nccl/unique_id.h"
 
 namespace braid::nccl::testing {
 namespace {
@@ -164,6 +168,56 @@ TEST(NcclStateErrorsTest, LoadRefusesCorruptFilesAndOtherWorldsChangingNothing) 
     EXPECT_EQ(*p, ReferenceParams(s, 2)) << "rank " << world.rank() << ": a failed Load changed parameters";
     ASSERT_OK(RunDeviceSteps(**st, gpu.cuda, s, 2, 3));  // the state is intact: still on the reference
   });
+  ExpectClean(gpu);
+}
+
+// Fails every copy larger than a stats exchange once armed (Load's copies of the state to the
+// device), leaving the 16-byte agreement copies alone.
+class FailingCopyCuda final : public ForwardingCudaApi {
+ public:
+  using ForwardingCudaApi::ForwardingCudaApi;
+  cudaError_t MemcpyAsync(void* d, const void* src, size_t n, cudaMemcpyKind k, cudaStream_t st) override {
+    if (armed.load() && n > 64) return cudaErrorInvalidValue;
+    return ForwardingCudaApi::MemcpyAsync(d, src, n, k, st);
+  }
+  std::atomic<bool> armed{false};
+};
+
+// Rank 1's copies of the loaded state to the device fail: both ranks return (rank 1 naming the
+// copy, rank 0 the other rank) and neither re-gathers alone, so nobody waits for a gather that
+// its peer never issues.
+TEST(NcclStateErrorsTest, AFailedDeviceCopyOnOneRankFailsLoadOnEveryRank) {
+  OptScenario s = TwoGroupScenario(1, 2);
+  s.steps = 2;
+  FakeGpu gpu;
+  auto kernels = std::make_shared<FakeStepKernels>(gpu.cuda);
+  std::vector<std::shared_ptr<FailingCopyCuda>> cuda;
+  for (int r = 0; r < 2; ++r) cuda.push_back(std::make_shared<FailingCopyCuda>(gpu.cuda));
+  absl::StatusOr<std::string> id = NewUniqueIdBytes(*gpu.nccl);
+  ASSERT_TRUE(id.ok()) << id.status();
+  std::vector<absl::Status> loaded(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      auto backend = NcclBackend::CreateFromUniqueId(NcclApis{cuda[r], gpu.nccl, gpu.kernels}, *id, 2, r,
+                                                     FakeConfig(true, absl::Seconds(20)));
+      ASSERT_TRUE(backend.ok()) << backend.status();
+      auto world = (*backend)->WorldGroup(r);
+      ASSERT_TRUE(world.ok()) << world.status();
+      auto st = BuildDeviceStack(**world, kernels, s, absl::Seconds(20));
+      ASSERT_TRUE(st.ok()) << st.status();
+      ASSERT_OK(RunDeviceSteps(**st, gpu.cuda, s, 0, 1));
+      const std::string path = StatePath("copy_fails", r);
+      ASSERT_OK((*st)->opt->Save(path));
+      if (r == 1) cuda[r]->armed = true;
+      loaded[r] = (*st)->opt->Load(path);
+      cuda[r]->armed = false;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_NE(loaded[1].message().find("copying the state of"), absl::string_view::npos) << loaded[1];
+  EXPECT_EQ(loaded[0].code(), absl::StatusCode::kAborted) << loaded[0];
+  EXPECT_NE(loaded[0].message().find("1 other rank(s) failed to copy"), absl::string_view::npos) << loaded[0];
   ExpectClean(gpu);
 }
 
