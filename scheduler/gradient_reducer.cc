@@ -303,6 +303,16 @@ absl::Status GradientReducer::BeginBackward(SyncMode mode) {
         "BeginBackward(reduce_scatter_only): group '", groups_.shard->name(), "' (backend ",
         groups_.shard->backend_name(), ") cannot add partial shards in its memory"));
   }
+  if (mode == SyncMode::kReduceScatterOnly && !ops_.synchronous()) {
+    // The device add kernels take f32, bf16 and f16: refuse f64 here, not mid-window.
+    for (size_t b = 0; b < plan_.buckets().size(); ++b) {
+      if (plan_.buckets()[b].dtype == DType::kF64) {
+        return absl::UnimplementedError(absl::StrCat(
+            "BeginBackward(reduce_scatter_only): bucket ", b, " holds f64 gradients (first parameter ",
+            plan_.params()[plan_.buckets()[b].params[0]].Label(), "), which the device cannot add"));
+      }
+    }
+  }
   if (!config_.gradient_as_bucket_view) {
     if (mode == SyncMode::kReduceScatterOnly) {
       return absl::InvalidArgumentError(

@@ -16,6 +16,7 @@
 #include "comm/status_macros.h"
 #include "gtest/gtest.h"
 #include "scheduler/gradient_reducer.h"
+#include "scheduler/mesh.h"
 #include "tests/nccl/device_reducer_driver.h"
 #include "tests/nccl/fake_gpu.h"
 #include "tests/nccl/forwarding_cuda_api.h"
@@ -177,6 +178,34 @@ TEST(NcclReducerZeroTest, FailedMemsetIsReturnedNamingTheBucket) {
   red->reset();
   world->reset();
   backend->reset();
+  ExpectClean(gpu);
+}
+
+// f64 device buckets: reduce_scatter_only is refused at BeginBackward, naming the bucket (the
+// device adds f32/bf16/f16 only), not in the middle of the window.
+TEST(NcclReducerRsOnlyTest, F64BucketsAreRefusedUpFront) {
+  FakeGpu gpu;
+  RunFakeRanks(gpu, 2, FakeConfig(), [&](NcclGroup& world) {
+    auto mesh = sched::MakeMesh(world, 2, 1);
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    sched::ParamSpec p;
+    p.id = 7;
+    p.count = 100;
+    p.dtype = DType::kF64;
+    p.name = "w64";
+    p.device = Device{DeviceType::kCuda, 0};
+    sched::ReducerConfig cfg;
+    cfg.mode = sched::ReduceMode::kHybrid;
+    auto red = sched::GradientReducer::Create({p}, {mesh->shard.get(), mesh->replica.get()}, cfg);
+    ASSERT_TRUE(red.ok()) << red.status();
+    const absl::Status s = (*red)->BeginBackward(sched::SyncMode::kReduceScatterOnly);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+    EXPECT_NE(s.message().find("bucket 0 holds f64"), absl::string_view::npos) << s;
+    EXPECT_NE(s.message().find("w64"), absl::string_view::npos) << s;
+    EXPECT_TRUE((*red)->BeginBackward(sched::SyncMode::kSync).ok());  // the synced mode works
+    (*red)->MarkReady(7).IgnoreError();
+    EXPECT_TRUE((*red)->FinishBackward().ok());
+  });
   ExpectClean(gpu);
 }
 
