@@ -165,7 +165,9 @@ typedef struct braid_world_options {
   /* backend "nccl" only: the NCCL unique id (unique_id_size bytes, copied) that one rank made
    * with braid_nccl_unique_id and the caller handed to every rank through its own channel
    * (a store, a TCP connection, a file). Needs world_size and rank. NULL (default): "nccl"
-   * bootstraps over MPI instead (under mpirun: rank 0 makes the id and broadcasts it). */
+   * bootstraps over MPI instead (under mpirun: rank 0 makes the id and broadcasts it), or,
+   * outside any launcher, makes a world of one rank (refused when WORLD_SIZE or SLURM_NTASKS
+   * says the process belongs to a larger world). */
   const void* unique_id;
   /* The size braid_nccl_unique_id reported (128); 0 (default) without unique_id. */
   size_t unique_id_size;

@@ -1,6 +1,5 @@
 #include "backends/nccl/nccl_backend.h"
 
-#include <algorithm>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"

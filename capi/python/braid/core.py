@@ -154,7 +154,7 @@ class World(_Handle):
     World("nccl", unique_id=braid.nccl_unique_id() bytes from one rank, world_size=N, rank=r)
     for one rank per process and GPU (cuda_device: default BRAID_CUDA_DEVICE or rank % GPUs;
     nccl_blocking: default BRAID_NCCL_BLOCKING or blocking). World("nccl") without a
-    unique_id bootstraps over MPI (mpirun)."""
+    unique_id bootstraps over MPI under mpirun, or is a world of one rank outside a launcher."""
 
     _destroy = "braid_world_destroy"
 
