@@ -13,6 +13,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 #define BRAID_STATUS_CONCAT_INNER(a, b) a##b
 #define BRAID_STATUS_CONCAT(a, b) BRAID_STATUS_CONCAT_INNER(a, b)
@@ -33,5 +35,16 @@
   auto statusor = (rexpr);                                \
   if (!statusor.ok()) return std::move(statusor).status(); \
   lhs = std::move(statusor).value()
+
+namespace braid {
+
+// `s` with "<context>: " before its message, same code; OK stays OK.
+//   return WithContext(ops.Zero(p, n), absl::StrCat("zeroing ", label));
+inline absl::Status WithContext(const absl::Status& s, absl::string_view context) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
+}
+
+}  // namespace braid
 
 #endif  // BRAID_COMM_STATUS_MACROS_H_

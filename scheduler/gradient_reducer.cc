@@ -667,9 +667,7 @@ absl::StatusOr<WorkPtr> GradientReducer::ZeroGradsAsync(DeviceEvent after) {
 absl::Status GradientReducer::ZeroBucketQueued(int b) {
   // A bucket whose zeroing failed keeps its partial sum flag: nothing is silently dropped.
   const absl::Status st = ops_.Zero(BucketData(b), plan_.buckets()[b].bytes());
-  if (!st.ok()) {
-    return absl::Status(st.code(), absl::StrCat("zeroing ", buckets_[b]->label, ": ", st.message()));
-  }
+  if (!st.ok()) return WithContext(st, absl::StrCat("zeroing ", buckets_[b]->label));
   buckets_[b]->has_partial = false;
   return absl::OkStatus();
 }
@@ -685,9 +683,7 @@ absl::Status GradientReducer::SyncZeroing() {
   // without an event to hand out, the host waits (deadline-bounded) here. ZeroGradsAsync hands
   // out that event instead (the Work's device_event()) and never waits.
   if (ops_.synchronous() || !config_.gradient_as_bucket_view) return absl::OkStatus();
-  const absl::Status st = ops_.Synchronize(absl::Now() + config_.timeout);
-  if (st.ok()) return st;
-  return absl::Status(st.code(), absl::StrCat("zeroing gradients: ", st.message()));
+  return WithContext(ops_.Synchronize(absl::Now() + config_.timeout), "zeroing gradients");
 }
 
 }  // namespace braid::sched

@@ -30,11 +30,6 @@ uint64_t MixIssue(uint64_t h, uint64_t v) {
   return h;
 }
 
-// Keeps the message, prefixes where the caller was.
-absl::Status WithContext(const absl::Status& s, absl::string_view context) {
-  return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
-}
-
 }  // namespace
 
 // kNotGathered: never gathered, released, or the last gather failed.

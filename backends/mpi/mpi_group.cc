@@ -118,7 +118,7 @@ absl::StatusOr<std::unique_ptr<Group>> MpiGroup::DoSplit(int color, int key, std
   if (!split.ok()) {
     std::lock_guard<std::mutex> lock(runtime_->mu());
     state_->MarkFailedLocked(split);
-    return absl::Status(split.code(), absl::StrCat(what, ": ", split.message()));
+    return WithContext(split, what);
   }
   if (child == MPI_COMM_NULL) return std::unique_ptr<Group>();
   ASSIGN_OR_RETURN(MpiComm data, MpiComm::Adopt(runtime_, child));

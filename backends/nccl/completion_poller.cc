@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "backends/nccl/errors.h"
+#include "comm/status_macros.h"
 
 namespace braid::nccl {
 namespace {
@@ -26,7 +27,7 @@ std::string AbortNote(const NcclComm& comm) {
 
 // The communicator's failure cause names the call that failed first.
 absl::Status Named(const CompletionPoller::Tracked& e, const absl::Status& s) {
-  return absl::Status(s.code(), absl::StrCat(e.works.front()->info().Describe(), ": ", s.message()));
+  return WithContext(s, e.works.front()->info().Describe());
 }
 
 }  // namespace
@@ -175,12 +176,7 @@ void CompletionPoller::Core::Finish(std::vector<Finished>& finished) {
   for (Finished& f : finished) {
     Retired r;
     for (const WorkPtr& w : f.entry.works) {
-      if (f.status.ok()) {
-        w->Complete(absl::OkStatus());
-      } else {
-        w->Complete(absl::Status(f.status.code(),
-                                 absl::StrCat(w->info().Describe(), ": ", f.status.message())));
-      }
+      w->Complete(WithContext(f.status, w->info().Describe()));
       r.users.push_back(w);
     }
     r.event = std::move(f.entry.event);

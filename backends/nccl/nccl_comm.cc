@@ -12,11 +12,6 @@
 namespace braid::nccl {
 namespace {
 
-absl::Status WithContext(const absl::Status& s, absl::string_view context) {
-  if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
-}
-
 ncclConfig_t MakeConfig(const NcclComm::Config& c) {
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = c.blocking ? 1 : 0;

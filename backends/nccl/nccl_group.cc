@@ -12,15 +12,6 @@
 #include "comm/status_macros.h"
 
 namespace braid::nccl {
-namespace {
-
-absl::Status Prefixed(const absl::Status& s, absl::string_view prefix) {
-  if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat(prefix, ": ", s.message()));
-}
-
-}  // namespace
-
 Capabilities NcclGroup::NcclCapabilities() {
   Capabilities c;
   c.host_memory = false;
@@ -39,7 +30,7 @@ absl::StatusOr<std::unique_ptr<NcclGroup>> NcclGroup::Create(
     std::shared_ptr<const NcclContext> ctx, std::shared_ptr<NcclComm> comm, std::string name) {
   const std::string what = absl::StrCat("group '", name, "'");
   CudaApi& cuda = *ctx->apis.cuda;
-  RETURN_IF_ERROR(Prefixed(CudaStatus(cuda, cuda.SetDevice(ctx->device), "cudaSetDevice"), what));
+  RETURN_IF_ERROR(WithContext(CudaStatus(cuda, cuda.SetDevice(ctx->device), "cudaSetDevice"), what));
   auto res = std::make_shared<Resources>();
   const size_t n = static_cast<size_t>(comm->size());
   ASSIGN_OR_RETURN(res->stream, CudaStream::Create(ctx->apis.cuda, what));
@@ -211,7 +202,7 @@ absl::Status NcclGroup::IssueLocked(const std::vector<Call>& calls, const WorkPt
   RETURN_IF_ERROR(NcclStatus(nccl, nccl.GroupStart(), "ncclGroupStart"));
   absl::Status s;
   for (size_t i = 0; i < calls.size() && s.ok(); ++i) {
-    s = Prefixed(EnqueueLocked(calls[i].args, ops[i]), calls[i].work->info().Describe());
+    s = WithContext(EnqueueLocked(calls[i].args, ops[i]), calls[i].work->info().Describe());
   }
   const absl::Status end = comm_->AfterCallLocked(nccl.GroupEnd(), "ncclGroupEnd");
   if (s.ok()) s = end;
@@ -326,7 +317,7 @@ absl::StatusOr<std::unique_ptr<Group>> NcclGroup::DoSplit(int color, int key, st
   const absl::Time deadline = absl::Now() + ctx_->timeout;
   absl::StatusOr<std::vector<int32_t>> colors = ExchangeColors(color, deadline);
   if (!colors.ok()) {
-    const absl::Status s = Prefixed(colors.status(), what);
+    const absl::Status s = WithContext(colors.status(), what);
     comm_->Abort(s);
     return s;
   }
