@@ -72,42 +72,27 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", flags.status().ToString().c_str());
     return 2;
   }
-  const absl::StatusOr<int64_t> iters = flags->Int("iters", 20);
-  const absl::StatusOr<int64_t> warmup = flags->Int("warmup", 5);
-  const absl::StatusOr<int64_t> only_n = flags->Int("n", 0);
-  for (const absl::Status& st : {iters.status(), warmup.status(), only_n.status()}) {
-    if (!st.ok()) {
-      std::fprintf(stderr, "%s\n", st.ToString().c_str());
-      return 2;
-    }
-  }
-  for (const std::string& u : flags->Unused()) {
-    std::fprintf(stderr, "unknown flag --%s\n", u.c_str());
+  const absl::StatusOr<bench::KernelBenchFlags> k = bench::ParseKernelBenchFlags(*flags);
+  if (!k.ok()) {
+    std::fprintf(stderr, "%s\n", k.status().ToString().c_str());
     return 2;
   }
-  if (*iters < 1 || *warmup < 0 || *only_n < 0) {
-    std::fprintf(stderr, "--iters must be >= 1, --warmup and --n >= 0\n");
-    return 2;
-  }
-
   if (const int code = bench::SkipUnlessCudaDevice(); code >= 0) return code;
 
   const Config configs[] = {
       {"f32 grad, no param_out", kCudaDTypeF32, kNoOut},
       {"bf16 grad, bf16 param_out", kCudaDTypeBF16, kCudaDTypeBF16},
   };
-  std::vector<size_t> sizes = {size_t{10} * 1000 * 1000, size_t{100} * 1000 * 1000};
-  if (*only_n > 0) sizes = {static_cast<size_t>(*only_n)};
   std::printf("fused AdamW vs device-to-device cudaMemcpy of the same bytes moved (read + write);"
               " GB/s = 1e9 B/s; iters %lld after %lld warmup\n",
-              static_cast<long long>(*iters), static_cast<long long>(*warmup));
+              static_cast<long long>(k->iters), static_cast<long long>(k->warmup));
   std::printf("%12s  %-28s %8s %10s %12s %12s %7s\n", "n", "config", "B/param", "adamw_ms",
               "adamw_GB/s", "memcpy_GB/s", "ratio");
-  for (const size_t n : sizes) {
+  for (const size_t n : k->sizes) {
     for (const Config& c : configs) {
       KernelVsCopy row;
       const cudaError_t e =
-          Measure(c, n, static_cast<int>(*warmup), static_cast<int>(*iters), &row);
+          Measure(c, n, k->warmup, k->iters, &row);
       if (e != cudaSuccess) {
         std::fprintf(stderr, "n=%zu %s: %s (%d)\n", n, c.name, cudaGetErrorString(e),
                      static_cast<int>(e));

@@ -55,6 +55,27 @@ bool Flags::Bool(const std::string& name, bool def) const {
   return it->second == "1" || it->second == "true" || it->second == "yes";
 }
 
+absl::StatusOr<KernelBenchFlags> ParseKernelBenchFlags(const Flags& f) {
+  const absl::StatusOr<int64_t> iters = f.Int("iters", 20);
+  const absl::StatusOr<int64_t> warmup = f.Int("warmup", 5);
+  const absl::StatusOr<int64_t> only_n = f.Int("n", 0);
+  for (const absl::Status& st : {iters.status(), warmup.status(), only_n.status()}) {
+    if (!st.ok()) return st;
+  }
+  for (const std::string& u : f.Unused()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown flag --", u));
+  }
+  if (*iters < 1 || *warmup < 0 || *only_n < 0) {
+    return absl::InvalidArgumentError("--iters must be >= 1, --warmup and --n >= 0");
+  }
+  KernelBenchFlags k;
+  k.iters = static_cast<int>(*iters);
+  k.warmup = static_cast<int>(*warmup);
+  k.sizes = *only_n > 0 ? std::vector<size_t>{static_cast<size_t>(*only_n)}
+                        : std::vector<size_t>{size_t{10} * 1000 * 1000, size_t{100} * 1000 * 1000};
+  return k;
+}
+
 std::vector<std::string> Flags::Unused() const {
   std::vector<std::string> out;
   for (const auto& [k, v] : values_) {

@@ -2,6 +2,7 @@
 #ifndef BRAID_BENCH_BENCH_FLAGS_H_
 #define BRAID_BENCH_BENCH_FLAGS_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -27,6 +28,16 @@ class Flags {
   std::map<std::string, std::string> values_;
   mutable std::map<std::string, bool> used_;
 };
+
+// The flags both GPU kernel benches take: --iters (>= 1, default 20), --warmup (>= 0, default 5)
+// and --n (0: the sizes 10M and 100M; else that one size). Read a bench's own flags from `f`
+// before calling this: it also refuses any flag that was never read.
+struct KernelBenchFlags {
+  int iters = 20;
+  int warmup = 5;
+  std::vector<size_t> sizes;
+};
+absl::StatusOr<KernelBenchFlags> ParseKernelBenchFlags(const Flags& f);
 
 }  // namespace braid::bench
 

@@ -90,22 +90,13 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", flags.status().ToString().c_str());
     return 2;
   }
-  const absl::StatusOr<int64_t> iters = flags->Int("iters", 20);
-  const absl::StatusOr<int64_t> warmup = flags->Int("warmup", 5);
-  const absl::StatusOr<int64_t> only_n = flags->Int("n", 0);
   const absl::StatusOr<int64_t> segments = flags->Int("segments", 64);
-  for (const absl::Status& st : {iters.status(), warmup.status(), only_n.status(), segments.status()}) {
-    if (!st.ok()) {
-      std::fprintf(stderr, "%s\n", st.ToString().c_str());
-      return 2;
-    }
-  }
-  for (const std::string& u : flags->Unused()) {
-    std::fprintf(stderr, "unknown flag --%s\n", u.c_str());
-    return 2;
-  }
-  if (*iters < 1 || *warmup < 0 || *only_n < 0 || *segments < 1) {
-    std::fprintf(stderr, "--iters and --segments must be >= 1, --warmup and --n >= 0\n");
+  const absl::StatusOr<KernelBenchFlags> k = ParseKernelBenchFlags(*flags);
+  absl::Status bad = segments.status();
+  if (bad.ok()) bad = k.status();
+  if (bad.ok() && *segments < 1) bad = absl::InvalidArgumentError("--segments must be >= 1");
+  if (!bad.ok()) {
+    std::fprintf(stderr, "%s\n", bad.ToString().c_str());
     return 2;
   }
   if (const int code = SkipUnlessCudaDevice(); code >= 0) return code;
@@ -125,19 +116,16 @@ int Run(int argc, char** argv) {
       {"add f32 (in place)", Kind::kAdd, kF32, kF32},
       {"add bf16 (in place)", Kind::kAdd, kBF16, kBF16},
   };
-  std::vector<size_t> sizes = {size_t{10} * 1000 * 1000, size_t{100} * 1000 * 1000};
-  if (*only_n > 0) sizes = {static_cast<size_t>(*only_n)};
   std::printf("bucket kernels vs device-to-device cudaMemcpy of the same bytes moved (read + write);"
               " GB/s = 1e9 B/s; %lld segments; iters %lld after %lld warmup\n",
-              static_cast<long long>(*segments), static_cast<long long>(*iters),
-              static_cast<long long>(*warmup));
+              static_cast<long long>(*segments), static_cast<long long>(k->iters),
+              static_cast<long long>(k->warmup));
   std::printf("%12s  %-28s %10s %12s %12s %7s\n", "n", "kernel", "ms", "kernel_GB/s", "memcpy_GB/s",
               "ratio");
-  for (const size_t n : sizes) {
+  for (const size_t n : k->sizes) {
     for (const Config& c : configs) {
       KernelVsCopy row;
-      const cudaError_t e = Measure(c, n, static_cast<int>(*segments), static_cast<int>(*warmup),
-                                    static_cast<int>(*iters), &row);
+      const cudaError_t e = Measure(c, n, static_cast<int>(*segments), k->warmup, k->iters, &row);
       if (e != cudaSuccess) {
         std::fprintf(stderr, "n=%zu %s: %s (%d)\n", n, c.name, cudaGetErrorString(e),
                      static_cast<int>(e));
