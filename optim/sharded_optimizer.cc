@@ -24,10 +24,11 @@ using sched::SyncMode;
 
 // n zeroed floats in the shard group's memory (device: the memset is queued on its stream,
 // ahead of every step).
-absl::StatusOr<FloatBuffer> ZeroedFloats(BufferOps& ops, size_t n, const std::string& what) {
+absl::StatusOr<FloatBuffer> ZeroedFloats(sched::MemoryStats* memory, BufferOps& ops, size_t n,
+                                         const std::string& what) {
   const size_t bytes = std::max<size_t>(64, (n * sizeof(float) + 63) / 64 * 64);
   FloatBuffer f;
-  ASSIGN_OR_RETURN(f.buf, ops.Allocate(bytes, what));
+  ASSIGN_OR_RETURN(f.buf, sched::CountedAllocate(memory, ops, bytes, sched::MemoryUse::kOptimizerState, what));
   RETURN_IF_ERROR(ops.Zero(f.buf.get(), bytes));
   return f;
 }
@@ -141,10 +142,10 @@ absl::Status ShardedOptimizer::Init() {
     auto s = std::make_unique<BucketState>();
     s->label = absl::StrCat("bucket ", b);
     s->n = bk.shard_count;
-    ASSIGN_OR_RETURN(s->master, ZeroedFloats(mem, s->n, absl::StrCat("optimizer master weights of ", s->label)));
-    ASSIGN_OR_RETURN(s->m, ZeroedFloats(mem, s->n, absl::StrCat("optimizer state of ", s->label)));
+    ASSIGN_OR_RETURN(s->master, ZeroedFloats(config_.memory, mem, s->n, absl::StrCat("optimizer master weights of ", s->label)));
+    ASSIGN_OR_RETURN(s->m, ZeroedFloats(config_.memory, mem, s->n, absl::StrCat("optimizer state of ", s->label)));
     if (config_.kind == OptimizerKind::kAdamW) {
-      ASSIGN_OR_RETURN(s->v, ZeroedFloats(mem, s->n, absl::StrCat("optimizer state of ", s->label)));
+      ASSIGN_OR_RETURN(s->v, ZeroedFloats(config_.memory, mem, s->n, absl::StrCat("optimizer state of ", s->label)));
     }
     const size_t start = r * bk.shard_count, end = start + bk.shard_count;
     for (int pi : bk.params) {
@@ -169,11 +170,13 @@ absl::Status ShardedOptimizer::Init() {
       for (const Segment& seg : s->segments) blocks += NormBlocks(seg.hi - seg.lo);
     }
     norm_host_.assign(blocks, 0.0);
-    ASSIGN_OR_RETURN(norm_dev_, mem.Allocate(std::max<size_t>(1, blocks) * sizeof(double), "gradient norm block sums"));
+    ASSIGN_OR_RETURN(norm_dev_, sched::CountedAllocate(config_.memory, mem, std::max<size_t>(1, blocks) * sizeof(double),
+                                                       sched::MemoryUse::kStaging, "gradient norm block sums"));
   }
   if (on_device_) {
     // Load's agreement all-reduces use it even without clipping.
-    ASSIGN_OR_RETURN(stats_dev_, mem.Allocate(2 * sizeof(double), "optimizer statistics all-reduce"));
+    ASSIGN_OR_RETURN(stats_dev_, sched::CountedAllocate(config_.memory, mem, 2 * sizeof(double), sched::MemoryUse::kStaging,
+                                                        "optimizer statistics all-reduce"));
   }
   ASSIGN_OR_RETURN(stats_group_, shard.Split(0, shard.rank(), absl::StrCat(shard.name(), "/optim")));
   pool_ = std::make_unique<KernelPool>(config_.threads);

@@ -111,6 +111,9 @@ struct OptimizerConfig {
   // Required when the parameters are on a device: the step kernels to queue on the shard
   // group's stream (optim::CudaStepKernels() from cuda_step_kernels.h, or a fake in tests).
   std::shared_ptr<DeviceStepKernels> device_kernels;
+  // Optional, not owned, must outlive the optimizer's buffers: counts master weights and
+  // moments (kOptimizerState) and the statistics buffers (kStaging).
+  sched::MemoryStats* memory = nullptr;
 };
 
 // What the latest completed step did.

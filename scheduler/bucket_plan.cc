@@ -36,7 +36,9 @@ uint64_t BucketPlan::ParamHash(const ParamSpec& p) {
   h = Mix(h, p.count);
   h = Mix(h, static_cast<uint64_t>(p.dtype));
   h = Mix(h, static_cast<uint64_t>(p.device.type));
-  return Mix(h, static_cast<uint64_t>(p.device.index));
+  h = Mix(h, static_cast<uint64_t>(p.device.index));
+  // Unit 0 adds nothing, so plans (and state files) from before units hash as they did.
+  return p.unit == 0 ? h : Mix(h, static_cast<uint64_t>(p.unit) + 0x756e6974ull);
 }
 
 absl::StatusOr<BucketPlan> BucketPlan::Build(std::vector<ParamSpec> params, const PlanOptions& o) {
@@ -65,6 +67,10 @@ absl::StatusOr<BucketPlan> BucketPlan::BuildInOrder(std::vector<ParamSpec> param
       return absl::InvalidArgumentError(absl::StrCat("parameter ", p.Label(), ": invalid dtype value ",
                                                      static_cast<int>(p.dtype)));
     }
+    if (p.unit < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter ", p.Label(), ": unit must be >= 0, got ", p.unit));
+    }
+    plan.num_units_ = std::max(plan.num_units_, p.unit + 1);
     if (!plan.index_.emplace(p.id, i).second) {
       return absl::InvalidArgumentError(absl::StrCat(
           "parameter ", p.Label(), " is registered twice (also as parameter #", plan.index_[p.id], ")"));
@@ -82,18 +88,20 @@ absl::StatusOr<BucketPlan> BucketPlan::BuildInOrder(std::vector<ParamSpec> param
     seen[i] = 1;
   }
   plan.slots_.assign(n, ParamSlot{});
-  // Open bucket per (dtype, device): index into buckets_, and whether it is that key's first.
-  std::map<std::tuple<int, int, int>, int> open;
+  // Open bucket per (dtype, device, unit): index into buckets_; buckets made per (dtype, device)
+  // (the first one has the smaller cap).
+  std::map<std::tuple<int, int, int, int>, int> open;
   std::map<std::tuple<int, int, int>, int> made;
   for (int i : order) {
     const ParamSpec& p = plan.params_[i];
-    const auto key = std::make_tuple(static_cast<int>(p.dtype), static_cast<int>(p.device.type), p.device.index);
+    const auto kind = std::make_tuple(static_cast<int>(p.dtype), static_cast<int>(p.device.type), p.device.index);
+    const auto key = std::tuple_cat(kind, std::make_tuple(p.unit));
     const size_t es = DTypeSize(p.dtype);
     const size_t align = std::max<size_t>(1, o.align_bytes / es);
     auto it = open.find(key);
     if (it != open.end()) {
       Bucket& b = plan.buckets_[it->second];
-      const size_t cap = made[key] == 1 ? o.first_bucket_cap_bytes : o.bucket_cap_bytes;
+      const size_t cap = b.first ? o.first_bucket_cap_bytes : o.bucket_cap_bytes;
       if ((RoundUp(b.count, align) + p.count) * es > cap) open.erase(it);  // closes it
     }
     it = open.find(key);
@@ -101,9 +109,10 @@ absl::StatusOr<BucketPlan> BucketPlan::BuildInOrder(std::vector<ParamSpec> param
       Bucket b;
       b.dtype = p.dtype;
       b.device = p.device;
+      b.unit = p.unit;
+      b.first = made[kind]++ == 0;
       plan.buckets_.push_back(b);
       it = open.emplace(key, static_cast<int>(plan.buckets_.size()) - 1).first;
-      ++made[key];
     }
     Bucket& b = plan.buckets_[it->second];
     const size_t offset = RoundUp(b.count, align);
@@ -117,6 +126,14 @@ absl::StatusOr<BucketPlan> BucketPlan::BuildInOrder(std::vector<ParamSpec> param
     b.shard_count = b.padded_count / static_cast<size_t>(o.shards);
   }
   return plan;
+}
+
+std::vector<int> BucketPlan::UnitBuckets(int u) const {
+  std::vector<int> out;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (buckets_[b].unit == u) out.push_back(static_cast<int>(b));
+  }
+  return out;
 }
 
 absl::StatusOr<int> BucketPlan::IndexOf(ParamId id) const {

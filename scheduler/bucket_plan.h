@@ -10,7 +10,8 @@
 // Rules (DDP's, plus sharding):
 //  - buckets are filled in reverse registration order (the last layers' gradients are ready
 //    first in backward, so bucket 0 holds them and launches first);
-//  - one dtype and device per bucket: each (dtype, device) has its own open bucket;
+//  - one dtype, device and unit per bucket: each (dtype, device, unit) has its own open bucket
+//    (the smaller first cap applies to the first bucket of each (dtype, device));
 //  - a bucket closes when the next parameter would take it past its cap (the first bucket of
 //    each (dtype, device) has the smaller first_bucket_cap_bytes); a parameter larger than
 //    the cap gets a bucket of its own;
@@ -43,6 +44,10 @@ struct ParamSpec {
   DType dtype = DType::kF32;
   Device device = Device::Cpu();
   std::string name;  // optional; errors use it when set
+  // Fully sharded training: the framework's wrapping unit (e.g. one transformer block) this
+  // parameter belongs to, >= 0. A bucket never mixes units, so a unit is gathered and released
+  // as whole buckets. Every parameter is in unit 0 unless told otherwise.
+  int unit = 0;
 
   std::string Label() const;  // "'name' (id 7)" or "id 7"
 };
@@ -62,6 +67,8 @@ struct ParamSlot {
 struct Bucket {
   DType dtype = DType::kF32;
   Device device = Device::Cpu();
+  int unit = 0;             // the unit of every parameter in it (ParamSpec::unit)
+  bool first = false;       // the first bucket of its (dtype, device): the smaller cap
   std::vector<int> params;  // parameter indices (registration order numbers), in bucket order
   size_t count = 0;         // elements up to the end of the last parameter
   size_t padded_count = 0;  // count rounded up to shards * align; the buffer's size
@@ -92,7 +99,12 @@ class BucketPlan {
   // (what the optimizer's state files record, so a file saved on a GPU loads on the CPU and
   // back). Equals Fingerprint() when every parameter is on `device`.
   uint64_t FingerprintOn(Device device) const;
-  // Hash of one parameter's spec (id, count, dtype, device), for pinpointing a mismatch.
+  // Buckets of unit `u`, in bucket order (empty for a unit no parameter names).
+  std::vector<int> UnitBuckets(int u) const;
+  // 1 + the largest unit any parameter names (0 without parameters).
+  int num_units() const { return num_units_; }
+  // Hash of one parameter's spec (id, count, dtype, device; the unit when not 0), for
+  // pinpointing a mismatch.
   static uint64_t ParamHash(const ParamSpec& p);
 
  private:
@@ -104,6 +116,7 @@ class BucketPlan {
   std::vector<ParamSlot> slots_;
   std::vector<Bucket> buckets_;
   absl::flat_hash_map<ParamId, int> index_;
+  int num_units_ = 0;
 };
 
 }  // namespace braid::sched

@@ -122,12 +122,12 @@ absl::Status GradientReducer::AllocateBuckets() {
     auto s = std::make_unique<BucketState>();
     s->label = absl::StrCat("bucket ", b);
     const size_t bytes = (plan_.buckets()[b].bytes() + kStorageAlign - 1) / kStorageAlign * kStorageAlign;
-    ASSIGN_OR_RETURN(s->data, ops_.Allocate(bytes, s->label));
+    ASSIGN_OR_RETURN(s->data, CountedAllocate(config_.memory, ops_, bytes, MemoryUse::kGradBuckets, s->label));
     RETURN_IF_ERROR(ops_.Zero(s->data.get(), bytes));
     if (config_.reduce_dtype == DType::kF32 && IsHalf(plan_.buckets()[b].dtype)) {
       ASSIGN_OR_RETURN(s->staging,
-                       ops_.Allocate(plan_.buckets()[b].padded_count * DTypeSize(DType::kF32),
-                                     absl::StrCat(s->label, " (f32 staging)")));
+                       CountedAllocate(config_.memory, ops_, plan_.buckets()[b].padded_count * DTypeSize(DType::kF32),
+                                       MemoryUse::kStaging, absl::StrCat(s->label, " (f32 staging)")));
     }
     s->events.reset(new DeviceEvent[plan_.buckets()[b].params.size()]);
     buckets_.push_back(std::move(s));
@@ -531,7 +531,8 @@ absl::Status GradientReducer::AccumulatePartial(int b) {
   const DType t = CommDType(b);
   const size_t bytes = bk.shard_count * DTypeSize(t);
   if (!s.partial) {
-    ASSIGN_OR_RETURN(s.partial, ops_.Allocate(bytes, absl::StrCat(s.label, " (partial sum)")));
+    ASSIGN_OR_RETURN(s.partial, CountedAllocate(config_.memory, ops_, bytes, MemoryUse::kGradShards,
+                                                absl::StrCat(s.label, " (partial sum)")));
   }
   if (!s.has_partial) {
     RETURN_IF_ERROR(ops_.Copy(s.partial.get(), CommShard(b), bytes));  // a copy, not 0 + x: keeps -0.0

@@ -67,6 +67,7 @@
 #include "comm/work_pool.h"
 #include "scheduler/bucket_plan.h"
 #include "scheduler/divide.h"
+#include "scheduler/memory_stats.h"
 #include "scheduler/timeline.h"
 
 namespace braid::sched {
@@ -100,6 +101,9 @@ struct ReducerConfig {
   // Optional, not owned, must outlive the reducer: marks, bucket launches, each collective's
   // span on its group's row, and FinishBackward's wait (see Timeline::FromOptions).
   Timeline* timeline = nullptr;
+  // Optional, not owned, must outlive the reducer's buffers: counts every buffer the reducer
+  // allocates (buckets, staging, partial sums).
+  MemoryStats* memory = nullptr;
 };
 
 class GradientReducer {

@@ -16,8 +16,9 @@ namespace {
 
 // `bytes` of the group's memory (host, or device on device groups), zero-filled (queued on the
 // group's stream on device: ordered before its collectives).
-absl::StatusOr<OwnedBuffer> AllocateZeroed(BufferOps& ops, size_t bytes, const std::string& what) {
-  ASSIGN_OR_RETURN(OwnedBuffer b, ops.Allocate(bytes, what));
+absl::StatusOr<OwnedBuffer> AllocateZeroed(MemoryStats* memory, BufferOps& ops, size_t bytes,
+                                           MemoryUse use, const std::string& what) {
+  ASSIGN_OR_RETURN(OwnedBuffer b, CountedAllocate(memory, ops, bytes, use, what));
   RETURN_IF_ERROR(ops.Zero(b.get(), bytes));
   return b;
 }
@@ -77,8 +78,11 @@ absl::StatusOr<std::unique_ptr<ParamGatherer>> ParamGatherer::Create(const Bucke
     BucketState& s = *g->buckets_[b];
     const Bucket& bk = plan.buckets()[b];
     absl::StatusOr<OwnedBuffer> buf =
-        config.free_after_use ? AllocateZeroed(ops, bk.shard_count * DTypeSize(bk.dtype), s.label + " (shard)")
-                              : AllocateZeroed(ops, bk.bytes(), s.label);  // lives as long as the gatherer
+        config.free_after_use
+            ? AllocateZeroed(config.memory, ops, bk.shard_count * DTypeSize(bk.dtype), MemoryUse::kParamShards,
+                             s.label + " (shard)")
+            : AllocateZeroed(config.memory, ops, bk.bytes(), MemoryUse::kParamGather,
+                             s.label);  // lives as long as the gatherer
     if (!buf.ok()) {
       return absl::Status(buf.status().code(), absl::StrCat("param gatherer: cannot allocate bucket ", b,
                                                             " (", bk.bytes(), " bytes): ", buf.status().message()));
@@ -164,7 +168,8 @@ absl::Status ParamGatherer::LaunchLocked(int b, DeviceEvent ready) {
   const size_t shard_bytes = bk.shard_count * DTypeSize(bk.dtype);
   BufferOps& ops = group_->buffer_ops();
   if (!s.full) {
-    absl::StatusOr<OwnedBuffer> full = AllocateZeroed(ops, bk.bytes(), s.label);
+    absl::StatusOr<OwnedBuffer> full =
+        AllocateZeroed(config_.memory, ops, bk.bytes(), MemoryUse::kParamGather, s.label);
     if (!full.ok()) {
       return absl::Status(full.status().code(), absl::StrCat("gathering ", s.label, ": cannot allocate ",
                                                              bk.bytes(), " bytes: ", full.status().message()));

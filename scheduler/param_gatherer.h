@@ -80,6 +80,7 @@
 #include "comm/tensor.h"
 #include "comm/work.h"
 #include "scheduler/bucket_plan.h"
+#include "scheduler/memory_stats.h"
 #include "scheduler/timeline.h"
 
 namespace braid::sched {
@@ -95,6 +96,9 @@ struct GathererConfig {
   // Collective: verify at Create that every rank of the group holds the same plan (one small
   // all-gather). Turn off only when the plan was verified already on this group.
   bool verify_plan = true;
+  // Optional, not owned, must outlive the gatherer's buffers: counts the shards (kParamShards)
+  // and the gathered buffers (kParamGather).
+  MemoryStats* memory = nullptr;
 };
 
 class ParamGatherer {

@@ -185,10 +185,18 @@ void Timeline::WriteOut(std::string* buf) {
 void Timeline::AppendEvent(const Event& e, std::string* out) const {
   out->append(",\n{\"name\":");
   AppendJsonString(e.name == nullptr ? absl::string_view() : absl::string_view(e.name), out);
-  out->append(e.dur_ns == kInstantDuration ? ",\"ph\":\"i\",\"s\":\"t\"" : ",\"ph\":\"X\"");
+  out->append(e.dur_ns == kInstantDuration  ? ",\"ph\":\"i\",\"s\":\"t\""
+              : e.dur_ns == kCounterSample ? ",\"ph\":\"C\""
+                                           : ",\"ph\":\"X\"");
   absl::StrAppend(out, ",\"pid\":", rank_ + 1, ",\"tid\":", int64_t{e.track} + 1, ",\"ts\":");
   // The viewer rejects negative timestamps: an event from before creation is pinned at 0.
   AppendMicros(e.ts_ns > origin_ns_ ? e.ts_ns - origin_ns_ : 0, out);
+  if (e.dur_ns == kCounterSample) {  // the series is named after the event
+    out->append(",\"args\":{");
+    AppendJsonString(e.name == nullptr ? absl::string_view() : absl::string_view(e.name), out);
+    absl::StrAppend(out, ":", e.arg, "}}");
+    return;
+  }
   if (e.dur_ns != kInstantDuration) {
     out->append(",\"dur\":");
     AppendMicros(e.dur_ns, out);

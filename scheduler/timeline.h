@@ -103,6 +103,12 @@ class Timeline {
     if (enabled_) Push(track, name, start_ns, end_ns > start_ns ? end_ns - start_ns : 0, arg);
   }
 
+  // A counter sample ("ph":"C") on `track`: the viewer draws `name`'s value over time as a
+  // stepped graph (e.g. bytes allocated). `value` >= 0.
+  void Counter(int track, const char* name, int64_t value) {
+    if (enabled_) Push(track, name, NowNs(), kCounterSample, value);
+  }
+
   // Steady clock in nanoseconds: the time base of every event.
   static int64_t NowNs() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -127,11 +133,12 @@ class Timeline {
   struct Event {
     const char* name;
     int64_t ts_ns;
-    int64_t dur_ns;  // kInstantDuration for an instant
+    int64_t dur_ns;  // kInstantDuration for an instant, kCounterSample for a counter
     int64_t arg;
     int32_t track;
   };
   static constexpr int64_t kInstantDuration = -1;
+  static constexpr int64_t kCounterSample = -2;  // arg is the counter's value
 
   Timeline(std::string path, int rank, std::FILE* file, TimelineOptions options);
   Timeline();  // disabled

@@ -21,6 +21,42 @@ std::vector<ParamSpec> Params(std::vector<std::pair<size_t, DType>> specs) {
   return out;
 }
 
+TEST(BucketPlan, UnitsNeverShareABucket) {
+  PlanOptions o;
+  o.first_bucket_cap_bytes = 1 << 20;
+  o.bucket_cap_bytes = 1 << 20;
+  o.align_bytes = 4;
+  o.shards = 2;
+  auto params = Params({{10, DType::kF32}, {20, DType::kF32}, {30, DType::kF32}, {40, DType::kF32},
+                        {50, DType::kBF16}});
+  const int units[] = {0, 0, 1, 1, 1};
+  for (int i = 0; i < 5; ++i) params[i].unit = units[i];
+  auto plan = BucketPlan::Build(params, o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // Reverse order: p4 (bf16, unit 1), p3 + p2 (f32, unit 1), p1 + p0 (f32, unit 0): without
+  // units p1 and p0 would join p3 and p2's bucket.
+  ASSERT_EQ(plan->buckets().size(), 3u);
+  EXPECT_EQ(plan->buckets()[0].params, (std::vector<int>{4}));
+  EXPECT_EQ(plan->buckets()[1].params, (std::vector<int>{3, 2}));
+  EXPECT_EQ(plan->buckets()[2].params, (std::vector<int>{1, 0}));
+  EXPECT_EQ(plan->buckets()[2].unit, 0);
+  EXPECT_EQ(plan->num_units(), 2);
+  EXPECT_EQ(plan->UnitBuckets(1), (std::vector<int>{0, 1}));
+  EXPECT_EQ(plan->UnitBuckets(0), (std::vector<int>{2}));
+  EXPECT_TRUE(plan->UnitBuckets(7).empty());
+  // Unit 0 leaves the fingerprint as it was before units existed; another unit changes it.
+  auto flat = params;
+  for (auto& p : flat) p.unit = 0;
+  auto plan0 = BucketPlan::Build(flat, o);
+  ASSERT_TRUE(plan0.ok());
+  EXPECT_NE(BucketPlan::ParamHash(params[2]), BucketPlan::ParamHash(flat[2]));
+  EXPECT_EQ(BucketPlan::ParamHash(params[0]), BucketPlan::ParamHash(flat[0]));
+  params[0].unit = -1;
+  auto bad = BucketPlan::Build(params, o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'p0' (id 100): unit must be >= 0"), std::string::npos) << bad.status();
+}
+
 TEST(BucketPlan, ReverseOrderCapsAndFirstBucket) {
   PlanOptions o;
   o.first_bucket_cap_bytes = 1024;  // 256 f32
