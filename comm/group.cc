@@ -19,6 +19,11 @@ absl::string_view CollectiveName(CollectiveKind k) {
   return "invalid-collective";
 }
 
+absl::Status Group::UseStream(DeviceStream stream) {
+  return absl::UnimplementedError(absl::StrCat("UseStream on group '", name(), "' (backend ",
+                                               backend_name(), "): its collectives run on no stream"));
+}
+
 size_t CollectiveArgs::send_count(int n) const {
   switch (kind) {
     case CollectiveKind::kReduceScatter: return count * static_cast<size_t>(n);

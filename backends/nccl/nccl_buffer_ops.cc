@@ -38,14 +38,14 @@ absl::Status NcclBufferOps::Zero(void* dst, size_t bytes) {
   if (bytes == 0) return absl::OkStatus();
   RETURN_IF_ERROR(SetDevice());
   CudaApi& cuda = *c_.apis.cuda;
-  return CudaStatus(cuda, cuda.MemsetAsync(dst, 0, bytes, c_.stream), What("cudaMemsetAsync"));
+  return CudaStatus(cuda, cuda.MemsetAsync(dst, 0, bytes, stream_.load()), What("cudaMemsetAsync"));
 }
 
 absl::Status NcclBufferOps::Copy(void* dst, const void* src, size_t bytes) {
   if (bytes == 0 || dst == src) return absl::OkStatus();
   RETURN_IF_ERROR(SetDevice());
   CudaApi& cuda = *c_.apis.cuda;
-  return CudaStatus(cuda, cuda.MemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c_.stream),
+  return CudaStatus(cuda, cuda.MemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_.load()),
                     What("cudaMemcpyAsync"));
 }
 
@@ -78,7 +78,7 @@ absl::Status NcclBufferOps::CastScale(const void* src, DType src_type, void* dst
   args.apply_mul = scale.apply_mul ? 1 : 0;
   args.mul = static_cast<float>(scale.mul);
   args.div = scale.div;
-  const int rc = c_.apis.kernels->CastScale(src, st, dst, dt, n, args, c_.stream);
+  const int rc = c_.apis.kernels->CastScale(src, st, dst, dt, n, args, stream_.load());
   return rc == 0 ? absl::OkStatus() : KernelError(rc, what());
 }
 
@@ -93,7 +93,7 @@ absl::Status NcclBufferOps::Add(const void* a, const void* b, void* dst, size_t 
     return absl::UnimplementedError(absl::StrCat(What(what()), ": no kernels (NcclApis::kernels)"));
   }
   RETURN_IF_ERROR(SetDevice());
-  const int rc = c_.apis.kernels->Add(a, b, dst, n, t, c_.stream);
+  const int rc = c_.apis.kernels->Add(a, b, dst, n, t, stream_.load());
   return rc == 0 ? absl::OkStatus() : KernelError(rc, what());
 }
 
@@ -101,13 +101,13 @@ absl::Status NcclBufferOps::WaitFor(DeviceEvent event) {
   if (!event) return absl::OkStatus();
   RETURN_IF_ERROR(SetDevice());
   CudaApi& cuda = *c_.apis.cuda;
-  return CudaStatus(cuda, cuda.StreamWaitEvent(c_.stream, static_cast<cudaEvent_t>(event.handle)),
+  return CudaStatus(cuda, cuda.StreamWaitEvent(stream_.load(), static_cast<cudaEvent_t>(event.handle)),
                     What("cudaStreamWaitEvent"));
 }
 
 absl::Status NcclBufferOps::Synchronize(absl::Time deadline) {
   RETURN_IF_ERROR(SetDevice());
-  absl::Status s = WaitForStream(c_.apis.cuda, c_.stream, deadline, What(""));
+  absl::Status s = WaitForStream(c_.apis.cuda, stream_.load(), deadline, What(""));
   if (absl::IsDeadlineExceeded(s)) {
     s = absl::DeadlineExceededError(
         absl::StrCat(What("synchronizing buffer operations"), ": not done by the deadline"));
@@ -119,7 +119,7 @@ absl::Status NcclBufferOps::CompleteAfter(const WorkPtr& work, absl::Time deadli
   RETURN_IF_ERROR(SetDevice());
   CudaApi& cuda = *c_.apis.cuda;
   ASSIGN_OR_RETURN(CudaEvent done, CudaEvent::Create(c_.apis.cuda));
-  RETURN_IF_ERROR(CudaStatus(cuda, cuda.EventRecord(done.get(), c_.stream),
+  RETURN_IF_ERROR(CudaStatus(cuda, cuda.EventRecord(done.get(), stream_.load()),
                              What(absl::StrCat("cudaEventRecord for ", work->info().Describe()))));
   work->set_device_event(DeviceEvent{done.get()});
   CompletionPoller::Tracked t;

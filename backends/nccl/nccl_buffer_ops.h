@@ -21,6 +21,7 @@
 #ifndef BRAID_BACKENDS_NCCL_NCCL_BUFFER_OPS_H_
 #define BRAID_BACKENDS_NCCL_NCCL_BUFFER_OPS_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -35,7 +36,7 @@ struct NcclBufferOpsConfig {
   NcclApis apis;
   std::shared_ptr<CompletionPoller> poller;
   std::shared_ptr<NcclComm> comm;       // whose stream failure aborts, as a collective's would
-  cudaStream_t stream = nullptr;        // the group's comm stream
+  cudaStream_t stream = nullptr;        // the group's comm stream (SetStream may replace it)
   std::shared_ptr<void> keep_alive;     // the stream's owner, held by tracked completions
   int device = 0;
   std::string group_name;               // names the group in errors
@@ -43,7 +44,8 @@ struct NcclBufferOpsConfig {
 
 class NcclBufferOps final : public BufferOps {
  public:
-  explicit NcclBufferOps(NcclBufferOpsConfig config) : c_(std::move(config)) {}
+  explicit NcclBufferOps(NcclBufferOpsConfig config)
+      : c_(std::move(config)), stream_(c_.stream) {}
 
   bool synchronous() const override { return false; }
   absl::StatusOr<OwnedBuffer> Allocate(size_t bytes, absl::string_view what) override;
@@ -53,7 +55,9 @@ class NcclBufferOps final : public BufferOps {
                          const ScaleSpec& scale) override;
   absl::Status Add(const void* a, const void* b, void* dst, size_t n, DType dtype) override;
   bool can_add() const override { return c_.apis.kernels != nullptr; }
-  DeviceStream stream() const override { return DeviceStream{c_.stream}; }
+  DeviceStream stream() const override { return DeviceStream{stream_.load()}; }
+  // Later operations are queued on `stream` (the group's UseStream).
+  void SetStream(cudaStream_t stream) { stream_.store(stream); }
   absl::Status WaitFor(DeviceEvent event) override;
   absl::Status Synchronize(absl::Time deadline) override;
   absl::Status CompleteAfter(const WorkPtr& work, absl::Time deadline) override;
@@ -65,6 +69,7 @@ class NcclBufferOps final : public BufferOps {
   std::string What(absl::string_view op) const;  // "cudaMemsetAsync on group 'world'"
 
   const NcclBufferOpsConfig c_;
+  std::atomic<cudaStream_t> stream_;  // where operations are queued: c_.stream or the caller's
 };
 
 }  // namespace braid::nccl

@@ -58,6 +58,12 @@ NcclGroup::NcclGroup(std::shared_ptr<const NcclContext> ctx, std::shared_ptr<Ncc
   ops_ = std::make_unique<NcclBufferOps>(std::move(c));
 }
 
+absl::Status NcclGroup::UseStream(DeviceStream stream) {
+  resources_->external.store(static_cast<cudaStream_t>(stream.handle));
+  ops_->SetStream(resources_->Stream());
+  return absl::OkStatus();
+}
+
 NcclGroup::~NcclGroup() {
   for (Call& c : coalesced_) {
     c.work->Complete(absl::CancelledError(absl::StrCat(
@@ -169,7 +175,7 @@ absl::Status NcclGroup::IssueLocked(const std::vector<Call>& calls, const WorkPt
                                     absl::Time deadline, absl::Duration timeout) {
   CudaApi& cuda = *ctx_->apis.cuda;
   NcclApi& nccl = *ctx_->apis.nccl;
-  const cudaStream_t stream = resources_->stream.get();
+  const cudaStream_t stream = resources_->Stream();
   RETURN_IF_ERROR(CudaStatus(cuda, cuda.SetDevice(ctx_->device), "cudaSetDevice"));
   RETURN_IF_ERROR(comm_->ReadyLocked(deadline));
   // 1. Readiness: the comm stream waits for each producer; the host does not.
@@ -235,7 +241,7 @@ absl::Status NcclGroup::IssueLocked(const std::vector<Call>& calls, const WorkPt
 absl::Status NcclGroup::EnqueueLocked(const CollectiveArgs& a, ncclRedOp_t op) {
   NcclApi& nccl = *ctx_->apis.nccl;
   const ncclComm_t h = comm_->handle();
-  const cudaStream_t stream = resources_->stream.get();
+  const cudaStream_t stream = resources_->Stream();
   const ncclDataType_t type = ToNcclType(a.dtype);
   switch (a.kind) {
     case CollectiveKind::kAllReduce:
@@ -263,7 +269,7 @@ absl::Status NcclGroup::EnqueueLocked(const CollectiveArgs& a, ncclRedOp_t op) {
 absl::StatusOr<std::vector<int32_t>> NcclGroup::ExchangeColors(int color, absl::Time deadline) {
   CudaApi& cuda = *ctx_->apis.cuda;
   NcclApi& nccl = *ctx_->apis.nccl;
-  const cudaStream_t stream = resources_->stream.get();
+  const cudaStream_t stream = resources_->Stream();
   const int n = size();
   const int r = rank();
   auto* host = static_cast<int32_t*>(resources_->pinned.get());

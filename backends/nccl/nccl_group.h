@@ -41,6 +41,7 @@
 #define BRAID_BACKENDS_NCCL_NCCL_GROUP_H_
 
 #include <cstdint>
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -93,7 +94,9 @@ class NcclGroup final : public Group {
   absl::Status StartCoalescing();
   absl::StatusOr<WorkPtr> EndCoalescing(absl::string_view label = {});
 
-  DeviceStream stream() const { return DeviceStream{resources_->stream.get()}; }
+  // Where the group's work is queued now: its own stream, or the one UseStream named.
+  DeviceStream stream() const { return DeviceStream{resources_->Stream()}; }
+  absl::Status UseStream(DeviceStream stream) override;
   const NcclComm& comm() const { return *comm_; }
 
  protected:
@@ -102,7 +105,12 @@ class NcclGroup final : public Group {
 
  private:
   struct Resources {
-    CudaStream stream;
+    CudaStream stream;  // the group's own
+    std::atomic<cudaStream_t> external{nullptr};  // UseStream's, not owned
+    cudaStream_t Stream() const {
+      cudaStream_t e = external.load();
+      return e != nullptr ? e : stream.get();
+    }
     DeviceBuffer scratch;  // barrier and split exchange: 8 bytes per rank
     DeviceBuffer pinned;   // host side of the split exchange: 4 bytes per rank
   };

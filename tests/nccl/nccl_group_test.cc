@@ -140,6 +140,58 @@ TEST(NcclGroup, CompletionEventOrdersConsumers) {
   ExpectClean(gpu);
 }
 
+// UseStream: the group's collectives and buffer operations go on the caller's stream (a
+// framework's prefetch stream) and back on the group's own once it is cleared.
+TEST(NcclGroup, UseStreamQueuesOnTheCallersStream) {
+  FakeGpu gpu;
+  std::vector<std::string> names(2), own(2);
+  RunFakeRanks(gpu, 2, FakeConfig(), [&](NcclGroup& g) {
+    cudaStream_t prefetch;
+    ASSERT_EQ(gpu.cuda->StreamCreate(&prefetch), cudaSuccess);
+    {
+      std::lock_guard<std::mutex> lock(gpu.cuda->mu());
+      names[g.rank()] = gpu.cuda->Name(prefetch);
+      own[g.rank()] = gpu.cuda->Name(static_cast<cudaStream_t>(g.stream().handle));
+    }
+    ASSERT_OK(g.UseStream(DeviceStream{prefetch}));
+    EXPECT_EQ(g.stream().handle, prefetch);
+    EXPECT_EQ(g.buffer_ops().stream().handle, prefetch);
+    std::vector<float> buf(8, 0.0f);
+    std::fill(buf.begin() + 4 * g.rank(), buf.begin() + 4 * g.rank() + 4, g.rank() + 1.0f);
+    std::vector<float> scratch(4, 1.0f);
+    ASSERT_OK(g.buffer_ops().Zero(scratch.data(), sizeof(float) * scratch.size()));
+    auto w = g.AllGather(buf.data() + 4 * g.rank(), buf.data(), 4, DType::kF32);
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_OK((*w)->Wait(kWait));
+    EXPECT_EQ(buf, (std::vector<float>{1, 1, 1, 1, 2, 2, 2, 2}));
+    EXPECT_EQ(scratch, std::vector<float>(4, 0.0f));  // ran before the gather on the same stream
+    ASSERT_OK(g.UseStream(DeviceStream{}));
+    EXPECT_NE(g.stream().handle, prefetch);
+    auto w2 = g.AllGather(buf.data() + 4 * g.rank(), buf.data(), 4, DType::kF32);
+    ASSERT_TRUE(w2.ok()) << w2.status();
+    ASSERT_OK((*w2)->Wait(kWait));
+    ASSERT_EQ(gpu.cuda->StreamDestroy(prefetch), cudaSuccess);
+  });
+  const std::vector<std::string> log = gpu.cuda->log();
+  // Each rank's first gather ran on its prefetch stream, the second on its own stream.
+  // The memset (buffer ops) and the completion events went there too.
+  int on_prefetch = 0, on_own = 0, memsets = 0, records = 0;
+  for (const std::string& line : log) {
+    for (int r = 0; r < 2; ++r) {
+      const bool prefetch = line.find("," + names[r] + ")") != std::string::npos;
+      if (line.rfind("AllGather(", 0) == 0 && prefetch) ++on_prefetch;
+      if (line.rfind("AllGather(", 0) == 0 && line.find("," + own[r] + ")") != std::string::npos) ++on_own;
+      if (line.rfind("MemsetAsync(", 0) == 0 && prefetch) ++memsets;
+      if (line.rfind("EventRecord(", 0) == 0 && prefetch) ++records;
+    }
+  }
+  EXPECT_EQ(memsets, 2) << absl::StrJoin(log, "\n");
+  EXPECT_GE(records, 2) << absl::StrJoin(log, "\n");
+  EXPECT_EQ(on_prefetch, 2) << absl::StrJoin(log, "\n");
+  EXPECT_EQ(on_own, 2) << absl::StrJoin(log, "\n");
+  ExpectClean(gpu);
+}
+
 // A bucket of reduce-scatters in one ncclGroupStart/End, one completion event for all.
 TEST(NcclGroup, CoalescedBucketIsOneGroupBracket) {
   FakeGpu gpu;
