@@ -62,7 +62,7 @@ extern "C" {
 #endif
 
 #define BRAID_VERSION_MAJOR 0
-#define BRAID_VERSION_MINOR 6
+#define BRAID_VERSION_MINOR 7
 #define BRAID_VERSION_PATCH 0
 /* Bumped whenever a struct layout, enum value or signature changes incompatibly. */
 #define BRAID_ABI_VERSION 1
@@ -422,6 +422,48 @@ BRAID_API braid_status_t braid_reducer_shard(braid_reducer_t* reducer, int bucke
                                              size_t* count);
 /* FAILED_PRECONDITION while an optimizer built on it is alive. */
 BRAID_API braid_status_t braid_reducer_destroy(braid_reducer_t* reducer);
+
+/* ---- Memory accounting -----------------------------------------------------------------------
+ * Every byte Braid allocates for a reducer's rank (its buckets, staging and partial sums, and
+ * the gatherer's and optimizer's buffers once an optimizer is built on it) is counted from
+ * allocation to free: current and peak, host and device apart, and per use. The figures are the
+ * bytes Braid asked for; the allocator's rounding and the caller's own buffers are not in them.
+ * With a timeline (timeline_prefix), each change is also a counter sample on its "memory" row.
+ *
+ *   braid_memory_stats_t m;  m.struct_size = sizeof m;
+ *   braid_memory_stats(reducer, &m);
+ *   printf("peak device bytes %lld\n", (long long)m.device.peak);
+ */
+typedef enum braid_memory_use {
+  BRAID_MEMORY_GRAD_BUCKETS = 0,     /* full-size gradient buckets (pooled ones included) */
+  BRAID_MEMORY_GRAD_SHARDS = 1,      /* kept gradient shards and partial sums */
+  BRAID_MEMORY_PARAM_GATHER = 2,     /* gathered (full) parameter buffers */
+  BRAID_MEMORY_PARAM_SHARDS = 3,     /* this rank's parameter shards */
+  BRAID_MEMORY_OPTIMIZER_STATE = 4,  /* master weights and moments */
+  BRAID_MEMORY_STAGING = 5,          /* reduce-dtype staging, statistics, transfers */
+  BRAID_MEMORY_USES = 6
+} braid_memory_use_t;
+
+typedef struct braid_memory_counter {
+  int64_t current; /* bytes allocated now */
+  int64_t peak;    /* the most allocated at once since creation or braid_memory_reset_peaks */
+} braid_memory_counter_t;
+
+/* An output struct: set struct_size to sizeof(braid_memory_stats_t) before the call; the
+ * library writes as many leading bytes as both it and the caller know. */
+typedef struct braid_memory_stats {
+  size_t struct_size;
+  braid_memory_counter_t host;
+  braid_memory_counter_t device;
+  braid_memory_counter_t by_use[BRAID_MEMORY_USES]; /* host and device together */
+  int64_t allocations;                              /* buffers allocated so far */
+} braid_memory_stats_t;
+
+/* This reducer's rank's figures (see above). Errors: INVALID_ARGUMENT (bad handle, NULL out,
+ * out->struct_size smaller than the counters' start). */
+BRAID_API braid_status_t braid_memory_stats(braid_reducer_t* reducer, braid_memory_stats_t* out);
+/* Every peak becomes the current value (to measure one phase's peak). */
+BRAID_API braid_status_t braid_memory_reset_peaks(braid_reducer_t* reducer);
 
 /* ---- Sharded optimizer -----------------------------------------------------------------------
  * AdamW or SGD over this rank's shard of every bucket of a reduce-scatter or hybrid reducer,

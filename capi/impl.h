@@ -16,6 +16,7 @@
 #include "comm/work.h"
 #include "optim/sharded_optimizer.h"
 #include "scheduler/gradient_reducer.h"
+#include "scheduler/memory_stats.h"
 #include "scheduler/param_gatherer.h"
 #include "scheduler/timeline.h"
 
@@ -49,6 +50,9 @@ struct ReducerImpl {
   std::shared_ptr<GroupImpl> shard, replica;  // replica may be null
   int device = BRAID_DEVICE_HOST;             // braid_reducer_options_t.device
   std::unique_ptr<sched::Timeline> timeline;  // outlives the reducer (declared before it)
+  // Counts the reducer's, gatherer's and optimizer's buffers (braid_memory_stats); declared
+  // before them so it outlives every counted buffer.
+  std::unique_ptr<sched::MemoryStats> memory = std::make_unique<sched::MemoryStats>();
   std::unique_ptr<sched::GradientReducer> reducer;
   // Between a successful begin_backward (reducer's or optimizer's) and the next finish: the
   // C++ reducer does not expose it, and zero_grads must refuse then.

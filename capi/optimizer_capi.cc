@@ -65,6 +65,7 @@ absl::Status Build(OptimizerImpl& impl, const optim::OptimizerConfig& config) {
   sched::GathererConfig gc;
   gc.timeout = config.timeout;
   gc.timeline = impl.reducer->timeline.get();
+  gc.memory = impl.reducer->memory.get();
   ASSIGN_OR_RETURN(impl.gatherer, sched::ParamGatherer::Create(impl.reducer->reducer->plan(),
                                                                impl.gather_group.get(), gc));
   std::lock_guard<std::mutex> lock(shard.mu);  // Create splits the shard group once more
@@ -126,6 +127,7 @@ braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
     if (impl->reducer->device != BRAID_DEVICE_HOST) {
       config.device_kernels = braid::optim::CudaStepKernels();
     }
+    config.memory = impl->reducer->memory.get();
     RETURN_IF_ERROR(braid::capi::Build(*impl, config));
     ASSIGN_OR_RETURN(*out, braid::capi::Register(std::move(impl), {reducer}));
     return absl::OkStatus();

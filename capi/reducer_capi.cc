@@ -1,5 +1,7 @@
 // C API: the gradient reducer.
+#include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -143,7 +145,9 @@ braid_status_t braid_reducer_create(braid_group_t* shard, braid_group_t* replica
       ASSIGN_OR_RETURN(impl->timeline,
                        braid::sched::Timeline::Create(o.timeline_prefix, impl->shard->world_rank));
       config.timeline = impl->timeline.get();
+      impl->memory->SetTimeline(impl->timeline.get());
     }
+    config.memory = impl->memory.get();
     braid::sched::ReducerGroups groups{impl->shard->group.get(),
                                        impl->replica ? impl->replica->group.get() : nullptr};
     {
@@ -265,6 +269,37 @@ braid_status_t braid_reducer_shard(braid_reducer_t* reducer, int bucket, void** 
 braid_status_t braid_reducer_destroy(braid_reducer_t* reducer) {
   return Guard("braid_reducer_destroy",
                [&] { return braid::capi::Destroy(reducer, Tag::kReducer, "reducer"); });
+}
+
+braid_status_t braid_memory_stats(braid_reducer_t* reducer, braid_memory_stats_t* out) {
+  return Guard("braid_memory_stats", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
+    RETURN_IF_ERROR(CheckNotNull(out, "out"));
+    if (out->struct_size < offsetof(braid_memory_stats_t, device)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "out->struct_size ", out->struct_size, " is too small (set it to sizeof(braid_memory_stats_t), ",
+          sizeof(braid_memory_stats_t), ")"));
+    }
+    const braid::sched::MemorySnapshot s = r->memory->Snapshot();
+    braid_memory_stats_t m;
+    std::memset(&m, 0, sizeof m);
+    m.struct_size = std::min(out->struct_size, sizeof m);
+    m.host = {s.host.current, s.host.peak};
+    m.device = {s.device.current, s.device.peak};
+    static_assert(BRAID_MEMORY_USES == braid::sched::kMemoryUses, "braid_memory_use_t mirrors MemoryUse");
+    for (int u = 0; u < BRAID_MEMORY_USES; ++u) m.by_use[u] = {s.by_use[u].current, s.by_use[u].peak};
+    m.allocations = s.allocations;
+    std::memcpy(out, &m, m.struct_size);
+    return absl::OkStatus();
+  });
+}
+
+braid_status_t braid_memory_reset_peaks(braid_reducer_t* reducer) {
+  return Guard("braid_memory_reset_peaks", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
+    r->memory->ResetPeaks();
+    return absl::OkStatus();
+  });
 }
 
 }  // extern "C"

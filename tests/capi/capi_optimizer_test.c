@@ -90,6 +90,47 @@ static int params_equal(braid_optimizer_t* opt, float* want[P], int rank, const 
   return ok;
 }
 
+/* braid_memory_stats: host only, the per-use figures add up, the sizes match the model
+ * (f32 parameters: buckets hold at least every gradient; AdamW keeps master, m and v of equal
+ * size); with_optimizer == 0 after its destroy: its state is freed, its peak remembered. */
+static void check_memory(braid_reducer_t* red, int with_optimizer) {
+  braid_memory_stats_t m;
+  size_t grads = 0;
+  int i;
+  int64_t sum = 0;
+  for (i = 0; i < P; ++i) grads += kCounts[i] * sizeof(float);
+  memset(&m, 0xff, sizeof m);
+  m.struct_size = sizeof m;
+  EXPECT_OK(braid_memory_stats(red, &m));
+  EXPECT_TRUE(m.struct_size == sizeof m);
+  EXPECT_TRUE(m.device.current == 0 && m.device.peak == 0);
+  for (i = 0; i < BRAID_MEMORY_USES; ++i) {
+    sum += m.by_use[i].current;
+    EXPECT_TRUE(m.by_use[i].peak >= m.by_use[i].current);
+  }
+  EXPECT_TRUE(sum == m.host.current);
+  EXPECT_TRUE(m.by_use[BRAID_MEMORY_GRAD_BUCKETS].current >= (int64_t)grads);
+  EXPECT_TRUE(m.host.peak >= m.host.current && m.allocations > 0);
+  if (with_optimizer) {
+    /* ZeRO-2: the gatherer keeps every full bucket; AdamW three shard-size f32 buffers. */
+    EXPECT_TRUE(m.by_use[BRAID_MEMORY_PARAM_GATHER].current >= (int64_t)grads);
+    EXPECT_TRUE(m.by_use[BRAID_MEMORY_OPTIMIZER_STATE].current > 0);
+    EXPECT_TRUE(m.by_use[BRAID_MEMORY_OPTIMIZER_STATE].current % 3 == 0);
+  } else {
+    EXPECT_TRUE(m.by_use[BRAID_MEMORY_OPTIMIZER_STATE].current == 0);
+    EXPECT_TRUE(m.by_use[BRAID_MEMORY_PARAM_GATHER].current == 0);
+    EXPECT_TRUE(m.by_use[BRAID_MEMORY_OPTIMIZER_STATE].peak > 0);
+    EXPECT_OK(braid_memory_reset_peaks(red));
+    EXPECT_OK(braid_memory_stats(red, &m));
+    EXPECT_TRUE(m.by_use[BRAID_MEMORY_OPTIMIZER_STATE].peak == 0);
+    EXPECT_TRUE(m.host.peak == m.host.current);
+    m.struct_size = 8;
+    EXPECT_TRUE(braid_memory_stats(red, &m) == BRAID_INVALID_ARGUMENT);
+    EXPECT_TRUE(strstr(braid_last_error(), "struct_size 8 is too small") != NULL);
+    EXPECT_TRUE(braid_memory_stats(NULL, &m) == BRAID_INVALID_ARGUMENT);
+  }
+}
+
 static void* rank_main(void* arg) {
   const int rank = *(const int*)arg;
   braid_param_t params[P];
@@ -152,7 +193,9 @@ static void* rank_main(void* arg) {
   run_step(red, opt, rank, 3);
   EXPECT_TRUE(params_equal(opt, after4, rank, "resumed step 4"));
 
+  check_memory(red, 1);
   EXPECT_OK(braid_optimizer_destroy(opt));
+  check_memory(red, 0);
   EXPECT_OK(braid_reducer_destroy(red));
   for (i = 0; i < P; ++i) {
     free(want[i]);

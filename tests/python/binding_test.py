@@ -77,7 +77,7 @@ def _header_structs(text):
     for m in re.finditer(r"typedef struct (braid_\w+) \{(.*?)\} \w+;", text, flags=re.S):
         fields = []
         for decl in m.group(2).split(";"):
-            decl = decl.strip()
+            decl = re.sub(r"\[[^\]]*\]", "", decl).strip()  # "by_use[N]" -> "by_use"
             if not decl:
                 continue
             # "double beta1, beta2, eps" -> three fields; the name is each declarator's last word
@@ -96,7 +96,9 @@ class HeaderLayoutTest(unittest.TestCase):
                "braid_collective_options": _lib.CollectiveOptions,
                "braid_param": _lib.Param,
                "braid_reducer_options": _lib.ReducerOptions,
-               "braid_optimizer_options": _lib.OptimizerOptions}
+               "braid_optimizer_options": _lib.OptimizerOptions,
+               "braid_memory_counter": _lib.MemoryCounter,
+               "braid_memory_stats": _lib.MemoryStats}
 
     def setUp(self):
         with open(_header_path()) as f:
@@ -117,8 +119,8 @@ class HeaderLayoutTest(unittest.TestCase):
 
     def test_struct_sizes_and_defaults_match_library(self):
         for name, ctype in self.STRUCTS.items():
-            if name == "braid_param":
-                continue
+            if name in ("braid_param", "braid_memory_counter", "braid_memory_stats"):
+                continue  # no _init: an array element, or output structs
             opts = _lib.init_options(ctype, name + "_init")
             self.assertEqual(opts.struct_size, ctypes.sizeof(ctype), name)
         # Defaults at the binding's offsets of the appended (0.6) fields.
@@ -332,6 +334,21 @@ class ErrorsTest(unittest.TestCase):
                 g, [(0, 4, "float32", "x"), (0, 4, "float32", "y")]), "0")
             self.assertBraidError("FAILED_PRECONDITION", g.close)  # the reducer uses it
             red.close()
+            g.close()
+
+    def test_memory_stats(self):
+        with braid.World("local", local_ranks=1, read_env=False) as world:
+            g = world.group(0)
+            red = braid.Reducer(g, [(0, 1000, "float32", "w"), (1, 24, "float32", "b")])
+            m = red.memory_stats()
+            self.assertEqual(m["device"], (0, 0))
+            self.assertGreaterEqual(m["by_use"]["grad_buckets"][0], 1024 * 4)
+            self.assertEqual(sum(c for c, _ in m["by_use"].values()), m["host"][0])
+            self.assertGreater(m["allocations"], 0)
+            red.reset_memory_peaks()
+            self.assertEqual(red.memory_stats()["host"][1], m["host"][0])
+            red.close()
+            self.assertRaisesRegex(ValueError, "Reducer is closed", red.memory_stats)
             g.close()
 
 

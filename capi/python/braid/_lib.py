@@ -102,6 +102,20 @@ class OptimizerOptions(ctypes.Structure):
                 ("timeout_ms", ctypes.c_int64)]
 
 
+MEMORY_USES = ("grad_buckets", "grad_shards", "param_gather", "param_shards",
+               "optimizer_state", "staging")  # braid_memory_use_t, in value order
+
+
+class MemoryCounter(ctypes.Structure):
+    _fields_ = [("current", ctypes.c_int64), ("peak", ctypes.c_int64)]
+
+
+class MemoryStats(ctypes.Structure):  # an output struct: the caller sets struct_size
+    _fields_ = [("struct_size", ctypes.c_size_t), ("host", MemoryCounter),
+                ("device", MemoryCounter), ("by_use", MemoryCounter * len(MEMORY_USES)),
+                ("allocations", ctypes.c_int64)]
+
+
 _p = ctypes.c_void_p  # every handle is an opaque pointer-sized token
 _pp = ctypes.POINTER(ctypes.c_void_p)
 _i = ctypes.c_int
@@ -155,6 +169,8 @@ _SIGNATURES = {
     "braid_reducer_param_bucket": (_st, [_p, _i64, ctypes.POINTER(_i)]),
     "braid_reducer_shard": (_st, [_p, _i, _pp, ctypes.POINTER(_sz)]),
     "braid_reducer_destroy": (_st, [_p]),
+    "braid_memory_stats": (_st, [_p, ctypes.POINTER(MemoryStats)]),
+    "braid_memory_reset_peaks": (_st, [_p]),
     "braid_optimizer_options_init": (None, [ctypes.POINTER(OptimizerOptions)]),
     "braid_optimizer_create": (_st, [_p, ctypes.POINTER(OptimizerOptions), _pp]),
     "braid_optimizer_set_param": (_st, [_p, _i64, _p]),

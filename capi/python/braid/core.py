@@ -451,6 +451,22 @@ class Reducer(_Handle):
         _lib.call("braid_reducer_param_bucket", self.handle, pid, ctypes.byref(b))
         return b.value
 
+    def memory_stats(self):
+        """Bytes Braid allocated for this reducer's rank (its buckets, and the gatherer's and
+        optimizer's buffers once an optimizer is built on it), counted from allocation to free:
+        {"host": (current, peak), "device": (current, peak), "by_use": {use: (current, peak)},
+        "allocations": n}, uses as braid_memory_use_t ("grad_buckets", "optimizer_state", ...)."""
+        m = _lib.MemoryStats()
+        m.struct_size = ctypes.sizeof(m)
+        _lib.call("braid_memory_stats", self.handle, ctypes.byref(m))
+        pair = lambda c: (c.current, c.peak)  # noqa: E731
+        return {"host": pair(m.host), "device": pair(m.device),
+                "by_use": {u: pair(m.by_use[i]) for i, u in enumerate(_lib.MEMORY_USES)},
+                "allocations": m.allocations}
+
+    def reset_memory_peaks(self):
+        _lib.call("braid_memory_reset_peaks", self.handle)
+
     def shard(self, bucket):
         """(address, element count) of this rank's shard of `bucket`."""
         ptr, count = ctypes.c_void_p(), ctypes.c_size_t()
