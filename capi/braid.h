@@ -338,7 +338,7 @@ typedef struct braid_param {
 #define BRAID_DEVICE_HOST (-1)         /* braid_reducer_options_t.device default */
 
 /* Versions (struct_size): 0.5 ends after timeline_prefix (56 bytes on LP64); 0.6 adds
- * device. */
+ * device; 0.7 adds param_units and shard_gradients. */
 typedef struct braid_reducer_options {
   size_t struct_size;
   braid_reduce_mode_t mode;        /* default BRAID_MODE_ALLREDUCE */
@@ -362,6 +362,21 @@ typedef struct braid_reducer_options {
    * gradients; f16 reduced natively with its pre/post-divide, BRAID_REDUCE_SCATTER_ONLY's
    * partial sums added on the device). */
   int device;
+  /* ---- 0.7: fully sharded training (ZeRO-3 / FSDP). */
+  /* NULL (default): every parameter is in unit 0. Else n entries (the n of
+   * braid_reducer_create), copied: param_units[i] >= 0 is params[i]'s unit, the framework's
+   * wrapping unit (e.g. one transformer block). A bucket never mixes units, so a unit is
+   * gathered and released as whole buckets (braid_reducer_unit_buckets). */
+  const int* param_units;
+  /* 1: FSDP's gradient memory (reduce-scatter and hybrid modes only). Full-size bucket storage
+   * exists only while a bucket is being filled and reduced: gradients are handed over at mark
+   * time (braid_reducer_mark_ready_grad copies them in), and once a bucket's synced reduction
+   * completed only this rank's shard is kept (braid_reducer_shard); the bucket's storage
+   * returns to a pool that later buckets reuse. Live gradient memory: the shards plus the
+   * buckets in flight. BRAID_NO_SYNC keeps full buckets for the whole accumulation window
+   * (that is no_sync's memory cost, as in FSDP); BRAID_REDUCE_SCATTER_ONLY accumulates into the
+   * kept shard. braid_reducer_grad then fails (FAILED_PRECONDITION). 0 (default): off. */
+  int shard_gradients;
 } braid_reducer_options_t;
 
 BRAID_API void braid_reducer_options_init(braid_reducer_options_t* opts);
@@ -402,6 +417,16 @@ BRAID_API braid_status_t braid_reducer_begin_backward(braid_reducer_t* reducer,
  * twice in this backward, or outside a backward: before begin or after finish). */
 BRAID_API braid_status_t braid_reducer_mark_ready(braid_reducer_t* reducer, int64_t id,
                                                   void* device_event);
+/* mark_ready with the gradient's values: copies `grad` (the parameter's registered count and
+ * dtype; host memory, or device memory on a device reducer, read after `device_event`) into
+ * its bucket, so the caller may free or reuse `grad` once the call returned (device: once the
+ * comm stream passed the copy, i.e. after the bucket's work completed). In a BRAID_NO_SYNC
+ * backward and in the synced backward after it, values are added to what the window
+ * accumulated (the first mark of a parameter in the window copies, later ones add). The
+ * gradient path of shard_gradients reducers; works on every reducer. Errors as mark_ready,
+ * plus INVALID_ARGUMENT for a NULL grad. */
+BRAID_API braid_status_t braid_reducer_mark_ready_grad(braid_reducer_t* reducer, int64_t id,
+                                                       const void* grad, void* device_event);
 /* Returns once every reduction of this backward completed. Errors: FAILED_PRECONDITION
  * (unmarked parameters, named, without allow_unused; no backward; an optimizer owns the
  * backward), TIMEOUT / PEER_ERROR naming bucket and group. */
@@ -416,6 +441,13 @@ BRAID_API braid_status_t braid_reducer_num_buckets(braid_reducer_t* reducer, int
 /* *bucket = the bucket holding parameter `id` (NOT_FOUND for an unknown id). */
 BRAID_API braid_status_t braid_reducer_param_bucket(braid_reducer_t* reducer, int64_t id,
                                                     int* bucket);
+/* The buckets of unit `unit` (param_units), in bucket order. *count = their number (always
+ * written); `buckets` may be NULL (count only); OUT_OF_RANGE when capacity < *count. A unit no
+ * parameter names has no buckets. INVALID_ARGUMENT for unit < 0. */
+BRAID_API braid_status_t braid_reducer_unit_buckets(braid_reducer_t* reducer, int unit,
+                                                    int* buckets, int capacity, int* count);
+/* *units = 1 + the largest unit any parameter names. */
+BRAID_API braid_status_t braid_reducer_num_units(braid_reducer_t* reducer, int* units);
 /* This rank's shard of `bucket` (bucket dtype; reduce-scatter and hybrid modes: the averaged
  * shard after finish_backward). OUT_OF_RANGE for a bucket outside [0, num_buckets). */
 BRAID_API braid_status_t braid_reducer_shard(braid_reducer_t* reducer, int bucket, void** data,
@@ -490,6 +522,38 @@ typedef struct braid_optimizer_options {
   double max_grad_norm;         /* > 0: exact global-norm clipping; default 0 (off) */
   int overlap;                  /* 1 (default): step buckets as they arrive; 0: call step */
   int64_t timeout_ms;           /* every wait; default 300000 */
+  /* ---- 0.7: fully sharded training (ZeRO-3 / FSDP) and offload. */
+  /* 1: parameters live only as this rank's shard between uses. The framework brackets each
+   * unit's use with braid_unit_enter / braid_unit_exit (below); a unit's buckets are
+   * all-gathered (one coalesced call per bucket into a pooled flat buffer) before it is read
+   * and released after. The optimizer writes updated shards and gathers nothing itself. The
+   * first step records the forward unit order; braid_optimizer_end_step after it checks that
+   * every rank recorded the same one; later steps prefetch in that order (backward in reverse).
+   * braid_optimizer_param is valid only while its unit is entered. 0 (default): ZeRO-2 (the
+   * optimizer all-gathers every bucket after its step; the full parameters stay). */
+  int fully_sharded;
+  /* fully_sharded: 1 (default) release a unit at braid_unit_exit(FORWARD) and gather it again
+   * for its backward; 0 keep it gathered until braid_unit_exit(BACKWARD) (FSDP2's
+   * reshard_after_forward=False: less communication, more memory). */
+  int reshard_after_forward;
+  /* fully_sharded: units prefetched ahead (default 1; 0: none). */
+  int prefetch;
+  /* fully_sharded: limit on gathered-but-not-released bytes (FSDP's limit_all_gathers,
+   * DeepSpeed's max_live_parameters); a prefetch that would exceed it waits for a release.
+   * A unit being entered is always gathered, so the limit must be at least the largest unit's
+   * bytes (INVALID_ARGUMENT otherwise) and holds when each unit is exited before the one after
+   * next is entered. 0 (default): 2 x the largest unit's bytes. */
+  int64_t max_live_bytes;
+  /* Device reducers: 1 keeps master weights and moments in host memory (ZeRO-Offload): each
+   * bucket's reduced shard is copied to the host as its reduction completes, stepped there by
+   * the CPU kernel while backward continues, and the updated shard copied back before its
+   * gather. 0 (default): on the device. Host reducers: must be 0. */
+  int offload;
+  /* nccl: the stream gathers run on (a cudaStream_t of the framework's, e.g. its prefetch
+   * stream; not owned, must outlive the optimizer). NULL (default): Braid's own gather stream.
+   * Host backends: must be NULL. Either way braid_optimizer_gather_event gives each gather's
+   * completion event for the consumer stream to wait on. */
+  void* gather_stream;
 } braid_optimizer_options_t;
 
 BRAID_API void braid_optimizer_options_init(braid_optimizer_options_t* opts);
@@ -541,6 +605,58 @@ BRAID_API braid_status_t braid_optimizer_load(braid_optimizer_t* opt, const char
  * else -1). Any out-pointer may be NULL. */
 BRAID_API braid_status_t braid_optimizer_last_step(braid_optimizer_t* opt, int64_t* rounds,
                                                    int* skipped, double* grad_norm);
+/* *event = the device completion event of `bucket`'s latest all-gather (nccl: recorded on the
+ * gather stream; cudaStreamWaitEvent(consumer, event, 0) orders a consumer after it without a
+ * host wait); NULL when the bucket was never gathered or on host backends. Valid until the
+ * bucket's next gather; Braid owns it. OUT_OF_RANGE for an unknown bucket. */
+BRAID_API braid_status_t braid_optimizer_gather_event(braid_optimizer_t* opt, int bucket,
+                                                      void** event);
+
+/* ---- Fully sharded units (braid_optimizer_options_t.fully_sharded) ---------------------------
+ * The framework's hooks bracket each unit's use; Braid gathers, releases and prefetches:
+ *
+ *   for each step:
+ *     for u in forward order:  braid_unit_enter(opt, u, BRAID_PHASE_FORWARD);
+ *                              ... forward reads braid_optimizer_param(opt, id) of u ...
+ *                              braid_unit_exit(opt, u, BRAID_PHASE_FORWARD);
+ *     braid_optimizer_begin_backward(opt, BRAID_SYNC);
+ *     for u in reverse order:  braid_unit_enter(opt, u, BRAID_PHASE_BACKWARD);
+ *                              ... backward: braid_reducer_mark_ready_grad(red, id, g, ev) ...
+ *                              braid_unit_exit(opt, u, BRAID_PHASE_BACKWARD);
+ *     braid_optimizer_finish_backward(opt);
+ *     braid_optimizer_end_step(opt);
+ *
+ * RANK-ORDER CONTRACT: every rank enters the units in the same order. Gathers are launched
+ * only in the recorded order (a prefetch is an earlier launch of the next unit, never a
+ * reordering), so their sequence on the gather group is the same on every rank whatever the
+ * timing. After the first step, entering a unit out of the recorded order is an error naming
+ * the expected and the actual unit, unless that unit is gathered already (e.g. a root unit
+ * kept from forward to backward); braid_optimizer_end_step reports a forward order that
+ * differs across ranks, naming the ranks. */
+typedef enum braid_phase {
+  BRAID_PHASE_FORWARD = 0,
+  BRAID_PHASE_BACKWARD = 1
+} braid_phase_t;
+
+/* The unit is about to be read: returns once every bucket of it is gathered (waiting for the
+ * optimizer's update of its shards first), after starting the prefetch of the next unit(s).
+ * Errors: FAILED_PRECONDITION (optimizer not fully_sharded; the order deviates, naming the
+ * units), INVALID_ARGUMENT (unit < 0 or holding no bucket), TIMEOUT / PEER_ERROR naming the
+ * bucket. */
+BRAID_API braid_status_t braid_unit_enter(braid_optimizer_t* opt, int unit, braid_phase_t phase);
+/* The unit's last read in this phase is done (BACKWARD: every gradient of it was marked).
+ * Releases its buckets (FORWARD: unless reshard_after_forward is 0); may start a prefetch that
+ * waited for room. Any thread. FAILED_PRECONDITION when the unit was not entered in `phase`. */
+BRAID_API braid_status_t braid_unit_exit(braid_optimizer_t* opt, int unit, braid_phase_t phase);
+/* The step's units are done. After the first step: collective over the shard group, checks
+ * that every rank recorded the same forward order (FAILED_PRECONDITION naming the ranks and
+ * their orders) and turns prefetching on. FAILED_PRECONDITION when a unit is still entered. */
+BRAID_API braid_status_t braid_optimizer_end_step(braid_optimizer_t* opt);
+/* Collective over the shard group (outside a step, at the same point on every rank): gathers
+ * every bucket and keeps it (on = 1), so braid_optimizer_param reads every parameter, e.g. for
+ * evaluation or export (FSDP's summon_full_params); on = 0 releases them. Between the two the
+ * units are not entered. Non-fully-sharded optimizers: waits for every parameter (on = 1). */
+BRAID_API braid_status_t braid_optimizer_summon_params(braid_optimizer_t* opt, int on);
 /* Stops the optimizer's stepper thread (a step still waiting for reductions is cancelled),
  * waits for all-gathers in flight, then frees the optimizer, its gatherer and gather group.
  * The reducer stays usable (its own begin/finish_backward work again). */
