@@ -41,6 +41,15 @@ absl::StatusOr<optim::OptimizerConfig> ToConfig(const braid_optimizer_options_t&
   RETURN_IF_ERROR(CheckFlag(o.nesterov, "nesterov"));
   RETURN_IF_ERROR(CheckFlag(o.skip_nonfinite, "skip_nonfinite"));
   RETURN_IF_ERROR(CheckFlag(o.overlap, "overlap"));
+  RETURN_IF_ERROR(CheckFlag(o.fully_sharded, "fully_sharded"));
+  RETURN_IF_ERROR(CheckFlag(o.reshard_after_forward, "reshard_after_forward"));
+  RETURN_IF_ERROR(CheckFlag(o.offload, "offload"));
+  if (o.prefetch < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("opts->prefetch must be >= 0, got ", o.prefetch));
+  }
+  if (o.max_live_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("opts->max_live_bytes must be >= 0, got ", o.max_live_bytes));
+  }
   RETURN_IF_ERROR(CheckTimeoutMs(o.timeout_ms, "opts->timeout_ms"));
   optim::GroupHyper h;
   h.adamw = optim::AdamWHyper{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
@@ -99,6 +108,12 @@ void braid_optimizer_options_init(braid_optimizer_options_t* opts) {
   opts->max_grad_norm = c.max_grad_norm;
   opts->overlap = c.overlap ? 1 : 0;
   opts->timeout_ms = absl::ToInt64Milliseconds(c.timeout);
+  opts->fully_sharded = 0;
+  opts->reshard_after_forward = 1;
+  opts->prefetch = 1;
+  opts->max_live_bytes = 0;
+  opts->offload = 0;
+  opts->gather_stream = nullptr;
 }
 
 braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
@@ -121,7 +136,9 @@ braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
     }
     braid_optimizer_options_t o;
     braid_optimizer_options_init(&o);
-    RETURN_IF_ERROR(braid::capi::ReadOptions(opts, "braid_optimizer_options_t", &o));
+    // 0.5 and 0.6's struct ended after timeout_ms.
+    RETURN_IF_ERROR(braid::capi::ReadVersionedOptions(
+        opts, {offsetof(braid_optimizer_options_t, fully_sharded)}, "braid_optimizer_options_t", &o));
     ASSIGN_OR_RETURN(braid::optim::OptimizerConfig config, braid::capi::ToConfig(o));
     // Device parameters: the fused CUDA kernels, queued on the shard group's comm stream.
     if (impl->reducer->device != BRAID_DEVICE_HOST) {
@@ -232,6 +249,20 @@ braid_status_t braid_optimizer_last_step(braid_optimizer_t* opt, int64_t* rounds
     if (rounds != nullptr) *rounds = r.rounds;
     if (skipped != nullptr) *skipped = r.skipped ? 1 : 0;
     if (grad_norm != nullptr) *grad_norm = r.grad_norm;
+    return absl::OkStatus();
+  });
+}
+
+braid_status_t braid_optimizer_gather_event(braid_optimizer_t* opt, int bucket, void** event) {
+  return Guard("braid_optimizer_gather_event", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto o, Find<OptimizerImpl>(opt, "opt"));
+    RETURN_IF_ERROR(CheckNotNull(event, "event"));
+    if (bucket < 0 || bucket >= o->gatherer->num_buckets()) {
+      return absl::OutOfRangeError(absl::StrCat("bucket ", bucket, " is outside [0, ",
+                                                o->gatherer->num_buckets(), ")"));
+    }
+    braid::WorkPtr w = o->gatherer->GatherWork(bucket);
+    *event = w != nullptr ? w->device_event().handle : nullptr;
     return absl::OkStatus();
   });
 }

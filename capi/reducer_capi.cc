@@ -27,7 +27,7 @@ namespace braid::capi {
 namespace {
 
 absl::StatusOr<std::vector<sched::ParamSpec>> ToSpecs(const braid_param_t* params, size_t n,
-                                                     Device device) {
+                                                     Device device, const int* units) {
   if (params == nullptr && n > 0) {
     return absl::InvalidArgumentError(absl::StrCat("argument 'params' is NULL with n = ", n));
   }
@@ -40,6 +40,13 @@ absl::StatusOr<std::vector<sched::ParamSpec>> ToSpecs(const braid_param_t* param
     specs[i].device = device;
     const std::string what = absl::StrCat("params[", i, "] (", specs[i].Label(), "): dtype");
     ASSIGN_OR_RETURN(specs[i].dtype, ToDType(RawEnum(p.dtype), what.c_str()));
+    if (units != nullptr) {
+      if (units[i] < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("opts->param_units[", i, "] (", specs[i].Label(),
+                                                       ") must be >= 0, got ", units[i]));
+      }
+      specs[i].unit = units[i];
+    }
   }
   return specs;
 }
@@ -70,6 +77,14 @@ absl::StatusOr<sched::ReducerConfig> ToConfig(const braid_reducer_options_t& o) 
     }
   }
   RETURN_IF_ERROR(CheckTimeoutMs(o.timeout_ms, "opts->timeout_ms"));
+  if (o.shard_gradients != 0 && o.shard_gradients != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("opts->shard_gradients must be 0 or 1, got ", o.shard_gradients));
+  }
+  if (o.shard_gradients == 1 && c.mode == sched::ReduceMode::kAllReduce) {
+    return absl::InvalidArgumentError(
+        "opts->shard_gradients needs BRAID_MODE_REDUCE_SCATTER or BRAID_MODE_HYBRID (all-reduce "
+        "mode keeps every full gradient)");
+  }
   if (o.device < BRAID_DEVICE_HOST) {
     return absl::InvalidArgumentError(absl::StrCat(
         "opts->device must be BRAID_DEVICE_HOST (-1) or a CUDA device index >= 0, got ",
@@ -131,7 +146,8 @@ braid_status_t braid_reducer_create(braid_group_t* shard, braid_group_t* replica
     braid_reducer_options_init(&o);
     // 0.5's struct ended after timeline_prefix.
     RETURN_IF_ERROR(braid::capi::ReadVersionedOptions(
-        opts, {offsetof(braid_reducer_options_t, device)}, "braid_reducer_options_t", &o));
+        opts, {offsetof(braid_reducer_options_t, device), offsetof(braid_reducer_options_t, param_units)},
+        "braid_reducer_options_t", &o));
     ASSIGN_OR_RETURN(braid::sched::ReducerConfig config, braid::capi::ToConfig(o));
     if (replica != nullptr && config.mode != braid::sched::ReduceMode::kHybrid) {
       return absl::InvalidArgumentError(
@@ -140,7 +156,7 @@ braid_status_t braid_reducer_create(braid_group_t* shard, braid_group_t* replica
     impl->device = o.device;
     const braid::Device device =
         o.device == BRAID_DEVICE_HOST ? braid::Device::Cpu() : braid::Device::Cuda(o.device);
-    ASSIGN_OR_RETURN(auto specs, braid::capi::ToSpecs(params, n, device));
+    ASSIGN_OR_RETURN(auto specs, braid::capi::ToSpecs(params, n, device, o.param_units));
     if (o.timeline_prefix != nullptr && o.timeline_prefix[0] != '\0') {
       ASSIGN_OR_RETURN(impl->timeline,
                        braid::sched::Timeline::Create(o.timeline_prefix, impl->shard->world_rank));
@@ -269,6 +285,32 @@ braid_status_t braid_reducer_shard(braid_reducer_t* reducer, int bucket, void** 
 braid_status_t braid_reducer_destroy(braid_reducer_t* reducer) {
   return Guard("braid_reducer_destroy",
                [&] { return braid::capi::Destroy(reducer, Tag::kReducer, "reducer"); });
+}
+
+braid_status_t braid_reducer_unit_buckets(braid_reducer_t* reducer, int unit, int* buckets,
+                                          int capacity, int* count) {
+  return Guard("braid_reducer_unit_buckets", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
+    RETURN_IF_ERROR(CheckNotNull(count, "count"));
+    if (unit < 0) return absl::InvalidArgumentError(absl::StrCat("unit must be >= 0, got ", unit));
+    const std::vector<int> mine = r->reducer->plan().UnitBuckets(unit);
+    *count = static_cast<int>(mine.size());
+    if (buckets == nullptr) return absl::OkStatus();
+    if (capacity < *count) {
+      return absl::OutOfRangeError(absl::StrCat("unit ", unit, " has ", *count, " buckets; capacity is ", capacity));
+    }
+    std::copy(mine.begin(), mine.end(), buckets);
+    return absl::OkStatus();
+  });
+}
+
+braid_status_t braid_reducer_num_units(braid_reducer_t* reducer, int* units) {
+  return Guard("braid_reducer_num_units", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
+    RETURN_IF_ERROR(CheckNotNull(units, "units"));
+    *units = r->reducer->plan().num_units();
+    return absl::OkStatus();
+  });
 }
 
 braid_status_t braid_memory_stats(braid_reducer_t* reducer, braid_memory_stats_t* out) {
