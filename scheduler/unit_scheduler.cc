@@ -251,7 +251,12 @@ absl::Status UnitScheduler::Begin(int unit, bool forward) {
   ++(forward ? un.fwd_active : un.bwd_active);
   absl::Status st = DecideAndLaunchLocked(lock, required);
   if (!st.ok()) return st;
-  cv_.wait(lock, [&] { return un.state != UnitState::kLaunching; });
+  if (!cv_.wait_for(lock, absl::ToChronoSeconds(config_.timeout),
+                    [&] { return un.state != UnitState::kLaunching; })) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        what, "(unit ", unit, "): its launch on another thread did not finish within ",
+        absl::FormatDuration(config_.timeout)));
+  }
   lock.unlock();
   for (int b : un.buckets) {
     st = gatherer_->WaitParams(b);
@@ -318,7 +323,11 @@ absl::Status UnitScheduler::EndStep() {
   std::unique_lock<std::mutex> lock(mu_);
   if (!broken_.ok()) return broken_;
   // Every launch has run (the collective below is ordered after them).
-  cv_.wait(lock, [&] { return serving_ticket_ == next_ticket_; });
+  if (!cv_.wait_for(lock, absl::ToChronoSeconds(config_.timeout),
+                    [&] { return serving_ticket_ == next_ticket_; })) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "EndStep: launches on other threads did not finish within ", absl::FormatDuration(config_.timeout)));
+  }
   std::vector<std::string> held;
   for (size_t u = 0; u < units_.size(); ++u) {
     const Unit& un = units_[u];

@@ -107,6 +107,8 @@ struct UnitConfig {
   size_t max_live_bytes = 0;          // 0: 2 x the largest unit's bytes
   int prefetch = 1;                   // units ahead (0: none)
   bool reshard_after_forward = true;  // false: a unit stays gathered from its forward until EndBackward
+  // Bounds waits for a launch running on another thread (BeginX of a unit being launched there,
+  // EndStep): DeadlineExceeded. Gathers themselves wait up to the gatherer's own timeout.
   absl::Duration timeout = absl::Seconds(300);
   Timeline* timeline = nullptr;       // optional: "gather unit" / "release unit" instants on "units"
   // Optional. The scheduler allocates no memory of its own (the gatherer counts its buffers into

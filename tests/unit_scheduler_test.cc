@@ -10,6 +10,7 @@
 #include "scheduler/unit_scheduler.h"
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <numeric>
 #include <random>
@@ -302,6 +303,50 @@ TEST(UnitScheduler, SteadyStateStepAllocatesNoGatherBuffer) {
       });
     }
   }
+}
+
+// before_gather: once per bucket of every forward gather (and GatherAll), never in backward;
+// its event reaches the gather; an error fails the launch, names the bucket and sticks.
+TEST(UnitScheduler, BeforeGatherRunsForForwardGathersOnly) {
+  RunRanks(2, [&](Group& g) {
+    const BucketPlan plan = MakePlan(UnitParams(3), 2);
+    std::atomic<int> calls{0};
+    std::atomic<int> fail_bucket{-1};
+    UnitConfig uc;
+    uc.before_gather = [&](int b, DeviceEvent* ready) {
+      ++calls;
+      EXPECT_NE(ready, nullptr);
+      if (b == fail_bucket.load()) return absl::InternalError("optimizer step failed");
+      return absl::OkStatus();
+    };
+    Rig rig;
+    MakeRig(rig, g, plan, uc);
+    ASSERT_TRUE(rig.us);
+    UnitScheduler& us = *rig.us;
+    int forward_buckets = 0;
+    for (int k = 0; k < 2; ++k) {
+      for (int u = 0; u < 3; ++u) {
+        ASSERT_OK(us.BeginForward(u));
+        ASSERT_OK(us.EndForward(u));
+        if (k == 0) forward_buckets += static_cast<int>(plan.UnitBuckets(u).size());
+      }
+      EXPECT_EQ(calls.load(), (k + 1) * forward_buckets);
+      for (int u = 2; u >= 0; --u) {
+        ASSERT_OK(us.BeginBackward(u));
+        ASSERT_OK(us.EndBackward(u));
+      }
+      EXPECT_EQ(calls.load(), (k + 1) * forward_buckets);  // none in backward
+      ASSERT_OK(us.EndStep());
+    }
+    ASSERT_OK(us.GatherAll());
+    EXPECT_EQ(calls.load(), 3 * forward_buckets);
+    ASSERT_OK(us.ReleaseAll());
+    const int first = plan.UnitBuckets(0)[0];
+    fail_bucket = first;
+    ExpectError(us.BeginForward(0), absl::StatusCode::kInternal,
+                {absl::StrCat("before_gather(bucket ", first, ")"), "optimizer step failed"});
+    ExpectError(us.BeginForward(0), absl::StatusCode::kInternal, {"optimizer step failed"});
+  });
 }
 
 // ---- order checks ----------------------------------------------------------------------------
