@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
+#include <fstream>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <string>
@@ -23,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "scheduler/memory_stats.h"
 #include "scheduler/param_gatherer.h"
+#include "scheduler/timeline.h"
 #include "tests/multirank.h"
 
 namespace braid::sched {
@@ -346,6 +349,29 @@ TEST(UnitScheduler, BeforeGatherRunsForForwardGathersOnly) {
     ExpectError(us.BeginForward(0), absl::StatusCode::kInternal,
                 {absl::StrCat("before_gather(bucket ", first, ")"), "optimizer step failed"});
     ExpectError(us.BeginForward(0), absl::StatusCode::kInternal, {"optimizer step failed"});
+  });
+}
+
+TEST(UnitScheduler, TimelineShowsGatherAndReleaseOnTheUnitsRow) {
+  const std::string prefix = absl::StrCat(::testing::TempDir(), "/units_trace");
+  RunRanks(2, [&](Group& g) {
+    auto tl = Timeline::Create(prefix, g.rank());
+    ASSERT_TRUE(tl.ok()) << tl.status();
+    UnitConfig uc;
+    uc.timeline = tl->get();
+    {
+      Rig rig;
+      MakeRig(rig, g, MakePlan(UnitParams(2), 2), uc);
+      ASSERT_TRUE(rig.us);
+      ASSERT_OK(rig.us->BeginForward(1));
+      ASSERT_OK(rig.us->EndForward(1));
+    }
+    ASSERT_OK((*tl)->Close());
+    std::ifstream in((*tl)->path());
+    const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (const char* part : {"\"gather unit\"", "\"release unit\"", "\"units\""}) {
+      EXPECT_NE(json.find(part), std::string::npos) << part << " missing from " << (*tl)->path();
+    }
   });
 }
 
