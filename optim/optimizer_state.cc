@@ -85,7 +85,7 @@ absl::Status ShardedOptimizer::Save(const std::string& path) {
   std::vector<std::vector<float>> staged;
   staged.reserve(buckets_.size() * 3);
   auto host_view = [&](const FloatBuffer& f, size_t n) -> absl::StatusOr<const float*> {
-    if (!on_device_) return f.get();
+    if (!on_device_ || offload_) return f.get();  // host state
     staged.emplace_back(n);
     RETURN_IF_ERROR(ops().Copy(staged.back().data(), f.get(), n * sizeof(float)));
     return staged.back().data();
@@ -208,7 +208,27 @@ absl::Status ShardedOptimizer::Load(const std::string& path) {
     s.steps = step_values[b];
     const sched::Bucket& bk = reducer_->plan().buckets()[b];
     char* out = static_cast<char*>(gatherer_->ShardView(static_cast<int>(b))->data);
-    if (on_device_) {
+    if (offload_) {
+      // Host state; the model-dtype shard is rounded on the host and copied to the device.
+      BufferOps& mem = ops();
+      std::memcpy(s.master.get(), found[b][0]->data(), bytes);
+      std::memcpy(s.m.get(), found[b][1]->data(), bytes);
+      if (config_.kind == OptimizerKind::kAdamW) std::memcpy(s.v.get(), found[b][2]->data(), bytes);
+      char* staged = s.param_host.get();
+      for (const Segment& seg : s.segments) {
+        CastScale(s.master.get() + seg.lo, DType::kF32, staged + seg.lo * DTypeSize(bk.dtype), bk.dtype,
+                  seg.hi - seg.lo, ScaleSpec{});
+      }
+      absl::Status st = mem.Copy(out, staged, s.n * DTypeSize(bk.dtype));
+      if (st.ok() && b + 1 == buckets_.size()) st = mem.Synchronize(absl::Now() + config_.timeout);
+      if (!st.ok()) {
+        mem.Synchronize(absl::Now() + config_.timeout).IgnoreError();
+        applied = absl::Status(st.code(), absl::StrCat("optimizer Load(", path, "): copying ", s.label,
+                                                       "'s parameters to the device: ", st.message(),
+                                                       " (the optimizer state is now partly loaded)"));
+        break;
+      }
+    } else if (on_device_) {
       // Host -> device on the shard group's stream, then the model-dtype shard from the master
       // weights there; `file` (the source) outlives the Synchronize below.
       BufferOps& mem = ops();

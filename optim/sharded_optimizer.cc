@@ -137,15 +137,25 @@ absl::Status ShardedOptimizer::Init() {
   const size_t r = static_cast<size_t>(shard.rank());
   BufferOps& mem = shard.buffer_ops();
   on_device_ = !plan.buckets().empty() && plan.buckets()[0].device.type != DeviceType::kCpu;
+  offload_ = on_device_ && config_.offload;
+  BufferOps& state_mem = offload_ ? HostBufferOps() : mem;  // where the f32 state lives
   for (size_t b = 0; b < plan.buckets().size(); ++b) {
     const Bucket& bk = plan.buckets()[b];
     auto s = std::make_unique<BucketState>();
     s->label = absl::StrCat("bucket ", b);
     s->n = bk.shard_count;
-    ASSIGN_OR_RETURN(s->master, ZeroedFloats(config_.memory, mem, s->n, absl::StrCat("optimizer master weights of ", s->label)));
-    ASSIGN_OR_RETURN(s->m, ZeroedFloats(config_.memory, mem, s->n, absl::StrCat("optimizer state of ", s->label)));
+    ASSIGN_OR_RETURN(s->master, ZeroedFloats(config_.memory, state_mem, s->n,
+                                             absl::StrCat("optimizer master weights of ", s->label)));
+    ASSIGN_OR_RETURN(s->m, ZeroedFloats(config_.memory, state_mem, s->n, absl::StrCat("optimizer state of ", s->label)));
     if (config_.kind == OptimizerKind::kAdamW) {
-      ASSIGN_OR_RETURN(s->v, ZeroedFloats(config_.memory, mem, s->n, absl::StrCat("optimizer state of ", s->label)));
+      ASSIGN_OR_RETURN(s->v, ZeroedFloats(config_.memory, state_mem, s->n, absl::StrCat("optimizer state of ", s->label)));
+    }
+    if (offload_) {
+      const size_t bytes = std::max<size_t>(1, s->n * DTypeSize(bk.dtype));
+      ASSIGN_OR_RETURN(s->grad_host, sched::CountedAllocate(config_.memory, HostBufferOps(), bytes, sched::MemoryUse::kStaging,
+                                                            absl::StrCat("offload gradient staging of ", s->label)));
+      ASSIGN_OR_RETURN(s->param_host, sched::CountedAllocate(config_.memory, HostBufferOps(), bytes, sched::MemoryUse::kStaging,
+                                                             absl::StrCat("offload parameter staging of ", s->label)));
     }
     const size_t start = r * bk.shard_count, end = start + bk.shard_count;
     for (int pi : bk.params) {
@@ -472,6 +482,7 @@ absl::Status ShardedOptimizer::StepBucket(int b, double grad_scale) {
   const char* grad = static_cast<const char*>(reducer_->ShardView(b).data);
   char* out = static_cast<char*>(gatherer_->ShardView(b)->data);
   ++s.steps;
+  if (offload_) return OffloadStepBucket(b, grad_scale);
   if (on_device_) {
     // Queued on the shard group's stream after the reduction's last device operation (hybrid:
     // on the replica group's stream, so this wait is what orders the step after it).
@@ -497,6 +508,14 @@ absl::Status ShardedOptimizer::StepBucket(int b, double grad_scale) {
     }
     return absl::OkStatus();
   }
+  HostStep(b, grad, out, grad_scale);
+  return absl::OkStatus();
+}
+
+void ShardedOptimizer::HostStep(int b, const char* grad, char* out, double grad_scale) {
+  BucketState& s = *buckets_[b];
+  const Bucket& bk = reducer_->plan().buckets()[b];
+  const size_t es = DTypeSize(bk.dtype);
   for (const Segment& seg : s.segments) {
     const GroupHyper& h = round_hyper_[seg.group];
     const size_t n = seg.hi - seg.lo;
@@ -510,7 +529,6 @@ absl::Status ShardedOptimizer::StepBucket(int b, double grad_scale) {
                   h.sgd.momentum != 0 ? s.m.get() + seg.lo : nullptr, g, bk.dtype, n, o, bk.dtype);
     }
   }
-  return absl::OkStatus();
 }
 
 double ShardedOptimizer::BucketSquaredNorm(int b) {
@@ -694,10 +712,14 @@ absl::Status ShardedOptimizer::SetParam(ParamId id, const void* values) {
     char* out = static_cast<char*>(gatherer_->ShardView(b)->data) + (lo - start) * es;
     if (on_device_) {
       // Host values -> the model-dtype shard (device), widened from there into the master
-      // weights; the host waits, as `values` is the caller's.
+      // weights (offload: on the host); the host waits, as `values` is the caller's.
       BufferOps& mem = ops();
       absl::Status st = mem.Copy(out, src, (hi - lo) * es);
-      if (st.ok()) st = mem.CastScale(out, p.dtype, s.master.get() + (lo - start), DType::kF32, hi - lo, ScaleSpec{});
+      if (st.ok() && offload_) {
+        CastScale(src, p.dtype, s.master.get() + (lo - start), DType::kF32, hi - lo, ScaleSpec{});
+      } else if (st.ok()) {
+        st = mem.CastScale(out, p.dtype, s.master.get() + (lo - start), DType::kF32, hi - lo, ScaleSpec{});
+      }
       if (st.ok()) st = mem.Synchronize(absl::Now() + config_.timeout);
       if (!st.ok()) {
         return absl::Status(st.code(), absl::StrCat("optimizer SetParam(", p.Label(), "): ", st.message()));

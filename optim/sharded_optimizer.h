@@ -119,6 +119,16 @@ struct OptimizerConfig {
   // units before their next use (sched::UnitScheduler) first calls WaitShard(b). Load and
   // SetParam gather nothing either (the next gather of a bucket reads its shard).
   bool gather_after_step = true;
+  // Device parameters only (a no-op on the host): master weights and moments live in host
+  // memory (ZeRO-Offload). When bucket b's reduction completes, its reduced shard is copied to
+  // a host staging buffer, stepped there by the CPU kernels (the host optimizer's code, so the
+  // result is bit for bit the host run's), and the model-dtype shard is copied back into the
+  // gatherer's shard on the shard group's stream, ahead of the gather (which waits on the
+  // step's event as usual). Host waits: one per bucket (the gradient copy). Clipping and
+  // skip_nonfinite take their norms on the device as without offload; Save / Load and SetParam
+  // move the host state directly. Costs host memory: the state plus two shard-size staging
+  // buffers per bucket.
+  bool offload = false;
 };
 
 // What the latest completed step did.
@@ -207,6 +217,11 @@ class ShardedOptimizer {
   // Host: runs the kernels (always OK). Device: queues them on the shard group's stream after
   // a wait on the reduction's event; the error names the bucket.
   absl::Status StepBucket(int b, double grad_scale);
+  // offload_: StepBucket's device-to-host-to-device path (optim/offload_step.cc).
+  absl::Status OffloadStepBucket(int b, double grad_scale);
+  // The CPU kernels over bucket b's segments: `grad` (the shard, bucket dtype, host) into the
+  // host state, the model dtype written to `out` (host).
+  void HostStep(int b, const char* grad, char* out, double grad_scale);
   double BucketSquaredNorm(int b);
   // Zeroes b's gradients (zero_grads) and starts its all-gather; b's step is then visible to
   // WaitParams. The last bucket's Publish completes the step.
@@ -235,6 +250,7 @@ class ShardedOptimizer {
   sched::ParamGatherer* const gatherer_;
   const OptimizerConfig config_;
   bool on_device_ = false;  // the buckets are device memory (ops() is not synchronous)
+  bool offload_ = false;    // on_device_ and config.offload: the f32 state is host memory
   std::vector<GroupHyper> groups_;  // current; snapshotted when a step is armed
   std::vector<std::unique_ptr<BucketState>> buckets_;
   // Clipping / non-finite / failure all-reduce: {sum of squares, failed ranks}. On the heap and

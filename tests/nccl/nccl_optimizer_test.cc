@@ -11,9 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "scheduler/memory_stats.h"
 #include "optim/sharded_optimizer.h"
 #include "tests/nccl/device_optimizer_driver.h"
+#include "tests/multirank.h"
 #include "tests/nccl/fake_gpu.h"
 #include "tests/nccl/fake_step_kernels.h"
 
@@ -45,6 +48,13 @@ NamedScenario Clip(NamedScenario c, double max_norm) {
 const float kInf = std::numeric_limits<float>::infinity();
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
+// ZeRO-Offload: the f32 state in host memory, stepped by the CPU kernels.
+NamedScenario Offload(NamedScenario c) {
+  c.name += "_Offload";
+  c.s.opt.offload = true;
+  return c;
+}
+
 // skip_nonfinite, with the last rank's gradient holding `bad` at step `step` (every rank skips).
 NamedScenario Skip(NamedScenario c, float bad, int step) {
   c.s.opt.skip_nonfinite = true;
@@ -64,7 +74,8 @@ TEST_P(NcclOptimizerTest, MatchesSerialReference) {
     EXPECT_TRUE(st.ok()) << "rank " << world.rank() << ": " << st;
   });
   ExpectClean(gpu);
-  EXPECT_GT(kernels->launches(), 0);  // the steps ran as device kernels
+  // The steps ran as device kernels, or (offload) on the host.
+  EXPECT_EQ(kernels->launches() > 0, !s.opt.offload) << kernels->launches();
   const bool global = s.opt.max_grad_norm > 0 || s.opt.skip_nonfinite;
   EXPECT_EQ(kernels->norm_launches() > 0, global);  // the norm too, when needed
 }
@@ -94,8 +105,71 @@ INSTANTIATE_TEST_SUITE_P(
                                      {kN, kS}), 0.5), kInf, 1),
                       Skip(Make("SkipNaN_Hybrid2x2_f32_NoOverlap", 2, 2, OptimizerKind::kAdamW, DType::kF32, {kS},
                                 false), kNaN, 0),
-                      Skip(Make("SkipInf_RS2_bf16_Sgd", 1, 2, OptimizerKind::kSgd, DType::kBF16, {kS}), kInf, 1)),
+                      Skip(Make("SkipInf_RS2_bf16_Sgd", 1, 2, OptimizerKind::kSgd, DType::kBF16, {kS}), kInf, 1),
+                      // Offload: host state, device norms, the same bits.
+                      Offload(Make("AdamW_RS2_f32", 1, 2, OptimizerKind::kAdamW, DType::kF32, {kS})),
+                      Offload(Make("AdamW_RS4_bf16_NoSync", 1, 4, OptimizerKind::kAdamW, DType::kBF16, {kN, kS})),
+                      Offload(Make("AdamW_Hybrid2x2_bf16", 2, 2, OptimizerKind::kAdamW, DType::kBF16, {kS})),
+                      Offload(Make("Sgd_Hybrid2x2_f32_NoSync", 2, 2, OptimizerKind::kSgd, DType::kF32, {kN, kS})),
+                      Offload(Make("Sgd_RS2_bf16", 1, 2, OptimizerKind::kSgd, DType::kBF16, {kS})),
+                      Offload(Clip(Make("Clip_Hybrid2x2_f32", 2, 2, OptimizerKind::kAdamW, DType::kF32, {kS}), 0.5)),
+                      Offload(Skip(Make("SkipNaN_RS2_bf16", 1, 2, OptimizerKind::kAdamW, DType::kBF16, {kS}), kNaN, 1))),
     [](const ::testing::TestParamInfo<NamedScenario>& i) { return i.param.name; });
+
+// Offload's memory is the host's (device optimizer state 0; host: master, m and v of every
+// bucket's shard), and its state files move both ways between offloaded and device optimizers,
+// resuming bit for bit.
+TEST(NcclOptimizerOffloadTest, HostStateAndCheckpointsBothWays) {
+  FakeGpu gpu;
+  auto kernels = std::make_shared<FakeStepKernels>(gpu.cuda);
+  const std::string dir = ::testing::TempDir();
+  RunFakeRanks(gpu, 2, FakeConfig(), [&](NcclGroup& world) {
+    sched::MemoryStats memory;
+    OptScenario off = TwoGroupScenario(1, 2);
+    off.dtype = DType::kBF16;
+    off.steps = 4;
+    off.opt.offload = true;
+    off.opt.memory = &memory;
+    OptScenario dev = off;
+    dev.opt.offload = false;
+    dev.opt.memory = nullptr;
+    const std::string path = absl::StrCat(dir, "/offload_rank", world.rank(), ".braid");
+    const std::string back = absl::StrCat(dir, "/device_rank", world.rank(), ".braid");
+    {
+      auto st = BuildDeviceStack(world, kernels, off);
+      ASSERT_TRUE(st.ok()) << st.status();
+      const sched::MemorySnapshot m = memory.Snapshot();
+      int64_t floats = 0;
+      for (const sched::Bucket& b : (*st)->reducer->plan().buckets()) {
+        floats += static_cast<int64_t>(std::max<size_t>(64, (b.shard_count * 4 + 63) / 64 * 64));
+      }
+      EXPECT_EQ(m.by_use[static_cast<int>(sched::MemoryUse::kOptimizerState)].current, 3 * floats);
+      // On the device only the statistics all-reduce's 2 doubles (the reducer and gatherer were
+      // given no stats): no optimizer state.
+      EXPECT_EQ(m.device.current, static_cast<int64_t>(2 * sizeof(double)));
+      ASSERT_OK(RunDeviceSteps(**st, gpu.cuda, off, 0, 2));
+      ASSERT_OK((*st)->opt->Save(path));
+    }
+    {  // offloaded file -> device optimizer, steps 2..3 against the reference
+      auto st = BuildDeviceStack(world, kernels, dev);
+      ASSERT_TRUE(st.ok()) << st.status();
+      ASSERT_OK((*st)->opt->Load(path));
+      ASSERT_OK(RunDeviceSteps(**st, gpu.cuda, dev, 2, 3));
+      ASSERT_OK((*st)->opt->Save(back));
+    }
+    {  // device file -> offloaded optimizer, step 3 against the reference
+      auto st = BuildDeviceStack(world, kernels, off);
+      ASSERT_TRUE(st.ok()) << st.status();
+      ASSERT_OK((*st)->opt->Load(back));
+      ASSERT_OK((*st)->opt->WaitAllParams());
+      auto p = DeviceParams(**st, gpu.cuda, off);
+      ASSERT_TRUE(p.ok()) << p.status();
+      EXPECT_EQ(*p, optim::testing::ReferenceParams(off, 3));
+      ASSERT_OK(RunDeviceSteps(**st, gpu.cuda, off, 3, 4));
+    }
+  });
+  ExpectClean(gpu);
+}
 
 // Control: without readiness events the reductions read gradients before the compute stream
 // wrote them (the fake runs a stream's work only when something waits on it), and the same
