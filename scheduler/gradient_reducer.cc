@@ -46,6 +46,12 @@ struct GradientReducer::BucketState {
   bool has_partial = false;
   // reduce_dtype: the bucket widened (padded_count elements of the reduce dtype).
   OwnedBuffer staging;
+  // keep_shards_only: `data` and `staging` are pool buffers held only while the bucket is
+  // filled and reduced; storage_mu serializes taking them at the first mark.
+  std::mutex storage_mu;
+  OwnedBuffer kept;     // this rank's reduced shard (shard_count, bucket dtype)
+  OwnedBuffer reduced;  // hybrid with f32 staging: the f32 shard (replica all-reduce, partials)
+  WorkPtr handoff;      // device hybrid: the shard copy's point on the shard stream
 };
 
 absl::StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
@@ -70,6 +76,22 @@ absl::StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
             "' (backend ", g->backend_name(), ") does not reduce ",
             on_device ? "device buffers (they need the NCCL backend)" : "host buffers"));
       }
+    }
+  }
+  if (config.keep_shards_only) {
+    if (config.mode == ReduceMode::kAllReduce) {
+      return absl::InvalidArgumentError(
+          "keep_shards_only needs reduce-scatter or hybrid mode: all-reduce keeps whole gradients");
+    }
+    if (!config.gradient_as_bucket_view) {
+      return absl::InvalidArgumentError(
+          "keep_shards_only passes gradients at MarkReady(id, ready, grad): it does not use the "
+          "copy-in path (gradient_as_bucket_view = false)");
+    }
+    if (config.rebuild_bucket_order) {
+      return absl::InvalidArgumentError(
+          "keep_shards_only does not rebuild the bucket order (rebuild_bucket_order): buckets "
+          "hold no full-size storage between backwards to move gradients through");
     }
   }
   if (config.reduce_dtype != DType::kBF16 && config.reduce_dtype != DType::kF16 &&
@@ -121,7 +143,21 @@ absl::Status GradientReducer::AllocateBuckets() {
   for (size_t b = 0; b < plan_.buckets().size(); ++b) {
     auto s = std::make_unique<BucketState>();
     s->label = absl::StrCat("bucket ", b);
-    const size_t bytes = (plan_.buckets()[b].bytes() + kStorageAlign - 1) / kStorageAlign * kStorageAlign;
+    const Bucket& bk = plan_.buckets()[b];
+    s->events.reset(new DeviceEvent[bk.params.size()]);
+    if (config_.keep_shards_only) {
+      const size_t kept = bk.shard_count * DTypeSize(bk.dtype);
+      ASSIGN_OR_RETURN(s->kept, CountedAllocate(config_.memory, ops_, kept, MemoryUse::kGradShards,
+                                                absl::StrCat(s->label, " (kept shard)")));
+      RETURN_IF_ERROR(ops_.Zero(s->kept.get(), kept));
+      if (config_.mode == ReduceMode::kHybrid && config_.reduce_dtype == DType::kF32 && IsHalf(bk.dtype)) {
+        ASSIGN_OR_RETURN(s->reduced, CountedAllocate(config_.memory, ops_, bk.shard_count * DTypeSize(DType::kF32),
+                                                     MemoryUse::kGradShards, absl::StrCat(s->label, " (f32 shard)")));
+      }
+      buckets_.push_back(std::move(s));
+      continue;
+    }
+    const size_t bytes = (bk.bytes() + kStorageAlign - 1) / kStorageAlign * kStorageAlign;
     ASSIGN_OR_RETURN(s->data, CountedAllocate(config_.memory, ops_, bytes, MemoryUse::kGradBuckets, s->label));
     RETURN_IF_ERROR(ops_.Zero(s->data.get(), bytes));
     if (config_.reduce_dtype == DType::kF32 && IsHalf(plan_.buckets()[b].dtype)) {
@@ -129,8 +165,11 @@ absl::Status GradientReducer::AllocateBuckets() {
                        CountedAllocate(config_.memory, ops_, plan_.buckets()[b].padded_count * DTypeSize(DType::kF32),
                                        MemoryUse::kStaging, absl::StrCat(s->label, " (f32 staging)")));
     }
-    s->events.reset(new DeviceEvent[plan_.buckets()[b].params.size()]);
     buckets_.push_back(std::move(s));
+  }
+  if (config_.keep_shards_only) {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    pool_.reserve(2 * buckets_.size());
   }
   // Device storage: zeroed before the framework writes into it from its own streams.
   return ops_.Synchronize(absl::Now() + config_.timeout);
@@ -216,6 +255,10 @@ GradientReducer::~GradientReducer() {
       (void)b->data.release();
       (void)b->staging.release();
       (void)b->partial.release();
+      (void)b->kept.release();
+      (void)b->reduced.release();
+      std::lock_guard<std::mutex> lock(pool_mu_);  // storage given back while still in use
+      for (OwnedBuffer& f : pool_) (void)f.release();
     }
   }
 }
@@ -223,13 +266,24 @@ GradientReducer::~GradientReducer() {
 char* GradientReducer::BucketData(int b) const { return buckets_[b]->data.get(); }
 
 char* GradientReducer::ShardData(int b) const {
+  if (config_.keep_shards_only) return buckets_[b]->kept.get();
+  return StorageShard(b);
+}
+
+char* GradientReducer::CommKept(int b) const {
+  return buckets_[b]->reduced ? buckets_[b]->reduced.get() : buckets_[b]->kept.get();
+}
+
+char* GradientReducer::StorageShard(int b) const {
   const Bucket& bk = plan_.buckets()[b];
   const int shard_rank = config_.mode == ReduceMode::kAllReduce ? 0 : groups_.shard->rank();
   return BucketData(b) + static_cast<size_t>(shard_rank) * bk.shard_count * DTypeSize(bk.dtype);
 }
 
 DType GradientReducer::CommDType(int b) const {
-  return buckets_[b]->staging ? DType::kF32 : plan_.buckets()[b].dtype;
+  // The staging rule (with keep_shards_only the staging buffer is only held while reducing).
+  const DType t = plan_.buckets()[b].dtype;
+  return config_.reduce_dtype == DType::kF32 && IsHalf(t) ? DType::kF32 : t;
 }
 
 char* GradientReducer::CommData(int b) const {
@@ -237,7 +291,7 @@ char* GradientReducer::CommData(int b) const {
 }
 
 char* GradientReducer::CommShard(int b) const {
-  if (!buckets_[b]->staging) return ShardData(b);
+  if (!buckets_[b]->staging) return StorageShard(b);
   const int shard_rank = config_.mode == ReduceMode::kAllReduce ? 0 : groups_.shard->rank();
   return CommData(b) + static_cast<size_t>(shard_rank) * plan_.buckets()[b].shard_count * DTypeSize(DType::kF32);
 }
@@ -245,6 +299,11 @@ char* GradientReducer::CommShard(int b) const {
 absl::StatusOr<TensorView> GradientReducer::GradView(ParamId id) const {
   ASSIGN_OR_RETURN(int i, plan_.IndexOf(id));
   const ParamSpec& p = plan_.params()[i];
+  if (config_.keep_shards_only) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GradView(", p.Label(), "): with keep_shards_only gradients are passed at "
+        "MarkReady(id, ready, grad); buckets hold no storage between backwards"));
+  }
   const ParamSlot& s = plan_.slot(i);
   return TensorView{BucketData(s.bucket) + s.offset * DTypeSize(p.dtype), p.count, p.dtype, p.device};
 }
@@ -344,6 +403,7 @@ absl::Status GradientReducer::BeginBackward(SyncMode mode) {
       s.ready = s.first_done = s.failed = false;
       s.stage[0].work.reset();
       s.stage[1].work.reset();
+      s.handoff.reset();
       if (mode != SyncMode::kNoSync) {
         s.work = works_.Create(WorkInfo{groups_.shard->name(), "reduction", b, s.label});
       }
@@ -354,6 +414,14 @@ absl::Status GradientReducer::BeginBackward(SyncMode mode) {
 }
 
 absl::Status GradientReducer::MarkReady(ParamId id, DeviceEvent ready) {
+  return MarkReadyImpl(id, ready, nullptr, false);
+}
+
+absl::Status GradientReducer::MarkReady(ParamId id, DeviceEvent ready, const void* grad) {
+  return MarkReadyImpl(id, ready, grad, true);
+}
+
+absl::Status GradientReducer::MarkReadyImpl(ParamId id, DeviceEvent ready, const void* grad, bool with_values) {
   if (!in_backward_.load(std::memory_order_acquire)) {
     auto i = plan_.IndexOf(id);
     return absl::FailedPreconditionError(absl::StrCat(
@@ -362,11 +430,43 @@ absl::Status GradientReducer::MarkReady(ParamId id, DeviceEvent ready) {
   }
   absl::StatusOr<int> i = plan_.IndexOf(id);
   if (!i.ok()) return absl::NotFoundError(absl::StrCat("MarkReady: unknown parameter id ", id));
+  const ParamSpec& p = plan_.params()[*i];
+  if (!with_values && config_.keep_shards_only) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "MarkReady(", p.Label(), ") without its gradient: with keep_shards_only pass it, "
+        "MarkReady(id, ready, grad)"));
+  }
+  if (with_values && !config_.gradient_as_bucket_view) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "MarkReady(", p.Label(), ", grad): the copy-in path (gradient_as_bucket_view = false) "
+        "packs the SetGradBuffer buffer; use MarkReady(id, ready)"));
+  }
+  if (with_values && grad == nullptr && p.count > 0) {
+    return absl::InvalidArgumentError(absl::StrCat("MarkReady(", p.Label(), ", grad): null gradient"));
+  }
   if (marked_[*i].exchange(1, std::memory_order_acq_rel) != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "MarkReady: parameter ", plan_.params()[*i].Label(), " was already marked ready in this backward"));
   }
   if (tl_ != nullptr) tl_->Instant(tl_marks_, "mark", *i);
+  if (with_values) {
+    // Into the slot now: the first mark of the window copies (-0.0 survives), later ones add.
+    const ParamSlot& slot = plan_.slot(*i);
+    const size_t es = DTypeSize(p.dtype);
+    absl::Status st = config_.keep_shards_only ? AcquireStorage(slot.bucket) : absl::OkStatus();
+    if (st.ok()) st = ops_.WaitFor(ready);
+    if (st.ok() && p.count > 0) {
+      char* dst = BucketData(slot.bucket) + slot.offset * es;
+      st = accumulated_[*i] ? ops_.Add(dst, grad, dst, p.count, p.dtype) : ops_.Copy(dst, grad, p.count * es);
+    }
+    if (!st.ok()) {
+      marked_[*i].store(0, std::memory_order_release);
+      return absl::Status(st.code(), absl::StrCat("MarkReady(", p.Label(), "): ",
+                                                  accumulated_[*i] ? "adding" : "copying",
+                                                  " its gradient into its bucket: ", st.message()));
+    }
+    ready = {};  // waited for
+  }
   if (recording_.load(std::memory_order_relaxed)) ready_order_[ready_count_.fetch_add(1)] = *i;
   if (sync_ == SyncMode::kNoSync) {
     // Nothing reads the gradient in this backward; the synced one that does waits for its own
@@ -394,9 +494,19 @@ void GradientReducer::OnParamReady(int param_index) {
   const int bucket = plan_.slot(param_index).bucket;
   BucketState& s = *buckets_[bucket];
   if (s.pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  if (s.staging) {  // complete: widen it now, outside the launch lock, after its producers
+  const bool widen = config_.keep_shards_only ? config_.reduce_dtype == DType::kF32 && IsHalf(plan_.buckets()[bucket].dtype)
+                                              : static_cast<bool>(s.staging);
+  if (widen) {  // complete: widen it now, outside the launch lock, after its producers
     const Bucket& bk = plan_.buckets()[bucket];
     absl::Status st;
+    if (config_.keep_shards_only && !s.staging) {
+      absl::StatusOr<OwnedBuffer> staging = PoolAcquire(bk.padded_count * DTypeSize(DType::kF32), bucket);
+      if (staging.ok()) {
+        s.staging = *std::move(staging);
+      } else {
+        st = staging.status();
+      }
+    }
     const int n = s.n_events.load(std::memory_order_relaxed);  // after pending's acq_rel
     for (int k = 0; k < n && st.ok(); ++k) st = ops_.WaitFor(s.events[k]);
     if (st.ok()) {
@@ -434,6 +544,7 @@ void GradientReducer::LaunchStageLocked(int b, int stage) {
   const ReduceStep step = StepFor(t, g.size());
   absl::StatusOr<WorkPtr> w =
       stage == 0 && !s.prepare_error.ok() ? absl::StatusOr<WorkPtr>(s.prepare_error)
+      : stage == 1 && config_.keep_shards_only ? g.AllReduce(CommKept(b), CommKept(b), bk.shard_count, t, step.op, opts)
       : stage == 1 ? g.AllReduce(CommShard(b), CommShard(b), bk.shard_count, t, step.op, opts)
       : config_.mode == ReduceMode::kAllReduce
           ? g.AllReduce(CommData(b), CommData(b), bk.count, t, step.op, opts)
@@ -464,6 +575,10 @@ void GradientReducer::OnStageDone(int b, int stage, const absl::Status& done) {
                        : config_.mode == ReduceMode::kAllReduce ? "allreduce"
                                                                 : "reduce_scatter";
     tl_->Complete(stage == 1 ? tl_replica_ : tl_first_, name, rec.start_ns, Timeline::NowNs(), b);
+  }
+  if (config_.keep_shards_only) {
+    OnKeptStageDone(b, stage, done);
+    return;
   }
   const Bucket& bk = plan_.buckets()[b];
   const bool whole = config_.mode == ReduceMode::kAllReduce;
@@ -499,9 +614,13 @@ void GradientReducer::OnStageDone(int b, int stage, const absl::Status& done) {
   }
   if (st.ok()) st = AddPartialInto(b);
   st = OpError(b, done, st);
+  if (!st.ok()) FinishBucket(b, st, ops);
+  LaunchReplicaStages(b, st);
+}
+
+void GradientReducer::LaunchReplicaStages(int b, const absl::Status& st) {
   // All-reduce it across replicas, in bucket order (a failed bucket is skipped: its error
   // already ends this backward).
-  if (!st.ok()) FinishBucket(b, st, ops);
   int first, last;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -516,6 +635,108 @@ void GradientReducer::OnStageDone(int b, int stage, const absl::Status& done) {
     last = allreduce_cursor_;
   }
   Watch(first, last, 1);
+}
+
+void GradientReducer::OnKeptStageDone(int b, int stage, const absl::Status& done) {
+  BucketState& s = *buckets_[b];
+  const Bucket& bk = plan_.buckets()[b];
+  const BucketState::Stage& rec = s.stage[stage];
+  const DType t = CommDType(b);
+  const size_t n = bk.shard_count;
+  absl::Status st = done;
+  if (stage == 1) {  // the replica all-reduce ran in place on the kept (or f32) shard
+    if (st.ok() && rec.post_divide > 1) {
+      st = final_ops_.CastScale(CommKept(b), t, CommKept(b), t, n, ScaleSpec{false, 1.0, rec.post_divide});
+    }
+    if (st.ok() && s.reduced) st = final_ops_.CastScale(s.reduced.get(), t, s.kept.get(), bk.dtype, n, ScaleSpec{});
+    FinishBucket(b, OpError(b, done, st), final_ops_);
+    return;
+  }
+  // The reduce-scatter: everything that reads the storage is queued on the shard stream.
+  const bool hybrid = config_.mode == ReduceMode::kHybrid;
+  if (st.ok() && rec.post_divide > 1) {
+    st = ops_.CastScale(CommShard(b), t, CommShard(b), t, n, ScaleSpec{false, 1.0, rec.post_divide});
+  }
+  if (st.ok() && !hybrid) {
+    st = s.staging ? ops_.CastScale(CommShard(b), t, s.kept.get(), bk.dtype, n, ScaleSpec{})
+                   : ops_.Copy(s.kept.get(), CommShard(b), n * DTypeSize(t));
+  } else if (st.ok()) {  // hybrid: into the partial sum, or copied (a copy keeps -0.0)
+    st = s.has_partial ? ops_.Add(CommKept(b), CommShard(b), CommKept(b), n, t)
+                       : ops_.Copy(CommKept(b), CommShard(b), n * DTypeSize(t));
+    if (st.ok()) s.has_partial = sync_ == SyncMode::kReduceScatterOnly;
+  }
+  // Issued after every use of the storage on this stream; a failed bucket keeps it (the
+  // collective may not have let go of it) until ZeroBucket / ZeroGrads.
+  if (st.ok()) ReleaseStorage(b);
+  if (!hybrid || sync_ == SyncMode::kReduceScatterOnly) {
+    FinishBucket(b, OpError(b, done, st), ops_);
+    return;
+  }
+  if (st.ok() && !ops_.synchronous()) {  // the replica stream waits for the copy into the shard
+    s.handoff = works_.Create(WorkInfo{groups_.shard->name(), "shard handoff", b, s.label});
+    st = ops_.CompleteAfter(s.handoff, absl::Now() + config_.timeout);
+    if (st.ok()) st = final_ops_.WaitFor(s.handoff->device_event());
+  }
+  st = OpError(b, done, st);
+  if (!st.ok()) FinishBucket(b, st, ops_);
+  LaunchReplicaStages(b, st);
+}
+
+absl::StatusOr<OwnedBuffer> GradientReducer::PoolAcquire(size_t bytes, int b) {
+  bytes = (bytes + kStorageAlign - 1) / kStorageAlign * kStorageAlign;
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    size_t best = pool_.size();
+    for (size_t k = 0; k < pool_.size(); ++k) {
+      if (pool_[k].bytes() >= bytes && (best == pool_.size() || pool_[k].bytes() < pool_[best].bytes())) best = k;
+    }
+    if (best != pool_.size()) {
+      OwnedBuffer out = std::move(pool_[best]);
+      if (best + 1 != pool_.size()) pool_[best] = std::move(pool_.back());
+      pool_.pop_back();
+      return out;
+    }
+  }
+  // None fits: the pool grows (never in steady state).
+  ASSIGN_OR_RETURN(OwnedBuffer out,
+                   CountedAllocate(config_.memory, ops_, bytes, MemoryUse::kGradBuckets,
+                                   absl::StrCat(buckets_[b]->label, " (pooled gradient storage)")));
+  std::lock_guard<std::mutex> lock(pool_mu_);
+  ++pool_buffers_;
+  if (pool_.capacity() < pool_buffers_) pool_.reserve(2 * pool_buffers_);  // release never allocates
+  return out;
+}
+
+void GradientReducer::PoolRelease(OwnedBuffer buffer) {
+  if (!buffer) return;
+  std::lock_guard<std::mutex> lock(pool_mu_);
+  pool_.push_back(std::move(buffer));
+}
+
+absl::Status GradientReducer::AcquireStorage(int b) {
+  BucketState& s = *buckets_[b];
+  std::lock_guard<std::mutex> lock(s.storage_mu);
+  if (s.data) return absl::OkStatus();
+  const size_t bytes = plan_.buckets()[b].bytes();
+  ASSIGN_OR_RETURN(OwnedBuffer data, PoolAcquire(bytes, b));
+  // Zero-filled before any mark writes (issued under storage_mu: marks of this bucket on other
+  // threads issue their copies after it).
+  absl::Status st = ops_.Zero(data.get(), bytes);
+  if (!st.ok()) {
+    PoolRelease(std::move(data));
+    return WithContext(st, absl::StrCat("zero-filling the storage of ", s.label));
+  }
+  s.data = std::move(data);
+  return absl::OkStatus();
+}
+
+void GradientReducer::ReleaseStorage(int b) {
+  BucketState& s = *buckets_[b];
+  std::lock_guard<std::mutex> lock(s.storage_mu);
+  PoolRelease(std::move(s.staging));  // staging first: a first fit would then misplace (tests)
+  PoolRelease(std::move(s.data));
+  s.staging.Reset();
+  s.data.Reset();
 }
 
 absl::Status GradientReducer::OpError(int b, const absl::Status& collective,
@@ -596,7 +817,9 @@ absl::Status GradientReducer::FinishBackward() {
     for (int i : unmarked) {
       // A parameter unused now but used in an earlier no_sync microbatch keeps that sum.
       absl::Status st;
-      if (!accumulated_[i]) {
+      if (config_.keep_shards_only) {
+        st = AcquireStorage(plan_.slot(i).bucket);  // zero-filled: the slot is zero or the no_sync sum
+      } else if (!accumulated_[i]) {
         const ParamSlot& s = plan_.slot(i);
         st = ops_.Zero(BucketData(s.bucket) + s.offset * DTypeSize(params[i].dtype),
                        params[i].count * DTypeSize(params[i].dtype));
@@ -666,6 +889,16 @@ absl::StatusOr<WorkPtr> GradientReducer::ZeroGradsAsync(DeviceEvent after) {
 }
 
 absl::Status GradientReducer::ZeroBucketQueued(int b) {
+  if (config_.gradient_as_bucket_view) {  // a new window: the next marks copy
+    for (int i : plan_.buckets()[b].params) accumulated_[i] = 0;
+  }
+  if (config_.keep_shards_only) {
+    ReleaseStorage(b);  // a window dropped before its synced backward: storage goes back
+    const absl::Status st = ops_.Zero(buckets_[b]->kept.get(), buckets_[b]->kept.bytes());
+    if (!st.ok()) return WithContext(st, absl::StrCat("zeroing the kept shard of ", buckets_[b]->label));
+    buckets_[b]->has_partial = false;
+    return absl::OkStatus();
+  }
   // A bucket whose zeroing failed keeps its partial sum flag: nothing is silently dropped.
   const absl::Status st = ops_.Zero(BucketData(b), plan_.buckets()[b].bytes());
   if (!st.ok()) return WithContext(st, absl::StrCat("zeroing ", buckets_[b]->label));
@@ -683,7 +916,7 @@ absl::Status GradientReducer::SyncZeroing() {
   // writes the gradients from its own streams, which nothing orders with the comm stream:
   // without an event to hand out, the host waits (deadline-bounded) here. ZeroGradsAsync hands
   // out that event instead (the Work's device_event()) and never waits.
-  if (ops_.synchronous() || !config_.gradient_as_bucket_view) return absl::OkStatus();
+  if (ops_.synchronous() || !config_.gradient_as_bucket_view || config_.keep_shards_only) return absl::OkStatus();
   return WithContext(ops_.Synchronize(absl::Now() + config_.timeout), "zeroing gradients");
 }
 

@@ -34,6 +34,50 @@
 // average over all ranks of the sum over microbatches, as with kNoSync.
 // Call ZeroGrads() after consuming a synced result, before the next accumulation window.
 //
+// Gradients passed at MarkReady (MarkReady(id, ready, grad), any mode): the framework keeps its
+// own gradient and the reducer copies it into the parameter's bucket slot at mark time (device
+// buffers: on the comm stream, after waiting for `ready`). The first mark of a parameter in an
+// accumulation window copies (-0.0 survives), later marks of the window (no_sync microbatches,
+// then the synced one) add, in the gradient dtype, as `slot += grad`.
+//
+// keep_shards_only (ReducerConfig; FSDP's gradient memory):
+//  - Gradients are passed at MarkReady only (GradView and MarkReady(id, ready) refuse).
+//  - Full-size storage (the bucket, and with reduce_dtype f32 its f32 staging) comes from a
+//    pool of free buffers (best fit by byte size: the smallest free buffer that holds it; a new
+//    one is allocated only when none does). The pool is never trimmed: MemoryUse::kGradBuckets
+//    counts every pool buffer, in use or free. A bucket takes its storage, zero-filled, at its
+//    first mark of an accumulation window (the staging when the bucket is complete) and gives
+//    it back once this rank's reduced shard was copied out of it, so in a synced backward the
+//    pool holds about the buckets in flight at once, not the model.
+//  - The kept shard: one per bucket, shard_count elements of the *bucket's* dtype (with
+//    reduce_dtype f32 the f32 result is rounded into it once, as in the other modes, so
+//    ShardView(b) has the same dtype everywhere), MemoryUse::kGradShards, allocated at Create.
+//    Hybrid with reduce_dtype f32 also keeps an f32 shard per bucket (kGradShards): the replica
+//    all-reduce and the reduce_scatter_only partial sums run there.
+//  - kNoSync keeps a bucket's storage for the whole accumulation window (the marks add into
+//    it): that is no_sync's memory cost, as in FSDP (every bucket touched by a no_sync
+//    microbatch stays full-size until the synced backward reduces it).
+//  - kReduceScatterOnly (hybrid) reduce-scatters every microbatch, adds the reduced shard into
+//    the kept shard (its f32 shard with reduce_dtype f32), and returns the storage after each
+//    microbatch; the synced backward adds its own reduced shard before the replica all-reduce.
+//    Between the microbatches ShardView(b) holds that partial sum.
+//  - Unused parameters (allow_unused): zero, from the zero-filled storage.
+//  - ZeroBucket(b) / ZeroGrads() zero the kept shards (and give back storage a dropped window
+//    still held); they never take full-size storage.
+//  - Device ordering: every operation that touches pooled storage (the zero-fill, the copies
+//    and adds of MarkReady, the f32 widening, the reduce-scatter, the f16 post-divide, the copy
+//    or add into the kept shard) is queued on the shard group's comm stream (its BufferOps).
+//    Storage goes back to the pool on the host only after the last of these was *issued*, and
+//    the next bucket that takes it issues its own operations (zero-fill first) after taking
+//    it, under the pool's lock: stream order puts every reuse after every earlier use. The
+//    hybrid replica all-reduce runs on the replica group's stream, so it never reads storage:
+//    the reduced shard is copied (or added to the partial sum) into the kept shard on the
+//    shard stream, the storage is given back, an event recorded on the shard stream after that
+//    copy is waited on by the replica stream, and the replica all-reduce (then the f16 divide
+//    and the f32 -> gradient dtype rounding) runs in place on the kept shard. Readers of the
+//    kept shard wait on BucketWork(b)'s device event as before; the next backward writes it
+//    only after FinishBackward observed that bucket's Work complete.
+//
 // Device buffers (parameters on a CUDA device, groups with device_memory, e.g. `nccl`): the
 // buckets live in device memory and every operation on them (zeroing, packing, the f32
 // staging casts, unpacking) is queued through the groups' BufferOps (comm/buffer_ops.h) on the
@@ -104,6 +148,11 @@ struct ReducerConfig {
   // Optional, not owned, must outlive the reducer's buffers: counts every buffer the reducer
   // allocates (buckets, staging, partial sums).
   MemoryStats* memory = nullptr;
+  // FSDP's gradient memory (reduce-scatter and hybrid modes only; InvalidArgument otherwise,
+  // and with gradient_as_bucket_view = false or rebuild_bucket_order). Full-size bucket
+  // storage exists only while a bucket is filled and reduced; what stays is one kept shard per
+  // bucket. See "keep_shards_only" below the class comment.
+  bool keep_shards_only = false;
 };
 
 class GradientReducer {
@@ -119,13 +168,15 @@ class GradientReducer {
   GradientReducer& operator=(const GradientReducer&) = delete;
 
   const BucketPlan& plan() const { return plan_; }
-  // The gradient of `id` inside its bucket (valid for the reducer's lifetime).
+  // The gradient of `id` inside its bucket (valid for the reducer's lifetime). With
+  // keep_shards_only: FailedPrecondition (gradients are passed at MarkReady).
   absl::StatusOr<TensorView> GradView(ParamId id) const;
   // Copy-in path (gradient_as_bucket_view = false): the framework's gradient buffer of `id`
   // (its registered count and dtype), kept alive by the caller. Every parameter needs one
   // before the first BeginBackward.
   absl::Status SetGradBuffer(ParamId id, void* grad);
   // This rank's shard of bucket `b` (reduce-scatter and hybrid modes: after BucketWork(b)).
+  // keep_shards_only: the kept shard (valid for the reducer's lifetime).
   TensorView ShardView(int b) const;
   // Bucket b's final reduction in the current (or last) synced backward.
   WorkPtr BucketWork(int b) const;
@@ -138,7 +189,15 @@ class GradientReducer {
   // must come after every earlier write (one producer stream, as autograd's, does that).
   // On device a null `ready` is trusted to mean the gradient is complete on the device already:
   // the comm stream is not ordered after the framework's streams by anything else.
+  // With keep_shards_only: FailedPrecondition (pass the gradient, below).
   absl::Status MarkReady(ParamId id, DeviceEvent ready = {});
+  // The same, passing the framework's gradient of `id` (its registered count and dtype; host
+  // memory, or device memory on device reducers): copied (first mark of the accumulation
+  // window) or added (later marks) into the parameter's bucket slot now, on the comm stream
+  // after waiting for `ready` on device, so `grad` may be reused once the comm stream passed
+  // this point (host: on return). Every mode; not with the copy-in path
+  // (gradient_as_bucket_view = false, which packs the SetGradBuffer buffers instead).
+  absl::Status MarkReady(ParamId id, DeviceEvent ready, const void* grad);
   // Returns once every reduction of this backward completed (or the deadline passed: the error
   // names the bucket and group). Unmarked parameters: zero-filled and reduced with
   // allow_unused, else an error naming them.
@@ -177,6 +236,20 @@ class GradientReducer {
   GradientReducer(BucketPlan plan, ReducerGroups groups, const ReducerConfig& config);
 
   void OnParamReady(int param_index);
+  absl::Status MarkReadyImpl(ParamId id, DeviceEvent ready, const void* grad, bool with_values);
+  // keep_shards_only: the pool of free full-size buffers (best fit), and bucket b's storage.
+  absl::StatusOr<OwnedBuffer> PoolAcquire(size_t bytes, int b);
+  void PoolRelease(OwnedBuffer buffer);
+  absl::Status AcquireStorage(int b);  // zero-filled, when b holds none
+  void ReleaseStorage(int b);          // bucket storage and staging back to the pool
+  void OnKeptStageDone(int b, int stage, const absl::Status& done);
+  // Hybrid: after bucket b's reduce-scatter result is in place for the replicas (st: its
+  // error, if any), launch the replica all-reduces that are due, in bucket order.
+  void LaunchReplicaStages(int b, const absl::Status& st);
+  // keep_shards_only: the comm-dtype shard the replica all-reduce and the partial sums use
+  // (the kept shard, or its f32 twin with reduce_dtype f32).
+  char* CommKept(int b) const;
+  char* StorageShard(int b) const;  // this rank's shard inside the bucket storage
   // With mu_ held: launch bucket b's stage 0 (all-reduce, or reduce-scatter) or stage 1 (the
   // hybrid replica all-reduce), recorded in the bucket's state; buckets [first, last) of a
   // stage are then watched after mu_ is released. Nothing here allocates in steady state.
@@ -237,6 +310,10 @@ class GradientReducer {
   int launch_cursor_ = 0;     // next bucket to launch (first stage)
   int allreduce_cursor_ = 0;  // hybrid: next bucket whose replica all-reduce to launch
   absl::Status first_error_;
+
+  std::mutex pool_mu_;
+  std::vector<OwnedBuffer> pool_;  // free full-size buffers (capacity: every pool buffer)
+  size_t pool_buffers_ = 0;        // pool buffers allocated so far
 };
 
 }  // namespace braid::sched

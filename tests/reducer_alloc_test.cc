@@ -35,6 +35,7 @@ struct Case {
   DType reduce_dtype;
   bool views;
   std::vector<SyncMode> schedule;  // one window, repeated
+  bool kept = false;  // keep_shards_only: gradients passed at MarkReady, pooled storage
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -47,11 +48,15 @@ std::vector<ParamSpec> Params(DType t) {
 }
 
 // One accumulation window of `c`: backwards in its schedule, every parameter marked.
-absl::Status Window(GradientReducer& r, const Case& c) {
+absl::Status Window(GradientReducer& r, const Case& c, const std::vector<std::vector<char>>& grads) {
   for (SyncMode m : c.schedule) {
     RETURN_IF_ERROR(r.BeginBackward(m));
     for (int id = static_cast<int>(r.plan().params().size()) - 1; id >= 0; --id) {
-      RETURN_IF_ERROR(r.MarkReady(id));
+      if (c.kept) {
+        RETURN_IF_ERROR(r.MarkReady(id, DeviceEvent{}, grads[id].data()));
+      } else {
+        RETURN_IF_ERROR(r.MarkReady(id));
+      }
     }
     RETURN_IF_ERROR(r.FinishBackward());
   }
@@ -80,17 +85,19 @@ TEST_P(ReducerAlloc, SteadyStateMakesNoHeapAllocation) {
     cfg.first_bucket_cap_bytes = 512;
     cfg.reduce_dtype = c.reduce_dtype;
     cfg.gradient_as_bucket_view = c.views;
+    cfg.keep_shards_only = c.kept;
     auto red = GradientReducer::Create(Params(c.dtype), groups, cfg);
     ASSERT_TRUE(red.ok()) << red.status();
     GradientReducer& r = **red;
-    std::vector<std::vector<char>> ext;
+    std::vector<std::vector<char>> ext, grads;
+    for (const ParamSpec& p : r.plan().params()) grads.emplace_back(p.count * DTypeSize(p.dtype), 0);
     if (!c.views) {
       for (const ParamSpec& p : r.plan().params()) {
         ext.emplace_back(p.count * DTypeSize(p.dtype), 1);
         ASSERT_OK(r.SetGradBuffer(p.id, ext.back().data()));
       }
     }
-    for (int i = 0; i < kWarmup; ++i) ASSERT_OK(Window(r, c));
+    for (int i = 0; i < kWarmup; ++i) ASSERT_OK(Window(r, c, grads));
     auto barrier = [&world] {
       auto w = world.Barrier();
       ASSERT_TRUE(w.ok()) << w.status();
@@ -99,7 +106,7 @@ TEST_P(ReducerAlloc, SteadyStateMakesNoHeapAllocation) {
     barrier();
     if (world.rank() == 0) before = alloc_counter::Allocs();
     barrier();
-    for (int i = 0; i < kMeasured; ++i) ASSERT_OK(Window(r, c));
+    for (int i = 0; i < kMeasured; ++i) ASSERT_OK(Window(r, c, grads));
     barrier();
     if (world.rank() == 0) after = alloc_counter::Allocs();
     barrier();
@@ -120,7 +127,13 @@ INSTANTIATE_TEST_SUITE_P(
              {SyncMode::kSync}},
         Case{"hybrid_rsonly_f32", ReduceMode::kHybrid, 2, 2, DType::kF32, DType::kBF16, true,
              {SyncMode::kReduceScatterOnly, SyncMode::kSync}},
-        Case{"hybrid_bf16", ReduceMode::kHybrid, 2, 2, DType::kBF16, DType::kBF16, true, {SyncMode::kSync}}),
+        Case{"hybrid_bf16", ReduceMode::kHybrid, 2, 2, DType::kBF16, DType::kBF16, true, {SyncMode::kSync}},
+        Case{"reduce_scatter_kept_nosync_bf16_in_f32", ReduceMode::kReduceScatter, 1, 4, DType::kBF16,
+             DType::kF32, true, {SyncMode::kNoSync, SyncMode::kSync}, true},
+        Case{"hybrid_kept_rsonly_f32", ReduceMode::kHybrid, 2, 2, DType::kF32, DType::kBF16, true,
+             {SyncMode::kReduceScatterOnly, SyncMode::kSync}, true},
+        Case{"hybrid_kept_bf16_in_f32", ReduceMode::kHybrid, 2, 2, DType::kBF16, DType::kF32, true,
+             {SyncMode::kReduceScatterOnly, SyncMode::kNoSync, SyncMode::kSync}, true}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "comm/element.h"
 #include "comm/half.h"
 #include "comm/status_macros.h"
+#include "scheduler/memory_stats.h"
 #include "scheduler/mesh.h"
 
 namespace braid::sched::reference {
@@ -122,7 +123,8 @@ std::string ScenarioName(const Scenario& sc) {
                                                              : "hybrid";
   const char* dtypes[] = {"f32", "bf16", "f16", "mixed"};
   return absl::StrCat(mode, "_", sc.replicas, "x", sc.shards, "_", dtypes[sc.dtypes], "_", sc.schedule,
-                      sc.copy_in ? "_copyin" : "", sc.reduce_f32 ? "_f32reduce" : "");
+                      sc.copy_in ? "_copyin" : "", sc.reduce_f32 ? "_f32reduce" : "",
+                      sc.keep_shards ? "_kept" : sc.values ? "_values" : "");
 }
 
 SyncMode SyncModeOf(char letter) {
@@ -178,8 +180,9 @@ absl::Status CheckStep(const Scenario& sc, const GradientReducer& reducer, int r
     // rank's shard, indexed as if it were the whole bucket.
     const int first = bk.params[0];
     const char* bucket_base =
-        bucket_copies != nullptr
-            ? (*bucket_copies)[b].data()
+        bucket_copies != nullptr ? (*bucket_copies)[b].data()
+        : sc.mode != ReduceMode::kAllReduce
+            ? nullptr  // read through ShardView below (keep_shards_only has no GradView)
             : static_cast<const char*>(reducer.GradView(plan.params()[first].id)->data) -
                   plan.slot(first).offset * es;
     const char* got = bucket_base;
@@ -234,6 +237,10 @@ absl::Status RunScenario(Group& world, const Scenario& sc, GradFn grad, absl::Du
   cfg.timeout = timeout;
   cfg.gradient_as_bucket_view = !sc.copy_in;
   if (sc.reduce_f32) cfg.reduce_dtype = DType::kF32;
+  cfg.keep_shards_only = sc.keep_shards;
+  MemoryStats memory;
+  cfg.memory = &memory;
+  const bool values = sc.values || sc.keep_shards;
   const std::vector<ParamSpec> params = MakeParams(sc.dtypes);
   ASSIGN_OR_RETURN(std::unique_ptr<GradientReducer> red, GradientReducer::Create(params, groups, cfg));
   // Copy-in path: the framework's own gradient buffers.
@@ -243,7 +250,7 @@ absl::Status RunScenario(Group& world, const Scenario& sc, GradFn grad, absl::Du
     if (sc.copy_in) RETURN_IF_ERROR(red->SetGradBuffer(params[p].id, own[p].data()));
   }
   auto grad_of = [&](int p) -> absl::StatusOr<TensorView> {
-    if (sc.copy_in) return TensorView{own[p].data(), params[p].count, params[p].dtype, params[p].device};
+    if (sc.copy_in || values) return TensorView{own[p].data(), params[p].count, params[p].dtype, params[p].device};
     return red->GradView(params[p].id);
   };
   std::mt19937 order_rng(1234 + 77 * r);
@@ -252,6 +259,8 @@ absl::Status RunScenario(Group& world, const Scenario& sc, GradFn grad, absl::Du
     RETURN_IF_ERROR(red->ZeroGrads());
     for (auto& o : own) std::fill(o.begin(), o.end(), 0);  // the framework's zero_grad
     for (int m = 0; m < mbs; ++m) {
+      // values: each microbatch's own gradient (the framework's fresh .grad), passed at the mark.
+      if (values) for (auto& o : own) std::fill(o.begin(), o.end(), 0);
       RETURN_IF_ERROR(red->BeginBackward(SyncModeOf(sc.schedule[m])));
       std::vector<int> order(params.size());
       std::iota(order.begin(), order.end(), 0);
@@ -262,7 +271,11 @@ absl::Status RunScenario(Group& world, const Scenario& sc, GradFn grad, absl::Du
           const int p = order[k];
           ASSIGN_OR_RETURN(TensorView v, grad_of(p));
           Accumulate(v, grad, r, p, m, step);
-          RETURN_IF_ERROR(red->MarkReady(params[p].id));
+          if (values) {
+            RETURN_IF_ERROR(red->MarkReady(params[p].id, DeviceEvent{}, v.data));
+          } else {
+            RETURN_IF_ERROR(red->MarkReady(params[p].id));
+          }
         }
         return absl::OkStatus();
       };
@@ -274,7 +287,25 @@ absl::Status RunScenario(Group& world, const Scenario& sc, GradFn grad, absl::Du
       RETURN_IF_ERROR(other_status);
       RETURN_IF_ERROR(red->FinishBackward());
     }
-    RETURN_IF_ERROR(CheckStep(sc, *red, r, step, grad, &own));
+    RETURN_IF_ERROR(CheckStep(sc, *red, r, step, grad, values ? nullptr : &own));
+    if (sc.keep_shards) {
+      int64_t shards = 0, storage = 0;
+      for (const Bucket& bk : red->plan().buckets()) {
+        const bool staged = sc.reduce_f32 && IsHalf(bk.dtype);
+        shards += static_cast<int64_t>(bk.shard_count * DTypeSize(bk.dtype));
+        if (staged && sc.mode == ReduceMode::kHybrid) shards += static_cast<int64_t>(bk.shard_count * 4);
+        storage += static_cast<int64_t>((bk.bytes() + 63) / 64 * 64);
+        if (staged) storage += static_cast<int64_t>(bk.padded_count * 4 + 63) / 64 * 64;
+      }
+      const MemorySnapshot mem = memory.Snapshot();
+      const MemoryCounter& kept = mem.by_use[static_cast<int>(MemoryUse::kGradShards)];
+      const MemoryCounter& pool = mem.by_use[static_cast<int>(MemoryUse::kGradBuckets)];
+      if (kept.current != shards || pool.current > storage || pool.current <= 0) {
+        return absl::InternalError(absl::StrCat(ScenarioName(sc), ": rank ", r, " step ", step,
+                                                ": kGradShards ", kept.current, " (want ", shards,
+                                                "), kGradBuckets ", pool.current, " (want 1..", storage, ")"));
+      }
+    }
   }
   return absl::OkStatus();
 }

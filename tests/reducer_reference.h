@@ -36,6 +36,13 @@ struct Scenario {
   const char* schedule;  // one letter per microbatch: N no_sync, R reduce_scatter_only, S sync
   bool copy_in = false;  // framework-owned gradient buffers (gradient_as_bucket_view = false)
   bool reduce_f32 = false;  // bf16/f16 gradients reduced in f32 (ReducerConfig::reduce_dtype)
+  // The framework keeps each microbatch's gradient and passes it at MarkReady(id, ready, grad)
+  // (the reducer copies / adds it into the slot). Bit-exact with the reference when grad()
+  // returns values representable in the gradient dtype (the reference adds grad() unrounded).
+  bool values = false;
+  // ReducerConfig::keep_shards_only (implies values): results read from the kept shards, and
+  // the MemoryStats figures checked after every synced step (see RunScenario).
+  bool keep_shards = false;
 };
 
 // "hybrid_2x2_bf16_NRNS": usable as a gtest parameter name.
@@ -72,6 +79,9 @@ absl::Status CheckStep(const Scenario& sc, const GradientReducer& reducer, int r
 // accumulating grad() into the gradients (views, or the framework's buffers with sc.copy_in)
 // in a random readiness order that differs per rank, marked from two threads, and checks
 // every step with CheckStep. Collective: every rank of `world` calls it with the same sc.
+// With sc.keep_shards, after every synced step: MemoryUse::kGradShards current equals the
+// kept shards' bytes (plus hybrid's f32 shards with reduce_f32) exactly, and kGradBuckets
+// current is at most every bucket's storage (and staging) once: the pool never holds more.
 absl::Status RunScenario(Group& world, const Scenario& sc, GradFn grad, absl::Duration timeout);
 
 }  // namespace braid::sched::reference

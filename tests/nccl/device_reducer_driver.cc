@@ -70,6 +70,8 @@ absl::Status RunDeviceScenario(Group& world, std::shared_ptr<CudaApi> cuda, cons
   cfg.timeout = timeout;
   cfg.gradient_as_bucket_view = !sc.copy_in;
   if (sc.reduce_f32) cfg.reduce_dtype = DType::kF32;
+  cfg.keep_shards_only = sc.keep_shards;
+  const bool values = sc.values || sc.keep_shards;
   std::vector<sched::ParamSpec> params = MakeParams(sc.dtypes);
   for (auto& p : params) p.device = Device{DeviceType::kCuda, 0};
   ASSIGN_OR_RETURN(std::unique_ptr<GradientReducer> red,
@@ -89,6 +91,10 @@ absl::Status RunDeviceScenario(Group& world, std::shared_ptr<CudaApi> cuda, cons
   // What each queued copy reads: a snapshot of the mirror per (step, microbatch, parameter),
   // never written after its copy is queued (the fake device copies when it gets there).
   std::vector<std::vector<char>> snapshots(static_cast<size_t>(2 * mbs) * n);
+  // values: the framework's gradient of each (step, microbatch, parameter), on the device; the
+  // reducer reads it on its comm stream, so it stays until the end (a synced FinishBackward
+  // would do).
+  std::vector<DeviceBuffer> passed(static_cast<size_t>(2 * mbs) * n);
   // Declared after the buffers the queued copies touch: destroyed (and drained) first.
   // ZeroGradsAsync's Works, held while the compute stream may wait on their events.
   std::vector<WorkPtr> zero_works;
@@ -132,7 +138,12 @@ absl::Status RunDeviceScenario(Group& world, std::shared_ptr<CudaApi> cuda, cons
         for (size_t k = from; k < to; ++k) {
           const int p = order[k];
           void* target = own[p].get();
-          if (!sc.copy_in) {
+          const size_t at = (static_cast<size_t>(step) * mbs + m) * n + p;
+          if (values) {
+            ASSIGN_OR_RETURN(passed[at], DeviceBuffer::Allocate(cuda, mirror[p].size(), params[p].Label()));
+            target = passed[at].get();
+            std::fill(mirror[p].begin(), mirror[p].end(), 0);  // this microbatch's gradient only
+          } else if (!sc.copy_in) {
             ASSIGN_OR_RETURN(TensorView v, red->GradView(params[p].id));
             target = v.data;
           }
@@ -147,8 +158,12 @@ absl::Status RunDeviceScenario(Group& world, std::shared_ptr<CudaApi> cuda, cons
               "cudaMemcpyAsync (gradient)"));
           RETURN_IF_ERROR(CudaStatus(*cuda, cuda->EventRecord(events[p].get(), compute.get()),
                                      "cudaEventRecord"));
-          RETURN_IF_ERROR(red->MarkReady(
-              params[p].id, pass_events ? DeviceEvent{events[p].get()} : DeviceEvent{}));
+          const DeviceEvent ready = pass_events ? DeviceEvent{events[p].get()} : DeviceEvent{};
+          if (values) {
+            RETURN_IF_ERROR(red->MarkReady(params[p].id, ready, target));
+          } else {
+            RETURN_IF_ERROR(red->MarkReady(params[p].id, ready));
+          }
         }
         return absl::OkStatus();
       };
@@ -171,6 +186,16 @@ absl::Status RunDeviceScenario(Group& world, std::shared_ptr<CudaApi> cuda, cons
     for (size_t b = 0; b < buckets.size(); ++b) {
       const sched::Bucket& bk = plan.buckets()[b];
       const int first = bk.params[0];
+      if (sc.keep_shards) {  // the kept shard, placed where it lies in the bucket
+        const size_t es = DTypeSize(bk.dtype);
+        const size_t lo = static_cast<size_t>(r % sc.shards) * bk.shard_count;
+        buckets[b].assign(bk.bytes(), 0);
+        RETURN_IF_ERROR(CudaStatus(
+            *cuda, cuda->MemcpyAsync(buckets[b].data() + lo * es, red->ShardView(static_cast<int>(b)).data,
+                                     bk.shard_count * es, cudaMemcpyDeviceToHost, compute.get()),
+            "cudaMemcpyAsync (kept shard to host)"));
+        continue;
+      }
       ASSIGN_OR_RETURN(TensorView v, red->GradView(plan.params()[first].id));
       const char* base = static_cast<const char*>(v.data) -
                          plan.slot(first).offset * DTypeSize(bk.dtype);

@@ -58,6 +58,42 @@ TEST_P(NcclReducerTest, MatchesSerialReference) {
   EXPECT_EQ(gpu.kernels->adds() > 0, adds) << gpu.kernels->adds();
 }
 
+// Gradients passed at MarkReady (copied / added on the comm stream after the readiness event),
+// and keep_shards_only (pooled storage, kept shards; hybrid's replica all-reduce on the kept
+// shard after the shard stream's copy): the fake runs a stream's work only when waited on, so
+// a missing wait reads stale data.
+class NcclReducerValuesTest : public ::testing::TestWithParam<Scenario> {};
+
+TEST_P(NcclReducerValuesTest, MatchesSerialReference) {
+  const Scenario sc = GetParam();
+  FakeGpu gpu;
+  RunFakeRanks(gpu, sc.replicas * sc.shards, FakeConfig(), [&](NcclGroup& world) {
+    const absl::Status s = RunDeviceScenario(world, gpu.cuda, sc, ExactGrad, absl::Seconds(60));
+    EXPECT_TRUE(s.ok()) << "rank " << world.rank() << ": " << s;
+  });
+  ExpectClean(gpu);
+}
+
+Scenario Values(Scenario sc, bool kept) {
+  sc.values = true;
+  sc.keep_shards = kept;
+  return sc;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Values, NcclReducerValuesTest,
+    ::testing::Values(Values(Scenario{ReduceMode::kAllReduce, 1, 2, 0, "NS"}, false),
+                      Values(Scenario{ReduceMode::kReduceScatter, 1, 4, 1, "NS", false, true}, false),
+                      Values(Scenario{ReduceMode::kHybrid, 2, 2, 0, "RNS"}, false),
+                      Values(Scenario{ReduceMode::kReduceScatter, 1, 2, 0, "S"}, true),
+                      Values(Scenario{ReduceMode::kReduceScatter, 1, 4, 1, "NNS", false, true}, true),
+                      Values(Scenario{ReduceMode::kReduceScatter, 1, 4, 2, "NS"}, true),
+                      Values(Scenario{ReduceMode::kHybrid, 2, 2, 0, "NS"}, true),
+                      Values(Scenario{ReduceMode::kHybrid, 2, 2, 0, "RRS"}, true),
+                      Values(Scenario{ReduceMode::kHybrid, 2, 2, 1, "NRNS", false, true}, true),
+                      Values(Scenario{ReduceMode::kHybrid, 2, 4, 2, "RNS"}, true)),
+    [](const ::testing::TestParamInfo<Scenario>& i) { return ScenarioName(i.param); });
+
 // dtypes 0 f32, 1 bf16, 2 f16, 3 mixed; "NS": a no_sync microbatch, then a synced one; "R": a
 // reduce_scatter_only microbatch (hybrid).
 INSTANTIATE_TEST_SUITE_P(
