@@ -102,7 +102,7 @@ static void backward(braid_reducer_t* red, braid_optimizer_t* opt, int rank, int
     EXPECT_OK(braid_unit_exit(opt, u, BRAID_PHASE_BACKWARD));
   }
   EXPECT_OK(braid_optimizer_finish_backward(opt));
-  EXPECT_OK(braid_optimizer_end_step(opt));
+  EXPECT_OK(braid_optimizer_end_step(opt)); /* after every forward + backward pass */
   free(g);
 }
 
@@ -120,7 +120,7 @@ static void* rank_main(void* arg) {
   void* event = (void*)1;
   float* p = NULL;
   size_t pcount = 0;
-  int64_t all_buckets = 0;
+  int64_t shard_bytes = 0;
 
   for (i = 0; i < P; ++i) {
     params[i].id = i;
@@ -201,10 +201,18 @@ static void* rank_main(void* arg) {
   EXPECT_OK(braid_optimizer_summon_params(opt, 0));
   EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "released", braid_optimizer_param(opt, 3, (void**)&p, &pcount));
 
+  /* Shards only: one parameter shard and one kept gradient shard per bucket (f32 here). */
   m.struct_size = sizeof m;
   EXPECT_OK(braid_memory_stats(red, &m));
-  for (i = 0; i < P; ++i) all_buckets += (int64_t)(kCounts[i] * sizeof(float));
-  EXPECT_TRUE(m.by_use[BRAID_MEMORY_GRAD_BUCKETS].current < all_buckets);
+  for (i = 0; i < buckets; ++i) {
+    void* shard = NULL;
+    size_t shard_count = 0;
+    EXPECT_OK(braid_reducer_shard(red, i, &shard, &shard_count));
+    shard_bytes += (int64_t)(shard_count * sizeof(float));
+  }
+  EXPECT_TRUE(m.by_use[BRAID_MEMORY_GRAD_SHARDS].current == shard_bytes);
+  EXPECT_TRUE(m.by_use[BRAID_MEMORY_PARAM_SHARDS].current == shard_bytes);
+  EXPECT_TRUE(m.by_use[BRAID_MEMORY_OPTIMIZER_STATE].current >= 3 * shard_bytes);
   EXPECT_OK(braid_optimizer_destroy(opt));
 
   /* A ZeRO-2 optimizer has no units. */

@@ -150,19 +150,44 @@ absl::Status Backward(FsdpStack& st, const OptScenario& s, int t, int mb, int ra
   return st.opt->FinishBackward();
 }
 
-// After a step: nothing gathered, gradient shards exactly the shard bytes of every bucket.
-absl::Status CheckMemory(FsdpStack& st, int rank, int t) {
+// After a step: every gather released (the gather buffers left are the gatherer's pool of
+// free ones, and the accounting says exactly that), the live bytes never above 2 x the largest
+// unit (the default limit), the kept gradient shards and parameter shards exactly one shard per
+// bucket.
+absl::Status CheckMemory(FsdpStack& st, const FsdpCase& c, int rank, int t) {
   const sched::MemorySnapshot m = st.memory.Snapshot();
-  const int64_t gathered = m.by_use[static_cast<int>(MemoryUse::kParamGather)].current;
-  if (st.units->live_bytes() != 0) {
-    return absl::InternalError(absl::StrCat("rank ", rank, " step ", t, ": ", st.units->live_bytes(),
-                                            " gathered bytes not released"));
+  const auto current = [&](MemoryUse u) { return m.by_use[static_cast<int>(u)].current; };
+  const sched::BucketPlan& plan = st.reducer->plan();
+  int64_t shards = 0, largest_unit = 0;
+  for (const sched::Bucket& b : plan.buckets()) shards += static_cast<int64_t>(b.shard_count * DTypeSize(b.dtype));
+  for (int u = 0; u < plan.num_units(); ++u) {
+    int64_t bytes = 0;
+    for (int b : plan.UnitBuckets(u)) bytes += static_cast<int64_t>(plan.buckets()[b].bytes());
+    largest_unit = std::max(largest_unit, bytes);
   }
-  int64_t largest = 0;
-  for (const sched::Bucket& b : st.reducer->plan().buckets()) largest = std::max<int64_t>(largest, b.bytes());
-  if (gathered > 2 * largest) {  // the gatherer's pool keeps at most what was live at once
-    return absl::InternalError(absl::StrCat("rank ", rank, " step ", t, ": ", gathered,
-                                            " bytes of gather buffers held after the step"));
+  const std::string at = absl::StrCat("rank ", rank, " step ", t, ": ");
+  if (st.units->live_bytes() != 0 || st.gatherer->held_bytes() != 0) {
+    return absl::InternalError(absl::StrCat(at, st.units->live_bytes(), " gathered bytes not released (",
+                                            st.gatherer->held_bytes(), " held)"));
+  }
+  if (current(MemoryUse::kParamGather) != static_cast<int64_t>(st.gatherer->pooled_bytes())) {
+    return absl::InternalError(absl::StrCat(at, current(MemoryUse::kParamGather), " gather bytes counted, ",
+                                            st.gatherer->pooled_bytes(), " pooled"));
+  }
+  // Kept from forward to backward, every unit is gathered at the end of the forward: the
+  // limit holds only for prefetches then.
+  int64_t all = 0;
+  for (const sched::Bucket& b : plan.buckets()) all += static_cast<int64_t>(b.bytes());
+  const int64_t bound = c.reshard_after_forward ? 2 * largest_unit : all;
+  if (st.units->peak_live_bytes() > bound) {
+    return absl::InternalError(absl::StrCat(at, "peak live gathered bytes ", st.units->peak_live_bytes(),
+                                            " above ", bound));
+  }
+  if (current(MemoryUse::kParamShards) != shards) {
+    return absl::InternalError(absl::StrCat(at, current(MemoryUse::kParamShards), " parameter shard bytes, want ", shards));
+  }
+  if (current(MemoryUse::kGradShards) < shards) {  // hybrid with an f32 reduce dtype keeps an f32 one too
+    return absl::InternalError(absl::StrCat(at, current(MemoryUse::kGradShards), " gradient shard bytes, want >= ", shards));
   }
   return absl::OkStatus();
 }
@@ -173,10 +198,10 @@ absl::Status RunCase(Group& world, const FsdpCase& c) {
     for (int mb = 0; mb < static_cast<int>(c.s.schedule.size()); ++mb) {
       RETURN_IF_ERROR(Forward(*st, c.s, t, world.rank()));
       RETURN_IF_ERROR(Backward(*st, c.s, t, mb, world.rank()));
+      RETURN_IF_ERROR(st->units->EndStep());  // after every forward + backward pass
     }
     RETURN_IF_ERROR(st->opt->WaitAllParams());
-    RETURN_IF_ERROR(st->units->EndStep());
-    RETURN_IF_ERROR(CheckMemory(*st, world.rank(), t));
+    RETURN_IF_ERROR(CheckMemory(*st, c, world.rank(), t));
   }
   return Forward(*st, c.s, c.s.steps, world.rank());
 }
