@@ -194,8 +194,11 @@ class GradientReducer {
   // The same, passing the framework's gradient of `id` (its registered count and dtype; host
   // memory, or device memory on device reducers): copied (first mark of the accumulation
   // window) or added (later marks) into the parameter's bucket slot now, on the comm stream
-  // after waiting for `ready` on device, so `grad` may be reused once the comm stream passed
-  // this point (host: on return). Every mode; not with the copy-in path
+  // after waiting for `ready` on device. Host: `grad` may be reused on return. Device: it is
+  // read on the shard group's comm stream (buffer_ops().stream()); keep it unmodified until
+  // that stream passed the copy: record it there (PyTorch's record_stream), or keep it until a
+  // synced FinishBackward returned (every bucket's Work completes after the copies). Every
+  // mode; not with the copy-in path
   // (gradient_as_bucket_view = false, which packs the SetGradBuffer buffers instead).
   absl::Status MarkReady(ParamId id, DeviceEvent ready, const void* grad);
   // Returns once every reduction of this backward completed (or the deadline passed: the error
