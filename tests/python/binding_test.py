@@ -130,6 +130,12 @@ class HeaderLayoutTest(unittest.TestCase):
                           world.nccl_blocking), (1, None, 0, 0, 0, -1, -1))
         red = _lib.init_options(_lib.ReducerOptions, "braid_reducer_options_init")
         self.assertEqual((red.timeout_ms, red.device), (300000, _lib.DEVICE_HOST))
+        # 0.7's appended fields.
+        self.assertEqual((bool(red.param_units), red.shard_gradients), (False, 0))
+        opt = _lib.init_options(_lib.OptimizerOptions, "braid_optimizer_options_init")
+        self.assertEqual((opt.timeout_ms, opt.fully_sharded, opt.reshard_after_forward,
+                          opt.prefetch, opt.max_live_bytes, opt.offload, opt.gather_stream),
+                         (300000, 0, 1, 1, 0, 0, None))
 
 
 class NcclTest(unittest.TestCase):
