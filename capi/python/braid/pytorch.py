@@ -1,4 +1,5 @@
-"""PyTorch on Braid: DistributedDataParallel over Braid's reducer, and Braid's sharded AdamW.
+"""PyTorch on Braid: DistributedDataParallel over Braid's reducer, Braid's sharded AdamW, and
+fully sharded data parallel (FullyShardedDataParallel, ZeRO-3 / FSDP).
 
     world = braid.World("mpi")                       # one process per rank, under mpirun
     model = DistributedDataParallel(net, world.group())          # like torch DDP (all-reduce)
@@ -11,6 +12,13 @@
     opt = ShardedAdamW(model, lr=1e-3)               # Braid steps each shard as it arrives
     for x, y in data:
         loss_fn(model(x), y).backward(); opt.step()  # step(): no-op with overlap (the default)
+
+    model = FullyShardedDataParallel(net, g, auto_wrap_policy={TransformerEncoderLayer})
+    opt = ShardedAdamW(model, lr=1e-3)               # holds the shards: create it before forward
+    for x, y in data:
+        loss_fn(model(x), y).backward(); opt.step()  # each unit gathered only while it runs
+    with model.summon_full_params():                 # collective: full values, e.g. to export
+        torch.save(net.state_dict(), "model.pt")
 
 Host memory only: the modules' parameters and gradients must be CPU tensors, on a host
 backend (local, mpi). A World("nccl") with Reducer(device=...) is usable from braid.core with
@@ -41,6 +49,59 @@ zeros with find_unused_parameters=True (torch leaves their .grad None); reentran
 checkpointing is not supported (its inner backward would finish Braid's backward early).
 With ShardedAdamW the parameters are Braid's gathered copy: write initial values before
 creating it (later writes to p.data are overwritten by the next gather).
+
+Fully sharded (FullyShardedDataParallel + ShardedAdamW / ShardedSGD), wired over braid.h 0.7:
+  - units: the submodules given (units=[...]) or chosen by auto_wrap_policy (a callable
+    policy(module) -> bool, or module classes); a parameter belongs to the innermost unit
+    holding it; the rest is the root unit (0). Units are numbered in module order, the same
+    on every rank, and become the reducer's param_units (a bucket never mixes units);
+    shard_gradients is on. ShardedAdamW / ShardedSGD create the optimizer with
+    fully_sharded=1 (plus reshard_after_forward, prefetch, max_live_bytes from the wrapper),
+    hand it every parameter's initial values, and from then on each parameter is *released*
+    except while its unit is entered: it keeps its identity, shape, dtype and requires_grad,
+    its class becomes FullyShardedParameter, and any torch call reading its values raises
+    RuntimeError naming it (a __torch_function__ check; its data is one shared NaN element
+    expanded to its shape, so C++ code bypassing the check reads NaN, never freed memory).
+    torch 1.13 segfaults on elementwise reads of a zero-size storage, which is why released
+    data is not simply a storage resized to 0;
+  - forward: the wrapper's forward enters the root unit; a forward pre-hook on each unit
+    enters it (braid_unit_enter: gathered, next unit prefetched) and binds its parameters'
+    data to views over the gathered buffer (braid_optimizer_param); a forward hook releases
+    them and exits (braid_unit_exit). With grad enabled the root stays entered until the end
+    of backward; under torch.no_grad() it exits at the end of the forward;
+  - saved tensors: autograd saves parameter views (a Linear's weight.t(), LayerNorm's weight,
+    attention's in_proj chunks) that point at a buffer released after the unit's forward and
+    gathered again (possibly elsewhere) for its backward. A saved_tensors_hooks pair around
+    the forward packs a tensor whose storage is a bound parameter view as (parameter, size,
+    stride, offset) and rebuilds it at unpack from the view bound then. Tensors saved from
+    copies of parameters (p.float(), p.contiguous() of a strided view) are plain activations;
+  - backward: torch 1.13 has no module backward pre-hook, so a tensor hook on each unit's
+    forward outputs enters the unit for backward (rebinding its views); the first hook of a
+    backward begins Braid's backward and queues the final callback. Gradients go in with
+    braid_reducer_mark_ready_grad from each parameter's AccumulateGrad hook (Braid copies
+    them; param.grad is then set to None, freeing the full-size gradient: param.grad is
+    always None for users), and a unit exits its backward once all its parameters were
+    marked. The final callback exits what is still entered (the root; units with unused
+    parameters), then finishes the backward;
+  - end of step: braid_optimizer_end_step runs lazily once per forward/backward, at the
+    next forward, the optimizer's step(), synchronize(), save(), load(), close() or
+    summon_full_params(), whichever comes first: all points every rank passes in the same
+    order (end_step is collective after the first step);
+  - no_sync(): as DistributedDataParallel (full-size gradient buckets are held for the
+    window, as in FSDP); "reduce_scatter_only" in hybrid mode accumulates into the shard;
+  - summon_full_params(writeback=False): collective; every parameter bound to the gathered
+    values inside the block (forward there only under torch.no_grad()); writeback=True sets
+    the written values as the new master weights;
+  - unused parameters: find_unused_parameters=True reduces them as zeros; otherwise the end
+    of backward raises naming them. Units must be used in the same order on every rank (the
+    first steps' orders are compared by end_step, which names the ranks that differ);
+  - closing: ShardedAdamW.close() is collective and gives the module its full parameters
+    back (a plain torch module again after FullyShardedDataParallel.close()); an optimizer
+    closed any other way (World.close(), garbage collection) leaves them released;
+  - limitations: CPU tensors only (no offload / gather_stream, which need device reducers);
+    a unit called twice in one forward, parameters shared between units (refused at
+    construction), and reentrant activation checkpointing are not supported; parameters with
+    requires_grad=False are not sharded (kept whole on every rank, broadcast like buffers).
 """
 
 import contextlib
