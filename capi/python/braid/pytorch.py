@@ -658,6 +658,7 @@ class FullyShardedDataParallel(torch.nn.Module):
         self._by_address = {}         # address of a bound view -> parameter id
         self._entered = {}            # unit -> phase ("forward" / "backward") it is entered in
         self._root_kept = False       # the root unit stays entered from forward to backward
+        self._kept = []               # units kept gathered after their forward (no reshard)
         self._unmarked = {}           # unit -> parameter ids not marked in this backward
         self._sync = "sync"
         self._armed = "sync"
@@ -714,6 +715,7 @@ class FullyShardedDataParallel(torch.nn.Module):
                 p.__class__ = torch.nn.Parameter
         self._opt = None
         self._entered, self._root_kept, self._in_backward = {}, False, False
+        self._kept = []
 
     # -- views
     def _bind(self, pid):
@@ -775,6 +777,10 @@ class FullyShardedDataParallel(torch.nn.Module):
             self._release(pid)
         del self._entered[unit]
         self._opt.unit_exit(unit, phase)
+        if phase == "forward" and not self.fsdp_options["reshard_after_forward"]:
+            self._kept.append(unit)  # gathered until its backward (or _drain)
+        elif phase == "backward" and unit in self._kept:
+            self._kept.remove(unit)
 
     def _check_ready(self):
         if self._opt is None:
@@ -811,8 +817,11 @@ class FullyShardedDataParallel(torch.nn.Module):
             for t in needs_grad:
                 t.register_hook(self._root_pre_backward)
             self._root_kept = self._has_buckets[_ROOT]
-        elif self._has_buckets[_ROOT]:
-            self._exit(_ROOT, "forward")
+        else:
+            if self._has_buckets[_ROOT]:
+                self._exit(_ROOT, "forward")
+            if not self.fsdp_options["reshard_after_forward"]:
+                self._drain()  # no backward will release the kept units
         return out
 
     def _exit_all(self, phase):
@@ -843,10 +852,10 @@ class FullyShardedDataParallel(torch.nn.Module):
         self._unmarked = {u: set(pids) for u, pids in enumerate(self._unit_params) if pids}
         torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
         if self._root_kept:
-            # The root unit is still gathered from its forward: entering it for backward now
-            # (out of the recorded reverse order) is allowed for a gathered unit.
+            # The root unit is still gathered from its forward (entered, never exited there):
+            # entering it for backward now, out of the reverse order, is allowed for a gathered
+            # unit, and its exit at the end of the backward ends its forward use too.
             self._root_kept = False
-            self._opt.unit_exit(_ROOT, "forward")  # FIXME(C API): see _root_protocol
             self._enter(_ROOT, "backward")
 
     def _root_pre_backward(self, grad):
@@ -898,6 +907,7 @@ class FullyShardedDataParallel(torch.nn.Module):
             self._exit_all("backward")
             self._exit_all("forward")
             self._root_kept = False
+            self._kept = []
             self._opt.finish_backward()
         except core.BraidError as e:
             detail = ": " + str(e)
@@ -909,11 +919,23 @@ class FullyShardedDataParallel(torch.nn.Module):
         rank, which these are."""
         if not self._step_due or self._in_backward:
             return
-        if self._root_kept:  # a forward whose backward never ran
-            self._root_kept = False
-            self._exit(_ROOT, "forward")
+        self._drain()
         self._step_due = False
         self._opt.end_step()
+
+    def _drain(self):
+        """A forward with no backward (under torch.no_grad(), outputs not requiring grad, or
+        a backward never run) leaves units gathered: the root kept for its backward, and with
+        reshard_after_forward off every unit. Each is entered and exited for backward (it is
+        gathered, so this launches nothing), which releases it."""
+        if self._root_kept:
+            self._root_kept = False
+            self._enter(_ROOT, "backward")
+            self._exit(_ROOT, "backward")
+        for unit in reversed(self._kept):
+            self._enter(unit, "backward")
+            self._exit(unit, "backward")
+        self._kept = []
 
     # -- user API
     @contextlib.contextmanager
