@@ -19,6 +19,7 @@
 #include "scheduler/memory_stats.h"
 #include "scheduler/param_gatherer.h"
 #include "scheduler/timeline.h"
+#include "scheduler/unit_scheduler.h"
 
 namespace braid::capi {
 
@@ -67,6 +68,8 @@ struct OptimizerImpl {
   std::unique_ptr<Group> gather_group;
   std::unique_ptr<sched::ParamGatherer> gatherer;
   std::unique_ptr<optim::ShardedOptimizer> opt;
+  // fully_sharded only: drives the gatherer unit by unit (destroyed first).
+  std::unique_ptr<sched::UnitScheduler> units;
 };
 
 }  // namespace braid::capi

@@ -63,23 +63,44 @@ absl::StatusOr<optim::OptimizerConfig> ToConfig(const braid_optimizer_options_t&
   return c;
 }
 
-// Builds the gather group, gatherer and optimizer: collective over the reducer's shard group.
-absl::Status Build(OptimizerImpl& impl, const optim::OptimizerConfig& config) {
+// Builds the gather group, gatherer, optimizer and (fully sharded) unit scheduler: collective
+// over the reducer's shard group.
+absl::Status Build(OptimizerImpl& impl, const braid_optimizer_options_t& o,
+                   const optim::OptimizerConfig& config) {
   GroupImpl& shard = *impl.reducer->shard;
+  const bool fully_sharded = o.fully_sharded == 1;
   {
     std::lock_guard<std::mutex> lock(shard.mu);
     ASSIGN_OR_RETURN(impl.gather_group, shard.group->Split(0, shard.group->rank(),
                                                            shard.group->name() + "/gather"));
   }
+  if (o.gather_stream != nullptr) {
+    absl::Status s = impl.gather_group->UseStream(DeviceStream{o.gather_stream});
+    if (!s.ok()) return WithContext(s, "opts->gather_stream");
+  }
   sched::GathererConfig gc;
   gc.timeout = config.timeout;
   gc.timeline = impl.reducer->timeline.get();
   gc.memory = impl.reducer->memory.get();
+  gc.free_after_use = fully_sharded;
   ASSIGN_OR_RETURN(impl.gatherer, sched::ParamGatherer::Create(impl.reducer->reducer->plan(),
                                                                impl.gather_group.get(), gc));
-  std::lock_guard<std::mutex> lock(shard.mu);  // Create splits the shard group once more
-  ASSIGN_OR_RETURN(impl.opt, optim::ShardedOptimizer::Create(impl.reducer->reducer.get(),
-                                                             impl.gatherer.get(), config));
+  {
+    std::lock_guard<std::mutex> lock(shard.mu);  // Create splits the shard group once more
+    ASSIGN_OR_RETURN(impl.opt, optim::ShardedOptimizer::Create(impl.reducer->reducer.get(),
+                                                               impl.gatherer.get(), config));
+  }
+  if (!fully_sharded) return absl::OkStatus();
+  sched::UnitConfig uc;
+  uc.timeout = config.timeout;
+  uc.prefetch = o.prefetch;
+  uc.reshard_after_forward = o.reshard_after_forward == 1;
+  uc.max_live_bytes = static_cast<size_t>(o.max_live_bytes);
+  uc.timeline = impl.reducer->timeline.get();
+  uc.memory = impl.reducer->memory.get();
+  optim::ShardedOptimizer* opt = impl.opt.get();
+  uc.before_gather = [opt](int b, DeviceEvent* ready) { return opt->WaitShard(b, ready); };
+  ASSIGN_OR_RETURN(impl.units, sched::UnitScheduler::Create(impl.gatherer.get(), uc));
   return absl::OkStatus();
 }
 
@@ -145,7 +166,14 @@ braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
       config.device_kernels = braid::optim::CudaStepKernels();
     }
     config.memory = impl->reducer->memory.get();
-    RETURN_IF_ERROR(braid::capi::Build(*impl, config));
+    config.gather_after_step = o.fully_sharded == 0;
+    config.offload = o.offload == 1;
+    if (impl->reducer->device == BRAID_DEVICE_HOST && (o.offload == 1 || o.gather_stream != nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "opts->", o.offload == 1 ? "offload" : "gather_stream",
+          " is for device reducers (this reducer's parameters are in host memory)"));
+    }
+    RETURN_IF_ERROR(braid::capi::Build(*impl, o, config));
     ASSIGN_OR_RETURN(*out, braid::capi::Register(std::move(impl), {reducer}));
     return absl::OkStatus();
   });

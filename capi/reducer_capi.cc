@@ -94,6 +94,7 @@ absl::StatusOr<sched::ReducerConfig> ToConfig(const braid_reducer_options_t& o) 
   c.first_bucket_cap_bytes = o.first_bucket_cap_bytes;
   c.allow_unused = o.allow_unused != 0;
   c.gradient_as_bucket_view = o.gradient_as_bucket_view != 0;
+  c.keep_shards_only = o.shard_gradients == 1;
   c.timeout = absl::Milliseconds(o.timeout_ms);
   return c;
 }
@@ -220,6 +221,15 @@ braid_status_t braid_reducer_mark_ready(braid_reducer_t* reducer, int64_t id,
   return Guard("braid_reducer_mark_ready", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
     return r->reducer->MarkReady(id, braid::DeviceEvent{device_event});
+  });
+}
+
+braid_status_t braid_reducer_mark_ready_grad(braid_reducer_t* reducer, int64_t id, const void* grad,
+                                             void* device_event) {
+  return Guard("braid_reducer_mark_ready_grad", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
+    RETURN_IF_ERROR(CheckNotNull(grad, "grad"));
+    return r->reducer->MarkReady(id, braid::DeviceEvent{device_event}, grad);
   });
 }
 

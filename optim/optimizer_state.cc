@@ -254,6 +254,7 @@ absl::Status ShardedOptimizer::Load(const std::string& path) {
           "device (their state is partly loaded); no parameters were re-gathered"));
     }
   }
+  if (!config_.gather_after_step) return absl::OkStatus();  // each bucket's next gather reads it
   for (size_t b = 0; b < buckets_.size(); ++b) RETURN_IF_ERROR(Regather(static_cast<int>(b)));
   return absl::OkStatus();
 }

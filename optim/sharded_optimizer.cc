@@ -549,7 +549,9 @@ void ShardedOptimizer::Publish(int b, bool zero_grads, absl::Status stepped) {
   // Consumed: the next window starts from zero (device: queued after the step, which reads it).
   // A failed zeroing is reported after the gather is issued (every rank issues it).
   const absl::Status zeroed = zero_grads ? reducer_->ZeroBucket(b) : absl::OkStatus();
-  absl::Status status = Regather(b, ready);
+  // Fully sharded: the shard is the result; the unit scheduler gathers it before its next use
+  // (WaitShard hands it the step's event).
+  absl::Status status = config_.gather_after_step ? Regather(b, ready) : absl::OkStatus();
   if (!stepped.ok()) status = stepped;
   if (status.ok()) status = zeroed;
   {
@@ -619,26 +621,41 @@ absl::Status ShardedOptimizer::WaitRoundIdle(const char* caller) {
   return absl::OkStatus();
 }
 
-absl::Status ShardedOptimizer::WaitParams(int b) {
+absl::Status ShardedOptimizer::WaitStepped(const char* caller, int b) {
   if (b < 0 || b >= static_cast<int>(buckets_.size())) {
-    return absl::OutOfRangeError(absl::StrCat("optimizer WaitParams: no bucket ", b, " (", buckets_.size(), " buckets)"));
+    return absl::OutOfRangeError(absl::StrCat("optimizer ", caller, ": no bucket ", b, " (", buckets_.size(), " buckets)"));
   }
   BucketState& s = *buckets_[b];
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (in_backward_ && !s.published) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "optimizer WaitParams(", b, ") during a synced backward: ", s.label,
-          " is stepped once its gradients are reduced (wait after FinishBackward)"));
-    }
-    const absl::Time deadline = absl::Now() + config_.timeout;
-    if (!cv_.wait_until(lock, absl::ToChronoTime(deadline), [&] { return s.published; })) {
-      return absl::DeadlineExceededError(absl::StrCat("optimizer WaitParams: the step of ", s.label,
-                                                      " did not finish within ",
-                                                      absl::FormatDuration(config_.timeout)));
-    }
-    RETURN_IF_ERROR(s.publish_status);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (in_backward_ && !s.published) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "optimizer ", caller, "(", b, ") during a synced backward: ", s.label,
+        " is stepped once its gradients are reduced (wait after FinishBackward)"));
   }
+  const absl::Time deadline = absl::Now() + config_.timeout;
+  if (!cv_.wait_until(lock, absl::ToChronoTime(deadline), [&] { return s.published; })) {
+    return absl::DeadlineExceededError(absl::StrCat("optimizer ", caller, ": the step of ", s.label,
+                                                    " did not finish within ", absl::FormatDuration(config_.timeout)));
+  }
+  return s.publish_status;
+}
+
+absl::Status ShardedOptimizer::WaitShard(int b, DeviceEvent* ready) {
+  RETURN_IF_ERROR(WaitStepped("WaitShard", b));
+  BucketState& s = *buckets_[b];
+  s.dirty = false;  // the gather about to start reads the shard as it is now
+  if (ready != nullptr) {
+    // The step's completion on the shard group's stream (device); its Work keeps the event
+    // valid until the next step of b, which cannot start before this gather was issued.
+    *ready = on_device_ && s.step_work != nullptr ? s.step_work->device_event() : DeviceEvent{};
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizer::WaitParams(int b) {
+  RETURN_IF_ERROR(WaitStepped("WaitParams", b));
+  BucketState& s = *buckets_[b];
+  if (!config_.gather_after_step) return absl::OkStatus();  // the unit scheduler gathers
   if (s.dirty) {
     s.dirty = false;
     RETURN_IF_ERROR(Regather(b));

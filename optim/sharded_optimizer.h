@@ -114,6 +114,11 @@ struct OptimizerConfig {
   // Optional, not owned, must outlive the optimizer's buffers: counts master weights and
   // moments (kOptimizerState) and the statistics buffers (kStaging).
   sched::MemoryStats* memory = nullptr;
+  // true (ZeRO-2): each bucket's step is followed by its all-gather. false (fully sharded):
+  // the step only writes the updated shard into the gatherer's ShardView; whoever gathers the
+  // units before their next use (sched::UnitScheduler) first calls WaitShard(b). Load and
+  // SetParam gather nothing either (the next gather of a bucket reads its shard).
+  bool gather_after_step = true;
 };
 
 // What the latest completed step did.
@@ -152,8 +157,17 @@ class ShardedOptimizer {
   absl::Status Step();
 
   // Bucket b's step (if one is armed) and all-gather are complete: its parameters may be read.
+  // With gather_after_step off: bucket b's step is complete (its shard is updated); nothing is
+  // gathered.
   absl::Status WaitParams(int b);
   absl::Status WaitAllParams();
+  // For a gatherer of bucket b's shard (gather_after_step off; the UnitScheduler's
+  // before_gather hook): returns once the armed step of b, if any, has written b's shard, and
+  // sets *ready (may be null) to the event a device gather must wait on first (the step's
+  // completion on the shard group's stream; null on the host, where the step is done). The
+  // error is the step's (naming the bucket). Call it from a forward, not during a synced
+  // backward (b is stepped only after its gradients are reduced: FailedPrecondition).
+  absl::Status WaitShard(int b, DeviceEvent* ready);
 
   // Takes effect from the next armed step.
   absl::Status SetHyper(int group, const GroupHyper& h);
@@ -211,6 +225,8 @@ class ShardedOptimizer {
   // Save / Load: this rank's identity in a state file.
   StateHeader Identity() const;
   absl::Status WaitRoundIdle(const char* caller);
+  // Waits (deadline) until bucket b's armed step, if any, was published; its error.
+  absl::Status WaitStepped(const char* caller, int b);
   // FailedPrecondition inside a backward / accumulation window / before Step(); else waits for
   // the step in flight.
   absl::Status WaitBetweenSteps(const char* caller);

@@ -167,6 +167,15 @@ absl::Status ParamGatherer::LaunchLocked(int b, DeviceEvent ready) {
   const Bucket& bk = plan_.buckets()[b];
   const size_t shard_bytes = bk.shard_count * DTypeSize(bk.dtype);
   BufferOps& ops = group_->buffer_ops();
+  if (!s.full && config_.reuse_buffers) {
+    // Best fit from the pool: the smallest buffer of at least bk.bytes(), wasting at most half.
+    auto it = pool_.lower_bound(bk.bytes());
+    if (it != pool_.end() && it->first <= 2 * bk.bytes()) {
+      s.full = std::move(it->second);
+      pooled_bytes_ -= static_cast<int64_t>(it->first);
+      pool_.erase(it);
+    }
+  }
   if (!s.full) {
     absl::StatusOr<OwnedBuffer> full =
         AllocateZeroed(config_.memory, ops, bk.bytes(), MemoryUse::kParamGather, s.label);
@@ -289,6 +298,11 @@ absl::Status ParamGatherer::Release(int b) {
         "' is in flight; call WaitParams first"));
   }
   if (!config_.free_after_use) return absl::OkStatus();
+  if (s.full && config_.reuse_buffers) {
+    const size_t bytes = s.full.bytes();
+    pooled_bytes_ += static_cast<int64_t>(bytes);
+    pool_.emplace(bytes, std::move(s.full));
+  }
   s.full.Reset();
   s.state = GatherState::kNotGathered;
   return absl::OkStatus();
@@ -345,6 +359,50 @@ absl::Status ParamGatherer::CheckIssueOrder() {
       "' (rank-order contract broken: Prefetch/WaitParams must gather the same buckets in the same "
       "order on every rank; gathered contents may be in the wrong buckets): ",
       absl::StrJoin(per_rank, "; ")));
+}
+
+absl::StatusOr<std::vector<int64_t>> ParamGatherer::ExchangeInts(const std::vector<int64_t>& mine,
+                                                                   absl::string_view what) {
+  const size_t k = mine.size();
+  const int n = group_->size();
+  // Owned by the completion callback too, so a late collective never writes freed memory.
+  auto bufs = std::make_shared<std::vector<int64_t>>(k * (1 + static_cast<size_t>(n)), -1);
+  std::copy(mine.begin(), mine.end(), bufs->begin());
+  WorkPtr w;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    CollectiveOptions opts;
+    opts.label = std::string(what);
+    absl::StatusOr<WorkPtr> launched =
+        group_->AllGather(bufs->data(), bufs->data() + k, k, DType::kI64, opts);
+    if (!launched.ok()) return WithContext(launched.status(), what);
+    w = *launched;
+  }
+  w->OnComplete([bufs](const absl::Status&) {});
+  const absl::Status st = w->Wait(config_.timeout);
+  if (!st.ok()) return WithContext(st, what);
+  return std::vector<int64_t>(bufs->begin() + k, bufs->end());
+}
+
+int64_t ParamGatherer::held_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t sum = 0;
+  for (const auto& s : buckets_) sum += s->full ? static_cast<int64_t>(s->full.bytes()) : 0;
+  return sum;
+}
+
+int64_t ParamGatherer::pooled_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pooled_bytes_;
+}
+
+void ParamGatherer::TrimPool() {
+  std::multimap<size_t, OwnedBuffer> freed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    freed.swap(pool_);
+    pooled_bytes_ = 0;
+  }
 }
 
 }  // namespace braid::sched

@@ -44,9 +44,18 @@
 // written there are overwritten by the next gather or lost at Release.
 //  - free_after_use off: ShardView is the shard's range inside the flat buffer, which lives as
 //    long as the gatherer. Release is a no-op (buffers stay gathered until the next Prefetch).
-//  - free_after_use on (ZeRO-3): the shard is kept in its own storage; Release(b) frees the flat
-//    buffer, and the next gather allocates it again and copies the shard in (shard_count
-//    elements) before the in-place all-gather. Buckets start released.
+//  - free_after_use on (ZeRO-3): the shard is kept in its own storage; Release(b) returns the
+//    flat buffer to a pool, and the next gather takes one from it (or allocates one) and copies
+//    the shard in (shard_count elements) before the in-place all-gather. Buckets start released.
+// Buffer pool (free_after_use, config.reuse_buffers): a released flat buffer is kept, keyed by
+// its byte size, and the next gather of any bucket takes the best fit (the smallest pooled
+// buffer of at least bucket.bytes() and at most twice that), so a steady training step
+// allocates no gather buffer. Pooled buffers stay allocated and stay counted in MemoryStats as
+// kParamGather (held_bytes() + pooled_bytes() == that counter's current when the gatherer
+// counts into its own MemoryStats); TrimPool() frees them. Device groups: a pooled buffer is
+// reused by the next gather queued on the comm stream without the device-wide synchronization
+// a free implies, so readers of a released bucket on another stream must be ordered before the
+// next gather (pass their event as that Prefetch's `ready`), or turn reuse_buffers off.
 // A ParamView is valid until Release of its bucket (free_after_use) or the gatherer's
 // destruction; its values are meaningful only after WaitParams of its bucket returned OK.
 // Between Prefetch(b) and the end of WaitParams(b) the backend writes bucket b: do not read or
@@ -68,6 +77,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -75,6 +85,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "comm/group.h"
 #include "comm/tensor.h"
@@ -99,6 +110,8 @@ struct GathererConfig {
   // Optional, not owned, must outlive the gatherer's buffers: counts the shards (kParamShards)
   // and the gathered buffers (kParamGather).
   MemoryStats* memory = nullptr;
+  // free_after_use: keep released flat buffers in a pool for later gathers (see above).
+  bool reuse_buffers = true;
 };
 
 class ParamGatherer {
@@ -115,6 +128,7 @@ class ParamGatherer {
   ParamGatherer& operator=(const ParamGatherer&) = delete;
 
   const BucketPlan& plan() const { return plan_; }
+  const GathererConfig& config() const { return config_; }
   Group& group() const { return *group_; }
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
 
@@ -152,6 +166,20 @@ class ParamGatherer {
   // rank's recent sequence when they differ (the rank-order contract was broken).
   absl::Status CheckIssueOrder();
 
+  // Collective over the group, serialized with the gathers like every call on it: all-gathers
+  // `mine` (the same length on every rank) and returns every rank's values, rank by rank
+  // (size() * mine.size() values). For small cross-rank checks (the unit scheduler's order
+  // check); `what` labels the collective and prefixes errors.
+  absl::StatusOr<std::vector<int64_t>> ExchangeInts(const std::vector<int64_t>& mine,
+                                                    absl::string_view what);
+
+  // Bytes of flat buffers attached to buckets now (gathered, in flight, or not yet released)
+  // and bytes of free buffers in the pool (free_after_use). Both are counted as kParamGather.
+  int64_t held_bytes() const;
+  int64_t pooled_bytes() const;
+  // Frees every pooled buffer.
+  void TrimPool();
+
  private:
   struct BucketState;
   ParamGatherer(BucketPlan plan, Group* group, const GathererConfig& config);
@@ -186,6 +214,9 @@ class ParamGatherer {
   uint64_t issued_ = 0;
   uint64_t issue_hash_ = 14695981039346656037ull;  // FNV-1a basis
   std::vector<int64_t> recent_;  // ring of the last kRecentIssues buckets
+  // free_after_use: released flat buffers by byte size (see "Buffer pool").
+  std::multimap<size_t, OwnedBuffer> pool_;
+  int64_t pooled_bytes_ = 0;
 };
 
 }  // namespace braid::sched

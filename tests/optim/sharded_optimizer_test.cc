@@ -182,6 +182,55 @@ TEST(ShardedOptimizer, FailedReductionDropsTheRestOfTheStepOnEveryRank) {
   });
 }
 
+// gather_after_step off (fully sharded): steps write the shards and gather nothing; a gather
+// after WaitShard gives the reference parameters; Load gathers nothing either.
+TEST(ShardedOptimizer, NoGatherAfterStepLeavesGatheringToTheCaller) {
+  for (int replicas : {1, 2}) {
+    OptScenario s = Base(replicas, 2);
+    s.opt.gather_after_step = false;
+    s.schedule = {SyncMode::kNoSync, SyncMode::kSync};
+    s.steps = 3;
+    const std::string dir = ::testing::TempDir();
+    RunRanks(replicas * 2, [&](Group& world) {
+      auto st = BuildStack(world, s);
+      ASSERT_TRUE(st.ok()) << st.status();
+      sched::ParamGatherer& g = *(*st)->gatherer;
+      auto gather_all = [&] {
+        for (int b = 0; b < g.num_buckets(); ++b) {
+          DeviceEvent ready;
+          ASSERT_OK((*st)->opt->WaitShard(b, &ready));
+          EXPECT_FALSE(ready);  // host: the step is done
+          ASSERT_OK(g.Prefetch(b, ready));
+          ASSERT_OK(g.WaitParams(b));
+        }
+      };
+      for (int b = 0; b < g.num_buckets(); ++b) EXPECT_EQ(g.GatherWork(b), nullptr) << "bucket " << b;
+      const std::string path = absl::StrCat(dir, "/nogather_rank", world.rank(), ".braid");
+      for (int t = 0; t < s.steps; ++t) {
+        std::vector<WorkPtr> before;
+        for (int b = 0; b < g.num_buckets(); ++b) before.push_back(g.GatherWork(b));
+        ASSERT_OK(RunSteps(**st, s, t, t + 1));
+        for (int b = 0; b < g.num_buckets(); ++b) {
+          EXPECT_EQ(g.GatherWork(b), before[b]) << "step " << t << " gathered bucket " << b;
+        }
+        gather_all();
+        auto p = Params(**st, s);
+        ASSERT_TRUE(p.ok()) << p.status();
+        EXPECT_EQ(*p, ReferenceParams(s, t + 1)) << "rank " << world.rank() << " step " << t;
+        if (t == 0) ASSERT_OK((*st)->opt->Save(path));
+      }
+      std::vector<WorkPtr> before;
+      for (int b = 0; b < g.num_buckets(); ++b) before.push_back(g.GatherWork(b));
+      ASSERT_OK((*st)->opt->Load(path));
+      for (int b = 0; b < g.num_buckets(); ++b) EXPECT_EQ(g.GatherWork(b), before[b]) << "Load gathered " << b;
+      gather_all();
+      auto p = Params(**st, s);
+      ASSERT_TRUE(p.ok());
+      EXPECT_EQ(*p, ReferenceParams(s, 1));
+    });
+  }
+}
+
 TEST(ShardedOptimizer, ResumeFromCheckpointIsBitExact) {
   OptScenario s = Base(2, 2);
   s.dtype = DType::kBF16;

@@ -1,0 +1,409 @@
+// memory: what a rank holds, and how long its step takes, for DDP, ZeRO-2 and fully sharded
+// (ZeRO-3 / FSDP) training of the GPT-2-small shapes of bench/overlap, every byte counted by
+// scheduler/memory_stats.h.
+//
+//   tools/bazelw run //bench:memory -- --csv
+//   bazel-bin/bench/memory --ranks=2,4 --scale=1 --iters=3 --layer_compute_us=20000
+//
+// Flags (defaults): --ranks=2,4  --scale=1 (124M parameters; smaller for a quick run)
+// --blocks=12  --iters=3  --warmup=1  --layer_compute_us=20000 (each layer's forward sleeps
+// this long and its backward twice as long: an accelerator's host thread waiting on its
+// device, so the cores stay free for the communication threads)  --csv.
+//
+// Ranks are threads on the `local` backend, so "host" memory here plays the device's part;
+// peak_device_bytes is 0 on this machine. Parameters are f32 (the master weights of the
+// sharded optimizer are a separate f32 copy, as with bf16 models). Each rank runs, per step:
+// the forward (layers in order), the backward (layers last to first, each layer's gradient
+// values handed to Braid as soon as its compute ends), and the optimizer (AdamW) step. Modes:
+//   ddp                     all-reduce; full parameters and full AdamW state (m, v) per rank,
+//                           stepped after the backward (a framework's own optimizer)
+//   zero2                   reduce-scatter + Braid's sharded AdamW (master/m/v shards), full
+//                           parameters all-gathered after each bucket's step
+//   fully_sharded           units = layers; parameters live as shards, gathered per unit
+//                           before its forward and its backward and released after; gradients
+//                           kept only as shards; prefetch of the next unit
+//   fully_sharded_noprefetch  the same without prefetch
+// Memory per rank is everything the rank holds: Braid's buffers plus the framework's
+// (ddp's parameters and AdamW state, the fully sharded backward's gradient scratch), all
+// through one MemoryStats per rank. Columns:
+//   ranks,mode,params,peak_host_bytes,peak_device_bytes,model_state_bytes,largest_unit_bytes,step_ms
+// peak_*: the most one rank held at once during the timed steps (the largest over ranks);
+// model_state_bytes: the whole model's training state as Braid keeps it sharded (f32
+// parameters, gradients, master weights, m and v: 20 bytes per parameter); largest_unit_bytes:
+// the largest unit's f32 parameter bytes; step_ms: the median over --iters of the slowest rank.
+// Targets (issue 12): fully_sharded peak <= model_state_bytes / ranks + 2 x largest_unit_bytes
+// + 10 %, and fully_sharded step_ms <= 1.15 x zero2 step_ms. After the timed steps every rank
+// checks one parameter of every unit against the serial AdamW result (bench fails otherwise).
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "bench/bench_flags.h"
+#include "bench/overlap_model.h"
+#include "comm/backend.h"
+#include "comm/status_macros.h"
+#include "optim/adamw_kernel.h"
+#include "optim/sharded_optimizer.h"
+#include "scheduler/gradient_reducer.h"
+#include "scheduler/memory_stats.h"
+#include "scheduler/param_gatherer.h"
+#include "scheduler/unit_scheduler.h"
+
+namespace braid::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using sched::MemoryStats;
+using sched::MemoryUse;
+
+enum class Mode { kDdp, kZero2, kFullySharded, kFullyShardedNoPrefetch };
+const char* ModeName(Mode m) {
+  switch (m) {
+    case Mode::kDdp: return "ddp";
+    case Mode::kZero2: return "zero2";
+    case Mode::kFullySharded: return "fully_sharded";
+    case Mode::kFullyShardedNoPrefetch: return "fully_sharded_noprefetch";
+  }
+  return "?";
+}
+
+struct Config {
+  std::vector<int> ranks = {2, 4};
+  double scale = 1.0;
+  int blocks = 12;
+  int iters = 3, warmup = 1;
+  int64_t layer_compute_us = 20000;
+  bool csv = false;
+};
+
+constexpr double kLr = 1e-3;
+constexpr absl::Duration kTimeout = absl::Seconds(300);
+
+// Initial weight and per-rank gradient of element j of parameter `id` (small integers / 64,
+// so the averaged gradient is exact in f32).
+float InitValue(sched::ParamId id, size_t j) { return static_cast<float>(static_cast<int>((j * 7 + id) % 17) - 8) / 64; }
+float GradValue(sched::ParamId id, size_t j, int rank) {
+  return static_cast<float>(static_cast<int>((j * 5 + id * 3 + rank) % 13) - 6) / 64;
+}
+
+void SleepUs(int64_t us) { std::this_thread::sleep_for(std::chrono::microseconds(us)); }
+
+// What one rank count's threads share: the rows' measurements.
+struct Measured {
+  explicit Measured(int ranks, int iters) : step_ns(iters, std::vector<int64_t>(ranks, 0)), peak(ranks, 0) {}
+  std::vector<std::vector<int64_t>> step_ns;  // [iteration][rank]
+  std::vector<int64_t> peak;                  // per rank
+  std::vector<int64_t> device_peak;
+};
+
+// The rank's step loop for one mode. Counts every buffer in `mem`.
+absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapModel& model, int64_t largest_unit,
+                     Measured* out) {
+  const int rank = world.rank(), n = world.size();
+  MemoryStats mem;
+  std::vector<sched::ParamSpec> params = model.params;
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    for (int i : model.layers[l].params) params[i].unit = static_cast<int>(l);
+  }
+  const bool fsdp = mode == Mode::kFullySharded || mode == Mode::kFullyShardedNoPrefetch;
+  sched::ReducerConfig rc;
+  rc.mode = mode == Mode::kDdp ? sched::ReduceMode::kAllReduce : sched::ReduceMode::kReduceScatter;
+  rc.timeout = kTimeout;
+  rc.memory = &mem;
+  rc.keep_shards_only = fsdp;
+  if (fsdp) {  // one bucket per unit (FSDP's flat parameter per wrapping unit)
+    rc.bucket_cap_bytes = size_t{1} << 40;
+    rc.first_bucket_cap_bytes = size_t{1} << 40;
+  }
+  ASSIGN_OR_RETURN(auto reducer, sched::GradientReducer::Create(params, {&world, nullptr}, rc));
+  const sched::BucketPlan& plan = reducer->plan();
+  BufferOps& host = HostBufferOps();
+
+  // ddp: the framework's full parameters and AdamW state.
+  std::vector<OwnedBuffer> ddp_p, ddp_m, ddp_v;
+  // zero2 / fully sharded: Braid's gatherer and sharded optimizer.
+  std::unique_ptr<Group> gather_group;
+  std::unique_ptr<sched::ParamGatherer> gatherer;
+  std::unique_ptr<optim::ShardedOptimizer> opt;
+  std::unique_ptr<sched::UnitScheduler> units;
+  OwnedBuffer scratch;  // fully sharded: one layer's gradients, as autograd would produce them
+  if (mode == Mode::kDdp) {
+    for (const sched::ParamSpec& p : params) {
+      const size_t bytes = p.count * sizeof(float);
+      ASSIGN_OR_RETURN(OwnedBuffer w, mem.Allocate(host, bytes, MemoryUse::kParamGather, "ddp parameter"));
+      float* f = reinterpret_cast<float*>(w.get());
+      for (size_t j = 0; j < p.count; ++j) f[j] = InitValue(p.id, j);
+      ASSIGN_OR_RETURN(OwnedBuffer m, mem.Allocate(host, bytes, MemoryUse::kOptimizerState, "ddp adamw m"));
+      ASSIGN_OR_RETURN(OwnedBuffer v, mem.Allocate(host, bytes, MemoryUse::kOptimizerState, "ddp adamw v"));
+      std::memset(m.get(), 0, bytes);
+      std::memset(v.get(), 0, bytes);
+      ddp_p.push_back(std::move(w));
+      ddp_m.push_back(std::move(m));
+      ddp_v.push_back(std::move(v));
+    }
+  } else {
+    ASSIGN_OR_RETURN(gather_group, world.Split(0, rank, "gather"));
+    sched::GathererConfig gc;
+    gc.timeout = kTimeout;
+    gc.free_after_use = fsdp;
+    gc.memory = &mem;
+    ASSIGN_OR_RETURN(gatherer, sched::ParamGatherer::Create(plan, gather_group.get(), gc));
+    optim::OptimizerConfig oc;
+    oc.groups[0].adamw.lr = kLr;
+    oc.timeout = kTimeout;
+    oc.memory = &mem;
+    oc.gather_after_step = !fsdp;
+    ASSIGN_OR_RETURN(opt, optim::ShardedOptimizer::Create(reducer.get(), gatherer.get(), oc));
+    std::vector<float> init;
+    for (const sched::ParamSpec& p : params) {
+      init.resize(p.count);
+      for (size_t j = 0; j < p.count; ++j) init[j] = InitValue(p.id, j);
+      RETURN_IF_ERROR(opt->SetParam(p.id, init.data()));
+    }
+    if (fsdp) {
+      sched::UnitConfig uc;
+      uc.timeout = kTimeout;
+      uc.prefetch = mode == Mode::kFullySharded ? 1 : 0;
+      uc.max_live_bytes = 0;  // 2 x the largest unit
+      optim::ShardedOptimizer* o = opt.get();
+      uc.before_gather = [o](int b, DeviceEvent* ready) { return o->WaitShard(b, ready); };
+      ASSIGN_OR_RETURN(units, sched::UnitScheduler::Create(gatherer.get(), uc));
+      ASSIGN_OR_RETURN(scratch, mem.Allocate(host, static_cast<size_t>(largest_unit), MemoryUse::kStaging,
+                                             "backward gradient scratch"));
+    } else {
+      RETURN_IF_ERROR(opt->WaitAllParams());
+    }
+  }
+
+  const int num_layers = static_cast<int>(model.layers.size());
+  int64_t adamw_steps = 0;
+  for (int it = 0; it < c.warmup + c.iters; ++it) {
+    if (it == c.warmup) mem.ResetPeaks();
+    {  // a common start (nothing of Braid's is in flight on the world group now)
+      ASSIGN_OR_RETURN(WorkPtr b, world.Barrier());
+      RETURN_IF_ERROR(b->Wait(kTimeout));
+    }
+    const Clock::time_point start = Clock::now();
+    // Forward.
+    for (int l = 0; l < num_layers; ++l) {
+      if (units) RETURN_IF_ERROR(units->BeginForward(l));
+      SleepUs(c.layer_compute_us);
+      if (units) RETURN_IF_ERROR(units->EndForward(l));
+    }
+    // Backward.
+    if (opt) {
+      RETURN_IF_ERROR(opt->BeginBackward(sched::SyncMode::kSync));
+    } else {
+      RETURN_IF_ERROR(reducer->BeginBackward(sched::SyncMode::kSync));
+    }
+    for (int l = num_layers - 1; l >= 0; --l) {
+      if (units) RETURN_IF_ERROR(units->BeginBackward(l));
+      const auto end = Clock::now() + std::chrono::microseconds(2 * c.layer_compute_us);
+      size_t offset = 0;
+      for (int i : model.layers[l].params) {
+        const sched::ParamSpec& p = params[i];
+        float* g;
+        if (fsdp) {
+          g = reinterpret_cast<float*>(scratch.get()) + offset;
+          offset += p.count;
+        } else {
+          ASSIGN_OR_RETURN(TensorView v, reducer->GradView(p.id));
+          g = static_cast<float*>(v.data);
+        }
+        for (size_t j = 0; j < p.count; ++j) g[j] = GradValue(p.id, j, rank);
+      }
+      std::this_thread::sleep_until(end);
+      offset = 0;
+      for (int i : model.layers[l].params) {
+        const sched::ParamSpec& p = params[i];
+        if (fsdp) {
+          RETURN_IF_ERROR(reducer->MarkReady(p.id, DeviceEvent{}, reinterpret_cast<float*>(scratch.get()) + offset));
+          offset += p.count;
+        } else {
+          RETURN_IF_ERROR(reducer->MarkReady(p.id));
+        }
+      }
+      if (units) RETURN_IF_ERROR(units->EndBackward(l));
+    }
+    if (opt) {
+      RETURN_IF_ERROR(opt->FinishBackward());
+      RETURN_IF_ERROR(opt->WaitAllParams());
+      if (units) RETURN_IF_ERROR(units->EndStep());
+    } else {
+      RETURN_IF_ERROR(reducer->FinishBackward());
+      const optim::AdamWScalars s = optim::StepScalars(optim::AdamWHyper{kLr}, ++adamw_steps);
+      for (size_t i = 0; i < params.size(); ++i) {
+        ASSIGN_OR_RETURN(TensorView g, reducer->GradView(params[i].id));
+        optim::AdamWRange(s, reinterpret_cast<float*>(ddp_p[i].get()), reinterpret_cast<float*>(ddp_m[i].get()),
+                          reinterpret_cast<float*>(ddp_v[i].get()), g.data, DType::kF32, params[i].count);
+      }
+    }
+    if (it >= c.warmup) out->step_ns[it - c.warmup][rank] = (Clock::now() - start).count();
+  }
+  const sched::MemorySnapshot snap = mem.Snapshot();
+  out->peak[rank] = snap.host.peak;
+  out->device_peak[rank] = snap.device.peak;
+  // Check: the first element of every layer's first parameter against the serial AdamW of the
+  // averaged gradient over the same number of steps (every step sees the same gradients).
+  const int steps = c.warmup + c.iters;
+  for (int l = 0; l < num_layers; ++l) {
+    const sched::ParamSpec& p = params[model.layers[l].params[0]];
+    float avg = 0;
+    for (int r = 0; r < n; ++r) avg += GradValue(p.id, 0, r);
+    avg /= static_cast<float>(n);
+    float w = InitValue(p.id, 0), m = 0, v = 0;
+    for (int t = 1; t <= steps; ++t) {
+      optim::AdamWRange(optim::StepScalars(optim::AdamWHyper{kLr}, t), &w, &m, &v, &avg, DType::kF32, 1);
+    }
+    float got;
+    if (mode == Mode::kDdp) {
+      got = reinterpret_cast<const float*>(ddp_p[model.layers[l].params[0]].get())[0];
+    } else {
+      if (units) RETURN_IF_ERROR(units->BeginForward(l));
+      if (!units) RETURN_IF_ERROR(opt->WaitAllParams());
+      ASSIGN_OR_RETURN(TensorView view, gatherer->ParamView(p.id));
+      got = static_cast<const float*>(view.data)[0];
+      if (units) RETURN_IF_ERROR(units->EndForward(l));
+    }
+    if (got != w) {
+      return absl::InternalError(absl::StrCat("rank ", rank, " mode ", ModeName(mode), ": parameter ", p.Label(),
+                                              "[0] is ", got, " after ", steps, " steps, the serial AdamW gives ", w));
+    }
+  }
+  return absl::OkStatus();
+}
+
+struct Row {
+  int ranks;
+  Mode mode;
+  size_t params;
+  int64_t peak_host, peak_device, model_state, largest_unit;
+  double step_ms;
+};
+
+absl::StatusOr<Row> Measure(int ranks, Mode mode, const Config& c, const OverlapModel& model, int64_t largest_unit) {
+  Options o;
+  o.backend = "local";
+  o.local_ranks = ranks;
+  o.timeout = kTimeout;
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(o));
+  std::vector<std::unique_ptr<Group>> worlds;
+  for (int r : backend->local_ranks()) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Group> g, backend->WorldGroup(r));
+    worlds.push_back(std::move(g));
+  }
+  Measured m(ranks, c.iters);
+  m.device_peak.assign(ranks, 0);
+  std::vector<absl::Status> status(ranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] { status[r] = RunRank(*worlds[r], mode, c, model, largest_unit, &m); });
+  }
+  for (auto& t : threads) t.join();
+  for (const absl::Status& s : status) RETURN_IF_ERROR(s);
+  std::vector<double> slowest;
+  for (const auto& it : m.step_ns) slowest.push_back(*std::max_element(it.begin(), it.end()) / 1e6);
+  std::sort(slowest.begin(), slowest.end());
+  Row row;
+  row.ranks = ranks;
+  row.mode = mode;
+  row.params = model.elems();
+  row.peak_host = *std::max_element(m.peak.begin(), m.peak.end());
+  row.peak_device = *std::max_element(m.device_peak.begin(), m.device_peak.end());
+  row.model_state = static_cast<int64_t>(model.elems()) * 20;
+  row.largest_unit = largest_unit;
+  row.step_ms = slowest[slowest.size() / 2];
+  return row;
+}
+
+absl::Status ParseRanks(const std::string& s, std::vector<int>* out) {
+  out->clear();
+  for (absl::string_view part : absl::StrSplit(s, ',')) {
+    int v;
+    if (!absl::SimpleAtoi(part, &v) || v < 1) return absl::InvalidArgumentError(absl::StrCat("--ranks: bad value '", part, "'"));
+    out->push_back(v);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Main(int argc, char** argv) {
+  ASSIGN_OR_RETURN(Flags f, Flags::Parse(argc, argv));
+  Config c;
+  RETURN_IF_ERROR(ParseRanks(f.Str("ranks", "2,4"), &c.ranks));
+  if (!absl::SimpleAtod(f.Str("scale", "1"), &c.scale) || !(c.scale > 0)) {
+    return absl::InvalidArgumentError("--scale must be a number > 0");
+  }
+  ASSIGN_OR_RETURN(int64_t blocks, f.Int("blocks", 12));
+  ASSIGN_OR_RETURN(int64_t iters, f.Int("iters", 3));
+  ASSIGN_OR_RETURN(int64_t warmup, f.Int("warmup", 1));
+  ASSIGN_OR_RETURN(c.layer_compute_us, f.Int("layer_compute_us", 20000));
+  c.csv = f.Bool("csv", false);
+  if (blocks < 1 || iters < 1 || warmup < 0 || c.layer_compute_us < 0) {
+    return absl::InvalidArgumentError("--blocks and --iters must be >= 1, --warmup and --layer_compute_us >= 0");
+  }
+  if (!f.Unused().empty()) return absl::InvalidArgumentError(absl::StrCat("unknown flag --", f.Unused()[0]));
+  c.blocks = static_cast<int>(blocks);
+  c.iters = static_cast<int>(iters);
+  c.warmup = static_cast<int>(warmup);
+  const OverlapModel model = Gpt2LikeModel(c.blocks, c.scale);
+  int64_t largest_unit = 0;
+  for (const OverlapLayer& l : model.layers) largest_unit = std::max<int64_t>(largest_unit, l.elems * sizeof(float));
+  if (!c.csv) {
+    std::printf("# memory: %zu parameters (f32), %zu units (layers), largest unit %.1f MB, layer compute %lld us (sleep)\n",
+                model.elems(), model.layers.size(), largest_unit / 1e6, static_cast<long long>(c.layer_compute_us));
+  }
+  std::vector<Row> rows;
+  for (int ranks : c.ranks) {
+    for (Mode mode : {Mode::kDdp, Mode::kZero2, Mode::kFullySharded, Mode::kFullyShardedNoPrefetch}) {
+      std::fprintf(stderr, "[memory] ranks=%d mode=%s\n", ranks, ModeName(mode));
+      ASSIGN_OR_RETURN(Row r, Measure(ranks, mode, c, model, largest_unit));
+      rows.push_back(r);
+    }
+  }
+  if (!c.csv) {
+    std::printf("%5s %-26s %12s %14s %14s %12s %10s %11s\n", "ranks", "mode", "peak_host_MB", "state/ranks_MB",
+                "target_MB", "vs_ddp", "step_ms", "vs_zero2");
+    for (const Row& r : rows) {
+      const Row* ddp = nullptr;
+      const Row* zero2 = nullptr;
+      for (const Row& q : rows) {
+        if (q.ranks == r.ranks && q.mode == Mode::kDdp) ddp = &q;
+        if (q.ranks == r.ranks && q.mode == Mode::kZero2) zero2 = &q;
+      }
+      const double target = (static_cast<double>(r.model_state) / r.ranks + 2.0 * r.largest_unit) * 1.1;
+      std::printf("%5d %-26s %12.1f %14.1f %14.1f %12.2f %10.1f %11.2f\n", r.ranks, ModeName(r.mode), r.peak_host / 1e6,
+                  static_cast<double>(r.model_state) / r.ranks / 1e6, target / 1e6,
+                  static_cast<double>(r.peak_host) / ddp->peak_host, r.step_ms, r.step_ms / zero2->step_ms);
+    }
+    std::printf("\n");
+  }
+  std::printf("ranks,mode,params,peak_host_bytes,peak_device_bytes,model_state_bytes,largest_unit_bytes,step_ms\n");
+  for (const Row& r : rows) {
+    std::printf("%d,%s,%zu,%lld,%lld,%lld,%lld,%.1f\n", r.ranks, ModeName(r.mode), r.params,
+                static_cast<long long>(r.peak_host), static_cast<long long>(r.peak_device),
+                static_cast<long long>(r.model_state), static_cast<long long>(r.largest_unit), r.step_ms);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace braid::bench
+
+int main(int argc, char** argv) {
+  const absl::Status s = braid::bench::Main(argc, argv);
+  if (!s.ok()) {
+    std::fprintf(stderr, "memory: %s\n", s.ToString().c_str());
+    return absl::IsInvalidArgument(s) ? 2 : 1;
+  }
+  return 0;
+}

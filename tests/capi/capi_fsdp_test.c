@@ -1,0 +1,224 @@
+/* Fully sharded training through the C API on 2 ranks (local threads, or mpirun -np 2): units
+ * (param_units), shard_gradients with braid_reducer_mark_ready_grad, a fully_sharded AdamW,
+ * braid_unit_enter / exit in forward and backward, braid_optimizer_end_step, summon_params,
+ * and the memory figures. Parameters read inside each unit's forward are compared bit for bit
+ * with an inline C AdamW reference of the averaged gradients (k/8 gradients, k/16 weights:
+ * exact averages over 2 ranks). Also: a released unit's parameter cannot be read, units
+ * entered out of the recorded order are refused naming both, bad phases and non-fully-sharded
+ * optimizers are refused. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "capi/braid.h"
+#include "tests/capi/test_util.h"
+
+#define P 6
+#define UNITS 3
+#define STEPS 3
+static const size_t kCounts[P] = {300, 17, 250, 64, 129, 40};
+static const int kUnitOf[P] = {0, 0, 1, 1, 2, 2};
+static const double kLr = 1e-2, kBeta1 = 0.9, kBeta2 = 0.999, kEps = 1e-8, kWd = 0.1;
+
+static braid_group_t* world_groups[2];
+
+static float grad(int rank, int t, int i, size_t j) {
+  const int k = (int)((rank * 5 + t * 7 + i * 3 + (int)(j % 1000) * 11) % 17) - 8;
+  return (float)k / 8.0f;
+}
+
+static float initial(int i, size_t j) {
+  return (float)((int)((i * 13 + (int)(j % 1000) * 5) % 23) - 11) / 16.0f;
+}
+
+/* optim/adamw_math.h in C (as capi_optimizer_test.c): parameters after `steps` steps. */
+static float reference(int steps, int i, size_t j) {
+  float p = initial(i, j), m = 0.0f, v = 0.0f;
+  int t;
+  for (t = 0; t < steps; ++t) {
+    const double bc1 = 1.0 - pow(kBeta1, (double)(t + 1));
+    const double bc2 = 1.0 - pow(kBeta2, (double)(t + 1));
+    const float beta1 = (float)kBeta1, omb1 = (float)(1.0 - kBeta1);
+    const float beta2 = (float)kBeta2, omb2 = (float)(1.0 - kBeta2);
+    const float decay = (float)(1.0 - kLr * kWd), step_size = (float)(kLr / bc1);
+    const float inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2)), eps = (float)kEps;
+    const float g = ((grad(0, t, i, j) + grad(1, t, i, j)) / 2.0f) * 1.0f;
+    const float mm = beta1 * m + omb1 * g;
+    const float vv = beta2 * v + omb2 * (g * g);
+    const float denom = sqrtf(vv) * inv_sqrt_bc2 + eps;
+    const float pp = p * decay;
+    p = pp - step_size * (mm / denom);
+    m = mm;
+    v = vv;
+  }
+  return p;
+}
+
+/* Parameter i as the optimizer holds it equals the reference after `steps` steps. */
+static int param_ok(braid_optimizer_t* opt, int i, int steps, int rank) {
+  float* p = NULL;
+  size_t count = 0, j;
+  EXPECT_OK(braid_optimizer_param(opt, i, (void**)&p, &count));
+  if (p == NULL || count != kCounts[i]) return 0;
+  for (j = 0; j < count; ++j) {
+    if (p[j] != reference(steps, i, j)) {
+      fprintf(stderr, "rank %d: parameter %d element %zu is %g after %d steps, want %g\n", rank, i,
+              j, (double)p[j], steps, (double)reference(steps, i, j));
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* Forward: every unit entered in order, its parameters checked, exited. */
+static void forward(braid_optimizer_t* opt, int steps, int rank) {
+  int u, i;
+  for (u = 0; u < UNITS; ++u) {
+    EXPECT_OK(braid_unit_enter(opt, u, BRAID_PHASE_FORWARD));
+    for (i = 0; i < P; ++i) {
+      if (kUnitOf[i] == u) EXPECT_TRUE(param_ok(opt, i, steps, rank));
+    }
+    EXPECT_OK(braid_unit_exit(opt, u, BRAID_PHASE_FORWARD));
+  }
+}
+
+static void backward(braid_reducer_t* red, braid_optimizer_t* opt, int rank, int t) {
+  int u, n, i;
+  float* g = malloc(300 * sizeof(float));
+  EXPECT_OK(braid_optimizer_begin_backward(opt, BRAID_SYNC));
+  for (u = UNITS - 1; u >= 0; --u) {
+    EXPECT_OK(braid_unit_enter(opt, u, BRAID_PHASE_BACKWARD));
+    for (n = P - 1; n >= 0; --n) {
+      size_t j;
+      i = rank == 0 ? n : (n + 1) % P; /* another readiness order on rank 1 */
+      if (kUnitOf[i] != u) continue;
+      for (j = 0; j < kCounts[i]; ++j) g[j] = grad(rank, t, i, j);
+      EXPECT_OK(braid_reducer_mark_ready_grad(red, i, g, NULL));
+      memset(g, 0xff, kCounts[i] * sizeof(float)); /* copied in: scribbling changes nothing */
+    }
+    EXPECT_OK(braid_unit_exit(opt, u, BRAID_PHASE_BACKWARD));
+  }
+  EXPECT_OK(braid_optimizer_finish_backward(opt));
+  EXPECT_OK(braid_optimizer_end_step(opt));
+  free(g);
+}
+
+static void* rank_main(void* arg) {
+  const int rank = *(const int*)arg;
+  braid_param_t params[P];
+  int units[P];
+  braid_reducer_options_t ro;
+  braid_optimizer_options_t oo;
+  braid_reducer_t* red = NULL;
+  braid_optimizer_t *opt = NULL, *zero2 = NULL;
+  braid_memory_stats_t m;
+  int i, t, buckets = 0, n_units = 0, count = 0, unit_buckets[8];
+  size_t j;
+  void* event = (void*)1;
+  float* p = NULL;
+  size_t pcount = 0;
+  int64_t all_buckets = 0;
+
+  for (i = 0; i < P; ++i) {
+    params[i].id = i;
+    params[i].count = kCounts[i];
+    params[i].dtype = BRAID_DTYPE_F32;
+    params[i].name = NULL;
+    units[i] = kUnitOf[i];
+  }
+  braid_reducer_options_init(&ro);
+  ro.mode = BRAID_MODE_REDUCE_SCATTER;
+  ro.bucket_cap_bytes = 1024;
+  ro.first_bucket_cap_bytes = 512;
+  ro.timeout_ms = 20000;
+  ro.param_units = units;
+  ro.shard_gradients = 1;
+  EXPECT_OK(braid_reducer_create(world_groups[rank], NULL, params, P, &ro, &red));
+  EXPECT_OK(braid_reducer_num_buckets(red, &buckets));
+  EXPECT_OK(braid_reducer_num_units(red, &n_units));
+  EXPECT_TRUE(n_units == UNITS && buckets >= 4);
+  EXPECT_OK(braid_reducer_unit_buckets(red, 1, NULL, 0, &count));
+  EXPECT_TRUE(count >= 1);
+  EXPECT_ERROR(BRAID_OUT_OF_RANGE, "capacity", braid_reducer_unit_buckets(red, 1, unit_buckets, 0, &count));
+  EXPECT_OK(braid_reducer_unit_buckets(red, 1, unit_buckets, 8, &count));
+  EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "unit", braid_reducer_unit_buckets(red, -1, NULL, 0, &count));
+  {
+    float* view = NULL;
+    size_t c = 0;
+    EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "", braid_reducer_grad(red, 0, (void**)&view, &c));
+  }
+
+  braid_optimizer_options_init(&oo);
+  EXPECT_TRUE(oo.fully_sharded == 0 && oo.reshard_after_forward == 1 && oo.prefetch == 1 &&
+              oo.max_live_bytes == 0 && oo.offload == 0 && oo.gather_stream == NULL);
+  oo.lr = kLr;
+  oo.beta1 = kBeta1;
+  oo.beta2 = kBeta2;
+  oo.eps = kEps;
+  oo.weight_decay = kWd;
+  oo.timeout_ms = 20000;
+  oo.offload = 1;
+  EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "offload", braid_optimizer_create(red, &oo, &opt));
+  oo.offload = 0;
+  oo.fully_sharded = 1;
+  EXPECT_OK(braid_optimizer_create(red, &oo, &opt));
+  for (i = 0; i < P; ++i) {
+    float* init = malloc(kCounts[i] * sizeof(float));
+    for (j = 0; j < kCounts[i]; ++j) init[j] = initial(i, j);
+    EXPECT_OK(braid_optimizer_set_param(opt, i, init));
+    free(init);
+  }
+  /* Released between uses: no parameter to read; bad phases named. */
+  EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "released", braid_optimizer_param(opt, 0, (void**)&p, &pcount));
+  EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "phase", braid_unit_enter(opt, 0, (braid_phase_t)7));
+  EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "", braid_unit_exit(opt, 0, BRAID_PHASE_FORWARD));
+
+  for (t = 0; t < STEPS; ++t) {
+    forward(opt, t, rank);
+    backward(red, opt, rank, t);
+    EXPECT_OK(braid_optimizer_wait_all_params(opt));
+    m.struct_size = sizeof m;
+    EXPECT_OK(braid_memory_stats(red, &m));
+    /* Shards only: the kept gradient shards, the parameter shards and the optimizer state are
+     * each 1/2 of the model's; no full gradient bucket beyond the pool's two. */
+    EXPECT_TRUE(m.by_use[BRAID_MEMORY_GRAD_SHARDS].current > 0);
+    EXPECT_TRUE(m.by_use[BRAID_MEMORY_PARAM_SHARDS].current > 0);
+  }
+  forward(opt, STEPS, rank);
+  EXPECT_OK(braid_optimizer_gather_event(opt, 0, &event));
+  EXPECT_TRUE(event == NULL); /* host backend */
+  EXPECT_ERROR(BRAID_OUT_OF_RANGE, "bucket", braid_optimizer_gather_event(opt, buckets, &event));
+
+  /* After recording: a unit out of order is refused, naming the units. */
+  EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "unit", braid_unit_enter(opt, 2, BRAID_PHASE_FORWARD));
+
+  /* summon: every parameter readable outside the units, then released again. */
+  EXPECT_OK(braid_optimizer_summon_params(opt, 1));
+  for (i = 0; i < P; ++i) EXPECT_TRUE(param_ok(opt, i, STEPS, rank));
+  EXPECT_OK(braid_optimizer_summon_params(opt, 0));
+  EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "released", braid_optimizer_param(opt, 3, (void**)&p, &pcount));
+
+  m.struct_size = sizeof m;
+  EXPECT_OK(braid_memory_stats(red, &m));
+  for (i = 0; i < P; ++i) all_buckets += (int64_t)(kCounts[i] * sizeof(float));
+  EXPECT_TRUE(m.by_use[BRAID_MEMORY_GRAD_BUCKETS].current < all_buckets);
+  EXPECT_OK(braid_optimizer_destroy(opt));
+
+  /* A ZeRO-2 optimizer has no units. */
+  oo.fully_sharded = 0;
+  EXPECT_OK(braid_optimizer_create(red, &oo, &zero2));
+  EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "fully_sharded", braid_unit_enter(zero2, 0, BRAID_PHASE_FORWARD));
+  EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "fully_sharded", braid_optimizer_end_step(zero2));
+  EXPECT_OK(braid_optimizer_destroy(zero2));
+  EXPECT_OK(braid_reducer_destroy(red));
+  return NULL;
+}
+
+/* argv[1] == "mpi": one rank of `mpirun -np 2` (tests/run_mpi.sh); else 2 local threads. */
+int main(int argc, char** argv) {
+  test_run_2_ranks(argc, argv, world_groups, rank_main);
+  return test_finish("capi_fsdp_test");
+}
