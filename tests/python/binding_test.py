@@ -130,6 +130,12 @@ class HeaderLayoutTest(unittest.TestCase):
                           world.nccl_blocking), (1, None, 0, 0, 0, -1, -1))
         red = _lib.init_options(_lib.ReducerOptions, "braid_reducer_options_init")
         self.assertEqual((red.timeout_ms, red.device), (300000, _lib.DEVICE_HOST))
+        # 0.7's appended fields.
+        self.assertEqual((bool(red.param_units), red.shard_gradients), (False, 0))
+        opt = _lib.init_options(_lib.OptimizerOptions, "braid_optimizer_options_init")
+        self.assertEqual((opt.timeout_ms, opt.fully_sharded, opt.reshard_after_forward,
+                          opt.prefetch, opt.max_live_bytes, opt.offload, opt.gather_stream),
+                         (300000, 0, 1, 1, 0, 0, None))
 
 
 class NcclTest(unittest.TestCase):
@@ -739,6 +745,264 @@ class PyTorchTest(unittest.TestCase):
             for w, a in zip(want, got):
                 torch.testing.assert_close(a, w, rtol=0, atol=1e-6)
 
+
+
+class _Stack(torch.nn.Module):
+    """A small transformer-like stack: embedding, two pre-norm encoder layers (LayerNorm,
+    attention matmuls, feed-forward), a head; the positional table is a bare root parameter."""
+
+    def __init__(self, d=16, vocab=20, seq=6, blocks=2):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, d)
+        self.pos = torch.nn.Parameter(torch.randn(seq, d) * 0.1)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.TransformerEncoderLayer(d, nhead=2, dim_feedforward=2 * d, dropout=0.0,
+                                             batch_first=True, norm_first=True)
+            for _ in range(blocks))
+        self.head = torch.nn.Linear(d, vocab)
+
+    def forward(self, tokens):
+        x = self.embed(tokens) + self.pos
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _stack(blocks=2):
+    with _INIT_LOCK:
+        torch.manual_seed(11)
+        return _Stack(blocks=blocks)
+
+
+def _deep_mlp():
+    with _INIT_LOCK:
+        torch.manual_seed(7)
+        return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8),
+                                   torch.nn.Tanh(), torch.nn.Linear(8, 8), torch.nn.Tanh(),
+                                   torch.nn.Linear(8, 3))
+
+
+def _loss(kind, model, r, micro):
+    if kind == "mlp":
+        x, y = _data(r, micro)
+        return torch.nn.functional.mse_loss(model(x), y)
+    g = torch.Generator().manual_seed(1000 * r + micro)
+    tokens = torch.randint(0, 20, (3, 6), generator=g)
+    out = model(tokens)
+    return torch.nn.functional.cross_entropy(out.reshape(-1, 20), ((tokens + 1) % 20).reshape(-1))
+
+
+def _units(kind, net):
+    # mlp: every Linear but the last is a unit (the last is the root's); stack: the blocks.
+    return [net[0], net[2], net[4]] if kind == "mlp" else list(net.blocks)
+
+
+def _fsdp_train(kind, model, opt, r, steps, accumulate, sync_mode="no_sync"):
+    for s in range(steps):
+        for micro in range(accumulate):
+            with model.no_sync(sync_mode) if micro + 1 < accumulate else _null():
+                (_loss(kind, model, r, accumulate * s + micro) / accumulate).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+class FullyShardedTest(unittest.TestCase):
+    """FullyShardedDataParallel + ShardedAdamW/SGD against torch AdamW/SGD on Braid's all-reduce
+    (the reference every sharded test here uses), on 2 rank threads (hybrid 2 x 2 on 4)."""
+
+    def _reference(self, kind, g, r, steps, accumulate, sgd=False):
+        ref = bt.DistributedDataParallel(_mlp_or_stack(kind), g)
+        opt = (torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9) if sgd else
+               torch.optim.AdamW(ref.parameters(), lr=0.01))
+        _fsdp_train(kind, ref, opt, r, steps, accumulate)
+        want = [p.detach().clone() for p in ref.parameters()]
+        ref.close()
+        return want
+
+    def _run(self, kind, g, r, steps, accumulate, sgd=False, replica=None, sync_mode="no_sync",
+             **options):
+        net = _mlp_or_stack(kind)
+        model = bt.FullyShardedDataParallel(
+            net, g, units=_units(kind, net), mode="hybrid" if replica else "reduce_scatter",
+            replica_group=replica, bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-5, **options)
+        opt = (bt.ShardedSGD(model, lr=0.1, momentum=0.9) if sgd else
+               bt.ShardedAdamW(model, lr=0.01))
+        _fsdp_train(kind, model, opt, r, steps, accumulate, sync_mode)
+        opt.step()  # a second step() without a backward changes nothing
+        memory = model.reducer.memory_stats()
+        with model.summon_full_params():
+            got = [p.detach().clone() for p in net.parameters()]
+        opt.close()
+        model.close()
+        return got, memory
+
+    def _compare(self, results, atol=1e-6):
+        for want, got in results:
+            for w, a in zip(want, got):
+                torch.testing.assert_close(a, w, rtol=0, atol=atol)
+
+    def test_mlp_and_stack_match_torch_adamw(self):
+        steps = 3
+
+        def body(r, g):
+            out = []
+            for kind in ("mlp", "stack"):
+                for accumulate, reshard in ((1, True), (2, True), (1, False)):
+                    want = self._reference(kind, g, r, steps, accumulate)
+                    got, _ = self._run(kind, g, r, steps, accumulate,
+                                       reshard_after_forward=reshard)
+                    out.append((want, got))
+            return out
+
+        for results in run_ranks(2, body):
+            self._compare(results)
+
+    def test_sgd_gradient_scale_with_accumulation(self):
+        # SGD's update is proportional to the averaged gradient (AdamW's would hide a wrong
+        # average or accumulation factor).
+        def body(r, g):
+            return [(self._reference("mlp", g, r, 3, 2, sgd=True),
+                     self._run("mlp", g, r, 3, 2, sgd=True)[0])]
+
+        for results in run_ranks(2, body):
+            self._compare(results)
+
+    def test_hybrid_2x2_reduce_scatter_only_matches_torch_adamw(self):
+        def body(r, g):
+            want = self._reference("stack", g, r, 2, 2)
+            shard, replica = g.mesh(2, 2)
+            got, _ = self._run("stack", shard, r, 2, 2, replica=replica,
+                               sync_mode="reduce_scatter_only")
+            shard.close()
+            replica.close()
+            return [(want, got)]
+
+        for results in run_ranks(4, body):
+            self._compare(results)
+
+    def test_released_parameters_summon_and_memory(self):
+        n = 2
+
+        def body(r, g):
+            net = _stack(blocks=6)
+            init = [p.detach().clone() for p in net.parameters()]
+            model = bt.FullyShardedDataParallel(net, g, auto_wrap_policy={
+                torch.nn.TransformerEncoderLayer}, bucket_cap_mb=1e-3, first_bucket_cap_mb=1e-4)
+            self.assertEqual(model.unit_names, ["<root>"] + ["blocks.%d" % i for i in range(6)])
+            with self.assertRaisesRegex(RuntimeError, "create ShardedAdamW"):
+                model(torch.zeros(1, 6, dtype=torch.long))
+            opt = bt.ShardedAdamW(model, lr=0.01)
+            w = net.blocks[0].linear1.weight
+            self.assertIsInstance(w, bt.FullyShardedParameter)
+            self.assertEqual(w.shape, (32, 16))  # metadata stays readable
+            for read in (lambda: w + 1, lambda: w.sum(), lambda: w.data, lambda: w.detach(),
+                         lambda: print(w[0]), lambda: net.state_dict()):
+                with self.assertRaisesRegex(RuntimeError, "'blocks.0.linear1.weight' is "
+                                            "released"):
+                    read()
+            self.assertIn("released", repr(w))
+            with model.summon_full_params():
+                summoned = [p.detach().clone() for p in net.parameters()]
+                state = {k: v.clone() for k, v in net.state_dict().items()}
+                with torch.no_grad():
+                    eval_out = model(torch.arange(6).view(1, 6) % 20)
+            for a, b in zip(summoned, init):
+                self.assertTrue(torch.equal(a, b))
+            self.assertTrue(torch.equal(state["head.weight"], init[-2]))
+            with torch.no_grad():  # the same evaluation, units gathered one by one
+                self.assertTrue(torch.equal(model(torch.arange(6).view(1, 6) % 20), eval_out))
+            total = sum(p.numel() * 4 for p in net.parameters())
+            model.reducer.reset_memory_peaks()
+            for s in range(2):
+                _loss("stack", model, r, s).backward()
+                opt.step()
+            opt.synchronize()
+            m = model.reducer.memory_stats()["by_use"]
+            with model.summon_full_params():
+                gathered_all = model.reducer.memory_stats()["by_use"]["param_gather"][0]
+                trained = [p.detach().clone() for p in net.parameters()]
+            opt.close()  # collective: gives the module its full parameters back
+            back = [p.detach().clone() for p in net.parameters()]
+            self.assertNotIsInstance(w, bt.FullyShardedParameter)
+            model.close()
+            return m, total, gathered_all, trained, back
+
+        results = run_ranks(n, body)
+        for m, total, gathered_all, trained, back in results:
+            # Gathered parameters: at most the root, the unit running and the one prefetched
+            # (plus the gatherer's pool of free buffers, which the figure includes), never the
+            # whole model (7 units); after the step only the pool remains.
+            self.assertGreater(m["param_gather"][1], 0, m)
+            self.assertLess(m["param_gather"][1], total, m)
+            self.assertLessEqual(m["param_gather"][0], m["param_gather"][1], m)
+            self.assertLess(m["grad_buckets"][1], total / 2, m)  # gradient buckets bounded
+            self.assertLess(m["grad_shards"][0], total, m)  # this rank's gradient shards
+            self.assertGreaterEqual(gathered_all, total)
+            for a, b, c in zip(trained, back, results[0][3]):
+                self.assertTrue(torch.equal(a, b))
+                self.assertTrue(torch.equal(a, c))  # every rank holds the same values
+
+    def test_unused_parameter_named_unless_allowed(self):
+        class TwoHeads(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.used, self.unused = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+
+            def forward(self, x):
+                return self.used(x)
+
+        def body(r, g):
+            strict = bt.FullyShardedDataParallel(TwoHeads(), g)
+            opt = bt.ShardedSGD(strict, lr=1.0)
+            with self.assertRaisesRegex(braid.BraidError, "unused.weight"):
+                strict(torch.ones(1, 3)).sum().backward()
+            opt.close()
+            strict.close()
+            lenient = bt.FullyShardedDataParallel(TwoHeads(), g, find_unused_parameters=True)
+            opt = bt.ShardedSGD(lenient, lr=1.0)
+            with lenient.summon_full_params():
+                before = {n: p.detach().clone() for n, p in lenient.module.named_parameters()}
+            lenient(torch.ones(1, 3)).sum().backward()
+            opt.step()
+            with lenient.summon_full_params():
+                after = {n: p.detach().clone() for n, p in lenient.module.named_parameters()}
+            opt.close()
+            lenient.close()
+            return before, after
+
+        for before, after in run_ranks(2, body):
+            self.assertTrue(torch.equal(before["unused.weight"], after["unused.weight"]))
+            self.assertTrue(torch.equal(before["used.bias"] - 1, after["used.bias"]))
+
+    def test_resume_is_bit_identical(self):
+        path = os.path.join(os.environ.get("TEST_TMPDIR", tempfile.gettempdir()), "fsdp")
+
+        def body(r, g):
+            got = []
+            for resume in (False, True):
+                net = _stack()
+                model = bt.FullyShardedDataParallel(net, g, units=list(net.blocks),
+                                                    bucket_cap_mb=1e-3)
+                opt = bt.ShardedAdamW(model, lr=0.01)
+                if resume:
+                    opt.load(path + str(r))
+                else:
+                    _fsdp_train("stack", model, opt, r, 2, 1)
+                    opt.save(path + str(r))
+                _fsdp_train("stack", model, opt, r, 2, 1)
+                with model.summon_full_params():
+                    got.append([p.detach().clone() for p in net.parameters()])
+                opt.close()
+                model.close()
+            return got
+
+        for straight, resumed in run_ranks(2, body):
+            for a, b in zip(straight, resumed):
+                self.assertTrue(torch.equal(a, b))
+
+
+def _mlp_or_stack(kind):
+    return _deep_mlp() if kind == "mlp" else _stack()
 
 if __name__ == "__main__":
     torch.set_num_threads(1)

@@ -7,15 +7,21 @@ process:
   braid    braid.pytorch.DistributedDataParallel, all-reduce mode + torch.optim.AdamW
   sharded  braid DDP in reduce_scatter mode (N = 2) or hybrid mode on a 2 x N/2 mesh
            (N >= 4) + braid.pytorch.ShardedAdamW (Braid steps each shard, all-gathers)
+  fsdp     braid.pytorch.FullyShardedDataParallel (ZeRO-3), the same mode and mesh, one unit
+           per hidden Linear (MLP) / encoder layer (transformer), + ShardedAdamW: parameters
+           exist only as shards between units' uses
 each for 50 steps, once with one micro-batch per step and once with 2 micro-batches
-accumulated under no_sync(); and the sharded run once more, saved at step 25 and resumed in
-fresh objects. Checks (every rank; any failure exits non-zero):
+accumulated under no_sync(); and the sharded and fsdp runs once more, saved at step 25 and
+resumed in fresh objects. Offload (optimizer state in host memory) needs device reducers (a GPU
+and World("nccl")); this host-memory proof leaves it out. Checks (every rank; any failure
+exits non-zero):
   - braid vs ddp and sharded vs ddp: every local loss and every final parameter agrees within
     the f32 tolerances below (why they exceed a few ulps: see the comment on them);
   - the MLP also with SGD + momentum (sharded SGD vs torch SGD under DDP), which unlike AdamW
     is sensitive to the gradient's scale;
-  - sharded vs braid: the same, within the same tolerances;
-  - resumed sharded == uninterrupted sharded, bit for bit (losses and parameters);
+  - sharded vs braid and fsdp vs ddp: the same, within the same tolerances;
+  - resumed sharded == uninterrupted sharded and resumed fsdp == uninterrupted fsdp, bit for
+    bit (losses and parameters);
   - training happened (the loss fell; parameters moved), and ranks hold identical parameters.
 """
 
@@ -127,18 +133,41 @@ class Sharded:
         return params
 
 
-def run_sharded(kind, groups, rank, steps, accumulate, sgd=False):
-    stack = Sharded(kind, groups, rank, sgd)
+class FullySharded(Sharded):
+    """The fully sharded stack: FullyShardedDataParallel with one unit per hidden Linear (MLP)
+    or encoder layer (transformer); the rest (embeddings, head) is the root unit."""
+
+    def __init__(self, kind, groups, rank, sgd=False):
+        self.kind, self.rank = kind, rank
+        shard, replica = groups
+        self.model = train_models.make_model(kind)
+        units = ([self.model[0], self.model[2]] if kind == "mlp" else list(self.model.blocks))
+        self.ddp = bt.FullyShardedDataParallel(
+            self.model, shard, units=units, replica_group=replica,
+            mode="hybrid" if replica is not None else "reduce_scatter",
+            bucket_cap_mb=0.25, first_bucket_cap_mb=0.05)
+        self.opt = (bt.ShardedSGD(self.ddp, lr=SGD_LR, momentum=0.9) if sgd else
+                    bt.ShardedAdamW(self.ddp, lr=LR))
+
+    def finish(self):
+        self.opt.close()  # collective: gives the module its full parameters back
+        params = snapshot(self.model)
+        self.ddp.close()
+        return params
+
+
+def run_sharded(kind, groups, rank, steps, accumulate, sgd=False, stack_type=Sharded):
+    stack = stack_type(kind, groups, rank, sgd)
     losses = stack.train(steps, accumulate)
     return losses, stack.finish()
 
 
-def run_resumed(kind, groups, rank, steps, accumulate, path):
-    first = Sharded(kind, groups, rank)
+def run_resumed(kind, groups, rank, steps, accumulate, path, stack_type=Sharded):
+    first = stack_type(kind, groups, rank)
     losses = first.train(steps // 2, accumulate)
     first.opt.save(path)
     first.finish()
-    second = Sharded(kind, groups, rank)   # fresh model (initial weights), reducer, optimizer
+    second = stack_type(kind, groups, rank)  # fresh model (initial weights), reducer, optimizer
     second.opt.load(path)
     losses += second.train(steps - steps // 2, accumulate, first_step=steps // 2)
     return losses, second.finish()
@@ -188,6 +217,8 @@ def main():
             ddp = run_ddp(kind, rank, args.steps, accumulate)
             plain = run_braid(kind, group, rank, args.steps, accumulate)
             sharded = run_sharded(kind, groups, rank, args.steps, accumulate)
+            fsdp = run_sharded(kind, groups, rank, args.steps, accumulate,
+                               stack_type=FullySharded)
             init = snapshot(train_models.make_model(kind))
             early, late = sum(ddp[0][:5]) / 5, sum(ddp[0][-5:]) / 5
             checker.check(late < 0.9 * early, "%s: loss did not fall (first 5 mean %g, last 5 "
@@ -198,20 +229,28 @@ def main():
             gaps = [("braid/ddp", checker.close(label + ": braid vs ddp", *ddp, *plain)),
                     ("sharded/ddp", checker.close(label + ": sharded vs ddp", *ddp, *sharded)),
                     ("sharded/braid",
-                     checker.close(label + ": sharded vs braid", *plain, *sharded))]
+                     checker.close(label + ": sharded vs braid", *plain, *sharded)),
+                    ("fsdp/ddp", checker.close(label + ": fsdp vs ddp", *ddp, *fsdp))]
             checker.check(ranks_agree(group, plain[1]), label + ": braid ranks differ")
             checker.check(ranks_agree(group, sharded[1]), label + ": sharded ranks differ")
+            checker.check(ranks_agree(group, fsdp[1]), label + ": fsdp ranks differ")
             if accumulate == 1:
                 path = os.path.join(state_dir, "resume_%s_np%d.rank%d" % (kind, size, rank))
                 resumed = run_resumed(kind, groups, rank, args.steps, accumulate, path)
                 checker.identical(label + ": resumed vs uninterrupted", *sharded, *resumed)
+                resumed = run_resumed(kind, groups, rank, args.steps, accumulate, path + ".fsdp",
+                                      stack_type=FullySharded)
+                checker.identical(label + ": fsdp resumed vs uninterrupted", *fsdp, *resumed)
             report.append((label, moved, gaps))
             if kind == "mlp":
                 ddp_sgd = run_ddp(kind, rank, args.steps, accumulate, sgd=True)
                 sharded_sgd = run_sharded(kind, groups, rank, args.steps, accumulate, sgd=True)
+                fsdp_sgd = run_sharded(kind, groups, rank, args.steps, accumulate, sgd=True,
+                                       stack_type=FullySharded)
                 moved = max((a - b).abs().max().item() for a, b in zip(ddp_sgd[1], init))
                 gap = checker.close(label + " SGD: sharded vs ddp", *ddp_sgd, *sharded_sgd)
-                report.append((label + " SGD", moved, [("sharded/ddp", gap)]))
+                fgap = checker.close(label + " SGD: fsdp vs ddp", *ddp_sgd, *fsdp_sgd)
+                report.append((label + " SGD", moved, [("sharded/ddp", gap), ("fsdp/ddp", fgap)]))
     if rank == 0:
         nparams = {k: sum(p.numel() for p in train_models.make_model(k).parameters())
                    for k in args.models.split(",")}

@@ -42,6 +42,8 @@ MODE_ALLREDUCE, MODE_REDUCE_SCATTER, MODE_HYBRID = range(3)
 SYNC, NO_SYNC, REDUCE_SCATTER_ONLY = range(3)
 # braid_optimizer_kind_t
 OPTIMIZER_ADAMW, OPTIMIZER_SGD = range(2)
+# braid_phase_t
+PHASE_FORWARD, PHASE_BACKWARD = range(2)
 NO_COLOR = -1
 REDUCE_DTYPE_NATIVE = -1
 DEVICE_HOST = -1  # BRAID_DEVICE_HOST: braid_reducer_options_t.device default (host memory)
@@ -89,7 +91,9 @@ class ReducerOptions(ctypes.Structure):
                 ("first_bucket_cap_bytes", ctypes.c_size_t), ("allow_unused", ctypes.c_int),
                 ("gradient_as_bucket_view", ctypes.c_int), ("timeout_ms", ctypes.c_int64),
                 ("timeline_prefix", ctypes.c_char_p),
-                ("device", ctypes.c_int)]  # 0.6
+                ("device", ctypes.c_int),  # 0.6
+                # 0.7: fully sharded training
+                ("param_units", ctypes.POINTER(ctypes.c_int)), ("shard_gradients", ctypes.c_int)]
 
 
 class OptimizerOptions(ctypes.Structure):
@@ -99,7 +103,11 @@ class OptimizerOptions(ctypes.Structure):
                 ("weight_decay", ctypes.c_double), ("momentum", ctypes.c_double),
                 ("nesterov", ctypes.c_int), ("skip_nonfinite", ctypes.c_int),
                 ("max_grad_norm", ctypes.c_double), ("overlap", ctypes.c_int),
-                ("timeout_ms", ctypes.c_int64)]
+                ("timeout_ms", ctypes.c_int64),
+                # 0.7: fully sharded training and offload
+                ("fully_sharded", ctypes.c_int), ("reshard_after_forward", ctypes.c_int),
+                ("prefetch", ctypes.c_int), ("max_live_bytes", ctypes.c_int64),
+                ("offload", ctypes.c_int), ("gather_stream", ctypes.c_void_p)]
 
 
 MEMORY_USES = ("grad_buckets", "grad_shards", "param_gather", "param_shards",
@@ -163,10 +171,13 @@ _SIGNATURES = {
     "braid_reducer_set_grad_buffer": (_st, [_p, _i64, _p]),
     "braid_reducer_begin_backward": (_st, [_p, _i]),
     "braid_reducer_mark_ready": (_st, [_p, _i64, _p]),
+    "braid_reducer_mark_ready_grad": (_st, [_p, _i64, _p, _p]),
     "braid_reducer_finish_backward": (_st, [_p]),
     "braid_reducer_zero_grads": (_st, [_p]),
     "braid_reducer_num_buckets": (_st, [_p, ctypes.POINTER(_i)]),
     "braid_reducer_param_bucket": (_st, [_p, _i64, ctypes.POINTER(_i)]),
+    "braid_reducer_unit_buckets": (_st, [_p, _i, ctypes.POINTER(_i), _i, ctypes.POINTER(_i)]),
+    "braid_reducer_num_units": (_st, [_p, ctypes.POINTER(_i)]),
     "braid_reducer_shard": (_st, [_p, _i, _pp, ctypes.POINTER(_sz)]),
     "braid_reducer_destroy": (_st, [_p]),
     "braid_memory_stats": (_st, [_p, ctypes.POINTER(MemoryStats)]),
@@ -185,6 +196,11 @@ _SIGNATURES = {
     "braid_optimizer_load": (_st, [_p, _cs]),
     "braid_optimizer_last_step": (_st, [_p, ctypes.POINTER(_i64), ctypes.POINTER(_i),
                                         ctypes.POINTER(ctypes.c_double)]),
+    "braid_optimizer_gather_event": (_st, [_p, _i, _pp]),
+    "braid_unit_enter": (_st, [_p, _i, _i]),
+    "braid_unit_exit": (_st, [_p, _i, _i]),
+    "braid_optimizer_end_step": (_st, [_p]),
+    "braid_optimizer_summon_params": (_st, [_p, _i]),
     "braid_optimizer_destroy": (_st, [_p]),
 }
 

@@ -383,13 +383,19 @@ class Reducer(_Handle):
     (buckets fill in reverse: last registered first). `mode`: "allreduce", "reduce_scatter"
     or "hybrid" (then `replica` is the replica group). `device`: None (host memory) or the
     CUDA device index of every gradient, on groups of a World("nccl") (grad() and shard()
-    then return device addresses; mark_ready takes the producer's cudaEvent_t as an int)."""
+    then return device addresses; mark_ready takes the producer's cudaEvent_t as an int).
+    Fully sharded training (0.7): `param_units` (one int >= 0 per entry of `params`: the
+    parameter's wrapping unit; a bucket never mixes units; default every parameter in unit 0)
+    and `shard_gradients` (reduce_scatter/hybrid only: full-size bucket storage only while a
+    bucket is filled and reduced, then only this rank's shard is kept; gradients go in with
+    mark_ready_grad, and grad() fails)."""
 
     _destroy = "braid_reducer_destroy"
 
     def __init__(self, shard, params, replica=None, mode="allreduce", bucket_cap_mb=25.0,
                  first_bucket_cap_mb=1.0, allow_unused=False, reduce_dtype=None,
-                 timeout_ms=300000, timeline_prefix=None, device=None):
+                 timeout_ms=300000, timeline_prefix=None, device=None, param_units=None,
+                 shard_gradients=False):
         opts = _lib.init_options(_lib.ReducerOptions, "braid_reducer_options_init")
         if mode not in MODES:
             raise ValueError("mode %r: one of %s" % (mode, ", ".join(MODES)))
@@ -402,6 +408,14 @@ class Reducer(_Handle):
         opts.timeout_ms = timeout_ms
         opts.timeline_prefix = timeline_prefix.encode() if timeline_prefix else None
         opts.device = _lib.DEVICE_HOST if device is None else device
+        units = None
+        if param_units is not None:
+            if len(param_units) != len(params):
+                raise ValueError("param_units has %d entries for %d parameters" %
+                                 (len(param_units), len(params)))
+            units = (ctypes.c_int * len(params))(*[int(u) for u in param_units])
+            opts.param_units = units
+        opts.shard_gradients = 1 if shard_gradients else 0
         array = (_lib.Param * len(params))()
         names = []
         self._specs = {}  # id -> (count, dtype)
@@ -434,6 +448,23 @@ class Reducer(_Handle):
     def mark_ready(self, pid, device_event=None):
         _lib.call("braid_reducer_mark_ready", self.handle, pid, device_event)
 
+    def mark_ready_grad(self, pid, grad, device_event=None):
+        """mark_ready with the gradient's values: `grad` (a contiguous CPU tensor or array of the
+        parameter's registered count and dtype, a writable buffer of its size in bytes, or a
+        raw (address, count, dtype) tuple, e.g. device memory) is copied into the bucket (added
+        within a no_sync window), so it may be freed once this returns."""
+        ptr, n, dt = buffer_info(grad, "gradient of parameter %r" % (pid,))
+        count, dtype = self.spec(pid)
+        if dt is not None and dt != dtype:
+            raise ValueError("parameter %r: gradient of dtype code %d, registered %d" %
+                             (pid, dt, dtype))
+        want = count if dt is not None else count * dtype_size(dtype)
+        if n != want:
+            raise ValueError("parameter %r: gradient of %d %s, registered %d" %
+                             (pid, n, "elements" if dt is not None else "bytes", want))
+        _lib.call("braid_reducer_mark_ready_grad", self.handle, pid, ctypes.c_void_p(ptr),
+                  device_event)
+
     def finish_backward(self):
         _lib.call("braid_reducer_finish_backward", self.handle)
 
@@ -450,6 +481,23 @@ class Reducer(_Handle):
         b = ctypes.c_int()
         _lib.call("braid_reducer_param_bucket", self.handle, pid, ctypes.byref(b))
         return b.value
+
+    def unit_buckets(self, unit):
+        """The buckets of unit `unit` (param_units), in bucket order; [] for a unit no
+        parameter names."""
+        count = ctypes.c_int()
+        _lib.call("braid_reducer_unit_buckets", self.handle, unit, None, 0, ctypes.byref(count))
+        buckets = (ctypes.c_int * count.value)()
+        _lib.call("braid_reducer_unit_buckets", self.handle, unit, buckets, count.value,
+                  ctypes.byref(count))
+        return list(buckets)
+
+    @property
+    def num_units(self):
+        """1 + the largest unit any parameter names."""
+        n = ctypes.c_int()
+        _lib.call("braid_reducer_num_units", self.handle, ctypes.byref(n))
+        return n.value
 
     def memory_stats(self):
         """Bytes Braid allocated for this reducer's rank (its buckets, and the gatherer's and
@@ -475,14 +523,36 @@ class Reducer(_Handle):
         return ptr.value, count.value
 
 
+PHASES = {"forward": _lib.PHASE_FORWARD, "backward": _lib.PHASE_BACKWARD}
+
+
+def _phase(phase):
+    if isinstance(phase, int) and phase in PHASES.values():
+        return phase
+    if phase not in PHASES:
+        raise ValueError("phase %r: forward or backward" % (phase,))
+    return PHASES[phase]
+
+
 class Optimizer(_Handle):
-    """The sharded optimizer (AdamW or SGD) over a reduce_scatter/hybrid reducer."""
+    """The sharded optimizer (AdamW or SGD) over a reduce_scatter/hybrid reducer.
+
+    Fully sharded training (0.7): fully_sharded=True keeps parameters only as this rank's
+    shard between uses; bracket each unit's reads with unit_enter(u, phase) / unit_exit(u,
+    phase) (phase "forward" or "backward"), call end_step() once the step's units are done;
+    param(pid) is valid only while pid's unit is entered (or between summon_params(True) and
+    summon_params(False)). reshard_after_forward (default True), prefetch (units ahead, default
+    1), max_live_bytes (limit on gathered bytes; 0: twice the largest unit), offload (device
+    reducers: optimizer state in host memory) and gather_stream (nccl: a cudaStream_t as an
+    int) as braid_optimizer_options_t says."""
 
     _destroy = "braid_optimizer_destroy"
 
     def __init__(self, reducer, kind="adamw", lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=0.01, momentum=0.9, nesterov=False, max_grad_norm=0.0,
-                 skip_nonfinite=False, overlap=True, threads=1, timeout_ms=300000):
+                 skip_nonfinite=False, overlap=True, threads=1, timeout_ms=300000,
+                 fully_sharded=False, reshard_after_forward=True, prefetch=1, max_live_bytes=0,
+                 offload=False, gather_stream=None):
         opts = _lib.init_options(_lib.OptimizerOptions, "braid_optimizer_options_init")
         kinds = {"adamw": _lib.OPTIMIZER_ADAMW, "sgd": _lib.OPTIMIZER_SGD}
         if kind not in kinds:
@@ -492,9 +562,14 @@ class Optimizer(_Handle):
         opts.weight_decay, opts.momentum, opts.nesterov = weight_decay, momentum, int(nesterov)
         opts.max_grad_norm, opts.skip_nonfinite = max_grad_norm, int(skip_nonfinite)
         opts.overlap, opts.threads, opts.timeout_ms = int(overlap), threads, timeout_ms
+        opts.fully_sharded = int(bool(fully_sharded))
+        opts.reshard_after_forward = int(bool(reshard_after_forward))
+        opts.prefetch, opts.max_live_bytes = prefetch, int(max_live_bytes or 0)
+        opts.offload, opts.gather_stream = int(bool(offload)), gather_stream
         out = _out()
         _lib.call("braid_optimizer_create", reducer.handle, ctypes.byref(opts), ctypes.byref(out))
         self.reducer = reducer
+        self.fully_sharded = bool(fully_sharded)
         super().__init__(out.value, reducer._world)
 
     def set_param(self, pid, values):
@@ -545,3 +620,31 @@ class Optimizer(_Handle):
         _lib.call("braid_optimizer_last_step", self.handle, ctypes.byref(rounds),
                   ctypes.byref(skipped), ctypes.byref(norm))
         return StepReport(rounds.value, bool(skipped.value), norm.value)
+
+    def gather_event(self, bucket):
+        """The device completion event (an int: a cudaEvent_t) of `bucket`'s latest all-gather,
+        for a consumer stream to wait on; None on host backends or before its first gather."""
+        event = ctypes.c_void_p()
+        _lib.call("braid_optimizer_gather_event", self.handle, bucket, ctypes.byref(event))
+        return event.value
+
+    # Fully sharded units (fully_sharded=True).
+    def unit_enter(self, unit, phase):
+        """Unit `unit` is about to be read in `phase` ("forward"/"backward"): returns once its
+        buckets are gathered (the next unit's prefetch started)."""
+        _lib.call("braid_unit_enter", self.handle, unit, _phase(phase))
+
+    def unit_exit(self, unit, phase):
+        """Unit `unit`'s last read in `phase` is done (backward: all its gradients marked):
+        its buckets are released (forward: unless reshard_after_forward is off)."""
+        _lib.call("braid_unit_exit", self.handle, unit, _phase(phase))
+
+    def end_step(self):
+        """The step's units are done (collective after the first step: checks the forward
+        unit order across ranks and turns prefetching on)."""
+        _lib.call("braid_optimizer_end_step", self.handle)
+
+    def summon_params(self, on):
+        """Collective: on=True gathers every bucket and keeps it (param() reads every
+        parameter); on=False releases them."""
+        _lib.call("braid_optimizer_summon_params", self.handle, 1 if on else 0)
