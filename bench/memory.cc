@@ -20,8 +20,10 @@
 //   zero2                   reduce-scatter + Braid's sharded AdamW (master/m/v shards), full
 //                           parameters all-gathered after each bucket's step
 //   fully_sharded           units = layers; parameters live as shards, gathered per unit
-//                           before its forward and its backward and released after; gradients
-//                           kept only as shards; prefetch of the next unit
+//                           before its forward and its backward and released after (in the
+//                           backward as soon as the unit's compute is done, before its
+//                           gradients are handed over, as FSDP2's post-backward does);
+//                           gradients kept only as shards; prefetch of the next unit
 //   fully_sharded_noprefetch  the same without prefetch
 // Memory per rank is everything the rank holds: Braid's buffers plus the framework's
 // (ddp's parameters and AdamW state, the fully sharded backward's gradient scratch), all
@@ -223,6 +225,9 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
         for (size_t j = 0; j < p.count; ++j) g[j] = GradValue(p.id, j, rank);
       }
       std::this_thread::sleep_until(end);
+      // FSDP2's post-backward order: the unit's parameters are released as soon as its
+      // compute is done, then its gradients go to the reduction.
+      if (units) RETURN_IF_ERROR(units->EndBackward(l));
       offset = 0;
       for (int i : model.layers[l].params) {
         const sched::ParamSpec& p = params[i];
@@ -233,12 +238,11 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
           RETURN_IF_ERROR(reducer->MarkReady(p.id));
         }
       }
-      if (units) RETURN_IF_ERROR(units->EndBackward(l));
     }
     if (opt) {
       RETURN_IF_ERROR(opt->FinishBackward());
       RETURN_IF_ERROR(opt->WaitAllParams());
-      if (units) RETURN_IF_ERROR(units->EndStep());
+      if (units) RETURN_IF_ERROR(units->EndStep());  // after every forward + backward pass
     } else {
       RETURN_IF_ERROR(reducer->FinishBackward());
       const optim::AdamWScalars s = optim::StepScalars(optim::AdamWHyper{kLr}, ++adamw_steps);
@@ -252,6 +256,12 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
   }
   const sched::MemorySnapshot snap = mem.Snapshot();
   out->peak[rank] = snap.host.peak;
+  if (getenv("BRAID_MEMORY_DEBUG") != nullptr && rank == 0) {
+    for (int u = 0; u < sched::kMemoryUses; ++u) {
+      std::fprintf(stderr, "  %s %s: current %.1f MB peak %.1f MB\n", ModeName(mode), sched::MemoryUseName(static_cast<MemoryUse>(u)),
+                   snap.by_use[u].current / 1e6, snap.by_use[u].peak / 1e6);
+    }
+  }
   out->device_peak[rank] = snap.device.peak;
   // Check: the first element of every layer's first parameter against the serial AdamW of the
   // averaged gradient over the same number of steps (every step sees the same gradients).
