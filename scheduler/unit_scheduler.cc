@@ -423,6 +423,9 @@ absl::Status UnitScheduler::ReleaseAll() {
     if (first.ok()) first = st;
   }
   gathered_all_ = false;
+  // Summoning is outside training: the whole model's buffers, now free, go back instead of
+  // staying in the gatherer's pool (training's own working set is pooled again as it runs).
+  gatherer_->TrimPool();
   return first;
 }
 

@@ -142,7 +142,8 @@ class UnitScheduler {
   absl::Status EndBackward(int unit);    // release; any thread
   absl::Status EndStep();                // see above
   absl::Status GatherAll();   // outside a step: gather every bucket in bucket order and keep it
-  absl::Status ReleaseAll();  // release everything GatherAll gathered (OK when nothing)
+  absl::Status ReleaseAll();  // release everything GatherAll gathered (OK when nothing) and
+                              // free the gatherer's pool of buffers (TrimPool)
 
   int64_t live_bytes() const { return live_.load(); }  // launched-not-released Bucket::bytes()
   int64_t peak_live_bytes() const { return peak_.load(); }

@@ -511,6 +511,7 @@ TEST(UnitScheduler, GatherAllKeepsEverythingUntilReleaseAll) {
     ASSERT_OK(us.ReleaseAll());
     EXPECT_EQ(us.live_bytes(), 0);
     EXPECT_EQ(rig.pg->held_bytes(), 0);
+    EXPECT_EQ(rig.pg->pooled_bytes(), 0);  // the summoned model's buffers went back
     for (int u = 0; u < kUnits; ++u) {
       ASSERT_OK(us.BeginForward(u));
       ExpectUnitMatches(*rig.pg, u, 4, 7);
