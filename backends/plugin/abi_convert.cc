@@ -80,6 +80,10 @@ absl::Status FromAbiStatus(int code, const char* message) {
   }
 }
 
+absl::string_view AbiErrorText(const braid_backend_error_v1& error) {
+  return absl::string_view(error.message, strnlen(error.message, sizeof(error.message)));
+}
+
 int ReportAbiError(const absl::Status& s, braid_backend_error_v1* error) {
   if (s.ok()) return BRAID_BACKEND_OK;
   if (error != nullptr) {
