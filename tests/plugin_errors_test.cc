@@ -42,6 +42,15 @@ TEST(PluginAbi, ErrorTextStopsAtTheBufferEnd) {
   EXPECT_EQ(plugin::AbiErrorText(err), "rank 3 is outside");
 }
 
+// An error with an empty message reaches the plugin's buffer as "" (UBSan caught a memcpy from
+// the empty message's null data(); found by tests/fuzz/plugin_abi under libFuzzer).
+TEST(PluginAbi, EmptyErrorMessageIsReportedEmpty) {
+  braid_backend_error_v1 err;
+  std::memset(err.message, 'x', sizeof(err.message));
+  EXPECT_EQ(plugin::ReportAbiError(absl::InternalError(""), &err), BRAID_BACKEND_INTERNAL);
+  EXPECT_EQ(plugin::AbiErrorText(err), "");
+}
+
 TEST(PluginLoad, EmptyPathNamesTheVariable) {
   const absl::Status s = CreateError("");
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
