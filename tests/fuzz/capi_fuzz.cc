@@ -35,6 +35,15 @@ constexpr size_t kMaxCount = 256;  // elements of any collective or parameter
 constexpr size_t kArenaBytes = 4 * kMaxCount * 8;
 constexpr int kMaxIds = 6;
 
+// An options struct with zeroed room behind it, so that a struct_size larger than the struct
+// (a caller built against a newer braid.h) is still the caller keeping its side of the
+// contract: the library reads struct_size bytes.
+template <typename T>
+struct Padded {
+  T o;
+  unsigned char tail[256] = {};
+};
+
 class Session {
  public:
   explicit Session(FuzzInput& in) : in_(in), arena_(kArenaBytes, 0), grads_(kMaxIds * kMaxCount * 8, 0) {}
@@ -84,11 +93,28 @@ class Session {
   }
   void* Grad(int64_t id) { return grads_.data() + static_cast<size_t>(id < 0 ? 0 : id % kMaxIds) * kMaxCount * 8; }
 
-  braid_collective_options_t* CollOpts(braid_collective_options_t* o) {
+  // 0, too small, an older size, this size, or larger with a zero or non-zero tail.
+  template <typename T>
+  void FuzzSize(Padded<T>& p) {
+    const uint8_t b = in_.Byte();
+    switch (b % 5) {
+      case 0: p.o.struct_size = 0; break;
+      case 1: p.o.struct_size = b % 40; break;
+      case 2: p.o.struct_size = sizeof(T) - 8 * (1 + b % 3); break;
+      case 3: p.o.struct_size = sizeof(T); break;
+      default:
+        p.o.struct_size = sizeof(T) + 1 + b % sizeof(p.tail);
+        if (b & 0x80) p.tail[b % (p.o.struct_size - sizeof(T))] = 1;
+        break;
+    }
+  }
+
+  braid_collective_options_t* CollOpts(Padded<braid_collective_options_t>* p) {
+    braid_collective_options_t* o = &p->o;
     const uint8_t b = in_.Byte();
     if (b % 4 == 0) return nullptr;
     braid_collective_options_init(o);
-    if (b & 4) o->struct_size = in_.Byte();
+    if (b & 4) FuzzSize(*p);
     if (b & 8) o->timeout_ms = static_cast<int64_t>(in_.Le(2)) - 100;
     if (b & 16) o->premul_scalar = static_cast<double>(static_cast<int8_t>(in_.Byte())) / 3.0;
     if (b & 32) o->label = "fuzz unit";
@@ -100,14 +126,15 @@ class Session {
     void* out = nullptr;
     switch (op) {
       case 0: {  // world_create
-        braid_world_options_t o;
+        Padded<braid_world_options_t> padded;
+        braid_world_options_t& o = padded.o;
         braid_world_options_init(&o);
         o.backend = "local";
         o.read_env = 0;
         o.local_ranks = in_.Byte() % 8 == 0 ? -1 : 1;
         o.timeout_ms = 2000;
         const uint8_t b = in_.Byte();
-        if (b % 8 == 0) o.struct_size = in_.Byte();
+        if (b % 8 == 0) FuzzSize(padded);
         if (b % 8 == 1) o.backend = "no such backend";
         if (b % 8 == 2) o.world_size = 2;
         st = braid_world_create(b % 16 == 3 ? nullptr : &o, reinterpret_cast<braid_world_t**>(&out));
@@ -177,7 +204,7 @@ class Session {
       }
       case 7: case 8: case 9: case 10: case 11: {  // collectives
         void* g = Pick(kGroup);
-        braid_collective_options_t co;
+        Padded<braid_collective_options_t> co;
         braid_collective_options_t* opts = CollOpts(&co);
         const size_t n = Count();
         const braid_dtype_t t = DType();
@@ -215,7 +242,8 @@ class Session {
           params[i].dtype = DType();
           params[i].name = in_.Byte() & 1 ? "p" : nullptr;
         }
-        braid_reducer_options_t o;
+        Padded<braid_reducer_options_t> padded;
+        braid_reducer_options_t& o = padded.o;
         braid_reducer_options_init(&o);
         const uint8_t b = in_.Byte();
         o.mode = static_cast<braid_reduce_mode_t>(b % 4);
@@ -225,7 +253,7 @@ class Session {
         o.gradient_as_bucket_view = ((b >> 3) & 1) == 0;
         o.timeout_ms = 2000;
         if ((b >> 4) % 8 == 0) o.reduce_dtype = in_.Byte() % 6 - 1;
-        if ((b >> 4) % 8 == 1) o.struct_size = in_.Byte();
+        if ((b >> 4) % 8 == 1) FuzzSize(padded);
         if ((b >> 4) % 8 == 2) o.device = in_.Byte() % 3 - 1;
         const braid_reducer_options_t* opts = in_.Byte() % 8 == 0 ? nullptr : &o;
         st = braid_reducer_create(static_cast<braid_group_t*>(shard), static_cast<braid_group_t*>(replica),
@@ -281,7 +309,8 @@ class Session {
       }
       case 18: {  // optimizer_create
         void* r = Pick(kReducer);
-        braid_optimizer_options_t o;
+        Padded<braid_optimizer_options_t> padded;
+        braid_optimizer_options_t& o = padded.o;
         braid_optimizer_options_init(&o);
         const uint8_t b = in_.Byte();
         o.kind = static_cast<braid_optimizer_kind_t>(b % 3);
@@ -292,7 +321,7 @@ class Session {
         o.timeout_ms = 2000;
         static const double kLr[] = {1e-3, 0.0, -1.0, 1e300, __builtin_nan("")};
         o.lr = kLr[in_.Byte() % 5];
-        if (b >> 6 == 3) o.struct_size = in_.Byte();
+        if (b >> 6 == 3) FuzzSize(padded);
         st = braid_optimizer_create(static_cast<braid_reducer_t*>(r), &o,
                                     reinterpret_cast<braid_optimizer_t**>(&out));
         if (st == BRAID_OK) Add(kOptimizer, out);
