@@ -7,8 +7,9 @@
 #   tools/sanitize.sh tsan     # the tests that run ranks as threads, --config=tsan
 #   tools/sanitize.sh tsan --test_output=all    # extra arguments go to `bazel test`
 #
-# `gpu` tests need a device (tools/gpu/run.sh runs them there); the Python tests load
-# libbraid.so into an uninstrumented interpreter and are left out of asan (the runtime must
+# `gpu` tests need a device (tools/gpu/run.sh runs them there); the Python tests and the README
+# example (gcc-built, under mpirun) load
+# libbraid.so into an uninstrumented program and are left out of asan (the runtime must
 # come first); the mpirun tests are left out of tsan (Open MPI's shared-memory transport is
 # uninstrumented and reports its own races). The nvcc-built objects are not instrumented.
 set -euo pipefail
@@ -19,8 +20,12 @@ shift || true
 
 run_asan() {
   echo "sanitize.sh: asan + ubsan over the CPU suite" >&2
+  # The LSan suppressions need an absolute path (a relative one is taken from each test
+  # binary's directory; .bazelrc cannot name the workspace in --test_env).
   time "${root}/tools/bazelw" test --config=asan --build_tag_filters=-gpu \
-    --test_tag_filters=-gpu -k "$@" -- //... -//tests/python/...
+    --test_tag_filters=-gpu -k \
+    --test_env=LSAN_OPTIONS="suppressions=${root}/tools/sanitizers/lsan.supp:print_suppressions=0" \
+    "$@" -- //... -//tests/python/... -//tests/capi:readme_example_test
 }
 
 # Tests whose ranks are threads of one process (tests/multirank.h and the C API's threads).
