@@ -40,7 +40,9 @@ tsan_targets=(
 
 run_tsan() {
   echo "sanitize.sh: tsan over the threaded multi-rank tests" >&2
-  time "${root}/tools/bazelw" test --config=tsan -k "$@" -- "${tsan_targets[@]}"
+  time "${root}/tools/bazelw" test --config=tsan -k \
+    --test_env=TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:history_size=4:suppressions=${root}/tools/sanitizers/tsan.supp" \
+    "$@" -- "${tsan_targets[@]}"
 }
 
 case "${mode}" in
