@@ -40,7 +40,8 @@ tsan_targets=(
 
 run_tsan() {
   echo "sanitize.sh: tsan over the threaded multi-rank tests" >&2
-  time "${root}/tools/bazelw" test --config=tsan -k \
+  # TSan slows the multi-rank tests 5-10x: give every test up to 30 minutes.
+  time "${root}/tools/bazelw" test --config=tsan -k --test_timeout=1800 \
     --test_env=TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:history_size=4:suppressions=${root}/tools/sanitizers/tsan.supp" \
     "$@" -- "${tsan_targets[@]}"
 }
