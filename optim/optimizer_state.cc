@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "comm/reduce_kernels.h"
 #include "comm/status_macros.h"
+#include "optim/checkpoint_layout.h"
 #include "optim/optimizer_bucket.h"
 #include "optim/sharded_optimizer.h"
 
@@ -114,6 +115,9 @@ absl::Status ShardedOptimizer::Save(const std::string& path) {
     }
   }
   if (on_device_ && buckets_.empty()) RETURN_IF_ERROR(ops().Synchronize(absl::Now() + config_.timeout));
+  // The plan itself, so that the checkpoint can be re-sharded (optim/reshard.h).
+  const LayoutSections layout(reducer_->plan());
+  for (const StateSection& l : layout.sections()) sections.push_back(l);
   return WriteStateFile(path, h, sections);
 }
 
@@ -126,6 +130,11 @@ absl::Status ShardedOptimizer::Load(const std::string& path) {
   const LoadedSection* steps = nullptr;
   absl::Status mine = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(file, ReadStateFile(path));
+    if (HasLayout(file)) {
+      // Name the first parameter that differs, rather than only "another plan".
+      ASSIGN_OR_RETURN(const sched::BucketPlan saved, ReadLayout(file));
+      RETURN_IF_ERROR(CheckSameParams(saved.params(), reducer_->plan().params(), path));
+    }
     RETURN_IF_ERROR(CheckCompatible(file.header(), Identity(), path));
     ASSIGN_OR_RETURN(double groups, file.Scalar("groups"));
     if (groups != static_cast<double>(groups_.size())) {

@@ -360,7 +360,10 @@ void ShardedOptimizer::RunRound() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_until(lock, absl::ToChronoTime(deadline), [&] { return stop_ || s.reduced; });
-      if (stop_) return Cancel();
+      if (stop_) {
+        lock.unlock();  // Cancel takes mu_ itself
+        return Cancel();
+      }
       if (!s.reduced) {
         failure = absl::DeadlineExceededError(absl::StrCat("its reduction did not complete within ",
                                                            absl::FormatDuration(config_.timeout)));

@@ -3,6 +3,8 @@
 // errors raised by a loaded plugin: a refused launch, an error delivered through the
 // completion callback (before the launch returns, and later from another thread after a peer
 // failed), and NULL optional entries.
+#include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +31,25 @@ absl::Status CreateError(const std::string& path) {
 }
 
 // ---- loading ----------------------------------------------------------------------------
+
+// A plugin that fills its error buffer without a terminating NUL: the host reads the buffer up
+// to its end, never past it (found by tests/fuzz/plugin_abi_fuzz; ASan caught the overread).
+TEST(PluginAbi, ErrorTextStopsAtTheBufferEnd) {
+  braid_backend_error_v1 err;
+  std::memset(err.message, 'x', sizeof(err.message));
+  EXPECT_EQ(plugin::AbiErrorText(err), std::string(sizeof(err.message), 'x'));
+  std::snprintf(err.message, sizeof(err.message), "rank 3 is outside");
+  EXPECT_EQ(plugin::AbiErrorText(err), "rank 3 is outside");
+}
+
+// An error with an empty message reaches the plugin's buffer as "" (UBSan caught a memcpy from
+// the empty message's null data(); found by tests/fuzz/plugin_abi under libFuzzer).
+TEST(PluginAbi, EmptyErrorMessageIsReportedEmpty) {
+  braid_backend_error_v1 err;
+  std::memset(err.message, 'x', sizeof(err.message));
+  EXPECT_EQ(plugin::ReportAbiError(absl::InternalError(""), &err), BRAID_BACKEND_INTERNAL);
+  EXPECT_EQ(plugin::AbiErrorText(err), "");
+}
 
 TEST(PluginLoad, EmptyPathNamesTheVariable) {
   const absl::Status s = CreateError("");

@@ -80,11 +80,15 @@ absl::Status FromAbiStatus(int code, const char* message) {
   }
 }
 
+absl::string_view AbiErrorText(const braid_backend_error_v1& error) {
+  return absl::string_view(error.message, strnlen(error.message, sizeof(error.message)));
+}
+
 int ReportAbiError(const absl::Status& s, braid_backend_error_v1* error) {
   if (s.ok()) return BRAID_BACKEND_OK;
   if (error != nullptr) {
     const size_t n = std::min(s.message().size(), sizeof(error->message) - 1);
-    std::memcpy(error->message, s.message().data(), n);
+    if (n > 0) std::memcpy(error->message, s.message().data(), n);  // an empty message's data() may be null
     error->message[n] = '\0';
   }
   return ToAbiStatus(s);

@@ -40,6 +40,10 @@ int ToAbiStatus(const absl::Status& s);
 // code is Internal and the message names it.
 absl::Status FromAbiStatus(int code, const char* message);
 
+// The message a plugin left in `error`: up to its first NUL, or all of the buffer when the
+// plugin wrote none (the ABI asks for a NUL-terminated message; the host does not trust it).
+absl::string_view AbiErrorText(const braid_backend_error_v1& error);
+
 // Plugin side of a failing entry: writes s.message() (truncated, NUL-terminated) into
 // `error` when it is non-null and returns ToAbiStatus(s). OK returns BRAID_BACKEND_OK and
 // leaves `error` alone.

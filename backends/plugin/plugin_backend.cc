@@ -18,7 +18,7 @@ absl::StatusOr<int> QueryWorldSize(const PluginContext& ctx) {
   err.message[0] = '\0';
   int n = 0;
   const int rc = ctx.table().world_size(ctx.handle(), &n, &err);
-  if (rc != BRAID_BACKEND_OK) return PluginError(ctx.library(), "world_size", rc, err.message);
+  if (rc != BRAID_BACKEND_OK) return PluginError(ctx.library(), "world_size", rc, err);
   if (n < 1) {
     return absl::InternalError(
         absl::StrCat("plugin '", ctx.library().name(), "': world_size reported ", n));
@@ -32,7 +32,7 @@ absl::StatusOr<std::vector<int>> QueryLocalRanks(const PluginContext& ctx, int w
   std::vector<int> ranks(world_size, -1);
   int count = 0;
   const int rc = ctx.table().local_ranks(ctx.handle(), ranks.data(), world_size, &count, &err);
-  if (rc != BRAID_BACKEND_OK) return PluginError(ctx.library(), "local_ranks", rc, err.message);
+  if (rc != BRAID_BACKEND_OK) return PluginError(ctx.library(), "local_ranks", rc, err);
   if (count < 0 || count > world_size) {
     return absl::InternalError(absl::StrCat("plugin '", ctx.library().name(), "': local_ranks ",
                                             "reported ", count, " ranks in a world of ",

@@ -38,6 +38,11 @@ absl::Status PluginError(const PluginLibrary& lib, absl::string_view what, int c
                                              s.message().empty() ? "(no message)" : s.message()));
 }
 
+absl::Status PluginError(const PluginLibrary& lib, absl::string_view what, int code,
+                         const braid_backend_error_v1& error) {
+  return PluginError(lib, what, code, std::string(AbiErrorText(error)).c_str());
+}
+
 PluginContext::PluginContext(std::shared_ptr<const PluginLibrary> lib)
     : lib_(std::move(lib)), log_prefix_(absl::StrCat("plugin '", lib_->name(), "': ")) {}
 
@@ -51,7 +56,7 @@ absl::StatusOr<std::shared_ptr<PluginContext>> PluginContext::Create(
                                    timeout_ms, &handle, &err);
   if (rc != BRAID_BACKEND_OK) {
     return PluginError(*ctx->lib_, absl::StrCat("init (world size ", world_size, ")"), rc,
-                       err.message);
+                       err);
   }
   ctx->handle_ = handle;
   return ctx;
@@ -62,7 +67,7 @@ PluginContext::~PluginContext() {
   braid_backend_error_v1 err = NoError();
   const int rc = table().finalize(handle_, &err);
   if (rc != BRAID_BACKEND_OK) {
-    Log().warn("{}", PluginError(*lib_, "finalize", rc, err.message).ToString());
+    Log().warn("{}", PluginError(*lib_, "finalize", rc, err).ToString());
   }
 }
 
@@ -73,7 +78,7 @@ absl::StatusOr<PluginComm> PluginComm::CreateWorld(std::shared_ptr<PluginContext
   const int rc = ctx->table().comm_create_world(ctx->handle(), rank, &handle, &err);
   if (rc != BRAID_BACKEND_OK) {
     return PluginError(ctx->library(), absl::StrCat("comm_create_world (rank ", rank, ")"), rc,
-                       err.message);
+                       err);
   }
   if (handle == nullptr) {
     return absl::InternalError(absl::StrCat("plugin '", ctx->library().name(),
@@ -103,7 +108,7 @@ PluginComm::~PluginComm() {
   braid_backend_error_v1 err = NoError();
   const int rc = ctx_->table().comm_destroy(handle_, &err);
   if (rc != BRAID_BACKEND_OK) {
-    Log().warn("{}", PluginError(ctx_->library(), "comm_destroy", rc, err.message).ToString());
+    Log().warn("{}", PluginError(ctx_->library(), "comm_destroy", rc, err).ToString());
   }
 }
 

@@ -30,6 +30,10 @@ namespace braid::plugin {
 // "plugin '<name>': <what>: <plugin's message>".
 absl::Status PluginError(const PluginLibrary& lib, absl::string_view what, int code,
                          const char* message);
+// The same for an entry's error buffer: its text is read only up to the buffer's end
+// (AbiErrorText), so a plugin that filled it without a NUL cannot make Braid read past it.
+absl::Status PluginError(const PluginLibrary& lib, absl::string_view what, int code,
+                         const braid_backend_error_v1& error);
 
 class PluginContext {
  public:

@@ -67,7 +67,7 @@ absl::StatusOr<std::unique_ptr<Group>> PluginGroup::Create(PluginComm comm, std:
   int size = 0;
   const int rc = comm.context().table().comm_info(comm.handle(), &rank, &size, &err);
   if (rc != BRAID_BACKEND_OK) {
-    return PluginError(lib, absl::StrCat("comm_info of group '", name, "'"), rc, err.message);
+    return PluginError(lib, absl::StrCat("comm_info of group '", name, "'"), rc, err);
   }
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InternalError(absl::StrCat("plugin '", lib.name(), "': comm_info of group '",
@@ -124,7 +124,7 @@ absl::StatusOr<WorkPtr> PluginGroup::Launch(const CollectiveArgs& a) {
   }
   if (rc != BRAID_BACKEND_OK) {
     // Nothing started: the callback will never run, `pending` is still ours.
-    return PluginError(library(), work->info().Describe(), rc, err.message);
+    return PluginError(library(), work->info().Describe(), rc, err);
   }
   pending.release();  // the callback owns it now, and may already have run
   ++next_seq_;
@@ -140,7 +140,7 @@ absl::StatusOr<std::unique_ptr<Group>> PluginGroup::DoSplit(int color, int key,
   err.message[0] = '\0';
   void* child = nullptr;
   const int rc = table().comm_split(comm_.handle(), color, key, &child, &err);
-  if (rc != BRAID_BACKEND_OK) return PluginError(library(), what, rc, err.message);
+  if (rc != BRAID_BACKEND_OK) return PluginError(library(), what, rc, err);
   if (child == nullptr) {
     if (color == kNoColor) return std::unique_ptr<Group>();
     return absl::InternalError(absl::StrCat("plugin '", library().name(), "': ", what,

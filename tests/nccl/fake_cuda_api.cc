@@ -185,7 +185,7 @@ cudaError_t FakeCudaApi::MemcpyAsync(void* dst, const void* src, size_t bytes,
   if (StreamLocked(stream) == nullptr) return cudaErrorInvalidResourceHandle;
   LogLocked(absl::StrCat("MemcpyAsync(", bytes, ",", Name(stream), ")"));
   EnqueueLocked(stream, [dst, src, bytes] {
-    std::memmove(dst, src, bytes);
+    if (bytes > 0) std::memmove(dst, src, bytes);  // a 0-byte copy may name a null buffer
     return true;
   });
   return cudaSuccess;
@@ -196,7 +196,7 @@ cudaError_t FakeCudaApi::MemsetAsync(void* dst, int value, size_t bytes, cudaStr
   if (StreamLocked(stream) == nullptr) return cudaErrorInvalidResourceHandle;
   LogLocked(absl::StrCat("MemsetAsync(", bytes, ",", Name(stream), ")"));
   EnqueueLocked(stream, [dst, value, bytes] {
-    std::memset(dst, value, bytes);
+    if (bytes > 0) std::memset(dst, value, bytes);
     return true;
   });
   return cudaSuccess;
