@@ -43,7 +43,9 @@ LayoutSections::LayoutSections(const sched::BucketPlan& plan) {
     const sched::ParamSlot &x = plan.slot(a), &y = plan.slot(b);
     return std::make_pair(x.bucket, x.offset) < std::make_pair(y.bucket, y.offset);
   });
+  const bool units = std::any_of(params.begin(), params.end(), [](const sched::ParamSpec& p) { return p.unit != 0; });
   for (const sched::ParamSpec& p : params) {
+    if (units) units_.push_back(p.unit);
     params_.insert(params_.end(), {p.id, static_cast<int64_t>(p.count), static_cast<int64_t>(p.dtype)});
     names_.append(p.name);
     names_.push_back('\0');
@@ -58,8 +60,11 @@ std::vector<StateSection> LayoutSections::sections() const {
   auto ints = [](const char* name, const std::vector<int64_t>& v) {
     return StateSection{name, kI64, v.size(), v.data(), v.size() * sizeof(int64_t)};
   };
-  return {ints(kLayoutParams, params_), ints(kLayoutOrder, order_), ints(kLayoutOptions, options_),
-          StateSection{kLayoutNames, kU8, names_.size(), names_.data(), names_.size()}};
+  std::vector<StateSection> out = {ints(kLayoutParams, params_), ints(kLayoutOrder, order_),
+                                   ints(kLayoutOptions, options_),
+                                   StateSection{kLayoutNames, kU8, names_.size(), names_.data(), names_.size()}};
+  if (!units_.empty()) out.push_back(ints(kLayoutUnits, units_));
+  return out;
 }
 
 bool HasLayout(const LoadedState& file) { return file.Find(kLayoutParams).ok(); }
@@ -100,6 +105,16 @@ absl::StatusOr<sched::BucketPlan> ReadLayout(const LoadedState& file) {
     }
     params[i] = sched::ParamSpec{raw[3 * i], static_cast<size_t>(count), static_cast<DType>(dtype), Device::Cpu(),
                                  std::move(labels[i])};
+  }
+  if (file.Find(kLayoutUnits).ok()) {
+    ASSIGN_OR_RETURN(std::vector<int64_t> units, Ints(file, kLayoutUnits));
+    if (units.size() != n) return Malformed(path, kLayoutUnits, absl::StrCat("does not list ", n, " units"));
+    for (size_t i = 0; i < n; ++i) {
+      if (units[i] < 0 || units[i] > (1 << 30)) {
+        return Malformed(path, kLayoutUnits, absl::StrCat("has an invalid unit for parameter #", i));
+      }
+      params[i].unit = static_cast<int>(units[i]);
+    }
   }
   std::vector<int> order(n);
   for (size_t i = 0; i < n; ++i) {

@@ -35,6 +35,9 @@ inline constexpr char kLayoutParams[] = "layout/params";
 inline constexpr char kLayoutOrder[] = "layout/order";
 inline constexpr char kLayoutOptions[] = "layout/options";
 inline constexpr char kLayoutNames[] = "layout/names";
+// Fully sharded plans: each parameter's unit (ParamSpec::unit), present only when some unit
+// is not 0 (so files of plans without units are as before).
+inline constexpr char kLayoutUnits[] = "layout/units";
 
 // The encoded layout of `plan`; sections() point into this object, which must outlive the
 // WriteStateFile call they are passed to.
@@ -47,7 +50,7 @@ class LayoutSections {
   std::vector<StateSection> sections() const;
 
  private:
-  std::vector<int64_t> params_, order_, options_;
+  std::vector<int64_t> params_, order_, options_, units_;  // units_: empty when every unit is 0
   std::string names_;
 };
 

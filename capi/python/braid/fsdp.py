@@ -1,0 +1,538 @@
+"""braid.fsdp: FullyShardedDataParallel (ZeRO-3 / FSDP) over Braid's units; documented in
+braid.pytorch's module docstring (import it from there: braid.pytorch re-exports it)."""
+
+import contextlib
+import functools
+
+import torch
+
+from . import core
+from ._views import _broadcast_module, _sync_scope, _view
+
+
+_ROOT = 0  # the root unit: the wrapped module's parameters that no unit holds
+
+# Tensor attributes and methods that read no values: allowed on a released parameter.
+_METADATA = frozenset([
+    "size", "dim", "ndimension", "numel", "nelement", "shape", "dtype", "device", "layout",
+    "ndim", "names", "requires_grad", "requires_grad_", "grad", "_grad", "is_leaf", "grad_fn",
+    "_grad_fn", "_backward_hooks", "retains_grad", "register_hook", "element_size",
+    "is_floating_point", "is_complex", "is_sparse", "is_cuda", "is_quantized", "is_meta",
+    "is_mkldnn", "is_nested", "is_shared", "_version", "output_nr", "_cdata", "name",
+    "__hash__", "__eq__", "_base", "_is_view", "get_device", "__class__"])
+
+
+class FullyShardedParameter(torch.nn.Parameter):
+    """The class of a FullyShardedDataParallel's parameters (each Parameter keeps its identity:
+    only its class changes). While its unit is not entered, a parameter is *released*: it keeps
+    its shape, dtype and requires_grad, but its values exist only as Braid's shards on the
+    ranks, and any torch call that would read or write them (p + 1, p.data, p.detach(),
+    print(p), state_dict(), ...) raises RuntimeError naming the parameter. Metadata (shape,
+    dtype, grad, requires_grad, ...) stays readable. Read values inside
+    model.summon_full_params()."""
+
+    _braid_released = False
+    _braid_name = "?"
+    _braid_unit = -1
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        released = _find_released(args)  # (never `or`: a tensor's truth value is a torch call)
+        if released is None and kwargs:
+            released = _find_released(kwargs.values())
+        if released is not None:
+            name = getattr(func, "__name__", None) or repr(func)
+            if name in ("__get__", "__set__", "__delete__"):
+                prop = getattr(getattr(func, "__self__", None), "__name__", "?")
+                allowed = name == "__set__" or prop in _METADATA
+                name = "%s (%s)" % (prop, name.strip("_"))
+            else:
+                allowed = name in _METADATA
+            if not allowed:
+                raise RuntimeError(
+                    "parameter %r is released (fully sharded: its values exist only while its "
+                    "unit %d runs forward or backward, or inside model.summon_full_params()); "
+                    "torch call %s cannot read it" % (released._braid_name, released._braid_unit,
+                                                       name))
+        return torch._C._disabled_torch_function_impl(func, types, args, kwargs)
+
+    def __repr__(self):
+        if self._braid_released:
+            return "FullyShardedParameter(released, name=%r, unit=%d, shape=%s, dtype=%s)" % (
+                self._braid_name, self._braid_unit, tuple(self.shape), self.dtype)
+        return super().__repr__()
+
+
+def _find_released(values):
+    for v in values:
+        if type(v) is FullyShardedParameter:  # noqa: E721 (exact class, cheap)
+            if v._braid_released:
+                return v
+        elif isinstance(v, (list, tuple)):
+            found = _find_released(v)
+            if found is not None:
+                return found
+    return None
+
+
+_RELEASED = {}  # dtype -> one NaN element (the storage every released parameter shares)
+
+
+def _released_data(dtype, shape):
+    """What a released parameter's data is: its shape over one shared NaN element (stride 0),
+    so even a read that bypasses the Python check (C++ code) sees NaN, never freed memory, and
+    any in-place write fails (more than one element refers to a single memory location)."""
+    one = _RELEASED.get(dtype)
+    if one is None:
+        one = _RELEASED.setdefault(dtype, torch.full((1,), float("nan"), dtype=dtype))
+    return one.expand(shape) if len(shape) else one.view(())
+
+
+def _tensors(value, out):
+    """Every tensor inside `value` (tensors, lists, tuples, dicts, namedtuples)."""
+    if isinstance(value, torch.Tensor):
+        out.append(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _tensors(v, out)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _tensors(v, out)
+    return out
+
+
+class FullyShardedDataParallel(torch.nn.Module):
+    """Fully sharded data parallel (ZeRO-3 / FSDP) over Braid: between uses every parameter
+    exists only as this rank's shard (Braid's sharded optimizer owns it); each *unit* (a
+    submodule, e.g. one transformer block) is all-gathered just before its forward and its
+    backward and released after, with prefetch. Use with ShardedAdamW / ShardedSGD (which
+    hold the shards: create one before the first forward).
+
+    units: submodules of `module`, each a unit (nested units are allowed: a parameter belongs
+           to the innermost unit holding it); or auto_wrap_policy: a callable
+           policy(submodule) -> bool, or a tuple/set of module classes, choosing the units
+           among module.modules() (the wrapped module itself excluded). Parameters in no unit
+           form the root unit, gathered from the start of the forward to the end of the
+           backward. Neither: one unit, the root (ZeRO-3 without per-layer release).
+    mode: "reduce_scatter" (shards over `group`) or "hybrid" (HSDP: shards over `group`,
+          replicated across `replica_group`; no_sync("reduce_scatter_only") then
+          reduce-scatters every micro-batch and all-reduces at the synced one).
+    reshard_after_forward: True (default) release each unit after its forward and gather it
+          again for its backward; False keep it until its backward (more memory, less
+          communication). prefetch: units gathered ahead (default 1). max_live_mb: limit on
+          gathered-but-not-released parameter memory (default 2 x the largest unit).
+    bucket_cap_mb / first_bucket_cap_mb: the gradient buckets (a bucket never mixes units).
+    find_unused_parameters: parameters without a gradient in a backward are reduced as zeros
+          (else finish of the backward raises naming them). Parameters with
+          requires_grad=False are not sharded (kept whole on every rank, like buffers).
+    Parameters and buffers are broadcast from rank 0 at construction, like torch DDP.
+    """
+
+    def __init__(self, module, group, units=None, auto_wrap_policy=None, mode="reduce_scatter",
+                 replica_group=None, reshard_after_forward=True, prefetch=1, max_live_mb=None,
+                 bucket_cap_mb=25.0, first_bucket_cap_mb=1.0, find_unused_parameters=False,
+                 reduce_dtype=None, broadcast_from_rank0=True, timeout_ms=300000,
+                 timeline_prefix=None):
+        super().__init__()
+        if mode not in ("reduce_scatter", "hybrid"):
+            raise ValueError("FullyShardedDataParallel mode %r: reduce_scatter or hybrid (use "
+                             "DistributedDataParallel for all-reduce)" % (mode,))
+        self.module = module
+        self._groups = [g for g in (group, replica_group) if g is not None]
+        if broadcast_from_rank0:
+            _broadcast_module(self.module, self._groups)
+        unit_modules = self._choose_units(module, units, auto_wrap_policy)
+        names = {id(m): n for n, m in module.named_modules()}
+        # Parameter -> innermost unit holding it (units numbered 1.. in module order).
+        depth = {id(m): names[id(m)].count(".") + (names[id(m)] != "") for m in unit_modules}
+        owner = {}
+        for unit, m in sorted(enumerate(unit_modules, 1), key=lambda e: depth[id(e[1])]):
+            for p in m.parameters():
+                prev = owner.get(id(p))
+                if prev is not None and not self._nested(unit_modules[prev - 1], m):
+                    raise ValueError(
+                        "a parameter is shared by units %r and %r: put both in one unit or "
+                        "leave it to the root" % (names[id(unit_modules[prev - 1])],
+                                                  names[id(m)]))
+                owner[id(p)] = unit
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self._params = [p for _, p in named]
+        self._names = [n for n, _ in named]
+        self._unit_of = [owner.get(id(p), _ROOT) for p in self._params]
+        self.unit_modules = unit_modules
+        self.unit_names = ["<root>"] + [names[id(m)] for m in unit_modules]
+        self.reducer = core.Reducer(
+            group, [(i, p.numel(), p.dtype, n) for i, (n, p) in enumerate(named)],
+            replica=replica_group, mode=mode, bucket_cap_mb=bucket_cap_mb,
+            first_bucket_cap_mb=first_bucket_cap_mb, allow_unused=find_unused_parameters,
+            reduce_dtype=reduce_dtype, timeout_ms=timeout_ms, timeline_prefix=timeline_prefix,
+            param_units=self._unit_of, shard_gradients=True)
+        self._mode = mode
+        nunits = len(unit_modules) + 1
+        self._unit_params = [[] for _ in range(nunits)]
+        for pid, u in enumerate(self._unit_of):
+            self._unit_params[u].append(pid)
+        self._has_buckets = [bool(self._unit_params[u]) and bool(self.reducer.unit_buckets(u))
+                             for u in range(nunits)]
+        self.fsdp_options = dict(reshard_after_forward=bool(reshard_after_forward),
+                                 prefetch=prefetch,
+                                 max_live_bytes=int((max_live_mb or 0) * 1024 * 1024))
+        for p in module.parameters():
+            if p.grad is not None:
+                p.grad = None  # gradients live in Braid's buckets and shards from now on
+        # Keep the AccumulateGrad nodes alive: a node dropped by autograd would lose its hook.
+        self._grad_accs, self._hooks = [], []
+        for pid, p in enumerate(self._params):
+            acc = p.expand_as(p).grad_fn.next_functions[0][0]
+            self._hooks.append(acc.register_hook(functools.partial(self._grad_ready, pid)))
+            self._grad_accs.append(acc)
+        for unit, m in enumerate(unit_modules, 1):
+            if self._has_buckets[unit]:
+                self._hooks.append(m.register_forward_pre_hook(
+                    functools.partial(self._unit_pre_forward, unit)))
+                self._hooks.append(m.register_forward_hook(
+                    functools.partial(self._unit_post_forward, unit)))
+        self._opt = None              # the core.Optimizer of the ShardedAdamW / ShardedSGD
+        self._views = [None] * len(self._params)  # bound views (base tensors), None: released
+        self._by_address = {}         # address of a bound view -> parameter id
+        self._entered = {}            # unit -> phase ("forward" / "backward") it is entered in
+        self._root_kept = False       # the root unit stays entered from forward to backward
+        self._kept = []               # units kept gathered after their forward (no reshard)
+        self._unmarked = {}           # unit -> parameter ids not marked in this backward
+        self._sync = "sync"
+        self._armed = "sync"
+        self._in_backward = False
+        self._step_due = False        # units were used since the last end_step
+        self._summoned = False
+        self._writeback = False
+
+    # -- construction helpers
+    @staticmethod
+    def _choose_units(module, units, policy):
+        if units is not None and policy is not None:
+            raise ValueError("give units or auto_wrap_policy, not both")
+        if policy is not None:
+            if isinstance(policy, (tuple, list, set, frozenset, type)):
+                classes = tuple(policy) if not isinstance(policy, type) else (policy,)
+                policy = lambda m: isinstance(m, classes)  # noqa: E731
+            units = [m for m in module.modules() if m is not module and policy(m)]
+        units = list(units or [])
+        inside = {id(m) for m in module.modules()}
+        for m in units:
+            if m is module:
+                raise ValueError("the wrapped module itself is the root unit: list submodules")
+            if id(m) not in inside:
+                raise ValueError("unit %s is not a submodule of the wrapped module" %
+                                 type(m).__name__)
+        if len({id(m) for m in units}) != len(units):
+            raise ValueError("a module is listed twice in units")
+        order = {id(m): i for i, m in enumerate(module.modules())}
+        return sorted(units, key=lambda m: order[id(m)])  # module order: the same on every rank
+
+    @staticmethod
+    def _nested(outer, inner):
+        return any(m is inner for m in outer.modules())
+
+    def _attach(self, optimizer):
+        """Called by ShardedAdamW / ShardedSGD once `optimizer` holds every parameter."""
+        self._opt = optimizer
+        for pid, p in enumerate(self._params):
+            p.__class__ = FullyShardedParameter
+            p._braid_name, p._braid_unit = self._names[pid], self._unit_of[pid]
+            self._release(pid)
+
+    def _detach(self, values=None):
+        """The optimizer goes: unhook, and give the parameters `values` (full tensors) or leave
+        them released (no tensor keeps pointing at Braid's memory)."""
+        for pid in range(len(self._params)):
+            if self._views[pid] is not None:
+                self._release(pid)
+        if values is not None:
+            for p, v in zip(self._params, values):
+                p._braid_released = False
+                p.data = v
+                p.__class__ = torch.nn.Parameter
+        self._opt = None
+        self._entered, self._root_kept, self._in_backward = {}, False, False
+        self._kept = []
+
+    # -- views
+    def _bind(self, pid):
+        address, count = self._opt.param(pid)
+        p = self._params[pid]
+        view = _view(self._opt, address, count, p.dtype, p.shape)
+        self._views[pid] = view
+        self._by_address[address] = pid
+        p.data = view
+        p._braid_released = False
+
+    def _release(self, pid):
+        p = self._params[pid]
+        view = self._views[pid]
+        if view is not None:
+            self._by_address.pop(view.data_ptr(), None)
+            self._views[pid] = None
+        p._braid_released = False  # lets the setter through
+        p.data = _released_data(p.dtype, p.shape)
+        p._braid_released = True
+
+    def _pack(self, t):
+        """saved_tensors_hooks: a tensor saved for backward that views a gathered parameter is
+        kept as (parameter, size, stride, offset) and rebuilt from the parameter's view of the
+        time (its unit is gathered again, possibly elsewhere, for the backward)."""
+        if self._by_address:
+            try:
+                address = t.storage().data_ptr()
+            except Exception:  # pylint: disable=broad-except (no storage: not a parameter)
+                return t
+            pid = self._by_address.get(address)
+            if pid is not None:
+                return (_SavedParam, pid, tuple(t.shape), t.stride(), t.storage_offset())
+        return t
+
+    def _unpack(self, packed):
+        if type(packed) is not tuple or not packed or packed[0] is not _SavedParam:
+            return packed
+        _, pid, size, stride, offset = packed
+        view = self._views[pid]
+        if view is None:
+            raise RuntimeError(
+                "backward needs parameter %r (unit %d, %s) but that unit is not gathered now: "
+                "a unit's parameters are readable in backward from the first gradient of its "
+                "forward outputs until all its parameters' gradients are marked" %
+                (self._names[pid], self._unit_of[pid], self.unit_names[self._unit_of[pid]]))
+        return torch.as_strided(view.detach(), size, stride, offset)
+
+    # -- units
+    def _enter(self, unit, phase):
+        self._opt.unit_enter(unit, phase)
+        self._entered[unit] = phase
+        self._step_due = True
+        for pid in self._unit_params[unit]:
+            self._bind(pid)
+
+    def _exit(self, unit, phase):
+        for pid in self._unit_params[unit]:
+            self._release(pid)
+        del self._entered[unit]
+        self._opt.unit_exit(unit, phase)
+        if phase == "forward" and not self.fsdp_options["reshard_after_forward"]:
+            self._kept.append(unit)  # gathered until its backward (or _drain)
+        elif phase == "backward" and unit in self._kept:
+            self._kept.remove(unit)
+
+    def _check_ready(self):
+        if self._opt is None:
+            raise RuntimeError("FullyShardedDataParallel: create ShardedAdamW(model) or "
+                               "ShardedSGD(model) before the first forward (Braid's optimizer "
+                               "holds the parameter shards)")
+
+    def forward(self, *args, **kwargs):
+        self._check_ready()
+        if self._summoned:
+            if torch.is_grad_enabled():
+                raise RuntimeError("inside summon_full_params() the model is for evaluation "
+                                   "and export: run it under torch.no_grad()")
+            return self.module(*args, **kwargs)
+        if self._in_backward:
+            self._abandon_backward("the previous backward did not finish (an exception in "
+                                   "backward or in a hook)")
+        self._end_step()
+        grad = torch.is_grad_enabled()
+        self._armed = self._sync
+        if self._has_buckets[_ROOT]:
+            self._enter(_ROOT, "forward")
+        try:
+            if grad:
+                with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                    out = self.module(*args, **kwargs)
+            else:
+                out = self.module(*args, **kwargs)
+        except BaseException:
+            self._exit_all("forward")
+            raise
+        needs_grad = [t for t in _tensors(out, []) if t.requires_grad] if grad else []
+        if needs_grad:
+            for t in needs_grad:
+                t.register_hook(self._root_pre_backward)
+            self._root_kept = self._has_buckets[_ROOT]
+        else:
+            if self._has_buckets[_ROOT]:
+                self._exit(_ROOT, "forward")
+            if not self.fsdp_options["reshard_after_forward"]:
+                self._drain()  # no backward will release the kept units
+        return out
+
+    def _exit_all(self, phase):
+        """Exits every unit entered in `phase`, innermost (highest) first."""
+        for unit in sorted((u for u, ph in self._entered.items() if ph == phase), reverse=True):
+            self._exit(unit, phase)
+
+    def _unit_pre_forward(self, unit, module, inputs):
+        if self._opt is None or self._summoned:
+            return
+        self._enter(unit, "forward")
+
+    def _unit_post_forward(self, unit, module, inputs, output):
+        if self._opt is None or self._summoned:
+            return
+        if torch.is_grad_enabled():
+            for t in _tensors(output, []):
+                if t.requires_grad:
+                    t.register_hook(functools.partial(self._unit_pre_backward, unit))
+        self._exit(unit, "forward")
+
+    # -- backward
+    def _begin_backward(self):
+        if self._in_backward:
+            return
+        self._opt.begin_backward(self._armed)
+        self._in_backward = True
+        self._unmarked = {u: set(pids) for u, pids in enumerate(self._unit_params) if pids}
+        torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+        if self._root_kept:
+            # The root unit is still gathered from its forward (entered, never exited there):
+            # entering it for backward now, out of the reverse order, is allowed for a gathered
+            # unit, and its exit at the end of the backward ends its forward use too.
+            self._root_kept = False
+            self._enter(_ROOT, "backward")
+
+    def _root_pre_backward(self, grad):
+        try:
+            self._begin_backward()
+        except Exception as e:  # pylint: disable=broad-except
+            self._abandon_backward(str(e))
+
+    def _unit_pre_backward(self, unit, grad):
+        try:
+            self._begin_backward()
+            if unit not in self._entered:
+                self._enter(unit, "backward")
+        except Exception as e:  # pylint: disable=broad-except
+            self._abandon_backward(str(e))
+
+    def _grad_ready(self, pid, *unused):
+        try:
+            self._begin_backward()
+            unit = self._unit_of[pid]
+            if unit not in self._entered:  # no gradient reached its outputs' hooks first
+                self._enter(unit, "backward")
+            p = self._params[pid]
+            g = p.grad
+            if g is None:
+                raise RuntimeError("parameter %r: no gradient at its AccumulateGrad hook" %
+                                   self._names[pid])
+            self.reducer.mark_ready_grad(pid, g.detach().contiguous())
+            p.grad = None  # Braid copied it: the full-size gradient is freed now
+            pending = self._unmarked[unit]
+            pending.discard(pid)
+            if not pending and unit != _ROOT:
+                self._exit(unit, "backward")
+        except Exception as e:  # pylint: disable=broad-except
+            # torch runs no queued callback after a hook raised: end the backward here.
+            self._abandon_backward(str(e))
+
+    def _finish_backward(self):
+        self._in_backward = False
+        # Units with unmarked (unused) parameters, and the root, end their backward here.
+        self._exit_all("backward")
+        self._opt.finish_backward()
+
+    def _abandon_backward(self, why):
+        """Ends a backward that cannot complete and raises (see DistributedDataParallel)."""
+        self._in_backward = False
+        detail = ""
+        try:
+            self._exit_all("backward")
+            self._exit_all("forward")
+            self._root_kept = False
+            self._kept = []
+            self._opt.finish_backward()
+        except core.BraidError as e:
+            detail = ": " + str(e)
+        raise RuntimeError("%s; Braid ended the backward%s" % (why, detail))
+
+    def _end_step(self):
+        """end_step once the step's units are done (at the next forward, the optimizer's
+        step(), summon_full_params(), save/load): collective at the same point on every
+        rank, which these are."""
+        if not self._step_due or self._in_backward:
+            return
+        self._drain()
+        self._step_due = False
+        self._opt.end_step()
+
+    def _drain(self):
+        """A forward with no backward (under torch.no_grad(), outputs not requiring grad, or
+        a backward never run) leaves units gathered: the root kept for its backward, and with
+        reshard_after_forward off every unit. Each is entered and exited for backward (it is
+        gathered, so this launches nothing), which releases it."""
+        if self._root_kept:
+            self._root_kept = False
+            self._enter(_ROOT, "backward")
+            self._exit(_ROOT, "backward")
+        for unit in reversed(self._kept):
+            self._enter(unit, "backward")
+            self._exit(unit, "backward")
+        self._kept = []
+
+    # -- user API
+    def no_sync(self, mode="no_sync"):
+        """Forwards run inside accumulate their gradients without a reduction (mode
+        "no_sync": full-size gradient buckets are kept for the window, FSDP's cost), or, in
+        hybrid mode, reduce-scatter them now into the kept shard and all-reduce at the next
+        synced backward (mode "reduce_scatter_only"). The first forward after the block
+        syncs everything."""
+        return _sync_scope(self, mode)
+
+    @contextlib.contextmanager
+    def summon_full_params(self, writeback=False):
+        """Collective (every rank at the same point, outside forward/backward): every
+        parameter holds its full values inside the block (evaluation under torch.no_grad(),
+        state_dict(), export). writeback=True: values written to the parameters in the block
+        become the new master weights (optimizer.set_param) when it ends; otherwise writes
+        are lost at the next gather."""
+        self._check_ready()
+        if self._in_backward or self._entered:
+            raise RuntimeError("summon_full_params() inside a forward or backward")
+        if self._summoned:
+            raise RuntimeError("summon_full_params() is already active")
+        self._end_step()
+        self._opt.summon_params(True)
+        self._summoned = True
+        try:
+            for pid in range(len(self._params)):
+                self._bind(pid)
+            yield self
+            if writeback:
+                for pid, p in enumerate(self._params):
+                    self._opt.set_param(pid, p.detach().contiguous())
+        finally:
+            for pid in range(len(self._params)):
+                if self._views[pid] is not None:
+                    self._release(pid)
+            self._summoned = False
+            self._opt.summon_params(False)
+
+    def zero_grad(self, set_to_none=True):
+        """Nothing to do: gradients live in Braid's buckets and shards (param.grad is None)."""
+
+    def close(self):
+        """Unhooks the module and frees the reducer. Close the ShardedAdamW / ShardedSGD first
+        (its close() gives the parameters their full values back)."""
+        if self._opt is not None:
+            raise RuntimeError("close the sharded optimizer of this model first")
+        for h in self._hooks:
+            h.remove()
+        self._hooks, self._grad_accs = [], []
+        self.reducer.close()
+
+
+class _SavedParamType:
+    def __repr__(self):
+        return "<saved fully sharded parameter>"
+
+
+_SavedParam = _SavedParamType()
