@@ -36,6 +36,7 @@ tsan_targets=(
   //tests/optim:sharded_optimizer_test //tests/optim:reshard_test
   //tests/nccl:nccl_collectives_test //tests/nccl:nccl_reducer_test
   //tests/nccl:nccl_optimizer_test //tests/capi:capi_test //tests/capi:capi_optimizer_test
+  //tests:unit_scheduler_test //tests/optim:fully_sharded_test //tests/capi:capi_fsdp_test
 )
 
 run_tsan() {
