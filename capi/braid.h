@@ -632,7 +632,16 @@ BRAID_API braid_status_t braid_optimizer_gather_event(braid_optimizer_t* opt, in
  * timing. After the first step, entering a unit out of the recorded order is an error naming
  * the expected and the actual unit, unless that unit is gathered already (e.g. a root unit
  * kept from forward to backward); braid_optimizer_end_step reports a forward order that
- * differs across ranks, naming the ranks. */
+ * differs across ranks, naming the ranks.
+ * Kept units: a unit may stay entered from its forward into the backward (the root module's
+ * parameters that no unit holds, used at the start and the end of the forward): enter it in
+ * FORWARD and do not exit it there, enter it again in BACKWARD (it is gathered, so out of order
+ * is fine) and exit it in BACKWARD, which releases it. With reshard_after_forward = 0 every
+ * unit stays gathered after its forward; a forward without a backward (evaluation) must then
+ * exit each unit in BACKWARD (which launches nothing) before braid_optimizer_end_step.
+ * On a fully_sharded optimizer braid_optimizer_wait_params / wait_all_params wait for the
+ * steps only (the shards are updated; nothing is gathered), set_param and load write shards
+ * that the next gather of their unit reads. */
 typedef enum braid_phase {
   BRAID_PHASE_FORWARD = 0,
   BRAID_PHASE_BACKWARD = 1
@@ -648,9 +657,11 @@ BRAID_API braid_status_t braid_unit_enter(braid_optimizer_t* opt, int unit, brai
  * Releases its buckets (FORWARD: unless reshard_after_forward is 0); may start a prefetch that
  * waited for room. Any thread. FAILED_PRECONDITION when the unit was not entered in `phase`. */
 BRAID_API braid_status_t braid_unit_exit(braid_optimizer_t* opt, int unit, braid_phase_t phase);
-/* The step's units are done. After the first step: collective over the shard group, checks
- * that every rank recorded the same forward order (FAILED_PRECONDITION naming the ranks and
- * their orders) and turns prefetching on. FAILED_PRECONDITION when a unit is still entered. */
+/* The pass's units are done: call it after every forward + backward pass (each microbatch of
+ * an accumulation window too), before the next forward. After the first pass: collective over
+ * the shard group, checks that every rank recorded the same forward order (FAILED_PRECONDITION
+ * naming the ranks and their orders) and turns prefetching on. FAILED_PRECONDITION when a unit
+ * is still entered or gathered (naming it). */
 BRAID_API braid_status_t braid_optimizer_end_step(braid_optimizer_t* opt);
 /* Collective over the shard group (outside a step, at the same point on every rank): gathers
  * every bucket and keeps it (on = 1), so braid_optimizer_param reads every parameter, e.g. for
