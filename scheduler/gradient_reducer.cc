@@ -119,11 +119,14 @@ GradientReducer::GradientReducer(BucketPlan plan, ReducerGroups groups, const Re
       groups_(groups),
       config_(config),
       marked_(new std::atomic<uint8_t>[plan_.params().size()]),
-      accumulated_(plan_.params().size(), 0),
+      accumulated_(new std::atomic<uint8_t>[plan_.params().size()]),
       external_(plan_.params().size(), nullptr),
       ops_(groups_.shard->buffer_ops()),
       final_ops_(config_.mode == ReduceMode::kHybrid ? groups_.replica->buffer_ops() : ops_) {
-  for (size_t i = 0; i < plan_.params().size(); ++i) marked_[i].store(0);
+  for (size_t i = 0; i < plan_.params().size(); ++i) {
+    marked_[i].store(0);
+    accumulated_[i].store(0);
+  }
   if (config_.timeline != nullptr && config_.timeline->enabled()) {
     tl_ = config_.timeline;
     tl_marks_ = tl_->Track("marks");
@@ -258,7 +261,7 @@ GradientReducer::~GradientReducer() {
       (void)b->kept.release();
       (void)b->reduced.release();
       std::lock_guard<std::mutex> lock(pool_mu_);  // storage given back while still in use
-      for (OwnedBuffer& f : pool_) (void)f.release();
+      for (PoolEntry& f : pool_) (void)f.buffer.release();
     }
   }
 }
@@ -457,12 +460,13 @@ absl::Status GradientReducer::MarkReadyImpl(ParamId id, DeviceEvent ready, const
     if (st.ok()) st = ops_.WaitFor(ready);
     if (st.ok() && p.count > 0) {
       char* dst = BucketData(slot.bucket) + slot.offset * es;
-      st = accumulated_[*i] ? ops_.Add(dst, grad, dst, p.count, p.dtype) : ops_.Copy(dst, grad, p.count * es);
+      st = accumulated_[*i].load(std::memory_order_relaxed) ? ops_.Add(dst, grad, dst, p.count, p.dtype)
+                                                            : ops_.Copy(dst, grad, p.count * es);
     }
     if (!st.ok()) {
       marked_[*i].store(0, std::memory_order_release);
       return absl::Status(st.code(), absl::StrCat("MarkReady(", p.Label(), "): ",
-                                                  accumulated_[*i] ? "adding" : "copying",
+                                                  accumulated_[*i].load(std::memory_order_relaxed) ? "adding" : "copying",
                                                   " its gradient into its bucket: ", st.message()));
     }
     ready = {};  // waited for
@@ -682,17 +686,18 @@ void GradientReducer::OnKeptStageDone(int b, int stage, const absl::Status& done
   LaunchReplicaStages(b, st);
 }
 
+namespace {
+size_t PoolKey(size_t bytes) { return (bytes + kStorageAlign - 1) / kStorageAlign * kStorageAlign; }
+}  // namespace
+
 absl::StatusOr<OwnedBuffer> GradientReducer::PoolAcquire(size_t bytes, int b) {
-  bytes = (bytes + kStorageAlign - 1) / kStorageAlign * kStorageAlign;
+  bytes = PoolKey(bytes);
   {
     std::lock_guard<std::mutex> lock(pool_mu_);
-    size_t best = pool_.size();
     for (size_t k = 0; k < pool_.size(); ++k) {
-      if (pool_[k].bytes() >= bytes && (best == pool_.size() || pool_[k].bytes() < pool_[best].bytes())) best = k;
-    }
-    if (best != pool_.size()) {
-      OwnedBuffer out = std::move(pool_[best]);
-      if (best + 1 != pool_.size()) pool_[best] = std::move(pool_.back());
+      if (pool_[k].key != bytes) continue;
+      OwnedBuffer out = std::move(pool_[k].buffer);
+      if (k + 1 != pool_.size()) pool_[k] = std::move(pool_.back());
       pool_.pop_back();
       return out;
     }
@@ -707,10 +712,10 @@ absl::StatusOr<OwnedBuffer> GradientReducer::PoolAcquire(size_t bytes, int b) {
   return out;
 }
 
-void GradientReducer::PoolRelease(OwnedBuffer buffer) {
+void GradientReducer::PoolRelease(OwnedBuffer buffer, size_t bytes) {
   if (!buffer) return;
   std::lock_guard<std::mutex> lock(pool_mu_);
-  pool_.push_back(std::move(buffer));
+  pool_.push_back(PoolEntry{PoolKey(bytes), std::move(buffer)});
 }
 
 absl::Status GradientReducer::AcquireStorage(int b) {
@@ -723,7 +728,7 @@ absl::Status GradientReducer::AcquireStorage(int b) {
   // threads issue their copies after it).
   absl::Status st = ops_.Zero(data.get(), bytes);
   if (!st.ok()) {
-    PoolRelease(std::move(data));
+    PoolRelease(std::move(data), bytes);
     return WithContext(st, absl::StrCat("zero-filling the storage of ", s.label));
   }
   s.data = std::move(data);
@@ -733,8 +738,9 @@ absl::Status GradientReducer::AcquireStorage(int b) {
 void GradientReducer::ReleaseStorage(int b) {
   BucketState& s = *buckets_[b];
   std::lock_guard<std::mutex> lock(s.storage_mu);
-  PoolRelease(std::move(s.staging));  // staging first: a first fit would then misplace (tests)
-  PoolRelease(std::move(s.data));
+  const Bucket& bk = plan_.buckets()[b];
+  PoolRelease(std::move(s.staging), bk.padded_count * DTypeSize(DType::kF32));
+  PoolRelease(std::move(s.data), bk.bytes());
   s.staging.Reset();
   s.data.Reset();
 }
@@ -796,7 +802,7 @@ absl::Status GradientReducer::FinishBackward() {
   const auto& params = plan_.params();
   if (sync_ == SyncMode::kNoSync) {
     for (size_t i = 0; i < params.size(); ++i) {
-      if (marked_[i].load(std::memory_order_relaxed)) accumulated_[i] = 1;
+      if (marked_[i].load(std::memory_order_relaxed)) accumulated_[i].store(1, std::memory_order_relaxed);
     }
     in_backward_.store(false, std::memory_order_release);
     return absl::OkStatus();
@@ -819,7 +825,7 @@ absl::Status GradientReducer::FinishBackward() {
       absl::Status st;
       if (config_.keep_shards_only) {
         st = AcquireStorage(plan_.slot(i).bucket);  // zero-filled: the slot is zero or the no_sync sum
-      } else if (!accumulated_[i]) {
+      } else if (!accumulated_[i].load(std::memory_order_relaxed)) {
         const ParamSlot& s = plan_.slot(i);
         st = ops_.Zero(BucketData(s.bucket) + s.offset * DTypeSize(params[i].dtype),
                        params[i].count * DTypeSize(params[i].dtype));
@@ -848,7 +854,7 @@ absl::Status GradientReducer::FinishBackward() {
     if (!s.ok() && wait_error.ok()) wait_error = s;
   }
   if (tl_ != nullptr) tl_->Complete(tl_waits_, "FinishBackward wait", wait_start, Timeline::NowNs());
-  std::fill(accumulated_.begin(), accumulated_.end(), 0);
+  for (size_t i = 0; i < plan_.params().size(); ++i) accumulated_[i].store(0, std::memory_order_relaxed);
   recording_.store(false, std::memory_order_relaxed);
   in_backward_.store(false, std::memory_order_release);
   if (!unused_error.ok()) return unused_error;
@@ -890,7 +896,7 @@ absl::StatusOr<WorkPtr> GradientReducer::ZeroGradsAsync(DeviceEvent after) {
 
 absl::Status GradientReducer::ZeroBucketQueued(int b) {
   if (config_.gradient_as_bucket_view) {  // a new window: the next marks copy
-    for (int i : plan_.buckets()[b].params) accumulated_[i] = 0;
+    for (int i : plan_.buckets()[b].params) accumulated_[i].store(0, std::memory_order_relaxed);
   }
   if (config_.keep_shards_only) {
     ReleaseStorage(b);  // a window dropped before its synced backward: storage goes back

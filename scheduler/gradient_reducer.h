@@ -43,8 +43,9 @@
 // keep_shards_only (ReducerConfig; FSDP's gradient memory):
 //  - Gradients are passed at MarkReady only (GradView and MarkReady(id, ready) refuse).
 //  - Full-size storage (the bucket, and with reduce_dtype f32 its f32 staging) comes from a
-//    pool of free buffers (best fit by byte size: the smallest free buffer that holds it; a new
-//    one is allocated only when none does). The pool is never trimmed: MemoryUse::kGradBuckets
+//    pool of free buffers, reused by equal (aligned) size only; a new one is allocated when none
+//    of that size is free, so the pool never holds more than every bucket's storage and staging
+//    once, whatever the timing. The pool is never trimmed: MemoryUse::kGradBuckets
 //    counts every pool buffer, in use or free. A bucket takes its storage, zero-filled, at its
 //    first mark of an accumulation window (the staging when the bucket is complete) and gives
 //    it back once this rank's reduced shard was copied out of it, so in a synced backward the
@@ -240,9 +241,12 @@ class GradientReducer {
 
   void OnParamReady(int param_index);
   absl::Status MarkReadyImpl(ParamId id, DeviceEvent ready, const void* grad, bool with_values);
-  // keep_shards_only: the pool of free full-size buffers (best fit), and bucket b's storage.
+  // keep_shards_only: the pool of free full-size buffers (by equal size), and bucket b's storage.
+  // Storage of `bytes` (rounded to the storage alignment: the pool's key) from the pool, or a
+  // new allocation when no free buffer has that key.
   absl::StatusOr<OwnedBuffer> PoolAcquire(size_t bytes, int b);
-  void PoolRelease(OwnedBuffer buffer);
+  // Gives back a buffer PoolAcquire(bytes, ...) handed out (the same `bytes`).
+  void PoolRelease(OwnedBuffer buffer, size_t bytes);
   absl::Status AcquireStorage(int b);  // zero-filled, when b holds none
   void ReleaseStorage(int b);          // bucket storage and staging back to the pool
   void OnKeptStageDone(int b, int stage, const absl::Status& done);
@@ -286,7 +290,10 @@ class GradientReducer {
   ReducerConfig config_;
   std::vector<std::unique_ptr<BucketState>> buckets_;
   std::unique_ptr<std::atomic<uint8_t>[]> marked_;  // per parameter, this backward
-  std::vector<uint8_t> accumulated_;  // per parameter: marked in a no_sync backward since the last sync
+  // Per parameter: marked in a no_sync backward since the last sync. Atomic: the optimizer's
+  // stepper resets a bucket's flags (ZeroBucket) while the framework's thread finishes the
+  // backward.
+  std::unique_ptr<std::atomic<uint8_t>[]> accumulated_;
   std::vector<void*> external_;       // copy-in path: the framework's gradient buffers
   // Memory operations on the buckets (comm/buffer_ops.h): the shard group's, and where the
   // last stage runs (hybrid: the replica group's; else the same).
@@ -315,7 +322,15 @@ class GradientReducer {
   absl::Status first_error_;
 
   std::mutex pool_mu_;
-  std::vector<OwnedBuffer> pool_;  // free full-size buffers (capacity: every pool buffer)
+  // Free full-size buffers, each with the rounded request it was allocated for (its key;
+  // capacity: every pool buffer). Reuse is by equal key only, so the buffers of a key never
+  // outnumber the buckets (and f32 stagings) of that size in use at once, whatever the timing:
+  // the pool stays within every bucket's storage once.
+  struct PoolEntry {
+    size_t key;
+    OwnedBuffer buffer;
+  };
+  std::vector<PoolEntry> pool_;
   size_t pool_buffers_ = 0;        // pool buffers allocated so far
 };
 

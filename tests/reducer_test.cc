@@ -271,9 +271,10 @@ TEST(KeepShardsOnly, PoolHoldsOneBucketWhenFilledOneAtATime) {
     ASSERT_OK(rd.BeginBackward(SyncMode::kNoSync));
     for (const ParamSpec& p : params) ASSERT_OK(rd.MarkReady(p.id, DeviceEvent{}, g.data()));
     ASSERT_OK(rd.FinishBackward());
-    // Bucket 0 takes the free 2048-byte buffer, bucket 1 the free 4096-byte one (the best fit
-    // of what is free), buckets 2 and 3 new ones.
-    EXPECT_EQ(use(MemoryUse::kGradBuckets).current, 4 * 2048 + 2048);
+    // Bucket 0 takes the free 2048-byte buffer, buckets 1-3 new ones; the free 4096-byte one
+    // stays for the f32 staging (reuse is by equal size only: the pool never outgrows every
+    // bucket's storage and staging once, whatever the timing).
+    EXPECT_EQ(use(MemoryUse::kGradBuckets).current, 4 * 2048 + 4096);
     ASSERT_OK(rd.BeginBackward(SyncMode::kSync));
     for (const ParamSpec& p : params) ASSERT_OK(rd.MarkReady(p.id, DeviceEvent{}, g.data()));
     ASSERT_OK(rd.FinishBackward());
