@@ -38,20 +38,8 @@ static void reference(int steps, float* out[P]) {
     for (j = 0; j < kCounts[i]; ++j) {
       float p = initial(i, j), m = 0.0f, v = 0.0f;
       for (t = 0; t < steps; ++t) {
-        const double bc1 = 1.0 - pow(kBeta1, (double)(t + 1));
-        const double bc2 = 1.0 - pow(kBeta2, (double)(t + 1));
-        const float beta1 = (float)kBeta1, omb1 = (float)(1.0 - kBeta1);
-        const float beta2 = (float)kBeta2, omb2 = (float)(1.0 - kBeta2);
-        const float decay = (float)(1.0 - kLr * kWd), step_size = (float)(kLr / bc1);
-        const float inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2)), eps = (float)kEps;
-        const float g = ((grad(0, t, i, j) + grad(1, t, i, j)) / 2.0f) * 1.0f;
-        const float mm = beta1 * m + omb1 * g;
-        const float vv = beta2 * v + omb2 * (g * g);
-        const float denom = sqrtf(vv) * inv_sqrt_bc2 + eps;
-        const float pp = p * decay;
-        p = pp - step_size * (mm / denom);
-        m = mm;
-        v = vv;
+        const float g = (grad(0, t, i, j) + grad(1, t, i, j)) / 2.0f;
+        test_adamw_element(&p, &m, &v, g, t, kLr, kBeta1, kBeta2, kEps, kWd);
       }
       out[i][j] = p;
     }

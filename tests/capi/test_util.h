@@ -3,6 +3,7 @@
 #ifndef BRAID_TESTS_CAPI_TEST_UTIL_H_
 #define BRAID_TESTS_CAPI_TEST_UTIL_H_
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -96,6 +97,26 @@ static inline void test_run_2_ranks(int argc, char** argv, braid_group_t** group
     for (r = 0; r < 2; ++r) EXPECT_OK(braid_group_destroy(groups[r]));
   }
   EXPECT_OK(braid_world_destroy(w));
+}
+
+/* optim/adamw_math.h's AdamW update of one element at step t (0-based) with gradient g, in C:
+ * StepScalars (double, rounded to float once) and AdamWElement (float operations in the same
+ * order; the tests build with -ffp-contract=off), so the C tests compare bit for bit. */
+static inline void test_adamw_element(float* p, float* m, float* v, float g, int t, double lr,
+                                      double beta1_d, double beta2_d, double eps_d, double wd) {
+  const double bc1 = 1.0 - pow(beta1_d, (double)(t + 1));
+  const double bc2 = 1.0 - pow(beta2_d, (double)(t + 1));
+  const float beta1 = (float)beta1_d, omb1 = (float)(1.0 - beta1_d);
+  const float beta2 = (float)beta2_d, omb2 = (float)(1.0 - beta2_d);
+  const float decay = (float)(1.0 - lr * wd), step_size = (float)(lr / bc1);
+  const float inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2)), eps = (float)eps_d;
+  const float mm = beta1 * *m + omb1 * g;
+  const float vv = beta2 * *v + omb2 * (g * g);
+  const float denom = sqrtf(vv) * inv_sqrt_bc2 + eps;
+  const float pp = *p * decay;
+  *p = pp - step_size * (mm / denom);
+  *m = mm;
+  *v = vv;
 }
 
 static inline int test_finish(const char* name) {
