@@ -123,6 +123,10 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
   rc.timeout = kTimeout;
   rc.memory = &mem;
   rc.keep_shards_only = fsdp;
+  // Fully sharded: one pool for gathered parameters and gradient storage (a unit's released
+  // parameter buffer becomes its gradient bucket, as PyTorch's caching allocator does for FSDP).
+  std::shared_ptr<sched::BufferPool> pool = fsdp ? std::make_shared<sched::BufferPool>() : nullptr;
+  rc.shared_pool = pool;
   if (fsdp) {  // one bucket per unit (FSDP's flat parameter per wrapping unit)
     rc.bucket_cap_bytes = size_t{1} << 40;
     rc.first_bucket_cap_bytes = size_t{1} << 40;
@@ -159,6 +163,7 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
     gc.timeout = kTimeout;
     gc.free_after_use = fsdp;
     gc.memory = &mem;
+    gc.shared_pool = pool;
     ASSIGN_OR_RETURN(gatherer, sched::ParamGatherer::Create(plan, gather_group.get(), gc));
     optim::OptimizerConfig oc;
     oc.groups[0].adamw.lr = kLr;

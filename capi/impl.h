@@ -15,6 +15,7 @@
 #include "comm/group.h"
 #include "comm/work.h"
 #include "optim/sharded_optimizer.h"
+#include "scheduler/buffer_pool.h"
 #include "scheduler/gradient_reducer.h"
 #include "scheduler/memory_stats.h"
 #include "scheduler/param_gatherer.h"
@@ -54,6 +55,9 @@ struct ReducerImpl {
   // Counts the reducer's, gatherer's and optimizer's buffers (braid_memory_stats); declared
   // before them so it outlives every counted buffer.
   std::unique_ptr<sched::MemoryStats> memory = std::make_unique<sched::MemoryStats>();
+  // shard_gradients on the host: the pool its gradient storage shares with a fully sharded
+  // optimizer's gathered parameters (scheduler/buffer_pool.h).
+  std::shared_ptr<sched::BufferPool> pool;
   std::unique_ptr<sched::GradientReducer> reducer;
   // Between a successful begin_backward (reducer's or optimizer's) and the next finish: the
   // C++ reducer does not expose it, and zero_grads must refuse then.

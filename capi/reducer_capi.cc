@@ -165,6 +165,10 @@ braid_status_t braid_reducer_create(braid_group_t* shard, braid_group_t* replica
       impl->memory->SetTimeline(impl->timeline.get());
     }
     config.memory = impl->memory.get();
+    if (config.keep_shards_only && o.device == BRAID_DEVICE_HOST) {
+      impl->pool = std::make_shared<braid::sched::BufferPool>();
+      config.shared_pool = impl->pool;
+    }
     braid::sched::ReducerGroups groups{impl->shard->group.get(),
                                        impl->replica ? impl->replica->group.get() : nullptr};
     {

@@ -94,6 +94,12 @@ absl::StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
           "hold no full-size storage between backwards to move gradients through");
     }
   }
+  if (config.shared_pool != nullptr &&
+      (!config.keep_shards_only || groups.shard == nullptr || !groups.shard->buffer_ops().synchronous())) {
+    return absl::InvalidArgumentError(
+        "shared_pool is for keep_shards_only reducers on host groups (device groups queue their "
+        "operations on different streams)");
+  }
   if (config.reduce_dtype != DType::kBF16 && config.reduce_dtype != DType::kF16 &&
       config.reduce_dtype != DType::kF32) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -692,7 +698,11 @@ size_t PoolKey(size_t bytes) { return (bytes + kStorageAlign - 1) / kStorageAlig
 
 absl::StatusOr<OwnedBuffer> GradientReducer::PoolAcquire(size_t bytes, int b) {
   bytes = PoolKey(bytes);
-  {
+  if (config_.shared_pool != nullptr) {
+    OwnedBuffer shared = config_.shared_pool->Take(bytes);
+    if (shared) return shared;
+  }
+  if (config_.shared_pool == nullptr) {
     std::lock_guard<std::mutex> lock(pool_mu_);
     for (size_t k = 0; k < pool_.size(); ++k) {
       if (pool_[k].key != bytes) continue;
@@ -714,6 +724,10 @@ absl::StatusOr<OwnedBuffer> GradientReducer::PoolAcquire(size_t bytes, int b) {
 
 void GradientReducer::PoolRelease(OwnedBuffer buffer, size_t bytes) {
   if (!buffer) return;
+  if (config_.shared_pool != nullptr) {
+    config_.shared_pool->Give(std::move(buffer), PoolKey(bytes));
+    return;
+  }
   std::lock_guard<std::mutex> lock(pool_mu_);
   pool_.push_back(PoolEntry{PoolKey(bytes), std::move(buffer)});
 }

@@ -111,6 +111,7 @@
 #include "comm/tensor.h"
 #include "comm/work_pool.h"
 #include "scheduler/bucket_plan.h"
+#include "scheduler/buffer_pool.h"
 #include "scheduler/divide.h"
 #include "scheduler/memory_stats.h"
 #include "scheduler/timeline.h"
@@ -154,6 +155,10 @@ struct ReducerConfig {
   // storage exists only while a bucket is filled and reduced; what stays is one kept shard per
   // bucket. See "keep_shards_only" below the class comment.
   bool keep_shards_only = false;
+  // keep_shards_only on host groups: full-size storage comes from and goes back to this pool,
+  // shared with the parameter gatherer (scheduler/buffer_pool.h), instead of the reducer's own.
+  // InvalidArgument at Create on device groups or without keep_shards_only.
+  std::shared_ptr<BufferPool> shared_pool;
 };
 
 class GradientReducer {

@@ -71,6 +71,11 @@ absl::StatusOr<std::unique_ptr<ParamGatherer>> ParamGatherer::Create(const Bucke
           on_device ? "device buffers (they need the NCCL backend)" : "host buffers"));
     }
   }
+  if (config.shared_pool != nullptr && !shard_group->buffer_ops().synchronous()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "param gatherer: a shared buffer pool is for host groups; group '", shard_group->name(),
+        "' queues its operations on a device stream"));
+  }
   if (config.verify_plan) RETURN_IF_ERROR(VerifyPlanAcrossRanks(plan, *shard_group, config.timeout));
   auto g = std::unique_ptr<ParamGatherer>(new ParamGatherer(plan, shard_group, config));
   BufferOps& ops = shard_group->buffer_ops();
@@ -167,6 +172,7 @@ absl::Status ParamGatherer::LaunchLocked(int b, DeviceEvent ready) {
   const Bucket& bk = plan_.buckets()[b];
   const size_t shard_bytes = bk.shard_count * DTypeSize(bk.dtype);
   BufferOps& ops = group_->buffer_ops();
+  if (!s.full && config_.shared_pool) s.full = config_.shared_pool->Take(bk.bytes());
   if (!s.full && config_.reuse_buffers) {
     // Best fit from the pool: the smallest buffer of at least bk.bytes(), wasting at most half.
     auto it = pool_.lower_bound(bk.bytes());
@@ -298,7 +304,9 @@ absl::Status ParamGatherer::Release(int b) {
         "' is in flight; call WaitParams first"));
   }
   if (!config_.free_after_use) return absl::OkStatus();
-  if (s.full && config_.reuse_buffers) {
+  if (s.full && config_.shared_pool) {
+    config_.shared_pool->Give(std::move(s.full), plan_.buckets()[b].bytes());
+  } else if (s.full && config_.reuse_buffers) {
     const size_t bytes = s.full.bytes();
     pooled_bytes_ += static_cast<int64_t>(bytes);
     pool_.emplace(bytes, std::move(s.full));
@@ -403,6 +411,7 @@ void ParamGatherer::TrimPool() {
     freed.swap(pool_);
     pooled_bytes_ = 0;
   }
+  if (config_.shared_pool != nullptr) config_.shared_pool->Trim();
 }
 
 }  // namespace braid::sched

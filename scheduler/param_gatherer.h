@@ -91,6 +91,7 @@
 #include "comm/tensor.h"
 #include "comm/work.h"
 #include "scheduler/bucket_plan.h"
+#include "scheduler/buffer_pool.h"
 #include "scheduler/memory_stats.h"
 #include "scheduler/timeline.h"
 
@@ -112,6 +113,10 @@ struct GathererConfig {
   MemoryStats* memory = nullptr;
   // free_after_use: keep released flat buffers in a pool for later gathers (see above).
   bool reuse_buffers = true;
+  // free_after_use on host groups: released flat buffers go to this pool instead of the
+  // gatherer's own, shared with a keep_shards_only reducer (scheduler/buffer_pool.h).
+  // InvalidArgument at Create on device groups.
+  std::shared_ptr<BufferPool> shared_pool;
 };
 
 class ParamGatherer {
@@ -177,7 +182,8 @@ class ParamGatherer {
   // and bytes of free buffers in the pool (free_after_use). Both are counted as kParamGather.
   int64_t held_bytes() const;
   int64_t pooled_bytes() const;
-  // Frees every pooled buffer.
+  // Frees every pooled buffer (and every free buffer of the shared pool, the gradient
+  // storage's too).
   void TrimPool();
 
  private:

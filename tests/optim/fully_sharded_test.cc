@@ -36,6 +36,7 @@ struct FsdpCase {
   OptScenario s;
   bool reshard_after_forward = true;
   int prefetch = 1;
+  bool shared_pool = false;  // one BufferPool for gathered parameters and gradient storage
 };
 
 void PrintTo(const FsdpCase& c, std::ostream* os) { *os << c.name; }
@@ -45,6 +46,7 @@ int UnitOf(int i, int params) { return i * kUnits / params; }
 // One rank's fully sharded stack. Members are destroyed in reverse.
 struct FsdpStack {
   sched::MemoryStats memory;
+  std::shared_ptr<sched::BufferPool> pool;  // shared_pool cases
   sched::Mesh mesh;
   std::unique_ptr<Group> gather_group;
   std::unique_ptr<sched::GradientReducer> reducer;
@@ -62,6 +64,8 @@ absl::StatusOr<std::unique_ptr<FsdpStack>> Build(Group& world, const FsdpCase& c
   rc.timeout = absl::Seconds(60);
   rc.memory = &st->memory;
   rc.keep_shards_only = true;
+  if (c.shared_pool) st->pool = std::make_shared<sched::BufferPool>();
+  rc.shared_pool = st->pool;
   sched::ReducerGroups groups;
   if (s.replicas > 1) {
     ASSIGN_OR_RETURN(st->mesh, sched::MakeMesh(world, s.replicas, s.shards));
@@ -84,6 +88,7 @@ absl::StatusOr<std::unique_ptr<FsdpStack>> Build(Group& world, const FsdpCase& c
   gc.timeout = absl::Seconds(60);
   gc.free_after_use = true;
   gc.memory = &st->memory;
+  gc.shared_pool = st->pool;
   ASSIGN_OR_RETURN(st->gatherer, sched::ParamGatherer::Create(st->reducer->plan(), st->gather_group.get(), gc));
   OptimizerConfig oc = s.opt;
   oc.timeout = absl::Seconds(60);
@@ -170,7 +175,13 @@ absl::Status CheckMemory(FsdpStack& st, const FsdpCase& c, int rank, int t) {
     return absl::InternalError(absl::StrCat(at, st.units->live_bytes(), " gathered bytes not released (",
                                             st.gatherer->held_bytes(), " held)"));
   }
-  if (current(MemoryUse::kParamGather) != static_cast<int64_t>(st.gatherer->pooled_bytes())) {
+  if (st.pool != nullptr) {  // every free full-size buffer, gathered or gradient, is in the shared pool
+    const int64_t full = current(MemoryUse::kParamGather) + current(MemoryUse::kGradBuckets);
+    if (full != st.pool->free_bytes()) {
+      return absl::InternalError(absl::StrCat(at, full, " full-size bytes counted, ", st.pool->free_bytes(),
+                                              " free in the shared pool"));
+    }
+  } else if (current(MemoryUse::kParamGather) != static_cast<int64_t>(st.gatherer->pooled_bytes())) {
     return absl::InternalError(absl::StrCat(at, current(MemoryUse::kParamGather), " gather bytes counted, ",
                                             st.gatherer->pooled_bytes(), " pooled"));
   }
@@ -268,6 +279,16 @@ std::vector<FsdpCase> Cases() {
   FsdpCase noprefetch{"rs2_f32_no_prefetch", OptScenario{}, true, 0};
   noprefetch.s.steps = 3;
   out.push_back(noprefetch);
+  for (int replicas : {1, 2}) {
+    FsdpCase shared{replicas > 1 ? "hybrid2x2_bf16_shared_pool" : "rs2_f32_shared_pool", OptScenario{}, true, 1, true};
+    shared.s.replicas = replicas;
+    shared.s.steps = 3;
+    if (replicas > 1) {
+      shared.s.dtype = DType::kBF16;
+      shared.s.schedule = {sched::SyncMode::kReduceScatterOnly, sched::SyncMode::kSync};
+    }
+    out.push_back(shared);
+  }
   FsdpCase sgd{"rs2_sgd", OptScenario{}, true, 1};
   sgd.s.steps = 3;
   sgd.s.opt.kind = OptimizerKind::kSgd;

@@ -947,7 +947,10 @@ class FullyShardedTest(unittest.TestCase):
             opt.synchronize()
             m = model.reducer.memory_stats()["by_use"]
             with model.summon_full_params():
-                gathered_all = model.reducer.memory_stats()["by_use"]["param_gather"][0]
+                # Full-size buffers: gathered parameters and gradient storage share one pool on
+                # the host, so a buffer stays counted under the use that allocated it first.
+                full = model.reducer.memory_stats()["by_use"]
+                gathered_all = full["param_gather"][0] + full["grad_buckets"][0]
                 trained = [p.detach().clone() for p in net.parameters()]
             opt.close()  # collective: gives the module its full parameters back
             back = [p.detach().clone() for p in net.parameters()]
