@@ -23,7 +23,9 @@
 //                           before its forward and its backward and released after (in the
 //                           backward as soon as the unit's compute is done, before its
 //                           gradients are handed over, as FSDP2's post-backward does);
-//                           gradients kept only as shards; prefetch of the next unit
+//                           gradients kept only as shards; one BufferPool shared by the
+//                           gathered parameters and the gradient storage; prefetch of the
+//                           next unit
 //   fully_sharded_noprefetch  the same without prefetch
 // Memory per rank is everything the rank holds: Braid's buffers plus the framework's
 // (ddp's parameters and AdamW state, the fully sharded backward's gradient scratch), all
