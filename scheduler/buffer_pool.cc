@@ -6,19 +6,22 @@ namespace braid::sched {
 
 OwnedBuffer BufferPool::Take(size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = free_.find(bytes);
-  if (it == free_.end()) return OwnedBuffer();
-  OwnedBuffer out = std::move(it->second);
-  free_.erase(it);
-  free_bytes_ -= static_cast<int64_t>(out.bytes());
-  return out;
+  for (size_t k = 0; k < free_.size(); ++k) {
+    if (free_[k].key != bytes) continue;
+    OwnedBuffer out = std::move(free_[k].buffer);
+    if (k + 1 != free_.size()) free_[k] = std::move(free_.back());
+    free_.pop_back();
+    free_bytes_ -= static_cast<int64_t>(out.bytes());
+    return out;
+  }
+  return OwnedBuffer();
 }
 
 void BufferPool::Give(OwnedBuffer buffer, size_t bytes) {
   if (!buffer) return;
   std::lock_guard<std::mutex> lock(mu_);
   free_bytes_ += static_cast<int64_t>(buffer.bytes());
-  free_.emplace(bytes, std::move(buffer));
+  free_.push_back(Entry{bytes, std::move(buffer)});
 }
 
 int64_t BufferPool::free_bytes() const {
@@ -26,10 +29,22 @@ int64_t BufferPool::free_bytes() const {
   return free_bytes_;
 }
 
+void BufferPool::Reserve(size_t buffers) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (free_.capacity() < buffers) free_.reserve(2 * buffers);
+}
+
 void BufferPool::Trim() {
-  std::multimap<size_t, OwnedBuffer> freed;  // freed outside the lock
+  std::vector<Entry> freed;  // destroyed after the lock is released
   std::lock_guard<std::mutex> lock(mu_);
   freed.swap(free_);
+  free_bytes_ = 0;
+}
+
+void BufferPool::Abandon() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Entry& e : free_) (void)e.buffer.release();
+  free_.clear();
   free_bytes_ = 0;
 }
 

@@ -22,8 +22,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <mutex>
+#include <vector>
 
 #include "comm/buffer_ops.h"
 
@@ -36,12 +36,22 @@ class BufferPool {
   // Gives back a buffer allocated for `bytes` (its user is done with it, on the host).
   void Give(OwnedBuffer buffer, size_t bytes);
   int64_t free_bytes() const;
+  // Room for `buffers` free buffers, so that Give never allocates while no more buffers than
+  // that exist (a user that allocates its buffers calls it with their count: zero heap
+  // allocations per step in steady state).
+  void Reserve(size_t buffers);
   // Frees every free buffer.
   void Trim();
+  // Leaks every free buffer (a collective may still write into one: destruction in flight).
+  void Abandon();
 
  private:
+  struct Entry {
+    size_t key;  // the size the buffer was allocated for
+    OwnedBuffer buffer;
+  };
   mutable std::mutex mu_;
-  std::multimap<size_t, OwnedBuffer> free_;
+  std::vector<Entry> free_;
   int64_t free_bytes_ = 0;
 };
 

@@ -177,8 +177,8 @@ absl::Status GradientReducer::AllocateBuckets() {
     buckets_.push_back(std::move(s));
   }
   if (config_.keep_shards_only) {
-    std::lock_guard<std::mutex> lock(pool_mu_);
-    pool_.reserve(2 * buckets_.size());
+    if (pool_ == nullptr) pool_ = config_.shared_pool ? config_.shared_pool : std::make_shared<BufferPool>();
+    pool_->Reserve(2 * buckets_.size());
   }
   // Device storage: zeroed before the framework writes into it from its own streams.
   return ops_.Synchronize(absl::Now() + config_.timeout);
@@ -266,8 +266,7 @@ GradientReducer::~GradientReducer() {
       (void)b->partial.release();
       (void)b->kept.release();
       (void)b->reduced.release();
-      std::lock_guard<std::mutex> lock(pool_mu_);  // storage given back while still in use
-      for (PoolEntry& f : pool_) (void)f.buffer.release();
+      if (pool_ != nullptr) pool_->Abandon();  // storage given back while still in use
     }
   }
 }
@@ -698,38 +697,19 @@ size_t PoolKey(size_t bytes) { return (bytes + kStorageAlign - 1) / kStorageAlig
 
 absl::StatusOr<OwnedBuffer> GradientReducer::PoolAcquire(size_t bytes, int b) {
   bytes = PoolKey(bytes);
-  if (config_.shared_pool != nullptr) {
-    OwnedBuffer shared = config_.shared_pool->Take(bytes);
-    if (shared) return shared;
-  }
-  if (config_.shared_pool == nullptr) {
-    std::lock_guard<std::mutex> lock(pool_mu_);
-    for (size_t k = 0; k < pool_.size(); ++k) {
-      if (pool_[k].key != bytes) continue;
-      OwnedBuffer out = std::move(pool_[k].buffer);
-      if (k + 1 != pool_.size()) pool_[k] = std::move(pool_.back());
-      pool_.pop_back();
-      return out;
-    }
-  }
+  OwnedBuffer pooled = pool_->Take(bytes);
+  if (pooled) return pooled;
   // None fits: the pool grows (never in steady state).
   ASSIGN_OR_RETURN(OwnedBuffer out,
                    CountedAllocate(config_.memory, ops_, bytes, MemoryUse::kGradBuckets,
                                    absl::StrCat(buckets_[b]->label, " (pooled gradient storage)")));
-  std::lock_guard<std::mutex> lock(pool_mu_);
-  ++pool_buffers_;
-  if (pool_.capacity() < pool_buffers_) pool_.reserve(2 * pool_buffers_);  // release never allocates
+  pool_->Reserve(++pool_buffers_);  // giving it back never allocates
   return out;
 }
 
 void GradientReducer::PoolRelease(OwnedBuffer buffer, size_t bytes) {
   if (!buffer) return;
-  if (config_.shared_pool != nullptr) {
-    config_.shared_pool->Give(std::move(buffer), PoolKey(bytes));
-    return;
-  }
-  std::lock_guard<std::mutex> lock(pool_mu_);
-  pool_.push_back(PoolEntry{PoolKey(bytes), std::move(buffer)});
+  pool_->Give(std::move(buffer), PoolKey(bytes));
 }
 
 absl::Status GradientReducer::AcquireStorage(int b) {

@@ -326,17 +326,12 @@ class GradientReducer {
   int allreduce_cursor_ = 0;  // hybrid: next bucket whose replica all-reduce to launch
   absl::Status first_error_;
 
-  std::mutex pool_mu_;
-  // Free full-size buffers, each with the rounded request it was allocated for (its key;
-  // capacity: every pool buffer). Reuse is by equal key only, so the buffers of a key never
-  // outnumber the buckets (and f32 stagings) of that size in use at once, whatever the timing:
-  // the pool stays within every bucket's storage once.
-  struct PoolEntry {
-    size_t key;
-    OwnedBuffer buffer;
-  };
-  std::vector<PoolEntry> pool_;
-  size_t pool_buffers_ = 0;        // pool buffers allocated so far
+  // keep_shards_only: free full-size buffers (config.shared_pool, else the reducer's own),
+  // keyed by the rounded request they were allocated for. Reuse is by equal key only, so the
+  // buffers of a key never outnumber the buckets (and f32 stagings) of that size in use at
+  // once, whatever the timing: the pool stays within every bucket's storage once.
+  std::shared_ptr<BufferPool> pool_;
+  std::atomic<size_t> pool_buffers_{0};  // buffers this reducer allocated (Reserve: no allocation in Give)
 };
 
 }  // namespace braid::sched
