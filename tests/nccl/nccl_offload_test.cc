@@ -208,5 +208,40 @@ INSTANTIATE_TEST_SUITE_P(
                       NamedScenario{"Sgd_Hybrid2x2_f32", Offloaded(2, 2, OptimizerKind::kSgd, DType::kF32)}),
     [](const ::testing::TestParamInfo<NamedScenario>& i) { return i.param.name; });
 
+// Fully sharded (gather_after_step off) with offload: the step only writes each bucket's shard
+// (host step, host -> device copy); a gatherer of the shard first takes WaitShard's event (what
+// the unit scheduler's before_gather does), then gathers. The gathered parameters match the
+// reference after every step.
+TEST(NcclOffloadFullyShardedTest, WaitShardThenGather) {
+  for (const OptScenario& base : {Offloaded(1, 2, OptimizerKind::kAdamW, DType::kBF16),
+                                  Offloaded(2, 2, OptimizerKind::kSgd, DType::kF32)}) {
+    OptScenario s = base;
+    s.opt.gather_after_step = false;
+    FakeGpu gpu;
+    auto kernels = std::make_shared<FakeStepKernels>(gpu.cuda);
+    RunFakeRanks(gpu, s.replicas * s.shards, FakeConfig(), [&](NcclGroup& world) {
+      auto st = BuildDeviceStack(world, kernels, s);
+      ASSERT_TRUE(st.ok()) << st.status();
+      auto& stack = **st;
+      for (int t = 0; t < s.steps; ++t) {
+        ASSERT_OK(RunDeviceSteps(stack, gpu.cuda, s, t, t + 1, absl::Seconds(60), true, /*compare=*/false));
+        const int buckets = static_cast<int>(stack.reducer->plan().buckets().size());
+        for (int b = 0; b < buckets; ++b) {
+          DeviceEvent ready;
+          ASSERT_OK(stack.opt->WaitShard(b, &ready));
+          EXPECT_TRUE(static_cast<bool>(ready.handle)) << "bucket " << b << ": no step event on the device";
+          ASSERT_OK(stack.gatherer->Prefetch(b, ready));
+        }
+        for (int b = 0; b < buckets; ++b) ASSERT_OK(stack.gatherer->WaitParams(b));
+        auto p = DeviceParams(stack, gpu.cuda, s);
+        ASSERT_TRUE(p.ok()) << p.status();
+        EXPECT_EQ(*p, optim::testing::ReferenceParams(s, t + 1)) << "rank " << world.rank() << ", step " << t;
+      }
+    });
+    ExpectClean(gpu);
+    EXPECT_EQ(kernels->launches(), 0);
+  }
+}
+
 }  // namespace
 }  // namespace braid::nccl::testing
