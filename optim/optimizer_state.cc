@@ -211,6 +211,16 @@ absl::Status ShardedOptimizer::Load(const std::string& path) {
   }
   const auto* step_values = static_cast<const int64_t*>(steps->data());
   absl::Status applied;  // device only: a copy to the device that failed on this rank
+  if (offload_) {
+    // The last step's copies out of the host parameter staging buffers may still be queued on
+    // the stream (a step is published once they are queued); they must have read the buffers
+    // before the loop below rewrites them. One host wait per Load.
+    const absl::Status st = ops().Synchronize(absl::Now() + config_.timeout);
+    if (!st.ok()) {
+      applied = absl::Status(st.code(), absl::StrCat("optimizer Load(", path, "): waiting for the last step's "
+                                                     "copies to the device: ", st.message(), " (no bucket state was loaded)"));
+    }
+  }
   for (size_t b = 0; b < buckets_.size() && applied.ok(); ++b) {
     BucketState& s = *buckets_[b];
     const size_t bytes = s.n * sizeof(float);
