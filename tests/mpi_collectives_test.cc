@@ -351,7 +351,10 @@ TEST(MpiDeadline, MissedDeadlineFailsTheGroup) {
 // fail only at the deadline, and MPI keeps their requests, so the backend would have to skip
 // MPI_Finalize and mpirun would fail the job.)
 // On a group of its own: the failure poisons no group that other tests use. Open MPI's libnbc
-// prints "MPI Error in NBC subrequest" on the ranks that truncate; that is expected.
+// prints "MPI Error in NBC subrequest" on the ranks that truncate; that is expected. Which code
+// the request carries depends on where libnbc notices: MPI_ERR_TRUNCATE when the truncated
+// receive completes the request, OMPI_ERROR (-1, "NBC_Start_round") when it aborts the schedule
+// while starting the next round. Both are MPI's answer to the mismatch (seen on CI).
 TEST(MpiErrors, CountMismatchWithoutValidationFailsTheCall) {
   Group& g = World();
   auto child = g.Split(0, g.rank(), "world/mismatch");
@@ -367,7 +370,8 @@ TEST(MpiErrors, CountMismatchWithoutValidationFailsTheCall) {
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   const absl::Status s = (*w)->Wait(kTimeout);
   EXPECT_LT(absl::Now() - start, opts.timeout) << "a rank waited for its deadline";
-  const bool truncated = absl::StrContains(s.message(), "MPI_ERR_TRUNCATE");
+  const bool truncated = absl::StrContains(s.message(), "MPI_ERR_TRUNCATE") ||
+                         absl::StrContains(s.message(), "(MPI error -1)");
   if (!s.ok()) {
     EXPECT_TRUE(truncated) << s.ToString();
     EXPECT_TRUE(absl::StrContains(s.message(), "reduce_scatter #0 on group 'world/mismatch'"))
@@ -377,8 +381,8 @@ TEST(MpiErrors, CountMismatchWithoutValidationFailsTheCall) {
     EXPECT_FALSE(again.ok());
     EXPECT_TRUE(absl::StrContains(again.status().message(), "has failed"))
         << again.status().ToString();
-    EXPECT_TRUE(absl::StrContains(again.status().message(), "MPI_ERR_TRUNCATE"))
-        << again.status().ToString();
+    EXPECT_TRUE(absl::StrContains(again.status().message(), s.message()))
+        << "the group's refusal names the cause: " << again.status().ToString();
   }
   // Every rank learns what the others saw, over the (untouched) world group.
   int32_t seen[2] = {s.ok() ? 0 : 1, truncated ? 1 : 0};
@@ -386,7 +390,7 @@ TEST(MpiErrors, CountMismatchWithoutValidationFailsTheCall) {
   ASSERT_TRUE(tally.ok()) << tally.status().ToString();
   ASSERT_OK((*tally)->Wait(kTimeout));
   EXPECT_GE(seen[0], 1) << "no rank saw the mismatch";
-  EXPECT_EQ(seen[1], seen[0]) << "a rank failed with something other than MPI's truncation";
+  EXPECT_EQ(seen[1], seen[0]) << "a rank failed with something other than MPI's answer to the mismatch";
 }
 
 TEST(MpiBackend, DescribesItself) {

@@ -37,9 +37,14 @@ absl::Status MpiStatus(int rc, absl::string_view call) {
   char text[MPI_MAX_ERROR_STRING] = {};
   int len = 0;
   if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) len = 0;
+  // Open MPI's libnbc reports a schedule it aborted (a subrequest failed, e.g. truncated)
+  // as OMPI_ERROR (-1), which has no text: say so, rather than print an empty reason.
+  const absl::string_view reason =
+      len > 0 ? absl::string_view(text, len)
+              : absl::string_view("MPI gave no text for this code (Open MPI's libnbc returns -1 "
+                                  "when it aborts a collective's schedule; its cause is on stderr)");
   return absl::Status(CodeForClass(error_class),
-                      absl::StrCat(call, " failed: ", absl::string_view(text, len), " (MPI error ",
-                                   rc, ")"));
+                      absl::StrCat(call, " failed: ", reason, " (MPI error ", rc, ")"));
 }
 
 }  // namespace braid::mpi
