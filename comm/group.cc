@@ -129,6 +129,9 @@ absl::StatusOr<WorkPtr> Group::ValidateAndLaunch(CollectiveArgs a) {
   if (a.options.timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(what(), ": negative timeout"));
   }
+  if (abort_domain_ != nullptr && abort_domain_->aborted()) {
+    return abort_domain_->RefusalFor(name());
+  }
   return Launch(a);
 }
 
@@ -195,7 +198,23 @@ absl::StatusOr<std::unique_ptr<Group>> Group::Split(int color, int key, absl::st
   // A negative color other than kNoColor is still passed to the backend so the other ranks
   // learn of it (and fail naming this rank) instead of waiting for a rank that left.
   std::string child = name.empty() ? DefaultSplitName(this->name(), color) : std::string(name);
+  if (abort_domain_ != nullptr && abort_domain_->aborted()) {
+    return abort_domain_->RefusalFor(this->name());
+  }
   return DoSplit(color, key, std::move(child));
+}
+
+absl::Status Group::AbortJob(const absl::Status& cause) {
+  if (abort_domain_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "AbortJob on group '", name(), "': backend ", backend_name(), " has no abort domain"));
+  }
+  if (cause.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AbortJob on group '", name(), "': the cause must be an error"));
+  }
+  abort_domain_->Abort(world_rank(), cause);
+  return absl::OkStatus();
 }
 
 }  // namespace braid

@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "comm/abort_domain.h"
 #include "comm/buffer_ops.h"
 #include "comm/dtype.h"
 #include "comm/reduce_op.h"
@@ -120,7 +121,23 @@ class Group {
   // "<parent>/<color>".
   absl::StatusOr<std::unique_ptr<Group>> Split(int color, int key, absl::string_view name = {});
 
+  // The job's abort domain (comm/abort_domain.h), shared with every group split from this one;
+  // null where the backend has none (plugins). Once it has aborted, every collective and Split
+  // on this group is refused with its cause, and the backend fails what was pending.
+  AbortDomain* abort_domain() const { return abort_domain_.get(); }
+  const std::shared_ptr<AbortDomain>& shared_abort_domain() const { return abort_domain_; }
+  // Fails the whole job now, on every rank, with `cause` reported by this group's rank (its
+  // world rank where the backend knows it): for failures Braid cannot see, e.g. a framework's
+  // step that failed on this rank. FailedPrecondition without a domain; OK (and no effect) if
+  // the job had already aborted.
+  absl::Status AbortJob(const absl::Status& cause);
+
  protected:
+  // Backends call it in their constructors (children: the parent's domain).
+  void SetAbortDomain(std::shared_ptr<AbortDomain> domain) { abort_domain_ = std::move(domain); }
+  // The world rank this group's rank reports aborts as; default: rank().
+  virtual int world_rank() const { return rank(); }
+
   // Called with validated arguments; must not block on peers (return a Work).
   virtual absl::StatusOr<WorkPtr> Launch(const CollectiveArgs& args) = 0;
   virtual absl::StatusOr<std::unique_ptr<Group>> DoSplit(int color, int key,
@@ -128,6 +145,8 @@ class Group {
 
  private:
   absl::StatusOr<WorkPtr> ValidateAndLaunch(CollectiveArgs args);
+
+  std::shared_ptr<AbortDomain> abort_domain_;
 };
 
 // Name of a child group as Split builds it when the caller gives none.

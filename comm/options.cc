@@ -84,6 +84,15 @@ const std::vector<Entry>& Entries() {
          o.validate_collectives = v == "1";
          return absl::OkStatus();
        }},
+      {{"BRAID_ABORT_ON_FAILURE", "1",
+        "1: a failure on any group of any rank (deadline, transport error, AbortJob) fails every "
+        "group of every rank at once, naming the rank (comm/abort_domain.h); 0: only the failed "
+        "group fails, and the other ranks learn of it at their own deadlines"},
+       [](Options& o, absl::string_view v) -> absl::Status {
+         if (v != "0" && v != "1") return BadValue("BRAID_ABORT_ON_FAILURE", v, "0 or 1");
+         o.abort_on_failure = v == "1";
+         return absl::OkStatus();
+       }},
       {{"BRAID_NCCL_BLOCKING", "1",
         "nccl backend: 1 blocking communicators, 0 nonblocking (every NCCL call returns at once "
         "and ncclInProgress is polled under the deadline, so a hung peer never blocks a thread "

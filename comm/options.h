@@ -29,6 +29,7 @@ struct Options {
   absl::Duration spin = absl::Microseconds(20);    // BRAID_SPIN_US
   std::string log_level = "warn";     // BRAID_LOG_LEVEL
   bool validate_collectives = false;  // BRAID_VALIDATE_COLLECTIVES
+  bool abort_on_failure = true;       // BRAID_ABORT_ON_FAILURE (comm/abort_domain.h)
   std::string timeline;               // BRAID_TIMELINE
   bool nccl_blocking = true;          // BRAID_NCCL_BLOCKING
   int cuda_device = -1;               // BRAID_CUDA_DEVICE (-1: node-local rank % device count)

@@ -76,7 +76,26 @@ TEST(LocalErrors, ReduceScatterCountMismatchNamesEveryRanksCall) {
     absl::Status s = (*w)->Wait(absl::Seconds(30));
     ExpectError(s, absl::StatusCode::kInvalidArgument,
                 {"reduce_scatter", "rank 1: reduce_scatter count=7", "rank 0: reduce_scatter count=8"});
-    // The group stays usable: the mismatch was seen by every rank at the same point.
+    // A failed collective aborts the job (BRAID_ABORT_ON_FAILURE=1, the default): the next call
+    // is refused with the cause.
+    ExpectError(g.Barrier().status(), absl::StatusCode::kInvalidArgument,
+                {"refuses new calls", "job aborted", "rank 1: reduce_scatter count=7"});
+  });
+}
+
+TEST(LocalErrors, WithoutAbortOnFailureAMismatchLeavesTheGroupUsable) {
+  Options o = LocalOptions(3);
+  o.abort_on_failure = false;
+  auto backend = CreateBackend(o);
+  ASSERT_TRUE(backend.ok());
+  RunRanks(**backend, [](Group& g) {
+    std::vector<float> send(3 * 8, 1.0f), recv(8);
+    const size_t count = g.rank() == 1 ? 7 : 8;
+    auto w = g.ReduceScatter(send.data(), recv.data(), count, DType::kF32, ReduceOp::Sum());
+    ASSERT_TRUE(w.ok());
+    ExpectError((*w)->Wait(absl::Seconds(30)), absl::StatusCode::kInvalidArgument,
+                {"rank 1: reduce_scatter count=7"});
+    // Every rank saw the mismatch at the same point, so the group can go on.
     EXPECT_OK(RunAndCheck(g, CollectiveCase{CollectiveKind::kAllReduce, ReduceKind::kSum,
                                             DType::kF32, 10}));
   });
@@ -174,14 +193,15 @@ TEST(LocalFaults, FailedRankIsNamedOnEveryOtherRankAndGroupFailsFast) {
     EXPECT_OK(RunAndCheck(g, CollectiveCase{CollectiveKind::kAllReduce, ReduceKind::kSum,
                                             DType::kF32, 64}));  // seq 0 is fine
     float buf[64] = {};
-    auto w = g.AllReduce(buf, buf, 64, DType::kF32, ReduceOp::Sum());  // seq 1: rank 2 fails
-    ASSERT_TRUE(w.ok());
-    absl::Status s = (*w)->Wait(absl::Seconds(30));
+    // seq 1: rank 2 fails. A rank that calls after the job aborted is refused at the call.
+    auto w = g.AllReduce(buf, buf, 64, DType::kF32, ReduceOp::Sum());
+    absl::Status s = w.ok() ? (*w)->Wait(absl::Seconds(30)) : w.status();
     ExpectError(s, absl::StatusCode::kInternal, {"rank 2 failed", "simulated NIC loss", "#1"});
     // Later collectives fail fast with the same cause instead of hanging.
     auto w2 = g.Barrier();
-    ASSERT_TRUE(w2.ok());
-    ExpectError((*w2)->Wait(absl::Seconds(5)), absl::StatusCode::kInternal, {"rank 2 failed"});
+    ASSERT_FALSE(w2.ok());
+    ExpectError(w2.status(), absl::StatusCode::kInternal,
+                {"refuses new calls", "rank 2 failed", "simulated NIC loss"});
   });
 }
 

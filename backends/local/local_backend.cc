@@ -18,10 +18,12 @@ absl::StatusOr<std::unique_ptr<Backend>> LocalBackend::Create(const Options& opt
 LocalBackend::LocalBackend(int world_size, const Options& options)
     : world_size_(world_size),
       faults_(std::make_shared<FaultInjector>()),
+      domain_(AbortDomain::Create()),
       handed_out_(world_size, false) {
   std::vector<int> ranks(world_size);
   std::iota(ranks.begin(), ranks.end(), 0);
-  world_ = MakeLocalComm("world", std::move(ranks), options.timeout, options.spin, faults_);
+  world_ = MakeLocalComm("world", std::move(ranks), options.timeout, options.spin,
+                         LocalWorld{faults_, domain_, options.abort_on_failure});
 }
 
 Capabilities LocalBackend::capabilities() const { return LocalGroup::LocalCapabilities(); }

@@ -31,12 +31,15 @@ class LocalBackend final : public Backend {
   absl::StatusOr<std::unique_ptr<Group>> WorldGroup(int rank) override;
 
   FaultInjector& faults() { return *faults_; }
+  // The job's abort domain, shared by every group of every rank (comm/abort_domain.h).
+  AbortDomain& abort_domain() { return *domain_; }
 
  private:
   LocalBackend(int world_size, const Options& options);
 
   const int world_size_;
   std::shared_ptr<FaultInjector> faults_;
+  std::shared_ptr<AbortDomain> domain_;
   std::shared_ptr<LocalComm> world_;
   std::mutex mu_;
   std::vector<bool> handed_out_;  // guarded by mu_

@@ -16,17 +16,32 @@ namespace braid::local {
 class LocalComm {
  public:
   LocalComm(std::string name, std::vector<int> world_ranks, absl::Duration timeout,
-            absl::Duration spin, std::shared_ptr<FaultInjector> faults)
+            absl::Duration spin, const LocalWorld& world)
       : name_(std::move(name)),
         world_ranks_(std::move(world_ranks)),
         timeout_(timeout),
         spin_(spin),
-        faults_(std::move(faults)),
+        faults_(world.faults),
+        world_(world),
         barrier_(static_cast<int>(world_ranks_.size()), spin),
         posted_{std::vector<Posted>(world_ranks_.size()), std::vector<Posted>(world_ranks_.size())},
         split_children_(world_ranks_.size()),
         busy_(new std::atomic<bool>[world_ranks_.size()]) {
     for (size_t r = 0; r < world_ranks_.size(); ++r) busy_[r].store(false);
+    if (world_.domain != nullptr) {
+      // The job aborted: waiters at this group's barrier stop, later ops fail at once.
+      abort_sub_ = world_.domain->Subscribe([this](const absl::Status& cause) {
+        barrier_.Fail(absl::Status(cause.code(),
+                                   absl::StrCat("group '", name_, "': ", cause.message())));
+      });
+    }
+  }
+
+  // A failed op of rank `world_rank` aborts the job (if so configured).
+  void ReportFailure(int world_rank, const absl::Status& s) const {
+    if (!s.ok() && world_.abort_on_failure && world_.domain != nullptr) {
+      world_.domain->Abort(world_rank, s);
+    }
   }
 
   int size() const { return static_cast<int>(world_ranks_.size()); }
@@ -36,6 +51,7 @@ class LocalComm {
   const absl::Duration timeout_;
   const absl::Duration spin_;
   const std::shared_ptr<FaultInjector> faults_;
+  const LocalWorld world_;
   RankBarrier barrier_;
   // posted_[seq % 2][r] is written only by rank r, before barrier A of op `seq`, and read by
   // all ranks after it. Two generations: a rank that finished op s may post op s+1 while a
@@ -66,13 +82,16 @@ class LocalComm {
       }
     }
   }
+
+  // Last: unsubscribed first, so the listener never sees a half-destroyed comm.
+  AbortDomain::Subscription abort_sub_;
 };
 
 std::shared_ptr<LocalComm> MakeLocalComm(std::string name, std::vector<int> world_ranks,
                                          absl::Duration timeout, absl::Duration spin,
-                                         std::shared_ptr<FaultInjector> faults) {
+                                         const LocalWorld& world) {
   return std::make_shared<LocalComm>(std::move(name), std::move(world_ranks), timeout, spin,
-                                     std::move(faults));
+                                     world);
 }
 
 namespace {
@@ -115,7 +134,9 @@ LocalGroup::LocalGroup(std::shared_ptr<LocalComm> comm, int rank)
       in_(comm_->size()),
       out_(comm_->size()),
       scalars_(comm_->size()),
-      worker_([this] { WorkerLoop(); }) {}
+      worker_([this] { WorkerLoop(); }) {
+  SetAbortDomain(comm_->world_.domain);
+}
 
 LocalGroup::~LocalGroup() {
   {
@@ -124,15 +145,19 @@ LocalGroup::~LocalGroup() {
     // Whatever happens next, peers must not wait for this rank: with work in flight they
     // fail now; otherwise any later collective of theirs fails fast instead of timing out.
     const bool busy = running_op_ || !queue_.empty();
-    comm_->barrier_.Fail(absl::CancelledError(absl::StrCat(
+    const absl::Status cause = absl::CancelledError(absl::StrCat(
         "rank ", comm_->world_ranks_[rank_], " destroyed its handle of group '", comm_->name_,
-        "'", busy ? " with work in flight" : "")));
+        "'", busy ? " with work in flight" : ""));
+    comm_->barrier_.Fail(cause);
+    // Peers waiting on other groups for this rank would wait out their deadlines.
+    if (busy) comm_->ReportFailure(comm_->world_ranks_[rank_], cause);
   }
   cv_.notify_all();
   worker_.join();
 }
 
 int LocalGroup::size() const { return comm_->size(); }
+int LocalGroup::world_rank() const { return comm_->world_ranks_[rank_]; }
 const std::string& LocalGroup::name() const { return comm_->name_; }
 
 Capabilities LocalGroup::LocalCapabilities() {
@@ -210,6 +235,7 @@ void LocalGroup::WorkerLoop() {
       running_op_ = true;
     }
     absl::Status s = Execute(op);
+    comm_->ReportFailure(comm_->world_ranks_[rank_], s);
     {
       std::lock_guard<std::mutex> lock(mu_);
       running_op_ = false;
@@ -358,7 +384,7 @@ absl::Status LocalGroup::RunSplit(const Op& op, const std::vector<Posted>& poste
       std::vector<int> world;
       for (int r : members) world.push_back(comm_->world_ranks_[r]);
       comm_->split_children_[rank_] = MakeLocalComm(
-          posted[rank_].split_name, std::move(world), comm_->timeout_, comm_->spin_, comm_->faults_);
+          posted[rank_].split_name, std::move(world), comm_->timeout_, comm_->spin_, comm_->world_);
     }
     RETURN_IF_ERROR(comm_->barrier_.Arrive(rank_, deadline, info, comm_->world_ranks_));
     *op.split_result = comm_->split_children_[members.front()];

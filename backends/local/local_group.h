@@ -63,6 +63,7 @@ class LocalGroup final : public Group {
  protected:
   absl::StatusOr<WorkPtr> Launch(const CollectiveArgs& args) override;
   absl::StatusOr<std::unique_ptr<Group>> DoSplit(int color, int key, std::string name) override;
+  int world_rank() const override;
 
  private:
   struct Op {
@@ -100,10 +101,19 @@ class LocalGroup final : public Group {
   std::thread worker_;  // last: starts after everything it uses
 };
 
+// What every group of one local world shares: the fault injector (tests), the job's abort
+// domain (one for all ranks: they are threads of this process), and whether a failed op
+// aborts the job (BRAID_ABORT_ON_FAILURE) or only fails its group.
+struct LocalWorld {
+  std::shared_ptr<FaultInjector> faults;
+  std::shared_ptr<AbortDomain> domain;
+  bool abort_on_failure = true;
+};
+
 // Creates the shared state of a new group (the world, or a split child).
 std::shared_ptr<LocalComm> MakeLocalComm(std::string name, std::vector<int> world_ranks,
                                          absl::Duration timeout, absl::Duration spin,
-                                         std::shared_ptr<FaultInjector> faults);
+                                         const LocalWorld& world);
 
 }  // namespace braid::local
 
