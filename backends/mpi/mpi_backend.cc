@@ -12,6 +12,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MpiBackend::Create(const Options& optio
   config.timeout = options.timeout;
   config.spin = options.spin;
   config.validate = options.validate_collectives;
+  config.abort_on_failure = options.abort_on_failure;
   return std::unique_ptr<Backend>(new MpiBackend(std::move(runtime), config));
 }
 
@@ -31,6 +32,21 @@ absl::StatusOr<std::unique_ptr<Group>> MpiBackend::WorldGroup(int rank) {
   }
   ASSIGN_OR_RETURN(MpiComm data, DupComm(runtime_, MPI_COMM_WORLD,
                                          WorkInfo{"world", "create", 0, ""}, config_.timeout));
+  if (!runtime_->engine().has_abort_channel()) {
+    // The first world group of this process (every process makes one: collective) opens the
+    // side channel on which the processes tell each other of a job abort.
+    ASSIGN_OR_RETURN(MpiComm side, DupComm(runtime_, MPI_COMM_WORLD,
+                                           WorkInfo{"world", "abort channel", 0, ""},
+                                           config_.timeout));
+    absl::StatusOr<std::unique_ptr<AbortChannel>> channel;
+    {
+      std::lock_guard<std::mutex> lock(runtime_->mu());
+      channel = AbortChannel::Open(side.Release());
+    }
+    RETURN_IF_ERROR(channel.status());
+    runtime_->engine().AttachAbortDomain(runtime_->abort_domain(), std::move(*channel),
+                                         runtime_->world_rank(), config_.abort_on_failure);
+  }
   return MpiGroup::Create(runtime_, std::move(data), "world", config_);
 }
 

@@ -35,6 +35,11 @@ MpiComm& MpiComm::operator=(MpiComm&& other) noexcept {
   return *this;
 }
 
+MPI_Comm MpiComm::Release() {
+  runtime_.reset();
+  return std::exchange(comm_, MPI_COMM_NULL);
+}
+
 void MpiComm::Reset() {
   if (comm_ != MPI_COMM_NULL && runtime_ != nullptr) {
     std::lock_guard<std::mutex> lock(runtime_->mu());

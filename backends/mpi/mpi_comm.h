@@ -37,6 +37,8 @@ class MpiComm {
 
   // Frees the communicator now.
   void Reset();
+  // Gives up ownership: the caller frees the communicator (under the MPI lock).
+  MPI_Comm Release();
 
  private:
   std::shared_ptr<MpiRuntime> runtime_;

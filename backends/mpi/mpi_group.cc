@@ -32,7 +32,9 @@ MpiGroup::MpiGroup(std::shared_ptr<MpiRuntime> runtime, MpiComm data, MpiComm co
       control_(std::move(control)),
       state_(std::move(state)),
       config_(config),
-      world_rank_(runtime_->world_rank()) {}
+      world_rank_(runtime_->world_rank()) {
+  SetAbortDomain(runtime_->abort_domain());
+}
 
 MpiGroup::~MpiGroup() {
   {

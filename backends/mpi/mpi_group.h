@@ -61,6 +61,7 @@ class MpiGroup final : public Group {
     absl::Duration timeout = absl::Seconds(300);  // default deadline of every call
     absl::Duration spin = absl::Microseconds(20);
     bool validate = false;  // BRAID_VALIDATE_COLLECTIVES
+    bool abort_on_failure = true;  // BRAID_ABORT_ON_FAILURE (comm/abort_domain.h)
   };
 
   // A group over `data` (owned); makes its control communicator (collective over `data`).
@@ -80,6 +81,7 @@ class MpiGroup final : public Group {
  protected:
   absl::StatusOr<WorkPtr> Launch(const CollectiveArgs& args) override;
   absl::StatusOr<std::unique_ptr<Group>> DoSplit(int color, int key, std::string name) override;
+  int world_rank() const override { return world_rank_; }
 
  private:
   MpiGroup(std::shared_ptr<MpiRuntime> runtime, MpiComm data, MpiComm control,

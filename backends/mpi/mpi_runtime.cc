@@ -136,6 +136,7 @@ MpiRuntime::MpiRuntime(bool owns_mpi, int thread_level, int world_rank, int worl
       world_rank_(world_rank),
       world_size_(world_size),
       ops_(std::move(ops)),
+      abort_domain_(AbortDomain::Create()),
       engine_(ProgressEngine::Create()) {}
 
 MpiRuntime::~MpiRuntime() {

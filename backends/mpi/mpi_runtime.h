@@ -60,6 +60,10 @@ class MpiRuntime {
   // call that orders nothing against the engine (MPI_Comm_split) may run without mu().
   // False only when the runtime initialized MPI and got MPI_THREAD_SERIALIZED.
   bool thread_multiple() const { return thread_multiple_; }
+  // The job's abort domain (comm/abort_domain.h): one per process, shared by every group.
+  // Its side channel to the other processes is opened by the first world group
+  // (MpiBackend::WorldGroup, a collective) and closed before MPI_Finalize.
+  const std::shared_ptr<AbortDomain>& abort_domain() const { return abort_domain_; }
 
  private:
   MpiRuntime(bool owns_mpi, int thread_level, int world_rank, int world_size,
@@ -70,6 +74,7 @@ class MpiRuntime {
   const int world_rank_;
   const int world_size_;
   std::unique_ptr<MpiOps> ops_;  // freed before MPI_Finalize
+  std::shared_ptr<AbortDomain> abort_domain_;
   std::shared_ptr<ProgressEngine> engine_;
 };
 

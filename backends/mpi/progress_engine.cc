@@ -21,6 +21,8 @@ constexpr int64_t kWaiterGraceNs = 1'000'000;
 // Polls without a completion before the thread sleeps between polls instead of yielding.
 constexpr int kYieldPolls = 256;
 constexpr auto kBackoffSleep = std::chrono::microseconds(20);
+// How often an idle engine with an abort channel looks for a peer's abort.
+constexpr auto kAbortPoll = std::chrono::milliseconds(5);
 
 absl::Status DeadlineStatus(const Operation& op) {
   const std::string group = op.group() != nullptr ? op.group()->name : op.work()->info().group;
@@ -58,16 +60,25 @@ WorkPtr ProgressEngine::NewWork(WorkInfo info, absl::Duration spin) {
 }
 
 absl::Status ProgressEngine::Submit(std::unique_ptr<Operation> op) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   if (shut_down_ || stopping_) {
     return absl::FailedPreconditionError(absl::StrCat(
         op->work()->info().Describe(), ": the MPI runtime is shutting down"));
+  }
+  if (!abort_cause_.ok()) {
+    return absl::Status(abort_cause_.code(), absl::StrCat(op->work()->info().Describe(), ": ",
+                                                          abort_cause_.message()));
   }
   if (op->group() != nullptr) RETURN_IF_ERROR(op->group()->CheckUsableLocked());
   absl::Status started = op->Start();
   if (!started.ok()) {
     // Peers may have issued this call: the group's call order can no longer be trusted.
-    if (op->group() != nullptr) op->group()->MarkFailedLocked(started);
+    if (op->group() != nullptr) {
+      op->group()->MarkFailedLocked(started);
+      NoteGroupFailureLocked(started);
+    }
+    lock.unlock();
+    DeliverAborts();
     return started;
   }
   ops_.push_back(std::move(op));
@@ -85,6 +96,82 @@ void ProgressEngine::Poll() {
     PollLocked(absl::FromUnixNanos(now_ns), &finished);
   }
   RunFinished(finished);
+  DeliverAborts();
+}
+
+void ProgressEngine::AttachAbortDomain(std::shared_ptr<AbortDomain> domain,
+                                       std::unique_ptr<AbortChannel> channel, int world_rank,
+                                       bool report) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (domain_ != nullptr || shut_down_) {
+      if (channel != nullptr) channel->Close();
+      return;
+    }
+    domain_ = domain;
+    channel_ = std::move(channel);
+    world_rank_ = world_rank;
+    report_failures_ = report;
+  }
+  // Lock order: the domain's, then mu_ (the domain calls these under its own lock).
+  domain->SetNotifier([this](int, const absl::Status& cause) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (channel_ != nullptr) channel_->Send(cause);
+  });
+  abort_sub_ = domain->Subscribe([this](const absl::Status& cause) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (abort_cause_.ok()) abort_cause_ = cause;
+    }
+    abort_pending_.store(true, std::memory_order_release);
+    cv_.notify_all();  // the thread fails what is in flight (a waiter's poll may do it first)
+  });
+}
+
+bool ProgressEngine::has_abort_channel() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return channel_ != nullptr;
+}
+
+void ProgressEngine::NoteGroupFailureLocked(const absl::Status& cause) {
+  if (report_failures_ && to_report_.ok() && abort_cause_.ok()) to_report_ = cause;
+}
+
+void ProgressEngine::PollAbortsLocked(FinishedList* out) {
+  if (channel_ != nullptr && !peer_abort_.has_value() && abort_cause_.ok()) {
+    peer_abort_ = channel_->Poll();
+  }
+  if (!abort_pending_.load(std::memory_order_acquire)) return;
+  abort_pending_.store(false, std::memory_order_relaxed);
+  for (auto& op : ops_) {
+    if (op->group() != nullptr) op->group()->MarkFailedLocked(abort_cause_);
+  }
+  while (!ops_.empty()) {
+    absl::Status fail(abort_cause_.code(), absl::StrCat(ops_.front()->work()->info().Describe(),
+                                                        ": ", abort_cause_.message()));
+    RemoveLocked(0, std::move(fail), out);
+  }
+}
+
+void ProgressEngine::DeliverAborts() {
+  absl::Status report;
+  std::optional<PeerAbort> peer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (domain_ == nullptr) return;
+    report = std::exchange(to_report_, absl::OkStatus());
+    peer = std::exchange(peer_abort_, std::nullopt);
+  }
+  if (peer.has_value()) domain_->AbortFromPeer(peer->rank, peer->cause, peer->code);
+  if (!report.ok()) domain_->Abort(world_rank_, report);
+  if (abort_pending_.load(std::memory_order_acquire)) {
+    FinishedList finished;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      PollAbortsLocked(&finished);
+    }
+    RunFinished(finished);
+  }
 }
 
 void ProgressEngine::TestRequestsLocked() {
@@ -121,6 +208,7 @@ void ProgressEngine::TestRequestsLocked() {
 }
 
 void ProgressEngine::PollLocked(absl::Time now, FinishedList* out) {
+  PollAbortsLocked(out);
   TestRequestsLocked();
   // errors_ is indexed like ops_ before any removal: walk both with separate cursors.
   std::vector<absl::Status> errors;
@@ -134,22 +222,30 @@ void ProgressEngine::PollLocked(absl::Time now, FinishedList* out) {
     bool done = false;
     if (!errors[k].ok()) {
       fail = errors[k];
-      if (group != nullptr && group->failure.ok()) newly_failed = true;
+      if (group != nullptr && group->failure.ok()) {
+        newly_failed = true;
+        NoteGroupFailureLocked(fail);
+      }
       if (group != nullptr) group->MarkFailedLocked(fail);
     } else if (group != nullptr && !group->failure.ok()) {
       fail = AbortedByGroup(op);
     } else if (op.request() == MPI_REQUEST_NULL) {
+      const bool was_ok = group != nullptr && group->failure.ok();
       absl::StatusOr<Operation::Progress> p = op.Advance();
       if (!p.ok()) {
         fail = p.status();
         if (group != nullptr && !group->failure.ok()) newly_failed = true;
+        if (was_ok && !group->failure.ok()) NoteGroupFailureLocked(fail);
       } else {
         done = *p == Operation::Progress::kDone;
       }
     }
     if (!done && fail.ok() && now >= op.deadline()) {
       fail = DeadlineStatus(op);
-      if (group != nullptr && group->failure.ok()) newly_failed = true;
+      if (group != nullptr && group->failure.ok()) {
+        newly_failed = true;
+        NoteGroupFailureLocked(fail);
+      }
       if (group != nullptr) group->MarkFailedLocked(fail);
     }
     if (done || !fail.ok()) {
@@ -216,11 +312,25 @@ void ProgressEngine::ThreadMain() {
     }
     if (ops_.empty()) {
       empty_polls = 0;
+      if (channel_ != nullptr || abort_pending_.load(std::memory_order_acquire)) {
+        FinishedList none;
+        PollAbortsLocked(&none);  // nothing in flight: finishes nothing
+        if (peer_abort_.has_value() || !to_report_.ok()) {
+          lock.unlock();
+          DeliverAborts();
+          lock.lock();
+          continue;
+        }
+      }
       if (!zombies_.empty()) {
         cv_.wait_for(lock, kZombieInterval);
       } else if (idle_ticks < kLingerTicks) {
         ++idle_ticks;
         cv_.wait_for(lock, kTick);
+      } else if (channel_ != nullptr) {
+        asleep_ = true;
+        cv_.wait_for(lock, kAbortPoll, [this] { return stopping_ || !ops_.empty(); });
+        asleep_ = false;
       } else {
         asleep_ = true;
         cv_.wait(lock, [this] { return stopping_ || !ops_.empty(); });
@@ -241,6 +351,7 @@ void ProgressEngine::ThreadMain() {
     const bool progressed = !finished.empty();
     lock.unlock();
     RunFinished(finished);
+    DeliverAborts();
     empty_polls = progressed ? 0 : empty_polls + 1;
     if (empty_polls < kYieldPolls) {
       std::this_thread::yield();
@@ -270,8 +381,11 @@ bool ProgressEngine::Shutdown() {
     RunFinished(finished);
     std::this_thread::yield();
   }
+  abort_sub_.Reset();
+  if (domain_ != nullptr) domain_->SetNotifier(nullptr);  // the channel closes below
   std::lock_guard<std::mutex> lock(mu_);
   PollZombiesLocked();
+  if (channel_ != nullptr) channel_->Close();
   shut_down_ = true;
   if (!zombies_.empty()) {
     Log().error("mpi backend: {} operation(s) never completed after failing their deadline; "

@@ -24,6 +24,14 @@
 // MPI_ERR_TRUNCATE when ranks' counts differ) fails its operation's Work with a status naming
 // the op and carrying MPI's error text, and fails its group the same way. That needs the
 // error handler to return rather than abort (see mpi_errors.h).
+// Job aborts (comm/abort_domain.h), once AttachAbortDomain was called: the engine polls the
+// abort channel (also while idle, every few milliseconds) and hands a peer's abort to the
+// domain; a group that fails by its own operation (deadline, MPI error) aborts the domain as
+// this process's world rank; when the domain aborts (from anywhere), the next poll fails every
+// operation in flight with its cause, and the domain's notifier sends a local abort to the
+// other processes. Domain calls are made with the MPI lock released (lock order: domain, then
+// the MPI lock), and Works complete on the engine's or a waiter's thread, never inside the
+// domain's listeners.
 #ifndef BRAID_BACKENDS_MPI_PROGRESS_ENGINE_H_
 #define BRAID_BACKENDS_MPI_PROGRESS_ENGINE_H_
 
@@ -34,13 +42,16 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "backends/mpi/abort_channel.h"
 #include "backends/mpi/operation.h"
+#include "comm/abort_domain.h"
 #include "comm/work.h"
 
 namespace braid::mpi {
@@ -70,8 +81,14 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
 
   // Stops the progress thread and drains what is in flight (bounded by the operations'
   // deadlines). Returns true when MPI owns no buffer of ours any more, so MPI may be finalized.
-  // Later Submit() calls fail and Poll() does nothing.
+  // Later Submit() calls fail and Poll() does nothing. Closes the abort channel.
   bool Shutdown();
+
+  // See the header comment. `report`: a group's own failure aborts the job
+  // (BRAID_ABORT_ON_FAILURE). Once per engine: later calls are ignored (the channel closed).
+  void AttachAbortDomain(std::shared_ptr<AbortDomain> domain,
+                         std::unique_ptr<AbortChannel> channel, int world_rank, bool report);
+  bool has_abort_channel();
 
  private:
   struct Finished {
@@ -89,6 +106,13 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
   void PollZombiesLocked();
   void RemoveLocked(size_t i, absl::Status status, FinishedList* out);
   static void RunFinished(FinishedList& finished);
+  // A group failed by its own operation: remembered, reported to the domain after unlock.
+  void NoteGroupFailureLocked(const absl::Status& cause);
+  // Polls the abort channel and, once the domain aborted, fails every operation in flight.
+  void PollAbortsLocked(FinishedList* out);
+  // With the MPI lock released: hands what PollAbortsLocked / NoteGroupFailureLocked found to
+  // the domain.
+  void DeliverAborts();
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -104,6 +128,18 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
   bool shut_down_ = false;
   // When a waiter last polled (absl::GetCurrentTimeNanos); the thread keeps out of its way.
   std::atomic<int64_t> last_waiter_poll_ns_{0};
+
+  // Job aborts; guarded by mu_ except the domain (set once before use).
+  std::shared_ptr<AbortDomain> domain_;
+  std::unique_ptr<AbortChannel> channel_;
+  AbortDomain::Subscription abort_sub_;
+  int world_rank_ = -1;
+  bool report_failures_ = false;
+  absl::Status to_report_;                // this process's first group failure, not yet told
+  std::optional<PeerAbort> peer_abort_;   // a peer's abort, not yet handed to the domain
+  absl::Status abort_cause_;              // the domain's cause once it aborted
+  std::atomic<bool> abort_pending_{false};  // abort_cause_ set; ops in flight not yet failed
+
   std::thread thread_;
 };
 

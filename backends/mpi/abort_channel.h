@@ -1,0 +1,75 @@
+// AbortChannel: how the mpi backend's processes tell each other that the job aborted
+// (comm/abort_domain.h), so a rank waiting on any group stops within milliseconds of a peer's
+// failure instead of at its own deadline.
+//
+// A private duplicate of MPI_COMM_WORLD carries only abort messages: every process keeps one
+// receive posted on it (any source, one tag, a fixed-size buffer); an abort is one short
+// message to every other process: [int32 status code][cause text, truncated to fit]. The
+// sender's rank on the duplicate is its world rank, so the receiver names it.
+//
+//   // under the MPI lock (ProgressEngine::mu()):
+//   ASSIGN_OR_RETURN(auto ch, AbortChannel::Open(dup_of_world));   // posts the receive
+//   ch->Send(absl::InternalError("allreduce #3 on group 'world': ..."));
+//   if (std::optional<PeerAbort> a = ch->Poll()) domain->AbortFromPeer(a->rank, a->cause, a->code);
+//   ch->Close();   // before MPI_Finalize: cancels the receive, frees the communicator
+//
+// Every method must be called with the MPI lock held. Nothing here blocks on a peer: sends are
+// nonblocking and small (eager), their requests are tested in Poll and released at Close.
+// A peer that is already gone never answers; its messages are simply lost.
+#ifndef BRAID_BACKENDS_MPI_ABORT_CHANNEL_H_
+#define BRAID_BACKENDS_MPI_ABORT_CHANNEL_H_
+
+#include <mpi.h>
+
+#include <array>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace braid::mpi {
+
+struct PeerAbort {
+  int rank = -1;  // world rank of the sender
+  absl::StatusCode code = absl::StatusCode::kAborted;
+  std::string cause;
+};
+
+class AbortChannel {
+ public:
+  static constexpr int kTag = 7001;
+  static constexpr size_t kMessageBytes = 2048;  // code + text; longer causes are truncated
+
+  // Takes ownership of `comm` (a duplicate of MPI_COMM_WORLD on every process) and posts the
+  // receive.
+  static absl::StatusOr<std::unique_ptr<AbortChannel>> Open(MPI_Comm comm);
+  ~AbortChannel();  // Close()
+  AbortChannel(const AbortChannel&) = delete;
+  AbortChannel& operator=(const AbortChannel&) = delete;
+
+  // Sends `cause` to every other process. Once per process (later calls do nothing).
+  void Send(const absl::Status& cause);
+  // A peer's abort, if one arrived (then the receive is not re-posted: one is enough).
+  std::optional<PeerAbort> Poll();
+  // Cancels the posted receive, releases the sends, frees the communicator. Idempotent.
+  void Close();
+
+ private:
+  explicit AbortChannel(MPI_Comm comm) : comm_(comm) {}
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 0;
+  MPI_Request recv_ = MPI_REQUEST_NULL;
+  std::array<char, kMessageBytes> in_{};
+  std::vector<char> out_;                 // the one message this process sends
+  std::vector<MPI_Request> sends_;
+  bool sent_ = false;
+};
+
+}  // namespace braid::mpi
+
+#endif  // BRAID_BACKENDS_MPI_ABORT_CHANNEL_H_
