@@ -57,6 +57,7 @@ struct CompletionPoller::Core {
   std::deque<Tracked> entries;   // guarded by mu, in issue order
   std::vector<Retired> retired;  // guarded by mu
   bool stopping = false;         // guarded by mu
+  std::function<void(const absl::Status&)> on_failure;  // guarded by mu
 };
 
 std::shared_ptr<CompletionPoller> CompletionPoller::Create(std::shared_ptr<CudaApi> cuda,
@@ -81,6 +82,11 @@ CompletionPoller::~CompletionPoller() {
   thread_.join();
   std::lock_guard<std::mutex> lock(core_->mu);
   core_->retired.clear();
+}
+
+void CompletionPoller::SetFailureHandler(std::function<void(const absl::Status&)> handler) {
+  std::lock_guard<std::mutex> lock(core_->mu);
+  core_->on_failure = std::move(handler);
 }
 
 void CompletionPoller::Track(Tracked t) {
@@ -225,8 +231,11 @@ void CompletionPoller::Core::ThreadMain() {
     std::vector<Finished> finished;
     auto aborts = PollLocked(absl::Now(), &finished);
     const bool progressed = !finished.empty();
+    std::function<void(const absl::Status&)> handler;
+    if (!aborts.empty()) handler = on_failure;
     lock.unlock();
     for (auto& [comm, cause] : aborts) comm->Abort(cause);
+    if (handler) handler(aborts.front().second);  // the job aborts (abort_hub.h)
     aborts.clear();
     Finish(finished);
     idle_passes = progressed ? 0 : idle_passes + 1;

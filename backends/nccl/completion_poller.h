@@ -27,6 +27,7 @@
 #define BRAID_BACKENDS_NCCL_COMPLETION_POLLER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <thread>
 
@@ -56,6 +57,9 @@ class CompletionPoller {
   // Starts the thread.
   // `device`: the CUDA device of every event and stream tracked (the thread makes it current).
   static std::shared_ptr<CompletionPoller> Create(std::shared_ptr<CudaApi> cuda, int device);
+  // Called on the poller's thread (no lock held) with the cause each time it aborts a
+  // communicator for a failure of its own (not for one already failed): the job's abort hub.
+  void SetFailureHandler(std::function<void(const absl::Status&)> handler);
   // Stops taking entries, lets the thread finish what is tracked (bounded by the entries'
   // deadlines: a stuck one is aborted at its deadline), joins it, destroys retired events.
   ~CompletionPoller();

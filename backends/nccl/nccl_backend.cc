@@ -53,9 +53,15 @@ int NodeLocalRank(int world_rank) {
   return world_rank;
 }
 
-std::shared_ptr<const NcclContext> MakeContext(NcclApis apis, const NcclBackendConfig& c) {
+std::shared_ptr<const NcclContext> MakeContext(NcclApis apis, const NcclBackendConfig& c,
+                                               int rank) {
   auto ctx = std::make_shared<NcclContext>();
   ctx->poller = CompletionPoller::Create(apis.cuda, c.device);
+  ctx->aborts = CommAbortHub::Create(c.abort_domain, rank, c.abort_on_failure);
+  ctx->poller->SetFailureHandler(
+      [hub = std::weak_ptr<CommAbortHub>(ctx->aborts)](const absl::Status& cause) {
+        if (std::shared_ptr<CommAbortHub> h = hub.lock()) h->ReportFailure(cause);
+      });
   ctx->apis = std::move(apis);
   ctx->timeout = c.timeout;
   ctx->spin = c.spin;
@@ -76,6 +82,7 @@ NcclBackendConfig NcclConfigFromOptions(const Options& options) {
   config.timeout = options.timeout;
   config.spin = options.spin;
   config.device = options.cuda_device;  // -1: rank modulo the device count
+  config.abort_on_failure = options.abort_on_failure;
   return config;
 }
 
@@ -108,15 +115,17 @@ absl::StatusOr<std::unique_ptr<NcclBackend>> NcclBackend::CreateFromUniqueId(
                                                    " does not exist (", devices, " visible)"));
   }
   return std::unique_ptr<NcclBackend>(
-      new NcclBackend(MakeContext(std::move(apis), resolved), id, world_size, rank));
+      new NcclBackend(MakeContext(std::move(apis), resolved, rank), id, world_size, rank));
 }
 
 absl::StatusOr<std::unique_ptr<NcclBackend>> NcclBackend::CreateWithBootstrap(
     NcclApis apis, Group& bootstrap, const NcclBackendConfig& config) {
   if (apis.nccl == nullptr) return absl::InvalidArgumentError("nccl backend: no NCCL API given");
   ASSIGN_OR_RETURN(const ncclUniqueId id, BroadcastUniqueId(bootstrap, *apis.nccl, config.timeout));
+  NcclBackendConfig shared = config;
+  if (shared.abort_domain == nullptr) shared.abort_domain = bootstrap.shared_abort_domain();
   return CreateFromUniqueId(std::move(apis), absl::string_view(id.internal, kUniqueIdBytes),
-                            bootstrap.size(), bootstrap.rank(), config);
+                            bootstrap.size(), bootstrap.rank(), shared);
 }
 
 absl::StatusOr<std::unique_ptr<NcclBackend>> NcclBackend::CreateSingleRank(

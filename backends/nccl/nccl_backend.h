@@ -94,6 +94,11 @@ struct NcclBackendConfig {
   absl::Duration spin = absl::Microseconds(20);
   // This rank's CUDA device; -1: the rank modulo the number of visible devices.
   int device = 0;
+  // The job's abort domain (comm/abort_domain.h, abort_hub.h); null: one of this rank alone
+  // (CreateWithBootstrap uses the bootstrap group's, so a failure on either reaches the other
+  // ranks through it). abort_on_failure: a communicator's own failure aborts the job.
+  std::shared_ptr<AbortDomain> abort_domain;
+  bool abort_on_failure = true;
 };
 
 // The backend's settings from BRAID_* options: BRAID_NCCL_BLOCKING, BRAID_CUDA_DEVICE,

@@ -56,6 +56,10 @@ NcclGroup::NcclGroup(std::shared_ptr<const NcclContext> ctx, std::shared_ptr<Ncc
   c.device = ctx_->device;
   c.group_name = name_;
   ops_ = std::make_unique<NcclBufferOps>(std::move(c));
+  if (ctx_->aborts != nullptr) {
+    SetAbortDomain(ctx_->aborts->domain());
+    ctx_->aborts->Register(comm_);
+  }
 }
 
 absl::Status NcclGroup::UseStream(DeviceStream stream) {

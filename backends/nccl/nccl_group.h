@@ -48,6 +48,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "backends/nccl/abort_hub.h"
 #include "backends/nccl/completion_poller.h"
 #include "absl/container/inlined_vector.h"
 #include "backends/nccl/cuda_handles.h"
@@ -67,6 +68,7 @@ struct NcclContext {
   absl::Duration spin = absl::Microseconds(20);
   bool blocking = true;  // communicator mode (children inherit it)
   int device = 0;        // this rank's CUDA device
+  std::shared_ptr<CommAbortHub> aborts;  // the job's abort domain, every communicator in it
 };
 
 class NcclGroup final : public Group {
@@ -102,6 +104,9 @@ class NcclGroup final : public Group {
  protected:
   absl::StatusOr<WorkPtr> Launch(const CollectiveArgs& args) override;
   absl::StatusOr<std::unique_ptr<Group>> DoSplit(int color, int key, std::string name) override;
+  int world_rank() const override {
+    return ctx_->aborts != nullptr ? ctx_->aborts->world_rank() : rank();
+  }
 
  private:
   struct Resources {
