@@ -71,8 +71,11 @@ bool AbortDomain::AbortFromPeer(int rank, absl::string_view cause_message, absl:
 bool AbortDomain::AbortLocked(int rank, absl::Status cause, bool notify) {
   if (aborted()) return false;
   const absl::Status original = cause;
-  cause_ = absl::Status(cause.code(),
-                        absl::StrCat("job aborted: rank ", rank, " reported: ", cause.message()));
+  // kAborted ("a remote rank failed": BRAID_PEER_ERROR in the C API) for everything the abort
+  // fails; the reported code stays in the text.
+  cause_ = absl::AbortedError(absl::StrCat("job aborted: rank ", rank, " reported ",
+                                           absl::StatusCodeToString(cause.code()), ": ",
+                                           cause.message()));
   rank_ = rank;
   at_ = absl::Now();
   aborted_.store(true, std::memory_order_release);

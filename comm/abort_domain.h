@@ -15,7 +15,7 @@
 //     barrier.Fail(cause);                    // fail what is pending (must not block long)
 //   });
 //   domain->Abort(/*rank=*/2, absl::InternalError("allreduce #5 on group 'world': ..."));
-//   domain->status();   // Internal: "job aborted: rank 2 reported: allreduce #5 on ..."
+//   domain->status();   // Aborted: "job aborted: rank 2 reported INTERNAL: allreduce #5 on ..."
 //
 // Invariants: the first cause wins (later Aborts and AbortFromPeers are ignored and return
 // false); every listener subscribed before the abort is called exactly once with it, and one
@@ -82,7 +82,8 @@ class AbortDomain : public std::enable_shared_from_this<AbortDomain> {
                      absl::StatusCode code = absl::StatusCode::kAborted);
 
   bool aborted() const { return aborted_.load(std::memory_order_acquire); }
-  // OK until aborted; then the cause: "job aborted: rank R reported: <cause>".
+  // OK until aborted; then kAborted (whatever the reported code: everything the abort fails
+  // failed because of another group or rank) with "job aborted: rank R reported CODE: <cause>".
   absl::Status status() const;
   int aborting_rank() const;        // -1 until aborted
   absl::Time aborted_at() const;    // InfinitePast until aborted
