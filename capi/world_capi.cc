@@ -170,6 +170,15 @@ braid_status_t braid_group_name(braid_group_t* group, const char** name) {
   });
 }
 
+braid_status_t braid_group_abort(braid_group_t* group, const char* reason) {
+  return Guard("braid_group_abort", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto g, Find<GroupImpl>(group, "group"));
+    RETURN_IF_ERROR(CheckNotNull(reason, "reason"));
+    if (*reason == '\0') return absl::InvalidArgumentError("reason is empty: say what failed");
+    return g->group->AbortJob(absl::InternalError(reason));
+  });
+}
+
 braid_status_t braid_group_split(braid_group_t* group, int color, int key, const char* name,
                                  braid_group_t** out) {
   return Guard("braid_group_split", [&]() -> absl::Status {

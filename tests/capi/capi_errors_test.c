@@ -1,7 +1,7 @@
 /* Bad input through the C API: each call returns the documented code and a message naming the
  * problem, and nothing crashes: NULL / destroyed / wrong-type / garbage handles, struct_size,
  * unknown backend, missing plugin, marking twice or outside a backward, destroy order, a
- * handle from another world, timeouts of works in flight. */
+ * handle from another world, timeouts of works in flight, a job aborted by a rank. */
 #define _POSIX_C_SOURCE 200809L
 #include <stddef.h>
 #include <stdio.h>
@@ -243,7 +243,33 @@ static void test_in_flight(void) {
   EXPECT_OK(braid_world_destroy(w));
 }
 
+/* braid_group_abort: rank 0 waits in an all-reduce rank 1 never joins (default deadline); rank
+ * 1's step fails and it aborts the job: rank 0's work fails at once with BRAID_PEER_ERROR
+ * naming rank 1 and the reason, and every later call on any group is refused the same way. */
+static void test_abort(void) {
+  braid_group_t* g[2];
+  braid_world_t* w = test_local_world(2, g);
+  braid_work_t* w0 = NULL;
+  braid_work_t* late = NULL;
+  float a[4] = {1, 2, 3, 4};
+
+  EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "argument 'reason' is NULL", braid_group_abort(g[1], NULL));
+  EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "reason is empty", braid_group_abort(g[1], ""));
+  EXPECT_OK(braid_allreduce(g[0], a, a, 4, BRAID_DTYPE_F32, BRAID_OP_SUM, NULL, &w0));
+  EXPECT_OK(braid_group_abort(g[1], "step 3: loss is NaN"));
+  EXPECT_ERROR(BRAID_PEER_ERROR, "job aborted: rank 1 reported INTERNAL: step 3: loss is NaN",
+               braid_work_wait(w0, 2000));
+  EXPECT_ERROR(BRAID_PEER_ERROR, "group 'world' refuses new calls: job aborted: rank 1",
+               braid_barrier(g[1], NULL, &late));
+  EXPECT_OK(braid_group_abort(g[0], "later")); /* already aborted: no effect */
+  EXPECT_OK(braid_work_destroy(w0));
+  EXPECT_OK(braid_group_destroy(g[0]));
+  EXPECT_OK(braid_group_destroy(g[1]));
+  EXPECT_OK(braid_world_destroy(w));
+}
+
 int main(void) {
+  test_abort();
   test_handles();
   test_options();
   test_reducer();

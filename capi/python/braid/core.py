@@ -267,6 +267,19 @@ class Group(_Handle):
         _lib.call("braid_group_name", self.handle, ctypes.byref(s))
         return s.value.decode()
 
+    def abort_job(self, reason):
+        """Fails the whole job now, on every rank: every pending work of every group fails
+        and every later call is refused (BraidError, BRAID_PEER_ERROR) naming this rank and
+        `reason`. For failures Braid cannot see, e.g. this rank's step raised:
+
+            try:
+                train_step()
+            except Exception as e:
+                group.abort_job(f"step {i}: {e!r}")   # the other ranks stop waiting at once
+                raise
+        """
+        _lib.call("braid_group_abort", self.handle, str(reason).encode())
+
     def split(self, color, key=0, name=None):
         """Collective: ranks with the same color (>= 0) form a new group; None for
         color == braid.NO_COLOR."""
