@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -33,10 +34,36 @@ namespace {
 constexpr absl::Duration kDeadline = absl::Seconds(60);
 constexpr absl::Duration kPrompt = absl::Seconds(2);
 
+// The verdict goes to stdout and to $ABORT_CHECK_DIR/rank<R>; a rank leaves only once every
+// rank's verdict is written (bounded): the first process to exit without MPI_Finalize makes
+// mpirun kill the others, which could cut a slower rank's report.
 void Report(int rank, bool ok, absl::Duration took, const std::string& what) {
-  std::printf("ABORT-CHECK rank=%d ok=%d ms=%lld what=%s\n", rank, ok ? 1 : 0,
-              static_cast<long long>(absl::ToInt64Milliseconds(took)), what.c_str());
+  const std::string line = absl::StrCat("ABORT-CHECK rank=", rank, " ok=", ok ? 1 : 0, " ms=",
+                                        absl::ToInt64Milliseconds(took), " what=", what, "\n");
+  std::fputs(line.c_str(), stdout);
   std::fflush(stdout);
+  const char* dir = std::getenv("ABORT_CHECK_DIR");
+  if (dir == nullptr) return;
+  const std::string path = absl::StrCat(dir, "/rank", rank);
+  if (FILE* f = std::fopen((path + ".tmp").c_str(), "w")) {
+    std::fputs(line.c_str(), f);
+    std::fclose(f);
+    std::rename((path + ".tmp").c_str(), path.c_str());
+  }
+}
+
+void WaitForEveryVerdict(int n) {
+  const char* dir = std::getenv("ABORT_CHECK_DIR");
+  if (dir == nullptr) return;
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  for (int r = 0; r < n && absl::Now() < end;) {
+    if (std::FILE* f = std::fopen(absl::StrCat(dir, "/rank", r).c_str(), "r")) {
+      std::fclose(f);
+      ++r;
+    } else {
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+  }
 }
 
 absl::Status Outcome(absl::StatusOr<WorkPtr> w) {
@@ -139,6 +166,7 @@ int Run(const std::string& scenario) {
     std::fprintf(stderr, "unknown scenario '%s' (deadline, abort_job, die)\n", scenario.c_str());
     return 2;
   }
+  WaitForEveryVerdict(world->size());
   _exit(0);
 }
 

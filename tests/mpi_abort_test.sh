@@ -16,9 +16,12 @@ fail=0
 mpirun_cmd=(timeout --kill-after=10 90 mpirun --allow-run-as-root --oversubscribe
   --mca pml ob1 --mca btl self,vader --mca oob_tcp_if_include lo -np "${np}")
 
+verdicts="$(mktemp -d)"
+trap 'rm -rf "${verdicts}"' EXIT
 for scenario in deadline abort_job; do
-  out="$("${mpirun_cmd[@]}" "${binary}" "${scenario}" 2>&1)"
-  lines="$(grep '^ABORT-CHECK rank=' <<<"${out}" | grep ' ok=')"
+  rm -f "${verdicts}"/rank*
+  out="$(ABORT_CHECK_DIR="${verdicts}" "${mpirun_cmd[@]}" -x ABORT_CHECK_DIR "${binary}" "${scenario}" 2>&1)"
+  lines="$(cat "${verdicts}"/rank* 2>/dev/null)"
   count="$(grep -c . <<<"${lines}")"
   bad="$(grep ' ok=0' <<<"${lines}")"
   echo "== ${scenario}"
