@@ -24,24 +24,9 @@ np=$((hosts * per_host))
 limit="${MPI_TEST_LIMIT_S:-240}"
 export ASAN_OPTIONS="${ASAN_OPTIONS:+${ASAN_OPTIONS}:}detect_leaks=0"  # as tests/run_mpi.sh
 
-skip() { echo "SKIPPED: $* (the multi-host test bed needs root and network namespaces)"; exit 0; }
-
-# ---- can a bed be made here? A probe namespace with a veth pair and a tbf qdisc. ----
-[[ $(id -u) -eq 0 ]] || skip "not root (uid $(id -u))"
-command -v ip >/dev/null || skip "no 'ip' command (iproute2)"
-command -v tc >/dev/null || skip "no 'tc' command (iproute2)"
-command -v unshare >/dev/null || skip "no 'unshare' command (util-linux)"
-probe="bt$$-probe"
-probe_fail() {
-  ip netns del "${probe}" 2>/dev/null || true
-  skip "$1"
-}
-ip netns add "${probe}" 2>/dev/null || skip "'ip netns add' failed"
-ip -n "${probe}" link add p0 type veth peer name p1 2>/dev/null || probe_fail "veth pairs refused"
-ip netns exec "${probe}" tc qdisc add dev p0 root tbf rate "${rate}" burst 256kb latency 200ms \
-  2>/dev/null || probe_fail "tc tbf refused"
-ip netns exec "${probe}" unshare --uts true 2>/dev/null || probe_fail "unshare --uts refused"
-ip netns del "${probe}"
+source "${root}/tests/hosts/bed_probe.sh"
+bed_probe_or_skip "${rate}"
+bed_remove_stale "${bed}"
 
 # ---- the bed, removed on any exit ----
 prefix="bt$$"

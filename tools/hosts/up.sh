@@ -13,7 +13,8 @@
 # alike through tools/hosts/rsh_agent.sh. The rate (tc units: 1gbit, 200mbit, ...) limits each
 # host's link in each direction (tbf on eth0 and on its hub-side peer); traffic between ranks of
 # one host never crosses it (Open MPI's vader, shared memory). netem is not available, so
-# there is no added latency, only a rate. BRAID_HOSTS_BURST sets tbf's burst (default 256kb).
+# there is no added latency, only a rate. HOSTS_TBF_BURST sets tbf's burst (default 256kb;
+# deliberately not BRAID_-prefixed: Braid warns about unknown BRAID_ variables).
 # Writes /tmp/<prefix>-hosts/hostfile ("<prefix>-hI slots=S" per host) and prints its path.
 # A bed of the same prefix is torn down first; on any failure everything is removed again
 # (down.sh) and the exit status is non-zero. Needs root (ip netns).
@@ -31,7 +32,7 @@ done
 if ! [[ "${hosts}" =~ ^[0-9]+$ ]] || ((hosts < 1 || hosts > 200)); then
   echo "up.sh: -n wants 1..200 hosts, got '${hosts}'" >&2; exit 2
 fi
-burst="${BRAID_HOSTS_BURST:-256kb}"
+burst="${HOSTS_TBF_BURST:-256kb}"
 hub="${prefix}-hub"
 dir="$(braid_hosts_dir "${prefix}")"
 
