@@ -25,6 +25,10 @@
 //                   accumulated gradients sharded without a mesh (the caller sums the shards)
 //   hybrid RRRS     4 microbatches reduce-scattered in the host, shards accumulated, one
 //                   all-reduce across hosts after the last (reduce_scatter_only)
+//   flat_rs+ag S    flat_rs S, then every bucket's shard all-gathered over the 4 ranks: the
+//                   full step of flat sharding (a sharded optimizer gathers its updated
+//                   parameters, the same bytes as the gradient shard; here the shard itself)
+//   hybrid+ag S     hybrid S, then the all-gather inside the host (the shard group)
 // The modes are interleaved (the order rotates every iteration) so machine noise hits them
 // alike. Communication only: no compute, no gradient writes in the timed steps (the content
 // does not change what goes over the wire). A step's time is the slowest rank's, from a common
@@ -67,10 +71,12 @@ struct Row {
   const char* name;
   bool hybrid;
   const char* schedule;  // one letter per microbatch: S, N, R
+  bool gather = false;   // then all-gather every bucket's shard in the shard group
 };
 constexpr Row kRows[] = {
-    {"flat_rs", false, "S"},    {"hybrid", true, "S"},     {"flat_rs", false, "NNNS"},
-    {"hybrid", true, "NNNS"},   {"flat_rs", false, "SSSS"}, {"hybrid", true, "RRRS"},
+    {"flat_rs", false, "S"},         {"hybrid", true, "S"},         {"flat_rs", false, "NNNS"},
+    {"hybrid", true, "NNNS"},        {"flat_rs", false, "SSSS"},    {"hybrid", true, "RRRS"},
+    {"flat_rs+ag", false, "S", true}, {"hybrid+ag", true, "S", true},
 };
 constexpr int kNumRows = sizeof(kRows) / sizeof(kRows[0]);
 
@@ -95,6 +101,30 @@ absl::Status Barrier(Group& g) {
   return w->Wait(kTimeout);
 }
 
+// Per reducer: every bucket's gathered buffer (padded_count f32), the all-gather's output.
+using Gathered = std::vector<std::vector<float>>;
+
+Gathered MakeGathered(const GradientReducer& r) {
+  Gathered out;
+  for (const sched::Bucket& b : r.plan().buckets()) out.emplace_back(b.padded_count);
+  return out;
+}
+
+// All-gathers every bucket's reduced shard in the reducer's shard group (what a sharded
+// optimizer does with the updated parameters after the step; here with the gradient shard,
+// the same bytes): all launched, then all waited.
+absl::Status GatherShards(GradientReducer& r, Gathered& out) {
+  Group& g = *r.groups().shard;
+  std::vector<WorkPtr> works;
+  for (size_t b = 0; b < out.size(); ++b) {
+    const TensorView shard = r.ShardView(static_cast<int>(b));
+    ASSIGN_OR_RETURN(WorkPtr w, g.AllGather(shard.data, out[b].data(), shard.count, DType::kF32));
+    works.push_back(std::move(w));
+  }
+  for (const WorkPtr& w : works) RETURN_IF_ERROR(w->Wait(kTimeout));
+  return absl::OkStatus();
+}
+
 // One accumulation window. With `values`, every microbatch first adds its known gradient
 // ((i & 7) + rank + microbatch) into every parameter's view, ZeroGrads() opening each window.
 absl::Status Step(GradientReducer& r, const std::string& schedule, int rank, bool values) {
@@ -116,9 +146,11 @@ absl::Status Step(GradientReducer& r, const std::string& schedule, int rank, boo
   return absl::OkStatus();
 }
 
-// Wrong elements in this rank's shard after Step(values): the average over `world` ranks of
-// the last window's sum (the microbatches after the last S before the final one).
-int64_t CountWrong(const GradientReducer& r, const std::string& schedule, int shard_rank, int world) {
+// Wrong elements in this rank's shard after Step(values) (with `gathered`: in the whole
+// gathered bucket): the average over `world` ranks of the last window's sum (the microbatches
+// after the last S before the final one).
+int64_t CountWrong(const GradientReducer& r, const std::string& schedule, int shard_rank, int world,
+                   const Gathered* gathered) {
   size_t first = schedule.size() - 1;
   while (first > 0 && schedule[first - 1] != 'S') --first;
   const sched::BucketPlan& plan = r.plan();
@@ -127,8 +159,13 @@ int64_t CountWrong(const GradientReducer& r, const std::string& schedule, int sh
     const sched::ParamSpec& p = plan.params()[k];
     const sched::ParamSlot& slot = plan.slot(static_cast<int>(k));
     const sched::Bucket& bk = plan.buckets()[slot.bucket];
-    const size_t lo = static_cast<size_t>(shard_rank) * bk.shard_count, hi = lo + bk.shard_count;
+    size_t lo = static_cast<size_t>(shard_rank) * bk.shard_count, hi = lo + bk.shard_count;
     const float* g = static_cast<const float*>(r.GradView(p.id)->data);
+    if (gathered != nullptr) {
+      lo = 0;
+      hi = bk.padded_count;
+      g = (*gathered)[slot.bucket].data() + slot.offset;
+    }
     for (size_t i = 0; i < p.count; ++i) {
       if (slot.offset + i < lo || slot.offset + i >= hi) continue;
       double sum = 0;
@@ -180,6 +217,7 @@ absl::Status Run(int argc, char** argv) {
   rc.mode = ReduceMode::kHybrid;
   ASSIGN_OR_RETURN(auto hybrid, GradientReducer::Create(model.params, {mesh.shard.get(), mesh.replica.get()}, rc));
 
+  Gathered flat_gathered = MakeGathered(*flat), hybrid_gathered = MakeGathered(*hybrid);
   const bool on_bed = rank == 0 && !link_dev.empty() && LinkBytes(link_dev) >= 0;
   if (rank == 0 && !link_dev.empty() && !on_bed) {
     return absl::NotFoundError(absl::StrCat("--link=", link_dev, ": no such interface (statistics) here"));
@@ -202,6 +240,7 @@ absl::Status Run(int argc, char** argv) {
       RETURN_IF_ERROR(Barrier(*world));
       const auto t0 = Clock::now();
       RETURN_IF_ERROR(Step(row.hybrid ? *hybrid : *flat, row.schedule, rank, false));
+      if (row.gather) RETURN_IF_ERROR(GatherShards(row.hybrid ? *hybrid : *flat, row.hybrid ? hybrid_gathered : flat_gathered));
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       RETURN_IF_ERROR(Barrier(*world));
       if (it >= warmup) {
@@ -224,8 +263,14 @@ absl::Status Run(int argc, char** argv) {
   int64_t wrong = 0;
   for (const Row& row : kRows) {
     GradientReducer& r = row.hybrid ? *hybrid : *flat;
+    Gathered& gathered = row.hybrid ? hybrid_gathered : flat_gathered;
     RETURN_IF_ERROR(Step(r, row.schedule, rank, true));
-    const int64_t bad = CountWrong(r, row.schedule, row.hybrid ? mesh.shard->rank() : rank, n);
+    if (row.gather) {
+      for (auto& b : gathered) std::fill(b.begin(), b.end(), -1.0f);
+      RETURN_IF_ERROR(GatherShards(r, gathered));
+    }
+    const int64_t bad =
+        CountWrong(r, row.schedule, row.hybrid ? mesh.shard->rank() : rank, n, row.gather ? &gathered : nullptr);
     if (bad != 0) std::fprintf(stderr, "[hsdp_hosts] rank %d: %s %s: %lld wrong elements\n", rank, row.name,
                                row.schedule, static_cast<long long>(bad));
     wrong += bad;
@@ -239,7 +284,7 @@ absl::Status Run(int argc, char** argv) {
       std::printf("hsdp_hosts: %d ranks, %zu f32 params (%.1f MB gradients), %zu buckets, %lld iterations\n", n,
                   model.elems(), model.elems() * 4 / 1e6, flat->plan().buckets().size(),
                   static_cast<long long>(iters));
-      std::printf("%-8s %-6s %10s %10s %10s %10s\n", "mode", "sched", "step_ms", "min_ms", "max_ms", "link_MB");
+      std::printf("%-10s %-6s %10s %10s %10s %10s\n", "mode", "sched", "step_ms", "min_ms", "max_ms", "link_MB");
     } else {
       std::printf("mode,schedule,step_ms,min_ms,max_ms,link_MB\n");
     }
@@ -252,7 +297,7 @@ absl::Status Run(int argc, char** argv) {
       if (csv) {
         std::printf("%s,%s,%.1f,%.1f,%.1f,%s\n", kRows[j].name, kRows[j].schedule, Median(v), mn, mx, mb.c_str());
       } else {
-        std::printf("%-8s %-6s %10.1f %10.1f %10.1f %10s\n", kRows[j].name, kRows[j].schedule, Median(v), mn, mx,
+        std::printf("%-10s %-6s %10.1f %10.1f %10.1f %10s\n", kRows[j].name, kRows[j].schedule, Median(v), mn, mx,
                     mb.c_str());
       }
     }
