@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the tests in tests/hosts/: bed_probe_or_skip RATE exits 0 with "SKIPPED: <why>"
 # unless a test bed (tools/hosts/up.sh) can be made here: root, iproute2 and util-linux
 # commands, and a probe namespace that accepts a veth pair, a tbf qdisc at RATE and a UTS

@@ -35,6 +35,7 @@ trap '"${bed}/down.sh" -p "${prefix}"' EXIT
 echo "run_on_bed.sh: bed ${prefix}: ${hosts} hosts x ${per_host} ranks, links ${rate} (tbf)"
 
 # ---- placement: rank r on host r / per_host ----
+# shellcheck disable=SC2016  # single quotes: expanded by each rank's sh
 placement="$(timeout 60 "${bed}/mpirun.sh" -p "${prefix}" -np "${np}" \
   sh -c 'echo "${OMPI_COMM_WORLD_RANK} $(hostname)"' | sort -n)"
 expected="$(for ((r = 0; r < np; ++r)); do echo "${r} ${prefix}-h$((r / per_host))"; done)"

@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034
 # Shared names for the multi-host test bed (sourced by up.sh, down.sh, mpirun.sh).
 #
 # A bed is named by a prefix (default "braid"): namespaces <prefix>-hub and <prefix>-h0 ..

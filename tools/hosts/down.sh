@@ -18,8 +18,8 @@ done
 
 for ns in $(ip netns list 2>/dev/null | awk '{print $1}'); do
   if [[ "${ns}" == "${prefix}-hub" || "${ns}" =~ ^${prefix}-h[0-9]+$ ]]; then
-    pids="$(ip netns pids "${ns}" 2>/dev/null || true)"
-    if [[ -n "${pids}" ]]; then kill -9 ${pids} 2>/dev/null || true; fi
+    mapfile -t pids < <(ip netns pids "${ns}" 2>/dev/null || true)
+    if ((${#pids[@]})); then kill -9 "${pids[@]}" 2>/dev/null || true; fi
     ip netns del "${ns}" || echo "down.sh: could not delete namespace ${ns}" >&2
   fi
 done

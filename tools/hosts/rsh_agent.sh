@@ -25,5 +25,7 @@ if ! ip netns list | awk '{print $1}' | grep -qx -- "${host}"; then
   echo "rsh_agent.sh: no host (network namespace) '${host}'; is the bed up? (tools/hosts/up.sh)" >&2
   exit 255
 fi
-# unshare --uts: a private hostname for this command and its children only.
+# unshare --uts: a private hostname for this command and its children only. The inner sh gets
+# the host name as $0 and the joined command line as $1 (single quotes: expanded by that sh).
+# shellcheck disable=SC2016
 exec ip netns exec "${host}" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' "${host}" "$*"
