@@ -42,22 +42,41 @@ absl::Status CheckIn(TcpStore& store, absl::string_view prefix, int rank, int wo
   std::vector<std::string> keys;
   keys.reserve(world_size);
   for (int r = 0; r < world_size; ++r) keys.push_back(RankKey(prefix, r));
-  const absl::Status waited = store.Wait(keys, std::max(deadline - absl::Now(),
-                                                        absl::Nanoseconds(1)));
-  if (!absl::IsDeadlineExceeded(waited)) return waited;
-  ASSIGN_OR_RETURN(const std::vector<std::string> missing, store.Missing(keys));
-  std::vector<int> ranks;
-  for (int r = 0; r < world_size; ++r) {
-    for (const std::string& k : missing) {
-      if (k == keys[r]) ranks.push_back(r);
+  // Polls the rank keys itself (rather than TcpStore::Wait) to remember who was missing last:
+  // rank 0 usually reaches its deadline first and takes its server down, and the others must
+  // still say which ranks never came.
+  const auto missing_ranks = [&](const std::vector<std::string>& missing) {
+    std::vector<int> ranks;
+    for (int r = 0; r < world_size; ++r) {
+      if (std::find(missing.begin(), missing.end(), keys[r]) != missing.end()) ranks.push_back(r);
     }
+    return ranks;
+  };
+  const auto failure = [&](const std::vector<int>& ranks, absl::string_view why) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "rendezvous '", prefix, "' at ", store.address(), ": rank", ranks.size() > 1 ? "s " : " ",
+        RankList(ranks), " of a world of ", world_size, " did not arrive within ",
+        absl::FormatDuration(absl::Ceil(timeout, absl::Milliseconds(100))), " (",
+        world_size - static_cast<int>(ranks.size()), " arrived, this is rank ", rank, why, ")"));
+  };
+  std::vector<int> last_missing;
+  absl::Duration pause = absl::Milliseconds(1);
+  for (;;) {
+    absl::StatusOr<std::vector<std::string>> missing = store.Missing(keys);
+    if (!missing.ok()) {
+      if (rank != 0 && absl::IsUnavailable(missing.status()) && !last_missing.empty()) {
+        return failure(last_missing,
+                       "; rank 0 closed its store first: it gave up at its deadline, or exited");
+      }
+      return missing.status();
+    }
+    if (missing->empty()) return absl::OkStatus();
+    last_missing = missing_ranks(*missing);
+    const absl::Time now = absl::Now();
+    if (now >= deadline) return failure(last_missing, "");
+    absl::SleepFor(std::min(pause, deadline - now));
+    pause = std::min(pause * 2, absl::Milliseconds(50));
   }
-  if (ranks.empty()) return absl::OkStatus();  // the last one arrived just now
-  return absl::DeadlineExceededError(absl::StrCat(
-      "rendezvous '", prefix, "' at ", store.address(), ": rank", ranks.size() > 1 ? "s " : " ",
-      RankList(ranks), " of a world of ", world_size, " did not arrive within ",
-      absl::FormatDuration(timeout), " (", world_size - static_cast<int>(ranks.size()),
-      " arrived, this is rank ", rank, ")"));
 }
 
 absl::StatusOr<std::unique_ptr<LauncherRendezvous>> LauncherRendezvous::Join(

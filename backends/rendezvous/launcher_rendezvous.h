@@ -14,8 +14,10 @@
 // CheckIn(store, prefix, rank, world_size, timeout): rank r adds 1 to "<prefix>/rank/<r>" and
 // to "<prefix>/arrived", then waits for every "<prefix>/rank/<i>". A rank that never arrives
 // fails every rank that did at the deadline, with DeadlineExceeded naming the missing ranks,
-// the count that arrived and the store's address; two processes claiming one rank fail the
-// second with AlreadyExists naming the rank.
+// the count that arrived and the store's address (a rank whose connection to rank 0's store
+// drops, because rank 0 reached its own deadline first and exited, reports the ranks it last
+// saw missing); two processes claiming one rank fail the second with AlreadyExists naming the
+// rank.
 //
 // Lifetime: the server lives as long as rank 0's LauncherRendezvous, so the backend that owns
 // it must outlive every store operation of the other ranks (they use the store only while

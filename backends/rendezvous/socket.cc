@@ -249,4 +249,36 @@ absl::StatusOr<int> Socket::LocalPort() const {
   return ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
 }
 
+absl::StatusOr<std::string> LocalAddressToward(const std::string& host, int port) {
+  const std::string where = HostPort(host, port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* out = nullptr;
+  const std::string service = std::to_string(port);
+  if (const int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &out); rc != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot resolve ", where, ": ", gai_strerror(rc)));
+  }
+  AddrInfoPtr addrs(out);
+  std::string last = "no address";
+  for (addrinfo* a = addrs.get(); a != nullptr; a = a->ai_next) {
+    Socket s(::socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0), where);
+    if (!s.valid() || ::connect(s.fd_, a->ai_addr, a->ai_addrlen) != 0) {
+      last = Errno(errno);
+      continue;
+    }
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    char name[NI_MAXHOST];
+    if (::getsockname(s.fd_, reinterpret_cast<sockaddr*>(&local), &len) != 0 ||
+        getnameinfo(reinterpret_cast<sockaddr*>(&local), len, name, sizeof(name), nullptr, 0,
+                    NI_NUMERICHOST) != 0) {
+      last = Errno(errno);
+      continue;
+    }
+    return std::string(name);
+  }
+  return absl::UnavailableError(absl::StrCat("no local interface routes to ", where, ": ", last));
+}
+
 }  // namespace braid::rendezvous

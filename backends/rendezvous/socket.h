@@ -65,9 +65,15 @@ class Socket {
   void Close();
 
  private:
+  friend absl::StatusOr<std::string> LocalAddressToward(const std::string& host, int port);
   int fd_ = -1;
   std::string peer_;
 };
+
+// The numeric address of this host's interface that routes to host:port (a UDP socket
+// "connected" there, nothing sent): what peers should use to reach this process when they can
+// reach `host`. 127.0.0.1 toward a loopback master. Unavailable naming host:port on failure.
+absl::StatusOr<std::string> LocalAddressToward(const std::string& host, int port);
 
 // "host:port" as errors print it.
 std::string HostPort(absl::string_view host, int port);
