@@ -12,7 +12,7 @@ namespace {
 constexpr const char* kVariables[] = {
     "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
     "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-    "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK",
+    "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "TORCHELASTIC_USE_AGENT_STORE",
 };
 
 const std::string* Find(const std::map<std::string, std::string>& vars, const char* name) {
@@ -36,7 +36,9 @@ absl::StatusOr<int> ParseInt(const std::map<std::string, std::string>& vars, con
 
 std::string LauncherEnv::Describe() const {
   return absl::StrCat(launcher, " rank ", rank, " of ", world_size, " (local ", local_rank,
-                      "), master ", master_addr, ":", master_port);
+                      "), master ", master_addr, ":", master_port,
+                      agent_store ? " (MASTER_PORT + 1: torchrun's agent store holds MASTER_PORT)"
+                                  : "");
 }
 
 absl::StatusOr<std::optional<LauncherEnv>> LauncherEnvFromMap(
@@ -105,6 +107,16 @@ absl::StatusOr<std::optional<LauncherEnv>> LauncherEnvFromMap(
   if (env.master_port < 1 || env.master_port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat(
         env.launcher, " environment: MASTER_PORT=", env.master_port, " is not in 1..65535"));
+  }
+  if (const std::string* agent = Find(vars, "TORCHELASTIC_USE_AGENT_STORE");
+      env.launcher == "torchrun" && agent != nullptr && *agent == "True") {
+    if (env.master_port == 65535) {
+      return absl::InvalidArgumentError(
+          "torchrun environment: MASTER_PORT=65535 is held by torchrun's agent store "
+          "(TORCHELASTIC_USE_AGENT_STORE=True) and Braid's store needs MASTER_PORT + 1");
+    }
+    env.master_port += 1;
+    env.agent_store = true;
   }
   return std::optional<LauncherEnv>(std::move(env));
 }

@@ -9,6 +9,9 @@
 //   srun      SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (optional, default SLURM_PROCID),
 //             and the master from MASTER_ADDR, MASTER_PORT (srun sets no master address: the
 //             batch script exports them, e.g. the first host of SLURM_JOB_NODELIST)
+// torchrun's agent may serve its own (c10d) store at MASTER_PORT: when it says so
+// (TORCHELASTIC_USE_AGENT_STORE=True) Braid's store takes MASTER_PORT + 1 instead, on
+// MASTER_ADDR (that port must be free there; a taken one fails rank 0 naming the address).
 // torchrun wins when both are present (torchrun started by srun, one agent per node, sets
 // RANK per worker; SLURM_PROCID there numbers the agents). Neither present: std::nullopt.
 //
@@ -34,7 +37,8 @@ namespace braid::rendezvous {
 struct LauncherEnv {
   std::string launcher;     // "torchrun" or "srun"
   std::string master_addr;  // where rank 0 serves the rendezvous store
-  int master_port = 0;
+  int master_port = 0;      // the store's port: MASTER_PORT, or MASTER_PORT + 1 (agent_store)
+  bool agent_store = false; // torchrun's agent holds MASTER_PORT
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;       // rank among this node's processes: picks the GPU

@@ -51,6 +51,21 @@ TEST(LauncherEnvTest, Torchrun) {
   EXPECT_EQ(Parse(no_local).local_rank, 3);
 }
 
+// torchrun's agent serving its own store at MASTER_PORT: Braid's takes the next port.
+TEST(LauncherEnvTest, TorchrunAgentStoreMovesBraidsStoreToTheNextPort) {
+  Vars v = Torchrun();
+  v["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  LauncherEnv e = Parse(v);
+  EXPECT_EQ(e.master_port, 29501);
+  EXPECT_TRUE(e.agent_store);
+  EXPECT_THAT(e.Describe(), HasSubstr("10.0.0.1:29501 (MASTER_PORT + 1"));
+  v["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  EXPECT_EQ(Parse(v).master_port, 29500);
+  v["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  v["MASTER_PORT"] = "65535";
+  EXPECT_THAT(Error(v), HasSubstr("MASTER_PORT + 1"));
+}
+
 TEST(LauncherEnvTest, SrunWithTheMasterFromTheEnvironment) {
   const LauncherEnv e = Parse({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"},
                                {"SLURM_LOCALID", "2"}, {"MASTER_ADDR", "node01"},
