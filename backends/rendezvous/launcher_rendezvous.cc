@@ -88,8 +88,10 @@ absl::StatusOr<std::unique_ptr<LauncherRendezvous>> LauncherRendezvous::Join(
   const absl::Time deadline = absl::Now() + timeout;
   std::unique_ptr<LauncherRendezvous> rv(new LauncherRendezvous(env, std::string(prefix)));
   if (env.rank == 0) {
+    absl::StatusOr<std::string> listen = ListenAddressFor(env.master_addr);
     absl::StatusOr<std::unique_ptr<StoreServer>> server =
-        StoreServer::Start(env.master_addr, env.master_port);
+        listen.ok() ? StoreServer::Start(*listen, env.master_port)
+                    : absl::StatusOr<std::unique_ptr<StoreServer>>(listen.status());
     if (!server.ok()) {
       return WithContext(server.status(),
                          absl::StrCat(env.Describe(), ": rank 0 serves the rendezvous store at "

@@ -6,8 +6,9 @@
 //                    LauncherRendezvous::Join(*env, "braid/gloo", absl::Seconds(300)));
 //   rv->store().Set(...);   // all ranks checked in: the world is complete
 //
-// Join: rank 0 starts the store server on MASTER_ADDR:MASTER_PORT (the address it is reached
-// at, so MASTER_ADDR=127.0.0.1 serves loopback only); every rank, rank 0 included, connects a
+// Join: rank 0 starts the store server on MASTER_PORT (listening on MASTER_ADDR itself when it
+// is a loopback address, so MASTER_ADDR=127.0.0.1 serves loopback only, else on every
+// interface: see ListenAddressFor); every rank, rank 0 included, connects a
 // client (retrying until the deadline: the server may come up after the others) and checks in
 // (CheckIn below). Everything happens before one deadline, `timeout` from the call.
 //

@@ -249,6 +249,23 @@ absl::StatusOr<int> Socket::LocalPort() const {
   return ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
 }
 
+absl::StatusOr<std::string> ListenAddressFor(const std::string& host) {
+  auto addrs = Resolve(host, 0, /*passive=*/false);
+  if (!addrs.ok()) return addrs.status();
+  const addrinfo* a = addrs->get();
+  if (a->ai_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+    if ((ntohl(in->sin_addr.s_addr) >> 24) == 127) return host;
+    return std::string("0.0.0.0");
+  }
+  if (a->ai_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ai_addr);
+    if (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr)) return host;
+    return std::string("::");
+  }
+  return host;
+}
+
 absl::StatusOr<std::string> LocalAddressToward(const std::string& host, int port) {
   const std::string where = HostPort(host, port);
   addrinfo hints{};

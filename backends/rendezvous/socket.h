@@ -75,6 +75,13 @@ class Socket {
 // reach `host`. 127.0.0.1 toward a loopback master. Unavailable naming host:port on failure.
 absl::StatusOr<std::string> LocalAddressToward(const std::string& host, int port);
 
+// Where a server for clients that connect to `host` should listen: `host` itself when it is a
+// loopback address (tests, single-host runs stay off the network), else every interface of
+// its family ("0.0.0.0" or "::", as c10d's TCPStore), since a host name may resolve to a
+// different local address on the master than on the clients (Debian's 127.0.1.1 entry).
+// InvalidArgument naming `host` when it does not resolve.
+absl::StatusOr<std::string> ListenAddressFor(const std::string& host);
+
 // "host:port" as errors print it.
 std::string HostPort(absl::string_view host, int port);
 

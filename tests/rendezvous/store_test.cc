@@ -210,6 +210,19 @@ TEST(StoreTest, AMalformedFrameDropsOnlyItsConnection) {
   EXPECT_EQ(*good->Get("k"), "v");
 }
 
+TEST(SocketTest, ListenAddressStaysOnLoopbackForLoopbackMasters) {
+  EXPECT_EQ(*ListenAddressFor("127.0.0.1"), "127.0.0.1");
+  EXPECT_EQ(*ListenAddressFor("127.0.0.5"), "127.0.0.5");
+  EXPECT_EQ(*ListenAddressFor("::1"), "::1");
+  EXPECT_EQ(*ListenAddressFor("10.1.2.3"), "0.0.0.0");
+  EXPECT_EQ(*ListenAddressFor("fd00::1"), "::");
+  EXPECT_EQ(ListenAddressFor("no-such-host.invalid").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto local = LocalAddressToward("127.0.0.1", 1234);
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_EQ(*local, "127.0.0.1");
+}
+
 TEST(WireTest, RoundTripsAndRejectsTruncation) {
   Request r{StoreOp::kCheck, {"a", std::string("b\0c", 3)}, "val", -7};
   std::string frame = EncodeRequest(r);
