@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "backends/gloo/gloo_errors.h"
 #include "comm/reduce_kernels.h"
+#include "comm/status_macros.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/barrier.h"
@@ -116,7 +117,7 @@ absl::Status Reduce(const std::shared_ptr<::gloo::Context>& ctx, const Collectiv
 
 }  // namespace
 
-absl::Status CheckDType(DType dtype, absl::string_view what) {
+absl::Status CheckDType(DType dtype) {
   switch (dtype) {
     case DType::kF32:
     case DType::kF64:
@@ -127,15 +128,15 @@ absl::Status CheckDType(DType dtype, absl::string_view what) {
     case DType::kU8:
       return absl::OkStatus();
   }
-  return absl::UnimplementedError(absl::StrCat(what, ": the gloo backend does not support dtype ",
-                                               static_cast<int>(dtype)));
+  return absl::UnimplementedError(
+      absl::StrCat("the gloo backend does not support dtype ", static_cast<int>(dtype)));
 }
 
 absl::Status RunCollective(const std::shared_ptr<::gloo::Context>& ctx, const CollectiveArgs& a,
                            uint32_t tag, absl::Duration timeout, absl::string_view what) {
   if (a.kind != CollectiveKind::kBarrier) {
-    absl::Status s = CheckDType(a.dtype, what);
-    if (!s.ok()) return s;
+    absl::Status s = CheckDType(a.dtype);
+    if (!s.ok()) return WithContext(s, what);
   }
   const auto ms = Millis(timeout);
   switch (a.kind) {

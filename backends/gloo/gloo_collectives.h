@@ -31,8 +31,9 @@
 
 namespace braid::gloo_backend {
 
-// OK for the dtypes this backend moves; Unimplemented naming the dtype otherwise.
-absl::Status CheckDType(DType dtype, absl::string_view what);
+// OK for the dtypes this backend moves (all seven of comm/dtype.h); Unimplemented naming the
+// dtype's value otherwise (a dtype added to Braid later, until this file learns it).
+absl::Status CheckDType(DType dtype);
 
 // Runs `args` on `ctx` with Gloo tag `tag` and `timeout` as Gloo's end-to-end limit. Errors
 // name `what` (the op, its sequence number and group) and carry Gloo's text.

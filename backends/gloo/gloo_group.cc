@@ -87,8 +87,12 @@ WorkPtr Enqueue(SerialWorker& worker, const std::shared_ptr<::gloo::Context>& ct
 }  // namespace
 
 absl::StatusOr<WorkPtr> GlooGroup::Launch(const CollectiveArgs& args) {
-  const auto what = [&] { return absl::StrCat(args.Describe(), " on group '", name_, "'"); };
-  if (args.kind != CollectiveKind::kBarrier) RETURN_IF_ERROR(CheckDType(args.dtype, what()));
+  if (args.kind != CollectiveKind::kBarrier) {
+    // Refused before it takes a sequence number: the next call matches its peers as if this
+    // one had not been made. (Error text only on the error path: this runs for every call.)
+    const absl::Status s = CheckDType(args.dtype);
+    if (!s.ok()) return WithContext(s, absl::StrCat(args.Describe(), " on group '", name_, "'"));
+  }
   const absl::Duration timeout =
       args.options.timeout > absl::ZeroDuration() ? args.options.timeout : world_->timeout;
   WorkInfo info{name_, std::string(CollectiveName(args.kind)), next_seq_++,
