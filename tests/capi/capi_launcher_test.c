@@ -1,7 +1,8 @@
 /* braid_world_create picking the launcher up from the environment (braid.h's rule).
  *
  *   capi_launcher_test              as a rank of a torchrun-style world (tests/gloo/run_ranks.sh
- *                                   sets MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK):
+ *                                   sets MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK;
+ *                                   or, srun-style, SLURM_PROCID / NTASKS / LOCALID):
  *                                   default options give "gloo" (no GPU) or "nccl"; the world
  *                                   has WORLD_SIZE ranks, this process is RANK, and an
  *                                   all-reduce / all-gather of host buffers is exact.
@@ -28,7 +29,9 @@ static void run_rank(void) {
   braid_work_t* w = NULL;
   const char* backend = NULL;
   int size = 0, count = 0, rank = -1, i;
-  const int want_size = env_int("WORLD_SIZE"), want_rank = env_int("RANK");
+  /* torchrun's variables, else srun's (tests/gloo/run_ranks.sh sets one set or the other). */
+  const int want_size = getenv("WORLD_SIZE") ? env_int("WORLD_SIZE") : env_int("SLURM_NTASKS");
+  const int want_rank = getenv("RANK") ? env_int("RANK") : env_int("SLURM_PROCID");
   int64_t x[5];
   float mine[3], all[3 * 8];
   braid_world_options_init(&wo);

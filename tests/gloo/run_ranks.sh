@@ -6,6 +6,8 @@
 #
 #   tests/gloo/run_ranks.sh 4 bazel-bin/tests/gloo/gloo_collectives_test [args...]
 #
+# RUN_RANKS_LAUNCHER=srun sets SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID instead of RANK /
+# WORLD_SIZE / LOCAL_RANK (MASTER_ADDR / MASTER_PORT either way, as an sbatch script exports).
 # Ranks listed in RUN_RANKS_SKIP (space-separated) are not started: they never arrive
 # (tests/gloo/missing_rank_test.sh uses it and inspects the logs itself).
 set -uo pipefail
@@ -30,7 +32,12 @@ ranks=()
 for ((r = 0; r < np; ++r)); do
   [[ "${skip}" == *" ${r} "* ]] && continue
   ranks+=("${r}")
-  MASTER_ADDR=127.0.0.1 MASTER_PORT="${port}" RANK="${r}" WORLD_SIZE="${np}" LOCAL_RANK="${r}" \
+  if [[ "${RUN_RANKS_LAUNCHER:-torchrun}" == srun ]]; then
+    vars=(SLURM_PROCID="${r}" SLURM_NTASKS="${np}" SLURM_LOCALID="${r}")
+  else
+    vars=(RANK="${r}" WORLD_SIZE="${np}" LOCAL_RANK="${r}")
+  fi
+  env MASTER_ADDR=127.0.0.1 MASTER_PORT="${port}" "${vars[@]}" \
     timeout --kill-after=10 "${limit}" "${binary}" "$@" >"${logs}/rank${r}.log" 2>&1 &
   pids+=("$!")
 done
