@@ -20,7 +20,9 @@
 // this group (queued behind its collectives, under the deadline), every rank checks the same
 // table (a negative color other than kNoColor fails every rank, naming the rank), and the
 // ranks of each color connect a new Gloo context through the rendezvous store under the key
-// prefix "<this group's prefix>/split<seq>/<color>": Gloo's pairs are per context.
+// prefix "<this group's prefix>/split<seq>/<color>": Gloo's pairs are per context. Split
+// waits for the group's worker, so it must not be called from a completion callback of the
+// same group (that runs on the worker): it would fail at the deadline, not hang.
 #ifndef BRAID_BACKENDS_GLOO_GLOO_GROUP_H_
 #define BRAID_BACKENDS_GLOO_GLOO_GROUP_H_
 

@@ -13,6 +13,9 @@
 // stop flag between bounded waits) and are joined by the destructor (RAII, nothing detached).
 // A connection that sends a malformed frame, or stalls mid-frame for longer than
 // kFrameTimeout, is dropped (logged with its peer), never the server.
+// Scale: one thread per connection (each rank holds one), and clients poll for keys; fine for
+// worlds of a few thousand ranks. c10d's TCPStore uses an event loop and server-side waits,
+// which a larger world would want here too.
 #ifndef BRAID_BACKENDS_RENDEZVOUS_STORE_SERVER_H_
 #define BRAID_BACKENDS_RENDEZVOUS_STORE_SERVER_H_
 
