@@ -142,9 +142,21 @@ typedef enum braid_reduce_op {
 typedef struct braid_world_options {
   size_t struct_size;
   /* "local" (ranks are threads of this process), "mpi" (one rank per process, from mpirun's
-   * environment), "nccl" (one rank per process and CUDA device; see unique_id) or "plugin".
+   * environment), "nccl" (one rank per process and CUDA device; see unique_id), "gloo" (one
+   * rank per process, CPU buffers, over TCP; for torchrun / srun) or "plugin".
    * NULL (default): "plugin" when plugin_path is set, else BRAID_BACKEND when read_env, else
-   * "local". */
+   * "local" -- except that with read_env, and neither this field, plugin_path, unique_id nor
+   * BRAID_BACKEND naming one (BRAID_BACKEND unset or "local"), the launcher decides:
+   *   mpirun (OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK set)         -> "mpi"
+   *   torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) or
+   *   srun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, with MASTER_ADDR and MASTER_PORT
+   *   exported by the batch script), more than one rank                -> "nccl" where NCCL
+   *                                       loads and a CUDA device is visible, else "gloo"
+   *   none of these                                                    -> "local"
+   * torchrun wins over the SLURM_* variables of the allocation it runs in. Under torchrun /
+   * srun, rank 0 serves a TCP rendezvous store at MASTER_ADDR:MASTER_PORT and every rank
+   * checks in there; a rank that does not arrive within timeout_ms fails the others, naming
+   * it. braid_world_backend says which backend was chosen. */
   const char* backend;
   /* Shared library exporting braidBackendPlugin_v1. NULL (default): BRAID_BACKEND_PLUGIN when
    * read_env. */
@@ -165,9 +177,9 @@ typedef struct braid_world_options {
   /* backend "nccl" only: the NCCL unique id (unique_id_size bytes, copied) that one rank made
    * with braid_nccl_unique_id and the caller handed to every rank through its own channel
    * (a store, a TCP connection, a file). Needs world_size and rank. NULL (default): "nccl"
-   * bootstraps over MPI instead (under mpirun: rank 0 makes the id and broadcasts it), or,
-   * outside any launcher, makes a world of one rank (refused when WORLD_SIZE or SLURM_NTASKS
-   * says the process belongs to a larger world). */
+   * bootstraps over MPI under mpirun (rank 0 makes the id and broadcasts it), through the TCP
+   * rendezvous store under torchrun / srun (rank 0 publishes it there), or, outside any
+   * launcher, makes a world of one rank. */
   const void* unique_id;
   /* The size braid_nccl_unique_id reported (128); 0 (default) without unique_id. */
   size_t unique_id_size;
@@ -198,10 +210,15 @@ BRAID_API void braid_world_options_init(braid_world_options_t* opts);
  * the known ones; a plugin path with no library); FAILED_PRECONDITION (nccl: NCCL cannot be
  * loaded, naming the library path, the symbol and the loader's message; no usable GPU,
  * naming the CUDA error, e.g. 35 without a driver, 100 without a device); FAILED_PRECONDITION
- * / UNIMPLEMENTED (plugin without a usable table); others from the backend (e.g. mpi outside
- * mpirun). */
+ * / UNIMPLEMENTED (plugin without a usable table); INVALID_ARGUMENT naming the variable for a
+ * malformed torchrun / srun environment (RANK >= WORLD_SIZE, MASTER_PORT missing, ...);
+ * DEADLINE_EXCEEDED naming the ranks that never reached the rendezvous; others from the
+ * backend (e.g. mpi outside mpirun). */
 BRAID_API braid_status_t braid_world_create(const braid_world_options_t* opts,
                                             braid_world_t** out);
+/* *name = the world's backend ("local", "mpi", "nccl", "gloo", or a plugin's name), valid while
+ * the world lives (0.7). */
+BRAID_API braid_status_t braid_world_backend(braid_world_t* world, const char** name);
 /* *size = number of ranks in the world (all processes). */
 BRAID_API braid_status_t braid_world_size(braid_world_t* world, int* size);
 /* The world ranks hosted by this process (local: 0..N-1; mpi: this process's rank), in

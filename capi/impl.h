@@ -28,6 +28,7 @@ struct WorldImpl {
   using Handle = braid_world_t;
   static constexpr Tag kTag = Tag::kWorld;
   std::unique_ptr<Backend> backend;
+  std::string backend_name;  // backend->name(), kept for braid_world_backend's pointer
 };
 
 struct GroupImpl {

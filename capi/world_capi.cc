@@ -1,10 +1,13 @@
 // C API: worlds, groups, meshes.
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "backends/nccl/nccl_backend.h"
+#include "backends/rendezvous/launcher_env.h"
 #include "capi/braid.h"
 #include "capi/errors.h"
 #include "capi/handles.h"
@@ -26,6 +29,32 @@ using braid::capi::WorldImpl;
 namespace braid::capi {
 namespace {
 
+// Whether this process could run the `nccl` backend: NCCL loads and a CUDA device is visible.
+bool NcclUsable(const Options& opts) {
+  nccl::NcclApis apis = nccl::RealApis(opts.nccl_library);
+  int devices = 0;
+  return apis.nccl->Ready().ok() && apis.cuda->GetDeviceCount(&devices) == cudaSuccess &&
+         devices > 0;
+}
+
+// braid.h's launcher rule: with read_env, no backend named (field NULL, no plugin_path, no
+// unique_id, BRAID_BACKEND unset or "local") the launcher picks it: mpirun -> "mpi";
+// torchrun / srun with more than one rank -> "nccl" where NCCL loads and a GPU is visible,
+// else "gloo". A malformed torchrun / srun environment is an error naming the variable.
+absl::Status ApplyLauncherRule(const braid_world_options_t& o, Options& opts) {
+  if (!o.read_env || o.backend != nullptr || o.unique_id != nullptr || opts.backend != "local") {
+    return absl::OkStatus();
+  }
+  if (rendezvous::LaunchedByMpi()) {
+    opts.backend = "mpi";
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(const std::optional<rendezvous::LauncherEnv> env,
+                   rendezvous::LauncherEnvFromEnv());
+  if (env.has_value() && env->world_size > 1) opts.backend = NcclUsable(opts) ? "nccl" : "gloo";
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Options> ToOptions(const braid_world_options_t& o) {
   if (o.local_ranks < 0) {
     return absl::InvalidArgumentError(
@@ -46,6 +75,7 @@ absl::StatusOr<Options> ToOptions(const braid_world_options_t& o) {
   if (o.backend != nullptr) opts.backend = o.backend;
   if (o.local_ranks > 0) opts.local_ranks = o.local_ranks;
   if (o.timeout_ms > 0) opts.timeout = absl::Milliseconds(o.timeout_ms);
+  RETURN_IF_ERROR(ApplyLauncherRule(o, opts));
   RETURN_IF_ERROR(ApplyNcclFields(o, opts));
   return opts;
 }
@@ -94,7 +124,17 @@ braid_status_t braid_world_create(const braid_world_options_t* opts, braid_world
     } else {
       ASSIGN_OR_RETURN(impl->backend, braid::CreateBackend(options));
     }
+    impl->backend_name = std::string(impl->backend->name());
     ASSIGN_OR_RETURN(*out, Register(std::move(impl), {}));
+    return absl::OkStatus();
+  });
+}
+
+braid_status_t braid_world_backend(braid_world_t* world, const char** name) {
+  return Guard("braid_world_backend", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto w, Find<WorldImpl>(world, "world"));
+    RETURN_IF_ERROR(CheckNotNull(name, "name"));
+    *name = w->backend_name.c_str();
     return absl::OkStatus();
   });
 }

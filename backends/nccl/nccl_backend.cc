@@ -1,6 +1,7 @@
 #include "backends/nccl/nccl_backend.h"
 
 #include <cstdlib>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "backends/nccl/completion_poller.h"
@@ -23,24 +24,6 @@ absl::StatusOr<int> DeviceCount(CudaApi& cuda) {
   }
   if (n < 1) return absl::FailedPreconditionError("nccl backend: no CUDA device (count 0)");
   return n;
-}
-
-// Whether an MPI launcher (Open MPI's mpirun, or a PMI/PMIx one) started this process.
-bool LaunchedByMpi() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
-    if (std::getenv(name) != nullptr) return true;
-  }
-  return false;
-}
-
-// A launcher that is no MPI one but made a world of several processes (torchrun, SLURM's
-// srun without PMI): its variable and value, else empty. A world of one would be wrong there.
-std::string NonMpiWorld() {
-  for (const char* name : {"WORLD_SIZE", "SLURM_NTASKS"}) {
-    const char* v = std::getenv(name);
-    if (v != nullptr && std::atoi(v) > 1) return absl::StrCat(name, "=", v);
-  }
-  return "";
 }
 
 // This process's rank among those on its node: the default device is that modulo the node's
@@ -135,17 +118,41 @@ absl::StatusOr<std::unique_ptr<NcclBackend>> NcclBackend::CreateSingleRank(
   return CreateFromUniqueId(std::move(apis), id, 1, 0, NcclConfigFromOptions(options));
 }
 
+absl::StatusOr<std::unique_ptr<NcclBackend>> NcclBackend::CreateFromLauncher(
+    NcclApis apis, const rendezvous::LauncherEnv& env, const NcclBackendConfig& config) {
+  if (apis.cuda == nullptr || apis.nccl == nullptr) {
+    return absl::InvalidArgumentError("nccl backend: CUDA and NCCL APIs must both be given");
+  }
+  // Before the rendezvous: a rank without NCCL or a GPU fails at once, naming the cause.
+  RETURN_IF_ERROR(apis.nccl->Ready());
+  ASSIGN_OR_RETURN(const int devices, DeviceCount(*apis.cuda));
+  NcclBackendConfig resolved = config;
+  if (resolved.device < 0) resolved.device = env.local_rank % devices;
+  ASSIGN_OR_RETURN(std::unique_ptr<rendezvous::LauncherRendezvous> rv,
+                   rendezvous::LauncherRendezvous::Join(env, "braid/nccl", config.timeout));
+  absl::StatusOr<ncclUniqueId> id =
+      ExchangeUniqueId(rv->store(), rv->prefix(), env.rank, env.world_size, *apis.nccl);
+  if (!id.ok()) return WithContext(id.status(), absl::StrCat("nccl backend, ", env.Describe()));
+  ASSIGN_OR_RETURN(std::unique_ptr<NcclBackend> b,
+                   CreateFromUniqueId(std::move(apis),
+                                      absl::string_view(id->internal, kUniqueIdBytes),
+                                      env.world_size, env.rank, resolved));
+  b->rendezvous_ = std::move(rv);
+  return b;
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> NcclBackend::Create(const Options& options) {
   NcclApis apis = RealApis(options.nccl_library);
   // Before MPI: a machine without NCCL or a GPU fails here, naming the library or CUDA's error.
   RETURN_IF_ERROR(apis.nccl->Ready());
   ASSIGN_OR_RETURN(const int devices, DeviceCount(*apis.cuda));
-  if (!LaunchedByMpi()) {
-    if (const std::string world = NonMpiWorld(); !world.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "nccl backend: this process was launched into a world of several ranks (", world,
-          ") but not by an MPI launcher: start it with mpirun, or distribute a unique id "
-          "yourself (NcclBackend::CreateFromUniqueId)"));
+  if (!rendezvous::LaunchedByMpi()) {
+    ASSIGN_OR_RETURN(const std::optional<rendezvous::LauncherEnv> env,
+                     rendezvous::LauncherEnvFromEnv());
+    if (env.has_value() && env->world_size > 1) {
+      ASSIGN_OR_RETURN(std::unique_ptr<NcclBackend> b,
+                       CreateFromLauncher(std::move(apis), *env, NcclConfigFromOptions(options)));
+      return std::unique_ptr<Backend>(std::move(b));
     }
     ASSIGN_OR_RETURN(std::unique_ptr<NcclBackend> b, CreateSingleRank(std::move(apis), options));
     return std::unique_ptr<Backend>(std::move(b));
@@ -190,8 +197,8 @@ absl::StatusOr<std::unique_ptr<Group>> NcclBackend::WorldGroup(int rank) {
 namespace {
 const BackendRegistration kRegistration(
     "nccl",
-    "NCCL 2.28 on CUDA device buffers: one GPU per rank, bootstrapped over MPI under mpirun "
-    "(one rank without a launcher)",
+    "NCCL 2.28 on CUDA device buffers: one GPU per rank, bootstrapped over MPI under mpirun, "
+    "through a TCP rendezvous store under torchrun / srun (one rank without a launcher)",
     &NcclBackend::Create);
 }  // namespace
 

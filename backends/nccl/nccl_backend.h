@@ -34,11 +34,20 @@
 //       (BRAID_CUDA_DEVICE, else the node-local rank (OMPI_COMM_WORLD_LOCAL_RANK) modulo the
 //       device count) and the mode
 //       (BRAID_NCCL_BLOCKING). The MPI world stays up for the backend's lifetime.
-//   (c) not launched by mpirun (no OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK in the
-//       environment): CreateBackend(options) makes a world of one rank on BRAID_CUDA_DEVICE
-//       (else device 0) from an id it makes itself, without initializing MPI (single-GPU runs,
-//       and GPU machines without Open MPI's launcher). Refused when WORLD_SIZE or SLURM_NTASKS
-//       says the process belongs to a larger world (torchrun, srun).
+//   (c) launched by torchrun or srun (no OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK; RANK /
+//       WORLD_SIZE or SLURM_PROCID / SLURM_NTASKS, with MASTER_ADDR / MASTER_PORT: see
+//       backends/rendezvous/launcher_env.h) into a world of more than one rank:
+//       CreateBackend(options) joins the rendezvous at rank 0's TCP store
+//       (backends/rendezvous/launcher_rendezvous.h; a rank that never arrives fails everyone
+//       at BRAID_TIMEOUT_MS naming it), rank 0 makes the id and publishes it there, the others
+//       wait for it (ExchangeUniqueId), and the device is BRAID_CUDA_DEVICE, else LOCAL_RANK
+//       (SLURM_LOCALID) modulo the device count. No MPI is initialized. CreateFromLauncher does
+//       the same from an explicit LauncherEnv. Rank 0's backend serves the store: it must
+//       outlive the others' creation (it does: WorldGroup is collective).
+//   (d) no launcher at all: CreateBackend(options) makes a world of one rank on
+//       BRAID_CUDA_DEVICE (else device 0) from an id it makes itself, without initializing MPI
+//       (single-GPU runs). A launcher environment that does not parse (RANK >= WORLD_SIZE, a
+//       missing MASTER_PORT, ...) is an error naming the variable, never a silent world of one.
 //
 // Semantics differ from the CPU backends in documented places, all NCCL's arithmetic
 // (NCCL 2.28.9, src/enqueue.cc hostToDevRedOp and src/device/reduce_kernel.h): avg is ncclAvg,
@@ -83,6 +92,8 @@
 #include "absl/strings/string_view.h"
 #include "backends/nccl/nccl_api.h"
 #include "backends/nccl/nccl_group.h"
+#include "backends/rendezvous/launcher_env.h"
+#include "backends/rendezvous/launcher_rendezvous.h"
 #include "comm/backend.h"
 #include "comm/options.h"
 
@@ -111,8 +122,8 @@ NcclApis RealApis(const std::string& nccl_library = "libnccl.so.2");
 
 class NcclBackend final : public Backend {
  public:
-  // The registry's factory (BRAID_BACKEND=nccl): the mpirun path, (b) above, or (c) outside
-  // a launcher.
+  // The registry's factory (BRAID_BACKEND=nccl): the mpirun path (b), the torchrun / srun
+  // path (c), or a world of one (d).
   static absl::StatusOr<std::unique_ptr<Backend>> Create(const Options& options);
   // (c) above: a world of one rank (options: cuda_device, nccl_blocking, timeout, spin).
   static absl::StatusOr<std::unique_ptr<NcclBackend>> CreateSingleRank(NcclApis apis,
@@ -128,6 +139,11 @@ class NcclBackend final : public Backend {
   // makes the id and broadcasts it (collective over `bootstrap`).
   static absl::StatusOr<std::unique_ptr<NcclBackend>> CreateWithBootstrap(
       NcclApis apis, Group& bootstrap, const NcclBackendConfig& config);
+  // (c) above: one rank of the world `env` describes; its rank 0 serves the store. Collective
+  // over the world's processes. Errors: those of LauncherRendezvous::Join (a missing rank
+  // named), of ExchangeUniqueId, then of CreateFromUniqueId.
+  static absl::StatusOr<std::unique_ptr<NcclBackend>> CreateFromLauncher(
+      NcclApis apis, const rendezvous::LauncherEnv& env, const NcclBackendConfig& config);
   ~NcclBackend() override;
 
   absl::string_view name() const override { return "nccl"; }
@@ -149,6 +165,8 @@ class NcclBackend final : public Backend {
   // The mpirun path keeps the MPI world it bootstrapped from (MPI is finalized after it).
   std::unique_ptr<Group> bootstrap_group_;
   std::unique_ptr<Backend> bootstrap_backend_;
+  // The torchrun / srun path keeps its rendezvous (on rank 0, the store's server).
+  std::unique_ptr<rendezvous::LauncherRendezvous> rendezvous_;
   std::mutex mu_;
   bool world_handed_out_ = false;  // guarded by mu_
 };

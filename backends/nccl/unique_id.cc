@@ -54,4 +54,34 @@ absl::StatusOr<ncclUniqueId> BroadcastUniqueId(Group& group, NcclApi& nccl,
                                              kUniqueIdBytes));
 }
 
+absl::StatusOr<ncclUniqueId> ExchangeUniqueId(rendezvous::TcpStore& store,
+                                              absl::string_view prefix, int rank,
+                                              int world_size, NcclApi& nccl) {
+  // Byte 0: 1 and the id, or 0 and rank 0's error message.
+  const std::string key = absl::StrCat(prefix, "/unique_id");
+  const auto read_key = [&](int r) { return absl::StrCat(prefix, "/unique_id_read/", r); };
+  if (rank == 0) {
+    absl::StatusOr<std::string> id = NewUniqueIdBytes(nccl);
+    std::string value(1, id.ok() ? '\1' : '\0');
+    value += id.ok() ? *id : id.status().ToString();
+    RETURN_IF_ERROR(store.Set(key, value));
+    // Rank 0 serves the store: it stays until every rank has read the value (above all its
+    // failure, which it would otherwise take down with the server), within the deadline.
+    std::vector<std::string> readers;
+    for (int r = 1; r < world_size; ++r) readers.push_back(read_key(r));
+    const absl::Status read = store.Wait(readers);
+    if (!id.ok()) return id.status();
+    RETURN_IF_ERROR(read);
+    return UniqueIdFromBytes(*id);
+  }
+  ASSIGN_OR_RETURN(const std::string value, store.Get(key));
+  RETURN_IF_ERROR(store.Set(read_key(rank), ""));
+  if (value.empty() || value[0] != 1) {
+    return absl::UnavailableError(absl::StrCat(
+        "rank 0 could not create the NCCL unique id (store key '", key, "' at ", store.address(),
+        "): ", value.empty() ? "" : value.substr(1)));
+  }
+  return UniqueIdFromBytes(absl::string_view(value).substr(1));
+}
+
 }  // namespace braid::nccl

@@ -2,6 +2,7 @@
 // CPU bootstrap group (the mpirun path, with the `local` backend standing in for MPI), and bad
 // input at creation (each error naming the offending item).
 #include <atomic>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -9,6 +10,10 @@
 #include "absl/strings/str_join.h"
 #include "backends/nccl/errors.h"
 #include "backends/nccl/unique_id.h"
+#include "backends/rendezvous/launcher_env.h"
+#include "backends/rendezvous/socket.h"
+#include "backends/rendezvous/store_client.h"
+#include "backends/rendezvous/store_server.h"
 #include "comm/backend.h"
 #include "comm/options.h"
 #include "gtest/gtest.h"
@@ -158,6 +163,131 @@ TEST(NcclBackend, BootstrapFailureReachesEveryRank) {
                   {"rank 0", "could not create the NCCL unique id"});
     }
   });
+  ExpectClean(gpu);
+}
+
+// A free loopback port for a launcher world's MASTER_PORT.
+int FreePort() {
+  auto s = rendezvous::Socket::Listen("127.0.0.1", 0);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return *s->LocalPort();
+}
+
+rendezvous::LauncherEnv TorchrunEnv(int port, int rank, int world) {
+  rendezvous::LauncherEnv e;
+  e.launcher = "torchrun";
+  e.master_addr = "127.0.0.1";
+  e.master_port = port;
+  e.rank = rank;
+  e.world_size = world;
+  e.local_rank = rank;
+  return e;
+}
+
+// Runs `ranks` (of a torchrun world of `world`) as threads through CreateFromLauncher on the
+// shared fake device; body(rank, backend or error) on each.
+void RunLauncherRanks(FakeGpu& gpu, int world, const std::vector<int>& ranks,
+                      const NcclBackendConfig& config,
+                      const std::function<void(int, absl::StatusOr<std::unique_ptr<NcclBackend>>)>&
+                          body) {
+  const int port = FreePort();
+  std::vector<std::thread> threads;
+  for (int r : ranks) {
+    threads.emplace_back([&, r] {
+      body(r, NcclBackend::CreateFromLauncher(gpu.apis(), TorchrunEnv(port, r, world), config));
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// The id itself, through the store: every rank gets rank 0's bytes.
+TEST(NcclLauncher, ExchangeUniqueIdGivesEveryRankRankZerosId) {
+  FakeGpu gpu;
+  auto server = rendezvous::StoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok()) << server.status();
+  constexpr int kRanks = 4;
+  std::vector<std::string> ids(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = kRanks - 1; r >= 0; --r) {  // rank 0 starts last: the others wait for it
+    threads.emplace_back([&, r] {
+      if (r == 0) absl::SleepFor(absl::Milliseconds(200));
+      auto store = rendezvous::TcpStore::Connect("127.0.0.1", (*server)->port(), absl::Seconds(30));
+      ASSERT_TRUE(store.ok()) << store.status();
+      auto id = ExchangeUniqueId(**store, "t", r, kRanks, *gpu.nccl);
+      ASSERT_TRUE(id.ok()) << id.status();
+      ids[r] = std::string(id->internal, kUniqueIdBytes);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(ids[r], ids[0]) << "rank " << r;
+  EXPECT_EQ(ids[0].size(), kUniqueIdBytes);
+  // A second exchange under another prefix makes a different id (the fake's ids are distinct).
+  auto store = rendezvous::TcpStore::Connect("127.0.0.1", (*server)->port(), absl::Seconds(30));
+  auto other = ExchangeUniqueId(**store, "u", 0, 1, *gpu.nccl);
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(std::string(other->internal, kUniqueIdBytes), ids[0]);
+  // A rank other than 0 with nobody publishing: the deadline names the key.
+  auto short_store = rendezvous::TcpStore::Connect("127.0.0.1", (*server)->port(),
+                                                   absl::Milliseconds(200));
+  ExpectError(ExchangeUniqueId(**short_store, "nobody", 1, 2, *gpu.nccl).status(),
+              absl::StatusCode::kDeadlineExceeded, {"'nobody/unique_id'"});
+  // Rank 0 whose peer never reads the id: the deadline names the peer's key.
+  ExpectError(ExchangeUniqueId(**short_store, "unread", 0, 2, *gpu.nccl).status(),
+              absl::StatusCode::kDeadlineExceeded, {"'unread/unique_id_read/1'"});
+}
+
+// torchrun without MPI: a world of 4 from the launcher's environment, rank 0's store carrying
+// the id; collectives then run on it (the fake executes them only when every rank's
+// communicator shares the one id).
+TEST(NcclLauncher, TorchrunWorldWithoutMpi) {
+  FakeGpu gpu;
+  gpu.cuda->SetDeviceCountResult(cudaSuccess, 2);  // LOCAL_RANK 0..3 -> devices 0,1,0,1
+  NcclBackendConfig config = FakeConfig();
+  config.device = -1;
+  std::vector<int64_t> results(4, -1);
+  RunLauncherRanks(gpu, 4, {0, 1, 2, 3}, config, [&](int r, auto b) {
+    ASSERT_TRUE(b.ok()) << "rank " << r << ": " << b.status();
+    EXPECT_EQ((*b)->world_size(), 4);
+    EXPECT_EQ((*b)->local_ranks(), std::vector<int>{r});
+    auto world = (*b)->WorldGroup(r);
+    ASSERT_TRUE(world.ok()) << world.status();
+    std::vector<int64_t> x(5, r + 1);
+    auto w = (*world)->AllReduce(x.data(), x.data(), 5, DType::kI64, ReduceOp::Sum());
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_OK((*w)->Wait(absl::Seconds(30)));
+    EXPECT_EQ(x, std::vector<int64_t>(5, 10));
+    results[r] = x[0];
+  });
+  EXPECT_EQ(results, std::vector<int64_t>(4, 10));
+  ExpectClean(gpu);
+}
+
+// Rank 0 cannot make an id: it publishes the failure, the others fail with it at once.
+TEST(NcclLauncher, IdFailureOnRankZeroReachesEveryRankBeforeTheDeadline) {
+  FakeGpu gpu;
+  gpu.nccl->FailNextCall("GetUniqueId", ncclSystemError);
+  const absl::Time start = absl::Now();
+  RunLauncherRanks(gpu, 3, {0, 1, 2}, FakeConfig(), [&](int r, auto b) {
+    if (r == 0) {
+      ExpectError(b.status(), absl::StatusCode::kInternal, {"ncclGetUniqueId", "torchrun rank 0"});
+    } else {
+      ExpectError(b.status(), absl::StatusCode::kUnavailable,
+                  {"rank 0 could not create the NCCL unique id", "ncclGetUniqueId",
+                   "braid/nccl/unique_id"});
+    }
+  });
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));  // not the 60 s deadline
+  ExpectClean(gpu);
+}
+
+// A rank that never starts: the others fail at the deadline, naming it.
+TEST(NcclLauncher, AMissingRankFailsEveryoneNamingIt) {
+  FakeGpu gpu;
+  RunLauncherRanks(gpu, 4, {0, 1, 3}, FakeConfig(true, absl::Milliseconds(600)),
+                   [&](int, auto b) {
+                     ExpectError(b.status(), absl::StatusCode::kDeadlineExceeded,
+                                 {"rank 2 of a world of 4 did not arrive", "braid/nccl"});
+                   });
   ExpectClean(gpu);
 }
 

@@ -142,6 +142,7 @@ _SIGNATURES = {
     "braid_dtype_size": (_sz, [_i]),
     "braid_world_options_init": (None, [ctypes.POINTER(WorldOptions)]),
     "braid_world_create": (_st, [ctypes.POINTER(WorldOptions), _pp]),
+    "braid_world_backend": (_st, [_p, ctypes.POINTER(_cs)]),
     "braid_world_size": (_st, [_p, ctypes.POINTER(_i)]),
     "braid_world_local_ranks": (_st, [_p, ctypes.POINTER(_i), _i, ctypes.POINTER(_i)]),
     "braid_world_group": (_st, [_p, _i, _pp]),

@@ -154,7 +154,14 @@ class World(_Handle):
     World("nccl", unique_id=braid.nccl_unique_id() bytes from one rank, world_size=N, rank=r)
     for one rank per process and GPU (cuda_device: default BRAID_CUDA_DEVICE or rank % GPUs;
     nccl_blocking: default BRAID_NCCL_BLOCKING or blocking). World("nccl") without a
-    unique_id bootstraps over MPI under mpirun, or is a world of one rank outside a launcher."""
+    unique_id bootstraps over MPI under mpirun, through a TCP rendezvous store under torchrun
+    / srun, or is a world of one rank outside a launcher. World("gloo"): Gloo over TCP on CPU
+    buffers, for torchrun / srun.
+
+    World() with no backend (and BRAID_BACKEND unset) follows the launcher (braid.h's rule):
+    mpirun -> "mpi"; torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or srun
+    (SLURM_PROCID, SLURM_NTASKS, with MASTER_ADDR / MASTER_PORT exported) -> "nccl" where NCCL
+    loads and a GPU is visible, else "gloo"; otherwise "local". `backend` says which."""
 
     _destroy = "braid_world_destroy"
 
@@ -187,6 +194,13 @@ class World(_Handle):
         serial = next(self._serials)
         self._children[serial] = child
         return serial
+
+    @property
+    def backend(self):
+        """The backend's name: "local", "mpi", "nccl", "gloo" or a plugin's."""
+        s = ctypes.c_char_p()
+        _lib.call("braid_world_backend", self.handle, ctypes.byref(s))
+        return s.value.decode()
 
     @property
     def size(self):

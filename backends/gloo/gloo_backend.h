@@ -1,0 +1,87 @@
+// The `gloo` backend: Gloo (Debian's libgloo, PyTorch's own CPU engine) over TCP, one rank per
+// process, CPU buffers; for worlds launched by torchrun or srun, where there is no MPI.
+//
+// README
+// ------
+// Files of this folder (each uses only the ones above it):
+//   gloo_errors.h       Gloo's exceptions -> absl::Status, once
+//   store_adapter.h     gloo::rendezvous::Store over Braid's TCP store, with a key prefix
+//   serial_worker.h     one thread per group running its collectives in issue order
+//   gloo_collectives.h  one collective on a Gloo context, Braid's reduce semantics and dtypes
+//   gloo_group.h        Group: async Work on the worker, deadlines, failure, Split
+//   gloo_backend.h      this file: worlds, the "gloo" registration
+//
+// Making a world (BRAID_BACKEND=gloo, CreateBackend(options)):
+//   - torchrun / srun (backends/rendezvous/launcher_env.h: RANK, WORLD_SIZE, MASTER_ADDR,
+//     MASTER_PORT, or SLURM_PROCID, SLURM_NTASKS and MASTER_*): every rank joins the
+//     rendezvous at rank 0's TCP store (a rank that never arrives fails everyone at
+//     BRAID_TIMEOUT_MS, naming it); WorldGroup then connects Gloo's full mesh of pairs, each
+//     rank listening on its interface that routes to MASTER_ADDR (127.0.0.1 on loopback).
+//   - no launcher: a world of one, its store served in-process on 127.0.0.1.
+//   - mpirun: refused (FailedPrecondition): use the `mpi` backend there.
+//
+//   ASSIGN_OR_RETURN(std::unique_ptr<Backend> b, CreateBackend(options));   // options.backend
+//   ASSIGN_OR_RETURN(std::unique_ptr<Group> world, b->WorldGroup(b->local_ranks().front()));
+//
+// Semantics: every Braid dtype and reduce op (see gloo_collectives.h), bit for bit with the
+// serial reference where partial sums are exact (Gloo's ring adds in its own order).
+// Reduce-scatter moves an all-reduce's bytes (this Gloo has no new-style reduce-scatter).
+// Every call has a deadline; Gloo's pairs are unusable after an error, so a failed call fails
+// its group for good (later calls report that cause at once).
+//
+// Lifetime: rank 0's backend serves the store. Groups keep the store (and the server) alive,
+// and Split uses it collectively, so rank 0 is present whenever a peer needs it.
+#ifndef BRAID_BACKENDS_GLOO_GLOO_BACKEND_H_
+#define BRAID_BACKENDS_GLOO_GLOO_BACKEND_H_
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "backends/gloo/gloo_group.h"
+#include "backends/rendezvous/launcher_env.h"
+#include "comm/backend.h"
+#include "comm/options.h"
+
+namespace braid::gloo_backend {
+
+struct GlooBackendConfig {
+  absl::Duration timeout = absl::Seconds(300);  // BRAID_TIMEOUT_MS: every call's deadline
+  absl::Duration spin = absl::Microseconds(20);  // BRAID_SPIN_US
+};
+
+class GlooBackend final : public Backend {
+ public:
+  // The registry's factory (BRAID_BACKEND=gloo); see the header.
+  static absl::StatusOr<std::unique_ptr<Backend>> Create(const Options& options);
+  // One rank of the world `env` describes (collective over its processes; rank 0 serves the
+  // store). Errors: LauncherRendezvous::Join's (missing ranks named), then Gloo's device.
+  static absl::StatusOr<std::unique_ptr<GlooBackend>> CreateFromLauncher(
+      const rendezvous::LauncherEnv& env, const GlooBackendConfig& config);
+  // A world of one, with its own store on 127.0.0.1.
+  static absl::StatusOr<std::unique_ptr<GlooBackend>> CreateSingleRank(
+      const GlooBackendConfig& config);
+
+  absl::string_view name() const override { return "gloo"; }
+  Capabilities capabilities() const override { return GlooGroup::GlooCapabilities(); }
+  int world_size() const override { return world_size_; }
+  std::vector<int> local_ranks() const override { return {rank_}; }
+  // Connects the world's Gloo context (collective over the world); once.
+  absl::StatusOr<std::unique_ptr<Group>> WorldGroup(int rank) override;
+
+ private:
+  GlooBackend(std::shared_ptr<GlooWorld> world, int rank, int world_size)
+      : world_(std::move(world)), rank_(rank), world_size_(world_size) {}
+
+  const std::shared_ptr<GlooWorld> world_;
+  const int rank_;
+  const int world_size_;
+  std::mutex mu_;
+  bool world_handed_out_ = false;  // guarded by mu_
+};
+
+}  // namespace braid::gloo_backend
+
+#endif  // BRAID_BACKENDS_GLOO_GLOO_BACKEND_H_

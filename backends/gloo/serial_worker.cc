@@ -1,0 +1,50 @@
+#include "backends/gloo/serial_worker.h"
+
+#include <utility>
+
+namespace braid::gloo_backend {
+
+SerialWorker::SerialWorker() : thread_([this] { Loop(); }) {}
+
+SerialWorker::~SerialWorker() {
+  std::deque<Task> cancelled;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    cancelled.swap(queue_);
+  }
+  cv_.notify_all();
+  thread_.join();
+  for (Task& t : cancelled) t(false);
+}
+
+void SerialWorker::Post(Task task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stop_) {
+      queue_.push_back(std::move(task));
+      task = nullptr;
+    }
+  }
+  if (task) {
+    task(false);  // posted during destruction: cancelled at once
+    return;
+  }
+  cv_.notify_one();
+}
+
+void SerialWorker::Loop() {
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task(true);
+  }
+}
+
+}  // namespace braid::gloo_backend
