@@ -110,6 +110,9 @@ class _ShardedOptimizer(torch.optim.Optimizer):
         else:
             self._init_zero2(ddp, overlap, first["lr"], group_of, options)
         self.optimizer.before_arm.append(_weak_call(self._push_hyper))
+        # Also at each forward with grad, so a bad value raises there, before any gradient
+        # is accumulated (the push when the step is armed then only sends later changes).
+        self._forward_check = ddp.register_forward_pre_hook(self._check_at_forward)
 
     # ---- construction ----------------------------------------------------------------------
     @staticmethod
@@ -208,6 +211,10 @@ class _ShardedOptimizer(torch.optim.Optimizer):
             except BraidError as e:
                 raise ValueError("param_groups[%d]: %s" % (g, e.message)) from None
             self._pushed[g] = key
+
+    def _check_at_forward(self, *unused):
+        if torch.is_grad_enabled():
+            self._push_hyper()
 
     @property
     def lr(self):
@@ -328,10 +335,9 @@ class _ShardedOptimizer(torch.optim.Optimizer):
                     raise ValueError("state_dict parameter %d %r: saved %s %r, this model's is "
                                      "%r%s" % (i, a[0], field, x, y, hint))
 
-    def load_state_dict(self, state_dict):
-        """Collective over the shard group: restores this rank's state from a state_dict() of
-        the same run shape (ValueError naming the first mismatch, nothing changed), then the
-        dict's param_groups hyper-parameters (see the module docstring)."""
+    def _checked(self, state_dict):
+        """(the "braid" entry, the param_groups) of a state_dict that fits this optimizer;
+        ValueError naming the first mismatch."""
         saved = state_dict.get("braid") if isinstance(state_dict, dict) else None
         if not isinstance(saved, dict) or "state_file" not in saved:
             raise ValueError("not a %s state_dict (no 'braid' entry): save it with "
@@ -347,6 +353,22 @@ class _ShardedOptimizer(torch.optim.Optimizer):
                              "sizes %s" % (len(groups), [len(g["params"]) for g in groups],
                                            len(self.param_groups),
                                            [len(g["params"]) for g in self.param_groups]))
+        return saved, groups
+
+    def load_state_dict(self, state_dict):
+        """Collective over the shard group: restores this rank's state from a state_dict() of
+        the same run shape (ValueError naming the first mismatch, nothing changed), then the
+        dict's param_groups hyper-parameters (see the module docstring)."""
+        try:
+            saved, groups = self._checked(state_dict)
+        except ValueError:
+            # Braid's load is collective (every rank loads or none does): take part with a
+            # file that cannot load, so the other ranks fail at once instead of waiting.
+            try:
+                self.load(os.path.join(tempfile.gettempdir(), "braid-no-such-state-file"))
+            except BraidError:
+                pass
+            raise
         with tempfile.TemporaryDirectory(prefix="braid-state-") as tmp:
             path = os.path.join(tmp, "state")
             with open(path, "wb") as f:
@@ -367,6 +389,7 @@ class _ShardedOptimizer(torch.optim.Optimizer):
     def _detach_params(self):
         """Before the optimizer's memory goes (whoever closes it): unhook the forwards, give
         the parameters copies of their values."""
+        self._forward_check.remove()
         if self._fully_sharded:
             # The values gathered by close(), or none: released parameters stay released
             # (they never point at Braid's memory).
