@@ -10,8 +10,11 @@ fully sharded data parallel (FullyShardedDataParallel, ZeRO-3 / FSDP).
 
     model = DistributedDataParallel(net, g, mode="reduce_scatter")      # ZeRO-2 style
     opt = ShardedAdamW(model, lr=1e-3)               # Braid steps each shard as it arrives
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)  # a torch Optimizer
     for x, y in data:
         loss_fn(model(x), y).backward(); opt.step()  # step(): no-op with overlap (the default)
+        sched.step()                                 # param_groups read as the next step arms
+    torch.save(opt.state_dict(), "opt.rank%d" % g.rank)  # this rank's shard
 
     model = FullyShardedDataParallel(net, g, auto_wrap_policy={TransformerEncoderLayer})
     opt = ShardedAdamW(model, lr=1e-3)               # holds the shards: create it before forward
@@ -33,11 +36,18 @@ How it is wired (torch 1.13, CPU):
     reduction (and, with ShardedAdamW, the step) is complete or under way when backward()
     returns;
   - no_sync(): the forward passes run inside it have their backward accumulate locally;
-  - ShardedAdamW: parameter data become views over the optimizer's gathered parameters; a
+  - ShardedAdamW / ShardedSGD (braid/optim.py, re-exported here): torch.optim.Optimizer
+    subclasses; parameter data become views over the optimizer's gathered parameters; a
     forward pre-hook on each module waits for the buckets holding its own parameters, so the
-    all-gather of late buckets overlaps the forward of early layers.
-Gradient views stay bound: zero_grad() zeroes them in place (set_to_none is ignored), and a
-gradient the caller replaced or set to None is copied back (or zeroed) at the next forward.
+    all-gather of late buckets overlaps the forward of early layers. param_groups (per-group
+    lr, betas, eps, weight_decay / momentum, nesterov) go to Braid when a step is armed (the
+    start of a synced backward with overlap, else step()), so torch LR schedulers work;
+    state_dict() / load_state_dict() hold this rank's shard (braid/optim.py's docstring has
+    the whole contract: step(closure), zero_grad(set_to_none), checkpoint identity checks).
+Gradient views stay bound: DistributedDataParallel.zero_grad() zeroes them in place
+(set_to_none is ignored there); a gradient the caller replaced or set to None (e.g. by
+ShardedAdamW.zero_grad(set_to_none=True), torch DDP's meaning) is copied back, or the view
+zeroed, and bound again at the next forward.
 
 Memory: each view keeps the Braid object owning its memory alive, and whoever closes that
 object (close(), World.close(), interpreter exit) first gives the tensors copies of their
