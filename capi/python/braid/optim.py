@@ -90,7 +90,6 @@ class _ShardedOptimizer(torch.optim.Optimizer):
     says when param_groups are read, and what step / zero_grad / state_dict mean."""
 
     _KIND = None
-    _HYPER = ()  # the group keys Braid reads
 
     def __init__(self, ddp, params, defaults, overlap, options):
         self._fully_sharded = isinstance(ddp, FullyShardedDataParallel)
