@@ -53,8 +53,9 @@ Memory: each view keeps the Braid object owning its memory alive, and whoever cl
 object (close(), World.close(), interpreter exit) first gives the tensors copies of their
 values, so no tensor ever points at freed memory.
 
-Differences from torch DDP: buffers (BatchNorm statistics) are broadcast at construction only
-(torch re-broadcasts them every forward by default); parameters no rank used are reduced as
+Buffers (BatchNorm statistics) are broadcast from rank 0 at construction and, with
+broadcast_buffers=True (the default, as torch), before each forward that follows a synced
+forward with grad. Differences from torch DDP: parameters no rank used are reduced as
 zeros with find_unused_parameters=True (torch leaves their .grad None); reentrant activation
 checkpointing is not supported (its inner backward would finish Braid's backward early).
 With ShardedAdamW the parameters are Braid's gathered copy: write initial values before
@@ -120,7 +121,7 @@ import warnings
 import torch
 
 from . import core
-from ._views import _broadcast_module, _sync_scope, _view, _weak_call
+from ._views import _broadcast_buffers, _broadcast_module, _sync_scope, _view, _weak_call
 from .fsdp import FullyShardedDataParallel, FullyShardedParameter  # noqa: F401 (re-exported)
 from .optim import ShardedAdamW, ShardedSGD  # noqa: F401 (re-exported)
 
@@ -135,16 +136,24 @@ class DistributedDataParallel(torch.nn.Module):
           "reduce_scatter" (each rank gets its averaged shard; use with ShardedAdamW) or
           "hybrid" (reduce-scatter in `group`, all-reduce across `replica_group`; HSDP).
     Parameters and buffers are broadcast from rank 0 at construction, like torch DDP.
+    broadcast_buffers (default True, as torch DDP): rank 0's buffers (BatchNorm's running
+    statistics) are broadcast again before each forward that follows a synced forward with
+    grad (torch's rule: not after a forward under no_sync() or torch.no_grad()), so every
+    rank starts each such forward from rank 0's statistics; one coalesced broadcast per
+    buffer dtype. False: buffers stay per rank after construction.
     """
 
     def __init__(self, module, group, mode="allreduce", replica_group=None, bucket_cap_mb=25.0,
                  first_bucket_cap_mb=1.0, find_unused_parameters=False, reduce_dtype=None,
-                 broadcast_from_rank0=True, timeout_ms=300000, timeline_prefix=None):
+                 broadcast_from_rank0=True, timeout_ms=300000, timeline_prefix=None,
+                 broadcast_buffers=True):
         super().__init__()
         self.module = module
         self._groups = [g for g in (group, replica_group) if g is not None]
         if broadcast_from_rank0:
             _broadcast_module(self.module, self._groups)
+        self.broadcast_buffers = broadcast_buffers
+        self._sync_buffers_next = False  # construction just broadcast them (or was told not to)
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self._params = [p for _, p in named]
         self.reducer = core.Reducer(
@@ -198,10 +207,15 @@ class DistributedDataParallel(torch.nn.Module):
         if self._in_backward:
             self._abandon_backward("the previous backward did not finish (an exception in "
                                    "backward or in a hook)")
+        if self.broadcast_buffers and self._sync_buffers_next:
+            _broadcast_buffers(self.module, self._groups)
+        synced = torch.is_grad_enabled() and self._sync == "sync"
         if torch.is_grad_enabled():
             self._armed = self._sync
             self._rebind_grads()
-        return self.module(*args, **kwargs)
+        out = self.module(*args, **kwargs)
+        self._sync_buffers_next = synced  # torch DDP's require_forward_param_sync
+        return out
 
     def _owner(self):
         return self._stepper if self._stepper is not None else self.reducer
