@@ -280,6 +280,30 @@ class ContractTest(unittest.TestCase):
 
         run_ranks(1, body)
 
+    def test_c_api_groups_checked(self):
+        # braid_optimizer_set_hyper / param_groups (0.8) through braid.core directly.
+        def body(r, g):
+            red = braid.Reducer(g, [(0, 8, "float32", "w"), (1, 4, "float32", "b")],
+                                mode="reduce_scatter")
+            with self.assertRaisesRegex(braid.BraidError,
+                                        r"param_groups\[1\] \(.*b.*\) is -1; num_groups is 1"):
+                braid.Optimizer(red, param_groups=[0, -1]).close()
+            with self.assertRaisesRegex(ValueError, "param_groups has 1 entries for 2"):
+                braid.Optimizer(red, param_groups=[0])
+            opt = braid.Optimizer(red, param_groups=[0, 1])
+            with self.assertRaises(braid.BraidError) as e:
+                opt.set_hyper(2, lr=0.1)
+            self.assertEqual(e.exception.code, "OUT_OF_RANGE")
+            self.assertIn("no parameter group 2", str(e.exception))
+            with self.assertRaisesRegex(braid.BraidError, "INVALID_ARGUMENT: .*parameter group 1: "
+                                        "beta2 must be in \\[0, 1\\), got 1"):
+                opt.set_hyper(1, lr=0.1, betas=(0.9, 1.0))
+            opt.set_hyper(1, lr=0.0, weight_decay=0.5)  # lr 0 is allowed (warm-up from zero)
+            opt.close()
+            red.close()
+
+        run_ranks(1, body)
+
     def test_bad_hyper_parameter_is_named_and_nothing_is_lost(self):
         def body(r, g):
             net, model, opt = _make("adamw", g)
