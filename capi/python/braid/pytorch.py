@@ -44,10 +44,15 @@ How it is wired (torch 1.13, CPU):
     start of a synced backward with overlap, else step()), so torch LR schedulers work;
     state_dict() / load_state_dict() hold this rank's shard (braid/optim.py's docstring has
     the whole contract: step(closure), zero_grad(set_to_none), checkpoint identity checks).
-Gradient views stay bound: DistributedDataParallel.zero_grad() zeroes them in place
-(set_to_none is ignored there); a gradient the caller replaced or set to None (e.g. by
+Gradients as bucket views (torch DDP's gradient_as_bucket_view=True, always on here, and
+from construction rather than after the first iteration): p.grad shares memory with Braid's
+bucket, so no second copy of the gradients exists and no pack copy runs. The views stay
+bound: DistributedDataParallel.zero_grad() zeroes them in place (set_to_none is ignored
+there); a gradient the caller replaced or set to None (e.g. by
 ShardedAdamW.zero_grad(set_to_none=True), torch DDP's meaning) is copied back, or the view
-zeroed, and bound again at the next forward.
+zeroed, and bound again at the next forward; replacing p.grad during a backward is an error
+naming the parameter. As with torch's option, p.grad is a view, so p.grad.detach_() is
+refused by torch; torch.optim's zero_grad does not call it on gradients without a grad_fn.
 
 Memory: each view keeps the Braid object owning its memory alive, and whoever closes that
 object (close(), World.close(), interpreter exit) first gives the tensors copies of their
