@@ -1,7 +1,7 @@
 """braid.optim: ShardedAdamW and ShardedSGD, Braid's sharded optimizer as torch.optim.Optimizer
 subclasses (re-exported by braid.pytorch).
 
-    model = DistributedDataParallel(net, group, mode="reduce_scatter")  # or FullyShardedDataParallel
+    model = DistributedDataParallel(net, group, mode="reduce_scatter")  # or FSDP (fsdp.py)
     decay = [p for n, p in net.named_parameters() if not n.endswith("bias")]
     other = [p for n, p in net.named_parameters() if n.endswith("bias")]
     opt = ShardedAdamW(model, params=[{"params": decay, "weight_decay": 0.1},
