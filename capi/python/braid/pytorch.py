@@ -60,9 +60,15 @@ values, so no tensor ever points at freed memory.
 
 Buffers (BatchNorm statistics) are broadcast from rank 0 at construction and, with
 broadcast_buffers=True (the default, as torch), before each forward that follows a synced
-forward with grad. Differences from torch DDP: parameters no rank used are reduced as
-zeros with find_unused_parameters=True (torch leaves their .grad None); reentrant activation
-checkpointing is not supported (its inner backward would finish Braid's backward early).
+forward with grad. find_unused_parameters=True: after each forward with grad, the autograd
+graph of its outputs (every tensor in them) is walked, as torch DDP does; the parameters it
+does not reach are marked ready at the start of a synced backward with a zero gradient (or the
+sum a no_sync window accumulated), so the buckets after them launch as soon as their own
+gradients are in rather than at the end of the backward. A parameter used outside forward
+(not reachable from its outputs) then raises at backward, naming it. Differences from torch
+DDP: parameters no rank used are reduced as zeros (torch leaves their .grad None); reentrant
+activation checkpointing is not supported (its inner backward would finish Braid's backward
+early).
 With ShardedAdamW the parameters are Braid's gathered copy: write initial values before
 creating it (later writes to p.data are overwritten by the next gather).
 
@@ -127,7 +133,7 @@ import torch
 
 from . import core
 from ._views import _broadcast_buffers, _broadcast_module, _sync_scope, _view, _weak_call
-from .fsdp import FullyShardedDataParallel, FullyShardedParameter  # noqa: F401 (re-exported)
+from .fsdp import FullyShardedDataParallel, FullyShardedParameter, _tensors  # noqa: F401
 from .optim import ShardedAdamW, ShardedSGD  # noqa: F401 (re-exported)
 
 __all__ = ["DistributedDataParallel", "FullyShardedDataParallel", "FullyShardedParameter",
@@ -146,6 +152,9 @@ class DistributedDataParallel(torch.nn.Module):
     grad (torch's rule: not after a forward under no_sync() or torch.no_grad()), so every
     rank starts each such forward from rank 0's statistics; one coalesced broadcast per
     buffer dtype. False: buffers stay per rank after construction.
+    find_unused_parameters: parameters a forward's outputs do not reach are found after the
+    forward and reduced as zeros from the start of the backward (see the module docstring);
+    False: an unused parameter is an error naming it at the end of the backward.
     """
 
     def __init__(self, module, group, mode="allreduce", replica_group=None, bucket_cap_mb=25.0,
@@ -185,6 +194,11 @@ class DistributedDataParallel(torch.nn.Module):
         self._sync = "sync"          # the sync mode of forwards run now
         self._armed = "sync"         # the sync mode the next backward uses
         self._in_backward = False
+        self._find_unused = find_unused_parameters
+        self._names = [n for n, _ in named]
+        self._unused = []            # ids the last forward's outputs do not reach
+        self._early = set()          # ids marked unused at the start of this backward
+        self._accumulated = set()    # ids marked in a no_sync backward of this window
         self._stepper = None         # the braid.core.Optimizer of a ShardedAdamW, if any
         self._warned_unreduced = False
         self.reducer.before_close.append(_weak_call(self._detach_grads))
@@ -220,7 +234,42 @@ class DistributedDataParallel(torch.nn.Module):
             self._rebind_grads()
         out = self.module(*args, **kwargs)
         self._sync_buffers_next = synced  # torch DDP's require_forward_param_sync
+        self._unused = (self._unreached(out) if self._find_unused and torch.is_grad_enabled()
+                        else [])
         return out
+
+    def _unreached(self, out):
+        """Ids of the parameters whose AccumulateGrad node the autograd graph of `out` (every
+        tensor in it) does not reach: unused in this forward, as torch DDP's
+        find_unused_parameters computes them."""
+        tensors = _tensors(out, [])
+        seen, stack = set(), [t.grad_fn for t in tensors if t.grad_fn is not None]
+        direct = {id(t) for t in tensors if t.grad_fn is None and t.requires_grad}
+        while stack:
+            fn = stack.pop()
+            if fn in seen:
+                continue
+            seen.add(fn)
+            stack.extend(nxt for nxt, _ in fn.next_functions if nxt is not None)
+        return [pid for pid, (p, acc) in enumerate(zip(self._params, self._grad_accs))
+                if acc not in seen and id(p) not in direct]
+
+    def _zero_unused(self):
+        """Before a synced backward begins: the gradients of the parameters the forward did
+        not use become zero, unless a no_sync window accumulated into them (that sum stays)."""
+        for pid in self._unused:
+            if pid not in self._accumulated:
+                if self._stepper is not None:  # it zeroes a bucket after stepping it
+                    self._stepper.wait_params(self.reducer.param_bucket(pid))
+                self._grads[pid].zero_()
+
+    def _mark_unused(self):
+        """Start of a synced backward: the parameters the forward did not use are marked ready
+        now, so the buckets after them launch as soon as their own gradients are in, not at
+        the end of the backward."""
+        for pid in self._unused:
+            self.reducer.mark_ready(pid)
+            self._early.add(pid)
 
     def _owner(self):
         return self._stepper if self._stepper is not None else self.reducer
@@ -231,6 +280,7 @@ class DistributedDataParallel(torch.nn.Module):
         that completed the backward may have launched reductions this rank did not: a
         failed backward on one rank generally needs all ranks to restart."""
         self._in_backward = False
+        self._accumulated = set()
         try:
             self._owner().finish_backward()
             detail = ""
@@ -272,22 +322,40 @@ class DistributedDataParallel(torch.nn.Module):
             p.grad = view
 
     def _grad_ready(self, pid, *unused):
-        if not self._in_backward:
-            self._owner().begin_backward(self._armed)
-            self._in_backward = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
         try:
+            if not self._in_backward:
+                early = self._armed == "sync" and self._unused
+                if early:
+                    self._zero_unused()
+                self._owner().begin_backward(self._armed)
+                self._in_backward = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+                self._early = set()
+                if early:
+                    self._mark_unused()
             p, view = self._params[pid], self._grads[pid]
+            if pid in self._early:
+                raise RuntimeError(
+                    "parameter %r received a gradient, but the forward's outputs do not reach "
+                    "it, so it was reduced as unused at the start of the backward "
+                    "(find_unused_parameters=True: compute every use of a parameter inside "
+                    "forward, reachable from its outputs)" % self._names[pid])
             if p.grad is None or p.grad.data_ptr() != view.data_ptr():
                 raise RuntimeError("parameter %d: its .grad was replaced during backward; "
                                    "Braid reduces the bucket view bound at forward" % pid)
             self.reducer.mark_ready(pid)
+            if self._armed == "no_sync":
+                self._accumulated.add(pid)
         except Exception as e:
+            if not self._in_backward:
+                raise  # begin_backward itself failed: nothing to end
             # torch runs no queued callback after a hook raised: end the backward here.
             self._abandon_backward(str(e))
 
     def _finish_backward(self):
         self._in_backward = False
+        if self._armed != "no_sync":
+            self._accumulated = set()
         self._owner().finish_backward()
         if self._stepper is None and self._mode != "allreduce" and not self._warned_unreduced:
             self._warned_unreduced = True
