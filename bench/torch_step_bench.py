@@ -8,6 +8,7 @@ its own batches with each variant in turn, round-robin (so drift hits all alike)
             its reduction completes, all-gathers while the next forward waits per module)
 Each round times --steps steps after --warmup; the figure is the median over rounds of the
 per-step time, the slowest rank's; ratios are against ddp measured in the same rounds.
+--csv prints only ranks,model,width,variant,median_ms,min_ms (tools/plot_benches.py plots it).
 """
 
 import argparse
@@ -46,6 +47,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--variants", default="ddp,braid,sharded")
+    parser.add_argument("--csv", action="store_true",
+                        help="print only ranks,model,width,variant,median_ms,min_ms rows")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -73,7 +76,14 @@ def main():
             group.allreduce(elapsed, op="max").wait()
             times[v].append(elapsed.item())
         step += args.steps + args.warmup  # warm-up on batches the timed steps do not use
-    if rank == 0:
+    if rank == 0 and args.csv:
+        print("ranks,model,width,variant,median_ms,min_ms")
+        for v in variants:
+            print("%d,%s,%d,%s,%.3f,%.3f" % (size, args.model, args.width, v,
+                                             statistics.median(times[v]) * 1e3,
+                                             min(times[v]) * 1e3))
+        sys.stdout.flush()
+    elif rank == 0:
         nparams = sum(p.numel() for p in stacks[variants[0]][0].parameters())
         base = statistics.median(times[variants[0]])
         print("torch_step_bench: %s width %d (%d params, f32), %d ranks, %d steps x %d rounds, "

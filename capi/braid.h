@@ -62,7 +62,7 @@ extern "C" {
 #endif
 
 #define BRAID_VERSION_MAJOR 0
-#define BRAID_VERSION_MINOR 7
+#define BRAID_VERSION_MINOR 8
 #define BRAID_VERSION_PATCH 0
 /* Bumped whenever a struct layout, enum value or signature changes incompatibly. */
 #define BRAID_ABI_VERSION 1
@@ -536,6 +536,8 @@ typedef enum braid_optimizer_kind {
   BRAID_OPTIMIZER_SGD = 1     /* torch.optim.SGD (dampening 0) */
 } braid_optimizer_kind_t;
 
+/* Versions (struct_size): 0.5 / 0.6 end after timeout_ms; 0.7 adds fully_sharded ..
+ * gather_stream; 0.8 adds num_groups and param_groups. */
 typedef struct braid_optimizer_options {
   size_t struct_size;
   braid_optimizer_kind_t kind;  /* default ADAMW */
@@ -581,7 +583,26 @@ typedef struct braid_optimizer_options {
    * Host backends: must be NULL. Either way braid_optimizer_gather_event gives each gather's
    * completion event for the consumer stream to wait on. */
   void* gather_stream;
+  /* ---- 0.8: parameter groups (torch.optim's param_groups). */
+  /* Hyper-parameter groups (>= 1; default 1). Each starts with the hyper-parameters above;
+   * braid_optimizer_set_hyper changes one group's from the next armed step on. */
+  int num_groups;
+  /* NULL (default): every parameter is in group 0. Else one entry per parameter of the
+   * reducer, in braid_reducer_create's order, copied: param_groups[i] in [0, num_groups) is
+   * params[i]'s group. INVALID_ARGUMENT names an entry out of range. */
+  const int* param_groups;
 } braid_optimizer_options_t;
+
+/* One group's hyper-parameters (the kind's half is used: AdamW lr, beta1, beta2, eps,
+ * weight_decay; SGD lr, momentum, weight_decay, nesterov). Set struct_size = sizeof. */
+typedef struct braid_optimizer_hyper {
+  size_t struct_size;
+  double lr;
+  double beta1, beta2, eps;
+  double weight_decay;
+  double momentum;
+  int nesterov;
+} braid_optimizer_hyper_t;
 
 BRAID_API void braid_optimizer_options_init(braid_optimizer_options_t* opts);
 
@@ -618,8 +639,17 @@ BRAID_API braid_status_t braid_optimizer_step(braid_optimizer_t* opt);
  * OUT_OF_RANGE for an unknown bucket; TIMEOUT / PEER_ERROR naming the bucket. */
 BRAID_API braid_status_t braid_optimizer_wait_params(braid_optimizer_t* opt, int bucket);
 BRAID_API braid_status_t braid_optimizer_wait_all_params(braid_optimizer_t* opt);
-/* Learning rate of every parameter from the next armed step (lr >= 0, finite). */
+/* Learning rate of every parameter from the next armed step (lr >= 0, finite). Sets group 0's
+ * only when there are several groups (use braid_optimizer_set_hyper). */
 BRAID_API braid_status_t braid_optimizer_set_lr(braid_optimizer_t* opt, double lr);
+/* 0.8: group `group`'s hyper-parameters from the next armed step on (a step is armed by
+ * braid_optimizer_begin_backward of a synced backward: with overlap on, set them before the
+ * backward whose gradients they should step; the armed step keeps its snapshot). The whole
+ * struct is taken (get, change, set). Errors: OUT_OF_RANGE (no such group), INVALID_ARGUMENT
+ * naming the group and the bad value (lr < 0, beta outside [0, 1), eps <= 0, ...; nothing is
+ * changed), or a struct_size this library does not know. */
+BRAID_API braid_status_t braid_optimizer_set_hyper(braid_optimizer_t* opt, int group,
+                                                   const braid_optimizer_hyper_t* hyper);
 /* Per-rank state file (master weights, moments, step counts, hyper-parameters); waits for
  * the step in flight. Errors name the file (NOT_FOUND, FAILED_PRECONDITION, ...). */
 BRAID_API braid_status_t braid_optimizer_save(braid_optimizer_t* opt, const char* path);

@@ -54,7 +54,10 @@ absl::StatusOr<optim::OptimizerConfig> ToConfig(const braid_optimizer_options_t&
   optim::GroupHyper h;
   h.adamw = optim::AdamWHyper{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
   h.sgd = optim::SgdHyper{o.lr, o.momentum, o.weight_decay, o.nesterov != 0};
-  c.groups = {h};
+  if (o.num_groups < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("opts->num_groups must be >= 1, got ", o.num_groups));
+  }
+  c.groups.assign(static_cast<size_t>(o.num_groups), h);
   c.overlap = o.overlap != 0;
   c.max_grad_norm = o.max_grad_norm;
   c.skip_nonfinite = o.skip_nonfinite != 0;
@@ -136,6 +139,8 @@ void braid_optimizer_options_init(braid_optimizer_options_t* opts) {
   opts->max_live_bytes = 0;
   opts->offload = 0;
   opts->gather_stream = nullptr;
+  opts->num_groups = 1;
+  opts->param_groups = nullptr;
 }
 
 braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
@@ -158,10 +163,22 @@ braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
     }
     braid_optimizer_options_t o;
     braid_optimizer_options_init(&o);
-    // 0.5 and 0.6's struct ended after timeout_ms.
+    // 0.5 and 0.6's struct ended after timeout_ms, 0.7's after gather_stream.
     RETURN_IF_ERROR(braid::capi::ReadVersionedOptions(
-        opts, {offsetof(braid_optimizer_options_t, fully_sharded)}, "braid_optimizer_options_t", &o));
+        opts, {offsetof(braid_optimizer_options_t, fully_sharded), offsetof(braid_optimizer_options_t, num_groups)},
+        "braid_optimizer_options_t", &o));
     ASSIGN_OR_RETURN(braid::optim::OptimizerConfig config, braid::capi::ToConfig(o));
+    if (o.param_groups != nullptr) {
+      const auto& params = impl->reducer->reducer->plan().params();  // registration order
+      for (size_t i = 0; i < params.size(); ++i) {
+        const int g = o.param_groups[i];
+        if (g < 0 || g >= o.num_groups) {
+          return absl::InvalidArgumentError(absl::StrCat("opts->param_groups[", i, "] (", params[i].Label(),
+                                                         ") is ", g, "; num_groups is ", o.num_groups));
+        }
+        if (g != 0) config.group_of[params[i].id] = g;
+      }
+    }
     // Device parameters: the fused CUDA kernels, queued on the shard group's comm stream.
     if (impl->reducer->device != BRAID_DEVICE_HOST) {
       config.device_kernels = braid::optim::CudaStepKernels();
@@ -251,6 +268,23 @@ braid_status_t braid_optimizer_set_lr(braid_optimizer_t* opt, double lr) {
     h.adamw.lr = lr;
     h.sgd.lr = lr;
     return o->opt->SetHyper(0, h);
+  });
+}
+
+braid_status_t braid_optimizer_set_hyper(braid_optimizer_t* opt, int group,
+                                         const braid_optimizer_hyper_t* hyper) {
+  return Guard("braid_optimizer_set_hyper", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto o, Find<OptimizerImpl>(opt, "opt"));
+    RETURN_IF_ERROR(CheckNotNull(hyper, "hyper"));
+    braid_optimizer_hyper_t in{};
+    RETURN_IF_ERROR(braid::capi::ReadOptions(hyper, "braid_optimizer_hyper_t", &in));
+    if (in.nesterov != 0 && in.nesterov != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("hyper->nesterov must be 0 or 1, got ", in.nesterov));
+    }
+    braid::optim::GroupHyper h;
+    h.adamw = braid::optim::AdamWHyper{in.lr, in.beta1, in.beta2, in.eps, in.weight_decay};
+    h.sgd = braid::optim::SgdHyper{in.lr, in.momentum, in.weight_decay, in.nesterov != 0};
+    return o->opt->SetHyper(group, h);  // OutOfRange / InvalidArgument naming the group
   });
 }
 

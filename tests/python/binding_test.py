@@ -97,6 +97,7 @@ class HeaderLayoutTest(unittest.TestCase):
                "braid_param": _lib.Param,
                "braid_reducer_options": _lib.ReducerOptions,
                "braid_optimizer_options": _lib.OptimizerOptions,
+               "braid_optimizer_hyper": _lib.OptimizerHyper,
                "braid_memory_counter": _lib.MemoryCounter,
                "braid_memory_stats": _lib.MemoryStats}
 
@@ -119,7 +120,8 @@ class HeaderLayoutTest(unittest.TestCase):
 
     def test_struct_sizes_and_defaults_match_library(self):
         for name, ctype in self.STRUCTS.items():
-            if name in ("braid_param", "braid_memory_counter", "braid_memory_stats"):
+            if name in ("braid_param", "braid_memory_counter", "braid_memory_stats",
+                        "braid_optimizer_hyper"):
                 continue  # no _init: an array element, or output structs
             opts = _lib.init_options(ctype, name + "_init")
             self.assertEqual(opts.struct_size, ctypes.sizeof(ctype), name)
@@ -136,6 +138,7 @@ class HeaderLayoutTest(unittest.TestCase):
         self.assertEqual((opt.timeout_ms, opt.fully_sharded, opt.reshard_after_forward,
                           opt.prefetch, opt.max_live_bytes, opt.offload, opt.gather_stream),
                          (300000, 0, 1, 1, 0, 0, None))
+        self.assertEqual((opt.num_groups, bool(opt.param_groups)), (1, False))  # 0.8
 
 
 class NcclTest(unittest.TestCase):

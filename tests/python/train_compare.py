@@ -19,6 +19,9 @@ exits non-zero):
     the f32 tolerances below (why they exceed a few ulps: see the comment on them);
   - the MLP also with SGD + momentum (sharded SGD vs torch SGD under DDP), which unlike AdamW
     is sensitive to the gradient's scale;
+  - the MLP also with two param groups (weight decay on matrices only, own betas for biases)
+    under a warm-up + cosine torch LambdaLR: ShardedAdamW (a torch.optim.Optimizer) vs torch
+    AdamW under torch DDP, and resumed from torch.save'd state_dict()s bit for bit;
   - sharded vs braid and fsdp vs ddp: the same, within the same tolerances;
   - resumed sharded == uninterrupted sharded and resumed fsdp == uninterrupted fsdp, bit for
     bit (losses and parameters);
@@ -26,6 +29,7 @@ exits non-zero):
 """
 
 import argparse
+import math
 import os
 import sys
 
@@ -110,7 +114,7 @@ def run_braid(kind, group, rank, steps, accumulate):
 class Sharded:
     """The sharded stack (mode by world size), built afresh on each call."""
 
-    def __init__(self, kind, groups, rank, sgd=False):
+    def __init__(self, kind, groups, rank, sgd=False, scheduled=False):
         self.kind, self.rank = kind, rank
         shard, replica = groups
         self.model = train_models.make_model(kind)
@@ -119,11 +123,14 @@ class Sharded:
             mode="hybrid" if replica is not None else "reduce_scatter",
             bucket_cap_mb=0.25, first_bucket_cap_mb=0.05)
         self.opt = (bt.ShardedSGD(self.ddp, lr=SGD_LR, momentum=0.9) if sgd else
-                    bt.ShardedAdamW(self.ddp, lr=LR))
+                    bt.ShardedAdamW(self.ddp, lr=LR, params=param_groups(self.model))
+                    if scheduled else bt.ShardedAdamW(self.ddp, lr=LR))
+        self.sched = schedule(self.opt) if scheduled else None
 
     def train(self, steps, accumulate, first_step=0):
         return train_models.train(self.kind, self.ddp, self.opt, self.rank, steps, accumulate,
-                                  first_step=first_step)
+                                  first_step=first_step,
+                                  on_step=self.sched and (lambda _: self.sched.step()))
 
     def finish(self):
         self.opt.synchronize()
@@ -148,6 +155,7 @@ class FullySharded(Sharded):
             bucket_cap_mb=0.25, first_bucket_cap_mb=0.05)
         self.opt = (bt.ShardedSGD(self.ddp, lr=SGD_LR, momentum=0.9) if sgd else
                     bt.ShardedAdamW(self.ddp, lr=LR))
+        self.sched = None
 
     def finish(self):
         self.opt.close()  # collective: gives the module its full parameters back
@@ -156,10 +164,51 @@ class FullySharded(Sharded):
         return params
 
 
-def run_sharded(kind, groups, rank, steps, accumulate, sgd=False, stack_type=Sharded):
-    stack = stack_type(kind, groups, rank, sgd)
+def run_sharded(kind, groups, rank, steps, accumulate, sgd=False, stack_type=Sharded,
+                scheduled=False):
+    stack = (stack_type(kind, groups, rank, sgd, scheduled=True) if scheduled else
+             stack_type(kind, groups, rank, sgd))
     losses = stack.train(steps, accumulate)
     return losses, stack.finish()
+
+
+def param_groups(model):
+    """Two groups as a GPT recipe has them: matrices decayed; biases not, with their own betas."""
+    return [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+            {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0,
+             "betas": (0.9, 0.99)}]
+
+
+def schedule(opt):
+    """5 warm-up steps from LR / 5, then cosine to LR / 10 at step 50."""
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / 5 if s < 5 else
+                                             0.1 + 0.45 * (1 + math.cos(math.pi * (s - 5) / 45)))
+
+
+def run_ddp_scheduled(kind, rank, steps, accumulate):
+    """torch DDP + torch AdamW with param_groups() and schedule(): the reference."""
+    model = train_models.make_model(kind)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(param_groups(model), lr=LR)
+    sched = schedule(opt)
+    losses = train_models.train(kind, ddp, opt, rank, steps, accumulate,
+                                on_step=lambda _: sched.step())
+    return losses, snapshot(model)
+
+
+def run_resumed_state_dict(kind, groups, rank, steps, accumulate, path):
+    """The scheduled sharded run saved at half time as one torch.save of the optimizer's and
+    the scheduler's state_dict(), then resumed in fresh objects from torch.load."""
+    first = Sharded(kind, groups, rank, scheduled=True)
+    losses = first.train(steps // 2, accumulate)
+    torch.save({"opt": first.opt.state_dict(), "sched": first.sched.state_dict()}, path)
+    first.finish()
+    second = Sharded(kind, groups, rank, scheduled=True)
+    saved = torch.load(path)
+    second.opt.load_state_dict(saved["opt"])
+    second.sched.load_state_dict(saved["sched"])
+    losses += second.train(steps - steps // 2, accumulate, first_step=steps // 2)
+    return losses, second.finish()
 
 
 def run_resumed(kind, groups, rank, steps, accumulate, path, stack_type=Sharded):
@@ -243,6 +292,24 @@ def main():
                 checker.identical(label + ": fsdp resumed vs uninterrupted", *fsdp, *resumed)
             report.append((label, moved, gaps))
             if kind == "mlp":
+                # Two param groups under a warm-up + cosine LambdaLR (torch.optim.Optimizer
+                # API of ShardedAdamW) vs the same with torch AdamW under torch DDP; resumed
+                # through torch.save of state_dict()s bit for bit.
+                ddp_sched = run_ddp_scheduled(kind, rank, args.steps, accumulate)
+                sharded_sched = run_sharded(kind, groups, rank, args.steps, accumulate,
+                                            scheduled=True)
+                sgap = checker.close(label + " scheduled: sharded vs ddp", *ddp_sched,
+                                     *sharded_sched)
+                checker.check(ranks_agree(group, sharded_sched[1]),
+                              label + " scheduled: sharded ranks differ")
+                if accumulate == 1:
+                    path = os.path.join(state_dir, "resume_sched_np%d.rank%d.pt" % (size, rank))
+                    resumed = run_resumed_state_dict(kind, groups, rank, args.steps, accumulate,
+                                                     path)
+                    checker.identical(label + " scheduled: resumed from state_dict vs "
+                                      "uninterrupted", *sharded_sched, *resumed)
+                moved = max((a - b).abs().max().item() for a, b in zip(ddp_sched[1], init))
+                report.append((label + " scheduled", moved, [("sharded/ddp", sgap)]))
                 ddp_sgd = run_ddp(kind, rank, args.steps, accumulate, sgd=True)
                 sharded_sgd = run_sharded(kind, groups, rank, args.steps, accumulate, sgd=True)
                 fsdp_sgd = run_sharded(kind, groups, rank, args.steps, accumulate, sgd=True,

@@ -107,7 +107,16 @@ class OptimizerOptions(ctypes.Structure):
                 # 0.7: fully sharded training and offload
                 ("fully_sharded", ctypes.c_int), ("reshard_after_forward", ctypes.c_int),
                 ("prefetch", ctypes.c_int), ("max_live_bytes", ctypes.c_int64),
-                ("offload", ctypes.c_int), ("gather_stream", ctypes.c_void_p)]
+                ("offload", ctypes.c_int), ("gather_stream", ctypes.c_void_p),
+                # 0.8: parameter groups
+                ("num_groups", ctypes.c_int), ("param_groups", ctypes.POINTER(ctypes.c_int))]
+
+
+class OptimizerHyper(ctypes.Structure):  # braid_optimizer_hyper_t (set struct_size)
+    _fields_ = [("struct_size", ctypes.c_size_t), ("lr", ctypes.c_double),
+                ("beta1", ctypes.c_double), ("beta2", ctypes.c_double), ("eps", ctypes.c_double),
+                ("weight_decay", ctypes.c_double), ("momentum", ctypes.c_double),
+                ("nesterov", ctypes.c_int)]
 
 
 MEMORY_USES = ("grad_buckets", "grad_shards", "param_gather", "param_shards",
@@ -194,6 +203,7 @@ _SIGNATURES = {
     "braid_optimizer_wait_params": (_st, [_p, _i]),
     "braid_optimizer_wait_all_params": (_st, [_p]),
     "braid_optimizer_set_lr": (_st, [_p, ctypes.c_double]),
+    "braid_optimizer_set_hyper": (_st, [_p, _i, ctypes.POINTER(OptimizerHyper)]),
     "braid_optimizer_save": (_st, [_p, _cs]),
     "braid_optimizer_load": (_st, [_p, _cs]),
     "braid_optimizer_last_step": (_st, [_p, ctypes.POINTER(_i64), ctypes.POINTER(_i),

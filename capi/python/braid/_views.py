@@ -48,3 +48,22 @@ def _broadcast_module(module, groups):
     for g in groups:
         for t in tensors:
             g.broadcast(t.data, root=0).wait()
+
+
+def _broadcast_buffers(module, groups):
+    """Rank 0's buffers to every rank, coalesced: one broadcast per dtype and group (a flat
+    copy of the buffers, broadcast, copied back), as torch DDP's broadcast_buffers does before
+    each forward. Returns the number of buffers synced."""
+    by_dtype = {}
+    for b in module.buffers():
+        by_dtype.setdefault(b.dtype, []).append(b)
+    for buffers in by_dtype.values():
+        flat = torch.cat([b.detach().reshape(-1) for b in buffers])
+        for g in groups:
+            g.broadcast(flat, root=0).wait()
+        offset = 0
+        with torch.no_grad():
+            for b in buffers:
+                b.copy_(flat[offset:offset + b.numel()].view_as(b))
+                offset += b.numel()
+    return sum(len(v) for v in by_dtype.values())

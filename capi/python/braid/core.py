@@ -571,7 +571,9 @@ class Optimizer(_Handle):
     summon_params(False)). reshard_after_forward (default True), prefetch (units ahead, default
     1), max_live_bytes (limit on gathered bytes; 0: twice the largest unit), offload (device
     reducers: optimizer state in host memory) and gather_stream (nccl: a cudaStream_t as an
-    int) as braid_optimizer_options_t says."""
+    int) as braid_optimizer_options_t says. param_groups (0.8): one group index per registered
+    parameter, in registration order (default: all in group 0); every group starts with the
+    hyper-parameters given here, set_hyper(group, ...) changes one."""
 
     _destroy = "braid_optimizer_destroy"
 
@@ -579,7 +581,7 @@ class Optimizer(_Handle):
                  weight_decay=0.01, momentum=0.9, nesterov=False, max_grad_norm=0.0,
                  skip_nonfinite=False, overlap=True, threads=1, timeout_ms=300000,
                  fully_sharded=False, reshard_after_forward=True, prefetch=1, max_live_bytes=0,
-                 offload=False, gather_stream=None):
+                 offload=False, gather_stream=None, param_groups=None):
         opts = _lib.init_options(_lib.OptimizerOptions, "braid_optimizer_options_init")
         kinds = {"adamw": _lib.OPTIMIZER_ADAMW, "sgd": _lib.OPTIMIZER_SGD}
         if kind not in kinds:
@@ -593,10 +595,21 @@ class Optimizer(_Handle):
         opts.reshard_after_forward = int(bool(reshard_after_forward))
         opts.prefetch, opts.max_live_bytes = prefetch, int(max_live_bytes or 0)
         opts.offload, opts.gather_stream = int(bool(offload)), gather_stream
+        groups = None
+        if param_groups is not None:
+            if len(param_groups) != len(reducer._specs):
+                raise ValueError("param_groups has %d entries for %d parameters" %
+                                 (len(param_groups), len(reducer._specs)))
+            groups = (ctypes.c_int * len(param_groups))(*[int(g) for g in param_groups])
+            opts.num_groups, opts.param_groups = max(param_groups) + 1, groups
         out = _out()
         _lib.call("braid_optimizer_create", reducer.handle, ctypes.byref(opts), ctypes.byref(out))
         self.reducer = reducer
         self.fully_sharded = bool(fully_sharded)
+        self.overlap = bool(overlap)
+        # Callbacks run right before a step is armed (a synced begin_backward with overlap, else
+        # step()): the last moment hyper-parameters can change for that step.
+        self.before_arm = []
         super().__init__(out.value, reducer._world)
 
     def set_param(self, pid, values):
@@ -619,12 +632,18 @@ class Optimizer(_Handle):
         return ptr.value, count.value
 
     def begin_backward(self, sync="sync"):
+        if sync == "sync" and self.overlap:
+            for callback in self.before_arm:
+                callback()
         _lib.call("braid_optimizer_begin_backward", self.handle, SYNC_MODES[sync])
 
     def finish_backward(self):
         _lib.call("braid_optimizer_finish_backward", self.handle)
 
     def step(self):
+        if not self.overlap:
+            for callback in self.before_arm:
+                callback()
         _lib.call("braid_optimizer_step", self.handle)
 
     def wait_params(self, bucket):
@@ -634,7 +653,20 @@ class Optimizer(_Handle):
         _lib.call("braid_optimizer_wait_all_params", self.handle)
 
     def set_lr(self, lr):
+        """Group 0's learning rate (every parameter's without param_groups)."""
         _lib.call("braid_optimizer_set_lr", self.handle, float(lr))
+
+    def set_hyper(self, group, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                  momentum=0.0, nesterov=False):
+        """Group `group`'s hyper-parameters (param_groups' index) from the next armed step on
+        (AdamW reads lr, betas, eps, weight_decay; SGD lr, momentum, weight_decay, nesterov).
+        Raises BraidError naming the group and the bad value; nothing changes then."""
+        h = _lib.OptimizerHyper()
+        h.struct_size = ctypes.sizeof(h)
+        h.lr, (h.beta1, h.beta2), h.eps = float(lr), (float(b) for b in betas), float(eps)
+        h.weight_decay, h.momentum = float(weight_decay), float(momentum)
+        h.nesterov = int(bool(nesterov))
+        _lib.call("braid_optimizer_set_hyper", self.handle, group, ctypes.byref(h))
 
     def save(self, path):
         _lib.call("braid_optimizer_save", self.handle, str(path).encode())

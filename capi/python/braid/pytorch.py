@@ -10,8 +10,11 @@ fully sharded data parallel (FullyShardedDataParallel, ZeRO-3 / FSDP).
 
     model = DistributedDataParallel(net, g, mode="reduce_scatter")      # ZeRO-2 style
     opt = ShardedAdamW(model, lr=1e-3)               # Braid steps each shard as it arrives
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)  # a torch Optimizer
     for x, y in data:
         loss_fn(model(x), y).backward(); opt.step()  # step(): no-op with overlap (the default)
+        sched.step()                                 # param_groups read as the next step arms
+    torch.save(opt.state_dict(), "opt.rank%d" % g.rank)  # this rank's shard
 
     model = FullyShardedDataParallel(net, g, auto_wrap_policy={TransformerEncoderLayer})
     opt = ShardedAdamW(model, lr=1e-3)               # holds the shards: create it before forward
@@ -33,20 +36,39 @@ How it is wired (torch 1.13, CPU):
     reduction (and, with ShardedAdamW, the step) is complete or under way when backward()
     returns;
   - no_sync(): the forward passes run inside it have their backward accumulate locally;
-  - ShardedAdamW: parameter data become views over the optimizer's gathered parameters; a
+  - ShardedAdamW / ShardedSGD (braid/optim.py, re-exported here): torch.optim.Optimizer
+    subclasses; parameter data become views over the optimizer's gathered parameters; a
     forward pre-hook on each module waits for the buckets holding its own parameters, so the
-    all-gather of late buckets overlaps the forward of early layers.
-Gradient views stay bound: zero_grad() zeroes them in place (set_to_none is ignored), and a
-gradient the caller replaced or set to None is copied back (or zeroed) at the next forward.
+    all-gather of late buckets overlaps the forward of early layers. param_groups (per-group
+    lr, betas, eps, weight_decay / momentum, nesterov) go to Braid when a step is armed (the
+    start of a synced backward with overlap, else step()), so torch LR schedulers work;
+    state_dict() / load_state_dict() hold this rank's shard (braid/optim.py's docstring has
+    the whole contract: step(closure), zero_grad(set_to_none), checkpoint identity checks).
+Gradients as bucket views (torch DDP's gradient_as_bucket_view=True, always on here, and
+from construction rather than after the first iteration): p.grad shares memory with Braid's
+bucket, so no second copy of the gradients exists and no pack copy runs. The views stay
+bound: DistributedDataParallel.zero_grad() zeroes them in place (set_to_none is ignored
+there); a gradient the caller replaced or set to None (e.g. by
+ShardedAdamW.zero_grad(set_to_none=True), torch DDP's meaning) is copied back, or the view
+zeroed, and bound again at the next forward; replacing p.grad during a backward is an error
+naming the parameter. As with torch's option, p.grad is a view, so p.grad.detach_() is
+refused by torch; torch.optim's zero_grad does not call it on gradients without a grad_fn.
 
 Memory: each view keeps the Braid object owning its memory alive, and whoever closes that
 object (close(), World.close(), interpreter exit) first gives the tensors copies of their
 values, so no tensor ever points at freed memory.
 
-Differences from torch DDP: buffers (BatchNorm statistics) are broadcast at construction only
-(torch re-broadcasts them every forward by default); parameters no rank used are reduced as
-zeros with find_unused_parameters=True (torch leaves their .grad None); reentrant activation
-checkpointing is not supported (its inner backward would finish Braid's backward early).
+Buffers (BatchNorm statistics) are broadcast from rank 0 at construction and, with
+broadcast_buffers=True (the default, as torch), before each forward that follows a synced
+forward with grad. find_unused_parameters=True: after each forward with grad, the autograd
+graph of its outputs (every tensor in them) is walked, as torch DDP does; the parameters it
+does not reach are marked ready at the start of a synced backward with a zero gradient (or the
+sum a no_sync window accumulated), so the buckets after them launch as soon as their own
+gradients are in rather than at the end of the backward. A parameter used outside forward
+(not reachable from its outputs) then raises at backward, naming it. Differences from torch
+DDP: parameters no rank used are reduced as zeros (torch leaves their .grad None); reentrant
+activation checkpointing is not supported (its inner backward would finish Braid's backward
+early).
 With ShardedAdamW the parameters are Braid's gathered copy: write initial values before
 creating it (later writes to p.data are overwritten by the next gather).
 
@@ -110,8 +132,9 @@ import warnings
 import torch
 
 from . import core
-from ._views import _broadcast_module, _sync_scope, _view, _weak_call
-from .fsdp import FullyShardedDataParallel, FullyShardedParameter  # noqa: F401 (re-exported)
+from ._views import _broadcast_buffers, _broadcast_module, _sync_scope, _view, _weak_call
+from .fsdp import FullyShardedDataParallel, FullyShardedParameter, _tensors  # noqa: F401
+from .optim import ShardedAdamW, ShardedSGD  # noqa: F401 (re-exported)
 
 __all__ = ["DistributedDataParallel", "FullyShardedDataParallel", "FullyShardedParameter",
            "ShardedAdamW", "ShardedSGD"]
@@ -124,16 +147,27 @@ class DistributedDataParallel(torch.nn.Module):
           "reduce_scatter" (each rank gets its averaged shard; use with ShardedAdamW) or
           "hybrid" (reduce-scatter in `group`, all-reduce across `replica_group`; HSDP).
     Parameters and buffers are broadcast from rank 0 at construction, like torch DDP.
+    broadcast_buffers (default True, as torch DDP): rank 0's buffers (BatchNorm's running
+    statistics) are broadcast again before each forward that follows a synced forward with
+    grad (torch's rule: not after a forward under no_sync() or torch.no_grad()), so every
+    rank starts each such forward from rank 0's statistics; one coalesced broadcast per
+    buffer dtype. False: buffers stay per rank after construction.
+    find_unused_parameters: parameters a forward's outputs do not reach are found after the
+    forward and reduced as zeros from the start of the backward (see the module docstring);
+    False: an unused parameter is an error naming it at the end of the backward.
     """
 
     def __init__(self, module, group, mode="allreduce", replica_group=None, bucket_cap_mb=25.0,
                  first_bucket_cap_mb=1.0, find_unused_parameters=False, reduce_dtype=None,
-                 broadcast_from_rank0=True, timeout_ms=300000, timeline_prefix=None):
+                 broadcast_from_rank0=True, timeout_ms=300000, timeline_prefix=None,
+                 broadcast_buffers=True):
         super().__init__()
         self.module = module
         self._groups = [g for g in (group, replica_group) if g is not None]
         if broadcast_from_rank0:
             _broadcast_module(self.module, self._groups)
+        self.broadcast_buffers = broadcast_buffers
+        self._sync_buffers_next = False  # construction just broadcast them (or was told not to)
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self._params = [p for _, p in named]
         self.reducer = core.Reducer(
@@ -160,6 +194,11 @@ class DistributedDataParallel(torch.nn.Module):
         self._sync = "sync"          # the sync mode of forwards run now
         self._armed = "sync"         # the sync mode the next backward uses
         self._in_backward = False
+        self._find_unused = find_unused_parameters
+        self._names = [n for n, _ in named]
+        self._unused = []            # ids the last forward's outputs do not reach
+        self._early = set()          # ids marked unused at the start of this backward
+        self._accumulated = set()    # ids marked in a no_sync backward of this window
         self._stepper = None         # the braid.core.Optimizer of a ShardedAdamW, if any
         self._warned_unreduced = False
         self.reducer.before_close.append(_weak_call(self._detach_grads))
@@ -187,10 +226,50 @@ class DistributedDataParallel(torch.nn.Module):
         if self._in_backward:
             self._abandon_backward("the previous backward did not finish (an exception in "
                                    "backward or in a hook)")
+        if self.broadcast_buffers and self._sync_buffers_next:
+            _broadcast_buffers(self.module, self._groups)
+        synced = torch.is_grad_enabled() and self._sync == "sync"
         if torch.is_grad_enabled():
             self._armed = self._sync
             self._rebind_grads()
-        return self.module(*args, **kwargs)
+        out = self.module(*args, **kwargs)
+        self._sync_buffers_next = synced  # torch DDP's require_forward_param_sync
+        self._unused = (self._unreached(out) if self._find_unused and torch.is_grad_enabled()
+                        else [])
+        return out
+
+    def _unreached(self, out):
+        """Ids of the parameters whose AccumulateGrad node the autograd graph of `out` (every
+        tensor in it) does not reach: unused in this forward, as torch DDP's
+        find_unused_parameters computes them."""
+        tensors = _tensors(out, [])
+        seen, stack = set(), [t.grad_fn for t in tensors if t.grad_fn is not None]
+        direct = {id(t) for t in tensors if t.grad_fn is None and t.requires_grad}
+        while stack:
+            fn = stack.pop()
+            if fn in seen:
+                continue
+            seen.add(fn)
+            stack.extend(nxt for nxt, _ in fn.next_functions if nxt is not None)
+        return [pid for pid, (p, acc) in enumerate(zip(self._params, self._grad_accs))
+                if acc not in seen and id(p) not in direct]
+
+    def _zero_unused(self):
+        """Before a synced backward begins: the gradients of the parameters the forward did
+        not use become zero, unless a no_sync window accumulated into them (that sum stays)."""
+        for pid in self._unused:
+            if pid not in self._accumulated:
+                if self._stepper is not None:  # it zeroes a bucket after stepping it
+                    self._stepper.wait_params(self.reducer.param_bucket(pid))
+                self._grads[pid].zero_()
+
+    def _mark_unused(self):
+        """Start of a synced backward: the parameters the forward did not use are marked ready
+        now, so the buckets after them launch as soon as their own gradients are in, not at
+        the end of the backward."""
+        for pid in self._unused:
+            self.reducer.mark_ready(pid)
+            self._early.add(pid)
 
     def _owner(self):
         return self._stepper if self._stepper is not None else self.reducer
@@ -201,6 +280,7 @@ class DistributedDataParallel(torch.nn.Module):
         that completed the backward may have launched reductions this rank did not: a
         failed backward on one rank generally needs all ranks to restart."""
         self._in_backward = False
+        self._accumulated = set()
         try:
             self._owner().finish_backward()
             detail = ""
@@ -242,197 +322,43 @@ class DistributedDataParallel(torch.nn.Module):
             p.grad = view
 
     def _grad_ready(self, pid, *unused):
-        if not self._in_backward:
-            self._owner().begin_backward(self._armed)
-            self._in_backward = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
         try:
+            if not self._in_backward:
+                early = self._armed == "sync" and self._unused
+                if early:
+                    self._zero_unused()
+                self._owner().begin_backward(self._armed)
+                self._in_backward = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+                self._early = set()
+                if early:
+                    self._mark_unused()
             p, view = self._params[pid], self._grads[pid]
+            if pid in self._early:
+                raise RuntimeError(
+                    "parameter %r received a gradient, but the forward's outputs do not reach "
+                    "it, so it was reduced as unused at the start of the backward "
+                    "(find_unused_parameters=True: compute every use of a parameter inside "
+                    "forward, reachable from its outputs)" % self._names[pid])
             if p.grad is None or p.grad.data_ptr() != view.data_ptr():
                 raise RuntimeError("parameter %d: its .grad was replaced during backward; "
                                    "Braid reduces the bucket view bound at forward" % pid)
             self.reducer.mark_ready(pid)
+            if self._armed == "no_sync":
+                self._accumulated.add(pid)
         except Exception as e:
+            if not self._in_backward:
+                raise  # begin_backward itself failed: nothing to end
             # torch runs no queued callback after a hook raised: end the backward here.
             self._abandon_backward(str(e))
 
     def _finish_backward(self):
         self._in_backward = False
+        if self._armed != "no_sync":
+            self._accumulated = set()
         self._owner().finish_backward()
         if self._stepper is None and self._mode != "allreduce" and not self._warned_unreduced:
             self._warned_unreduced = True
             warnings.warn("mode %r without ShardedAdamW: param.grad holds this rank's local "
                           "(unreduced) gradients; the reduced shards are in "
                           "reducer.shard(bucket)" % self._mode)
-
-
-class _ShardedOptimizer:
-    """Braid's sharded optimizer over a DistributedDataParallel in "reduce_scatter" or "hybrid"
-    mode: each rank keeps f32 master weights and state for its shard only, steps each bucket
-    as soon as its reduction completes (overlap=True) and all-gathers the updated parameters.
-    Parameters' data become views over the gathered values (read them after synchronize();
-    the model's forward waits by itself). Not a torch.optim.Optimizer (no param_groups, so no
-    torch LR schedulers): change the rate with set_lr()."""
-
-    def __init__(self, ddp, overlap, lr, **options):
-        self._overlap, self._lr = overlap, lr
-        self._fully_sharded = isinstance(ddp, FullyShardedDataParallel)
-        if self._fully_sharded:
-            self._init_fully_sharded(ddp, overlap, lr, options)
-            return
-        if ddp._stepper is not None:
-            raise ValueError("this DistributedDataParallel already has a sharded optimizer")
-        self.ddp = ddp
-        self.optimizer = core.Optimizer(ddp.reducer, lr=lr, overlap=overlap, **options)
-        params = ddp._params
-        for pid, p in enumerate(params):
-            self.optimizer.set_param(pid, p.data.contiguous())
-        self.optimizer.wait_all_params()
-        for pid, p in enumerate(params):
-            address, count = self.optimizer.param(pid)
-            p.data = _view(self.optimizer, address, count, p.dtype, p.shape)
-        self.optimizer.before_close.append(_weak_call(self._detach_params))
-        self._hooks = []
-        reducer = ddp.reducer
-        index = {id(p): pid for pid, p in enumerate(params)}
-        for m in ddp.module.modules():
-            buckets = sorted({reducer.param_bucket(index[id(p)])
-                              for p in m.parameters(recurse=False) if id(p) in index})
-            if buckets:
-                self._hooks.append(m.register_forward_pre_hook(
-                    functools.partial(self._wait_buckets, buckets)))
-        ddp._stepper = self.optimizer
-
-    def _init_fully_sharded(self, fsdp, overlap, lr, options):
-        """Over a FullyShardedDataParallel: the core optimizer is fully sharded; it takes every
-        parameter's initial values, which the model then releases (only shards remain)."""
-        if fsdp._opt is not None:
-            raise ValueError("this FullyShardedDataParallel already has a sharded optimizer")
-        self.ddp = fsdp
-        self.optimizer = core.Optimizer(fsdp.reducer, lr=lr, overlap=overlap,
-                                        fully_sharded=True, **fsdp.fsdp_options, **options)
-        try:
-            for pid, p in enumerate(fsdp._params):
-                self.optimizer.set_param(pid, p.detach().contiguous())
-        except BaseException:
-            self.optimizer.close()
-            raise
-        self._hooks, self._give_back = [], None
-        fsdp._attach(self.optimizer)
-        self.optimizer.before_close.append(_weak_call(self._detach_params))
-
-    def _wait_buckets(self, buckets, *unused):
-        for b in buckets:
-            self.optimizer.wait_params(b)
-
-    @property
-    def lr(self):
-        return self._lr
-
-    def set_lr(self, lr):
-        """Learning rate from the next step on."""
-        self.optimizer.set_lr(lr)
-        self._lr = lr
-
-    def step(self):
-        """overlap=True: nothing to do (each bucket was stepped when its reduction completed).
-        overlap=False: steps every bucket of the finished backward and starts the gathers.
-        FullyShardedDataParallel: also ends the step's units (braid_optimizer_end_step; else
-        the next forward does)."""
-        if self._fully_sharded:
-            self.ddp._end_step()
-        if not self._overlap:
-            self.optimizer.step()
-
-    def zero_grad(self, set_to_none=False):
-        """Nothing to do: Braid zeroes each bucket after stepping it."""
-
-    def synchronize(self):
-        """Waits until every step and all-gather in flight completed (parameters readable;
-        with FullyShardedDataParallel: inside model.summon_full_params())."""
-        if self._fully_sharded:
-            self.ddp._end_step()
-        self.optimizer.wait_all_params()
-
-    def last_step(self):
-        return self.optimizer.last_step()
-
-    def save(self, path):
-        """This rank's optimizer state (master weights, moments, step counts) to `path`."""
-        if self._fully_sharded:
-            self.ddp._end_step()
-        self.optimizer.save(path)
-
-    def load(self, path):
-        """Collective: restores a state saved by the same plan, world and rank; the parameters
-        are re-gathered from it."""
-        if self._fully_sharded:
-            self.ddp._end_step()
-        self.optimizer.load(path)
-        self.optimizer.wait_all_params()
-
-    def _detach_params(self):
-        """Before the optimizer's memory goes (whoever closes it): unhook the forwards, give
-        the parameters copies of their values."""
-        if self._fully_sharded:
-            # The values gathered by close(), or none: released parameters stay released
-            # (they never point at Braid's memory).
-            values, self._give_back = self._give_back, None
-            self.ddp._detach(values)
-            return
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-        try:
-            self.optimizer.wait_all_params()
-        finally:
-            for p in self.ddp._params:
-                p.data = p.data.clone()
-            if self.ddp._stepper is self.optimizer:
-                self.ddp._stepper = None
-
-    def close(self):
-        """Unhooks the model's forwards, gives the parameters their own memory (copies) and
-        frees the optimizer; the model keeps training with a torch optimizer after this.
-        FullyShardedDataParallel: collective (it gathers every parameter to give it back).
-        An optimizer closed otherwise (World.close(), garbage collection) leaves a fully
-        sharded model's parameters released."""
-        if self._fully_sharded and not self.optimizer.closed:
-            self.ddp._end_step()
-            self.optimizer.summon_params(True)
-            try:
-                values = []
-                for pid, p in enumerate(self.ddp._params):
-                    address, count = self.optimizer.param(pid)
-                    values.append(_view(self.optimizer, address, count, p.dtype,
-                                        p.shape).clone())
-            finally:
-                self.optimizer.summon_params(False)
-            self._give_back = values
-        self.optimizer.close()  # runs _detach_params first
-
-
-class ShardedAdamW(_ShardedOptimizer):
-    """Sharded AdamW: torch.optim.AdamW's math (decoupled weight decay, amsgrad off), plus
-    optional exact global-norm clipping (max_grad_norm) and skipping non-finite steps."""
-
-    def __init__(self, ddp, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
-                 max_grad_norm=0.0, skip_nonfinite=False, overlap=True, threads=1,
-                 timeout_ms=300000):
-        super().__init__(ddp, overlap, lr, kind="adamw", betas=betas, eps=eps,
-                         weight_decay=weight_decay, max_grad_norm=max_grad_norm,
-                         skip_nonfinite=skip_nonfinite, threads=threads, timeout_ms=timeout_ms)
-
-
-class ShardedSGD(_ShardedOptimizer):
-    """Sharded SGD: torch.optim.SGD's math (dampening 0) with momentum and nesterov."""
-
-    def __init__(self, ddp, lr, momentum=0.0, nesterov=False, weight_decay=0.0,
-                 max_grad_norm=0.0, skip_nonfinite=False, overlap=True, threads=1,
-                 timeout_ms=300000):
-        super().__init__(ddp, overlap, lr, kind="sgd", momentum=momentum, nesterov=nesterov,
-                         weight_decay=weight_decay, max_grad_norm=max_grad_norm,
-                         skip_nonfinite=skip_nonfinite, threads=threads, timeout_ms=timeout_ms)
-
-
-# ---- Fully sharded data parallel (ZeRO-3 / FSDP) ------------------------------------------------

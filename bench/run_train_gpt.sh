@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Launches bench/train_gpt.py as the ranks of mpirun (shared memory only, like the tests):
+# a small GPT trained as torch DDP and as Braid sharded, loss curves in ./train_gpt_out.
+#
+#   tools/bazelw run //bench:train_gpt -- [--np N] [train_gpt.py flags: --steps 600 ...]
+set -euo pipefail
+np=2
+if [[ "${1:-}" == "--np" ]]; then
+  np="$2"
+  shift 2
+fi
+exec mpirun --allow-run-as-root --oversubscribe \
+  --mca pml ob1 --mca btl self,vader --mca oob_tcp_if_include lo \
+  -np "${np}" tests/python/run_python.sh bench/train_gpt.py "$@"

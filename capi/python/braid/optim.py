@@ -1,0 +1,485 @@
+"""braid.optim: ShardedAdamW and ShardedSGD, Braid's sharded optimizer as torch.optim.Optimizer
+subclasses (re-exported by braid.pytorch).
+
+    model = DistributedDataParallel(net, group, mode="reduce_scatter")  # or FSDP (fsdp.py)
+    decay = [p for n, p in net.named_parameters() if not n.endswith("bias")]
+    other = [p for n, p in net.named_parameters() if n.endswith("bias")]
+    opt = ShardedAdamW(model, params=[{"params": decay, "weight_decay": 0.1},
+                                      {"params": other, "weight_decay": 0.0}], lr=3e-4)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)
+    for x, y in data:
+        loss_fn(model(x), y).backward()   # overlap (default): each bucket stepped as it arrives
+        opt.step()                        # finishes the step (no-op for ZeRO-2 with overlap)
+        sched.step()                      # the next backward's step uses the new lr
+        opt.zero_grad()
+    torch.save({"opt": opt.state_dict(), "sched": sched.state_dict()}, "ckpt.rank%d" % rank)
+
+Contract:
+  - param_groups: `params` (keyword) is None (one group: every trainable parameter of the
+    wrapped module) or torch's usual list of parameters or of group dicts. Braid steps every
+    trainable parameter, so the groups must cover each exactly once (ValueError naming the
+    missing or foreign ones). Per-group keys: AdamW lr, betas, eps, weight_decay (amsgrad and
+    maximize must stay False); SGD lr, momentum, weight_decay, nesterov (dampening 0,
+    maximize False). Groups are fixed at construction (add_param_group raises);
+    max_grad_norm, skip_nonfinite, overlap and threads are optimizer-wide.
+  - When hyper-parameters are read: at the moment a step is armed. With overlap=True (the
+    default) that is the start of each synced backward (Braid steps buckets during it); with
+    overlap=False, step(). The usual loop (backward, step, scheduler.step) therefore gives
+    exactly torch's schedule: torch.optim.lr_scheduler.* work unchanged. A change made after a
+    backward started, before its step() call, applies from the next step.
+  - step(closure=None): with a closure, calls it (grad enabled; it must run forward and
+    backward once) and returns its loss. With overlap=True the update happens inside that
+    backward; step() then only ends the step (fully sharded: end_step; overlap=False: steps
+    every bucket and starts the gathers). Each synced backward is one step: closures
+    evaluated several times per step (LBFGS) are not supported.
+  - zero_grad(set_to_none=False): Braid zeroes each bucket right after stepping it, so there
+    is nothing to zero. set_to_none=True gives DDP's meaning (DDP with gradient_as_bucket_view):
+    every p.grad becomes None and is bound again to its (zeroed) bucket view at the next
+    forward; no memory is freed (the buckets are Braid's), and that forward first waits for
+    every parameter (it loses its gather overlap). FullyShardedDataParallel: p.grad is
+    always None; nothing to do.
+  - state_dict(): this rank's shard (master weights, moments, step counts: Braid's state file
+    as bytes under "braid"), torch's "param_groups" (hyper-parameters; "params" as indices in
+    group order, as torch), and the run's identity (kind, rank, group sizes, every parameter's
+    name, shape, dtype, group and bucket, the plan fingerprint). torch.save / torch.load it
+    per rank. Not collective (waits for the step in flight).
+  - load_state_dict(sd): collective over the shard group (every rank loads its own rank's
+    dict at the same point). Checks the identity first and raises ValueError naming the first
+    mismatch (rank, group size, a parameter's name/shape/dtype/group/bucket, the plan
+    fingerprint); then restores the shard, re-gathers the parameters, and takes the dict's
+    param_groups hyper-parameters (the resumed run continues bit for bit).
+"""
+
+import functools
+import os
+import struct
+import tempfile
+
+import torch
+
+from . import core
+from ._lib import BraidError
+from ._views import _view, _weak_call
+from .fsdp import FullyShardedDataParallel
+
+__all__ = ["ShardedAdamW", "ShardedSGD"]
+
+_STATE_FORMAT = 1  # of the dict state_dict() returns
+
+
+def _state_file_identity(blob):
+    """(kind, plan fingerprint, world size, rank, step) from a Braid state file's header
+    (optim/state_file.h, format 1); None if `blob` is not one."""
+    if len(blob) < 28 or blob[:8] != b"BRAIDST\0":
+        return None
+    n = struct.unpack_from("<I", blob, 24)[0]
+    off = 28 + n
+    if off + 32 > len(blob):
+        return None
+    kind = blob[28:off].decode("utf-8", "replace")
+    fingerprint, world, rank, _, _, step = struct.unpack_from("<Qiiiiq", blob, off)
+    return kind, "%016x" % fingerprint, world, rank, step
+
+
+class _ShardedOptimizer(torch.optim.Optimizer):
+    """Braid's sharded optimizer over a DistributedDataParallel in "reduce_scatter" or "hybrid"
+    mode, or a FullyShardedDataParallel: each rank keeps f32 master weights and state for its
+    shard only, steps each bucket as soon as its reduction completes (overlap=True) and
+    all-gathers the updated parameters. Parameters' data become views over the gathered values
+    (read them after synchronize(); the model's forward waits by itself). The module docstring
+    says when param_groups are read, and what step / zero_grad / state_dict mean."""
+
+    _KIND = None
+
+    def __init__(self, ddp, params, defaults, overlap, options):
+        self._fully_sharded = isinstance(ddp, FullyShardedDataParallel)
+        taken = ddp._opt if self._fully_sharded else ddp._stepper
+        if taken is not None:
+            raise ValueError("this %s already has a sharded optimizer" % type(ddp).__name__)
+        self.ddp, self._overlap = ddp, overlap
+        self._names = self._param_names(ddp)
+        self._growing = True
+        super().__init__(list(ddp._params) if params is None else params, defaults)
+        self._growing = False
+        group_of = self._check_groups()
+        self._pushed = {}  # group index -> the hyper tuple Braid has
+        first = self.param_groups[0]
+        if self._fully_sharded:
+            self._init_fully_sharded(ddp, overlap, first["lr"], group_of, options)
+        else:
+            self._init_zero2(ddp, overlap, first["lr"], group_of, options)
+        self.optimizer.before_arm.append(_weak_call(self._push_hyper))
+        # Also at each forward with grad, so a bad value raises there, before any gradient
+        # is accumulated (the push when the step is armed then only sends later changes).
+        self._forward_check = ddp.register_forward_pre_hook(self._check_at_forward)
+
+    # ---- construction ----------------------------------------------------------------------
+    @staticmethod
+    def _param_names(ddp):
+        names = {id(p): n for n, p in ddp.module.named_parameters()}
+        return [names.get(id(p), "parameter %d" % i) for i, p in enumerate(ddp._params)]
+
+    def add_param_group(self, param_group):
+        if not self._growing:
+            raise NotImplementedError(
+                "%s: parameter groups are fixed at construction (Braid's bucket plan assigns "
+                "every parameter to a group once); pass them all as params=[...]" %
+                type(self).__name__)
+        super().add_param_group(param_group)
+
+    def _check_groups(self):
+        """Group index of each registered parameter (registration order); ValueError naming
+        parameters that are not the model's trainable ones or not in any group."""
+        index = {id(p): pid for pid, p in enumerate(self.ddp._params)}
+        group_of = [None] * len(self.ddp._params)
+        for g, group in enumerate(self.param_groups):
+            self._check_options(g, group)
+            for k, p in enumerate(group["params"]):
+                pid = index.get(id(p))
+                if pid is None:
+                    raise ValueError("param_groups[%d]['params'][%d] (shape %s) is not a trainable "
+                                     "parameter of the wrapped module" % (g, k, tuple(p.shape)))
+                group_of[pid] = g
+        missing = [self._names[pid] for pid, g in enumerate(group_of) if g is None]
+        if missing:
+            raise ValueError("parameters in no param group: %s (Braid steps every trainable "
+                             "parameter of the model: put them in a group, e.g. one with "
+                             "weight_decay=0)" % ", ".join(repr(n) for n in missing))
+        return group_of
+
+    def _init_zero2(self, ddp, overlap, lr, group_of, options):
+        self.optimizer = core.Optimizer(ddp.reducer, lr=lr, overlap=overlap,
+                                        param_groups=group_of, **options)
+        params = ddp._params
+        for pid, p in enumerate(params):
+            self.optimizer.set_param(pid, p.data.contiguous())
+        self.optimizer.wait_all_params()
+        for pid, p in enumerate(params):
+            address, count = self.optimizer.param(pid)
+            p.data = _view(self.optimizer, address, count, p.dtype, p.shape)
+        self.optimizer.before_close.append(_weak_call(self._detach_params))
+        self._hooks = []
+        reducer = ddp.reducer
+        index = {id(p): pid for pid, p in enumerate(params)}
+        for m in ddp.module.modules():
+            buckets = sorted({reducer.param_bucket(index[id(p)])
+                              for p in m.parameters(recurse=False) if id(p) in index})
+            if buckets:
+                self._hooks.append(m.register_forward_pre_hook(
+                    functools.partial(self._wait_buckets, buckets)))
+        ddp._stepper = self.optimizer
+
+    def _wait_buckets(self, buckets, *unused):
+        for b in buckets:
+            self.optimizer.wait_params(b)
+
+    def _init_fully_sharded(self, fsdp, overlap, lr, group_of, options):
+        """The core optimizer is fully sharded; it takes every parameter's initial values,
+        which the model then releases (only shards remain)."""
+        self.optimizer = core.Optimizer(fsdp.reducer, lr=lr, overlap=overlap,
+                                        fully_sharded=True, param_groups=group_of,
+                                        **fsdp.fsdp_options, **options)
+        try:
+            for pid, p in enumerate(fsdp._params):
+                self.optimizer.set_param(pid, p.detach().contiguous())
+        except BaseException:
+            self.optimizer.close()
+            raise
+        self._hooks, self._give_back = [], None
+        fsdp._attach(self.optimizer)
+        self.optimizer.before_close.append(_weak_call(self._detach_params))
+
+    # ---- hyper-parameters ------------------------------------------------------------------
+    def _check_options(self, g, group):
+        """Subclasses: ValueError naming the group for an option Braid does not implement."""
+
+    def _hyper(self, group):
+        """set_hyper keyword arguments of one param group."""
+        raise NotImplementedError
+
+    def _push_hyper(self):
+        """Runs right before Braid arms a step: every group's current values go to Braid."""
+        for g, group in enumerate(self.param_groups):
+            self._check_options(g, group)
+            hyper = self._hyper(group)
+            key = tuple(sorted(hyper.items()))
+            if self._pushed.get(g) == key:
+                continue
+            try:
+                self.optimizer.set_hyper(g, **hyper)
+            except BraidError as e:
+                raise ValueError("param_groups[%d]: %s" % (g, e.message)) from None
+            self._pushed[g] = key
+
+    def _check_at_forward(self, *unused):
+        if torch.is_grad_enabled():
+            self._push_hyper()
+
+    @property
+    def lr(self):
+        """The first group's learning rate."""
+        return self.param_groups[0]["lr"]
+
+    def set_lr(self, lr):
+        """Every group's learning rate from the next step on (as setting group["lr"])."""
+        for group in self.param_groups:
+            group["lr"] = lr
+
+    # ---- the step --------------------------------------------------------------------------
+    def step(self, closure=None):
+        """Ends the step (see the module docstring): with `closure`, calls it first (grad
+        enabled) and returns its loss. overlap=True: the buckets were stepped during the
+        backward. overlap=False: steps every bucket of the finished backward now (with the
+        param_groups' current values) and starts the gathers. FullyShardedDataParallel: also
+        ends the step's units (else the next forward does)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._fully_sharded:
+            self.ddp._end_step()
+        if not self._overlap:
+            self.optimizer.step()
+        return loss
+
+    def zero_grad(self, set_to_none=False):
+        """Braid zeroes each bucket after stepping it: nothing to do. set_to_none=True: every
+        p.grad becomes None, bound again to its zeroed bucket view at the next forward (which
+        then waits for every parameter first). Fully sharded: p.grad is always None."""
+        if set_to_none and not self._fully_sharded:
+            for p in self.ddp._params:
+                p.grad = None
+
+    def synchronize(self):
+        """Waits until every step and all-gather in flight completed (parameters readable;
+        with FullyShardedDataParallel: inside model.summon_full_params())."""
+        if self._fully_sharded:
+            self.ddp._end_step()
+        self.optimizer.wait_all_params()
+
+    def last_step(self):
+        return self.optimizer.last_step()
+
+    # ---- checkpoints -----------------------------------------------------------------------
+    def _identity(self):
+        reducer = self.ddp.reducer
+        group_of = {}
+        for g, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                group_of[id(p)] = g
+        params = []
+        for pid, p in enumerate(self.ddp._params):
+            params.append((self._names[pid], tuple(p.shape), str(p.dtype).replace("torch.", ""),
+                           group_of[id(p)], reducer.param_bucket(pid)))
+        replica = reducer.replica_group
+        return {"kind": self._KIND, "rank": reducer.shard_group.rank,
+                "shard_size": reducer.shard_group.size,
+                "replica_size": replica.size if replica is not None else 1,
+                "fully_sharded": self._fully_sharded, "params": params}
+
+    def save(self, path):
+        """This rank's Braid state file (master weights, moments, step counts, the
+        hyper-parameters last armed) at `path`; state_dict() is the torch.save-able form."""
+        if self._fully_sharded:
+            self.ddp._end_step()
+        self.optimizer.save(path)
+
+    def load(self, path):
+        """Collective: restores a state file saved by the same plan, world and rank; the
+        parameters are re-gathered from it. Keeps param_groups as they are."""
+        if self._fully_sharded:
+            self.ddp._end_step()
+        self.optimizer.load(path)
+        self._pushed = {}  # Braid now has the file's hyper-parameters: push ours again
+        self.optimizer.wait_all_params()
+
+    def state_dict(self):
+        """This rank's state as a dict for torch.save (see the module docstring)."""
+        with tempfile.TemporaryDirectory(prefix="braid-state-") as tmp:
+            path = os.path.join(tmp, "state")
+            self.save(path)
+            with open(path, "rb") as f:
+                blob = f.read()
+        ident = _state_file_identity(blob)
+        groups, start = [], 0
+        for group in self.param_groups:
+            packed = {k: v for k, v in group.items() if k != "params"}
+            packed["params"] = list(range(start, start + len(group["params"])))
+            start += len(group["params"])
+            groups.append(packed)
+        braid = dict(self._identity(), format=_STATE_FORMAT, state_file=blob,
+                     plan_fingerprint=ident[1] if ident else None,
+                     step=ident[4] if ident else None)
+        return {"state": {}, "param_groups": groups, "braid": braid}
+
+    def _check_identity(self, saved):
+        mine = self._identity()
+        for key, what in (("kind", "optimizer kind"), ("fully_sharded", "fully_sharded"),
+                          ("rank", "rank"), ("shard_size", "shard group size"),
+                          ("replica_size", "replica group size")):
+            if saved.get(key) != mine[key]:
+                raise ValueError("state_dict was saved with %s %r; this optimizer has %r%s" % (
+                    what, saved.get(key), mine[key],
+                    " (each rank must load its own rank's state_dict)" if key == "rank" else ""))
+        theirs, ours = [tuple(p) for p in saved["params"]], mine["params"]
+        if len(theirs) != len(ours):
+            raise ValueError("state_dict was saved for %d trainable parameters; this model has "
+                             "%d" % (len(theirs), len(ours)))
+        fields = ("name", "shape", "dtype", "param group", "bucket")
+        for i, (a, b) in enumerate(zip(theirs, ours)):
+            for field, x, y in zip(fields, a, b):
+                if x != y:
+                    hint = (" (a different bucket_cap_mb / first_bucket_cap_mb or bucket order)"
+                            if field == "bucket" else "")
+                    raise ValueError("state_dict parameter %d %r: saved %s %r, this model's is "
+                                     "%r%s" % (i, a[0], field, x, y, hint))
+
+    def _checked(self, state_dict):
+        """(the "braid" entry, the param_groups) of a state_dict that fits this optimizer;
+        ValueError naming the first mismatch."""
+        saved = state_dict.get("braid") if isinstance(state_dict, dict) else None
+        if not isinstance(saved, dict) or "state_file" not in saved:
+            raise ValueError("not a %s state_dict (no 'braid' entry): save it with "
+                             "state_dict() of a Braid sharded optimizer" % type(self).__name__)
+        if saved.get("format") != _STATE_FORMAT:
+            raise ValueError("state_dict format %r; this version reads %d" %
+                             (saved.get("format"), _STATE_FORMAT))
+        self._check_identity(saved)
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups) or any(
+                len(a["params"]) != len(b["params"]) for a, b in zip(groups, self.param_groups)):
+            raise ValueError("state_dict has %d param groups of sizes %s; this optimizer %d of "
+                             "sizes %s" % (len(groups), [len(g["params"]) for g in groups],
+                                           len(self.param_groups),
+                                           [len(g["params"]) for g in self.param_groups]))
+        return saved, groups
+
+    def load_state_dict(self, state_dict):
+        """Collective over the shard group: restores this rank's state from a state_dict() of
+        the same run shape (ValueError naming the first mismatch, nothing changed), then the
+        dict's param_groups hyper-parameters (see the module docstring)."""
+        try:
+            saved, groups = self._checked(state_dict)
+        except ValueError:
+            # Braid's load is collective (every rank loads or none does): take part with a
+            # file that cannot load, so the other ranks fail at once instead of waiting.
+            try:
+                self.load(os.path.join(tempfile.gettempdir(), "braid-no-such-state-file"))
+            except BraidError:
+                pass
+            raise
+        with tempfile.TemporaryDirectory(prefix="braid-state-") as tmp:
+            path = os.path.join(tmp, "state")
+            with open(path, "wb") as f:
+                f.write(saved["state_file"])
+            try:
+                self.load(path)
+            except BraidError as e:
+                raise ValueError("rank %d: Braid refused the state_dict: %s" % (
+                    saved["rank"], e.message.replace(path, "(the state_dict's state file)"))
+                ) from None
+        for mine, theirs in zip(self.param_groups, groups):
+            for k, v in theirs.items():
+                if k != "params":
+                    mine[k] = v
+        self._pushed = {}
+
+    # ---- closing ---------------------------------------------------------------------------
+    def _detach_params(self):
+        """Before the optimizer's memory goes (whoever closes it): unhook the forwards, give
+        the parameters copies of their values."""
+        self._forward_check.remove()
+        if self._fully_sharded:
+            # The values gathered by close(), or none: released parameters stay released
+            # (they never point at Braid's memory).
+            values, self._give_back = self._give_back, None
+            self.ddp._detach(values)
+            return
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        try:
+            self.optimizer.wait_all_params()
+        finally:
+            for p in self.ddp._params:
+                p.data = p.data.clone()
+            if self.ddp._stepper is self.optimizer:
+                self.ddp._stepper = None
+
+    def close(self):
+        """Unhooks the model's forwards, gives the parameters their own memory (copies) and
+        frees the optimizer; the model keeps training with a torch optimizer after this.
+        FullyShardedDataParallel: collective (it gathers every parameter to give it back).
+        An optimizer closed otherwise (World.close(), garbage collection) leaves a fully
+        sharded model's parameters released."""
+        if self._fully_sharded and not self.optimizer.closed:
+            self.ddp._end_step()
+            self.optimizer.summon_params(True)
+            try:
+                values = []
+                for pid, p in enumerate(self.ddp._params):
+                    address, count = self.optimizer.param(pid)
+                    values.append(_view(self.optimizer, address, count, p.dtype,
+                                        p.shape).clone())
+            finally:
+                self.optimizer.summon_params(False)
+            self._give_back = values
+        self.optimizer.close()  # runs _detach_params first
+
+
+class ShardedAdamW(_ShardedOptimizer):
+    """Sharded AdamW: torch.optim.AdamW's math (decoupled weight decay, amsgrad off), plus
+    optional exact global-norm clipping (max_grad_norm) and skipping non-finite steps.
+    Per-group lr, betas, eps, weight_decay (params=[{...}, ...], as torch)."""
+
+    _KIND = "adamw"
+
+    def __init__(self, ddp, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+                 max_grad_norm=0.0, skip_nonfinite=False, overlap=True, threads=1,
+                 timeout_ms=300000, params=None):
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        amsgrad=False, maximize=False)
+        super().__init__(ddp, params, defaults, overlap, dict(
+            kind="adamw", betas=betas, eps=eps, weight_decay=weight_decay,
+            max_grad_norm=max_grad_norm, skip_nonfinite=skip_nonfinite, threads=threads,
+            timeout_ms=timeout_ms))
+
+    def _check_options(self, g, group):
+        for key in ("amsgrad", "maximize"):
+            if group.get(key):
+                raise ValueError("param_groups[%d]: %s=True is not implemented by Braid's "
+                                 "AdamW" % (g, key))
+
+    def _hyper(self, group):
+        beta1, beta2 = group["betas"]
+        return dict(lr=group["lr"], betas=(beta1, beta2), eps=group["eps"],
+                    weight_decay=group["weight_decay"])
+
+
+class ShardedSGD(_ShardedOptimizer):
+    """Sharded SGD: torch.optim.SGD's math (dampening 0) with momentum and nesterov.
+    Per-group lr, momentum, weight_decay, nesterov (params=[{...}, ...], as torch)."""
+
+    _KIND = "sgd"
+
+    def __init__(self, ddp, lr, momentum=0.0, nesterov=False, weight_decay=0.0,
+                 max_grad_norm=0.0, skip_nonfinite=False, overlap=True, threads=1,
+                 timeout_ms=300000, params=None):
+        defaults = dict(lr=lr, momentum=momentum, dampening=0, weight_decay=weight_decay,
+                        nesterov=nesterov, maximize=False)
+        super().__init__(ddp, params, defaults, overlap, dict(
+            kind="sgd", momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
+            max_grad_norm=max_grad_norm, skip_nonfinite=skip_nonfinite, threads=threads,
+            timeout_ms=timeout_ms))
+
+    def _check_options(self, g, group):
+        if group.get("dampening", 0) != 0:
+            raise ValueError("param_groups[%d]: dampening=%r; Braid's SGD has dampening 0" %
+                             (g, group["dampening"]))
+        if group.get("maximize"):
+            raise ValueError("param_groups[%d]: maximize=True is not implemented by Braid's "
+                             "SGD" % g)
+
+    def _hyper(self, group):
+        return dict(lr=group["lr"], momentum=group["momentum"],
+                    weight_decay=group["weight_decay"], nesterov=bool(group["nesterov"]))
