@@ -217,7 +217,7 @@ BRAID_API void braid_world_options_init(braid_world_options_t* opts);
 BRAID_API braid_status_t braid_world_create(const braid_world_options_t* opts,
                                             braid_world_t** out);
 /* *name = the world's backend ("local", "mpi", "nccl", "gloo", or a plugin's name), valid while
- * the world lives (0.7). */
+ * the world lives (0.8). */
 BRAID_API braid_status_t braid_world_backend(braid_world_t* world, const char** name);
 /* *size = number of ranks in the world (all processes). */
 BRAID_API braid_status_t braid_world_size(braid_world_t* world, int* size);
@@ -273,7 +273,7 @@ BRAID_API braid_status_t braid_group_destroy(braid_group_t* group);
  * communicators are aborted). Braid aborts the job by itself when a collective fails on any
  * rank (a deadline, a transport error), unless BRAID_ABORT_ON_FAILURE=0. Not collective;
  * BRAID_OK if the job had already aborted. Errors: INVALID_ARGUMENT (NULL or empty reason),
- * FAILED_PRECONDITION (a backend without aborts: plugins). */
+ * FAILED_PRECONDITION (a backend without aborts: plugins, gloo). (0.8) */
 BRAID_API braid_status_t braid_group_abort(braid_group_t* group, const char* reason);
 
 /* ---- Collectives and works ------------------------------------------------------------------ */
