@@ -269,11 +269,11 @@ BRAID_API braid_status_t braid_group_destroy(braid_group_t* group);
  * as this group's rank: for failures Braid cannot see (the framework's step failed here).
  * Every pending work of every group on every rank then fails, and every later call is
  * refused, with BRAID_PEER_ERROR and a message naming this rank and the reason, within
- * milliseconds (local: threads of this process; mpi: a message to every process; nccl: its
- * communicators are aborted). Braid aborts the job by itself when a collective fails on any
+ * milliseconds (local: threads of this process; mpi: a message to every process; gloo: the
+ * rendezvous store; nccl: its communicators are aborted). Braid aborts the job by itself when a collective fails on any
  * rank (a deadline, a transport error), unless BRAID_ABORT_ON_FAILURE=0. Not collective;
  * BRAID_OK if the job had already aborted. Errors: INVALID_ARGUMENT (NULL or empty reason),
- * FAILED_PRECONDITION (a backend without aborts: plugins, gloo). (0.8) */
+ * FAILED_PRECONDITION (a backend without aborts: plugins). (0.8) */
 BRAID_API braid_status_t braid_group_abort(braid_group_t* group, const char* reason);
 
 /* ---- Collectives and works ------------------------------------------------------------------ */

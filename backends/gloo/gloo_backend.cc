@@ -55,6 +55,7 @@ absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::CreateFromLauncher(
   world->store_owner = std::shared_ptr<rendezvous::LauncherRendezvous>(std::move(rv));
   world->timeout = config.timeout;
   world->spin = config.spin;
+  world->aborts = GlooAbortLink::Start(world->store, env.rank, config.abort_on_failure);
   return std::unique_ptr<GlooBackend>(new GlooBackend(std::move(world), env.rank, env.world_size));
 }
 
@@ -71,6 +72,7 @@ absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::CreateSingleRank(
   world->store_owner = std::move(own);
   world->timeout = config.timeout;
   world->spin = config.spin;
+  world->aborts = GlooAbortLink::Start(world->store, 0, config.abort_on_failure);
   return std::unique_ptr<GlooBackend>(new GlooBackend(std::move(world), 0, 1));
 }
 
@@ -78,6 +80,7 @@ absl::StatusOr<std::unique_ptr<Backend>> GlooBackend::Create(const Options& opti
   GlooBackendConfig config;
   config.timeout = options.timeout;
   config.spin = options.spin;
+  config.abort_on_failure = options.abort_on_failure;
   if (rendezvous::LaunchedByMpi()) {
     return absl::FailedPreconditionError(
         "gloo backend: this process was started by an MPI launcher (mpirun); use "

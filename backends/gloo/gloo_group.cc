@@ -42,7 +42,12 @@ GlooGroup::GlooGroup(std::shared_ptr<GlooWorld> world, std::shared_ptr<::gloo::C
     : world_(std::move(world)),
       context_(std::move(context)),
       name_(std::move(name)),
-      prefix_(std::move(prefix)) {}
+      prefix_(std::move(prefix)) {
+  if (world_->aborts != nullptr) {
+    SetAbortDomain(world_->aborts->domain());
+    world_->aborts->Register(context_, busy_);
+  }
+}
 
 GlooGroup::~GlooGroup() = default;
 
@@ -50,15 +55,33 @@ namespace {
 
 // Queues `args` (buffers kept alive by `keep`, if given) on `worker`; the Work completes on
 // the worker thread with the collective's status.
+// The job's abort, as `what`'s error (or OK while the job runs).
+absl::Status Aborted(const std::shared_ptr<GlooAbortLink>& aborts, const std::string& what) {
+  if (aborts == nullptr || !aborts->domain()->aborted()) return absl::OkStatus();
+  const absl::Status cause = aborts->domain()->status();
+  return absl::Status(cause.code(), absl::StrCat(what, ": ", cause.message()));
+}
+
 WorkPtr Enqueue(SerialWorker& worker, const std::shared_ptr<::gloo::Context>& ctx,
                 const std::shared_ptr<GroupFailure>& failure, WorkInfo info, CollectiveArgs args,
-                absl::Time deadline, absl::Duration spin, std::shared_ptr<void> keep) {
+                absl::Time deadline, absl::Duration spin, std::shared_ptr<void> keep,
+                std::shared_ptr<GlooAbortLink> aborts, std::shared_ptr<std::atomic<bool>> busy) {
   WorkPtr work = Work::Create(std::move(info), spin);
   args.options = CollectiveOptions{};  // holds views the caller does not keep alive
-  worker.Post([work, args, ctx, failure, deadline, keep = std::move(keep)](bool run) {
+  worker.Post([work, args, ctx, failure, deadline, keep = std::move(keep),
+               aborts = std::move(aborts), busy = std::move(busy)](bool run) {
     const std::string what = work->info().Describe();
     if (!run) {
       work->Complete(absl::CancelledError(absl::StrCat(what, ": the group was destroyed first")));
+      return;
+    }
+    // Busy before the abort check, idle after the call, then close if aborted: either the
+    // domain's listener saw this call idle and closed, or this task closes (gloo_abort.h).
+    busy->store(true);
+    if (absl::Status a = Aborted(aborts, what); !a.ok()) {
+      busy->store(false);
+      aborts->CloseIfAborted(*ctx);
+      work->Complete(std::move(a));
       return;
     }
     {
@@ -75,10 +98,25 @@ WorkPtr Enqueue(SerialWorker& worker, const std::shared_ptr<::gloo::Context>& ct
         left <= absl::ZeroDuration()
             ? absl::DeadlineExceededError(absl::StrCat(what, ": deadline passed while queued"))
             : RunCollective(ctx, args, static_cast<uint32_t>(work->info().seq), left, what);
+    busy->store(false);
     if (!s.ok()) {
-      std::lock_guard<std::mutex> lock(failure->mu);
-      if (failure->cause.ok()) failure->cause = s;
+      // A peer that aborted closed its connections, which can reach us before its cause does
+      // through the store: give the store a few polls before blaming the connection.
+      if (aborts != nullptr && s.code() == absl::StatusCode::kUnavailable) {
+        const absl::Time until = absl::Now() + 5 * GlooAbortLink::kPoll;
+        while (!aborts->domain()->aborted() && absl::Now() < until) {
+          absl::SleepFor(absl::Milliseconds(2));
+        }
+      }
+      // Closed by the job's abort: say why, not Gloo's "connection closed".
+      if (absl::Status a = Aborted(aborts, what); !a.ok()) s = std::move(a);
+      {
+        std::lock_guard<std::mutex> lock(failure->mu);
+        if (failure->cause.ok()) failure->cause = s;
+      }
+      if (aborts != nullptr) aborts->Report(s);  // a no-op once the job aborted
     }
+    if (aborts != nullptr) aborts->CloseIfAborted(*ctx);
     work->Complete(std::move(s));
   });
   return work;
@@ -98,7 +136,7 @@ absl::StatusOr<WorkPtr> GlooGroup::Launch(const CollectiveArgs& args) {
   WorkInfo info{name_, std::string(CollectiveName(args.kind)), next_seq_++,
                 std::string(args.options.label)};
   return Enqueue(*worker_, context_, failure_, std::move(info), args, absl::Now() + timeout,
-                 world_->spin, nullptr);
+                 world_->spin, nullptr, world_->aborts, busy_);
 }
 
 absl::StatusOr<std::unique_ptr<Group>> GlooGroup::DoSplit(int color, int key, std::string name) {
@@ -118,7 +156,7 @@ absl::StatusOr<std::unique_ptr<Group>> GlooGroup::DoSplit(int color, int key, st
   a.count = 2;
   a.dtype = DType::kI64;
   WorkPtr w = Enqueue(*worker_, context_, failure_, WorkInfo{name_, "split", seq, name}, a,
-                      deadline, world_->spin, table);
+                      deadline, world_->spin, table, world_->aborts, busy_);
   // The task is bounded by `deadline` inside Gloo; a little slack for it to report.
   RETURN_IF_ERROR(w->WaitUntil(deadline + absl::Seconds(5)));
   // Step 2: the same table on every rank, so the same verdict everywhere.

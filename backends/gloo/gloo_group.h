@@ -34,6 +34,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "backends/gloo/gloo_abort.h"
 #include "backends/gloo/serial_worker.h"
 #include "backends/rendezvous/store_client.h"
 #include "comm/group.h"
@@ -51,6 +52,9 @@ struct GlooWorld {
   std::shared_ptr<::gloo::transport::Device> device;
   absl::Duration timeout = absl::Seconds(300);
   absl::Duration spin = absl::Microseconds(20);
+  // The job's abort domain through the store (gloo_abort.h). Declared after store_owner: it
+  // is destroyed first, while the store it polls still exists.
+  std::shared_ptr<GlooAbortLink> aborts;
 };
 
 // A Gloo context of `size` ranks as `rank`, its peers found through the store under `prefix`.
@@ -81,6 +85,9 @@ class GlooGroup final : public Group {
  protected:
   absl::StatusOr<WorkPtr> Launch(const CollectiveArgs& args) override;
   absl::StatusOr<std::unique_ptr<Group>> DoSplit(int color, int key, std::string name) override;
+  int world_rank() const override {
+    return world_->aborts != nullptr ? world_->aborts->world_rank() : rank();
+  }
 
  private:
   const std::shared_ptr<GlooWorld> world_;
@@ -88,6 +95,8 @@ class GlooGroup final : public Group {
   const std::string name_;
   const std::string prefix_;
   const std::shared_ptr<GroupFailure> failure_ = std::make_shared<GroupFailure>();
+  // True while this rank's call is inside Gloo (gloo_abort.h's closing rule).
+  const std::shared_ptr<std::atomic<bool>> busy_ = std::make_shared<std::atomic<bool>>(false);
   uint64_t next_seq_ = 0;  // collectives and splits, identical on every rank
   // Last: destroyed first, so no task runs once the members above are gone.
   std::unique_ptr<SerialWorker> worker_ = std::make_unique<SerialWorker>();

@@ -1,0 +1,118 @@
+#include "backends/gloo/gloo_abort.h"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "comm/logging.h"
+
+namespace braid::gloo_backend {
+
+std::shared_ptr<GlooAbortLink> GlooAbortLink::Start(rendezvous::TcpStore* store, int world_rank,
+                                                    bool report) {
+  std::shared_ptr<GlooAbortLink> link(new GlooAbortLink(store, world_rank, report));
+  GlooAbortLink* raw = link.get();
+  // The notifier and listener run under the domain's lock; the link outlives neither (they
+  // are removed in the destructor before anything they touch goes).
+  link->domain_->SetNotifier([raw](int rank, const absl::Status& cause) {
+    const std::string value = absl::StrCat(rank, "\n", static_cast<int>(cause.code()), "\n",
+                                           cause.message());
+    const absl::Status s = raw->store_->Set(kKey, value);
+    if (!s.ok()) Log().warn("gloo backend: could not publish the job abort: {}", s.ToString());
+  });
+  link->sub_ = link->domain_->Subscribe([raw](const absl::Status&) { raw->CloseAll(); });
+  link->watcher_ = std::thread([raw] { raw->Watch(); });
+  return link;
+}
+
+GlooAbortLink::GlooAbortLink(rendezvous::TcpStore* store, int world_rank, bool report)
+    : store_(store), world_rank_(world_rank), report_(report) {}
+
+GlooAbortLink::~GlooAbortLink() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (watcher_.joinable()) watcher_.join();
+  sub_.Reset();
+  domain_->SetNotifier(nullptr);
+}
+
+void GlooAbortLink::Register(const std::shared_ptr<::gloo::Context>& context,
+                             std::shared_ptr<std::atomic<bool>> busy) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    contexts_.erase(std::remove_if(contexts_.begin(), contexts_.end(),
+                                   [](const Entry& e) { return e.context.expired(); }),
+                    contexts_.end());
+    contexts_.push_back(Entry{context, std::move(busy)});
+  }
+  CloseIfAborted(*context);
+}
+
+void GlooAbortLink::CloseIfAborted(::gloo::Context& context) {
+  if (!domain_->aborted()) return;
+  try {
+    context.closeConnections();
+  } catch (const std::exception& e) {
+    Log().warn("gloo backend: closing a context's connections after the abort: {}", e.what());
+  }
+}
+
+void GlooAbortLink::Report(const absl::Status& cause) {
+  if (report_ && !cause.ok()) domain_->Abort(world_rank_, cause);
+}
+
+void GlooAbortLink::CloseAll() {
+  std::vector<std::shared_ptr<::gloo::Context>> idle;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Entry& e : contexts_) {
+      // In flight: its task closes it when the call returns (see the header).
+      if (e.busy->load()) continue;
+      if (auto c = e.context.lock()) idle.push_back(std::move(c));
+    }
+  }
+  for (const auto& c : idle) CloseIfAborted(*c);
+}
+
+void GlooAbortLink::Watch() {
+  const std::string key(kKey);
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_ && !domain_->aborted()) {
+    cv_.wait_for(lock, std::chrono::milliseconds(absl::ToInt64Milliseconds(kPoll)));
+    if (stopping_) break;
+    lock.unlock();
+    absl::StatusOr<std::vector<std::string>> missing = store_->Missing({key});
+    if (!missing.ok()) {
+      // The store is gone (rank 0 left) or broken: nothing more can arrive through it.
+      lock.lock();
+      break;
+    }
+    if (missing->empty()) {
+      absl::StatusOr<std::string> v = store_->Get(key, absl::Seconds(5));
+      if (v.ok()) {
+        std::vector<std::string> parts = absl::StrSplit(*v, absl::MaxSplits('\n', 2));
+        int rank = -1;
+        int code = static_cast<int>(absl::StatusCode::kAborted);
+        if (parts.size() == 3 && absl::SimpleAtoi(parts[0], &rank) &&
+            absl::SimpleAtoi(parts[1], &code)) {
+          const auto c = code > 0 && code <= static_cast<int>(absl::StatusCode::kUnauthenticated)
+                             ? static_cast<absl::StatusCode>(code)
+                             : absl::StatusCode::kAborted;
+          domain_->AbortFromPeer(rank, parts[2], c);
+        } else {
+          domain_->AbortFromPeer(-1, *v);
+        }
+      }
+    }
+    lock.lock();
+  }
+}
+
+}  // namespace braid::gloo_backend

@@ -1,0 +1,87 @@
+// GlooAbortLink: a gloo world's link to the job's abort domain (comm/abort_domain.h), carried
+// by the rendezvous store the ranks already share (there is no MPI here).
+//
+//   - A local abort (a group's own failure, AbortJob) is written to the store under one key
+//     ("braid/abort": "<rank>\n<code>\n<cause>"); the first writer's cause is the job's.
+//   - A watcher thread per process checks that key every kPoll (20 ms) and hands a peer's
+//     abort to the domain.
+//   - When the domain aborts, every registered Gloo context with no call in flight on this
+//     rank closes its connections (gloo::Context::closeConnections), and a context whose call
+//     is in flight closes them as soon as that call returns. Closing wakes the *peers* blocked
+//     on this rank (they read EOF), never this rank's own waiter (Gloo ignores errors on a pair
+//     it closed itself), hence the rule: a rank blocked in Gloo waits for its peers' EOF, then
+//     closes in turn, and the closes run around the ring. Queued calls fail with the cause.
+//
+//   auto link = GlooAbortLink::Start(store, rank, /*report=*/true);   // once per process
+//   link->Register(context);           // every group's Gloo context
+//   link->Report(status);              // a group failed by itself
+//
+// Cost: one small store round trip per process every 20 ms (to rank 0's store), so a job of
+// N ranks sends rank 0 N/0.02 requests a second: fine for tens of ranks; a push from the store
+// would scale further. The store must outlive the link (the gloo world keeps it).
+#ifndef BRAID_BACKENDS_GLOO_GLOO_ABORT_H_
+#define BRAID_BACKENDS_GLOO_GLOO_ABORT_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "backends/rendezvous/store_client.h"
+#include "comm/abort_domain.h"
+#include "gloo/context.h"
+
+namespace braid::gloo_backend {
+
+class GlooAbortLink {
+ public:
+  static constexpr char kKey[] = "braid/abort";
+  static constexpr absl::Duration kPoll = absl::Milliseconds(20);
+
+  // `store` is not owned. `report`: a group's own failure aborts the job
+  // (BRAID_ABORT_ON_FAILURE).
+  static std::shared_ptr<GlooAbortLink> Start(rendezvous::TcpStore* store, int world_rank,
+                                              bool report);
+  ~GlooAbortLink();  // stops and joins the watcher
+  GlooAbortLink(const GlooAbortLink&) = delete;
+  GlooAbortLink& operator=(const GlooAbortLink&) = delete;
+
+  // `busy`: true while this rank's call on `context` is inside Gloo.
+  void Register(const std::shared_ptr<::gloo::Context>& context,
+                std::shared_ptr<std::atomic<bool>> busy);
+  // After a call on `context` returned: closes its connections if the job aborted.
+  void CloseIfAborted(::gloo::Context& context);
+  // A group failed by itself (not because the job aborted): abort the job (if `report`).
+  void Report(const absl::Status& cause);
+
+  const std::shared_ptr<AbortDomain>& domain() const { return domain_; }
+  int world_rank() const { return world_rank_; }
+
+ private:
+  GlooAbortLink(rendezvous::TcpStore* store, int world_rank, bool report);
+  void Watch();
+  void CloseAll();
+
+  rendezvous::TcpStore* const store_;
+  const int world_rank_;
+  const bool report_;
+  const std::shared_ptr<AbortDomain> domain_ = AbortDomain::Create();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;                                    // guarded by mu_
+  struct Entry {
+    std::weak_ptr<::gloo::Context> context;
+    std::shared_ptr<std::atomic<bool>> busy;
+  };
+  std::vector<Entry> contexts_;  // guarded by mu_
+  AbortDomain::Subscription sub_;
+  std::thread watcher_;  // last: starts after everything it uses
+};
+
+}  // namespace braid::gloo_backend
+
+#endif  // BRAID_BACKENDS_GLOO_GLOO_ABORT_H_
