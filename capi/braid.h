@@ -465,6 +465,23 @@ BRAID_API braid_status_t braid_reducer_finish_backward(braid_reducer_t* reducer)
  * returned (naming the bucket), never only logged. */
 BRAID_API braid_status_t braid_reducer_zero_grads(braid_reducer_t* reducer);
 BRAID_API braid_status_t braid_reducer_num_buckets(braid_reducer_t* reducer, int* count);
+/* 0.8: torch DDP's one-time bucket rebuild. Every reducer (but shard_gradients ones) records
+ * the order in which parameters were marked ready in its first BRAID_SYNC backward (n ints).
+ * Called between steps (after the gradients were consumed, before the next begin_backward) at
+ * the same point on every rank, it rebuilds the buckets in world rank 0's recorded order
+ * (parameters never marked last) so the first bucket holds the first gradients the backward
+ * produces, and sets *rebuilt = 1; it is collective over the reducer's groups then (one
+ * broadcast of n int64 and the plan check). *rebuilt = 0, without communication, when there is
+ * nothing to rebuild: no synced backward finished yet, or the buckets were rebuilt already
+ * (once per reducer). After a rebuild every braid_reducer_grad pointer, bucket index and
+ * braid_reducer_shard changes: fetch them again (the old storage is freed; gradient values
+ * moved with their parameters). FAILED_PRECONDITION: during a backward; an optimizer was built
+ * on this reducer (its state is laid out by the buckets: rebuild before creating it);
+ * shard_gradients (no full-size storage between backwards to move gradients through).
+ *
+ *   run one synced step;  braid_reducer_rebuild_buckets(r, &rebuilt);
+ *   if (rebuilt) for each id: braid_reducer_grad(r, id, &data, &count);   // new views */
+BRAID_API braid_status_t braid_reducer_rebuild_buckets(braid_reducer_t* reducer, int* rebuilt);
 /* *bucket = the bucket holding parameter `id` (NOT_FOUND for an unknown id). */
 BRAID_API braid_status_t braid_reducer_param_bucket(braid_reducer_t* reducer, int64_t id,
                                                     int* bucket);

@@ -52,6 +52,7 @@ struct ReducerImpl {
   static constexpr Tag kTag = Tag::kReducer;
   std::shared_ptr<GroupImpl> shard, replica;  // replica may be null
   int device = BRAID_DEVICE_HOST;             // braid_reducer_options_t.device
+  bool shard_gradients = false;               // braid_reducer_options_t.shard_gradients
   std::unique_ptr<sched::Timeline> timeline;  // outlives the reducer (declared before it)
   // Counts the reducer's, gatherer's and optimizer's buffers (braid_memory_stats); declared
   // before them so it outlives every counted buffer.

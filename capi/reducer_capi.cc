@@ -95,6 +95,8 @@ absl::StatusOr<sched::ReducerConfig> ToConfig(const braid_reducer_options_t& o) 
   c.allow_unused = o.allow_unused != 0;
   c.gradient_as_bucket_view = o.gradient_as_bucket_view != 0;
   c.keep_shards_only = o.shard_gradients == 1;
+  // braid_reducer_rebuild_buckets needs the first synced backward's order (n ints).
+  c.rebuild_bucket_order = !c.keep_shards_only;
   c.timeout = absl::Milliseconds(o.timeout_ms);
   return c;
 }
@@ -155,6 +157,7 @@ braid_status_t braid_reducer_create(braid_group_t* shard, braid_group_t* replica
           "a 'replica' group is used by BRAID_MODE_HYBRID only: pass NULL in this mode");
     }
     impl->device = o.device;
+    impl->shard_gradients = config.keep_shards_only;
     const braid::Device device =
         o.device == BRAID_DEVICE_HOST ? braid::Device::Cpu() : braid::Device::Cuda(o.device);
     ASSIGN_OR_RETURN(auto specs, braid::capi::ToSpecs(params, n, device, o.param_units));
@@ -263,6 +266,39 @@ braid_status_t braid_reducer_num_buckets(braid_reducer_t* reducer, int* count) {
     ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
     RETURN_IF_ERROR(CheckNotNull(count, "count"));
     *count = static_cast<int>(r->reducer->plan().buckets().size());
+    return absl::OkStatus();
+  });
+}
+
+braid_status_t braid_reducer_rebuild_buckets(braid_reducer_t* reducer, int* rebuilt) {
+  return Guard("braid_reducer_rebuild_buckets", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
+    RETURN_IF_ERROR(CheckNotNull(rebuilt, "rebuilt"));
+    *rebuilt = 0;
+    if (braid::capi::HandleRegistry::Get().Children(reducer, Tag::kOptimizer) != 0) {
+      return absl::FailedPreconditionError(
+          "an optimizer was built on this reducer: its state is laid out by the buckets, which "
+          "can no longer be rebuilt (rebuild before creating the optimizer)");
+    }
+    if (r->shard_gradients) {
+      return absl::FailedPreconditionError(
+          "a shard_gradients reducer does not rebuild its buckets (no full-size storage between "
+          "backwards to move gradients through)");
+    }
+    if (r->in_backward) {
+      return absl::FailedPreconditionError("a backward is in progress (finish it first)");
+    }
+    // Collective over the groups, as create: keep other calls on them out meanwhile.
+    std::unique_lock<std::mutex> l1(r->shard->mu, std::defer_lock);
+    std::unique_lock<std::mutex> l2;
+    if (r->replica) {
+      l2 = std::unique_lock<std::mutex>(r->replica->mu, std::defer_lock);
+      std::lock(l1, l2);
+    } else {
+      l1.lock();
+    }
+    ASSIGN_OR_RETURN(bool done, r->reducer->RebuildBucketsIfPending());
+    *rebuilt = done ? 1 : 0;
     return absl::OkStatus();
   });
 }

@@ -509,6 +509,16 @@ class Reducer(_Handle):
         _lib.call("braid_reducer_param_bucket", self.handle, pid, ctypes.byref(b))
         return b.value
 
+    def rebuild_buckets(self):
+        """torch DDP's one-time bucket rebuild (braid_reducer_rebuild_buckets): between steps,
+        at the same point on every rank; True when the buckets were rebuilt in world rank 0's
+        readiness order of the first synced backward, so every grad() address, bucket index
+        and shard changed (fetch them again). False (no communication) when there is nothing
+        to rebuild."""
+        rebuilt = ctypes.c_int()
+        _lib.call("braid_reducer_rebuild_buckets", self.handle, ctypes.byref(rebuilt))
+        return bool(rebuilt.value)
+
     def unit_buckets(self, unit):
         """The buckets of unit `unit` (param_units), in bucket order; [] for a unit no
         parameter names."""

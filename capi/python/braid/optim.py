@@ -148,6 +148,18 @@ class _ShardedOptimizer(torch.optim.Optimizer):
         return group_of
 
     def _init_zero2(self, ddp, overlap, lr, group_of, options):
+        if ddp._main_grad:
+            raise ValueError(
+                "%s over DistributedDataParallel(main_grad=True): the sharded optimizer needs "
+                "buckets of the parameters' dtype (it keeps f32 master weights; pass "
+                "reduce_dtype=torch.float32 to reduce half gradients in f32)" % type(self).__name__)
+        ddp._rebuild_if_due()  # collective: every rank builds its optimizer at the same point
+        if ddp._rebuild:
+            raise ValueError(
+                "%s over DistributedDataParallel(rebuild_bucket_order=True) before its first "
+                "synced backward: the shards are laid out by the buckets, which are rebuilt "
+                "after that backward; build the optimizer after it (it rebuilds first) or pass "
+                "rebuild_bucket_order=False" % type(self).__name__)
         self.optimizer = core.Optimizer(ddp.reducer, lr=lr, overlap=overlap,
                                         param_groups=group_of, **options)
         params = ddp._params

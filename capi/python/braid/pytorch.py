@@ -54,6 +54,29 @@ zeroed, and bound again at the next forward; replacing p.grad during a backward 
 naming the parameter. As with torch's option, p.grad is a view, so p.grad.detach_() is
 refused by torch; torch.optim's zero_grad does not call it on gradients without a grad_fn.
 
+Bucket order (rebuild_bucket_order=True, torch DDP's one-time rebuild, which torch does by
+default): buckets start in reverse registration order; Braid records the order in which the
+first synced backward marks the parameters ready, and at the next forward with grad (every
+rank passes it at the same point) rebuilds the buckets in world rank 0's recorded order, so
+the first bucket holds the first gradients the backward produces and launches first (a model
+whose forward uses its layers in another order than it registers them keeps its overlap).
+p.grad (and main_grad) are rebound to the new buckets with their values; a tensor kept from
+before the rebuild (p.grad of the first step) no longer aliases the bucket. Off by default
+here (a layout change after the first step is a surprise for code holding gradient views);
+not with ShardedAdamW, whose shards are laid out by the buckets: construct ShardedAdamW after
+the first synced backward (it rebuilds first) or pass False.
+
+main_grad=True (Megatron's f32 gradient accumulation for bf16/f16 models): the buckets of
+bf16/f16 parameters are f32, exposed as p.main_grad; autograd's half gradient of each backward
+is added into it (exactly widened) in the parameter's AccumulateGrad hook and p.grad is set to
+None, so gradients accumulate over a no_sync window in f32 and are reduced in f32. p.grad of a
+half parameter is None outside backward (read p.main_grad: an optimizer with f32 master
+weights, as Megatron's, or p.grad = p.main_grad.to(p.dtype) before a plain torch step).
+f32/f64 parameters keep bucket views as p.grad, and p.main_grad is the same tensor. Memory:
+the half parameters' gradients take twice their bytes. Not with ShardedAdamW (its buckets
+must have the parameters' dtype; it keeps f32 master weights and reduce_dtype=torch.float32
+reduces half buckets in f32).
+
 Memory: each view keeps the Braid object owning its memory alive, and whoever closes that
 object (close(), World.close(), interpreter exit) first gives the tensors copies of their
 values, so no tensor ever points at freed memory.
@@ -155,12 +178,16 @@ class DistributedDataParallel(torch.nn.Module):
     find_unused_parameters: parameters a forward's outputs do not reach are found after the
     forward and reduced as zeros from the start of the backward (see the module docstring);
     False: an unused parameter is an error naming it at the end of the backward.
+    rebuild_bucket_order: rebuild the buckets once, in the readiness order of the first
+    synced backward (torch DDP's rebuild; module docstring "Bucket order").
+    main_grad: f32 gradient buckets for bf16/f16 parameters, as p.main_grad (module
+    docstring).
     """
 
     def __init__(self, module, group, mode="allreduce", replica_group=None, bucket_cap_mb=25.0,
                  first_bucket_cap_mb=1.0, find_unused_parameters=False, reduce_dtype=None,
                  broadcast_from_rank0=True, timeout_ms=300000, timeline_prefix=None,
-                 broadcast_buffers=True):
+                 broadcast_buffers=True, rebuild_bucket_order=False, main_grad=False):
         super().__init__()
         self.module = module
         self._groups = [g for g in (group, replica_group) if g is not None]
@@ -170,21 +197,27 @@ class DistributedDataParallel(torch.nn.Module):
         self._sync_buffers_next = False  # construction just broadcast them (or was told not to)
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self._params = [p for _, p in named]
+        self._main_grad = bool(main_grad)
+        # main_grad: half parameters get f32 buckets, filled by their AccumulateGrad hooks.
+        self._widened = [self._main_grad and p.dtype in (torch.bfloat16, torch.float16)
+                         for p in self._params]
         self.reducer = core.Reducer(
-            group, [(i, p.numel(), p.dtype, n) for i, (n, p) in enumerate(named)],
+            group, [(i, p.numel(), torch.float32 if w else p.dtype, n)
+                    for i, ((n, p), w) in enumerate(zip(named, self._widened))],
             replica=replica_group, mode=mode, bucket_cap_mb=bucket_cap_mb,
             first_bucket_cap_mb=first_bucket_cap_mb, allow_unused=find_unused_parameters,
             reduce_dtype=reduce_dtype, timeout_ms=timeout_ms, timeline_prefix=timeline_prefix)
         self._mode = mode
-        self._grads = []
-        for pid, p in enumerate(self._params):
-            address, count = self.reducer.grad(pid)
-            self._grads.append(_view(self.reducer, address, count, p.dtype, p.shape))
+        self._grads = self._bucket_views()
         self.reducer.zero_grads()
-        for p, view in zip(self._params, self._grads):
+        for p, view, widened in zip(self._params, self._grads, self._widened):
             if p.grad is not None:
                 view.copy_(p.grad)
-            p.grad = view
+            p.grad = None if widened else view
+            if self._main_grad:
+                p.main_grad = view
+        self._rebuild = bool(rebuild_bucket_order)  # a rebuild is still to come
+        self._rebuild_due = False                   # a synced backward recorded the order
         # Keep the AccumulateGrad nodes alive: a node dropped by autograd would lose its hook.
         self._grad_accs, self._hooks = [], []
         for pid, p in enumerate(self._params):
@@ -203,6 +236,32 @@ class DistributedDataParallel(torch.nn.Module):
         self._warned_unreduced = False
         self.reducer.before_close.append(_weak_call(self._detach_grads))
 
+    def _bucket_views(self):
+        """A tensor over each parameter's gradient in the reducer's buckets (its registered
+        dtype: f32 for main_grad's half parameters)."""
+        views = []
+        for pid, (p, widened) in enumerate(zip(self._params, self._widened)):
+            address, count = self.reducer.grad(pid)
+            dtype = torch.float32 if widened else p.dtype
+            views.append(_view(self.reducer, address, count, dtype, p.shape))
+        return views
+
+    def _rebuild_if_due(self):
+        """The bucket rebuild (collective): at a forward with grad, or when ShardedAdamW is
+        built, once the first synced backward recorded the readiness order. Rebinds p.grad and
+        main_grad of every parameter still bound to its old view."""
+        if not self._rebuild_due:
+            return
+        self._rebuild = self._rebuild_due = False
+        if not self.reducer.rebuild_buckets():
+            return
+        old, self._grads = self._grads, self._bucket_views()
+        for p, before, view, widened in zip(self._params, old, self._grads, self._widened):
+            if not widened and p.grad is not None and p.grad.data_ptr() == before.data_ptr():
+                p.grad = view
+            if self._main_grad:
+                p.main_grad = view
+
     def close(self):
         """Unhooks the module, gives the gradients their own memory (copies) and frees the
         reducer: `module` is a plain torch module again. Close a ShardedAdamW on this model
@@ -216,9 +275,11 @@ class DistributedDataParallel(torch.nn.Module):
         for h in self._hooks:
             h.remove()
         self._hooks, self._grad_accs = [], []
-        for p, view in zip(self._params, self._grads):
+        for p, view, widened in zip(self._params, self._grads, self._widened):
             if p.grad is not None and p.grad.data_ptr() == view.data_ptr():
                 p.grad = p.grad.clone()
+            if self._main_grad:
+                p.main_grad = view.clone()
         self._grads = []
 
 
@@ -231,6 +292,7 @@ class DistributedDataParallel(torch.nn.Module):
         synced = torch.is_grad_enabled() and self._sync == "sync"
         if torch.is_grad_enabled():
             self._armed = self._sync
+            self._rebuild_if_due()
             self._rebind_grads()
         out = self.module(*args, **kwargs)
         self._sync_buffers_next = synced  # torch DDP's require_forward_param_sync
@@ -310,8 +372,11 @@ class DistributedDataParallel(torch.nn.Module):
             self.reducer.zero_grads()
 
     def _rebind_grads(self):
-        stale = [(p, view) for p, view in zip(self._params, self._grads)
-                 if p.grad is None or p.grad.data_ptr() != view.data_ptr()]
+        for p, widened in zip(self._params, self._widened):
+            if widened and p.grad is not None:  # its hook adds this backward's gradient only
+                p.grad = None
+        stale = [(p, view) for p, view, widened in zip(self._params, self._grads, self._widened)
+                 if not widened and (p.grad is None or p.grad.data_ptr() != view.data_ptr())]
         if stale and self._stepper is not None:
             self._stepper.wait_all_params()  # the stepper may still be zeroing those buckets
         for p, view in stale:
@@ -340,7 +405,13 @@ class DistributedDataParallel(torch.nn.Module):
                     "it, so it was reduced as unused at the start of the backward "
                     "(find_unused_parameters=True: compute every use of a parameter inside "
                     "forward, reachable from its outputs)" % self._names[pid])
-            if p.grad is None or p.grad.data_ptr() != view.data_ptr():
+            if self._widened[pid]:
+                if p.grad is None:
+                    raise RuntimeError("parameter %r: no gradient at its AccumulateGrad hook"
+                                       % self._names[pid])
+                view.add_(p.grad)  # main_grad: widened exactly, summed in f32
+                p.grad = None
+            elif p.grad is None or p.grad.data_ptr() != view.data_ptr():
                 raise RuntimeError("parameter %d: its .grad was replaced during backward; "
                                    "Braid reduces the bucket view bound at forward" % pid)
             self.reducer.mark_ready(pid)
@@ -357,6 +428,8 @@ class DistributedDataParallel(torch.nn.Module):
         if self._armed != "no_sync":
             self._accumulated = set()
         self._owner().finish_backward()
+        if self._rebuild and self._armed == "sync":
+            self._rebuild_due = True
         if self._stepper is None and self._mode != "allreduce" and not self._warned_unreduced:
             self._warned_unreduced = True
             warnings.warn("mode %r without ShardedAdamW: param.grad holds this rank's local "

@@ -1,0 +1,141 @@
+/* braid_reducer_rebuild_buckets (torch DDP's one-time bucket rebuild) from C99, 2 ranks: local
+ * threads, or one rank per process under `mpirun -np 2` (argument "mpi").
+ *
+ * Six parameters, one per bucket, registered 0..5: the initial plan is reverse registration
+ * (parameter 5 in bucket 0). Each rank marks them in its own order in the first synced
+ * backward; the rebuild adopts world rank 0's (2, 0, 4, 1, 5, 3): parameter 2 lands in bucket
+ * 0. The averaged gradients move with their parameters; a second step reduces right in the
+ * new buckets; a second rebuild does nothing. Bad calls are named: during a backward, with an
+ * optimizer built on the reducer, on a shard_gradients reducer. */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "capi/braid.h"
+#include "tests/capi/test_util.h"
+
+#define P 6
+
+static braid_group_t* world_groups[2];
+static const size_t kCounts[P] = {3, 5, 2, 7, 4, 6};
+static const int kOrder[2][P] = {{2, 0, 4, 1, 5, 3}, {5, 4, 3, 2, 1, 0}};
+
+static void make_params(braid_param_t* params) {
+  int i;
+  for (i = 0; i < P; ++i) {
+    params[i].id = 100 + i;
+    params[i].count = kCounts[i];
+    params[i].dtype = BRAID_DTYPE_F32;
+    params[i].name = NULL;
+  }
+}
+
+/* Rank r's gradient of parameter i in step t: (r + 1) * (t + 1) * (10 i + k + 1). */
+static float grad_value(int rank, int t, int i, size_t k) {
+  return (float)((rank + 1) * (t + 1)) * (float)(10 * i + (int)k + 1);
+}
+
+/* One synced backward: every gradient written into its bucket view, marked in `order`. */
+static void step(braid_reducer_t* red, int rank, int t, const int* order) {
+  int j;
+  size_t k, count = 0;
+  float* g = NULL;
+  EXPECT_OK(braid_reducer_zero_grads(red));
+  EXPECT_OK(braid_reducer_begin_backward(red, BRAID_SYNC));
+  for (j = 0; j < P; ++j) {
+    const int i = order[j];
+    EXPECT_OK(braid_reducer_grad(red, 100 + i, (void**)&g, &count));
+    EXPECT_TRUE(count == kCounts[i]);
+    for (k = 0; k < count; ++k) g[k] = grad_value(rank, t, i, k);
+    EXPECT_OK(braid_reducer_mark_ready(red, 100 + i, NULL));
+  }
+  EXPECT_OK(braid_reducer_finish_backward(red));
+}
+
+/* The average of both ranks' gradients of step t: 1.5 * (t + 1) * (10 i + k + 1), exact. */
+static void check_grads(braid_reducer_t* red, int t) {
+  int i;
+  size_t k, count = 0;
+  float* g = NULL;
+  for (i = 0; i < P; ++i) {
+    EXPECT_OK(braid_reducer_grad(red, 100 + i, (void**)&g, &count));
+    EXPECT_TRUE(count == kCounts[i]);
+    for (k = 0; k < count; ++k) {
+      if (g[k] != 1.5f * (float)(t + 1) * (float)(10 * i + (int)k + 1)) {
+        char d[128];
+        snprintf(d, sizeof d, "step %d parameter %d element %d: %g", t, i, (int)k, (double)g[k]);
+        test_fail(__FILE__, __LINE__, "averaged gradient", d);
+        break;
+      }
+    }
+  }
+}
+
+static void* rank_main(void* arg) {
+  const int rank = *(const int*)arg;
+  braid_param_t params[P];
+  braid_reducer_options_t ro;
+  braid_reducer_t* red = NULL;
+  int i, b = -1, rebuilt = -1;
+
+  make_params(params);
+  braid_reducer_options_init(&ro);
+  ro.bucket_cap_bytes = 1;  /* one parameter per bucket */
+  ro.first_bucket_cap_bytes = 1;
+  ro.timeout_ms = 20000;
+  EXPECT_OK(braid_reducer_create(world_groups[rank], NULL, params, P, &ro, &red));
+  for (i = 0; i < P; ++i) {
+    EXPECT_OK(braid_reducer_param_bucket(red, 100 + i, &b));
+    EXPECT_TRUE(b == P - 1 - i);
+  }
+  EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "rebuilt", braid_reducer_rebuild_buckets(red, NULL));
+  /* Nothing recorded yet: no rebuild, no communication. */
+  EXPECT_OK(braid_reducer_rebuild_buckets(red, &rebuilt));
+  EXPECT_TRUE(rebuilt == 0);
+
+  step(red, rank, 0, kOrder[rank]);
+  EXPECT_OK(braid_reducer_begin_backward(red, BRAID_NO_SYNC));
+  EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "backward is in progress",
+               braid_reducer_rebuild_buckets(red, &rebuilt));
+  for (i = 0; i < P; ++i) EXPECT_OK(braid_reducer_mark_ready(red, 100 + i, NULL));
+  EXPECT_OK(braid_reducer_finish_backward(red));  /* no_sync: marks nothing, reduces nothing */
+  check_grads(red, 0);
+
+  EXPECT_OK(braid_reducer_rebuild_buckets(red, &rebuilt));
+  EXPECT_TRUE(rebuilt == 1);
+  for (i = 0; i < P; ++i) {
+    EXPECT_OK(braid_reducer_param_bucket(red, 100 + kOrder[0][i], &b));
+    EXPECT_TRUE(b == i);  /* world rank 0's readiness order, on both ranks */
+  }
+  check_grads(red, 0);  /* the values moved with their parameters */
+  step(red, rank, 1, kOrder[rank]);
+  check_grads(red, 1);
+  EXPECT_OK(braid_reducer_rebuild_buckets(red, &rebuilt));
+  EXPECT_TRUE(rebuilt == 0);  /* once per reducer */
+  EXPECT_OK(braid_reducer_destroy(red));
+
+  /* An optimizer lays its state out by the buckets: no rebuild under it. */
+  ro.mode = BRAID_MODE_REDUCE_SCATTER;
+  EXPECT_OK(braid_reducer_create(world_groups[rank], NULL, params, P, &ro, &red));
+  {
+    braid_optimizer_t* opt = NULL;
+    EXPECT_OK(braid_optimizer_create(red, NULL, &opt));
+    EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "an optimizer was built on this reducer",
+                 braid_reducer_rebuild_buckets(red, &rebuilt));
+    EXPECT_OK(braid_optimizer_destroy(opt));
+  }
+  EXPECT_OK(braid_reducer_destroy(red));
+
+  ro.shard_gradients = 1;
+  EXPECT_OK(braid_reducer_create(world_groups[rank], NULL, params, P, &ro, &red));
+  EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "shard_gradients",
+               braid_reducer_rebuild_buckets(red, &rebuilt));
+  EXPECT_OK(braid_reducer_destroy(red));
+  return NULL;
+}
+
+int main(int argc, char** argv) {
+  test_run_2_ranks(argc, argv, world_groups, rank_main);
+  return test_finish("capi_rebuild_test");
+}
