@@ -15,6 +15,7 @@
 #include "comm/group.h"
 #include "comm/work.h"
 #include "optim/sharded_optimizer.h"
+#include "scheduler/bucket_tuner.h"
 #include "scheduler/buffer_pool.h"
 #include "scheduler/gradient_reducer.h"
 #include "scheduler/memory_stats.h"
@@ -61,6 +62,8 @@ struct ReducerImpl {
   // optimizer's gathered parameters (scheduler/buffer_pool.h).
   std::shared_ptr<sched::BufferPool> pool;
   std::unique_ptr<sched::GradientReducer> reducer;
+  // braid_reducer_autotune: created by its first call (the reducer's caps are the default).
+  std::unique_ptr<sched::BucketTuner> tuner;
   // Between a successful begin_backward (reducer's or optimizer's) and the next finish: the
   // C++ reducer does not expose it, and zero_grads must refuse then.
   std::atomic<bool> in_backward{false};
@@ -76,6 +79,21 @@ struct OptimizerImpl {
   std::unique_ptr<optim::ShardedOptimizer> opt;
   // fully_sharded only: drives the gatherer unit by unit (destroyed first).
   std::unique_ptr<sched::UnitScheduler> units;
+};
+
+// Bucket re-plans (braid_reducer_rebuild_buckets, braid_reducer_autotune): FAILED_PRECONDITION
+// naming why `r` cannot re-plan now (an optimizer built on it, shard_gradients, a backward in
+// progress).
+absl::Status CheckReplannable(braid_reducer_t* handle, const ReducerImpl& r);
+
+// Holds the mutexes of a reducer's groups (shard, and replica if any) for a collective call on
+// them, so no other C API call on those groups interleaves.
+class GroupLocks {
+ public:
+  explicit GroupLocks(ReducerImpl& r);
+
+ private:
+  std::unique_lock<std::mutex> shard_, replica_;
 };
 
 }  // namespace braid::capi

@@ -275,28 +275,8 @@ braid_status_t braid_reducer_rebuild_buckets(braid_reducer_t* reducer, int* rebu
     ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
     RETURN_IF_ERROR(CheckNotNull(rebuilt, "rebuilt"));
     *rebuilt = 0;
-    if (braid::capi::HandleRegistry::Get().Children(reducer, Tag::kOptimizer) != 0) {
-      return absl::FailedPreconditionError(
-          "an optimizer was built on this reducer: its state is laid out by the buckets, which "
-          "can no longer be rebuilt (rebuild before creating the optimizer)");
-    }
-    if (r->shard_gradients) {
-      return absl::FailedPreconditionError(
-          "a shard_gradients reducer does not rebuild its buckets (no full-size storage between "
-          "backwards to move gradients through)");
-    }
-    if (r->in_backward) {
-      return absl::FailedPreconditionError("a backward is in progress (finish it first)");
-    }
-    // Collective over the groups, as create: keep other calls on them out meanwhile.
-    std::unique_lock<std::mutex> l1(r->shard->mu, std::defer_lock);
-    std::unique_lock<std::mutex> l2;
-    if (r->replica) {
-      l2 = std::unique_lock<std::mutex>(r->replica->mu, std::defer_lock);
-      std::lock(l1, l2);
-    } else {
-      l1.lock();
-    }
+    RETURN_IF_ERROR(braid::capi::CheckReplannable(reducer, *r));
+    braid::capi::GroupLocks locks(*r);
     ASSIGN_OR_RETURN(bool done, r->reducer->RebuildBucketsIfPending());
     *rebuilt = done ? 1 : 0;
     return absl::OkStatus();

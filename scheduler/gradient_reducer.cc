@@ -229,7 +229,41 @@ absl::StatusOr<bool> GradientReducer::RebuildBucketsIfPending() {
   }
   std::vector<int> new_order(order.begin(), order.end());
   ASSIGN_OR_RETURN(BucketPlan plan, BucketPlan::BuildInOrder(plan_.params(), new_order, plan_.options()));
+  RETURN_IF_ERROR(AdoptPlan(std::move(plan)));
+  rebuild_pending_ = false;
+  return true;
+}
+
+absl::StatusOr<bool> GradientReducer::Replan(size_t bucket_cap_bytes, size_t first_bucket_cap_bytes) {
+  if (in_backward_.load()) return absl::FailedPreconditionError("Replan during a backward");
+  if (config_.keep_shards_only) {
+    return absl::FailedPreconditionError(
+        "Replan: keep_shards_only buckets hold no full-size storage between backwards to move "
+        "gradients through");
+  }
+  // The current bucket order, new caps.
+  const int n = static_cast<int>(plan_.params().size());
+  std::vector<int> order(n);
+  for (int i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [this](int a, int b) {
+    const ParamSlot& x = plan_.slot(a);
+    const ParamSlot& y = plan_.slot(b);
+    return x.bucket != y.bucket ? x.bucket < y.bucket : x.offset < y.offset;
+  });
+  PlanOptions o = plan_.options();
+  o.bucket_cap_bytes = bucket_cap_bytes;
+  o.first_bucket_cap_bytes = first_bucket_cap_bytes;
+  ASSIGN_OR_RETURN(BucketPlan plan, BucketPlan::BuildInOrder(plan_.params(), order, o));
+  if (plan.Fingerprint() == plan_.Fingerprint()) return false;  // identical on every rank
+  RETURN_IF_ERROR(AdoptPlan(std::move(plan)));
+  return true;
+}
+
+absl::Status GradientReducer::AdoptPlan(BucketPlan plan) {
+  std::vector<Group*> chain = {groups_.shard};
+  if (config_.mode == ReduceMode::kHybrid) chain.push_back(groups_.replica);
   for (Group* g : chain) RETURN_IF_ERROR(VerifyPlanAcrossRanks(plan, *g, config_.timeout));
+  const int n = static_cast<int>(plan_.params().size());
   // Move every gradient to its new slot.
   BucketPlan old_plan = std::move(plan_);
   std::vector<std::unique_ptr<BucketState>> old_buckets = std::move(buckets_);
@@ -244,9 +278,8 @@ absl::StatusOr<bool> GradientReducer::RebuildBucketsIfPending() {
   }
   // The old storage is freed on return: the copies out of it must have run.
   RETURN_IF_ERROR(ops_.Synchronize(absl::Now() + config_.timeout));
-  rebuild_pending_ = false;
   ++plan_generation_;
-  return true;
+  return absl::OkStatus();
 }
 
 GradientReducer::~GradientReducer() {

@@ -229,6 +229,7 @@ class GradientReducer {
   // comm stream, so ordered). No reduction of b may be in flight.
   absl::Status ZeroBucket(int b);
   ReduceMode mode() const { return config_.mode; }
+  absl::Duration timeout() const { return config_.timeout; }
   const ReducerGroups& groups() const { return groups_; }
 
   // Collective over the reducer's groups; call between steps (after the results were
@@ -238,6 +239,12 @@ class GradientReducer {
   // bucket index changes, so the framework fetches its gradient views again. Gradient values
   // move with their parameters. Returns false when there is nothing to rebuild.
   absl::StatusOr<bool> RebuildBucketsIfPending();
+  // Collective like RebuildBucketsIfPending, at the same point with the same caps on every
+  // rank (the autotuner's re-plan): rebuilds the plan in the current bucket order with new
+  // caps, moving every gradient to its new slot, and returns true; false (no communication)
+  // when the caps give the same plan. FailedPrecondition during a backward and with
+  // keep_shards_only.
+  absl::StatusOr<bool> Replan(size_t bucket_cap_bytes, size_t first_bucket_cap_bytes);
   int plan_generation() const { return plan_generation_; }
 
  private:
@@ -312,6 +319,8 @@ class GradientReducer {
   bool rebuild_pending_ = false;
   int plan_generation_ = 0;
   absl::Status AllocateBuckets();
+  // Verifies `plan` across the groups, then moves every gradient into its buckets.
+  absl::Status AdoptPlan(BucketPlan plan);
 
   std::atomic<bool> in_backward_{false};
   SyncMode sync_ = SyncMode::kSync;

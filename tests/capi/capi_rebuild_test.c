@@ -6,7 +6,12 @@
  * backward; the rebuild adopts world rank 0's (2, 0, 4, 1, 5, 3): parameter 2 lands in bucket
  * 0. The averaged gradients move with their parameters; a second step reduces right in the
  * new buckets; a second rebuild does nothing. Bad calls are named: during a backward, with an
- * optimizer built on the reducer, on a shard_gradients reducer. */
+ * optimizer built on the reducer, on a shard_gradients reducer.
+ *
+ * braid_reducer_autotune on simulated step times that fall with the number of buckets (rank 1
+ * reports half of rank 0's time, so only the all-reduced maximum keeps the ranks in step): it
+ * settles within 60 steps on caps giving one bucket per parameter, re-plans the buckets on the
+ * way (gradient values move with them) and then stays local and settled. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdio.h>
@@ -72,6 +77,62 @@ static void check_grads(braid_reducer_t* red, int t) {
   }
 }
 
+/* The autotuner: 6 parameters of 8-28 KB, default caps 32 KiB (first 16 KiB). */
+static void autotune(int rank) {
+  static const size_t kBig[P] = {3000, 5000, 2000, 7000, 4000, 6000};
+  braid_param_t params[P];
+  braid_reducer_options_t ro;
+  braid_reducer_t* red = NULL;
+  int i, t, buckets = 0, replanned = 0, done = 0, replans = 0, settled_at = -1;
+  make_params(params);
+  for (i = 0; i < P; ++i) params[i].count = kBig[i];
+  braid_reducer_options_init(&ro);
+  ro.bucket_cap_bytes = 32768;
+  ro.first_bucket_cap_bytes = 16384;
+  ro.timeout_ms = 20000;
+  EXPECT_OK(braid_reducer_create(world_groups[rank], NULL, params, P, &ro, &red));
+  EXPECT_OK(braid_reducer_num_buckets(red, &buckets));
+  EXPECT_TRUE(buckets < P);
+  for (t = 0; t < 60 && !done; ++t) {
+    int j;
+    size_t k, count = 0;
+    float* g = NULL;
+    double seconds;
+    EXPECT_OK(braid_reducer_zero_grads(red));
+    EXPECT_OK(braid_reducer_begin_backward(red, BRAID_SYNC));
+    for (j = 0; j < P; ++j) {
+      EXPECT_OK(braid_reducer_grad(red, 100 + j, (void**)&g, &count));
+      for (k = 0; k < count; ++k) g[k] = (float)((rank + 1) * (t + 1) + j);
+      EXPECT_OK(braid_reducer_mark_ready(red, 100 + j, NULL));
+    }
+    EXPECT_OK(braid_reducer_finish_backward(red));
+    EXPECT_OK(braid_reducer_num_buckets(red, &buckets));
+    seconds = 0.010 - 0.001 * buckets;
+    EXPECT_OK(braid_reducer_autotune(red, rank == 0 ? seconds : seconds / 2, &replanned, &done));
+    replans += replanned;
+    /* Re-planned or not, every gradient holds this step's average (1.5 (t + 1) + j). */
+    for (j = 0; j < P; ++j) {
+      EXPECT_OK(braid_reducer_grad(red, 100 + j, (void**)&g, &count));
+      EXPECT_TRUE(count == kBig[j]);
+      EXPECT_TRUE(g[0] == 1.5f * (float)(t + 1) + (float)j && g[count - 1] == g[0]);
+    }
+    if (done) settled_at = t;
+  }
+  EXPECT_TRUE(done == 1 && settled_at > 10);
+  /* Round 0 re-plans to 4 KiB and to 64 KiB (8 and 16 KiB give the 4 KiB plan: no re-plan). */
+  EXPECT_TRUE(replans >= 2);
+  EXPECT_OK(braid_reducer_num_buckets(red, &buckets));
+  EXPECT_TRUE(buckets == P);  /* the fastest simulated configuration */
+  EXPECT_OK(braid_reducer_autotune(red, 1.0, &replanned, &done));  /* settled: local, no-op */
+  EXPECT_TRUE(replanned == 0 && done == 1);
+  EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "backward is in progress",
+               (braid_reducer_begin_backward(red, BRAID_NO_SYNC),
+                braid_reducer_autotune(red, 1.0, NULL, NULL)));
+  for (i = 0; i < P; ++i) EXPECT_OK(braid_reducer_mark_ready(red, 100 + i, NULL));
+  EXPECT_OK(braid_reducer_finish_backward(red));
+  EXPECT_OK(braid_reducer_destroy(red));
+}
+
 static void* rank_main(void* arg) {
   const int rank = *(const int*)arg;
   braid_param_t params[P];
@@ -132,6 +193,7 @@ static void* rank_main(void* arg) {
   EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "shard_gradients",
                braid_reducer_rebuild_buckets(red, &rebuilt));
   EXPECT_OK(braid_reducer_destroy(red));
+  autotune(rank);
   return NULL;
 }
 

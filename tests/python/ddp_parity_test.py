@@ -1,7 +1,8 @@
 """DistributedDataParallel's torch-DDP parity options on the `local` backend (ranks are threads):
 rebuild_bucket_order (torch DDP's one-time rebuild in the first synced backward's readiness
-order, via braid_reducer_rebuild_buckets) and main_grad (Megatron's f32 gradient accumulation
-for bf16 models), against serial torch references."""
+order, via braid_reducer_rebuild_buckets), autotune (bucket caps tuned over the first steps,
+braid_reducer_autotune: results unchanged, views rebound, settled) and main_grad (Megatron's
+f32 gradient accumulation for bf16 models), against serial torch references."""
 
 import unittest
 import warnings
@@ -133,6 +134,48 @@ class RebuildTest(unittest.TestCase):
             for i, (got, w) in enumerate(zip(params, net.parameters())):
                 torch.testing.assert_close(got, w.detach(), rtol=0, atol=1e-6,
                                            msg="parameter %d" % i)
+
+
+class AutotuneTest(unittest.TestCase):
+    STEPS = 60
+
+    def test_tunes_settles_and_changes_no_result(self):
+        def body(r, g, tune):
+            model = bt.DistributedDataParallel(Backwards(), g, autotune=tune,
+                                               bucket_cap_mb=2e-4, first_bucket_cap_mb=1e-4)
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            plans = set()
+            for s in range(self.STEPS):
+                _loss(model, r, s).backward()
+                opt.step()
+                model.zero_grad()
+                plans.add(tuple(model.reducer.param_bucket(i) for i in range(6)))
+                bound = all(p.grad.data_ptr() == model.reducer.grad(i)[0]
+                            for i, p in enumerate(model.parameters()))
+                self.assertTrue(bound, "step %d: p.grad not rebound after a re-plan" % s)
+            params = [p.detach().clone() for p in model.parameters()]
+            settled = not model._autotune
+            model.close()
+            return params, settled, len(plans)
+
+        tuned = run_ranks(N, lambda r, g: body(r, g, True))
+        plain = run_ranks(N, lambda r, g: body(r, g, False))
+        for (params, settled, plans), (ref, _, ref_plans) in zip(tuned, plain):
+            self.assertTrue(settled)
+            self.assertEqual(ref_plans, 1)
+            self.assertGreater(plans, 1)  # the trials re-planned the buckets
+            for i, (got, want) in enumerate(zip(params, ref)):
+                self.assertTrue(torch.equal(got, want), "parameter %d" % i)
+        self.assertEqual(tuned[0][2], tuned[1][2])
+
+    def test_sharded_optimizer_is_refused(self):
+        def body(r, g):
+            model = _ddp(g, mode="reduce_scatter", autotune=True)
+            with self.assertRaisesRegex(ValueError, "autotune=True"):
+                bt.ShardedSGD(model, lr=0.1)
+            model.close()
+
+        run_ranks(N, body)
 
 
 class MainGradTest(unittest.TestCase):

@@ -188,6 +188,7 @@ _SIGNATURES = {
     "braid_reducer_num_buckets": (_st, [_p, ctypes.POINTER(_i)]),
     "braid_reducer_param_bucket": (_st, [_p, _i64, ctypes.POINTER(_i)]),
     "braid_reducer_rebuild_buckets": (_st, [_p, ctypes.POINTER(_i)]),
+    "braid_reducer_autotune": (_st, [_p, ctypes.c_double, ctypes.POINTER(_i), ctypes.POINTER(_i)]),
     "braid_reducer_unit_buckets": (_st, [_p, _i, ctypes.POINTER(_i), _i, ctypes.POINTER(_i)]),
     "braid_reducer_num_units": (_st, [_p, ctypes.POINTER(_i)]),
     "braid_reducer_shard": (_st, [_p, _i, _pp, ctypes.POINTER(_sz)]),

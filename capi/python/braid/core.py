@@ -519,6 +519,15 @@ class Reducer(_Handle):
         _lib.call("braid_reducer_rebuild_buckets", self.handle, ctypes.byref(rebuilt))
         return bool(rebuilt.value)
 
+    def autotune(self, step_seconds):
+        """braid_reducer_autotune: once per step at a step boundary, on every rank, with the
+        time of the step that just ended. Returns (replanned, done): replanned is True when
+        the buckets changed (fetch grad() addresses again)."""
+        replanned, done = ctypes.c_int(), ctypes.c_int()
+        _lib.call("braid_reducer_autotune", self.handle, float(step_seconds),
+                  ctypes.byref(replanned), ctypes.byref(done))
+        return bool(replanned.value), bool(done.value)
+
     def unit_buckets(self, unit):
         """The buckets of unit `unit` (param_units), in bucket order; [] for a unit no
         parameter names."""

@@ -153,6 +153,10 @@ class _ShardedOptimizer(torch.optim.Optimizer):
                 "%s over DistributedDataParallel(main_grad=True): the sharded optimizer needs "
                 "buckets of the parameters' dtype (it keeps f32 master weights; pass "
                 "reduce_dtype=torch.float32 to reduce half gradients in f32)" % type(self).__name__)
+        if ddp._autotune:
+            raise ValueError(
+                "%s over DistributedDataParallel(autotune=True): the shards are laid out by the "
+                "buckets, which the tuner re-plans; pass autotune=False" % type(self).__name__)
         ddp._rebuild_if_due()  # collective: every rank builds its optimizer at the same point
         if ddp._rebuild:
             raise ValueError(

@@ -77,6 +77,15 @@ the half parameters' gradients take twice their bytes. Not with ShardedAdamW (it
 must have the parameters' dtype; it keeps f32 master weights and reduce_dtype=torch.float32
 reduces half buckets in f32).
 
+Autotuning (autotune=True; off by default): each forward with grad that starts a step (the
+first after a synced backward) hands the time since the previous one to the reducer's tuner
+(braid_reducer_autotune: the ranks' times are all-reduced, max, so all decide alike), which
+tries bucket caps around bucket_cap_mb by successive halving for about 45 steps, re-plans the
+buckets between steps (gradient views rebound, values kept) and settles on the fastest caps
+measured, or keeps the configured ones unless another beats them by over 3 % and is
+confirmed. The trial table is logged and, with timeline_prefix, recorded on its "autotune"
+track. Not with ShardedAdamW (its shards are laid out by the buckets).
+
 Memory: each view keeps the Braid object owning its memory alive, and whoever closes that
 object (close(), World.close(), interpreter exit) first gives the tensors copies of their
 values, so no tensor ever points at freed memory.
@@ -150,6 +159,7 @@ Fully sharded (FullyShardedDataParallel + ShardedAdamW / ShardedSGD), wired over
 """
 
 import functools
+import time
 import warnings
 
 import torch
@@ -182,12 +192,15 @@ class DistributedDataParallel(torch.nn.Module):
     synced backward (torch DDP's rebuild; module docstring "Bucket order").
     main_grad: f32 gradient buckets for bf16/f16 parameters, as p.main_grad (module
     docstring).
+    autotune: tune the bucket caps on the first ~45 steps (braid_reducer_autotune; module
+    docstring "Autotuning").
     """
 
     def __init__(self, module, group, mode="allreduce", replica_group=None, bucket_cap_mb=25.0,
                  first_bucket_cap_mb=1.0, find_unused_parameters=False, reduce_dtype=None,
                  broadcast_from_rank0=True, timeout_ms=300000, timeline_prefix=None,
-                 broadcast_buffers=True, rebuild_bucket_order=False, main_grad=False):
+                 broadcast_buffers=True, rebuild_bucket_order=False, main_grad=False,
+                 autotune=False):
         super().__init__()
         self.module = module
         self._groups = [g for g in (group, replica_group) if g is not None]
@@ -218,6 +231,9 @@ class DistributedDataParallel(torch.nn.Module):
                 p.main_grad = view
         self._rebuild = bool(rebuild_bucket_order)  # a rebuild is still to come
         self._rebuild_due = False                   # a synced backward recorded the order
+        self._autotune = bool(autotune)             # still tuning
+        self._step_start = None                     # perf_counter() at the last step boundary
+        self._stepped = True                        # a synced backward since then
         # Keep the AccumulateGrad nodes alive: a node dropped by autograd would lose its hook.
         self._grad_accs, self._hooks = [], []
         for pid, p in enumerate(self._params):
@@ -253,8 +269,28 @@ class DistributedDataParallel(torch.nn.Module):
         if not self._rebuild_due:
             return
         self._rebuild = self._rebuild_due = False
-        if not self.reducer.rebuild_buckets():
+        if self.reducer.rebuild_buckets():
+            self._refresh_views()
+
+    def _autotune_step(self):
+        """autotune: at each step boundary (a forward with grad after a synced backward), the
+        last step's time goes to braid_reducer_autotune (collective: every rank passes here at
+        the same point); a re-plan rebinds the views, as the rebuild does."""
+        if not (self._autotune and self._stepped):
             return
+        now = time.perf_counter()
+        last, self._step_start, self._stepped = self._step_start, now, False
+        if last is None:
+            return
+        replanned, done = self.reducer.autotune(now - last)
+        if replanned:
+            self._refresh_views()
+        if done:
+            self._autotune = False
+
+    def _refresh_views(self):
+        """After a re-plan: new views over the new buckets; p.grad (and main_grad) of every
+        parameter still bound to its old view is rebound (the values moved with it)."""
         old, self._grads = self._grads, self._bucket_views()
         for p, before, view, widened in zip(self._params, old, self._grads, self._widened):
             if not widened and p.grad is not None and p.grad.data_ptr() == before.data_ptr():
@@ -293,6 +329,8 @@ class DistributedDataParallel(torch.nn.Module):
         if torch.is_grad_enabled():
             self._armed = self._sync
             self._rebuild_if_due()
+            if self._sync == "sync":
+                self._autotune_step()
             self._rebind_grads()
         out = self.module(*args, **kwargs)
         self._sync_buffers_next = synced  # torch DDP's require_forward_param_sync
@@ -428,8 +466,9 @@ class DistributedDataParallel(torch.nn.Module):
         if self._armed != "no_sync":
             self._accumulated = set()
         self._owner().finish_backward()
-        if self._rebuild and self._armed == "sync":
-            self._rebuild_due = True
+        if self._armed == "sync":
+            self._rebuild_due = self._rebuild
+            self._stepped = True
         if self._stepper is None and self._mode != "allreduce" and not self._warned_unreduced:
             self._warned_unreduced = True
             warnings.warn("mode %r without ShardedAdamW: param.grad holds this rank's local "
