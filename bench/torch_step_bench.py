@@ -6,6 +6,9 @@ its own batches with each variant in turn, round-robin (so drift hits all alike)
   braid     braid.pytorch.DistributedDataParallel (all-reduce) + torch.optim.AdamW
   sharded   braid DDP, reduce-scatter mode + braid.pytorch.ShardedAdamW (steps each shard as
             its reduction completes, all-gathers while the next forward waits per module)
+  autotuned braid DDP (all-reduce) with autotune=True + torch.optim.AdamW: tuned before the
+            rounds (its tuning steps are untimed; their count is printed), then timed as the
+            others; compare it with `braid`, the same stack on the default caps
 Each round times --steps steps after --warmup; the figure is the median over rounds of the
 per-step time, the slowest rank's; ratios are against ddp measured in the same rounds.
 --csv prints only ranks,model,width,variant,median_ms,min_ms (tools/plot_benches.py plots it).
@@ -31,8 +34,8 @@ def build(variant, kind, width, group, lr):
     if variant == "ddp":
         wrapped = torch.nn.parallel.DistributedDataParallel(model)
         return wrapped, torch.optim.AdamW(wrapped.parameters(), lr=lr), None
-    if variant == "braid":
-        wrapped = bt.DistributedDataParallel(model, group)
+    if variant in ("braid", "autotuned"):
+        wrapped = bt.DistributedDataParallel(model, group, autotune=variant == "autotuned")
         return wrapped, torch.optim.AdamW(wrapped.parameters(), lr=lr), None
     wrapped = bt.DistributedDataParallel(model, group, mode="reduce_scatter")
     opt = bt.ShardedAdamW(wrapped, lr=lr)
@@ -60,6 +63,13 @@ def main():
     stacks = {v: build(v, args.model, args.width, group, 1e-4) for v in variants}
     times = {v: [] for v in variants}
     step = 0
+    tuning_steps = 0
+    if "autotuned" in variants:  # settle the tuner first (about 45 steps), untimed
+        model, opt, _ = stacks["autotuned"]
+        while model._autotune and tuning_steps < 200:
+            train_models.train(args.model, model, opt, rank, 1, first_step=tuning_steps)
+            tuning_steps += 1
+        step = tuning_steps
     for _ in range(args.rounds):
         for v in variants:
             model, opt, sharded = stacks[v]
@@ -89,6 +99,9 @@ def main():
         print("torch_step_bench: %s width %d (%d params, f32), %d ranks, %d steps x %d rounds, "
               "batch %d per rank" % (args.model, args.width, nparams, size, args.steps,
                                       args.rounds, 16))
+        if "autotuned" in variants:
+            print("autotuned: settled after %d untimed steps%s" % (
+                tuning_steps, "" if not stacks["autotuned"][0]._autotune else " (NOT settled)"))
         print("%-10s %12s %12s %10s" % ("variant", "median ms", "min ms", "vs " + variants[0]))
         for v in variants:
             med = statistics.median(times[v])
