@@ -101,7 +101,7 @@ struct GroupHyper {
 
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kAdamW;
-  std::vector<GroupHyper> groups{GroupHyper{}};  // group 0 is every unlisted parameter's
+  std::vector<GroupHyper> groups = std::vector<GroupHyper>(1);  // group 0: every unlisted parameter
   absl::flat_hash_map<ParamId, int> group_of;    // parameter id -> index into groups
   bool overlap = true;         // step each bucket as its reduction completes; else Step()
   double max_grad_norm = 0.0;  // > 0: exact global-norm clipping (as torch's clip_grad_norm_)
