@@ -8,7 +8,12 @@
 //   deadline   rank 0's all-reduce on the group {0, 1} has a 300 ms deadline and rank 1
 //              stalls; rank 2, blocked in a world all-reduce (60 s), must stop within 2 s of
 //              that deadline, naming rank 0; rank 1's next call is refused.
+//   die        rank 2 exits after 200 ms without any cleanup (std::_Exit: its sockets close
+//              as on kill -9) while ranks 0 and 1 wait in a world all-reduce (60 s): they
+//              must fail within 2 s (Gloo's "connection closed by peer"; the group's failure
+//              then aborts the job through the store for ranks not waiting on rank 2).
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -94,6 +99,14 @@ int Run(const std::string& scenario) {
                        took < kPrompt,
                    took, s);
     }
+  } else if (scenario == "die") {
+    if (rank == 2) {
+      absl::SleepFor(absl::Milliseconds(200));
+      std::_Exit(0);  // no cleanup at all: its sockets close as on a crash (kill -9)
+    }
+    const absl::Status s = Outcome(g.AllReduce(buf, buf, 32, DType::kF32, ReduceOp::Sum()));
+    const absl::Duration took = absl::Now() - start - absl::Milliseconds(200);
+    rc = Verdict(rank, !s.ok() && took < kPrompt, took, s);
   } else {
     std::fprintf(stderr, "unknown scenario '%s'\n", scenario.c_str());
     return 2;
@@ -108,7 +121,7 @@ int Run(const std::string& scenario) {
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    std::fprintf(stderr, "usage: %s abort_job|deadline\n", argv[0]);
+    std::fprintf(stderr, "usage: %s abort_job|deadline|die\n", argv[0]);
     return 2;
   }
   return braid::Run(argv[1]);
