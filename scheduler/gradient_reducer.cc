@@ -551,13 +551,22 @@ void GradientReducer::LaunchStageLocked(int b, int stage) {
   Group& g = stage == 0 ? *groups_.shard : *groups_.replica;
   const DType t = CommDType(b);
   const ReduceStep step = StepFor(t, g.size());
+  ReductionRequest req{&g, CollectiveKind::kAllReduce, nullptr, nullptr, bk.shard_count, t, step.op, opts, b};
+  if (stage == 1) {
+    req.send = req.recv = config_.keep_shards_only ? CommKept(b) : CommShard(b);
+  } else if (config_.mode == ReduceMode::kAllReduce) {
+    req.send = req.recv = CommData(b);
+    req.count = bk.count;
+  } else {
+    req.kind = CollectiveKind::kReduceScatter;
+    req.send = CommData(b);
+    req.recv = CommShard(b);
+  }
   absl::StatusOr<WorkPtr> w =
       stage == 0 && !s.prepare_error.ok() ? absl::StatusOr<WorkPtr>(s.prepare_error)
-      : stage == 1 && config_.keep_shards_only ? g.AllReduce(CommKept(b), CommKept(b), bk.shard_count, t, step.op, opts)
-      : stage == 1 ? g.AllReduce(CommShard(b), CommShard(b), bk.shard_count, t, step.op, opts)
-      : config_.mode == ReduceMode::kAllReduce
-          ? g.AllReduce(CommData(b), CommData(b), bk.count, t, step.op, opts)
-          : g.ReduceScatter(CommData(b), CommShard(b), bk.shard_count, t, step.op, opts);
+      : config_.scheduler != nullptr      ? config_.scheduler->SubmitReduction(req)
+      : req.kind == CollectiveKind::kAllReduce ? g.AllReduce(req.send, req.recv, req.count, t, step.op, opts)
+                                               : g.ReduceScatter(req.send, req.recv, req.count, t, step.op, opts);
   BucketState::Stage& rec = s.stage[stage];
   rec.work = w.ok() ? *std::move(w)
                     : Work::Completed(WorkInfo{g.name(), "launch", 0, s.label}, w.status());

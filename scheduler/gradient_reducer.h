@@ -114,6 +114,7 @@
 #include "scheduler/buffer_pool.h"
 #include "scheduler/divide.h"
 #include "scheduler/memory_stats.h"
+#include "scheduler/op_scheduler.h"
 #include "scheduler/timeline.h"
 
 namespace braid::sched {
@@ -159,6 +160,10 @@ struct ReducerConfig {
   // shared with the parameter gatherer (scheduler/buffer_pool.h), instead of the reducer's own.
   // InvalidArgument at Create on device groups or without keep_shards_only.
   std::shared_ptr<BufferPool> shared_pool;
+  // Optional, not owned, must outlive the reducer: every reduce-scatter / all-reduce goes
+  // through it (credit-sized partitions, priorities; scheduler/op_scheduler.h), still submitted
+  // in bucket order. Results are bit for bit those without it (see partition.h).
+  OpScheduler* scheduler = nullptr;
 };
 
 class GradientReducer {

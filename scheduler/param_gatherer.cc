@@ -209,6 +209,7 @@ absl::Status ParamGatherer::LaunchLocked(int b, DeviceEvent ready) {
   }
   s.work = *w;
   s.state = GatherState::kInFlight;
+  if (config_.scheduler != nullptr) config_.scheduler->TrackUrgent(s.work, b);
   issue_hash_ = MixIssue(issue_hash_, static_cast<uint64_t>(b));
   recent_[issued_ % kRecentIssues] = b;
   ++issued_;

@@ -93,6 +93,7 @@
 #include "scheduler/bucket_plan.h"
 #include "scheduler/buffer_pool.h"
 #include "scheduler/memory_stats.h"
+#include "scheduler/op_scheduler.h"
 #include "scheduler/timeline.h"
 
 namespace braid::sched {
@@ -117,6 +118,9 @@ struct GathererConfig {
   // gatherer's own, shared with a keep_shards_only reducer (scheduler/buffer_pool.h).
   // InvalidArgument at Create on device groups.
   std::shared_ptr<BufferPool> shared_pool;
+  // Optional, not owned, must outlive the gatherer: every all-gather is reported to it as
+  // urgent (OpScheduler::TrackUrgent), so reductions it schedules wait while gathers run.
+  OpScheduler* scheduler = nullptr;
 };
 
 class ParamGatherer {
