@@ -74,7 +74,9 @@
 #include "optim/sharded_optimizer.h"
 #include "scheduler/gradient_reducer.h"
 #include "scheduler/mesh.h"
+#include "scheduler/op_scheduler.h"
 #include "scheduler/param_gatherer.h"
+#include "bench/overlap_sharded.h"
 
 namespace braid::bench {
 namespace {
@@ -90,6 +92,7 @@ enum class StepMode {
   kOverlapped,
   kOptimAfterBackward,  // --optimizer: overlapped reduction, then every shard stepped, then wait
   kOptimOverlapped,     // --optimizer: each shard stepped as its reduction completes
+  kPriority,            // overlapped, through an OpScheduler (partitions, urgent gathers first)
 };
 
 const char* ModeName(StepMode m) {
@@ -100,6 +103,7 @@ const char* ModeName(StepMode m) {
     case StepMode::kOverlapped: return "overlapped";
     case StepMode::kOptimAfterBackward: return "optim_after_backward";
     case StepMode::kOptimOverlapped: return "optim_overlapped";
+    case StepMode::kPriority: return "priority";
   }
   return "?";
 }
@@ -116,6 +120,9 @@ const char* ReduceName(ReduceMode m) {
 struct Config {
   std::vector<int> ranks;
   ReduceMode reduce = ReduceMode::kAllReduce;
+  bool fully_sharded = false;  // --mode=fully_sharded: ZeRO-3 units (bench/overlap_sharded.h)
+  int64_t credit = 0;          // --credit: the priority mode's OpScheduler credit (bytes)
+  bool priorities = true;      // --priorities=false: the priority mode with partitions only
   int shards = 0;  // hybrid: ranks per shard group (0: ranks / 2)
   double scale = 0.25;
   int blocks = 12;
@@ -134,6 +141,7 @@ struct Config {
       m.push_back(StepMode::kOptimAfterBackward);
       m.push_back(StepMode::kOptimOverlapped);
     }
+    m.push_back(StepMode::kPriority);
     return m;
   }
 };
@@ -210,6 +218,8 @@ struct Shared {
   std::vector<std::vector<std::vector<StepTimes>>> times;  // [mode][iteration][rank]
   std::vector<int64_t> wrong;                         // per rank, from the final check
   int buckets = 0;
+  // Rank 0's OpScheduler (the priority mode) over the whole run.
+  int64_t partitions = 0, reductions = 0, holds = 0, hold_expiries = 0;
 };
 
 // The two sharded optimizers of --optimizer (each with its own gatherer and gather group):
@@ -237,11 +247,48 @@ absl::Status RunOptimizerStep(optim::ShardedOptimizer& opt, bool explicit_step, 
   return absl::OkStatus();
 }
 
+// One layer's forward compute in fully sharded mode: half a backward layer's.
+void ComputeForward(const RankLayer& l, const Config& c, int rank) {
+  if (!c.sleep_compute) {
+    WriteGradients(l.spans, rank, std::max(l.elems, l.writes / 2));
+    return;
+  }
+  std::this_thread::sleep_for(std::chrono::microseconds(c.layer_compute_us / 2));
+}
+
+// One fully sharded step (ZeRO-3); fills `t` except t->start.
+absl::Status RunShardedStep(StepMode mode, ShardedStack* stack, const std::vector<RankLayer>& backward,
+                            const Config& c, int rank, StepTimes* t) {
+  const int layers = static_cast<int>(backward.size());
+  // backward[] runs last layer first: layer l is backward[layers - 1 - l].
+  auto compute = [&](int l, bool forward) {
+    const RankLayer& rl = backward[layers - 1 - l];
+    if (forward) {
+      ComputeForward(rl, c, rank);
+    } else {
+      Compute(rl, c, rank);
+    }
+  };
+  if (mode == StepMode::kComputeOnly) {
+    for (int l = 0; l < layers; ++l) compute(l, true);
+    for (int l = layers - 1; l >= 0; --l) compute(l, false);
+    t->backward_end = t->end = Clock::now();
+    return absl::OkStatus();
+  }
+  const ShardedStep kind = mode == StepMode::kCommOnly            ? ShardedStep::kCommOnly
+                           : mode == StepMode::kSyncAfterBackward ? ShardedStep::kSyncAfterBackward
+                                                                  : ShardedStep::kOverlapped;
+  RETURN_IF_ERROR(stack->Step(kind, compute, &t->backward_end));
+  t->end = Clock::now();
+  return absl::OkStatus();
+}
+
 // One step; fills `t` except t->start.
 absl::Status RunStep(StepMode mode, GradientReducer& r, RankOptimizers* opts,
                      const std::vector<RankLayer>& backward, const Config& c, int rank, StepTimes* t) {
   if (mode == StepMode::kOptimAfterBackward) return RunOptimizerStep(*opts->after, true, r, backward, c, rank, t);
   if (mode == StepMode::kOptimOverlapped) return RunOptimizerStep(*opts->overlapped, false, r, backward, c, rank, t);
+  if (mode == StepMode::kPriority) mode = StepMode::kOverlapped;  // the caller passed the scheduled reducer
   if (mode == StepMode::kOverlapped) RETURN_IF_ERROR(r.BeginBackward(SyncMode::kSync));
   for (const RankLayer& l : backward) {
     if (mode != StepMode::kCommOnly) Compute(l, c, rank);
@@ -309,14 +356,30 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
     ASSIGN_OR_RETURN(mesh, sched::MakeMesh(world, n / shards, shards));
     groups = sched::ReducerGroups{mesh.shard.get(), mesh.replica.get()};
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<GradientReducer> reducer,
-                   GradientReducer::Create(model.params, groups, rc));
+  // The priority mode's scheduler (shared by its reducer and, fully sharded, its gatherer).
+  sched::OpSchedulerConfig oc;
+  oc.credit_bytes = static_cast<size_t>(c.credit);
+  oc.priorities = c.priorities;
+  oc.timeout = absl::Seconds(120);
+  ASSIGN_OR_RETURN(std::unique_ptr<sched::OpScheduler> scheduler, sched::OpScheduler::Create(oc, &world));
+  std::unique_ptr<ShardedStack> plain_stack, priority_stack;
+  std::unique_ptr<GradientReducer> owned, owned_priority;
+  if (c.fully_sharded) {
+    ASSIGN_OR_RETURN(plain_stack, ShardedStack::Create(world, model, nullptr, absl::Seconds(120)));
+    ASSIGN_OR_RETURN(priority_stack, ShardedStack::Create(world, model, scheduler.get(), absl::Seconds(120)));
+  } else {
+    ASSIGN_OR_RETURN(owned, GradientReducer::Create(model.params, groups, rc));
+    rc.scheduler = scheduler.get();
+    ASSIGN_OR_RETURN(owned_priority, GradientReducer::Create(model.params, groups, rc));
+  }
+  GradientReducer* reducer = c.fully_sharded ? &plain_stack->reducer() : owned.get();
+  GradientReducer* reducer_p = c.fully_sharded ? &priority_stack->reducer() : owned_priority.get();
   if (rank == 0) shared->buckets = static_cast<int>(reducer->plan().buckets().size());
   RankOptimizers opts;
   if (c.optimizer) {
-    optim::OptimizerConfig oc;
-    oc.threads = c.optimizer_threads;
-    oc.timeout = absl::Seconds(120);
+    optim::OptimizerConfig ocfg;
+    ocfg.threads = c.optimizer_threads;
+    ocfg.timeout = absl::Seconds(120);
     Group& shard = *groups.shard;
     ASSIGN_OR_RETURN(opts.gather_after, shard.Split(0, shard.rank(), "gather_after"));
     ASSIGN_OR_RETURN(opts.gather_overlapped, shard.Split(0, shard.rank(), "gather_overlapped"));
@@ -325,29 +388,42 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
     ASSIGN_OR_RETURN(opts.gatherer_after, sched::ParamGatherer::Create(reducer->plan(), opts.gather_after.get(), gc));
     ASSIGN_OR_RETURN(opts.gatherer_overlapped,
                      sched::ParamGatherer::Create(reducer->plan(), opts.gather_overlapped.get(), gc));
-    oc.overlap = false;
-    ASSIGN_OR_RETURN(opts.after, optim::ShardedOptimizer::Create(reducer.get(), opts.gatherer_after.get(), oc));
-    oc.overlap = true;
+    ocfg.overlap = false;
+    ASSIGN_OR_RETURN(opts.after, optim::ShardedOptimizer::Create(reducer, opts.gatherer_after.get(), ocfg));
+    ocfg.overlap = true;
     ASSIGN_OR_RETURN(opts.overlapped,
-                     optim::ShardedOptimizer::Create(reducer.get(), opts.gatherer_overlapped.get(), oc));
+                     optim::ShardedOptimizer::Create(reducer, opts.gatherer_overlapped.get(), ocfg));
     RETURN_IF_ERROR(opts.after->WaitAllParams());
     RETURN_IF_ERROR(opts.overlapped->WaitAllParams());
   }
 
-  std::vector<RankLayer> backward;  // last layer first
-  for (int l = static_cast<int>(model.layers.size()) - 1; l >= 0; --l) {
-    RankLayer rl;
-    const std::vector<int>& ps = model.layers[l].params;
-    for (auto it = ps.rbegin(); it != ps.rend(); ++it) {
-      const sched::ParamId id = model.params[*it].id;
-      ASSIGN_OR_RETURN(TensorView v, reducer->GradView(id));
-      rl.spans.push_back(GradSpan{static_cast<float*>(v.data), v.count});
-      rl.ids.push_back(id);
+  auto layers_of = [&](GradientReducer& red) -> absl::StatusOr<std::vector<RankLayer>> {
+    std::vector<RankLayer> backward;  // last layer first
+    for (int l = static_cast<int>(model.layers.size()) - 1; l >= 0; --l) {
+      RankLayer rl;
+      const std::vector<int>& ps = model.layers[l].params;
+      for (auto it = ps.rbegin(); it != ps.rend(); ++it) {
+        const sched::ParamId id = model.params[*it].id;
+        ASSIGN_OR_RETURN(TensorView v, red.GradView(id));
+        rl.spans.push_back(GradSpan{static_cast<float*>(v.data), v.count});
+        rl.ids.push_back(id);
+      }
+      rl.elems = model.layers[l].elems;
+      rl.writes = writes[l];
+      backward.push_back(std::move(rl));
     }
-    rl.elems = model.layers[l].elems;
-    rl.writes = writes[l];
-    backward.push_back(std::move(rl));
-  }
+    return backward;
+  };
+  ASSIGN_OR_RETURN(const std::vector<RankLayer> backward, layers_of(*reducer));
+  ASSIGN_OR_RETURN(const std::vector<RankLayer> backward_p, layers_of(*reducer_p));
+  auto run = [&](StepMode mode, StepTimes* t) -> absl::Status {
+    const bool prio = mode == StepMode::kPriority;
+    if (c.fully_sharded) {
+      return RunShardedStep(prio ? StepMode::kOverlapped : mode, prio ? priority_stack.get() : plain_stack.get(),
+                            prio ? backward_p : backward, c, rank, t);
+    }
+    return RunStep(mode, prio ? *reducer_p : *reducer, &opts, prio ? backward_p : backward, c, rank, t);
+  };
 
   const bool tty = isatty(2);
   const int total = c.warmup + c.iters;
@@ -360,16 +436,24 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
       if (!shared->barrier.Wait()) return absl::AbortedError("another rank failed");
       StepTimes t;
       t.start = Clock::now();
-      RETURN_IF_ERROR(RunStep(modes[m], *reducer, &opts, backward, c, rank, &t));
+      RETURN_IF_ERROR(run(modes[m], &t));
       if (it >= c.warmup) shared->times[m][it - c.warmup][rank] = t;
     }
   }
   // Exactness check of one more overlapped step.
   if (!shared->barrier.Wait()) return absl::AbortedError("another rank failed");
   StepTimes unused;
-  RETURN_IF_ERROR(RunStep(StepMode::kOverlapped, *reducer, &opts, backward, c, rank, &unused));
+  RETURN_IF_ERROR(run(StepMode::kOverlapped, &unused));
+  if (!shared->barrier.Wait()) return absl::AbortedError("another rank failed");
+  RETURN_IF_ERROR(run(StepMode::kPriority, &unused));
   const int shard_rank = c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank();
-  shared->wrong[rank] = CountWrong(*reducer, c.reduce, shard_rank, n);
+  shared->wrong[rank] = CountWrong(*reducer, c.reduce, shard_rank, n) + CountWrong(*reducer_p, c.reduce, shard_rank, n);
+  if (rank == 0) {
+    shared->partitions = scheduler->partitions_issued();
+    shared->reductions = scheduler->reductions_submitted();
+    shared->holds = scheduler->holds();
+    shared->hold_expiries = scheduler->hold_expiries();
+  }
   return absl::OkStatus();
 }
 
@@ -389,7 +473,8 @@ struct Row {
 
 // Runs every iteration for `ranks` rank threads; appends one row per mode.
 absl::Status MeasureRanks(int ranks, const Config& c, const OverlapModel& model,
-                          const std::vector<size_t>& writes, std::vector<Row>* rows, int* buckets) {
+                          const std::vector<size_t>& writes, std::vector<Row>* rows, int* buckets,
+                          std::string* note) {
   Options o;
   o.backend = "local";
   o.local_ranks = ranks;
@@ -423,6 +508,9 @@ absl::Status MeasureRanks(int ranks, const Config& c, const OverlapModel& model,
     return absl::DataLossError(absl::StrCat(ranks, " ranks: ", wrong, " wrong gradient elements after reduction"));
   }
   *buckets = shared.buckets;
+  *note = absl::StrCat("# ", ranks, " ranks, priority mode's scheduler (rank 0, whole run incl. warm-up): ",
+                       shared.partitions, " partitions for ", shared.reductions, " reductions, ", shared.holds,
+                       " holds behind gathers, ", shared.hold_expiries, " ended by max_hold");
   // Per iteration the slowest rank's time; then statistics over iterations.
   auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
   std::vector<std::vector<double>> step(num_modes), backward(num_modes), tail(num_modes);
@@ -484,9 +572,12 @@ absl::StatusOr<Config> ParseConfig(const Flags& f) {
     c.reduce = ReduceMode::kReduceScatter;
   } else if (mode == "hybrid") {
     c.reduce = ReduceMode::kHybrid;
+  } else if (mode == "fully_sharded") {
+    c.reduce = ReduceMode::kReduceScatter;
+    c.fully_sharded = true;
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("--mode='", mode, "': expected all_reduce, reduce_scatter or hybrid"));
+        absl::StrCat("--mode='", mode, "': expected all_reduce, reduce_scatter, hybrid or fully_sharded"));
   }
   ASSIGN_OR_RETURN(int64_t shards, f.Int("shards", 0));
   c.shards = static_cast<int>(shards);
@@ -507,6 +598,9 @@ absl::StatusOr<Config> ParseConfig(const Flags& f) {
   auto scaled = [&](double bytes) { return std::max<int64_t>(64, static_cast<int64_t>(bytes * c.scale) / 64 * 64); };
   if (c.bucket_cap == 0) c.bucket_cap = scaled(25.0 * (1 << 20));
   if (c.first_bucket_cap == 0) c.first_bucket_cap = scaled(1.0 * (1 << 20));
+  ASSIGN_OR_RETURN(c.credit, f.Int("credit", 0));
+  if (c.credit == 0) c.credit = scaled(4.0 * (1 << 20));
+  c.priorities = f.Bool("priorities", true);
   const std::string compute = f.Str("compute", "busy");
   if (compute != "busy" && compute != "sleep") {
     return absl::InvalidArgumentError(absl::StrCat("--compute='", compute, "': expected busy or sleep"));
@@ -520,6 +614,9 @@ absl::StatusOr<Config> ParseConfig(const Flags& f) {
   c.optimizer = opt == "adamw";
   ASSIGN_OR_RETURN(int64_t othreads, f.Int("optimizer_threads", 1));
   c.optimizer_threads = static_cast<int>(othreads);
+  if (c.optimizer && c.fully_sharded) {
+    return absl::InvalidArgumentError("--optimizer=adamw is not implemented for --mode=fully_sharded");
+  }
   if (c.optimizer && c.reduce == ReduceMode::kAllReduce) {
     return absl::InvalidArgumentError("--optimizer=adamw needs --mode=reduce_scatter or hybrid (a sharded step)");
   }
@@ -530,7 +627,8 @@ absl::StatusOr<Config> ParseConfig(const Flags& f) {
            {c.warmup < 0, "--warmup must be >= 0"},
            {c.shards < 0, "--shards must be >= 0"},
            {c.optimizer_threads < 1, "--optimizer_threads must be >= 1"},
-           {c.bucket_cap < 64 || c.first_bucket_cap < 64, "bucket caps must be >= 64 bytes"}}) {
+           {c.bucket_cap < 64 || c.first_bucket_cap < 64, "bucket caps must be >= 64 bytes"},
+           {c.credit < 64, "--credit must be >= 64 bytes"}}) {
     if (bad) return absl::InvalidArgumentError(what);
   }
   for (int n : c.ranks) {
@@ -563,10 +661,13 @@ absl::Status Main(int argc, char** argv) {
 
   std::vector<Row> rows;
   std::vector<int> buckets;
+  std::vector<std::string> notes;
   for (int n : c.ranks) {
     int b = 0;
-    RETURN_IF_ERROR(MeasureRanks(n, c, model, writes, &rows, &b));
+    std::string note;
+    RETURN_IF_ERROR(MeasureRanks(n, c, model, writes, &rows, &b, &note));
     buckets.push_back(b);
+    notes.push_back(std::move(note));
   }
 
   if (c.csv) {
@@ -577,7 +678,8 @@ absl::Status Main(int argc, char** argv) {
   std::printf("# Braid overlap: GPT-2-small shapes x %.3g (%d blocks): %zu params in %zu layers, %.1f MiB of f32 "
               "gradients per rank\n",
               c.scale, c.blocks, model.params.size(), model.layers.size(), mib);
-  std::printf("# reduce mode %s, bucket caps %lld / %lld B (first), buckets per rank:", ReduceName(c.reduce),
+  std::printf("# reduce mode %s, bucket caps %lld / %lld B (first), buckets per rank:",
+              c.fully_sharded ? "fully_sharded (reduce_scatter, ZeRO-3 units, prefetch 1)" : ReduceName(c.reduce),
               static_cast<long long>(c.bucket_cap), static_cast<long long>(c.first_bucket_cap));
   for (size_t i = 0; i < c.ranks.size(); ++i) std::printf(" %d (%d ranks)", buckets[i], c.ranks[i]);
   if (c.sleep_compute) {
@@ -614,6 +716,11 @@ absl::Status Main(int argc, char** argv) {
                 ovl.ranks, ovl.step_ms, sync.step_ms, sync.step_ms / ovl.step_ms,
                 100.0 * (1.0 - ovl.exposed), ovl.step_ms - ovl.compute_ms,
                 ovl.backward_ms - ovl.compute_ms, ovl.tail_ms);
+    const Row& prio = rows[i + per_count - 1];
+    std::printf("# %d ranks: priority (credit %lld B%s) %.2f ms vs overlapped %.2f ms (%.2fx); exposed_frac %.3f vs "
+                "%.3f\n",
+                prio.ranks, static_cast<long long>(c.credit), c.priorities ? ", priorities" : ", partitions only",
+                prio.step_ms, ovl.step_ms, ovl.step_ms / prio.step_ms, prio.exposed, ovl.exposed);
     if (!c.optimizer) continue;
     const Row& after = rows[i + 4];
     const Row& stepped = rows[i + 5];
@@ -622,6 +729,7 @@ absl::Status Main(int argc, char** argv) {
                 stepped.ranks, stepped.step_ms, after.step_ms, after.step_ms / stepped.step_ms,
                 stepped.step_ms - ovl.step_ms, after.step_ms - ovl.step_ms);
   }
+  for (const std::string& note : notes) std::printf("%s\n", note.c_str());
   std::printf("#\n");
   PrintCsv(rows);
   return absl::OkStatus();
