@@ -123,6 +123,7 @@ struct Config {
   bool fully_sharded = false;  // --mode=fully_sharded: ZeRO-3 units (bench/overlap_sharded.h)
   int64_t credit = 0;          // --credit: the priority mode's OpScheduler credit (bytes)
   bool priorities = true;      // --priorities=false: the priority mode with partitions only
+  bool hold_waited = false;    // --hold=waited: reductions wait only while a gather is waited for
   int shards = 0;  // hybrid: ranks per shard group (0: ranks / 2)
   double scale = 0.25;
   int blocks = 12;
@@ -360,6 +361,7 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
   sched::OpSchedulerConfig oc;
   oc.credit_bytes = static_cast<size_t>(c.credit);
   oc.priorities = c.priorities;
+  oc.hold = c.hold_waited ? sched::OpSchedulerConfig::Hold::kWaited : sched::OpSchedulerConfig::Hold::kInFlight;
   oc.timeout = absl::Seconds(120);
   ASSIGN_OR_RETURN(std::unique_ptr<sched::OpScheduler> scheduler, sched::OpScheduler::Create(oc, &world));
   std::unique_ptr<ShardedStack> plain_stack, priority_stack;
@@ -601,6 +603,11 @@ absl::StatusOr<Config> ParseConfig(const Flags& f) {
   ASSIGN_OR_RETURN(c.credit, f.Int("credit", 0));
   if (c.credit == 0) c.credit = scaled(4.0 * (1 << 20));
   c.priorities = f.Bool("priorities", true);
+  const std::string hold = f.Str("hold", "in_flight");
+  if (hold != "in_flight" && hold != "waited") {
+    return absl::InvalidArgumentError(absl::StrCat("--hold='", hold, "': expected in_flight or waited"));
+  }
+  c.hold_waited = hold == "waited";
   const std::string compute = f.Str("compute", "busy");
   if (compute != "busy" && compute != "sleep") {
     return absl::InvalidArgumentError(absl::StrCat("--compute='", compute, "': expected busy or sleep"));
@@ -719,7 +726,7 @@ absl::Status Main(int argc, char** argv) {
     const Row& prio = rows[i + per_count - 1];
     std::printf("# %d ranks: priority (credit %lld B%s) %.2f ms vs overlapped %.2f ms (%.2fx); exposed_frac %.3f vs "
                 "%.3f\n",
-                prio.ranks, static_cast<long long>(c.credit), c.priorities ? ", priorities" : ", partitions only",
+                prio.ranks, static_cast<long long>(c.credit), !c.priorities ? ", partitions only" : c.hold_waited ? ", priorities (hold while waited)" : ", priorities",
                 prio.step_ms, ovl.step_ms, ovl.step_ms / prio.step_ms, prio.exposed, ovl.exposed);
     if (!c.optimizer) continue;
     const Row& after = rows[i + 4];

@@ -190,14 +190,39 @@ void OpScheduler::TrackUrgent(const WorkPtr& w, int64_t arg) {
   });
 }
 
+bool OpScheduler::UrgentActiveLocked() const {
+  if (!config_.priorities || urgent_in_flight_ == 0) return false;
+  return config_.hold == OpSchedulerConfig::Hold::kInFlight || waiting_ > 0;
+}
+
 void OpScheduler::OnUrgentDone() {
   Outbox out;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (--urgent_in_flight_ == 0) {
-      holding_ = false;
-      hold_expired_ = false;
-    }
+    --urgent_in_flight_;
+    if (!UrgentActiveLocked()) holding_ = hold_expired_ = false;
+    PumpLocked(&out);
+  }
+  cv_.notify_all();
+  Deliver(&out);
+}
+
+OpScheduler::WaitScope::WaitScope(OpScheduler* s) : s_(s) {
+  if (s_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(s_->mu_);
+  ++s_->waiting_;
+}
+
+OpScheduler::WaitScope::~WaitScope() {
+  if (s_ != nullptr) s_->EndWait();
+}
+
+void OpScheduler::EndWait() {
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --waiting_;
+    if (!UrgentActiveLocked()) holding_ = hold_expired_ = false;
     PumpLocked(&out);
   }
   cv_.notify_all();
@@ -220,7 +245,7 @@ void OpScheduler::PumpLaneLocked(Lane& lane, Outbox* out) {
     if (config_.credit_bytes > 0 && lane.in_flight > 0 && lane.in_flight_bytes + bytes > config_.credit_bytes) {
       return;  // credit: wait for what is in flight
     }
-    if (config_.priorities && urgent_in_flight_ > 0 && !hold_expired_) {
+    if (UrgentActiveLocked() && !hold_expired_) {
       if (!holding_) {
         holding_ = true;
         hold_since_ = absl::Now();
@@ -349,7 +374,7 @@ void OpScheduler::HelperLoop() {
       continue;
     }
     if (stopping_) return;
-    if (holding_ && urgent_in_flight_ > 0 && !hold_expired_) {
+    if (holding_ && UrgentActiveLocked() && !hold_expired_) {
       const absl::Time until = hold_since_ + config_.max_hold;
       if (absl::Now() >= until) {
         hold_expired_ = true;

@@ -92,6 +92,11 @@ struct OpSchedulerConfig {
   size_t credit_bytes = 0;
   // Urgent operations in flight hold back reduction partitions not yet issued.
   bool priorities = true;
+  // When urgent work holds reductions back: kInFlight, while any tracked urgent operation is in
+  // flight; kWaited, only while some thread also waits for one (a WaitScope: the gatherer's
+  // WaitParams), i.e. while the model is stalled on it. Either way only WHEN, never order.
+  enum class Hold { kInFlight, kWaited };
+  Hold hold = Hold::kInFlight;
   // The longest a reduction partition is held back for urgent work (see contract item 4).
   absl::Duration max_hold = absl::Milliseconds(100);
   absl::Duration timeout = absl::Seconds(300);  // Create's check; the destructor's wait
@@ -133,6 +138,19 @@ class OpScheduler {
   // completes, reduction partitions not yet issued wait (priorities on; max_hold bounds it).
   void TrackUrgent(const WorkPtr& w, int64_t arg = -1);
 
+  // While alive, the calling thread waits for an urgent operation (Hold::kWaited). A null
+  // scheduler is allowed (no effect).
+  class WaitScope {
+   public:
+    explicit WaitScope(OpScheduler* s);
+    ~WaitScope();
+    WaitScope(const WaitScope&) = delete;
+    WaitScope& operator=(const WaitScope&) = delete;
+
+   private:
+    OpScheduler* const s_;
+  };
+
   // Counters (monotonic): partitions issued, reductions submitted, partitions held back for
   // urgent work at least once, holds ended by max_hold.
   int64_t partitions_issued() const;
@@ -166,6 +184,8 @@ class OpScheduler {
   void Deliver(Outbox* out);
   void OnPartDone(const Issued& is, const absl::Status& st);
   void OnUrgentDone();
+  bool UrgentActiveLocked() const;  // whether urgent work holds reductions now
+  void EndWait();
   // The scheduler's thread: completions handed over by tls (see the .cc), and max_hold.
   void HelperLoop();
 
@@ -178,6 +198,7 @@ class OpScheduler {
   std::condition_variable cv_;  // the hold timer; in-flight drain at destruction
   std::vector<std::unique_ptr<Lane>> lanes_;
   int urgent_in_flight_ = 0;
+  int waiting_ = 0;            // WaitScopes alive
   bool holding_ = false;       // a partition is held back for urgent work
   absl::Time hold_since_;      // when the current hold began
   bool hold_expired_ = false;  // max_hold passed: release until urgent work drains

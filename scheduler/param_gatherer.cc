@@ -249,7 +249,11 @@ void ParamGatherer::RecordGatherSpanLocked(int b) {
 absl::Status ParamGatherer::AwaitGather(const char* caller, int b, const WorkPtr& w,
                                         absl::Time deadline) {
   const int64_t wait_start = tl_ != nullptr ? Timeline::NowNs() : 0;
-  const absl::Status st = w->WaitUntil(deadline);
+  absl::Status st;
+  {
+    OpScheduler::WaitScope stalled(w->Done() ? nullptr : config_.scheduler);  // the model waits on it
+    st = w->WaitUntil(deadline);
+  }
   if (tl_ != nullptr) tl_->Complete(tl_waits_, "wait params", wait_start, Timeline::NowNs(), b);
   std::lock_guard<std::mutex> lock(mu_);
   BucketState& s = *buckets_[b];

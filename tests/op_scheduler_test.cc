@@ -218,6 +218,41 @@ TEST(OpScheduler, UrgentWorkHoldsReductionsUntilItCompletes) {
   });
 }
 
+// Hold::kWaited: an urgent operation in flight holds reductions only while a thread waits on it.
+TEST(OpScheduler, WaitedPolicyHoldsOnlyWhileSomeoneWaits) {
+  RunRanks(2, [](Group& g) {
+    OpSchedulerConfig oc;
+    oc.credit_bytes = 256;
+    oc.max_hold = absl::Seconds(30);
+    oc.hold = OpSchedulerConfig::Hold::kWaited;
+    auto sch = OpScheduler::Create(oc, &g);
+    ASSERT_TRUE(sch.ok()) << sch.status();
+    WorkPtr urgent = Work::Create(WorkInfo{"test", "urgent", 0, "gather"});
+    (*sch)->TrackUrgent(urgent);
+    std::vector<float> x(1000, 1.0f);
+    ReductionRequest r{&g, CollectiveKind::kAllReduce, x.data(), x.data(), x.size(), DType::kF32, ReduceOp::Sum(), {}, 0};
+    auto w = (*sch)->SubmitReduction(r);  // nobody waits: not held
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_OK((*w)->Wait(kTimeout));
+    EXPECT_EQ((*sch)->holds(), 0);
+    std::vector<float> y(1000, 1.0f);
+    ReductionRequest r2 = r;
+    r2.send = r2.recv = y.data();
+    absl::StatusOr<WorkPtr> w2;
+    {
+      OpScheduler::WaitScope waiting(sch->get());
+      w2 = (*sch)->SubmitReduction(r2);
+      ASSERT_TRUE(w2.ok()) << w2.status();
+      absl::SleepFor(absl::Milliseconds(50));
+      EXPECT_FALSE((*w2)->Done());
+      EXPECT_EQ((*sch)->holds(), 1);
+    }  // the wait ends: released although the urgent work is still in flight
+    ASSERT_OK((*w2)->Wait(kTimeout));
+    for (float v : y) ASSERT_EQ(v, 2.0f);
+    urgent->Complete(absl::OkStatus());
+  });
+}
+
 // An urgent operation that does not complete holds reductions at most max_hold.
 TEST(OpScheduler, HoldEndsAfterMaxHold) {
   RunRanks(2, [](Group& g) {
