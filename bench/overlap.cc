@@ -59,6 +59,8 @@
 #include <cstdio>
 #include <memory>
 #include <mutex>
+#include <numeric>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -124,6 +126,7 @@ struct Config {
   int64_t credit = 0;          // --credit: the priority mode's OpScheduler credit (bytes)
   bool priorities = true;      // --priorities=false: the priority mode with partitions only
   bool hold_waited = false;    // --hold=waited: reductions wait only while a gather is waited for
+  bool aa = false;             // --aa: the priority mode without its scheduler (an A/A check)
   int shards = 0;  // hybrid: ranks per shard group (0: ranks / 2)
   double scale = 0.25;
   int blocks = 12;
@@ -364,18 +367,21 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
   oc.hold = c.hold_waited ? sched::OpSchedulerConfig::Hold::kWaited : sched::OpSchedulerConfig::Hold::kInFlight;
   oc.timeout = absl::Seconds(120);
   ASSIGN_OR_RETURN(std::unique_ptr<sched::OpScheduler> scheduler, sched::OpScheduler::Create(oc, &world));
-  std::unique_ptr<ShardedStack> plain_stack, priority_stack;
-  std::unique_ptr<GradientReducer> owned, owned_priority;
+  // One reducer (fully sharded: one stack) for every mode: the priority mode attaches the
+  // scheduler for its steps only, so both modes run on the same buffers (separately allocated
+  // reducers differ by up to ~20% on their own: an A/A check, --aa, shows it).
+  std::unique_ptr<ShardedStack> stack;
+  std::unique_ptr<GradientReducer> owned;
   if (c.fully_sharded) {
-    ASSIGN_OR_RETURN(plain_stack, ShardedStack::Create(world, model, nullptr, absl::Seconds(120)));
-    ASSIGN_OR_RETURN(priority_stack, ShardedStack::Create(world, model, scheduler.get(), absl::Seconds(120)));
+    ASSIGN_OR_RETURN(stack, ShardedStack::Create(world, model, nullptr, absl::Seconds(120)));
   } else {
     ASSIGN_OR_RETURN(owned, GradientReducer::Create(model.params, groups, rc));
-    rc.scheduler = scheduler.get();
-    ASSIGN_OR_RETURN(owned_priority, GradientReducer::Create(model.params, groups, rc));
   }
-  GradientReducer* reducer = c.fully_sharded ? &plain_stack->reducer() : owned.get();
-  GradientReducer* reducer_p = c.fully_sharded ? &priority_stack->reducer() : owned_priority.get();
+  GradientReducer* reducer = c.fully_sharded ? &stack->reducer() : owned.get();
+  sched::OpScheduler* const prio_sched = c.aa ? nullptr : scheduler.get();
+  auto attach = [&](sched::OpScheduler* s) -> absl::Status {
+    return c.fully_sharded ? stack->SetScheduler(s) : reducer->SetScheduler(s);
+  };
   if (rank == 0) shared->buckets = static_cast<int>(reducer->plan().buckets().size());
   RankOptimizers opts;
   if (c.optimizer) {
@@ -417,24 +423,28 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
     return backward;
   };
   ASSIGN_OR_RETURN(const std::vector<RankLayer> backward, layers_of(*reducer));
-  ASSIGN_OR_RETURN(const std::vector<RankLayer> backward_p, layers_of(*reducer_p));
   auto run = [&](StepMode mode, StepTimes* t) -> absl::Status {
     const bool prio = mode == StepMode::kPriority;
-    if (c.fully_sharded) {
-      return RunShardedStep(prio ? StepMode::kOverlapped : mode, prio ? priority_stack.get() : plain_stack.get(),
-                            prio ? backward_p : backward, c, rank, t);
-    }
-    return RunStep(mode, prio ? *reducer_p : *reducer, &opts, prio ? backward_p : backward, c, rank, t);
+    if (prio) RETURN_IF_ERROR(attach(prio_sched));
+    const absl::Status st = c.fully_sharded
+                                ? RunShardedStep(prio ? StepMode::kOverlapped : mode, stack.get(), backward, c, rank, t)
+                                : RunStep(mode, *reducer, &opts, backward, c, rank, t);
+    if (prio) RETURN_IF_ERROR(attach(nullptr));
+    return st;
   };
-
   const bool tty = isatty(2);
   const int total = c.warmup + c.iters;
   const std::vector<StepMode> modes = c.Modes();
   const int num_modes = static_cast<int>(modes.size());
   for (int it = 0; it < total; ++it) {
     if (rank == 0) Progress(n, it + 1, total, tty);
+    // A fresh order every iteration, the same on every rank (seeded by the iteration): no mode
+    // always runs first, or always right after another one.
+    std::vector<int> order(num_modes);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<uint32_t>(it) * 2654435761u + 7));
     for (int k = 0; k < num_modes; ++k) {
-      const int m = (k + it) % num_modes;  // rotate the order: no mode always runs first
+      const int m = order[k];
       if (!shared->barrier.Wait()) return absl::AbortedError("another rank failed");
       StepTimes t;
       t.start = Clock::now();
@@ -446,10 +456,11 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
   if (!shared->barrier.Wait()) return absl::AbortedError("another rank failed");
   StepTimes unused;
   RETURN_IF_ERROR(run(StepMode::kOverlapped, &unused));
+  const int64_t wrong_overlapped = CountWrong(*reducer, c.reduce, c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank(), n);
   if (!shared->barrier.Wait()) return absl::AbortedError("another rank failed");
   RETURN_IF_ERROR(run(StepMode::kPriority, &unused));
   const int shard_rank = c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank();
-  shared->wrong[rank] = CountWrong(*reducer, c.reduce, shard_rank, n) + CountWrong(*reducer_p, c.reduce, shard_rank, n);
+  shared->wrong[rank] = wrong_overlapped + CountWrong(*reducer, c.reduce, shard_rank, n);
   if (rank == 0) {
     shared->partitions = scheduler->partitions_issued();
     shared->reductions = scheduler->reductions_submitted();
@@ -608,6 +619,7 @@ absl::StatusOr<Config> ParseConfig(const Flags& f) {
     return absl::InvalidArgumentError(absl::StrCat("--hold='", hold, "': expected in_flight or waited"));
   }
   c.hold_waited = hold == "waited";
+  c.aa = f.Bool("aa", false);
   const std::string compute = f.Str("compute", "busy");
   if (compute != "busy" && compute != "sleep") {
     return absl::InvalidArgumentError(absl::StrCat("--compute='", compute, "': expected busy or sleep"));
@@ -724,9 +736,10 @@ absl::Status Main(int argc, char** argv) {
                 100.0 * (1.0 - ovl.exposed), ovl.step_ms - ovl.compute_ms,
                 ovl.backward_ms - ovl.compute_ms, ovl.tail_ms);
     const Row& prio = rows[i + per_count - 1];
-    std::printf("# %d ranks: priority (credit %lld B%s) %.2f ms vs overlapped %.2f ms (%.2fx); exposed_frac %.3f vs "
+    std::printf("# %d ranks: priority (credit %lld B%s%s) %.2f ms vs overlapped %.2f ms (%.2fx); exposed_frac %.3f vs "
                 "%.3f\n",
                 prio.ranks, static_cast<long long>(c.credit), !c.priorities ? ", partitions only" : c.hold_waited ? ", priorities (hold while waited)" : ", priorities",
+                c.aa ? "; --aa: NO scheduler, an A/A check" : "",
                 prio.step_ms, ovl.step_ms, ovl.step_ms / prio.step_ms, prio.exposed, ovl.exposed);
     if (!c.optimizer) continue;
     const Row& after = rows[i + 4];

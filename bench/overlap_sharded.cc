@@ -33,6 +33,11 @@ absl::StatusOr<std::unique_ptr<ShardedStack>> ShardedStack::Create(Group& world,
   return s;
 }
 
+absl::Status ShardedStack::SetScheduler(sched::OpScheduler* scheduler) {
+  gatherer_->SetScheduler(scheduler);
+  return reducer_->SetScheduler(scheduler);
+}
+
 ShardedStack::~ShardedStack() {
   units_.reset();
   gatherer_.reset();

@@ -3,7 +3,8 @@
 // layer of bench/overlap_model.h, prefetch 1) and a reduce-scatter GradientReducer, optionally
 // sharing an OpScheduler (gathers urgent, reductions partitioned: the `priority` mode).
 //
-//   ASSIGN_OR_RETURN(auto stack, ShardedStack::Create(world, model, scheduler, timeout));
+//   ASSIGN_OR_RETURN(auto stack, ShardedStack::Create(world, model, nullptr, timeout));
+//   RETURN_IF_ERROR(stack->SetScheduler(scheduler));   // the priority mode, same buffers
 //   RETURN_IF_ERROR(stack->Step(ShardedStep::kOverlapped, compute, &backward_end));
 //
 // A step: forward over the units in order (BeginForward, compute(layer, true), EndForward),
@@ -42,6 +43,9 @@ class ShardedStack {
   ~ShardedStack();
 
   sched::GradientReducer& reducer() { return *reducer_; }
+  // Between steps, at the same step on every rank: the reducer and the gatherer go through
+  // `scheduler` from now on (null: none).
+  absl::Status SetScheduler(sched::OpScheduler* scheduler);
   // compute(layer, forward): one layer's compute (backward: writes its gradients).
   absl::Status Step(ShardedStep kind, const std::function<void(int, bool)>& compute,
                     std::chrono::steady_clock::time_point* backward_end);

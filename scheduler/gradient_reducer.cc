@@ -316,6 +316,13 @@ absl::StatusOr<TensorView> GradientReducer::GradView(ParamId id) const {
   return TensorView{BucketData(s.bucket) + s.offset * DTypeSize(p.dtype), p.count, p.dtype, p.device};
 }
 
+absl::Status GradientReducer::SetScheduler(OpScheduler* scheduler) {
+  if (in_backward_.load()) return absl::FailedPreconditionError("SetScheduler during a backward");
+  std::lock_guard<std::mutex> lock(mu_);
+  config_.scheduler = scheduler;
+  return absl::OkStatus();
+}
+
 absl::Status GradientReducer::SetGradBuffer(ParamId id, void* grad) {
   ASSIGN_OR_RETURN(int i, plan_.IndexOf(id));
   if (config_.gradient_as_bucket_view) {

@@ -244,6 +244,9 @@ class GradientReducer {
   // move with their parameters. Returns false when there is nothing to rebuild.
   absl::StatusOr<bool> RebuildBucketsIfPending();
   int plan_generation() const { return plan_generation_; }
+  // Replaces ReducerConfig::scheduler (null: none) between backwards, at the same point on every
+  // rank (benchmarks compare both on the same buffers). FailedPrecondition during a backward.
+  absl::Status SetScheduler(OpScheduler* scheduler);
 
  private:
   struct BucketState;

@@ -100,7 +100,7 @@ absl::StatusOr<std::unique_ptr<ParamGatherer>> ParamGatherer::Create(const Bucke
 }
 
 ParamGatherer::ParamGatherer(BucketPlan plan, Group* group, const GathererConfig& config)
-    : plan_(std::move(plan)), group_(group), config_(config), recent_(kRecentIssues, -1) {
+    : plan_(std::move(plan)), group_(group), config_(config), scheduler_(config.scheduler), recent_(kRecentIssues, -1) {
   if (config_.timeline != nullptr && config_.timeline->enabled()) {
     tl_ = config_.timeline;
     tl_group_ = tl_->Track(absl::StrCat("group ", group_->name()));
@@ -209,7 +209,7 @@ absl::Status ParamGatherer::LaunchLocked(int b, DeviceEvent ready) {
   }
   s.work = *w;
   s.state = GatherState::kInFlight;
-  if (config_.scheduler != nullptr) config_.scheduler->TrackUrgent(s.work, b);
+  if (OpScheduler* sch = scheduler_.load()) sch->TrackUrgent(s.work, b);
   issue_hash_ = MixIssue(issue_hash_, static_cast<uint64_t>(b));
   recent_[issued_ % kRecentIssues] = b;
   ++issued_;
@@ -251,7 +251,7 @@ absl::Status ParamGatherer::AwaitGather(const char* caller, int b, const WorkPtr
   const int64_t wait_start = tl_ != nullptr ? Timeline::NowNs() : 0;
   absl::Status st;
   {
-    OpScheduler::WaitScope stalled(w->Done() ? nullptr : config_.scheduler);  // the model waits on it
+    OpScheduler::WaitScope stalled(w->Done() ? nullptr : scheduler_.load());  // the model waits on it
     st = w->WaitUntil(deadline);
   }
   if (tl_ != nullptr) tl_->Complete(tl_waits_, "wait params", wait_start, Timeline::NowNs(), b);

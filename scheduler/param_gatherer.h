@@ -189,6 +189,9 @@ class ParamGatherer {
   // Frees every pooled buffer (and every free buffer of the shared pool, the gradient
   // storage's too).
   void TrimPool();
+  // Replaces GathererConfig::scheduler (null: none) for gathers launched from now on; call it
+  // between steps (benchmarks compare both on the same buffers).
+  void SetScheduler(OpScheduler* scheduler) { scheduler_.store(scheduler); }
 
  private:
   struct BucketState;
@@ -207,6 +210,7 @@ class ParamGatherer {
   const BucketPlan plan_;
   Group* const group_;
   const GathererConfig config_;
+  std::atomic<OpScheduler*> scheduler_;  // config_.scheduler, or SetScheduler's
   std::vector<std::unique_ptr<BucketState>> buckets_;
 
   // Timeline rows (valid when config_.timeline is enabled).
