@@ -1,0 +1,126 @@
+// Autotuner (scheduler/autotuner.h) on the local backend with synthetic step times: the
+// successive-halving schedule step by step, the winner chosen on the slowest rank's figures
+// (identical on every rank), the default kept unless beaten by min_gain, the trial table,
+// config checks.
+#include "scheduler/autotuner.h"
+
+#include <map>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/multirank.h"
+
+namespace braid::sched {
+namespace {
+
+using braid::testing::ExpectError;
+using braid::testing::RunRanks;
+
+AutotunerConfig FourCandidates() {
+  AutotunerConfig c;
+  c.candidates = {{1000, 0}, {1000, 100}, {2000, 100}, {500, 50}};
+  c.steps_per_trial = 2;
+  c.min_gain = 0.03;
+  c.timeout = absl::Seconds(30);
+  return c;
+}
+
+// Runs the tuner to the end with step times ms(rank, candidate); returns the candidate run at
+// each step.
+std::vector<int> Drive(Autotuner& t, int rank, double (*ms)(int, int)) {
+  std::vector<int> ran;
+  for (int step = 0; step < 1000 && !t.done(); ++step) {
+    ran.push_back(t.current_index());
+    const int before = t.current_index();
+    auto changed = t.EndStep(absl::Milliseconds(ms(rank, t.current_index())));
+    EXPECT_TRUE(changed.ok()) << changed.status();
+    if (!changed.ok()) break;
+    EXPECT_EQ(*changed, t.current_index() != before);
+  }
+  return ran;
+}
+
+// Candidate 1 is the fastest on rank 0 but the slowest on rank 1: a step is as slow as its
+// slowest rank, so candidate 2 must win, on every rank.
+double Times(int rank, int c) {
+  const double base[] = {100, 90, 80, 95};
+  if (c == 1 && rank == 1) return 200;
+  return base[c] + rank;
+}
+
+TEST(Autotuner, SuccessiveHalvingOnTheSlowestRank) {
+  RunRanks(2, [](Group& g) {
+    auto t = Autotuner::Create(&g, FourCandidates());
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ((*t)->current_index(), 0);
+    const std::vector<int> ran = Drive(**t, g.rank(), Times);
+    // Round 0: 4 trials of 1 + 2 steps; round 1: the faster half {0?..}: 2 trials of 1 + 4.
+    std::vector<int> want;
+    for (int c : {0, 1, 2, 3}) want.insert(want.end(), 3, c);
+    // Round 0 maxima: c0 101, c1 200, c2 81, c3 96 -> survivors {2, 3}, run in index order.
+    for (int c : {2, 3}) want.insert(want.end(), 5, c);
+    EXPECT_EQ(ran, want);
+    ASSERT_TRUE((*t)->done());
+    EXPECT_EQ((*t)->winner(), 2);
+    EXPECT_EQ((*t)->current().bucket_cap_bytes, 2000u);
+    const auto& trials = (*t)->trials();
+    ASSERT_EQ(trials.size(), 6u);
+    EXPECT_EQ(trials[1].candidate, 1);
+    EXPECT_DOUBLE_EQ(trials[1].median_ms, 200);  // rank 1's figure, on both ranks
+    EXPECT_FALSE(trials[1].survived);
+    EXPECT_TRUE(trials[2].survived);
+    EXPECT_EQ(trials[4].round, 1);
+    EXPECT_EQ(trials[4].steps, 4);
+    EXPECT_NE((*t)->Table().find("adopted: candidate 2"), std::string::npos) << (*t)->Table();
+    // Done: no more changes, no more collectives.
+    auto more = (*t)->EndStep(absl::Milliseconds(1));
+    ASSERT_TRUE(more.ok());
+    EXPECT_FALSE(*more);
+  });
+}
+
+TEST(Autotuner, DefaultKeptUnlessBeatenByMinGain) {
+  RunRanks(2, [](Group& g) {
+    AutotunerConfig c = FourCandidates();
+    auto t = Autotuner::Create(&g, c);
+    ASSERT_TRUE(t.ok());
+    Drive(**t, g.rank(), [](int, int cand) { return cand == 3 ? 98.0 : 100.0; });  // 2% < min_gain
+    ASSERT_TRUE((*t)->done());
+    EXPECT_EQ((*t)->winner(), 0);
+    EXPECT_NE((*t)->Table().find("the default"), std::string::npos);
+  });
+  RunRanks(2, [](Group& g) {
+    auto t = Autotuner::Create(&g, FourCandidates());
+    ASSERT_TRUE(t.ok());
+    Drive(**t, g.rank(), [](int, int cand) { return cand == 3 ? 90.0 : 100.0; });  // 10%
+    EXPECT_EQ((*t)->winner(), 3);
+  });
+}
+
+TEST(Autotuner, SingleCandidateIsDoneAtOnce) {
+  RunRanks(1, [](Group& g) {
+    AutotunerConfig c;
+    c.candidates = {{1000, 0}};
+    auto t = Autotuner::Create(&g, c);
+    ASSERT_TRUE(t.ok());
+    EXPECT_TRUE((*t)->done());
+    EXPECT_EQ((*t)->winner(), 0);
+  });
+}
+
+TEST(Autotuner, BadConfigsAndRanksThatDisagree) {
+  RunRanks(2, [](Group& g) {
+    AutotunerConfig c = FourCandidates();
+    c.candidates.clear();
+    ExpectError(Autotuner::Create(&g, c).status(), absl::StatusCode::kInvalidArgument, {"candidates"});
+    c = FourCandidates();
+    c.steps_per_trial = 0;
+    ExpectError(Autotuner::Create(&g, c).status(), absl::StatusCode::kInvalidArgument, {"steps_per_trial"});
+    c = FourCandidates();
+    if (g.rank() == 1) c.candidates[2].credit_bytes = 7;
+    ExpectError(Autotuner::Create(&g, c).status(), absl::StatusCode::kFailedPrecondition, {"rank 1"});
+  });
+}
+
+}  // namespace
+}  // namespace braid::sched
