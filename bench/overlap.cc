@@ -67,6 +67,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_flags.h"
 #include "bench/overlap_compute.h"
@@ -76,6 +77,7 @@
 #include "optim/sharded_optimizer.h"
 #include "scheduler/gradient_reducer.h"
 #include "scheduler/mesh.h"
+#include "scheduler/autotuner.h"
 #include "scheduler/op_scheduler.h"
 #include "scheduler/param_gatherer.h"
 #include "bench/overlap_sharded.h"
@@ -95,6 +97,7 @@ enum class StepMode {
   kOptimAfterBackward,  // --optimizer: overlapped reduction, then every shard stepped, then wait
   kOptimOverlapped,     // --optimizer: each shard stepped as its reduction completes
   kPriority,            // overlapped, through an OpScheduler (partitions, urgent gathers first)
+  kAutotuned,           // overlapped, with the configuration the Autotuner adopted (--autotune)
 };
 
 const char* ModeName(StepMode m) {
@@ -106,6 +109,7 @@ const char* ModeName(StepMode m) {
     case StepMode::kOptimAfterBackward: return "optim_after_backward";
     case StepMode::kOptimOverlapped: return "optim_overlapped";
     case StepMode::kPriority: return "priority";
+    case StepMode::kAutotuned: return "autotuned";
   }
   return "?";
 }
@@ -127,6 +131,7 @@ struct Config {
   bool priorities = true;      // --priorities=false: the priority mode with partitions only
   bool hold_waited = false;    // --hold=waited: reductions wait only while a gather is waited for
   bool aa = false;             // --aa: the priority mode without its scheduler (an A/A check)
+  bool autotune = true;        // --autotune=false: no autotuned mode (its tuning steps run first)
   int shards = 0;  // hybrid: ranks per shard group (0: ranks / 2)
   double scale = 0.25;
   int blocks = 12;
@@ -146,6 +151,7 @@ struct Config {
       m.push_back(StepMode::kOptimOverlapped);
     }
     m.push_back(StepMode::kPriority);
+    if (autotune) m.push_back(StepMode::kAutotuned);
     return m;
   }
 };
@@ -224,6 +230,7 @@ struct Shared {
   int buckets = 0;
   // Rank 0's OpScheduler (the priority mode) over the whole run.
   int64_t partitions = 0, reductions = 0, holds = 0, hold_expiries = 0;
+  std::string tune_table;  // rank 0's autotuner trial table
 };
 
 // The two sharded optimizers of --optimizer (each with its own gatherer and gather group):
@@ -373,7 +380,8 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
   std::unique_ptr<ShardedStack> stack;
   std::unique_ptr<GradientReducer> owned;
   if (c.fully_sharded) {
-    ASSIGN_OR_RETURN(stack, ShardedStack::Create(world, model, nullptr, absl::Seconds(120)));
+    ASSIGN_OR_RETURN(stack, ShardedStack::Create(world, model, nullptr, absl::Seconds(120), rc.bucket_cap_bytes,
+                                                 rc.first_bucket_cap_bytes));
   } else {
     ASSIGN_OR_RETURN(owned, GradientReducer::Create(model.params, groups, rc));
   }
@@ -423,15 +431,80 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
     return backward;
   };
   ASSIGN_OR_RETURN(const std::vector<RankLayer> backward, layers_of(*reducer));
+  // The autotuned mode's stack: candidates with the default bucket cap run on the same reducer
+  // (stack) with a scheduler of their credit attached; others on a reducer (stack) of their own.
+  struct Tuned {
+    std::unique_ptr<sched::OpScheduler> scheduler;
+    std::unique_ptr<GradientReducer> own;
+    std::unique_ptr<ShardedStack> own_stack;
+    GradientReducer* reducer = nullptr;
+    ShardedStack* stack = nullptr;
+    std::vector<RankLayer> backward;
+  } tuned;
+  auto build_tuned = [&](const sched::TuneCandidate& cand) -> absl::Status {
+    tuned.own_stack.reset();  // between steps: nothing in flight
+    tuned.own.reset();
+    tuned.scheduler.reset();
+    if (cand.credit_bytes > 0) {
+      sched::OpSchedulerConfig toc = oc;
+      toc.credit_bytes = cand.credit_bytes;
+      ASSIGN_OR_RETURN(tuned.scheduler, sched::OpScheduler::Create(toc, &world));
+    }
+    if (cand.bucket_cap_bytes == rc.bucket_cap_bytes) {
+      tuned.reducer = reducer;
+      tuned.stack = stack.get();
+      tuned.backward = backward;
+      return absl::OkStatus();
+    }
+    if (c.fully_sharded) {
+      ASSIGN_OR_RETURN(tuned.own_stack, ShardedStack::Create(world, model, nullptr, absl::Seconds(120),
+                                                             cand.bucket_cap_bytes, rc.first_bucket_cap_bytes));
+      tuned.stack = tuned.own_stack.get();
+      tuned.reducer = &tuned.stack->reducer();
+    } else {
+      sched::ReducerConfig trc = rc;
+      trc.scheduler = nullptr;
+      trc.bucket_cap_bytes = cand.bucket_cap_bytes;
+      ASSIGN_OR_RETURN(tuned.own, GradientReducer::Create(model.params, groups, trc));
+      tuned.reducer = tuned.own.get();
+    }
+    ASSIGN_OR_RETURN(tuned.backward, layers_of(*tuned.reducer));
+    return absl::OkStatus();
+  };
   auto run = [&](StepMode mode, StepTimes* t) -> absl::Status {
     const bool prio = mode == StepMode::kPriority;
-    if (prio) RETURN_IF_ERROR(attach(prio_sched));
-    const absl::Status st = c.fully_sharded
-                                ? RunShardedStep(prio ? StepMode::kOverlapped : mode, stack.get(), backward, c, rank, t)
-                                : RunStep(mode, *reducer, &opts, backward, c, rank, t);
-    if (prio) RETURN_IF_ERROR(attach(nullptr));
+    const bool tune = mode == StepMode::kAutotuned;
+    GradientReducer* red = tune ? tuned.reducer : reducer;
+    ShardedStack* stk = tune ? tuned.stack : stack.get();
+    auto attach_to = [&](sched::OpScheduler* s) -> absl::Status {
+      return c.fully_sharded ? stk->SetScheduler(s) : red->SetScheduler(s);
+    };
+    if (prio || tune) RETURN_IF_ERROR(attach_to(prio ? prio_sched : tuned.scheduler.get()));
+    const StepMode as = prio || tune ? StepMode::kOverlapped : mode;
+    const absl::Status st = c.fully_sharded ? RunShardedStep(as, stk, tune ? tuned.backward : backward, c, rank, t)
+                                            : RunStep(as, *red, &opts, tune ? tuned.backward : backward, c, rank, t);
+    if (prio || tune) RETURN_IF_ERROR(attach_to(nullptr));
     return st;
   };
+  // --autotune: the tuner's trials are real autotuned steps, run (in lockstep, from a common
+  // start) before the timed iterations; the autotuned mode then runs what it adopted.
+  if (c.autotune) {
+    sched::AutotunerConfig ac;
+    const size_t cap = rc.bucket_cap_bytes, credit = static_cast<size_t>(c.credit);
+    ac.candidates = {{cap, 0}, {cap, credit}, {cap, credit / 4}, {cap / 2, credit}, {cap * 2, credit}};
+    ac.timeout = absl::Seconds(120);
+    ASSIGN_OR_RETURN(std::unique_ptr<sched::Autotuner> tuner, sched::Autotuner::Create(&world, ac));
+    RETURN_IF_ERROR(build_tuned(tuner->current()));
+    while (!tuner->done()) {
+      if (!shared->barrier.Wait()) return absl::AbortedError("another rank failed");
+      StepTimes t;
+      t.start = Clock::now();
+      RETURN_IF_ERROR(run(StepMode::kAutotuned, &t));
+      ASSIGN_OR_RETURN(bool replan, tuner->EndStep(absl::FromChrono(t.end - t.start)));
+      if (replan) RETURN_IF_ERROR(build_tuned(tuner->current()));
+    }
+    if (rank == 0) shared->tune_table = tuner->Table();
+  }
   const bool tty = isatty(2);
   const int total = c.warmup + c.iters;
   const std::vector<StepMode> modes = c.Modes();
@@ -459,8 +532,16 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
   const int64_t wrong_overlapped = CountWrong(*reducer, c.reduce, c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank(), n);
   if (!shared->barrier.Wait()) return absl::AbortedError("another rank failed");
   RETURN_IF_ERROR(run(StepMode::kPriority, &unused));
+  int64_t wrong_tuned = 0;
+  if (c.autotune) {
+    const int64_t wrong_priority = CountWrong(*reducer, c.reduce, c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank(), n);
+    if (!shared->barrier.Wait()) return absl::AbortedError("another rank failed");
+    RETURN_IF_ERROR(run(StepMode::kAutotuned, &unused));
+    wrong_tuned = wrong_priority + CountWrong(*tuned.reducer, c.reduce,
+                                              c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank(), n);
+  }
   const int shard_rank = c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank();
-  shared->wrong[rank] = wrong_overlapped + CountWrong(*reducer, c.reduce, shard_rank, n);
+  shared->wrong[rank] = wrong_overlapped + (c.autotune ? wrong_tuned : CountWrong(*reducer, c.reduce, shard_rank, n));
   if (rank == 0) {
     shared->partitions = scheduler->partitions_issued();
     shared->reductions = scheduler->reductions_submitted();
@@ -524,6 +605,10 @@ absl::Status MeasureRanks(int ranks, const Config& c, const OverlapModel& model,
   *note = absl::StrCat("# ", ranks, " ranks, priority mode's scheduler (rank 0, whole run incl. warm-up): ",
                        shared.partitions, " partitions for ", shared.reductions, " reductions, ", shared.holds,
                        " holds behind gathers, ", shared.hold_expiries, " ended by max_hold");
+  if (!shared.tune_table.empty()) {
+    absl::StrAppend(note, "\n# ", ranks, " ranks, autotuner trials (rank 0; slowest rank's medians):\n#   ",
+                    absl::StrReplaceAll(shared.tune_table, {{"\n", "\n#   "}}));
+  }
   // Per iteration the slowest rank's time; then statistics over iterations.
   auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
   std::vector<std::vector<double>> step(num_modes), backward(num_modes), tail(num_modes);
@@ -620,6 +705,7 @@ absl::StatusOr<Config> ParseConfig(const Flags& f) {
   }
   c.hold_waited = hold == "waited";
   c.aa = f.Bool("aa", false);
+  c.autotune = f.Bool("autotune", true);
   const std::string compute = f.Str("compute", "busy");
   if (compute != "busy" && compute != "sleep") {
     return absl::InvalidArgumentError(absl::StrCat("--compute='", compute, "': expected busy or sleep"));
@@ -735,12 +821,18 @@ absl::Status Main(int argc, char** argv) {
                 ovl.ranks, ovl.step_ms, sync.step_ms, sync.step_ms / ovl.step_ms,
                 100.0 * (1.0 - ovl.exposed), ovl.step_ms - ovl.compute_ms,
                 ovl.backward_ms - ovl.compute_ms, ovl.tail_ms);
-    const Row& prio = rows[i + per_count - 1];
+    const Row& prio = rows[i + per_count - (c.autotune ? 2 : 1)];
     std::printf("# %d ranks: priority (credit %lld B%s%s) %.2f ms vs overlapped %.2f ms (%.2fx); exposed_frac %.3f vs "
                 "%.3f\n",
                 prio.ranks, static_cast<long long>(c.credit), !c.priorities ? ", partitions only" : c.hold_waited ? ", priorities (hold while waited)" : ", priorities",
                 c.aa ? "; --aa: NO scheduler, an A/A check" : "",
                 prio.step_ms, ovl.step_ms, ovl.step_ms / prio.step_ms, prio.exposed, ovl.exposed);
+    if (c.autotune) {
+      const Row& tuned = rows[i + per_count - 1];
+      const Row& prio2 = rows[i + per_count - 2];
+      std::printf("# %d ranks: autotuned %.2f ms vs overlapped (the default) %.2f ms (%.2fx), priority %.2f ms\n",
+                  tuned.ranks, tuned.step_ms, ovl.step_ms, ovl.step_ms / tuned.step_ms, prio2.step_ms);
+    }
     if (!c.optimizer) continue;
     const Row& after = rows[i + 4];
     const Row& stepped = rows[i + 5];

@@ -8,7 +8,8 @@ namespace braid::bench {
 
 absl::StatusOr<std::unique_ptr<ShardedStack>> ShardedStack::Create(Group& world, const OverlapModel& model,
                                                                    sched::OpScheduler* scheduler,
-                                                                   absl::Duration timeout) {
+                                                                   absl::Duration timeout, size_t bucket_cap_bytes,
+                                                                   size_t first_bucket_cap_bytes) {
   std::unique_ptr<ShardedStack> s(new ShardedStack());
   s->model_ = &model;
   std::vector<sched::ParamSpec> params = model.params;
@@ -20,6 +21,8 @@ absl::StatusOr<std::unique_ptr<ShardedStack>> ShardedStack::Create(Group& world,
   rc.mode = sched::ReduceMode::kReduceScatter;
   rc.timeout = timeout;
   rc.scheduler = scheduler;
+  rc.bucket_cap_bytes = bucket_cap_bytes;
+  rc.first_bucket_cap_bytes = first_bucket_cap_bytes;
   ASSIGN_OR_RETURN(s->reducer_, sched::GradientReducer::Create(params, {&world, nullptr}, rc));
   sched::GathererConfig gc;
   gc.timeout = timeout;

@@ -3,7 +3,7 @@
 // layer of bench/overlap_model.h, prefetch 1) and a reduce-scatter GradientReducer, optionally
 // sharing an OpScheduler (gathers urgent, reductions partitioned: the `priority` mode).
 //
-//   ASSIGN_OR_RETURN(auto stack, ShardedStack::Create(world, model, nullptr, timeout));
+//   ASSIGN_OR_RETURN(auto stack, ShardedStack::Create(world, model, nullptr, timeout, cap, first));
 //   RETURN_IF_ERROR(stack->SetScheduler(scheduler));   // the priority mode, same buffers
 //   RETURN_IF_ERROR(stack->Step(ShardedStep::kOverlapped, compute, &backward_end));
 //
@@ -39,7 +39,8 @@ class ShardedStack {
   // not owned, must outlive the stack.
   static absl::StatusOr<std::unique_ptr<ShardedStack>> Create(Group& world, const OverlapModel& model,
                                                               sched::OpScheduler* scheduler,
-                                                              absl::Duration timeout);
+                                                              absl::Duration timeout, size_t bucket_cap_bytes,
+                                                              size_t first_bucket_cap_bytes);
   ~ShardedStack();
 
   sched::GradientReducer& reducer() { return *reducer_; }

@@ -130,20 +130,25 @@ absl::Status Autotuner::EndRound() {
     current_ = alive_[0];
     return absl::OkStatus();
   }
-  // One left: adopted only if it beat the default by min_gain in the last round both ran.
+  // One left. Unless the default ran in this round, one more round runs the two of them
+  // (the confirmation); the survivor is adopted only if it beat the default by min_gain in
+  // the last round, which both ran.
   int winner = next[0];
+  const bool default_ran = std::find(alive_.begin(), alive_.end(), 0) != alive_.end();
+  if (winner != 0 && !default_ran) {
+    alive_ = {0, winner};
+    pos_ = 0;
+    ++round_;
+    current_ = 0;
+    return absl::OkStatus();
+  }
   if (winner != 0) {
-    for (int r = round_; r >= 0; --r) {
-      double t0 = -1, tw = -1;
-      for (const Trial& t : trials_) {
-        if (t.round != r) continue;
-        if (t.candidate == 0) t0 = t.median_ms;
-        if (t.candidate == winner) tw = t.median_ms;
-      }
-      if (t0 < 0 || tw < 0) continue;
-      if (tw > t0 * (1 - config_.min_gain)) winner = 0;
-      break;
+    double t0 = 0, tw = 0;
+    for (size_t i = 0; i < alive_.size(); ++i) {
+      if (alive_[i] == 0) t0 = ms[i];
+      if (alive_[i] == winner) tw = ms[i];
     }
+    if (tw > t0 * (1 - config_.min_gain)) winner = 0;
   }
   current_ = winner;
   done_ = true;

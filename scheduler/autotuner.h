@@ -17,8 +17,9 @@
 // timed); a trial's figure is the median of its timed steps. At the end of a round one small
 // all-reduce (max over ranks, i.e. the slowest rank's median: a step is as slow as its slowest
 // rank) gives every rank the same table; the faster half survives (ties: the earlier
-// candidate). When one survives, it is adopted if it beat the default by min_gain in the last
-// round both ran, else the default is. The trial table is logged and recorded on the timeline
+// candidate). When one survives and the default did not run in that round, a confirmation
+// round runs the default and the survivor again (twice the steps); the survivor is adopted
+// only if it beat the default by min_gain in the final round, else the default is. The trial table is logged and recorded on the timeline
 // (row "autotune": a counter "trial us" per trial, and an instant "adopt" whose arg is the
 // winner's index).
 //

@@ -54,17 +54,22 @@ TEST(Autotuner, SuccessiveHalvingOnTheSlowestRank) {
     ASSERT_TRUE(t.ok()) << t.status();
     EXPECT_EQ((*t)->current_index(), 0);
     const std::vector<int> ran = Drive(**t, g.rank(), Times);
-    // Round 0: 4 trials of 1 + 2 steps; round 1: the faster half {0?..}: 2 trials of 1 + 4.
+    // Round 0: 4 trials of 1 + 2 steps; round 1: the faster half, 2 trials of 1 + 4 steps.
     std::vector<int> want;
     for (int c : {0, 1, 2, 3}) want.insert(want.end(), 3, c);
     // Round 0 maxima: c0 101, c1 200, c2 81, c3 96 -> survivors {2, 3}, run in index order.
     for (int c : {2, 3}) want.insert(want.end(), 5, c);
+    // Round 1: c2 81 < c3 96 -> c2; the default did not run: confirmation round {0, 2}.
+    for (int c : {0, 2}) want.insert(want.end(), 9, c);
     EXPECT_EQ(ran, want);
     ASSERT_TRUE((*t)->done());
     EXPECT_EQ((*t)->winner(), 2);
     EXPECT_EQ((*t)->current().bucket_cap_bytes, 2000u);
     const auto& trials = (*t)->trials();
-    ASSERT_EQ(trials.size(), 6u);
+    ASSERT_EQ(trials.size(), 8u);
+    EXPECT_EQ(trials[6].candidate, 0);
+    EXPECT_EQ(trials[6].round, 2);
+    EXPECT_EQ(trials[7].steps, 8);
     EXPECT_EQ(trials[1].candidate, 1);
     EXPECT_DOUBLE_EQ(trials[1].median_ms, 200);  // rank 1's figure, on both ranks
     EXPECT_FALSE(trials[1].survived);
