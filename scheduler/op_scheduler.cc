@@ -11,9 +11,10 @@
 namespace braid::sched {
 namespace {
 
-// Set while a thread is inside SubmitReduction / TrackUrgent: its caller may hold a lock that a
-// completion callback would take again (the reducer's launch mutex, the gatherer's), so a
-// callback that would run inline on such a thread is handed to the scheduler's thread instead.
+// Set while a thread is inside SubmitReduction / TrackUrgent / a WaitScope's end: its caller may
+// hold a lock that a completion callback would take again (the reducer's launch mutex, the
+// gatherer's, a unit scheduler's), so a callback that would run inline on such a thread, and a
+// reduction it would complete, are handed to the scheduler's thread instead.
 thread_local int tls_in_call = 0;
 
 struct InCall {
@@ -107,7 +108,7 @@ OpScheduler::~OpScheduler() {
     }
     const absl::Time deadline = absl::Now() + config_.timeout;
     auto drained = [this] {
-      if (urgent_in_flight_ > 0 || !deferred_.empty()) return false;
+      if (urgent_in_flight_ > 0 || !deferred_.empty() || !deferred_complete_.empty()) return false;
       for (auto& lane : lanes_) {
         if (lane->in_flight > 0) return false;
       }
@@ -214,7 +215,9 @@ OpScheduler::WaitScope::WaitScope(OpScheduler* s) : s_(s) {
 }
 
 OpScheduler::WaitScope::~WaitScope() {
-  if (s_ != nullptr) s_->EndWait();
+  if (s_ == nullptr) return;
+  InCall in_call;  // the waiter may hold locks of its own (e.g. a unit scheduler's)
+  s_->EndWait();
 }
 
 void OpScheduler::EndWait() {
@@ -333,6 +336,13 @@ void OpScheduler::Deliver(Outbox* out) {
       OnPartDone(is, st);
     });
   }
+  if (out->complete.empty()) return;
+  if (tls_in_call > 0) {  // the caller may hold a lock its completion callbacks take
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& c : out->complete) deferred_complete_.push_back(std::move(c));
+    cv_.notify_all();
+    return;
+  }
   for (auto& [w, s] : out->complete) w->Complete(s);
 }
 
@@ -361,6 +371,14 @@ void OpScheduler::OnPartDone(const Issued& is, const absl::Status& st) {
 void OpScheduler::HelperLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
+    if (!deferred_complete_.empty()) {
+      std::vector<std::pair<WorkPtr, absl::Status>> done;
+      done.swap(deferred_complete_);
+      lock.unlock();
+      for (auto& [w, st] : done) w->Complete(st);
+      lock.lock();
+      continue;
+    }
     if (!deferred_.empty()) {
       Issued d = std::move(deferred_.front());
       deferred_.pop_front();

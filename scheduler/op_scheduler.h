@@ -204,6 +204,7 @@ class OpScheduler {
   bool hold_expired_ = false;  // max_hold passed: release until urgent work drains
   bool stopping_ = false;
   std::deque<Issued> deferred_;  // completions for the helper thread
+  std::vector<std::pair<WorkPtr, absl::Status>> deferred_complete_;  // reductions it completes
   int64_t partitions_issued_ = 0, submitted_ = 0, holds_ = 0, hold_expiries_ = 0;
   std::thread timer_;  // last: starts after everything it uses
 };
