@@ -4,11 +4,12 @@
 //   tools/bazelw run //bench:overlap                                   # 2 and 4 ranks, all-reduce
 //   bazel-bin/bench/overlap --csv --ranks=2,4 --mode=reduce_scatter --iters=31
 //
-// Flags (defaults): --ranks=2,4  --mode=all_reduce|reduce_scatter|hybrid  --shards (hybrid:
+// Flags (defaults): --ranks=2,4  --mode=all_reduce|reduce_scatter|hybrid|fully_sharded  --shards (hybrid:
 // ranks per shard group, ranks/2)  --scale=0.25  --blocks=12  --layer_compute_us=2000
 // --compute=busy|sleep  --iters=21  --warmup=2  --bucket_cap / --first_bucket_cap (bytes;
 // 25 MiB / 1 MiB x scale)  --csv  --optimizer=none|adamw (reduce_scatter / hybrid only)
-// --optimizer_threads=1. The default run takes well under a minute on 2 vCPUs.
+// --optimizer_threads=1  --credit (bytes; 4 MiB x scale)  --priorities=true  --hold=in_flight|waited
+// --autotune=true  --aa=false. The default run takes about a minute on 2 vCPUs.
 //
 // Ranks are threads on the `local` backend. Each rank owns a GradientReducer over the model of
 // bench/overlap_model.h (f32, scaled by --scale; buckets capped at DDP's 25 MiB / 1 MiB times
@@ -28,6 +29,21 @@
 //                         after backward, the baseline seed 000 (modded-nanogpt #149) improved on
 //   overlapped            MarkReady of each layer's parameters as soon as its compute ends
 //                         (as a post-accumulate-grad hook does), FinishBackward at the end
+//   priority              overlapped, on the same reducer with an OpScheduler attached for the
+//                         step (scheduler/op_scheduler.h): reductions in partitions of at most
+//                         --credit bytes, a credit in flight, gathers (fully sharded) first
+//   autotuned             overlapped with what the Autotuner (scheduler/autotuner.h) adopted
+//                         among bucket caps {cap, cap/2, 2 cap} x credits {0, credit, credit/4}
+//                         (5 candidates, [0] = the default = overlapped); its trials are real
+//                         autotuned steps run before the timed iterations, and the trial table is
+//                         printed. Candidates with the default cap run on the same reducer.
+// --mode=fully_sharded (ZeRO-3, bench/overlap_sharded.h): one unit per layer, a gatherer on its
+// own group with free_after_use, a UnitScheduler (prefetch 1) and a reduce-scatter reducer; a
+// step is the forward (half a layer's compute per unit, gathers as the units are entered) and
+// the backward (gathers again, reductions as layers finish); compute_only has the forward and
+// backward compute, comm_only the gathers and reductions, sync_after_backward marks after the
+// backward loop (gathers stay where the model needs them). --aa runs the priority mode without
+// its scheduler: an A/A check of the noise between two modes on the same buffers.
 // With --optimizer=adamw, two more (each with its own ShardedOptimizer, gatherer and group):
 //   optim_after_backward  overlapped reduction, then Step() of every shard once FinishBackward
 //                         returned, then WaitAllParams: the seeds' baseline (step after backward)
