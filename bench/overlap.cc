@@ -74,6 +74,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <memory>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <random>
@@ -448,43 +449,53 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
   };
   ASSIGN_OR_RETURN(const std::vector<RankLayer> backward, layers_of(*reducer));
   // The autotuned mode's stack: candidates with the default bucket cap run on the same reducer
-  // (stack) with a scheduler of their credit attached; others on a reducer (stack) of their own.
+  // (stack) with a scheduler of their credit attached; others on a reducer (stack) of their
+  // own. Every reducer and scheduler a candidate used is kept (the tuner switches candidates
+  // every step), and dropped once the tuner is done.
   struct Tuned {
-    std::unique_ptr<sched::OpScheduler> scheduler;
-    std::unique_ptr<GradientReducer> own;
-    std::unique_ptr<ShardedStack> own_stack;
+    std::map<size_t, std::unique_ptr<sched::OpScheduler>> schedulers;  // by credit
+    std::map<size_t, std::unique_ptr<GradientReducer>> reducers;       // by bucket cap
+    std::map<size_t, std::unique_ptr<ShardedStack>> stacks;            // by bucket cap
+    std::map<size_t, std::vector<RankLayer>> layers;                   // by bucket cap
+    sched::OpScheduler* scheduler = nullptr;
     GradientReducer* reducer = nullptr;
     ShardedStack* stack = nullptr;
-    std::vector<RankLayer> backward;
+    const std::vector<RankLayer>* backward = nullptr;
   } tuned;
   auto build_tuned = [&](const sched::TuneCandidate& cand) -> absl::Status {
-    tuned.own_stack.reset();  // between steps: nothing in flight
-    tuned.own.reset();
-    tuned.scheduler.reset();
+    tuned.scheduler = nullptr;
     if (cand.credit_bytes > 0) {
-      sched::OpSchedulerConfig toc = oc;
-      toc.credit_bytes = cand.credit_bytes;
-      ASSIGN_OR_RETURN(tuned.scheduler, sched::OpScheduler::Create(toc, &world));
+      auto& sch = tuned.schedulers[cand.credit_bytes];
+      if (sch == nullptr) {  // collective: every rank runs the same candidates in the same order
+        sched::OpSchedulerConfig toc = oc;
+        toc.credit_bytes = cand.credit_bytes;
+        ASSIGN_OR_RETURN(sch, sched::OpScheduler::Create(toc, &world));
+      }
+      tuned.scheduler = sch.get();
     }
     if (cand.bucket_cap_bytes == rc.bucket_cap_bytes) {
       tuned.reducer = reducer;
       tuned.stack = stack.get();
-      tuned.backward = backward;
+      tuned.backward = &backward;
       return absl::OkStatus();
     }
-    if (c.fully_sharded) {
-      ASSIGN_OR_RETURN(tuned.own_stack, ShardedStack::Create(world, model, nullptr, absl::Seconds(120),
-                                                             cand.bucket_cap_bytes, rc.first_bucket_cap_bytes));
-      tuned.stack = tuned.own_stack.get();
-      tuned.reducer = &tuned.stack->reducer();
-    } else {
-      sched::ReducerConfig trc = rc;
-      trc.scheduler = nullptr;
-      trc.bucket_cap_bytes = cand.bucket_cap_bytes;
-      ASSIGN_OR_RETURN(tuned.own, GradientReducer::Create(model.params, groups, trc));
-      tuned.reducer = tuned.own.get();
+    const size_t cap = cand.bucket_cap_bytes;
+    if (tuned.layers.count(cap) == 0) {
+      if (c.fully_sharded) {
+        ASSIGN_OR_RETURN(tuned.stacks[cap], ShardedStack::Create(world, model, nullptr, absl::Seconds(120), cap,
+                                                                 rc.first_bucket_cap_bytes));
+        ASSIGN_OR_RETURN(tuned.layers[cap], layers_of(tuned.stacks[cap]->reducer()));
+      } else {
+        sched::ReducerConfig trc = rc;
+        trc.scheduler = nullptr;
+        trc.bucket_cap_bytes = cap;
+        ASSIGN_OR_RETURN(tuned.reducers[cap], GradientReducer::Create(model.params, groups, trc));
+        ASSIGN_OR_RETURN(tuned.layers[cap], layers_of(*tuned.reducers[cap]));
+      }
     }
-    ASSIGN_OR_RETURN(tuned.backward, layers_of(*tuned.reducer));
+    tuned.stack = c.fully_sharded ? tuned.stacks[cap].get() : nullptr;
+    tuned.reducer = c.fully_sharded ? &tuned.stack->reducer() : tuned.reducers[cap].get();
+    tuned.backward = &tuned.layers[cap];
     return absl::OkStatus();
   };
   auto run = [&](StepMode mode, StepTimes* t) -> absl::Status {
@@ -495,10 +506,10 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
     auto attach_to = [&](sched::OpScheduler* s) -> absl::Status {
       return c.fully_sharded ? stk->SetScheduler(s) : red->SetScheduler(s);
     };
-    if (prio || tune) RETURN_IF_ERROR(attach_to(prio ? prio_sched : tuned.scheduler.get()));
+    if (prio || tune) RETURN_IF_ERROR(attach_to(prio ? prio_sched : tuned.scheduler));
     const StepMode as = prio || tune ? StepMode::kOverlapped : mode;
-    const absl::Status st = c.fully_sharded ? RunShardedStep(as, stk, tune ? tuned.backward : backward, c, rank, t)
-                                            : RunStep(as, *red, &opts, tune ? tuned.backward : backward, c, rank, t);
+    const absl::Status st = c.fully_sharded ? RunShardedStep(as, stk, tune ? *tuned.backward : backward, c, rank, t)
+                                            : RunStep(as, *red, &opts, tune ? *tuned.backward : backward, c, rank, t);
     if (prio || tune) RETURN_IF_ERROR(attach_to(nullptr));
     return st;
   };
@@ -520,6 +531,19 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
       if (replan) RETURN_IF_ERROR(build_tuned(tuner->current()));
     }
     if (rank == 0) shared->tune_table = tuner->Table();
+    // Keep only what the adopted candidate uses (in destruction order: reducers, schedulers).
+    for (auto it = tuned.stacks.begin(); it != tuned.stacks.end();) {
+      it = it->second.get() == tuned.stack ? std::next(it) : tuned.stacks.erase(it);
+    }
+    for (auto it = tuned.reducers.begin(); it != tuned.reducers.end();) {
+      it = it->second.get() == tuned.reducer ? std::next(it) : tuned.reducers.erase(it);
+    }
+    for (auto it = tuned.layers.begin(); it != tuned.layers.end();) {
+      it = &it->second == tuned.backward ? std::next(it) : tuned.layers.erase(it);
+    }
+    for (auto it = tuned.schedulers.begin(); it != tuned.schedulers.end();) {
+      it = it->second.get() == tuned.scheduler ? std::next(it) : tuned.schedulers.erase(it);
+    }
   }
   const bool tty = isatty(2);
   const int total = c.warmup + c.iters;

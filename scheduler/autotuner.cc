@@ -79,19 +79,20 @@ Autotuner::Autotuner(Group* group, const AutotunerConfig& config) : group_(group
   }
   alive_.resize(config_.candidates.size());
   std::iota(alive_.begin(), alive_.end(), 0);
+  samples_ms_.assign(alive_.size(), {});
   done_ = alive_.size() == 1;
 }
 
 absl::StatusOr<bool> Autotuner::EndStep(absl::Duration step_time) {
   if (done_) return false;
-  if (++step_in_trial_ > 1) samples_ms_.push_back(absl::ToDoubleMilliseconds(step_time));  // 1st: warm-up
-  if (step_in_trial_ < 1 + (config_.steps_per_trial << round_)) return false;
-  round_ms_.push_back(Median(samples_ms_));
-  samples_ms_.clear();
-  step_in_trial_ = 0;
+  // Round-robin: step k of the round ran alive_[k % n]; its first pass is the warm-up.
+  const size_t n = alive_.size();
+  const size_t slot = step_in_round_ % n;
+  if (step_in_round_ >= n) samples_ms_[slot].push_back(absl::ToDoubleMilliseconds(step_time));
+  ++step_in_round_;
   const int before = current_;
-  if (++pos_ < alive_.size()) {
-    current_ = alive_[pos_];
+  if (step_in_round_ < n * static_cast<size_t>(1 + (config_.steps_per_trial << round_))) {
+    current_ = alive_[step_in_round_ % n];
   } else {
     RETURN_IF_ERROR(EndRound());
   }
@@ -100,12 +101,12 @@ absl::StatusOr<bool> Autotuner::EndStep(absl::Duration step_time) {
 
 absl::Status Autotuner::EndRound() {
   // The slowest rank's figure, identical on every rank.
-  std::vector<double> ms = round_ms_;
+  std::vector<double> ms;
+  for (const std::vector<double>& v : samples_ms_) ms.push_back(Median(v));
   CollectiveOptions opts;
   opts.label = "autotuner round";
   ASSIGN_OR_RETURN(WorkPtr w, group_->AllReduce(ms.data(), ms.data(), ms.size(), DType::kF64, ReduceOp::Max(), opts));
   RETURN_IF_ERROR(w->Wait(config_.timeout));
-  round_ms_.clear();
   const size_t first = trials_.size();
   for (size_t i = 0; i < alive_.size(); ++i) {
     trials_.push_back(Trial{alive_[i], round_, config_.steps_per_trial << round_, ms[i], false});
@@ -123,11 +124,15 @@ absl::Status Autotuner::EndRound() {
     trials_[first + order[k]].survived = true;
   }
   std::sort(next.begin(), next.end());
-  if (next.size() > 1) {
-    alive_ = std::move(next);
-    pos_ = 0;
+  auto start_round = [&](std::vector<int> candidates) {
+    alive_ = std::move(candidates);
+    step_in_round_ = 0;
+    samples_ms_.assign(alive_.size(), {});
     ++round_;
     current_ = alive_[0];
+  };
+  if (next.size() > 1) {
+    start_round(std::move(next));
     return absl::OkStatus();
   }
   // One left. Unless the default ran in this round, one more round runs the two of them
@@ -136,10 +141,7 @@ absl::Status Autotuner::EndRound() {
   int winner = next[0];
   const bool default_ran = std::find(alive_.begin(), alive_.end(), 0) != alive_.end();
   if (winner != 0 && !default_ran) {
-    alive_ = {0, winner};
-    pos_ = 0;
-    ++round_;
-    current_ = 0;
+    start_round({0, winner});
     return absl::OkStatus();
   }
   if (winner != 0) {

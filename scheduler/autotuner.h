@@ -12,9 +12,10 @@
 //     ASSIGN_OR_RETURN(bool replan, tuner->EndStep(step_time));         // collective at round ends
 //     if (replan) ... rebuild the reducer (and scheduler) for tuner->current(), at this boundary ...
 //
-// Search: successive halving. Round r runs every surviving candidate for 1 + (steps_per_trial
-// << r) consecutive steps (the first step of a trial is a warm-up after re-planning and is not
-// timed); a trial's figure is the median of its timed steps. At the end of a round one small
+// Search: successive halving. Round r runs the surviving candidates round-robin, one step each
+// in turn (so drift in the machine's load hits them alike; the caller re-plans between steps,
+// cheaply if it keeps each candidate's reducer), for 1 + (steps_per_trial << r) passes; the
+// first pass is a warm-up and is not timed; a trial's figure is the median of its timed steps. At the end of a round one small
 // all-reduce (max over ranks, i.e. the slowest rank's median: a step is as slow as its slowest
 // rank) gives every rank the same table; the faster half survives (ties: the earlier
 // candidate). When one survives and the default did not run in that round, a confirmation
@@ -96,12 +97,10 @@ class Autotuner {
   const AutotunerConfig config_;
   Timeline* tl_ = nullptr;
   int tl_row_ = 0;
-  std::vector<int> alive_;     // surviving candidates, in run order
+  std::vector<int> alive_;     // this round's candidates, in index order
   int round_ = 0;
-  size_t pos_ = 0;             // index into alive_ of the running trial
-  int step_in_trial_ = 0;      // steps of the running trial so far (warm-up included)
-  std::vector<double> samples_ms_;       // the running trial's timed steps
-  std::vector<double> round_ms_;         // this rank's median per alive_ entry, this round
+  size_t step_in_round_ = 0;   // steps of this round so far (warm-up pass included)
+  std::vector<std::vector<double>> samples_ms_;  // per alive_ entry: its timed steps this round
   std::vector<Trial> trials_;
   int current_ = 0;
   bool done_ = false;

@@ -54,13 +54,13 @@ TEST(Autotuner, SuccessiveHalvingOnTheSlowestRank) {
     ASSERT_TRUE(t.ok()) << t.status();
     EXPECT_EQ((*t)->current_index(), 0);
     const std::vector<int> ran = Drive(**t, g.rank(), Times);
-    // Round 0: 4 trials of 1 + 2 steps; round 1: the faster half, 2 trials of 1 + 4 steps.
+    // Round 0: 1 + 2 round-robin passes over {0, 1, 2, 3}; maxima c0 101, c1 200, c2 81,
+    // c3 96 -> survivors {2, 3}: 1 + 4 passes; c2 wins; the default did not run in that round:
+    // a confirmation round {0, 2} of 1 + 8 passes.
     std::vector<int> want;
-    for (int c : {0, 1, 2, 3}) want.insert(want.end(), 3, c);
-    // Round 0 maxima: c0 101, c1 200, c2 81, c3 96 -> survivors {2, 3}, run in index order.
-    for (int c : {2, 3}) want.insert(want.end(), 5, c);
-    // Round 1: c2 81 < c3 96 -> c2; the default did not run: confirmation round {0, 2}.
-    for (int c : {0, 2}) want.insert(want.end(), 9, c);
+    for (int pass = 0; pass < 3; ++pass) want.insert(want.end(), {0, 1, 2, 3});
+    for (int pass = 0; pass < 5; ++pass) want.insert(want.end(), {2, 3});
+    for (int pass = 0; pass < 9; ++pass) want.insert(want.end(), {0, 2});
     EXPECT_EQ(ran, want);
     ASSERT_TRUE((*t)->done());
     EXPECT_EQ((*t)->winner(), 2);
