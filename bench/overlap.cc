@@ -9,7 +9,9 @@
 // --compute=busy|sleep  --iters=21  --warmup=2  --bucket_cap / --first_bucket_cap (bytes;
 // 25 MiB / 1 MiB x scale)  --csv  --optimizer=none|adamw (reduce_scatter / hybrid only)
 // --optimizer_threads=1  --credit (bytes; 4 MiB x scale)  --priorities=true  --hold=in_flight|waited
-// --autotune=true  --aa=false. The default run takes about a minute on 2 vCPUs.
+// --autotune=true  --aa=false  --timeline=PREFIX (PREFIX.<n>ranks.rank<r>.json: the priority
+// mode's partitions, holds and gathers, scheduler/op_scheduler.h). The default run takes about a
+// minute on 2 vCPUs.
 //
 // Ranks are threads on the `local` backend. Each rank owns a GradientReducer over the model of
 // bench/overlap_model.h (f32, scaled by --scale; buckets capped at DDP's 25 MiB / 1 MiB times
@@ -149,6 +151,7 @@ struct Config {
   bool hold_waited = false;    // --hold=waited: reductions wait only while a gather is waited for
   bool aa = false;             // --aa: the priority mode without its scheduler (an A/A check)
   bool autotune = true;        // --autotune=false: no autotuned mode (its tuning steps run first)
+  std::string timeline;        // --timeline=PREFIX: the priority scheduler's trace, per rank
   int shards = 0;  // hybrid: ranks per shard group (0: ranks / 2)
   double scale = 0.25;
   int blocks = 12;
@@ -385,7 +388,13 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
     groups = sched::ReducerGroups{mesh.shard.get(), mesh.replica.get()};
   }
   // The priority mode's scheduler (shared by its reducer and, fully sharded, its gatherer).
+  // --timeline: the priority mode's scheduler records its partitions, holds and gathers.
+  std::unique_ptr<sched::Timeline> timeline;
+  if (!c.timeline.empty()) {
+    ASSIGN_OR_RETURN(timeline, sched::Timeline::Create(absl::StrCat(c.timeline, ".", n, "ranks"), rank));
+  }
   sched::OpSchedulerConfig oc;
+  oc.timeline = timeline.get();
   oc.credit_bytes = static_cast<size_t>(c.credit);
   oc.priorities = c.priorities;
   oc.hold = c.hold_waited ? sched::OpSchedulerConfig::Hold::kWaited : sched::OpSchedulerConfig::Hold::kInFlight;
@@ -746,6 +755,7 @@ absl::StatusOr<Config> ParseConfig(const Flags& f) {
   c.hold_waited = hold == "waited";
   c.aa = f.Bool("aa", false);
   c.autotune = f.Bool("autotune", true);
+  c.timeline = f.Str("timeline", "");
   const std::string compute = f.Str("compute", "busy");
   if (compute != "busy" && compute != "sleep") {
     return absl::InvalidArgumentError(absl::StrCat("--compute='", compute, "': expected busy or sleep"));
