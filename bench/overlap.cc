@@ -35,8 +35,8 @@
 //                         step (scheduler/op_scheduler.h): reductions in partitions of at most
 //                         --credit bytes, a credit in flight, gathers (fully sharded) first
 //   autotuned             overlapped with what the Autotuner (scheduler/autotuner.h) adopted
-//                         among bucket caps {cap, cap/2, 2 cap} x credits {0, credit, credit/4}
-//                         (5 candidates, [0] = the default = overlapped); its trials are real
+//                         among (bucket cap, credit) = (cap, 0) [the default = overlapped],
+//                         (cap/2, 0), (2 cap, 0), (cap, credit), (cap, 4 credit); its trials are real
 //                         autotuned steps run before the timed iterations, and the trial table is
 //                         printed. Candidates with the default cap run on the same reducer.
 // --mode=fully_sharded (ZeRO-3, bench/overlap_sharded.h): one unit per layer, a gatherer on its
@@ -527,7 +527,7 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
   if (c.autotune) {
     sched::AutotunerConfig ac;
     const size_t cap = rc.bucket_cap_bytes, credit = static_cast<size_t>(c.credit);
-    ac.candidates = {{cap, 0}, {cap, credit}, {cap, credit / 4}, {cap / 2, credit}, {cap * 2, credit}};
+    ac.candidates = {{cap, 0}, {cap / 2, 0}, {cap * 2, 0}, {cap, credit}, {cap, credit * 4}};
     ac.timeout = absl::Seconds(120);
     ASSIGN_OR_RETURN(std::unique_ptr<sched::Autotuner> tuner, sched::Autotuner::Create(&world, ac));
     RETURN_IF_ERROR(build_tuned(tuner->current()));
