@@ -6,7 +6,9 @@
 // from any thread; the collectives each group sees are therefore issued in the same order on
 // every rank. In hybrid mode the replica all-reduce of bucket k starts when its reduce-scatter
 // completes, again through a cursor, so it too runs in bucket order, overlapping the
-// reduce-scatter of bucket k+1.
+// reduce-scatter of bucket k+1. With ReducerConfig::scheduler each launch becomes a submission
+// to the OpScheduler in that same order; it issues each group's submissions (and their
+// credit-sized partitions) strictly in submission order (scheduler/op_scheduler.h).
 //
 //   ReducerConfig cfg;
 //   cfg.mode = ReduceMode::kHybrid;
