@@ -31,10 +31,11 @@
 // collective over `group`, which must carry no other traffic concurrently: give it its own, or
 // call EndStep where nothing else is in flight on it). Local timing decides nothing by itself.
 //
-// State carried over: the caller re-plans at a step boundary, after FinishBackward and the
-// optimizer step, when the gradients have been consumed; what the step's results live in (the
-// parameters, a framework optimizer's state) is outside the reducer and unaffected. A Braid
-// ShardedOptimizer keyed by the bucket plan is not re-sharded here (see docs/performance.md).
+// Adopting: GradientReducer::Replan(cap, first_cap) at the step boundary (collective) rebuilds
+// the buckets with the new cap and moves every gradient, a no_sync window's sums included, to
+// its new slot; the framework fetches its gradient views again. What lives outside the reducer
+// (parameters, a framework optimizer's state) is unaffected. A Braid ShardedOptimizer keyed by
+// the bucket plan is not re-sharded (see docs/performance.md).
 #ifndef BRAID_SCHEDULER_AUTOTUNER_H_
 #define BRAID_SCHEDULER_AUTOTUNER_H_
 

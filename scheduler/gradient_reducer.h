@@ -246,6 +246,14 @@ class GradientReducer {
   // move with their parameters. Returns false when there is nothing to rebuild.
   absl::StatusOr<bool> RebuildBucketsIfPending();
   int plan_generation() const { return plan_generation_; }
+  // Collective over the reducer's groups, between steps at the same point on every rank (e.g.
+  // when an Autotuner adopts a bucket cap, scheduler/autotuner.h): rebuilds the plan with these
+  // caps, keeping the current parameter order, and moves every gradient (a no_sync window's sums
+  // included) to its new slot, as RebuildBucketsIfPending does. Every GradView, ShardView and
+  // bucket index changes. Returns false when the caps are already these. FailedPrecondition
+  // during a backward, with keep_shards_only, or while a reduce_scatter_only window holds
+  // partial shards (they are per bucket). Defined in scheduler/reducer_replan.cc.
+  absl::StatusOr<bool> Replan(size_t bucket_cap_bytes, size_t first_bucket_cap_bytes);
   // Replaces ReducerConfig::scheduler (null: none) between backwards, at the same point on every
   // rank (benchmarks compare both on the same buffers). FailedPrecondition during a backward.
   absl::Status SetScheduler(OpScheduler* scheduler);

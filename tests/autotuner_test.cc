@@ -4,11 +4,15 @@
 // config checks.
 #include "scheduler/autotuner.h"
 
+#include <cstring>
 #include <map>
 #include <vector>
 
+#include "comm/element.h"
 #include "gtest/gtest.h"
+#include "scheduler/gradient_reducer.h"
 #include "tests/multirank.h"
+#include "tests/reducer_reference.h"
 
 namespace braid::sched {
 namespace {
@@ -125,6 +129,75 @@ TEST(Autotuner, BadConfigsAndRanksThatDisagree) {
     if (g.rank() == 1) c.candidates[2].credit_bytes = 7;
     ExpectError(Autotuner::Create(&g, c).status(), absl::StatusCode::kFailedPrecondition, {"rank 1"});
   });
+}
+
+// Adopting a bucket cap: GradientReducer::Replan between steps carries a no_sync window's sums
+// over to the new plan; the synced result equals a reducer that never re-planned, bit for bit.
+TEST(ReducerReplan, CarriesAccumulatedGradientsOver) {
+  for (ReduceMode mode : {ReduceMode::kAllReduce, ReduceMode::kReduceScatter}) {
+    RunRanks(2, [&](Group& g) {
+      ReducerConfig rc;
+      rc.mode = mode;
+      rc.first_bucket_cap_bytes = 256;
+      rc.bucket_cap_bytes = 4096;
+      rc.timeout = absl::Seconds(30);
+      const std::vector<ParamSpec> params = reference::MakeParams(3);  // mixed dtypes
+      auto a = GradientReducer::Create(params, {&g, nullptr}, rc);
+      auto b = GradientReducer::Create(params, {&g, nullptr}, rc);
+      ASSERT_TRUE(a.ok() && b.ok());
+      auto fill = [&](GradientReducer& r, int micro) {
+        for (size_t p = 0; p < params.size(); ++p) {
+          auto v = r.GradView(params[p].id);
+          ASSERT_TRUE(v.ok());
+          for (size_t i = 0; i < v->count; ++i) {
+            const double x = LoadElement(v->data, v->dtype, i) + 0.37 * g.rank() + 0.011 * i - 0.5 * micro + 0.1 * p;
+            StoreElement(v->data, v->dtype, i, x);
+          }
+          ASSERT_OK(r.MarkReady(params[p].id));
+        }
+      };
+      for (GradientReducer* r : {a->get(), b->get()}) {
+        ASSERT_OK(r->ZeroGrads());
+        ASSERT_OK(r->BeginBackward(SyncMode::kNoSync));
+        fill(*r, 0);
+        ASSERT_OK(r->FinishBackward());
+      }
+      const int buckets_before = static_cast<int>((*b)->plan().buckets().size());
+      auto replanned = (*b)->Replan(65536, 65536);
+      ASSERT_TRUE(replanned.ok()) << replanned.status();
+      EXPECT_TRUE(*replanned);
+      EXPECT_NE(static_cast<int>((*b)->plan().buckets().size()), buckets_before);
+      EXPECT_EQ((*b)->plan_generation(), 1);
+      auto again = (*b)->Replan(65536, 65536);
+      ASSERT_TRUE(again.ok());
+      EXPECT_FALSE(*again);
+      for (GradientReducer* r : {a->get(), b->get()}) {
+        ASSERT_OK(r->BeginBackward(SyncMode::kSync));
+        fill(*r, 1);
+        ASSERT_OK(r->FinishBackward());
+      }
+      // Compare: all-reduce, every gradient; reduce-scatter, this rank's part of every parameter.
+      for (size_t p = 0; p < params.size(); ++p) {
+        auto va = (*a)->GradView(params[p].id);
+        auto vb = (*b)->GradView(params[p].id);
+        const size_t es = DTypeSize(params[p].dtype);
+        if (mode == ReduceMode::kAllReduce) {
+          EXPECT_EQ(0, std::memcmp(va->data, vb->data, va->count * es)) << "parameter " << p;
+          continue;
+        }
+        const auto in_shard = [&](const GradientReducer& r, size_t i) {
+          const BucketPlan& plan = r.plan();
+          const Bucket& bk = plan.buckets()[plan.slot(static_cast<int>(p)).bucket];
+          const size_t pos = plan.slot(static_cast<int>(p)).offset + i;
+          return pos / bk.shard_count == static_cast<size_t>(g.rank());
+        };
+        for (size_t i = 0; i < va->count; ++i) {
+          if (!in_shard(**a, i) || !in_shard(**b, i)) continue;
+          EXPECT_EQ(LoadElement(va->data, va->dtype, i), LoadElement(vb->data, vb->dtype, i)) << p << " " << i;
+        }
+      }
+    });
+  }
 }
 
 }  // namespace
