@@ -4,11 +4,14 @@
 //   tools/bazelw run //bench:overlap                                   # 2 and 4 ranks, all-reduce
 //   bazel-bin/bench/overlap --csv --ranks=2,4 --mode=reduce_scatter --iters=31
 //
-// Flags (defaults): --ranks=2,4  --mode=all_reduce|reduce_scatter|hybrid  --shards (hybrid:
+// Flags (defaults): --ranks=2,4  --mode=all_reduce|reduce_scatter|hybrid|fully_sharded  --shards (hybrid:
 // ranks per shard group, ranks/2)  --scale=0.25  --blocks=12  --layer_compute_us=2000
 // --compute=busy|sleep  --iters=21  --warmup=2  --bucket_cap / --first_bucket_cap (bytes;
 // 25 MiB / 1 MiB x scale)  --csv  --optimizer=none|adamw (reduce_scatter / hybrid only)
-// --optimizer_threads=1. The default run takes well under a minute on 2 vCPUs.
+// --optimizer_threads=1  --credit (bytes; 4 MiB x scale)  --priorities=true  --hold=in_flight|waited
+// --autotune=true  --aa=false  --timeline=PREFIX (PREFIX.<n>ranks.rank<r>.json: the priority
+// mode's partitions, holds and gathers, scheduler/op_scheduler.h). The default run takes about a
+// minute on 2 vCPUs.
 //
 // Ranks are threads on the `local` backend. Each rank owns a GradientReducer over the model of
 // bench/overlap_model.h (f32, scaled by --scale; buckets capped at DDP's 25 MiB / 1 MiB times
@@ -28,6 +31,21 @@
 //                         after backward, the baseline seed 000 (modded-nanogpt #149) improved on
 //   overlapped            MarkReady of each layer's parameters as soon as its compute ends
 //                         (as a post-accumulate-grad hook does), FinishBackward at the end
+//   priority              overlapped, on the same reducer with an OpScheduler attached for the
+//                         step (scheduler/op_scheduler.h): reductions in partitions of at most
+//                         --credit bytes, a credit in flight, gathers (fully sharded) first
+//   autotuned             overlapped with what the Autotuner (scheduler/autotuner.h) adopted
+//                         among (bucket cap, credit) = (cap, 0) [the default = overlapped],
+//                         (cap/2, 0), (2 cap, 0), (cap, credit), (cap, 4 credit); its trials are real
+//                         autotuned steps run before the timed iterations, and the trial table is
+//                         printed. Candidates with the default cap run on the same reducer.
+// --mode=fully_sharded (ZeRO-3, bench/overlap_sharded.h): one unit per layer, a gatherer on its
+// own group with free_after_use, a UnitScheduler (prefetch 1) and a reduce-scatter reducer; a
+// step is the forward (half a layer's compute per unit, gathers as the units are entered) and
+// the backward (gathers again, reductions as layers finish); compute_only has the forward and
+// backward compute, comm_only the gathers and reductions, sync_after_backward marks after the
+// backward loop (gathers stay where the model needs them). --aa runs the priority mode without
+// its scheduler: an A/A check of the noise between two modes on the same buffers.
 // With --optimizer=adamw, two more (each with its own ShardedOptimizer, gatherer and group):
 //   optim_after_backward  overlapped reduction, then Step() of every shard once FinishBackward
 //                         returned, then WaitAllParams: the seeds' baseline (step after backward)
@@ -57,23 +75,29 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <numeric>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
+#include "absl/strings/str_replace.h"
 #include "bench/bench_flags.h"
 #include "bench/overlap_compute.h"
+#include "bench/overlap_config.h"
 #include "bench/overlap_model.h"
+#include "bench/overlap_sharded.h"
 #include "comm/backend.h"
 #include "comm/status_macros.h"
 #include "optim/sharded_optimizer.h"
+#include "scheduler/autotuner.h"
 #include "scheduler/gradient_reducer.h"
 #include "scheduler/mesh.h"
+#include "scheduler/op_scheduler.h"
 #include "scheduler/param_gatherer.h"
 
 namespace braid::bench {
@@ -82,61 +106,6 @@ namespace {
 using sched::GradientReducer;
 using sched::ReduceMode;
 using sched::SyncMode;
-
-enum class StepMode {
-  kComputeOnly,
-  kCommOnly,
-  kSyncAfterBackward,
-  kOverlapped,
-  kOptimAfterBackward,  // --optimizer: overlapped reduction, then every shard stepped, then wait
-  kOptimOverlapped,     // --optimizer: each shard stepped as its reduction completes
-};
-
-const char* ModeName(StepMode m) {
-  switch (m) {
-    case StepMode::kComputeOnly: return "compute_only";
-    case StepMode::kCommOnly: return "comm_only";
-    case StepMode::kSyncAfterBackward: return "sync_after_backward";
-    case StepMode::kOverlapped: return "overlapped";
-    case StepMode::kOptimAfterBackward: return "optim_after_backward";
-    case StepMode::kOptimOverlapped: return "optim_overlapped";
-  }
-  return "?";
-}
-
-const char* ReduceName(ReduceMode m) {
-  switch (m) {
-    case ReduceMode::kAllReduce: return "all_reduce";
-    case ReduceMode::kReduceScatter: return "reduce_scatter";
-    case ReduceMode::kHybrid: return "hybrid";
-  }
-  return "?";
-}
-
-struct Config {
-  std::vector<int> ranks;
-  ReduceMode reduce = ReduceMode::kAllReduce;
-  int shards = 0;  // hybrid: ranks per shard group (0: ranks / 2)
-  double scale = 0.25;
-  int blocks = 12;
-  int64_t layer_compute_us = 2000;
-  int iters = 21, warmup = 2;
-  int64_t bucket_cap = 0, first_bucket_cap = 0;  // bytes; 0: DDP's defaults x scale
-  bool sleep_compute = false;  // --compute=sleep
-  bool csv = false;
-  bool optimizer = false;  // --optimizer=adamw: the two optimizer modes too
-  int optimizer_threads = 1;
-
-  std::vector<StepMode> Modes() const {
-    std::vector<StepMode> m = {StepMode::kComputeOnly, StepMode::kCommOnly, StepMode::kSyncAfterBackward,
-                               StepMode::kOverlapped};
-    if (optimizer) {
-      m.push_back(StepMode::kOptimAfterBackward);
-      m.push_back(StepMode::kOptimOverlapped);
-    }
-    return m;
-  }
-};
 
 // The rank threads' start line, outside Braid (compute_only must not touch it). Abort()
 // releases every waiter with false, so one failed rank never leaves the others waiting here.
@@ -210,6 +179,9 @@ struct Shared {
   std::vector<std::vector<std::vector<StepTimes>>> times;  // [mode][iteration][rank]
   std::vector<int64_t> wrong;                         // per rank, from the final check
   int buckets = 0;
+  // Rank 0's OpScheduler (the priority mode) over the whole run.
+  int64_t partitions = 0, reductions = 0, holds = 0, hold_expiries = 0;
+  std::string tune_table;  // rank 0's autotuner trial table
 };
 
 // The two sharded optimizers of --optimizer (each with its own gatherer and gather group):
@@ -237,11 +209,48 @@ absl::Status RunOptimizerStep(optim::ShardedOptimizer& opt, bool explicit_step, 
   return absl::OkStatus();
 }
 
+// One layer's forward compute in fully sharded mode: half a backward layer's.
+void ComputeForward(const RankLayer& l, const Config& c, int rank) {
+  if (!c.sleep_compute) {
+    WriteGradients(l.spans, rank, std::max(l.elems, l.writes / 2));
+    return;
+  }
+  std::this_thread::sleep_for(std::chrono::microseconds(c.layer_compute_us / 2));
+}
+
+// One fully sharded step (ZeRO-3); fills `t` except t->start.
+absl::Status RunShardedStep(StepMode mode, ShardedStack* stack, const std::vector<RankLayer>& backward,
+                            const Config& c, int rank, StepTimes* t) {
+  const int layers = static_cast<int>(backward.size());
+  // backward[] runs last layer first: layer l is backward[layers - 1 - l].
+  auto compute = [&](int l, bool forward) {
+    const RankLayer& rl = backward[layers - 1 - l];
+    if (forward) {
+      ComputeForward(rl, c, rank);
+    } else {
+      Compute(rl, c, rank);
+    }
+  };
+  if (mode == StepMode::kComputeOnly) {
+    for (int l = 0; l < layers; ++l) compute(l, true);
+    for (int l = layers - 1; l >= 0; --l) compute(l, false);
+    t->backward_end = t->end = Clock::now();
+    return absl::OkStatus();
+  }
+  const ShardedStep kind = mode == StepMode::kCommOnly            ? ShardedStep::kCommOnly
+                           : mode == StepMode::kSyncAfterBackward ? ShardedStep::kSyncAfterBackward
+                                                                  : ShardedStep::kOverlapped;
+  RETURN_IF_ERROR(stack->Step(kind, compute, &t->backward_end));
+  t->end = Clock::now();
+  return absl::OkStatus();
+}
+
 // One step; fills `t` except t->start.
 absl::Status RunStep(StepMode mode, GradientReducer& r, RankOptimizers* opts,
                      const std::vector<RankLayer>& backward, const Config& c, int rank, StepTimes* t) {
   if (mode == StepMode::kOptimAfterBackward) return RunOptimizerStep(*opts->after, true, r, backward, c, rank, t);
   if (mode == StepMode::kOptimOverlapped) return RunOptimizerStep(*opts->overlapped, false, r, backward, c, rank, t);
+  if (mode == StepMode::kPriority) mode = StepMode::kOverlapped;  // the caller passed the scheduled reducer
   if (mode == StepMode::kOverlapped) RETURN_IF_ERROR(r.BeginBackward(SyncMode::kSync));
   for (const RankLayer& l : backward) {
     if (mode != StepMode::kCommOnly) Compute(l, c, rank);
@@ -309,14 +318,41 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
     ASSIGN_OR_RETURN(mesh, sched::MakeMesh(world, n / shards, shards));
     groups = sched::ReducerGroups{mesh.shard.get(), mesh.replica.get()};
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<GradientReducer> reducer,
-                   GradientReducer::Create(model.params, groups, rc));
+  // The priority mode's scheduler (shared by its reducer and, fully sharded, its gatherer).
+  // --timeline: the priority mode's scheduler records its partitions, holds and gathers.
+  std::unique_ptr<sched::Timeline> timeline;
+  if (!c.timeline.empty()) {
+    ASSIGN_OR_RETURN(timeline, sched::Timeline::Create(absl::StrCat(c.timeline, ".", n, "ranks"), rank));
+  }
+  sched::OpSchedulerConfig oc;
+  oc.timeline = timeline.get();
+  oc.credit_bytes = static_cast<size_t>(c.credit);
+  oc.priorities = c.priorities;
+  oc.hold = c.hold_waited ? sched::OpSchedulerConfig::Hold::kWaited : sched::OpSchedulerConfig::Hold::kInFlight;
+  oc.timeout = absl::Seconds(120);
+  ASSIGN_OR_RETURN(std::unique_ptr<sched::OpScheduler> scheduler, sched::OpScheduler::Create(oc, &world));
+  // One reducer (fully sharded: one stack) for every mode: the priority mode attaches the
+  // scheduler for its steps only, so both modes run on the same buffers (separately allocated
+  // reducers differ by up to ~20% on their own: an A/A check, --aa, shows it).
+  std::unique_ptr<ShardedStack> stack;
+  std::unique_ptr<GradientReducer> owned;
+  if (c.fully_sharded) {
+    ASSIGN_OR_RETURN(stack, ShardedStack::Create(world, model, nullptr, absl::Seconds(120), rc.bucket_cap_bytes,
+                                                 rc.first_bucket_cap_bytes));
+  } else {
+    ASSIGN_OR_RETURN(owned, GradientReducer::Create(model.params, groups, rc));
+  }
+  GradientReducer* reducer = c.fully_sharded ? &stack->reducer() : owned.get();
+  sched::OpScheduler* const prio_sched = c.aa ? nullptr : scheduler.get();
+  auto attach = [&](sched::OpScheduler* s) -> absl::Status {
+    return c.fully_sharded ? stack->SetScheduler(s) : reducer->SetScheduler(s);
+  };
   if (rank == 0) shared->buckets = static_cast<int>(reducer->plan().buckets().size());
   RankOptimizers opts;
   if (c.optimizer) {
-    optim::OptimizerConfig oc;
-    oc.threads = c.optimizer_threads;
-    oc.timeout = absl::Seconds(120);
+    optim::OptimizerConfig ocfg;
+    ocfg.threads = c.optimizer_threads;
+    ocfg.timeout = absl::Seconds(120);
     Group& shard = *groups.shard;
     ASSIGN_OR_RETURN(opts.gather_after, shard.Split(0, shard.rank(), "gather_after"));
     ASSIGN_OR_RETURN(opts.gather_overlapped, shard.Split(0, shard.rank(), "gather_overlapped"));
@@ -325,51 +361,173 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
     ASSIGN_OR_RETURN(opts.gatherer_after, sched::ParamGatherer::Create(reducer->plan(), opts.gather_after.get(), gc));
     ASSIGN_OR_RETURN(opts.gatherer_overlapped,
                      sched::ParamGatherer::Create(reducer->plan(), opts.gather_overlapped.get(), gc));
-    oc.overlap = false;
-    ASSIGN_OR_RETURN(opts.after, optim::ShardedOptimizer::Create(reducer.get(), opts.gatherer_after.get(), oc));
-    oc.overlap = true;
+    ocfg.overlap = false;
+    ASSIGN_OR_RETURN(opts.after, optim::ShardedOptimizer::Create(reducer, opts.gatherer_after.get(), ocfg));
+    ocfg.overlap = true;
     ASSIGN_OR_RETURN(opts.overlapped,
-                     optim::ShardedOptimizer::Create(reducer.get(), opts.gatherer_overlapped.get(), oc));
+                     optim::ShardedOptimizer::Create(reducer, opts.gatherer_overlapped.get(), ocfg));
     RETURN_IF_ERROR(opts.after->WaitAllParams());
     RETURN_IF_ERROR(opts.overlapped->WaitAllParams());
   }
 
-  std::vector<RankLayer> backward;  // last layer first
-  for (int l = static_cast<int>(model.layers.size()) - 1; l >= 0; --l) {
-    RankLayer rl;
-    const std::vector<int>& ps = model.layers[l].params;
-    for (auto it = ps.rbegin(); it != ps.rend(); ++it) {
-      const sched::ParamId id = model.params[*it].id;
-      ASSIGN_OR_RETURN(TensorView v, reducer->GradView(id));
-      rl.spans.push_back(GradSpan{static_cast<float*>(v.data), v.count});
-      rl.ids.push_back(id);
+  auto layers_of = [&](GradientReducer& red) -> absl::StatusOr<std::vector<RankLayer>> {
+    std::vector<RankLayer> backward;  // last layer first
+    for (int l = static_cast<int>(model.layers.size()) - 1; l >= 0; --l) {
+      RankLayer rl;
+      const std::vector<int>& ps = model.layers[l].params;
+      for (auto it = ps.rbegin(); it != ps.rend(); ++it) {
+        const sched::ParamId id = model.params[*it].id;
+        ASSIGN_OR_RETURN(TensorView v, red.GradView(id));
+        rl.spans.push_back(GradSpan{static_cast<float*>(v.data), v.count});
+        rl.ids.push_back(id);
+      }
+      rl.elems = model.layers[l].elems;
+      rl.writes = writes[l];
+      backward.push_back(std::move(rl));
     }
-    rl.elems = model.layers[l].elems;
-    rl.writes = writes[l];
-    backward.push_back(std::move(rl));
+    return backward;
+  };
+  ASSIGN_OR_RETURN(const std::vector<RankLayer> backward, layers_of(*reducer));
+  // The autotuned mode's stack: candidates with the default bucket cap run on the same reducer
+  // (stack) with a scheduler of their credit attached; others on a reducer (stack) of their
+  // own. Every reducer and scheduler a candidate used is kept (the tuner switches candidates
+  // every step), and dropped once the tuner is done.
+  struct Tuned {
+    std::map<size_t, std::unique_ptr<sched::OpScheduler>> schedulers;  // by credit
+    std::map<size_t, std::unique_ptr<GradientReducer>> reducers;       // by bucket cap
+    std::map<size_t, std::unique_ptr<ShardedStack>> stacks;            // by bucket cap
+    std::map<size_t, std::vector<RankLayer>> layers;                   // by bucket cap
+    sched::OpScheduler* scheduler = nullptr;
+    GradientReducer* reducer = nullptr;
+    ShardedStack* stack = nullptr;
+    const std::vector<RankLayer>* backward = nullptr;
+  } tuned;
+  auto build_tuned = [&](const sched::TuneCandidate& cand) -> absl::Status {
+    tuned.scheduler = nullptr;
+    if (cand.credit_bytes > 0) {
+      auto& sch = tuned.schedulers[cand.credit_bytes];
+      if (sch == nullptr) {  // collective: every rank runs the same candidates in the same order
+        sched::OpSchedulerConfig toc = oc;
+        toc.credit_bytes = cand.credit_bytes;
+        ASSIGN_OR_RETURN(sch, sched::OpScheduler::Create(toc, &world));
+      }
+      tuned.scheduler = sch.get();
+    }
+    if (cand.bucket_cap_bytes == rc.bucket_cap_bytes) {
+      tuned.reducer = reducer;
+      tuned.stack = stack.get();
+      tuned.backward = &backward;
+      return absl::OkStatus();
+    }
+    const size_t cap = cand.bucket_cap_bytes;
+    if (tuned.layers.count(cap) == 0) {
+      if (c.fully_sharded) {
+        ASSIGN_OR_RETURN(tuned.stacks[cap], ShardedStack::Create(world, model, nullptr, absl::Seconds(120), cap,
+                                                                 rc.first_bucket_cap_bytes));
+        ASSIGN_OR_RETURN(tuned.layers[cap], layers_of(tuned.stacks[cap]->reducer()));
+      } else {
+        sched::ReducerConfig trc = rc;
+        trc.scheduler = nullptr;
+        trc.bucket_cap_bytes = cap;
+        ASSIGN_OR_RETURN(tuned.reducers[cap], GradientReducer::Create(model.params, groups, trc));
+        ASSIGN_OR_RETURN(tuned.layers[cap], layers_of(*tuned.reducers[cap]));
+      }
+    }
+    tuned.stack = c.fully_sharded ? tuned.stacks[cap].get() : nullptr;
+    tuned.reducer = c.fully_sharded ? &tuned.stack->reducer() : tuned.reducers[cap].get();
+    tuned.backward = &tuned.layers[cap];
+    return absl::OkStatus();
+  };
+  auto run = [&](StepMode mode, StepTimes* t) -> absl::Status {
+    const bool prio = mode == StepMode::kPriority;
+    const bool tune = mode == StepMode::kAutotuned;
+    GradientReducer* red = tune ? tuned.reducer : reducer;
+    ShardedStack* stk = tune ? tuned.stack : stack.get();
+    auto attach_to = [&](sched::OpScheduler* s) -> absl::Status {
+      return c.fully_sharded ? stk->SetScheduler(s) : red->SetScheduler(s);
+    };
+    if (prio || tune) RETURN_IF_ERROR(attach_to(prio ? prio_sched : tuned.scheduler));
+    const StepMode as = prio || tune ? StepMode::kOverlapped : mode;
+    const absl::Status st = c.fully_sharded ? RunShardedStep(as, stk, tune ? *tuned.backward : backward, c, rank, t)
+                                            : RunStep(as, *red, &opts, tune ? *tuned.backward : backward, c, rank, t);
+    if (prio || tune) RETURN_IF_ERROR(attach_to(nullptr));
+    return st;
+  };
+  // --autotune: the tuner's trials are real autotuned steps, run (in lockstep, from a common
+  // start) before the timed iterations; the autotuned mode then runs what it adopted.
+  if (c.autotune) {
+    sched::AutotunerConfig ac;
+    const size_t cap = rc.bucket_cap_bytes, credit = static_cast<size_t>(c.credit);
+    ac.candidates = {{cap, 0}, {cap / 2, 0}, {cap * 2, 0}, {cap, credit}, {cap, credit * 4}};
+    ac.timeout = absl::Seconds(120);
+    ASSIGN_OR_RETURN(std::unique_ptr<sched::Autotuner> tuner, sched::Autotuner::Create(&world, ac));
+    RETURN_IF_ERROR(build_tuned(tuner->current()));
+    while (!tuner->done()) {
+      if (!shared->barrier.Wait()) return absl::AbortedError("another rank failed");
+      StepTimes t;
+      t.start = Clock::now();
+      RETURN_IF_ERROR(run(StepMode::kAutotuned, &t));
+      ASSIGN_OR_RETURN(bool replan, tuner->EndStep(absl::FromChrono(t.end - t.start)));
+      if (replan) RETURN_IF_ERROR(build_tuned(tuner->current()));
+    }
+    if (rank == 0) shared->tune_table = tuner->Table();
+    // Keep only what the adopted candidate uses (in destruction order: reducers, schedulers).
+    for (auto it = tuned.stacks.begin(); it != tuned.stacks.end();) {
+      it = it->second.get() == tuned.stack ? std::next(it) : tuned.stacks.erase(it);
+    }
+    for (auto it = tuned.reducers.begin(); it != tuned.reducers.end();) {
+      it = it->second.get() == tuned.reducer ? std::next(it) : tuned.reducers.erase(it);
+    }
+    for (auto it = tuned.layers.begin(); it != tuned.layers.end();) {
+      it = &it->second == tuned.backward ? std::next(it) : tuned.layers.erase(it);
+    }
+    for (auto it = tuned.schedulers.begin(); it != tuned.schedulers.end();) {
+      it = it->second.get() == tuned.scheduler ? std::next(it) : tuned.schedulers.erase(it);
+    }
   }
-
   const bool tty = isatty(2);
   const int total = c.warmup + c.iters;
   const std::vector<StepMode> modes = c.Modes();
   const int num_modes = static_cast<int>(modes.size());
   for (int it = 0; it < total; ++it) {
     if (rank == 0) Progress(n, it + 1, total, tty);
+    // A fresh order every iteration, the same on every rank (seeded by the iteration): no mode
+    // always runs first, or always right after another one.
+    std::vector<int> order(num_modes);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<uint32_t>(it) * 2654435761u + 7));
     for (int k = 0; k < num_modes; ++k) {
-      const int m = (k + it) % num_modes;  // rotate the order: no mode always runs first
+      const int m = order[k];
       if (!shared->barrier.Wait()) return absl::AbortedError("another rank failed");
       StepTimes t;
       t.start = Clock::now();
-      RETURN_IF_ERROR(RunStep(modes[m], *reducer, &opts, backward, c, rank, &t));
+      RETURN_IF_ERROR(run(modes[m], &t));
       if (it >= c.warmup) shared->times[m][it - c.warmup][rank] = t;
     }
   }
   // Exactness check of one more overlapped step.
   if (!shared->barrier.Wait()) return absl::AbortedError("another rank failed");
   StepTimes unused;
-  RETURN_IF_ERROR(RunStep(StepMode::kOverlapped, *reducer, &opts, backward, c, rank, &unused));
+  RETURN_IF_ERROR(run(StepMode::kOverlapped, &unused));
+  const int64_t wrong_overlapped = CountWrong(*reducer, c.reduce, c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank(), n);
+  if (!shared->barrier.Wait()) return absl::AbortedError("another rank failed");
+  RETURN_IF_ERROR(run(StepMode::kPriority, &unused));
+  int64_t wrong_tuned = 0;
+  if (c.autotune) {
+    const int64_t wrong_priority = CountWrong(*reducer, c.reduce, c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank(), n);
+    if (!shared->barrier.Wait()) return absl::AbortedError("another rank failed");
+    RETURN_IF_ERROR(run(StepMode::kAutotuned, &unused));
+    wrong_tuned = wrong_priority + CountWrong(*tuned.reducer, c.reduce,
+                                              c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank(), n);
+  }
   const int shard_rank = c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank();
-  shared->wrong[rank] = CountWrong(*reducer, c.reduce, shard_rank, n);
+  shared->wrong[rank] = wrong_overlapped + (c.autotune ? wrong_tuned : CountWrong(*reducer, c.reduce, shard_rank, n));
+  if (rank == 0) {
+    shared->partitions = scheduler->partitions_issued();
+    shared->reductions = scheduler->reductions_submitted();
+    shared->holds = scheduler->holds();
+    shared->hold_expiries = scheduler->hold_expiries();
+  }
   return absl::OkStatus();
 }
 
@@ -389,7 +547,8 @@ struct Row {
 
 // Runs every iteration for `ranks` rank threads; appends one row per mode.
 absl::Status MeasureRanks(int ranks, const Config& c, const OverlapModel& model,
-                          const std::vector<size_t>& writes, std::vector<Row>* rows, int* buckets) {
+                          const std::vector<size_t>& writes, std::vector<Row>* rows, int* buckets,
+                          std::string* note) {
   Options o;
   o.backend = "local";
   o.local_ranks = ranks;
@@ -423,6 +582,13 @@ absl::Status MeasureRanks(int ranks, const Config& c, const OverlapModel& model,
     return absl::DataLossError(absl::StrCat(ranks, " ranks: ", wrong, " wrong gradient elements after reduction"));
   }
   *buckets = shared.buckets;
+  *note = absl::StrCat("# ", ranks, " ranks, priority mode's scheduler (rank 0, whole run incl. warm-up): ",
+                       shared.partitions, " partitions for ", shared.reductions, " reductions, ", shared.holds,
+                       " holds behind gathers, ", shared.hold_expiries, " ended by max_hold");
+  if (!shared.tune_table.empty()) {
+    absl::StrAppend(note, "\n# ", ranks, " ranks, autotuner trials (rank 0; slowest rank's medians):\n#   ",
+                    absl::StrReplaceAll(shared.tune_table, {{"\n", "\n#   "}}));
+  }
   // Per iteration the slowest rank's time; then statistics over iterations.
   auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
   std::vector<std::vector<double>> step(num_modes), backward(num_modes), tail(num_modes);
@@ -468,83 +634,6 @@ void PrintCsv(const std::vector<Row>& rows) {
   }
 }
 
-absl::StatusOr<Config> ParseConfig(const Flags& f) {
-  Config c;
-  for (absl::string_view s : absl::StrSplit(f.Str("ranks", "2,4"), ',')) {
-    int n = 0;
-    if (!absl::SimpleAtoi(s, &n) || n < 1) {
-      return absl::InvalidArgumentError(absl::StrCat("--ranks: '", s, "' is not a rank count >= 1"));
-    }
-    c.ranks.push_back(n);
-  }
-  const std::string mode = f.Str("mode", "all_reduce");
-  if (mode == "all_reduce" || mode == "allreduce") {
-    c.reduce = ReduceMode::kAllReduce;
-  } else if (mode == "reduce_scatter") {
-    c.reduce = ReduceMode::kReduceScatter;
-  } else if (mode == "hybrid") {
-    c.reduce = ReduceMode::kHybrid;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--mode='", mode, "': expected all_reduce, reduce_scatter or hybrid"));
-  }
-  ASSIGN_OR_RETURN(int64_t shards, f.Int("shards", 0));
-  c.shards = static_cast<int>(shards);
-  const std::string scale = f.Str("scale", "0.25");
-  if (!absl::SimpleAtod(scale, &c.scale) || !(c.scale > 0) || c.scale > 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--scale='", scale, "': expected a number in (0, 1]"));
-  }
-  ASSIGN_OR_RETURN(int64_t blocks, f.Int("blocks", 12));
-  c.blocks = static_cast<int>(blocks);
-  ASSIGN_OR_RETURN(c.layer_compute_us, f.Int("layer_compute_us", 2000));
-  ASSIGN_OR_RETURN(int64_t iters, f.Int("iters", 21));
-  ASSIGN_OR_RETURN(int64_t warmup, f.Int("warmup", 2));
-  c.iters = static_cast<int>(iters);
-  c.warmup = static_cast<int>(warmup);
-  ASSIGN_OR_RETURN(c.bucket_cap, f.Int("bucket_cap", 0));
-  ASSIGN_OR_RETURN(c.first_bucket_cap, f.Int("first_bucket_cap", 0));
-  // DDP's defaults scaled with the model, kept a multiple of the plan's 64-byte alignment.
-  auto scaled = [&](double bytes) { return std::max<int64_t>(64, static_cast<int64_t>(bytes * c.scale) / 64 * 64); };
-  if (c.bucket_cap == 0) c.bucket_cap = scaled(25.0 * (1 << 20));
-  if (c.first_bucket_cap == 0) c.first_bucket_cap = scaled(1.0 * (1 << 20));
-  const std::string compute = f.Str("compute", "busy");
-  if (compute != "busy" && compute != "sleep") {
-    return absl::InvalidArgumentError(absl::StrCat("--compute='", compute, "': expected busy or sleep"));
-  }
-  c.sleep_compute = compute == "sleep";
-  c.csv = f.Bool("csv", false);
-  const std::string opt = f.Str("optimizer", "none");
-  if (opt != "none" && opt != "adamw") {
-    return absl::InvalidArgumentError(absl::StrCat("--optimizer='", opt, "': expected none or adamw"));
-  }
-  c.optimizer = opt == "adamw";
-  ASSIGN_OR_RETURN(int64_t othreads, f.Int("optimizer_threads", 1));
-  c.optimizer_threads = static_cast<int>(othreads);
-  if (c.optimizer && c.reduce == ReduceMode::kAllReduce) {
-    return absl::InvalidArgumentError("--optimizer=adamw needs --mode=reduce_scatter or hybrid (a sharded step)");
-  }
-  for (const auto& [bad, what] : std::vector<std::pair<bool, const char*>>{
-           {c.blocks < 1, "--blocks must be >= 1"},
-           {c.layer_compute_us < 0, "--layer_compute_us must be >= 0"},
-           {c.iters < 1, "--iters must be >= 1"},
-           {c.warmup < 0, "--warmup must be >= 0"},
-           {c.shards < 0, "--shards must be >= 0"},
-           {c.optimizer_threads < 1, "--optimizer_threads must be >= 1"},
-           {c.bucket_cap < 64 || c.first_bucket_cap < 64, "bucket caps must be >= 64 bytes"}}) {
-    if (bad) return absl::InvalidArgumentError(what);
-  }
-  for (int n : c.ranks) {
-    const int shards = c.shards > 0 ? c.shards : std::max(1, n / 2);
-    if (c.reduce == ReduceMode::kHybrid && n % shards != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("--shards=", shards, " does not divide --ranks ", n));
-    }
-  }
-  for (const std::string& u : f.Unused()) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown flag --", u));
-  }
-  return c;
-}
-
 absl::Status Main(int argc, char** argv) {
   ASSIGN_OR_RETURN(Flags flags, Flags::Parse(argc, argv));
   ASSIGN_OR_RETURN(Config c, ParseConfig(flags));
@@ -563,10 +652,13 @@ absl::Status Main(int argc, char** argv) {
 
   std::vector<Row> rows;
   std::vector<int> buckets;
+  std::vector<std::string> notes;
   for (int n : c.ranks) {
     int b = 0;
-    RETURN_IF_ERROR(MeasureRanks(n, c, model, writes, &rows, &b));
+    std::string note;
+    RETURN_IF_ERROR(MeasureRanks(n, c, model, writes, &rows, &b, &note));
     buckets.push_back(b);
+    notes.push_back(std::move(note));
   }
 
   if (c.csv) {
@@ -577,7 +669,8 @@ absl::Status Main(int argc, char** argv) {
   std::printf("# Braid overlap: GPT-2-small shapes x %.3g (%d blocks): %zu params in %zu layers, %.1f MiB of f32 "
               "gradients per rank\n",
               c.scale, c.blocks, model.params.size(), model.layers.size(), mib);
-  std::printf("# reduce mode %s, bucket caps %lld / %lld B (first), buckets per rank:", ReduceName(c.reduce),
+  std::printf("# reduce mode %s, bucket caps %lld / %lld B (first), buckets per rank:",
+              c.fully_sharded ? "fully_sharded (reduce_scatter, ZeRO-3 units, prefetch 1)" : ReduceName(c.reduce),
               static_cast<long long>(c.bucket_cap), static_cast<long long>(c.first_bucket_cap));
   for (size_t i = 0; i < c.ranks.size(); ++i) std::printf(" %d (%d ranks)", buckets[i], c.ranks[i]);
   if (c.sleep_compute) {
@@ -614,6 +707,18 @@ absl::Status Main(int argc, char** argv) {
                 ovl.ranks, ovl.step_ms, sync.step_ms, sync.step_ms / ovl.step_ms,
                 100.0 * (1.0 - ovl.exposed), ovl.step_ms - ovl.compute_ms,
                 ovl.backward_ms - ovl.compute_ms, ovl.tail_ms);
+    const Row& prio = rows[i + per_count - (c.autotune ? 2 : 1)];
+    std::printf("# %d ranks: priority (credit %lld B%s%s) %.2f ms vs overlapped %.2f ms (%.2fx); exposed_frac %.3f vs "
+                "%.3f\n",
+                prio.ranks, static_cast<long long>(c.credit), !c.priorities ? ", partitions only" : c.hold_waited ? ", priorities (hold while waited)" : ", priorities",
+                c.aa ? "; --aa: NO scheduler, an A/A check" : "",
+                prio.step_ms, ovl.step_ms, ovl.step_ms / prio.step_ms, prio.exposed, ovl.exposed);
+    if (c.autotune) {
+      const Row& tuned = rows[i + per_count - 1];
+      const Row& prio2 = rows[i + per_count - 2];
+      std::printf("# %d ranks: autotuned %.2f ms vs overlapped (the default) %.2f ms (%.2fx), priority %.2f ms\n",
+                  tuned.ranks, tuned.step_ms, ovl.step_ms, ovl.step_ms / tuned.step_ms, prio2.step_ms);
+    }
     if (!c.optimizer) continue;
     const Row& after = rows[i + 4];
     const Row& stepped = rows[i + 5];
@@ -622,6 +727,7 @@ absl::Status Main(int argc, char** argv) {
                 stepped.ranks, stepped.step_ms, after.step_ms, after.step_ms / stepped.step_ms,
                 stepped.step_ms - ovl.step_ms, after.step_ms - ovl.step_ms);
   }
+  for (const std::string& note : notes) std::printf("%s\n", note.c_str());
   std::printf("#\n");
   PrintCsv(rows);
   return absl::OkStatus();

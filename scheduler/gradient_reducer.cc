@@ -11,6 +11,7 @@
 #include "comm/reduce_kernels.h"
 #include "comm/status_macros.h"
 #include "scheduler/plan_check.h"
+#include "scheduler/reducer_bucket_state.h"
 
 namespace braid::sched {
 namespace {
@@ -18,41 +19,6 @@ namespace {
 constexpr size_t kStorageAlign = 64;
 
 }  // namespace
-
-struct GradientReducer::BucketState {
-  OwnedBuffer data;                          // padded_count elements, zero-initialized
-  std::string label;                         // "bucket 3": names the bucket in errors
-  std::atomic<int> pending{0};               // parameters not yet marked this backward
-  // The device events given to MarkReady this backward (room for one per parameter: no
-  // allocation when marking); the mark that completes the bucket reads them.
-  std::unique_ptr<DeviceEvent[]> events;
-  std::atomic<int> n_events{0};
-  absl::Status prepare_error;                // the pre-launch cast failed (read at launch)
-  bool ready = false;                        // guarded by mu_
-  bool first_done = false;                   // guarded by mu_ (hybrid)
-  bool failed = false;                       // guarded by mu_ (hybrid)
-  WorkPtr work;                              // this backward's final result
-  // The collective of each stage in this backward (0: reduce-scatter or all-reduce; 1: the
-  // hybrid replica all-reduce): written under mu_ at launch, watched after mu_ is released
-  // (OnComplete may run the callback inline, and the callback takes mu_).
-  struct Stage {
-    WorkPtr work;
-    int post_divide = 1;
-    int64_t start_ns = 0;  // timeline only
-  } stage[2];
-  // Hybrid reduce_scatter_only: this rank's shard summed over the window's microbatches so far
-  // (each already averaged over the shard group), added in before the replica all-reduce.
-  OwnedBuffer partial;
-  bool has_partial = false;
-  // reduce_dtype: the bucket widened (padded_count elements of the reduce dtype).
-  OwnedBuffer staging;
-  // keep_shards_only: `data` and `staging` are pool buffers held only while the bucket is
-  // filled and reduced; storage_mu serializes taking them at the first mark.
-  std::mutex storage_mu;
-  OwnedBuffer kept;     // this rank's reduced shard (shard_count, bucket dtype)
-  OwnedBuffer reduced;  // hybrid with f32 staging: the f32 shard (replica all-reduce, partials)
-  WorkPtr handoff;      // device hybrid: the shard copy's point on the shard stream
-};
 
 absl::StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
     std::vector<ParamSpec> params, ReducerGroups groups, const ReducerConfig& config) {
@@ -349,6 +315,13 @@ absl::StatusOr<TensorView> GradientReducer::GradView(ParamId id) const {
   return TensorView{BucketData(s.bucket) + s.offset * DTypeSize(p.dtype), p.count, p.dtype, p.device};
 }
 
+absl::Status GradientReducer::SetScheduler(OpScheduler* scheduler) {
+  if (in_backward_.load()) return absl::FailedPreconditionError("SetScheduler during a backward");
+  std::lock_guard<std::mutex> lock(mu_);
+  config_.scheduler = scheduler;
+  return absl::OkStatus();
+}
+
 absl::Status GradientReducer::SetGradBuffer(ParamId id, void* grad) {
   ASSIGN_OR_RETURN(int i, plan_.IndexOf(id));
   if (config_.gradient_as_bucket_view) {
@@ -584,13 +557,22 @@ void GradientReducer::LaunchStageLocked(int b, int stage) {
   Group& g = stage == 0 ? *groups_.shard : *groups_.replica;
   const DType t = CommDType(b);
   const ReduceStep step = StepFor(t, g.size());
+  ReductionRequest req{&g, CollectiveKind::kAllReduce, nullptr, nullptr, bk.shard_count, t, step.op, opts, b};
+  if (stage == 1) {
+    req.send = req.recv = config_.keep_shards_only ? CommKept(b) : CommShard(b);
+  } else if (config_.mode == ReduceMode::kAllReduce) {
+    req.send = req.recv = CommData(b);
+    req.count = bk.count;
+  } else {
+    req.kind = CollectiveKind::kReduceScatter;
+    req.send = CommData(b);
+    req.recv = CommShard(b);
+  }
   absl::StatusOr<WorkPtr> w =
       stage == 0 && !s.prepare_error.ok() ? absl::StatusOr<WorkPtr>(s.prepare_error)
-      : stage == 1 && config_.keep_shards_only ? g.AllReduce(CommKept(b), CommKept(b), bk.shard_count, t, step.op, opts)
-      : stage == 1 ? g.AllReduce(CommShard(b), CommShard(b), bk.shard_count, t, step.op, opts)
-      : config_.mode == ReduceMode::kAllReduce
-          ? g.AllReduce(CommData(b), CommData(b), bk.count, t, step.op, opts)
-          : g.ReduceScatter(CommData(b), CommShard(b), bk.shard_count, t, step.op, opts);
+      : config_.scheduler != nullptr      ? config_.scheduler->SubmitReduction(req)
+      : req.kind == CollectiveKind::kAllReduce ? g.AllReduce(req.send, req.recv, req.count, t, step.op, opts)
+                                               : g.ReduceScatter(req.send, req.recv, req.count, t, step.op, opts);
   BucketState::Stage& rec = s.stage[stage];
   rec.work = w.ok() ? *std::move(w)
                     : Work::Completed(WorkInfo{g.name(), "launch", 0, s.label}, w.status());

@@ -6,7 +6,9 @@
 // from any thread; the collectives each group sees are therefore issued in the same order on
 // every rank. In hybrid mode the replica all-reduce of bucket k starts when its reduce-scatter
 // completes, again through a cursor, so it too runs in bucket order, overlapping the
-// reduce-scatter of bucket k+1.
+// reduce-scatter of bucket k+1. With ReducerConfig::scheduler each launch becomes a submission
+// to the OpScheduler in that same order; it issues each group's submissions (and their
+// credit-sized partitions) strictly in submission order (scheduler/op_scheduler.h).
 //
 //   ReducerConfig cfg;
 //   cfg.mode = ReduceMode::kHybrid;
@@ -114,6 +116,7 @@
 #include "scheduler/buffer_pool.h"
 #include "scheduler/divide.h"
 #include "scheduler/memory_stats.h"
+#include "scheduler/op_scheduler.h"
 #include "scheduler/timeline.h"
 
 namespace braid::sched {
@@ -159,6 +162,10 @@ struct ReducerConfig {
   // shared with the parameter gatherer (scheduler/buffer_pool.h), instead of the reducer's own.
   // InvalidArgument at Create on device groups or without keep_shards_only.
   std::shared_ptr<BufferPool> shared_pool;
+  // Optional, not owned, must outlive the reducer: every reduce-scatter / all-reduce goes
+  // through it (credit-sized partitions, priorities; scheduler/op_scheduler.h), still submitted
+  // in bucket order. Results are bit for bit those without it (see partition.h).
+  OpScheduler* scheduler = nullptr;
 };
 
 class GradientReducer {
@@ -246,6 +253,17 @@ class GradientReducer {
   // keep_shards_only.
   absl::StatusOr<bool> Replan(size_t bucket_cap_bytes, size_t first_bucket_cap_bytes);
   int plan_generation() const { return plan_generation_; }
+  // Collective over the reducer's groups, between steps at the same point on every rank (e.g.
+  // when an Autotuner adopts a bucket cap, scheduler/autotuner.h): rebuilds the plan with these
+  // caps, keeping the current parameter order, and moves every gradient (a no_sync window's sums
+  // included) to its new slot, as RebuildBucketsIfPending does. Every GradView, ShardView and
+  // bucket index changes. Returns false when the caps are already these. FailedPrecondition
+  // during a backward, with keep_shards_only, or while a reduce_scatter_only window holds
+  // partial shards (they are per bucket). Defined in scheduler/reducer_replan.cc.
+  absl::StatusOr<bool> Replan(size_t bucket_cap_bytes, size_t first_bucket_cap_bytes);
+  // Replaces ReducerConfig::scheduler (null: none) between backwards, at the same point on every
+  // rank (benchmarks compare both on the same buffers). FailedPrecondition during a backward.
+  absl::Status SetScheduler(OpScheduler* scheduler);
 
  private:
   struct BucketState;

@@ -100,7 +100,7 @@ absl::StatusOr<std::unique_ptr<ParamGatherer>> ParamGatherer::Create(const Bucke
 }
 
 ParamGatherer::ParamGatherer(BucketPlan plan, Group* group, const GathererConfig& config)
-    : plan_(std::move(plan)), group_(group), config_(config), recent_(kRecentIssues, -1) {
+    : plan_(std::move(plan)), group_(group), config_(config), scheduler_(config.scheduler), recent_(kRecentIssues, -1) {
   if (config_.timeline != nullptr && config_.timeline->enabled()) {
     tl_ = config_.timeline;
     tl_group_ = tl_->Track(absl::StrCat("group ", group_->name()));
@@ -209,6 +209,7 @@ absl::Status ParamGatherer::LaunchLocked(int b, DeviceEvent ready) {
   }
   s.work = *w;
   s.state = GatherState::kInFlight;
+  if (OpScheduler* sch = scheduler_.load()) sch->TrackUrgent(s.work, b);
   issue_hash_ = MixIssue(issue_hash_, static_cast<uint64_t>(b));
   recent_[issued_ % kRecentIssues] = b;
   ++issued_;
@@ -248,7 +249,11 @@ void ParamGatherer::RecordGatherSpanLocked(int b) {
 absl::Status ParamGatherer::AwaitGather(const char* caller, int b, const WorkPtr& w,
                                         absl::Time deadline) {
   const int64_t wait_start = tl_ != nullptr ? Timeline::NowNs() : 0;
-  const absl::Status st = w->WaitUntil(deadline);
+  absl::Status st;
+  {
+    OpScheduler::WaitScope stalled(w->Done() ? nullptr : scheduler_.load());  // the model waits on it
+    st = w->WaitUntil(deadline);
+  }
   if (tl_ != nullptr) tl_->Complete(tl_waits_, "wait params", wait_start, Timeline::NowNs(), b);
   std::lock_guard<std::mutex> lock(mu_);
   BucketState& s = *buckets_[b];

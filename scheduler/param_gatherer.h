@@ -93,6 +93,7 @@
 #include "scheduler/bucket_plan.h"
 #include "scheduler/buffer_pool.h"
 #include "scheduler/memory_stats.h"
+#include "scheduler/op_scheduler.h"
 #include "scheduler/timeline.h"
 
 namespace braid::sched {
@@ -117,6 +118,9 @@ struct GathererConfig {
   // gatherer's own, shared with a keep_shards_only reducer (scheduler/buffer_pool.h).
   // InvalidArgument at Create on device groups.
   std::shared_ptr<BufferPool> shared_pool;
+  // Optional, not owned, must outlive the gatherer: every all-gather is reported to it as
+  // urgent (OpScheduler::TrackUrgent), so reductions it schedules wait while gathers run.
+  OpScheduler* scheduler = nullptr;
 };
 
 class ParamGatherer {
@@ -185,6 +189,9 @@ class ParamGatherer {
   // Frees every pooled buffer (and every free buffer of the shared pool, the gradient
   // storage's too).
   void TrimPool();
+  // Replaces GathererConfig::scheduler (null: none) for gathers launched from now on; call it
+  // between steps (benchmarks compare both on the same buffers).
+  void SetScheduler(OpScheduler* scheduler) { scheduler_.store(scheduler); }
 
  private:
   struct BucketState;
@@ -203,6 +210,7 @@ class ParamGatherer {
   const BucketPlan plan_;
   Group* const group_;
   const GathererConfig config_;
+  std::atomic<OpScheduler*> scheduler_;  // config_.scheduler, or SetScheduler's
   std::vector<std::unique_ptr<BucketState>> buckets_;
 
   // Timeline rows (valid when config_.timeline is enabled).

@@ -32,6 +32,7 @@
 #include "scheduler/mesh.h"
 #include "tests/mpi_world.h"
 #include "tests/multirank.h"
+#include "tests/partition_checks.h"
 #include "tests/reducer_reference.h"
 #include "tests/reducer_unused_checks.h"
 
@@ -96,6 +97,21 @@ std::vector<Scenario> ScenariosForWorld() {
       }
     }
   }
+  // Through an OpScheduler with small credits: every bucket over it is reduced in partitions.
+  for (size_t credit : {size_t{256}, size_t{1024}}) {
+    for (int dt = 0; dt < 4; ++dt) {
+      for (const char* sched : {"S", "NNS"}) {
+        out.push_back({ReduceMode::kAllReduce, 1, n, dt, sched});
+        out.back().credit = credit;
+        out.push_back({ReduceMode::kReduceScatter, 1, n, dt, sched});
+        out.back().credit = credit;
+      }
+      if (n == 4) {
+        out.push_back({ReduceMode::kHybrid, 2, 2, dt, "RRS"});
+        out.back().credit = credit;
+      }
+    }
+  }
   return out;
 }
 
@@ -103,6 +119,20 @@ INSTANTIATE_TEST_SUITE_P(World, MpiReducerVsReference, ::testing::ValuesIn(Scena
                          [](const ::testing::TestParamInfo<Scenario>& i) {
                            return reference::ScenarioName(i.param);
                          });
+
+// ---- partitions on non-exact gradients ---------------------------------------------------------
+// Partitioned against unpartitioned, byte for byte, with gradients whose sums round: MPI's own
+// per-element order must not depend on the call's size. At 2 processes any order is a + b.
+TEST(MpiPartitions, MatchUnpartitionedOnNoise) {
+  std::vector<ReduceMode> modes = {ReduceMode::kAllReduce, ReduceMode::kReduceScatter};
+  if (World().size() % 2 == 0 && World().size() >= 4) modes.push_back(ReduceMode::kHybrid);
+  for (ReduceMode mode : modes) {
+    for (int dtypes : {0, 1, 2, 3}) {
+      SCOPED_TRACE(absl::StrCat("mode ", static_cast<int>(mode), " dtypes ", dtypes));
+      EXPECT_OK(testing::CheckPartitionedMatchesUnpartitioned(World(), mode, dtypes, 256, false, kTimeout));
+    }
+  }
+}
 
 // ---- errors (as in tests/reducer_errors_test.cc, on the mpi world) ----------------------------
 using braid::testing::ExpectError;

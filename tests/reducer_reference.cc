@@ -124,7 +124,8 @@ std::string ScenarioName(const Scenario& sc) {
   const char* dtypes[] = {"f32", "bf16", "f16", "mixed"};
   return absl::StrCat(mode, "_", sc.replicas, "x", sc.shards, "_", dtypes[sc.dtypes], "_", sc.schedule,
                       sc.copy_in ? "_copyin" : "", sc.reduce_f32 ? "_f32reduce" : "",
-                      sc.keep_shards ? "_kept" : sc.values ? "_values" : "");
+                      sc.keep_shards ? "_kept" : sc.values ? "_values" : "",
+                      sc.credit > 0 ? absl::StrCat("_credit", sc.credit) : "");
 }
 
 SyncMode SyncModeOf(char letter) {
@@ -242,6 +243,14 @@ absl::Status RunScenario(Group& world, const Scenario& sc, GradFn grad, absl::Du
   cfg.memory = &memory;
   const bool values = sc.values || sc.keep_shards;
   const std::vector<ParamSpec> params = MakeParams(sc.dtypes);
+  std::unique_ptr<OpScheduler> scheduler;  // outlives the reducer (declared first)
+  if (sc.credit > 0) {
+    OpSchedulerConfig oc;
+    oc.credit_bytes = sc.credit;
+    oc.timeout = timeout;
+    ASSIGN_OR_RETURN(scheduler, OpScheduler::Create(oc, &world));
+    cfg.scheduler = scheduler.get();
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<GradientReducer> red, GradientReducer::Create(params, groups, cfg));
   // Copy-in path: the framework's own gradient buffers.
   std::vector<std::vector<char>> own(params.size());

@@ -26,6 +26,7 @@
 #include "comm/tensor.h"
 #include "scheduler/bucket_plan.h"
 #include "scheduler/gradient_reducer.h"
+#include "scheduler/op_scheduler.h"
 
 namespace braid::sched::reference {
 
@@ -43,6 +44,9 @@ struct Scenario {
   // ReducerConfig::keep_shards_only (implies values): results read from the kept shards, and
   // the MemoryStats figures checked after every synced step (see RunScenario).
   bool keep_shards = false;
+  // > 0: the reducer goes through an OpScheduler (scheduler/op_scheduler.h) with this credit,
+  // so every bucket larger than it is reduced as several partitions; results must not change.
+  size_t credit = 0;
 };
 
 // "hybrid_2x2_bf16_NRNS": usable as a gtest parameter name.
