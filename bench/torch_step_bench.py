@@ -64,7 +64,7 @@ def main():
     times = {v: [] for v in variants}
     step = 0
     tuning_steps = 0
-    if "autotuned" in variants:  # settle the tuner first (about 45 steps), untimed
+    if "autotuned" in variants:  # settle the tuner first (50-90 steps), untimed
         model, opt, _ = stacks["autotuned"]
         while model._autotune and tuning_steps < 200:
             train_models.train(args.model, model, opt, rank, 1, first_step=tuning_steps)

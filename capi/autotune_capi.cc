@@ -1,5 +1,6 @@
 // C API: re-planning a reducer's buckets between steps (braid_reducer_rebuild_buckets' checks,
-// shared) and the autotuner (braid_reducer_autotune over scheduler/bucket_tuner.h).
+// shared) and the autotuner (braid_reducer_autotune over scheduler/autotuner.h).
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -9,7 +10,6 @@
 #include "capi/errors.h"
 #include "capi/handles.h"
 #include "capi/impl.h"
-#include "comm/logging.h"
 #include "comm/status_macros.h"
 
 namespace braid::capi {
@@ -40,40 +40,6 @@ GroupLocks::GroupLocks(ReducerImpl& r) : shard_(r.shard->mu, std::defer_lock) {
   }
 }
 
-namespace {
-
-// The maximum of `seconds` over the reducer's groups (shard, then replica), identical on every
-// rank. Device groups reduce in a staged buffer of theirs.
-absl::StatusOr<double> AgreedMax(ReducerImpl& r, double seconds, absl::Duration timeout) {
-  std::vector<Group*> chain = {r.shard->group.get()};
-  if (r.replica) chain.push_back(r.replica->group.get());
-  double t = seconds;
-  for (Group* g : chain) {
-    CollectiveOptions opts;
-    opts.label = "autotune step time";
-    const absl::Time deadline = absl::Now() + timeout;
-    BufferOps& ops = g->buffer_ops();
-    if (ops.synchronous()) {
-      ASSIGN_OR_RETURN(WorkPtr w, g->AllReduce(&t, &t, 1, DType::kF64, ReduceOp::Max(), opts));
-      RETURN_IF_ERROR(w->WaitUntil(deadline));
-      continue;
-    }
-    ASSIGN_OR_RETURN(OwnedBuffer staged, ops.Allocate(sizeof t, opts.label));
-    RETURN_IF_ERROR(ops.Copy(staged.get(), &t, sizeof t));
-    ASSIGN_OR_RETURN(WorkPtr w, g->AllReduce(staged.get(), staged.get(), 1, DType::kF64,
-                                             ReduceOp::Max(), opts));
-    absl::Status st = w->WaitUntil(deadline);
-    if (st.ok()) st = ops.Copy(&t, staged.get(), sizeof t);
-    if (st.ok()) st = ops.Synchronize(deadline);
-    if (!st.ok()) {
-      (void)staged.release();  // the device may still write into it
-      return st;
-    }
-  }
-  return t;
-}
-
-}  // namespace
 }  // namespace braid::capi
 
 using braid::capi::Find;
@@ -90,39 +56,37 @@ braid_status_t braid_reducer_autotune(braid_reducer_t* reducer, double step_seco
     if (done != nullptr) *done = 0;
     RETURN_IF_ERROR(braid::capi::CheckReplannable(reducer, *r));
     braid::sched::GradientReducer& red = *r->reducer;
+    braid::capi::GroupLocks locks(*r);
     if (r->tuner == nullptr) {
+      // Candidates: the reducer's own caps (the default), then bucket caps of 1/8, 1/4, 1/2 and
+      // 2x it; no credit partitions (the C API's reducer has no OpScheduler).
       const braid::sched::PlanOptions& po = red.plan().options();
-      r->tuner = std::make_unique<braid::sched::BucketTuner>(
-          braid::sched::TunerConfig{}, po.bucket_cap_bytes, po.first_bucket_cap_bytes);
+      braid::sched::AutotunerConfig ac;
+      for (double f : {1.0, 0.125, 0.25, 0.5, 2.0}) {
+        const size_t cap = std::max<size_t>(1, static_cast<size_t>(po.bucket_cap_bytes * f));
+        ac.candidates.push_back({cap, 0});
+      }
+      ac.timeout = red.timeout();
+      ac.timeline = r->timeline.get();
+      ac.replica = r->replica ? r->replica->group.get() : nullptr;
+      r->first_cap = po.first_bucket_cap_bytes;
+      ASSIGN_OR_RETURN(r->tuner, braid::sched::Autotuner::Create(r->shard->group.get(), ac));
     }
-    braid::sched::BucketTuner& tuner = *r->tuner;
+    braid::sched::Autotuner& tuner = *r->tuner;
     if (tuner.done()) {
       if (done != nullptr) *done = 1;
       return absl::OkStatus();
     }
-    braid::capi::GroupLocks locks(*r);
-    ASSIGN_OR_RETURN(double agreed,
-                     braid::capi::AgreedMax(*r, step_seconds, red.timeout()));
-    braid::sched::Timeline* tl = r->timeline.get();
-    const int track = tl != nullptr ? tl->Track("autotune") : 0;
-    const size_t trials_before = tuner.table().size();
-    const braid::sched::TunerDecision d = tuner.Observe(agreed);
-    if (tl != nullptr) {
-      tl->Counter(track, "step ms", static_cast<int64_t>(agreed * 1e3 + 0.5));
-      for (size_t k = trials_before; k < tuner.table().size(); ++k) {
-        tl->Instant(track, "trial",
-                    static_cast<int64_t>(tuner.candidates()[tuner.table()[k].candidate].bucket_cap >> 10));
-      }
+    // A failed or unmeasurable step (negative, NaN) counts as infinitely slow.
+    const absl::Duration took = step_seconds >= 0 && step_seconds < 1e9 ? absl::Seconds(step_seconds)
+                                                                          : absl::InfiniteDuration();
+    ASSIGN_OR_RETURN(bool changed, tuner.EndStep(took));
+    if (changed) {
+      const size_t cap = tuner.current().bucket_cap_bytes;
+      ASSIGN_OR_RETURN(bool moved, red.Replan(cap, std::min(r->first_cap, cap)));
+      if (replanned != nullptr) *replanned = moved ? 1 : 0;
     }
-    if (d.switch_to) {
-      ASSIGN_OR_RETURN(bool changed, red.Replan(d.switch_to->bucket_cap, d.switch_to->first_cap));
-      if (replanned != nullptr) *replanned = changed ? 1 : 0;
-      if (tl != nullptr) tl->Instant(track, "replan", static_cast<int64_t>(d.switch_to->bucket_cap >> 10));
-    }
-    if (tuner.done()) {
-      if (done != nullptr) *done = 1;
-      braid::Log().info("autotune settled after {} trials:\n{}", tuner.table().size(), tuner.TableText());
-    }
+    if (done != nullptr) *done = tuner.done() ? 1 : 0;
     return absl::OkStatus();
   });
 }

@@ -482,24 +482,25 @@ BRAID_API braid_status_t braid_reducer_num_buckets(braid_reducer_t* reducer, int
  *   run one synced step;  braid_reducer_rebuild_buckets(r, &rebuilt);
  *   if (rebuilt) for each id: braid_reducer_grad(r, id, &data, &count);   // new views */
 BRAID_API braid_status_t braid_reducer_rebuild_buckets(braid_reducer_t* reducer, int* rebuilt);
-/* 0.8: the autotuner (Horovod's fusion-buffer autotuning, by successive halving). Off unless
- * called; call it once per step at a step boundary (between steps, same point on every rank,
- * e.g. before each training forward) with the time of the step that just ended on this rank.
- * Collective over the reducer's groups: the ranks' times are all-reduced (max) first, so every
- * rank's tuner sees the same numbers and decides the same. The tuner starts from the caps the
- * reducer was created with (the default), skips 2 warm-up steps, then tries the default and
- * bucket caps of 1/8, 1/4, 1/2 and 2x it for 3 measured steps each (the step after a switch,
- * which pays for the re-plan, is not counted), keeps the faster half per round until one is
- * left, adopts it only if its median step time beats the default's by over 3 %, and confirms
- * it for 3 more steps (back to the default if slower). So the job never settles on caps
- * measured slower than the default's. Roughly 45 steps, then every later call is local and
- * cheap (no communication). *replanned = 1 when the buckets were re-planned by this call:
- * every braid_reducer_grad pointer, bucket index and shard changed (fetch them again; values
- * moved with their parameters); *done = 1 once the tuner settled (either may be NULL). The
- * trial table is logged (info) when it settles and recorded in the reducer's timeline (track
- * "autotune": a "trial" instant per finished trial with the candidate's cap in KiB, a "step
- * ms" counter per call, a "replan" instant with the new cap in KiB). FAILED_PRECONDITION as
- * braid_reducer_rebuild_buckets (backward in progress, optimizer built, shard_gradients). */
+/* 0.8: the autotuner (Horovod's fusion-buffer autotuning, by successive halving;
+ * scheduler/autotuner.h). Off unless called; call it once per step at a step boundary (between
+ * steps, same point on every rank, e.g. before each training forward) with the time of the step
+ * that just ended on this rank. Candidates: the bucket cap the reducer was created with (the
+ * default) and 1/8, 1/4, 1/2 and 2x it. Rounds run the surviving candidates round-robin, one
+ * step each in turn (so drift in the machine's load hits them alike; the first pass of a round
+ * is not timed), 2, 4, 8 ... timed steps each; at the end of a round one all-reduce over the
+ * reducer's groups gives every rank the slowest rank's median per candidate, and the faster half
+ * survives. The last survivor is adopted only if it beat the default by over 3 % in a round both
+ * ran (a confirmation round runs them together if needed), so the job never settles on caps
+ * measured slower than the default's. About 50-90 steps; then every call is local and does
+ * nothing. While tuning, a call may re-plan the buckets for the next step's candidate:
+ * *replanned = 1 then, and every braid_reducer_grad pointer, bucket index and shard changed
+ * (fetch them again; values moved with their parameters). *done = 1 once the tuner settled
+ * (either may be NULL). The trial table is logged (info) and recorded in the reducer's timeline
+ * (track "autotune"). Collective at round ends and re-plans, so every rank must call it at every
+ * step. A negative or NaN time counts as infinitely slow. FAILED_PRECONDITION as
+ * braid_reducer_rebuild_buckets (backward in progress, optimizer built, shard_gradients), and
+ * while a BRAID_REDUCE_SCATTER_ONLY window holds partial sums. */
 BRAID_API braid_status_t braid_reducer_autotune(braid_reducer_t* reducer, double step_seconds,
                                                 int* replanned, int* done);
 /* *bucket = the bucket holding parameter `id` (NOT_FOUND for an unknown id). */

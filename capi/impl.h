@@ -15,7 +15,7 @@
 #include "comm/group.h"
 #include "comm/work.h"
 #include "optim/sharded_optimizer.h"
-#include "scheduler/bucket_tuner.h"
+#include "scheduler/autotuner.h"
 #include "scheduler/buffer_pool.h"
 #include "scheduler/gradient_reducer.h"
 #include "scheduler/memory_stats.h"
@@ -62,8 +62,10 @@ struct ReducerImpl {
   // optimizer's gathered parameters (scheduler/buffer_pool.h).
   std::shared_ptr<sched::BufferPool> pool;
   std::unique_ptr<sched::GradientReducer> reducer;
-  // braid_reducer_autotune: created by its first call (the reducer's caps are the default).
-  std::unique_ptr<sched::BucketTuner> tuner;
+  // braid_reducer_autotune: created by its first call (the reducer's caps are the default);
+  // first_cap is the reducer's first-bucket cap then (candidates keep it, at most their cap).
+  std::unique_ptr<sched::Autotuner> tuner;
+  size_t first_cap = 0;
   // Between a successful begin_backward (reducer's or optimizer's) and the next finish: the
   // C++ reducer does not expose it, and zero_grads must refuse then.
   std::atomic<bool> in_backward{false};

@@ -62,6 +62,10 @@ struct AutotunerConfig {
   double min_gain = 0.03;                 // a winner must be this fraction faster than [0]
   absl::Duration timeout = absl::Seconds(300);
   Timeline* timeline = nullptr;           // optional, not owned
+  // Optional, not owned: a second group the agreement also runs over (hybrid: the replica
+  // group, so the slowest rank of the whole world decides). Host or device groups (the
+  // all-reduces stage through the group's memory).
+  Group* replica = nullptr;
 };
 
 class Autotuner {

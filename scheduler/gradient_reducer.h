@@ -246,20 +246,16 @@ class GradientReducer {
   // bucket index changes, so the framework fetches its gradient views again. Gradient values
   // move with their parameters. Returns false when there is nothing to rebuild.
   absl::StatusOr<bool> RebuildBucketsIfPending();
-  // Collective like RebuildBucketsIfPending, at the same point with the same caps on every
-  // rank (the autotuner's re-plan): rebuilds the plan in the current bucket order with new
-  // caps, moving every gradient to its new slot, and returns true; false (no communication)
-  // when the caps give the same plan. FailedPrecondition during a backward and with
-  // keep_shards_only.
-  absl::StatusOr<bool> Replan(size_t bucket_cap_bytes, size_t first_bucket_cap_bytes);
   int plan_generation() const { return plan_generation_; }
   // Collective over the reducer's groups, between steps at the same point on every rank (e.g.
   // when an Autotuner adopts a bucket cap, scheduler/autotuner.h): rebuilds the plan with these
   // caps, keeping the current parameter order, and moves every gradient (a no_sync window's sums
   // included) to its new slot, as RebuildBucketsIfPending does. Every GradView, ShardView and
-  // bucket index changes. Returns false when the caps are already these. FailedPrecondition
+  // bucket index changes. Returns false (nothing changes) when the caps are already these or give
+  // the same buckets. FailedPrecondition
   // during a backward, with keep_shards_only, or while a reduce_scatter_only window holds
-  // partial shards (they are per bucket). Defined in scheduler/reducer_replan.cc.
+  // partial shards (they are per bucket). Defined in scheduler/reducer_replan.cc, with the
+  // rebuild.
   absl::StatusOr<bool> Replan(size_t bucket_cap_bytes, size_t first_bucket_cap_bytes);
   // Replaces ReducerConfig::scheduler (null: none) between backwards, at the same point on every
   // rank (benchmarks compare both on the same buffers). FailedPrecondition during a backward.

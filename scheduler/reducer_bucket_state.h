@@ -15,6 +15,9 @@
 
 namespace braid::sched {
 
+// Bucket storage is allocated in multiples of this (and pooled by that size).
+inline constexpr size_t kStorageAlign = 64;
+
 struct GradientReducer::BucketState {
   OwnedBuffer data;                          // padded_count elements, zero-initialized
   std::string label;                         // "bucket 3": names the bucket in errors

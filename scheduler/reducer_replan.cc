@@ -1,5 +1,6 @@
-// GradientReducer::Replan (declared in gradient_reducer.h): kept out of gradient_reducer.cc,
-// which is long enough.
+// GradientReducer's plan changes between steps (declared in gradient_reducer.h): the one-time
+// bucket-order rebuild (RebuildBucketsIfPending), new caps (Replan), and what both share
+// (AdoptPlan: the plan checked across ranks, new storage, every gradient moved to its slot).
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +11,87 @@
 
 namespace braid::sched {
 
+absl::StatusOr<bool> GradientReducer::RebuildBucketsIfPending() {
+  if (in_backward_.load()) {
+    return absl::FailedPreconditionError("RebuildBucketsIfPending during a backward");
+  }
+  if (!rebuild_pending_ || recording_.load() || ready_count_.load() == 0) return false;
+  // This rank's order: the recorded marks, then parameters never marked (reverse registration).
+  const int n = static_cast<int>(plan_.params().size());
+  std::vector<int64_t> order;
+  std::vector<char> seen(n, 0);
+  for (int k = 0; k < ready_count_.load(); ++k) {
+    order.push_back(ready_order_[k]);
+    seen[ready_order_[k]] = 1;
+  }
+  for (int i = n - 1; i >= 0; --i) {
+    if (!seen[i]) order.push_back(i);
+  }
+  // Adopt world rank 0's: the shard group's rank 0, then (hybrid) the replica group's rank 0,
+  // which by then holds world rank 0's order.
+  std::vector<Group*> chain = {groups_.shard};
+  if (config_.mode == ReduceMode::kHybrid) chain.push_back(groups_.replica);
+  for (Group* g : chain) {
+    CollectiveOptions opts;
+    opts.label = "bucket order rebuild";
+    BufferOps& ops = g->buffer_ops();
+    if (ops.synchronous()) {
+      ASSIGN_OR_RETURN(WorkPtr w, g->Broadcast(order.data(), order.size(), DType::kI64, 0, opts));
+      RETURN_IF_ERROR(w->Wait(config_.timeout));
+      continue;
+    }
+    // Device memory: staged through a buffer of the group's.
+    const absl::Time deadline = absl::Now() + config_.timeout;
+    const size_t bytes = order.size() * sizeof(int64_t);
+    ASSIGN_OR_RETURN(OwnedBuffer staged, ops.Allocate(bytes, opts.label));
+    RETURN_IF_ERROR(ops.Copy(staged.get(), order.data(), bytes));
+    ASSIGN_OR_RETURN(WorkPtr w, g->Broadcast(staged.get(), order.size(), DType::kI64, 0, opts));
+    absl::Status st = w->WaitUntil(deadline);
+    if (st.ok()) st = ops.Copy(order.data(), staged.get(), bytes);
+    if (st.ok()) st = ops.Synchronize(deadline);
+    if (!st.ok()) {
+      (void)staged.release();  // the device may still write into it
+      return st;
+    }
+  }
+  std::vector<int> new_order(order.begin(), order.end());
+  ASSIGN_OR_RETURN(BucketPlan plan, BucketPlan::BuildInOrder(plan_.params(), new_order, plan_.options()));
+  RETURN_IF_ERROR(AdoptPlan(std::move(plan)));
+  rebuild_pending_ = false;
+  return true;
+}
+
+absl::Status GradientReducer::AdoptPlan(BucketPlan plan) {
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (buckets_[b]->has_partial) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "re-planning the buckets: ", buckets_[b]->label,
+          " holds a reduce_scatter_only partial sum (per bucket); finish the window first"));
+    }
+  }
+  std::vector<Group*> chain = {groups_.shard};
+  if (config_.mode == ReduceMode::kHybrid) chain.push_back(groups_.replica);
+  for (Group* g : chain) RETURN_IF_ERROR(VerifyPlanAcrossRanks(plan, *g, config_.timeout));
+  const int n = static_cast<int>(plan_.params().size());
+  // Move every gradient to its new slot.
+  BucketPlan old_plan = std::move(plan_);
+  std::vector<std::unique_ptr<BucketState>> old_buckets = std::move(buckets_);
+  plan_ = std::move(plan);
+  RETURN_IF_ERROR(AllocateBuckets());
+  for (int i = 0; i < n; ++i) {
+    const ParamSpec& p = plan_.params()[i];
+    const size_t es = DTypeSize(p.dtype);
+    RETURN_IF_ERROR(ops_.Copy(BucketData(plan_.slot(i).bucket) + plan_.slot(i).offset * es,
+                              old_buckets[old_plan.slot(i).bucket]->data.get() + old_plan.slot(i).offset * es,
+                              p.count * es));
+  }
+  // The old storage is freed on return: the copies out of it must have run.
+  RETURN_IF_ERROR(ops_.Synchronize(absl::Now() + config_.timeout));
+  ++plan_generation_;
+  return absl::OkStatus();
+}
+
+
 absl::StatusOr<bool> GradientReducer::Replan(size_t bucket_cap_bytes, size_t first_bucket_cap_bytes) {
   if (in_backward_.load()) return absl::FailedPreconditionError("Replan during a backward");
   if (config_.keep_shards_only) {
@@ -19,12 +101,6 @@ absl::StatusOr<bool> GradientReducer::Replan(size_t bucket_cap_bytes, size_t fir
   if (bucket_cap_bytes == 0 || first_bucket_cap_bytes == 0) {
     return absl::InvalidArgumentError("Replan: bucket caps must be positive");
   }
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    if (buckets_[b]->has_partial) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "Replan: ", buckets_[b]->label, " holds a reduce_scatter_only partial sum; finish the window first"));
-    }
-  }
   const PlanOptions& cur = plan_.options();
   if (cur.bucket_cap_bytes == bucket_cap_bytes && cur.first_bucket_cap_bytes == first_bucket_cap_bytes) return false;
   PlanOptions po = cur;
@@ -33,25 +109,14 @@ absl::StatusOr<bool> GradientReducer::Replan(size_t bucket_cap_bytes, size_t fir
   std::vector<int> order;  // the current order: bucket by bucket
   for (const Bucket& bk : plan_.buckets()) order.insert(order.end(), bk.params.begin(), bk.params.end());
   ASSIGN_OR_RETURN(BucketPlan plan, BucketPlan::BuildInOrder(plan_.params(), order, po));
-  RETURN_IF_ERROR(VerifyPlanAcrossRanks(plan, *groups_.shard, config_.timeout));
-  if (config_.mode == ReduceMode::kHybrid) RETURN_IF_ERROR(VerifyPlanAcrossRanks(plan, *groups_.replica, config_.timeout));
-  BucketPlan old_plan = std::move(plan_);
-  std::vector<std::unique_ptr<BucketState>> old_buckets = std::move(buckets_);
-  plan_ = std::move(plan);
-  RETURN_IF_ERROR(AllocateBuckets());
-  for (size_t i = 0; i < plan_.params().size(); ++i) {
-    const ParamSpec& p = plan_.params()[i];
-    const size_t es = DTypeSize(p.dtype);
-    const int k = static_cast<int>(i);
-    RETURN_IF_ERROR(ops_.Copy(BucketData(plan_.slot(k).bucket) + plan_.slot(k).offset * es,
-                              old_buckets[old_plan.slot(k).bucket]->data.get() + old_plan.slot(k).offset * es,
-                              p.count * es));
+  if (plan.Fingerprint() == plan_.Fingerprint()) {  // the same buckets (identical on every rank)
+    config_.bucket_cap_bytes = bucket_cap_bytes;
+    config_.first_bucket_cap_bytes = first_bucket_cap_bytes;
+    return false;
   }
-  // The old storage is freed on return: the copies out of it must have run.
-  RETURN_IF_ERROR(ops_.Synchronize(absl::Now() + config_.timeout));
+  RETURN_IF_ERROR(AdoptPlan(std::move(plan)));
   config_.bucket_cap_bytes = bucket_cap_bytes;
   config_.first_bucket_cap_bytes = first_bucket_cap_bytes;
-  ++plan_generation_;
   return true;
 }
 

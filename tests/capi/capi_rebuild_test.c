@@ -10,7 +10,7 @@
  *
  * braid_reducer_autotune on simulated step times that fall with the number of buckets (rank 1
  * reports half of rank 0's time, so only the all-reduced maximum keeps the ranks in step): it
- * settles within 60 steps on caps giving one bucket per parameter, re-plans the buckets on the
+ * settles within 300 steps on caps giving one bucket per parameter, re-plans the buckets on the
  * way (gradient values move with them) and then stays local and settled. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
@@ -93,7 +93,7 @@ static void autotune(int rank) {
   EXPECT_OK(braid_reducer_create(world_groups[rank], NULL, params, P, &ro, &red));
   EXPECT_OK(braid_reducer_num_buckets(red, &buckets));
   EXPECT_TRUE(buckets < P);
-  for (t = 0; t < 60 && !done; ++t) {
+  for (t = 0; t < 300 && !done; ++t) {
     int j;
     size_t k, count = 0;
     float* g = NULL;
@@ -119,7 +119,7 @@ static void autotune(int rank) {
     if (done) settled_at = t;
   }
   EXPECT_TRUE(done == 1 && settled_at > 10);
-  /* Round 0 re-plans to 4 KiB and to 64 KiB (8 and 16 KiB give the 4 KiB plan: no re-plan). */
+  /* Round-robin trials re-plan between steps (8 and 16 KiB give the 4 KiB plan: no re-plan). */
   EXPECT_TRUE(replans >= 2);
   EXPECT_OK(braid_reducer_num_buckets(red, &buckets));
   EXPECT_TRUE(buckets == P);  /* the fastest simulated configuration */

@@ -137,7 +137,7 @@ class RebuildTest(unittest.TestCase):
 
 
 class AutotuneTest(unittest.TestCase):
-    STEPS = 60
+    STEPS = 100
 
     def test_tunes_settles_and_changes_no_result(self):
         def body(r, g, tune):

@@ -79,8 +79,9 @@ reduces half buckets in f32).
 
 Autotuning (autotune=True; off by default): each forward with grad that starts a step (the
 first after a synced backward) hands the time since the previous one to the reducer's tuner
-(braid_reducer_autotune: the ranks' times are all-reduced, max, so all decide alike), which
-tries bucket caps around bucket_cap_mb by successive halving for about 45 steps, re-plans the
+(braid_reducer_autotune; scheduler/autotuner.h: candidates take turns step by step, and the
+slowest rank's median per candidate is agreed at the end of each round, so all decide alike), which
+tries bucket caps around bucket_cap_mb by successive halving for about 50-90 steps, re-plans the
 buckets between steps (gradient views rebound, values kept) and settles on the fastest caps
 measured, or keeps the configured ones unless another beats them by over 3 % and is
 confirmed. The trial table is logged and, with timeline_prefix, recorded on its "autotune"
@@ -192,7 +193,7 @@ class DistributedDataParallel(torch.nn.Module):
     synced backward (torch DDP's rebuild; module docstring "Bucket order").
     main_grad: f32 gradient buckets for bf16/f16 parameters, as p.main_grad (module
     docstring).
-    autotune: tune the bucket caps on the first ~45 steps (braid_reducer_autotune; module
+    autotune: tune the bucket caps on the first 50-90 steps (braid_reducer_autotune; module
     docstring "Autotuning").
     """
 
