@@ -267,15 +267,15 @@ bool ReductionOf(ncclRedOp_t op, const std::map<int, double>& premul, FakeRedOp*
 
 }  // namespace
 
-ncclResult_t MpiFakeNcclApi::AllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
-                                       ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  std::lock_guard<std::mutex> lock(cuda_->mu());
+ncclResult_t MpiFakeNcclApi::ReductionLocked(bool scatter, const void* send, void* recv, size_t count,
+                                             ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
+                                             cudaStream_t stream) {
   Comm* c = FindLocked(comm);
   auto o = std::make_shared<Op>();
   if (c == nullptr || !ToDType(type, &o->dtype) || !ReductionOf(op, c->premul, &o->rop, &o->scalar)) {
     return ncclInvalidArgument;
   }
-  o->kind = Op::Kind::kAllReduce;
+  o->kind = scatter ? Op::Kind::kReduceScatter : Op::Kind::kAllReduce;
   o->send = send;
   o->recv = recv;
   o->count = count;
@@ -283,21 +283,17 @@ ncclResult_t MpiFakeNcclApi::AllReduce(const void* send, void* recv, size_t coun
   return EnqueueLocked(c, std::move(o), stream);
 }
 
+ncclResult_t MpiFakeNcclApi::AllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
+                                       ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(cuda_->mu());
+  return ReductionLocked(false, send, recv, count, type, op, comm, stream);
+}
+
 ncclResult_t MpiFakeNcclApi::ReduceScatter(const void* send, void* recv, size_t recvcount,
                                            ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
                                            cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(cuda_->mu());
-  Comm* c = FindLocked(comm);
-  auto o = std::make_shared<Op>();
-  if (c == nullptr || !ToDType(type, &o->dtype) || !ReductionOf(op, c->premul, &o->rop, &o->scalar)) {
-    return ncclInvalidArgument;
-  }
-  o->kind = Op::Kind::kReduceScatter;
-  o->send = send;
-  o->recv = recv;
-  o->count = recvcount;
-  o->root = 0;
-  return EnqueueLocked(c, std::move(o), stream);
+  return ReductionLocked(true, send, recv, recvcount, type, op, comm, stream);
 }
 
 ncclResult_t MpiFakeNcclApi::AllGather(const void* send, void* recv, size_t sendcount,

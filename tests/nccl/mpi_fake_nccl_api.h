@@ -80,6 +80,10 @@ class MpiFakeNcclApi : public NcclApi {
 
   Comm* FindLocked(ncclComm_t c) const;
   ncclResult_t EnqueueLocked(Comm* c, std::shared_ptr<Op> op, cudaStream_t stream);
+  // AllReduce (scatter = false) and ReduceScatter (count: per-rank output elements).
+  ncclResult_t ReductionLocked(bool scatter, const void* send, void* recv, size_t count,
+                               ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
+                               cudaStream_t stream);
   bool StepLocked(Comm* c, Op* op);  // the stream item: true once done
   ncclResult_t NewComm(MPI_Comm mpi, ncclComm_t* out);
 
