@@ -44,6 +44,7 @@ constexpr absl::Duration kTimeout = absl::Seconds(60);
 struct Worlds {
   Group* world = nullptr;       // default options
   Group* validating = nullptr;  // validate_collectives = true
+  std::string engine = "auto";  // --mpi_engine= (BRAID_MPI_ENGINE of both backends)
 };
 Worlds& TheWorlds() {
   static Worlds worlds;
@@ -356,6 +357,11 @@ TEST(MpiDeadline, MissedDeadlineFailsTheGroup) {
 // receive completes the request, OMPI_ERROR (-1, "NBC_Start_round") when it aborts the schedule
 // while starting the next round. Both are MPI's answer to the mismatch (seen on CI).
 TEST(MpiErrors, CountMismatchWithoutValidationFailsTheCall) {
+  if (TheWorlds().engine == "blocking") {
+    // Blocking MPI_Reduce_scatter_block with counts that differ between ranks is undefined in
+    // Open MPI's tuned component (it may hang or write out of bounds): nothing to check.
+    GTEST_SKIP() << "needs the nonblocking engine (libnbc reports the truncation)";
+  }
   Group& g = World();
   auto child = g.Split(0, g.rank(), "world/mismatch");
   ASSERT_TRUE(child.ok()) << child.status().ToString();
@@ -495,6 +501,13 @@ int main(int argc, char** argv) {
   using braid::Options;
   Options options;
   options.backend = "mpi";
+  for (int i = 1; i < argc; ++i) {
+    constexpr absl::string_view kEngine = "--mpi_engine=";
+    if (absl::StartsWith(argv[i], kEngine)) {
+      options.mpi_engine = std::string(absl::string_view(argv[i]).substr(kEngine.size()));
+      braid::testing::TheWorlds().engine = options.mpi_engine;
+    }
+  }
   options.timeout = braid::testing::kTimeout;
   // The error tests here fail one group and go on using the world: a failure must not abort
   // the job (tests/mpi_abort_test checks that it does by default).

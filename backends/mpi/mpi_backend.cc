@@ -13,6 +13,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MpiBackend::Create(const Options& optio
   config.spin = options.spin;
   config.validate = options.validate_collectives;
   config.abort_on_failure = options.abort_on_failure;
+  ASSIGN_OR_RETURN(config.engine, ParseMpiEngine(options.mpi_engine));
   return std::unique_ptr<Backend>(new MpiBackend(std::move(runtime), config));
 }
 

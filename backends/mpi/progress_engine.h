@@ -90,6 +90,14 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
                          std::unique_ptr<AbortChannel> channel, int world_rank, bool report);
   bool has_abort_channel();
 
+  // For work run outside the engine (comm_thread.h): a group failed by its own call; reported
+  // to the abort domain like the engine's own failures (a no-op without report). Call it with
+  // no lock held.
+  void ReportGroupFailure(const absl::Status& cause);
+  // A communication thread was left inside a blocking MPI call (it failed its deadline or was
+  // aborted and never returned): Shutdown() then reports that MPI must not be finalized.
+  void NoteStuckThread();
+
  private:
   struct Finished {
     std::unique_ptr<Operation> op;  // null when MPI still owns it (kept in zombies_)
@@ -140,8 +148,15 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
   absl::Status abort_cause_;              // the domain's cause once it aborted
   std::atomic<bool> abort_pending_{false};  // abort_cause_ set; ops in flight not yet failed
 
+  std::atomic<int> stuck_threads_{0};
+
   std::thread thread_;
 };
+
+// The failures of an operation: its deadline passed (naming group, op, sequence number and
+// timeout); its group failed with `cause` (read the group's failure under mu()).
+absl::Status DeadlineStatus(const Operation& op);
+absl::Status AbortedByGroup(const Operation& op, const absl::Status& cause);
 
 }  // namespace braid::mpi
 
