@@ -53,7 +53,8 @@ absl::StatusOr<std::unique_ptr<Group>> MpiBackend::WorldGroup(int rank) {
 
 namespace {
 const BackendRegistration kRegistration(
-    "mpi", "OpenMPI: one process per rank, CPU buffers, nonblocking collectives",
+    "mpi", "OpenMPI: one process per rank, CPU buffers, blocking collectives on a thread per group "
+    "(large calls) and nonblocking ones (small calls)",
     &MpiBackend::Create);
 }  // namespace
 

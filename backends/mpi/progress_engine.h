@@ -1,9 +1,10 @@
 // ProgressEngine: the MPI lock, the table of operations in flight, and the progress thread.
 //
-// Every MPI call of the backend happens under mu(): MPI may only give us
-// MPI_THREAD_SERIALIZED, and one lock also orders the calls on each communicator. (The one
-// exception is the blocking MPI_Comm_split of a Split under MPI_THREAD_MULTIPLE, see
-// mpi_group.h.) Operations complete without the caller polling, two ways:
+// Every MPI call of the engine happens under mu(): MPI may only give us
+// MPI_THREAD_SERIALIZED, and one lock also orders the calls on each communicator. (The
+// exceptions, both only under MPI_THREAD_MULTIPLE: the blocking MPI_Comm_split of a Split, see
+// mpi_group.h, and the blocking collectives of the groups' communication threads, each on a
+// communicator of its own, see comm_thread.h.) Operations complete without the caller polling, two ways:
 //   - a thread blocked in Work::Wait drives progress itself through the Work's poller (as
 //     MPI_Wait would): this keeps small-message latency near raw MPI;
 //   - the progress thread polls whenever nobody waits, yielding between polls and backing off
