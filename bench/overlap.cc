@@ -13,7 +13,10 @@
 // mode's partitions, holds and gathers, scheduler/op_scheduler.h). The default run takes about a
 // minute on 2 vCPUs.
 //
-// Ranks are threads on the `local` backend. Each rank owns a GradientReducer over the model of
+// Ranks are threads on the `local` backend, or with --backend=mpi processes of mpirun on the
+// `mpi` backend (one rank count per run; start line and results over raw MPI, overlap_mpi.h;
+//   bazel-bin/bench/overlap --backend=mpi --ranks=2   relaunches itself under mpirun).
+// Each rank owns a GradientReducer over the model of
 // bench/overlap_model.h (f32, scaled by --scale; buckets capped at DDP's 25 MiB / 1 MiB times
 // --scale, so the scaled model has as many buckets as the real one would). A layer's backward
 // is a fixed amount of real CPU work writing its gradients into their GradViews, calibrated
@@ -90,6 +93,7 @@
 #include "bench/overlap_compute.h"
 #include "bench/overlap_config.h"
 #include "bench/overlap_model.h"
+#include "bench/overlap_mpi.h"
 #include "bench/overlap_sharded.h"
 #include "comm/backend.h"
 #include "comm/status_macros.h"
@@ -176,12 +180,19 @@ struct Shared {
         times(modes, std::vector<std::vector<StepTimes>>(iters, std::vector<StepTimes>(ranks))),
         wrong(ranks, 0) {}
   StartBarrier barrier;
+  ProcessSync* procs = nullptr;  // --backend=mpi: the start line is across processes
   std::vector<std::vector<std::vector<StepTimes>>> times;  // [mode][iteration][rank]
   std::vector<int64_t> wrong;                         // per rank, from the final check
   int buckets = 0;
   // Rank 0's OpScheduler (the priority mode) over the whole run.
   int64_t partitions = 0, reductions = 0, holds = 0, hold_expiries = 0;
   std::string tune_table;  // rank 0's autotuner trial table
+
+  bool Wait() {
+    if (procs == nullptr) return barrier.Wait();
+    procs->Barrier();
+    return true;
+  }
 };
 
 // The two sharded optimizers of --optimizer (each with its own gatherer and gather group):
@@ -463,7 +474,7 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
     ASSIGN_OR_RETURN(std::unique_ptr<sched::Autotuner> tuner, sched::Autotuner::Create(&world, ac));
     RETURN_IF_ERROR(build_tuned(tuner->current()));
     while (!tuner->done()) {
-      if (!shared->barrier.Wait()) return absl::AbortedError("another rank failed");
+      if (!shared->Wait()) return absl::AbortedError("another rank failed");
       StepTimes t;
       t.start = Clock::now();
       RETURN_IF_ERROR(run(StepMode::kAutotuned, &t));
@@ -498,7 +509,7 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
     std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<uint32_t>(it) * 2654435761u + 7));
     for (int k = 0; k < num_modes; ++k) {
       const int m = order[k];
-      if (!shared->barrier.Wait()) return absl::AbortedError("another rank failed");
+      if (!shared->Wait()) return absl::AbortedError("another rank failed");
       StepTimes t;
       t.start = Clock::now();
       RETURN_IF_ERROR(run(modes[m], &t));
@@ -506,16 +517,16 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
     }
   }
   // Exactness check of one more overlapped step.
-  if (!shared->barrier.Wait()) return absl::AbortedError("another rank failed");
+  if (!shared->Wait()) return absl::AbortedError("another rank failed");
   StepTimes unused;
   RETURN_IF_ERROR(run(StepMode::kOverlapped, &unused));
   const int64_t wrong_overlapped = CountWrong(*reducer, c.reduce, c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank(), n);
-  if (!shared->barrier.Wait()) return absl::AbortedError("another rank failed");
+  if (!shared->Wait()) return absl::AbortedError("another rank failed");
   RETURN_IF_ERROR(run(StepMode::kPriority, &unused));
   int64_t wrong_tuned = 0;
   if (c.autotune) {
     const int64_t wrong_priority = CountWrong(*reducer, c.reduce, c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank(), n);
-    if (!shared->barrier.Wait()) return absl::AbortedError("another rank failed");
+    if (!shared->Wait()) return absl::AbortedError("another rank failed");
     RETURN_IF_ERROR(run(StepMode::kAutotuned, &unused));
     wrong_tuned = wrong_priority + CountWrong(*tuned.reducer, c.reduce,
                                               c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank(), n);
@@ -545,15 +556,48 @@ struct Row {
   double tail_ms = 0;      // median of: last rank's step end - last rank's backward end
 };
 
-// Runs every iteration for `ranks` rank threads; appends one row per mode.
+// Under --backend=mpi each process fills only its own rank's slots; this gives every process
+// every rank's step times and wrong counts.
+void GatherAcrossProcesses(ProcessSync& procs, Shared* shared) {
+  const int n = procs.size(), me = procs.rank();
+  std::vector<int64_t> mine;
+  for (const auto& mode : shared->times) {
+    for (const auto& iter : mode) {
+      const StepTimes& t = iter[me];
+      for (Clock::time_point p : {t.start, t.backward_end, t.end}) mine.push_back(p.time_since_epoch().count());
+    }
+  }
+  mine.push_back(shared->wrong[me]);
+  std::vector<int64_t> all(mine.size() * static_cast<size_t>(n));
+  procs.AllGather(mine.data(), mine.size(), all.data());
+  for (int r = 0; r < n; ++r) {
+    const int64_t* v = all.data() + static_cast<size_t>(r) * mine.size();
+    for (auto& mode : shared->times) {
+      for (auto& iter : mode) {
+        StepTimes& t = iter[r];
+        for (Clock::time_point* p : {&t.start, &t.backward_end, &t.end}) *p = Clock::time_point(Clock::duration(*v++));
+      }
+    }
+    shared->wrong[r] = *v;
+  }
+}
+
+// Runs every iteration for `ranks` rank threads; appends one row per mode. `mpi_backend` and
+// `procs`: --backend=mpi (this process is one of `ranks` processes); otherwise a local backend
+// with `ranks` rank threads is made here.
 absl::Status MeasureRanks(int ranks, const Config& c, const OverlapModel& model,
                           const std::vector<size_t>& writes, std::vector<Row>* rows, int* buckets,
-                          std::string* note) {
-  Options o;
-  o.backend = "local";
-  o.local_ranks = ranks;
-  o.timeout = absl::Seconds(120);
-  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(o));
+                          std::string* note, Backend* mpi_backend = nullptr, ProcessSync* procs = nullptr) {
+  std::unique_ptr<Backend> local;
+  Backend* backend = mpi_backend;
+  if (backend == nullptr) {
+    Options o;
+    o.backend = "local";
+    o.local_ranks = ranks;
+    o.timeout = absl::Seconds(120);
+    ASSIGN_OR_RETURN(local, CreateBackend(o));
+    backend = local.get();
+  }
   std::vector<std::unique_ptr<Group>> worlds;
   for (int r : backend->local_ranks()) {
     ASSIGN_OR_RETURN(std::unique_ptr<Group> g, backend->WorldGroup(r));
@@ -562,15 +606,17 @@ absl::Status MeasureRanks(int ranks, const Config& c, const OverlapModel& model,
   const std::vector<StepMode> modes = c.Modes();
   const int num_modes = static_cast<int>(modes.size());
   Shared shared(ranks, c.iters, num_modes);
-  std::vector<absl::Status> status(ranks);
+  shared.procs = procs;
+  std::vector<absl::Status> status(worlds.size());
   std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
+  for (size_t r = 0; r < worlds.size(); ++r) {
     threads.emplace_back([&, r] {
       status[r] = RunRank(*worlds[r], c, model, writes, &shared);
       if (!status[r].ok()) shared.barrier.Abort();
     });
   }
   for (auto& t : threads) t.join();
+  if (procs != nullptr) GatherAcrossProcesses(*procs, &shared);
   if (isatty(2)) std::fprintf(stderr, "\r%60s\r", "");
   for (const absl::Status& s : status) {
     if (!s.ok() && !absl::IsAborted(s)) return s;
@@ -638,10 +684,29 @@ absl::Status Main(int argc, char** argv) {
   ASSIGN_OR_RETURN(Flags flags, Flags::Parse(argc, argv));
   ASSIGN_OR_RETURN(Config c, ParseConfig(flags));
   const OverlapModel model = Gpt2LikeModel(c.blocks, c.scale);
+  const bool mpi = c.backend == "mpi";
+  std::unique_ptr<Backend> mpi_backend;  // before `procs`: MPI is finalized after its comm
+  std::unique_ptr<ProcessSync> procs;
+  std::string mpi_engine;
+  if (mpi) {
+    RelaunchUnderMpirun("overlap", c.ranks.front(), argc, argv);
+    ASSIGN_OR_RETURN(Options o, Options::FromEnv());  // BRAID_MPI_ENGINE and the like apply
+    o.backend = "mpi";
+    o.timeout = absl::Seconds(120);
+    mpi_engine = o.mpi_engine;
+    ASSIGN_OR_RETURN(mpi_backend, CreateBackend(o));
+    procs = std::make_unique<ProcessSync>();
+    if (procs->size() != c.ranks.front()) {
+      return absl::InvalidArgumentError(absl::StrCat("--ranks=", c.ranks.front(), " but mpirun started ",
+                                                     procs->size(), " processes"));
+    }
+  }
 
-  // Calibrate on a buffer the size of one block's gradients, before any rank thread exists.
+  // Calibrate on a buffer the size of one block's gradients, before any rank thread exists
+  // (--backend=mpi: every process at once; rank 0's figure is used by all).
   std::fprintf(stderr, "[overlap] calibrating the compute...\n");
-  const double writes_per_us = CalibrateWritesPerUs(model.layers[1].elems);
+  double writes_per_us = CalibrateWritesPerUs(model.layers[1].elems);
+  if (procs != nullptr) writes_per_us = procs->Broadcast(writes_per_us);
   std::vector<size_t> writes;
   int floored = 0;
   for (const OverlapLayer& l : model.layers) {
@@ -656,10 +721,11 @@ absl::Status Main(int argc, char** argv) {
   for (int n : c.ranks) {
     int b = 0;
     std::string note;
-    RETURN_IF_ERROR(MeasureRanks(n, c, model, writes, &rows, &b, &note));
+    RETURN_IF_ERROR(MeasureRanks(n, c, model, writes, &rows, &b, &note, mpi_backend.get(), procs.get()));
     buckets.push_back(b);
     notes.push_back(std::move(note));
   }
+  if (procs != nullptr && procs->rank() != 0) return absl::OkStatus();  // rank 0 prints
 
   if (c.csv) {
     PrintCsv(rows);
@@ -669,6 +735,9 @@ absl::Status Main(int argc, char** argv) {
   std::printf("# Braid overlap: GPT-2-small shapes x %.3g (%d blocks): %zu params in %zu layers, %.1f MiB of f32 "
               "gradients per rank\n",
               c.scale, c.blocks, model.params.size(), model.layers.size(), mib);
+  if (mpi) {
+    std::printf("# backend mpi: one process per rank under mpirun, BRAID_MPI_ENGINE=%s\n", mpi_engine.c_str());
+  }
   std::printf("# reduce mode %s, bucket caps %lld / %lld B (first), buckets per rank:",
               c.fully_sharded ? "fully_sharded (reduce_scatter, ZeRO-3 units, prefetch 1)" : ReduceName(c.reduce),
               static_cast<long long>(c.bucket_cap), static_cast<long long>(c.first_bucket_cap));

@@ -42,6 +42,13 @@ absl::StatusOr<Config> ParseConfig(const Flags& f) {
     }
     c.ranks.push_back(n);
   }
+  c.backend = f.Str("backend", "local");
+  if (c.backend != "local" && c.backend != "mpi") {
+    return absl::InvalidArgumentError(absl::StrCat("--backend='", c.backend, "': expected local or mpi"));
+  }
+  if (c.backend == "mpi" && c.ranks.size() != 1) {
+    return absl::InvalidArgumentError("--backend=mpi takes one rank count (--ranks=2): one process per rank");
+  }
   const std::string mode = f.Str("mode", "all_reduce");
   if (mode == "all_reduce" || mode == "allreduce") {
     c.reduce = ReduceMode::kAllReduce;

@@ -34,6 +34,7 @@ const char* ModeName(StepMode m);
 const char* ReduceName(ReduceMode m);
 
 struct Config {
+  std::string backend = "local";  // --backend=mpi: one process per rank (bench/overlap_mpi.h)
   std::vector<int> ranks;
   ReduceMode reduce = ReduceMode::kAllReduce;
   bool fully_sharded = false;  // --mode=fully_sharded: ZeRO-3 units (bench/overlap_sharded.h)

@@ -102,6 +102,17 @@ const std::vector<Entry>& Entries() {
          o.nccl_blocking = v == "1";
          return absl::OkStatus();
        }},
+      {{"BRAID_MPI_ENGINE", "auto",
+        "mpi backend: how collectives run. blocking: blocking MPI calls on a communication "
+        "thread per group; nonblocking: MPI_I* calls progressed by the engine; auto: per call, "
+        "whichever measured faster (backends/mpi/comm_thread.h)"},
+       [](Options& o, absl::string_view v) -> absl::Status {
+         if (v != "auto" && v != "blocking" && v != "nonblocking") {
+           return BadValue("BRAID_MPI_ENGINE", v, "auto, blocking or nonblocking");
+         }
+         o.mpi_engine = std::string(v);
+         return absl::OkStatus();
+       }},
       {{"BRAID_CUDA_DEVICE", "-1",
         "nccl backend: CUDA device of this process's rank (-1: the node-local rank under mpirun, "
         "else the world rank, modulo the number of visible devices)"},

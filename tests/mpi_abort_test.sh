@@ -18,13 +18,18 @@ mpirun_cmd=(timeout --kill-after=10 90 mpirun --allow-run-as-root --oversubscrib
 
 verdicts="$(mktemp -d)"
 trap 'rm -rf "${verdicts}"' EXIT
-for scenario in deadline abort_job; do
+# Each scenario with the default engine and with every collective on the communication
+# threads (BRAID_MPI_ENGINE=blocking: the failure has to reach a thread stuck inside MPI).
+for run in deadline:auto abort_job:auto deadline:blocking abort_job:blocking; do
+  scenario="${run%%:*}"
+  engine="${run##*:}"
   rm -f "${verdicts}"/rank*
-  out="$(ABORT_CHECK_DIR="${verdicts}" "${mpirun_cmd[@]}" -x ABORT_CHECK_DIR "${binary}" "${scenario}" 2>&1)"
+  out="$(ABORT_CHECK_DIR="${verdicts}" ABORT_CHECK_MPI_ENGINE="${engine}" "${mpirun_cmd[@]}" \
+    -x ABORT_CHECK_DIR -x ABORT_CHECK_MPI_ENGINE "${binary}" "${scenario}" 2>&1)"
   lines="$(cat "${verdicts}"/rank* 2>/dev/null)"
   count="$(grep -c . <<<"${lines}")"
   bad="$(grep ' ok=0' <<<"${lines}")"
-  echo "== ${scenario}"
+  echo "== ${scenario} (engine ${engine})"
   echo "${lines}"
   if [[ "${count}" -ne "${np}" || -n "${bad}" ]]; then
     echo "FAIL: ${scenario}: ${count}/${np} ranks reported, failures: ${bad:-none}" >&2

@@ -140,6 +140,56 @@ absl::Status CollectiveOp::IssueData() {
   return absl::OkStatus();
 }
 
+absl::Status CollectiveOp::RunBlocking(MPI_Comm comm, bool* fails_group) {
+  *fails_group = true;
+  const std::string what = work()->info().Describe();
+  if (group()->validate) {
+    mine_ = CollectiveRecord(args_, world_rank_);
+    table_.assign(static_cast<size_t>(group()->size), CallRecord{});
+    RETURN_IF_ERROR(WithContext(
+        MpiStatus(MPI_Allgather(&mine_, CallRecord::kWords, MPI_INT64_T, table_.data(),
+                                CallRecord::kWords, MPI_INT64_T, comm),
+                  "MPI_Allgather (call records)"),
+        what));
+    absl::Status same = CheckSameCall(table_, what);
+    if (!same.ok()) {
+      *fails_group = false;  // every rank holds the same table: all fail this call alike
+      return same;
+    }
+  }
+  const int count = static_cast<int>(args_.count);
+  const MPI_Datatype type = MpiDatatype(plan_.wire);
+  int rc = MPI_SUCCESS;
+  const char* call = "";
+  switch (args_.kind) {
+    case CollectiveKind::kAllReduce:
+      call = "MPI_Allreduce";
+      rc = MPI_Allreduce(mpi_send_, mpi_recv_, count, type, ops_.For(plan_.mpi_op, plan_.wire),
+                         comm);
+      break;
+    case CollectiveKind::kReduceScatter:
+      call = "MPI_Reduce_scatter_block";
+      rc = MPI_Reduce_scatter_block(mpi_send_, mpi_recv_, count, type,
+                                    ops_.For(plan_.mpi_op, plan_.wire), comm);
+      break;
+    case CollectiveKind::kAllGather:
+      call = "MPI_Allgather";
+      rc = args_.in_place ? MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, mpi_recv_, count,
+                                          type, comm)
+                          : MPI_Allgather(mpi_send_, count, type, mpi_recv_, count, type, comm);
+      break;
+    case CollectiveKind::kBroadcast:
+      call = "MPI_Bcast";
+      rc = MPI_Bcast(mpi_recv_, count, type, args_.root, comm);
+      break;
+    case CollectiveKind::kBarrier:
+      call = "MPI_Barrier";
+      rc = MPI_Barrier(comm);
+      break;
+  }
+  return WithContext(MpiStatus(rc, call), what);
+}
+
 void CollectiveOp::Finish() {
   if (!Reduces(args_.kind)) return;
   const size_t count = args_.count;

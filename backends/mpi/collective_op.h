@@ -12,6 +12,8 @@
 //   finish     host-side step from the ReducePlan: narrow f32 staging into bf16/f16 (fusing
 //              the avg divide), divide f32/f64 avg results, copy an in-place reduce-scatter
 //              block into place.
+// Blocking form (RunBlocking, on a group's comm thread): the same calls without the I, on the
+// thread's own communicator, records exchanged just before on that communicator (no turns).
 // Input staging (widening, premul scaling) happens in Create, on the caller's thread; the
 // caller's send buffer is never modified. Staging buffers belong to the operation, so they
 // live until MPI is done with them (see operation.h).
@@ -59,6 +61,13 @@ class CollectiveOp final : public Operation {
   absl::Status Start() override;
   absl::StatusOr<Progress> Advance() override;
   void Finish() override;
+
+  // The comm thread's path (comm_thread.h), instead of Start/Advance: with validation, the
+  // record exchange (MPI_Allgather), then the data call, both blocking, on `comm`. Runs without
+  // the MPI lock. On error, `*fails_group` says whether the group's call order is now unknown
+  // (an MPI error: true) or every rank failed this call alike (a validation mismatch: false).
+  // Finish() follows a success.
+  absl::Status RunBlocking(MPI_Comm comm, bool* fails_group);
 
  private:
   enum class Phase { kExchanging, kAwaitingTurn, kData };

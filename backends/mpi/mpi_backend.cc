@@ -13,6 +13,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MpiBackend::Create(const Options& optio
   config.spin = options.spin;
   config.validate = options.validate_collectives;
   config.abort_on_failure = options.abort_on_failure;
+  ASSIGN_OR_RETURN(config.engine, ParseMpiEngine(options.mpi_engine));
   return std::unique_ptr<Backend>(new MpiBackend(std::move(runtime), config));
 }
 
@@ -52,7 +53,8 @@ absl::StatusOr<std::unique_ptr<Group>> MpiBackend::WorldGroup(int rank) {
 
 namespace {
 const BackendRegistration kRegistration(
-    "mpi", "OpenMPI: one process per rank, CPU buffers, nonblocking collectives",
+    "mpi", "OpenMPI: one process per rank, CPU buffers, blocking collectives on a thread per group "
+    "(large calls) and nonblocking ones (small calls)",
     &MpiBackend::Create);
 }  // namespace
 

@@ -21,22 +21,38 @@ absl::StatusOr<std::unique_ptr<Group>> MpiGroup::Create(std::shared_ptr<MpiRunti
                                             config.validate);
   state->data = data.get();
   state->control = control.get();
+  std::unique_ptr<CommThread> comm_thread;
+  if (runtime->thread_multiple() && config.engine != MpiEngine::kNonblocking) {
+    ASSIGN_OR_RETURN(MpiComm serial, DupComm(runtime, data.get(),
+                                             WorkInfo{state->name, "create", 0, "comm thread"},
+                                             config.timeout));
+    CommThread::Config tc;
+    tc.state = state;
+    tc.comm = serial.Release();
+    tc.engine = runtime->engine().shared_from_this();
+    tc.domain = runtime->abort_domain();
+    comm_thread = CommThread::Create(std::move(tc));
+  }
   return std::unique_ptr<Group>(new MpiGroup(std::move(runtime), std::move(data),
-                                             std::move(control), std::move(state), config));
+                                             std::move(control), std::move(state), config,
+                                             std::move(comm_thread)));
 }
 
 MpiGroup::MpiGroup(std::shared_ptr<MpiRuntime> runtime, MpiComm data, MpiComm control,
-                   std::shared_ptr<GroupState> state, const Config& config)
+                   std::shared_ptr<GroupState> state, const Config& config,
+                   std::unique_ptr<CommThread> comm_thread)
     : runtime_(std::move(runtime)),
       data_(std::move(data)),
       control_(std::move(control)),
       state_(std::move(state)),
       config_(config),
+      comm_thread_(std::move(comm_thread)),
       world_rank_(runtime_->world_rank()) {
   SetAbortDomain(runtime_->abort_domain());
 }
 
 MpiGroup::~MpiGroup() {
+  comm_thread_.reset();  // runs what this rank issued, as its peers do (comm_thread.h)
   {
     // Operations still waiting for their turn fail; those MPI already runs complete normally
     // (MPI_Comm_free lets them finish first).
@@ -67,14 +83,23 @@ absl::StatusOr<WorkPtr> MpiGroup::Launch(const CollectiveArgs& in) {
   p.args.options.label = {};  // the label lives in the Work; don't keep the view
   p.timeout = in.options.timeout > absl::ZeroDuration() ? in.options.timeout : config_.timeout;
   p.deadline = absl::Now() + p.timeout;
+  // The same choice on every rank (kind, count, dtype and the shared configuration).
+  const bool blocking =
+      comm_thread_ != nullptr && UsesCommThread(config_.engine, runtime_->thread_multiple(), in);
+  WorkInfo info{state_->name, std::string(CollectiveName(in.kind)), next_seq_,
+                std::string(in.options.label)};
   // The call's sequence number and turn are only claimed once Create accepted it: a refused
   // call (on every rank alike) must not leave a gap that the next collective waits on forever.
-  p.work = runtime_->engine().NewWork(
-      WorkInfo{state_->name, std::string(CollectiveName(in.kind)), next_seq_,
-               std::string(in.options.label)},
-      config_.spin);
+  if (blocking) {
+    // The comm thread completes it; a waiter busy-polls (yielding) instead of sleeping, so
+    // the hand-off costs no futex wake-up (comm/work.h).
+    p.work = Work::Create(std::move(info), config_.spin);
+    p.work->set_poller([] {});
+  } else {
+    p.work = runtime_->engine().NewWork(std::move(info), config_.spin);
+  }
   p.group = state_;
-  p.turn = state_->validate ? next_turn_ : 0;
+  p.turn = state_->validate && !blocking ? next_turn_ : 0;
   p.world_rank = world_rank_;
   p.ops = &runtime_->ops();
   WorkPtr work = p.work;
@@ -82,6 +107,10 @@ absl::StatusOr<WorkPtr> MpiGroup::Launch(const CollectiveArgs& in) {
   // Claimed from here on, even if Submit fails: a failed Submit fails the group (or finds it
   // failed or destroyed already), so no later collective waits on this turn.
   ++next_seq_;
+  if (blocking) {
+    RETURN_IF_ERROR(comm_thread_->Submit(std::move(op)));
+    return work;
+  }
   if (state_->validate) ++next_turn_;
   RETURN_IF_ERROR(runtime_->engine().Submit(std::move(op)));
   return work;

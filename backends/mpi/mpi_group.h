@@ -13,8 +13,13 @@
 //   w->OnComplete([](const absl::Status& s) { ... });   // fires without anyone waiting
 //   ASSIGN_OR_RETURN(std::unique_ptr<Group> half, world->Split(rank % 2, rank));
 //
-// Each group owns two communicators: `data` carries the collectives, `control` carries the
-// record exchanges and Split (so they never reorder the data calls). Every collective has a
+// Each group owns two communicators: `data` carries the nonblocking collectives, `control`
+// carries the record exchanges and Split (so they never reorder the data calls). Under
+// MPI_THREAD_MULTIPLE (and BRAID_MPI_ENGINE other than nonblocking) it also owns a
+// communication thread with a third communicator: calls that UsesCommThread() picks (by
+// kind and size, the same on every rank) run there as blocking MPI calls, in issue order
+// (comm_thread.h); the others go to the nonblocking engine. Each communicator sees its own
+// calls in issue order on every rank, so the two paths never reorder each other's calls. Every collective has a
 // deadline (CollectiveOptions::timeout, else Options::timeout); one that misses it fails with
 // DeadlineExceeded and fails the group: later calls return that cause at once. A call the
 // backend refuses up front (e.g. Unimplemented for a count above INT_MAX) consumes no sequence
@@ -48,6 +53,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "backends/mpi/comm_thread.h"
 #include "backends/mpi/group_state.h"
 #include "backends/mpi/mpi_comm.h"
 #include "backends/mpi/mpi_runtime.h"
@@ -62,6 +68,7 @@ class MpiGroup final : public Group {
     absl::Duration spin = absl::Microseconds(20);
     bool validate = false;  // BRAID_VALIDATE_COLLECTIVES
     bool abort_on_failure = true;  // BRAID_ABORT_ON_FAILURE (comm/abort_domain.h)
+    MpiEngine engine = MpiEngine::kAuto;  // BRAID_MPI_ENGINE (comm_thread.h)
   };
 
   // A group over `data` (owned); makes its control communicator (collective over `data`).
@@ -85,17 +92,20 @@ class MpiGroup final : public Group {
 
  private:
   MpiGroup(std::shared_ptr<MpiRuntime> runtime, MpiComm data, MpiComm control,
-           std::shared_ptr<GroupState> state, const Config& config);
+           std::shared_ptr<GroupState> state, const Config& config,
+           std::unique_ptr<CommThread> comm_thread);
 
   const std::shared_ptr<MpiRuntime> runtime_;  // first: outlives the communicators
   MpiComm data_;
   MpiComm control_;
   const std::shared_ptr<GroupState> state_;
   const Config config_;
+  // Blocking collectives (comm_thread.h); null when every call is nonblocking.
+  std::unique_ptr<CommThread> comm_thread_;
   const int world_rank_;
   // Claimed only by calls that were accepted (see Launch), so identical on every rank.
   uint64_t next_seq_ = 0;   // collectives and splits
-  uint64_t next_turn_ = 0;  // collectives only (validate: order on the data communicator)
+  uint64_t next_turn_ = 0;  // nonblocking collectives only (validate: order on `data`)
 };
 
 }  // namespace braid::mpi

@@ -24,6 +24,8 @@ constexpr auto kBackoffSleep = std::chrono::microseconds(20);
 // How often an idle engine with an abort channel looks for a peer's abort.
 constexpr auto kAbortPoll = std::chrono::milliseconds(5);
 
+}  // namespace
+
 absl::Status DeadlineStatus(const Operation& op) {
   const std::string group = op.group() != nullptr ? op.group()->name : op.work()->info().group;
   return absl::DeadlineExceededError(absl::StrCat(
@@ -33,13 +35,10 @@ absl::Status DeadlineStatus(const Operation& op) {
       "group '", group, "' is now failed and every later call on it fails"));
 }
 
-absl::Status AbortedByGroup(const Operation& op) {
-  const absl::Status& cause = op.group()->failure;
+absl::Status AbortedByGroup(const Operation& op, const absl::Status& cause) {
   return absl::Status(cause.code(), absl::StrCat(op.work()->info().Describe(), ": aborted, group '",
                                                  op.group()->name, "' failed: ", cause.message()));
 }
-
-}  // namespace
 
 std::shared_ptr<ProgressEngine> ProgressEngine::Create() {
   std::shared_ptr<ProgressEngine> engine(new ProgressEngine());
@@ -132,6 +131,16 @@ bool ProgressEngine::has_abort_channel() {
   std::lock_guard<std::mutex> lock(mu_);
   return channel_ != nullptr;
 }
+
+void ProgressEngine::ReportGroupFailure(const absl::Status& cause) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    NoteGroupFailureLocked(cause);
+  }
+  DeliverAborts();
+}
+
+void ProgressEngine::NoteStuckThread() { stuck_threads_.fetch_add(1, std::memory_order_relaxed); }
 
 void ProgressEngine::NoteGroupFailureLocked(const absl::Status& cause) {
   if (report_failures_ && to_report_.ok() && abort_cause_.ok()) to_report_ = cause;
@@ -228,7 +237,7 @@ void ProgressEngine::PollLocked(absl::Time now, FinishedList* out) {
       }
       if (group != nullptr) group->MarkFailedLocked(fail);
     } else if (group != nullptr && !group->failure.ok()) {
-      fail = AbortedByGroup(op);
+      fail = AbortedByGroup(op, op.group()->failure);
     } else if (op.request() == MPI_REQUEST_NULL) {
       const bool was_ok = group != nullptr && group->failure.ok();
       absl::StatusOr<Operation::Progress> p = op.Advance();
@@ -260,7 +269,7 @@ void ProgressEngine::PollLocked(absl::Time now, FinishedList* out) {
   for (size_t j = 0; j < ops_.size();) {
     const GroupState* group = ops_[j]->group();
     if (group != nullptr && !group->failure.ok()) {
-      RemoveLocked(j, AbortedByGroup(*ops_[j]), out);
+      RemoveLocked(j, AbortedByGroup(*ops_[j], ops_[j]->group()->failure), out);
     } else {
       ++j;
     }
@@ -365,7 +374,7 @@ void ProgressEngine::ThreadMain() {
 bool ProgressEngine::Shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (shut_down_) return zombies_.empty();
+    if (shut_down_) return zombies_.empty() && stuck_threads_.load() == 0;
     stopping_ = true;
   }
   cv_.notify_all();
@@ -392,7 +401,13 @@ bool ProgressEngine::Shutdown() {
                 "their buffers are leaked and MPI will not be finalized",
                 zombies_.size());
   }
-  return zombies_.empty();
+  const int stuck = stuck_threads_.load();
+  if (stuck > 0) {
+    Log().error("mpi backend: {} communication thread(s) are still inside a blocking MPI call "
+                "that failed its deadline; MPI will not be finalized",
+                stuck);
+  }
+  return zombies_.empty() && stuck == 0;
 }
 
 }  // namespace braid::mpi

@@ -1,9 +1,10 @@
 // ProgressEngine: the MPI lock, the table of operations in flight, and the progress thread.
 //
-// Every MPI call of the backend happens under mu(): MPI may only give us
-// MPI_THREAD_SERIALIZED, and one lock also orders the calls on each communicator. (The one
-// exception is the blocking MPI_Comm_split of a Split under MPI_THREAD_MULTIPLE, see
-// mpi_group.h.) Operations complete without the caller polling, two ways:
+// Every MPI call of the engine happens under mu(): MPI may only give us
+// MPI_THREAD_SERIALIZED, and one lock also orders the calls on each communicator. (The
+// exceptions, both only under MPI_THREAD_MULTIPLE: the blocking MPI_Comm_split of a Split, see
+// mpi_group.h, and the blocking collectives of the groups' communication threads, each on a
+// communicator of its own, see comm_thread.h.) Operations complete without the caller polling, two ways:
 //   - a thread blocked in Work::Wait drives progress itself through the Work's poller (as
 //     MPI_Wait would): this keeps small-message latency near raw MPI;
 //   - the progress thread polls whenever nobody waits, yielding between polls and backing off
@@ -90,6 +91,14 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
                          std::unique_ptr<AbortChannel> channel, int world_rank, bool report);
   bool has_abort_channel();
 
+  // For work run outside the engine (comm_thread.h): a group failed by its own call; reported
+  // to the abort domain like the engine's own failures (a no-op without report). Call it with
+  // no lock held.
+  void ReportGroupFailure(const absl::Status& cause);
+  // A communication thread was left inside a blocking MPI call (it failed its deadline or was
+  // aborted and never returned): Shutdown() then reports that MPI must not be finalized.
+  void NoteStuckThread();
+
  private:
   struct Finished {
     std::unique_ptr<Operation> op;  // null when MPI still owns it (kept in zombies_)
@@ -140,8 +149,15 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
   absl::Status abort_cause_;              // the domain's cause once it aborted
   std::atomic<bool> abort_pending_{false};  // abort_cause_ set; ops in flight not yet failed
 
+  std::atomic<int> stuck_threads_{0};
+
   std::thread thread_;
 };
+
+// The failures of an operation: its deadline passed (naming group, op, sequence number and
+// timeout); its group failed with `cause` (read the group's failure under mu()).
+absl::Status DeadlineStatus(const Operation& op);
+absl::Status AbortedByGroup(const Operation& op, const absl::Status& cause);
 
 }  // namespace braid::mpi
 

@@ -1,0 +1,107 @@
+// CommThread: one group's communication thread, running its collectives as *blocking* MPI calls
+// (MPI_Allreduce, MPI_Reduce_scatter_block, ...) in a FIFO, without the MPI lock.
+//
+// Why: Open MPI's blocking collectives use its tuned algorithms and progress by themselves;
+// its nonblocking ones (libnbc) are 1.6-2.8x slower from 1 MiB up here and progress only
+// inside MPI calls. A thread per group that sits in the blocking call gives the blocking
+// algorithm's speed and overlaps it with the caller's compute (issue 14 item 5).
+//
+// RANK-ORDER CONTRACT: every rank issues a group's collectives in the same order. The queue is
+// FIFO and drained by one thread, on a communicator of its own (`comm`, a dup of the group's,
+// used by nothing else), so every rank enters the blocking calls on `comm` in issue order.
+// Collectives of different groups run on different threads and communicators at the same time,
+// which needs MPI_THREAD_MULTIPLE; under MPI_THREAD_SERIALIZED the backend never makes a
+// CommThread (MpiEngineChoice below always says nonblocking).
+//
+//   CommThread::Config cfg{state, comm, engine, domain, world_rank};
+//   std::unique_ptr<CommThread> thread = CommThread::Create(cfg);
+//   RETURN_IF_ERROR(thread->Submit(std::move(op)));   // op: a CollectiveOp; completes its Work
+//
+// Deadlines: a blocking MPI call cannot be interrupted, so a watchdog thread (asleep until the
+// earliest deadline of a queued or running call, or until the job aborts) enforces them: a call
+// still queued or running at its deadline fails its Work with DeadlineExceeded (naming group,
+// op and sequence number), fails the group (every queued call fails with the cause, later calls
+// are refused) and reports the failure to the job's abort domain, as the nonblocking engine
+// does. The comm thread itself may stay inside MPI: the operation (its staging buffers) stays
+// alive until the call returns and is never finished into the caller's buffers once its Work
+// failed. A job abort (comm/abort_domain.h) fails queued and running calls the same way.
+// MPI errors: a call that returns an error fails its Work and the group; a validation mismatch
+// (BRAID_VALIDATE_COLLECTIVES: records exchanged on `comm` just before the data call) fails
+// only that call, identically on every rank.
+//
+// Destruction drains the queue (calls already issued on this rank are issued to MPI, as the
+// peers will), waits for the running call, then joins. If the running call was abandoned
+// (failed while inside MPI), the threads are detached, the communicator and the call are leaked
+// and the engine is told MPI must not be finalized (ProgressEngine::NoteStuckThread).
+//
+// Completion hand-off: the thread lingers (spinning with yields, kLinger) after each call
+// before sleeping, so a launch/wait loop never pays a futex wake-up (~40 us on this VM); a
+// waiter busy-polls its Work (see MpiGroup: the Work gets a no-op poller) so completion costs
+// it a cache-line transfer rather than a sleeping hand-off.
+#ifndef BRAID_BACKENDS_MPI_COMM_THREAD_H_
+#define BRAID_BACKENDS_MPI_COMM_THREAD_H_
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "backends/mpi/collective_op.h"
+#include "backends/mpi/group_state.h"
+#include "backends/mpi/progress_engine.h"
+#include "comm/abort_domain.h"
+#include "comm/group.h"
+
+namespace braid::mpi {
+
+// Which engine runs a collective (BRAID_MPI_ENGINE).
+enum class MpiEngine { kAuto, kBlocking, kNonblocking };
+absl::StatusOr<MpiEngine> ParseMpiEngine(absl::string_view name);
+
+// The rule, from bench/collective_latency --backend=mpi (docs/performance.md, "MPI engine"):
+// `auto` sends a call to the comm thread (blocking MPI) when its payload (count x dtype size)
+// is at least kBlockingMinBytes, else to the nonblocking engine driven by the waiter, whose
+// small-message latency is lower because the waiter itself polls MPI (no thread hand-off,
+// which costs ~5 us here). Measured at 2 ranks on 2 vCPUs: nonblocking wins at <= 512 B
+// (2.0-2.5 us vs ~6 us), blocking from 4 KiB (7 vs 10 us) and by 2-4x from 1 MiB up (tuned vs
+// libnbc algorithms). Barriers stay nonblocking. Without MPI_THREAD_MULTIPLE every call is
+// nonblocking. Known limits (measured, not encoded): with 4 ranks on 2 vCPUs the crossover
+// lies between 64 KiB and 1 MiB; and a CPU-bound trainer with no spare core per rank runs
+// faster with BRAID_MPI_ENGINE=nonblocking, because a blocking Open MPI call busy-polls on
+// the comm thread against the trainer's compute.
+inline constexpr size_t kBlockingMinBytes = 4096;
+bool UsesCommThread(MpiEngine engine, bool thread_multiple, const CollectiveArgs& args);
+
+class CommThread {
+ public:
+  struct Config {
+    std::shared_ptr<GroupState> state;
+    MPI_Comm comm = MPI_COMM_NULL;  // owned from here on (freed with MPI_Comm_free)
+    std::shared_ptr<ProgressEngine> engine;
+    std::shared_ptr<AbortDomain> domain;  // may be null
+  };
+
+  // Starts the comm thread and the watchdog.
+  static std::unique_ptr<CommThread> Create(Config config);
+  // See the header comment: drains, then joins (or detaches a thread stuck in MPI).
+  ~CommThread();
+  CommThread(const CommThread&) = delete;
+  CommThread& operator=(const CommThread&) = delete;
+
+  // Queues `op` behind the group's earlier calls. Fails (nothing queued) when the group has
+  // failed or the job aborted.
+  absl::Status Submit(std::unique_ptr<CollectiveOp> op);
+
+  struct Shared;  // the state both threads share; outlives this object when a thread is stuck
+
+ private:
+  explicit CommThread(std::shared_ptr<Shared> shared);
+  std::shared_ptr<Shared> shared_;
+};
+
+}  // namespace braid::mpi
+
+#endif  // BRAID_BACKENDS_MPI_COMM_THREAD_H_
