@@ -104,11 +104,12 @@ const std::vector<Entry>& Entries() {
        }},
       {{"BRAID_MPI_ENGINE", "auto",
         "mpi backend: how collectives run. blocking: blocking MPI calls on a communication "
-        "thread per group; nonblocking: MPI_I* calls progressed by the engine; auto: per call, "
-        "whichever measured faster (backends/mpi/comm_thread.h)"},
+        "thread per group; nonblocking: MPI_I* calls progressed by the engine; sized: per call, "
+        "whichever measured faster (blocking from 4 KiB); auto: sized where each rank on the "
+        "node has a spare core for its comm thread, else nonblocking (backends/mpi/comm_thread.h)"},
        [](Options& o, absl::string_view v) -> absl::Status {
-         if (v != "auto" && v != "blocking" && v != "nonblocking") {
-           return BadValue("BRAID_MPI_ENGINE", v, "auto, blocking or nonblocking");
+         if (v != "auto" && v != "sized" && v != "blocking" && v != "nonblocking") {
+           return BadValue("BRAID_MPI_ENGINE", v, "auto, sized, blocking or nonblocking");
          }
          o.mpi_engine = std::string(v);
          return absl::OkStatus();

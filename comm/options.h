@@ -32,7 +32,7 @@ struct Options {
   bool abort_on_failure = true;       // BRAID_ABORT_ON_FAILURE (comm/abort_domain.h)
   std::string timeline;               // BRAID_TIMELINE
   bool nccl_blocking = true;          // BRAID_NCCL_BLOCKING
-  std::string mpi_engine = "auto";    // BRAID_MPI_ENGINE: auto, blocking, nonblocking
+  std::string mpi_engine = "auto";    // BRAID_MPI_ENGINE: auto, sized, blocking, nonblocking
   int cuda_device = -1;               // BRAID_CUDA_DEVICE (-1: node-local rank % device count)
   std::string nccl_library = "libnccl.so.2";  // BRAID_NCCL_LIBRARY (opened with dlopen)
   std::vector<std::string> unknown;   // BRAID_* names seen in the environment but not known

@@ -32,15 +32,21 @@ constexpr auto kStuckGrace = std::chrono::seconds(1);
 
 absl::StatusOr<MpiEngine> ParseMpiEngine(absl::string_view name) {
   if (name == "auto") return MpiEngine::kAuto;
+  if (name == "sized") return MpiEngine::kSized;
   if (name == "blocking") return MpiEngine::kBlocking;
   if (name == "nonblocking") return MpiEngine::kNonblocking;
   return absl::InvalidArgumentError(
-      absl::StrCat("BRAID_MPI_ENGINE='", name, "': expected auto, blocking or nonblocking"));
+      absl::StrCat("BRAID_MPI_ENGINE='", name, "': expected auto, sized, blocking or nonblocking"));
+}
+
+MpiEngine ResolveAuto(MpiEngine engine, int local_ranks, int cores) {
+  if (engine != MpiEngine::kAuto) return engine;
+  return local_ranks * 2 <= cores ? MpiEngine::kSized : MpiEngine::kNonblocking;
 }
 
 bool UsesCommThread(MpiEngine engine, bool thread_multiple, const CollectiveArgs& args) {
   if (!thread_multiple || engine == MpiEngine::kNonblocking) return false;
-  if (engine == MpiEngine::kBlocking) return true;
+  if (engine == MpiEngine::kBlocking) return true;  // kSized (or an unresolved kAuto): by size
   if (args.kind == CollectiveKind::kBarrier) return false;
   return args.count * DTypeSize(args.dtype) >= kBlockingMinBytes;
 }

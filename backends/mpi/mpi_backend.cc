@@ -1,10 +1,28 @@
 #include "backends/mpi/mpi_backend.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <thread>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "backends/mpi/group_setup.h"
+#include "comm/logging.h"
 #include "comm/status_macros.h"
 
 namespace braid::mpi {
+namespace {
+
+// Processes of this job on this node, as the launcher says (1 when it does not).
+int LocalRanks() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
+    int n = 0;
+    if (const char* v = std::getenv(var); v != nullptr && absl::SimpleAtoi(v, &n) && n > 0) return n;
+  }
+  return 1;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Backend>> MpiBackend::Create(const Options& options) {
   ASSIGN_OR_RETURN(std::shared_ptr<MpiRuntime> runtime, MpiRuntime::Acquire());
@@ -13,7 +31,15 @@ absl::StatusOr<std::unique_ptr<Backend>> MpiBackend::Create(const Options& optio
   config.spin = options.spin;
   config.validate = options.validate_collectives;
   config.abort_on_failure = options.abort_on_failure;
-  ASSIGN_OR_RETURN(config.engine, ParseMpiEngine(options.mpi_engine));
+  ASSIGN_OR_RETURN(MpiEngine engine, ParseMpiEngine(options.mpi_engine));
+  const int local = LocalRanks();
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  config.engine = ResolveAuto(engine, local, cores);
+  if (engine == MpiEngine::kAuto && config.engine == MpiEngine::kNonblocking) {
+    Log().debug("mpi backend: BRAID_MPI_ENGINE=auto -> nonblocking ({} ranks on {} cores: no spare core "
+                "per rank for a comm thread; BRAID_MPI_ENGINE=sized forces the comm threads)",
+                local, cores);
+  }
   return std::unique_ptr<Backend>(new MpiBackend(std::move(runtime), config));
 }
 
