@@ -34,6 +34,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/bench_flags.h"
 #include "bench/collective_table.h"
+#include "bench/overlap_mpi.h"
 #include "bench/raw_baselines.h"
 #include "comm/backend.h"
 #include "comm/status_macros.h"
@@ -97,25 +98,7 @@ absl::StatusOr<Config> ParseConfig(const Flags& f, const Options& env) {
 // id over MPI), need a launcher: re-exec this binary under mpirun. One nccl rank runs without.
 void RelaunchUnderMpirunIfNeeded(const Config& c, int argc, char** argv) {
   const bool needs_mpirun = c.backend == "mpi" || (c.backend == "nccl" && c.ranks > 1);
-  if (!needs_mpirun || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) return;
-  std::vector<std::string> args = {"mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "pml",
-                                   "ob1", "--mca", "btl", "self,vader", "--mca",
-                                   "oob_tcp_if_include", "lo", "-np", std::to_string(c.ranks),
-                                   "/proc/self/exe"};
-  char exe[4096];
-  const ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (len > 0) {
-    exe[len] = 0;
-    args.back() = exe;
-  }
-  for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
-  std::vector<char*> cargs;
-  for (auto& a : args) cargs.push_back(a.data());
-  cargs.push_back(nullptr);
-  std::fprintf(stderr, "[collective_latency] relaunching under mpirun -np %d\n", c.ranks);
-  execvp("mpirun", cargs.data());
-  std::perror("execvp mpirun");
-  std::exit(1);
+  if (needs_mpirun) RelaunchUnderMpirun("collective_latency", c.ranks, argc, argv);
 }
 
 absl::Status Main(int argc, char** argv) {
