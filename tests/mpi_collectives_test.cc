@@ -18,6 +18,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -434,33 +435,94 @@ TEST(MpiCommThread, TwoGroupsConcurrently) {
   EXPECT_OK(results[1]);
 }
 
-// A group destroyed with calls still queued on its communication thread runs them (its peers
-// issued them too): their Works complete with the right results.
+// A group destroyed with calls still in flight runs them (its peers issued them too): their
+// Works complete with the right results, on every engine. Large calls sit in the comm thread's
+// queue (blocking, sized) or in libnbc (nonblocking); small ones are nonblocking under `sized`
+// too. The destructor must not free the communicators under live libnbc requests: Open MPI's
+// progress then crashes (the world all-reduce after each round drives that progress). Several
+// rounds, because the crash needs a schedule still running when the group goes.
 TEST(MpiCommThread, DestroyedGroupRunsQueuedCalls) {
-  const std::string& engine = braid::testing::TheWorlds().engine;
-  if (engine != "blocking" && engine != "sized") {
-    // On the nonblocking engine (what `auto` resolves to without a spare core per rank) a group
-    // destroyed with libnbc calls in flight crashes inside Open MPI 4.1's libnbc progress (the
-    // communicator is freed under its schedule): a known bug, not covered here.
-    GTEST_SKIP() << "comm threads only (engine " << engine << ")";
-  }
   Group& g = World();
-  auto child = g.Split(0, g.rank(), "world/dropped");
-  ASSERT_TRUE(child.ok());
-  constexpr size_t kCount = 1 << 18;  // 1 MiB
-  constexpr int kCalls = 4;
-  std::vector<std::vector<float>> bufs(kCalls, std::vector<float>(kCount, 1.0f));
-  std::vector<WorkPtr> works;
-  for (auto& buf : bufs) {
-    auto w = (*child)->AllReduce(buf.data(), buf.data(), kCount, DType::kF32, ReduceOp::Sum());
+  constexpr size_t kLarge = 1 << 18;  // 1 MiB: the comm thread under blocking and sized
+  constexpr size_t kSmall = 64;       // 256 B: nonblocking under sized
+  constexpr int kCalls = 6;
+  constexpr int kRounds = 4;
+  for (int round = 0; round < kRounds; ++round) {
+    SCOPED_TRACE(absl::StrCat("round ", round));
+    auto child = g.Split(0, g.rank(), absl::StrCat("world/dropped", round));
+    ASSERT_TRUE(child.ok()) << child.status();
+    const float value = static_cast<float>(round + 1);
+    std::vector<std::vector<float>> bufs;
+    for (int i = 0; i < kCalls; ++i) bufs.emplace_back(i % 3 == 2 ? kSmall : kLarge, value);
+    std::vector<WorkPtr> works;
+    for (auto& buf : bufs) {
+      auto w = (*child)->AllReduce(buf.data(), buf.data(), buf.size(), DType::kF32,
+                                   ReduceOp::Sum());
+      ASSERT_TRUE(w.ok()) << w.status();
+      works.push_back(*w);
+    }
+    child->reset();
+    for (size_t i = 0; i < works.size(); ++i) {
+      const absl::Status done = works[i]->Wait(kTimeout);
+      EXPECT_TRUE(done.ok()) << "call " << i << ": " << done;
+      EXPECT_EQ(bufs[i].front(), value * static_cast<float>(g.size())) << "call " << i;
+      EXPECT_EQ(bufs[i].back(), value * static_cast<float>(g.size())) << "call " << i;
+    }
+    int32_t one = 1;
+    auto after = g.AllReduce(&one, &one, 1, DType::kI32, ReduceOp::Sum());
+    ASSERT_TRUE(after.ok()) << after.status();
+    ASSERT_OK((*after)->Wait(kTimeout));
+    EXPECT_EQ(one, g.size());
+  }
+}
+
+// A group destroyed while one of its nonblocking calls failed its deadline but MPI still owns
+// the request (a peer had not issued it yet): the destructor returns once the call has failed,
+// leaking the communicators instead of freeing them under the live request (it logs an
+// error), and the peers that issue the call later complete it on the leaked communicator.
+// bf16, so MPI works in the operation's own staging (kept alive by the engine), not in `buf`.
+TEST(MpiDestroy, FailedCallLeaksTheCommunicator) {
+  if (braid::testing::TheWorlds().engine == "blocking") {
+    GTEST_SKIP() << "every call runs on the comm thread (DestroyedGroupRunsQueuedCalls)";
+  }
+  const auto bf16 = [](float f) {  // exact for the small integers used here
+    uint32_t bits = 0;
+    std::memcpy(&bits, &f, sizeof(bits));
+    return static_cast<uint16_t>(bits >> 16);
+  };
+  Group& g = World();
+  auto child = g.Split(0, g.rank(), "world/leaked");
+  ASSERT_TRUE(child.ok()) << child.status();
+  constexpr size_t kCount = 1000;  // 2000 B: nonblocking under sized too
+  std::vector<uint16_t> buf(kCount, bf16(1.0f));
+  if (g.rank() == 0) {
+    CollectiveOptions opts;
+    opts.timeout = absl::Milliseconds(300);
+    auto w = (*child)->AllReduce(buf.data(), buf.data(), kCount, DType::kBF16, ReduceOp::Sum(),
+                                 opts);
     ASSERT_TRUE(w.ok()) << w.status();
-    works.push_back(*w);
+    const absl::Time start = absl::Now();
+    child->reset();  // returns at the call's deadline
+    EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+    EXPECT_TRUE((*w)->Done()) << "the destructor returned with the group's call still in flight";
+    const absl::Status s = (*w)->Wait(kTimeout);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "allreduce #0 on group 'world/leaked'")) << s;
   }
-  child->reset();
-  for (size_t i = 0; i < works.size(); ++i) {
-    EXPECT_OK(works[i]->Wait(kTimeout));
-    EXPECT_EQ(bufs[i][kCount - 1], static_cast<float>(g.size())) << "call " << i;
+  auto b1 = g.Barrier();
+  ASSERT_TRUE(b1.ok());
+  ASSERT_OK((*b1)->Wait(kTimeout));
+  if (g.rank() != 0) {
+    auto w = (*child)->AllReduce(buf.data(), buf.data(), kCount, DType::kBF16, ReduceOp::Sum());
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_OK((*w)->Wait(kTimeout));
+    EXPECT_EQ(buf.front(), bf16(static_cast<float>(g.size())));
+    EXPECT_EQ(buf.back(), bf16(static_cast<float>(g.size())));
+    child->reset();
   }
+  auto b2 = g.Barrier();
+  ASSERT_TRUE(b2.ok());
+  ASSERT_OK((*b2)->Wait(kTimeout));
 }
 
 TEST(MpiBackend, DescribesItself) {

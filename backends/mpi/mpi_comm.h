@@ -5,8 +5,10 @@
 //   MPI_Iallreduce(..., comm.get(), &request);
 //
 // Adopt() switches the communicator to MPI_ERRORS_RETURN so MPI errors reach us as statuses
-// instead of aborting the job. MPI_Comm_free with calls still in flight is allowed: MPI
-// completes them, then releases the communicator.
+// instead of aborting the job. Free a communicator only once no request on it is in flight:
+// the standard allows MPI_Comm_free under pending requests, but Open MPI 4.1's libnbc then
+// progresses their schedules on the freed communicator and crashes (MpiGroup drains first;
+// Release() is the way to leak one that still has live requests).
 #ifndef BRAID_BACKENDS_MPI_MPI_COMM_H_
 #define BRAID_BACKENDS_MPI_MPI_COMM_H_
 

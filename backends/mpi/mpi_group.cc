@@ -8,6 +8,7 @@
 #include "backends/mpi/collective_op.h"
 #include "backends/mpi/group_setup.h"
 #include "backends/mpi/mpi_errors.h"
+#include "comm/logging.h"
 #include "comm/status_macros.h"
 
 namespace braid::mpi {
@@ -53,13 +54,24 @@ MpiGroup::MpiGroup(std::shared_ptr<MpiRuntime> runtime, MpiComm data, MpiComm co
 
 MpiGroup::~MpiGroup() {
   comm_thread_.reset();  // runs what this rank issued, as its peers do (comm_thread.h)
+  // The nonblocking calls this rank issued run to completion too (their peers issued them),
+  // or fail at their deadlines: MPI_Comm_free must not run under a live request (see
+  // mpi_group.h, "Destruction").
+  const size_t live = runtime_->engine().DrainGroup(state_.get());
   {
-    // Operations still waiting for their turn fail; those MPI already runs complete normally
-    // (MPI_Comm_free lets them finish first).
     std::lock_guard<std::mutex> lock(runtime_->mu());
     state_->closed = true;
     state_->data = MPI_COMM_NULL;
     state_->control = MPI_COMM_NULL;
+  }
+  if (live > 0) {
+    Log().error("mpi backend: group '{}' destroyed with {} nonblocking call(s) that failed but "
+                "that MPI still runs; its communicators are leaked instead of freed under them",
+                state_->name, live);
+    // Deliberate leak: MPI may still progress those calls' schedules on these communicators.
+    static_cast<void>(control_.Release());
+    static_cast<void>(data_.Release());
+    return;
   }
   control_.Reset();
   data_.Reset();

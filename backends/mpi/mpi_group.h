@@ -44,6 +44,18 @@
 //      so only the calling thread is stuck: other groups' collectives keep completing and
 //      their deadlines keep firing. Under MPI_THREAD_SERIALIZED it must hold the MPI lock, and
 //      a stuck split stalls every MPI call of the backend in the process.
+//
+// DESTRUCTION runs, rather than abandons, what this rank issued (its peers issued the same calls
+// and wait for this rank's part): the comm thread drains its queue (comm_thread.h), then the
+// destructor drives the nonblocking engine until none of the group's calls is in flight
+// (ProgressEngine::DrainGroup). Each such call completes normally, with its result, or fails
+// at its own deadline with DeadlineExceeded (a peer never issued it); so the destructor blocks
+// at most until the latest deadline of the group's calls in flight. Only then are the
+// communicators freed: Open MPI 4.1's libnbc keeps progressing a request's schedule on its
+// communicator and crashes if that communicator was freed under it (MPI_Comm_free is not safe
+// with nonblocking collectives in flight, whatever the standard says). A call that failed at
+// its deadline while MPI still owns its request leaves the communicators leaked, not freed,
+// with one error logged for the group; the engine keeps the call's buffers (progress_engine.h).
 #ifndef BRAID_BACKENDS_MPI_MPI_GROUP_H_
 #define BRAID_BACKENDS_MPI_MPI_GROUP_H_
 
@@ -75,6 +87,7 @@ class MpiGroup final : public Group {
   static absl::StatusOr<std::unique_ptr<Group>> Create(std::shared_ptr<MpiRuntime> runtime,
                                                        MpiComm data, std::string name,
                                                        const Config& config);
+  // Blocks until this rank's calls on the group are done or failed (see DESTRUCTION above).
   ~MpiGroup() override;
 
   int rank() const override { return state_->rank; }

@@ -1,5 +1,6 @@
 #include "backends/mpi/progress_engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -368,6 +369,29 @@ void ProgressEngine::ThreadMain() {
       std::this_thread::sleep_for(kBackoffSleep);
     }
     lock.lock();
+  }
+}
+
+size_t ProgressEngine::DrainGroup(const GroupState* group) {
+  const auto of_group = [group](const std::unique_ptr<Operation>& op) {
+    return op->group() == group;
+  };
+  for (;;) {
+    FinishedList finished;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (std::none_of(ops_.begin(), ops_.end(), of_group)) {
+        if (!shut_down_) PollZombiesLocked();  // one last chance for the failed ones
+        return static_cast<size_t>(std::count_if(zombies_.begin(), zombies_.end(), of_group));
+      }
+      // Drives progress like a waiter (Poll): the progress thread keeps out of the way.
+      const int64_t now_ns = absl::GetCurrentTimeNanos();
+      last_waiter_poll_ns_.store(now_ns, std::memory_order_relaxed);
+      PollLocked(absl::FromUnixNanos(now_ns), &finished);
+    }
+    RunFinished(finished);
+    DeliverAborts();
+    std::this_thread::yield();
   }
 }
 

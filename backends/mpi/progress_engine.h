@@ -80,6 +80,16 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
   // deadlines and finishes what completed. Safe from any thread; Work pollers call it.
   void Poll();
 
+  // For a group being destroyed (mpi_group.h), before its communicators are freed: drives
+  // progress, as a waiter would, until none of `group`'s operations is in flight any more.
+  // Each one completes (its peers issued it too) or fails at its own deadline, or when the job
+  // aborts, and its Work completes accordingly; so the wait is bounded by the latest deadline
+  // among them. Returns how many of the group's operations MPI still owns afterwards (failed
+  // while their request was live: zombies); while any does, MPI may still progress a schedule
+  // on the group's communicators, so they must not be freed (Open MPI's libnbc does not keep a
+  // freed communicator alive for the requests on it: its progress then crashes).
+  size_t DrainGroup(const GroupState* group);
+
   // Stops the progress thread and drains what is in flight (bounded by the operations'
   // deadlines). Returns true when MPI owns no buffer of ours any more, so MPI may be finalized.
   // Later Submit() calls fail and Poll() does nothing. Closes the abort channel.
