@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "comm/host_values.h"
 #include "comm/logging.h"
 #include "comm/status_macros.h"
 
@@ -41,55 +42,6 @@ int64_t ConfigHash(const AutotunerConfig& c) {
 
 }  // namespace
 
-namespace {
-
-// Max over `g` of v[0..n) in place, identical on every rank; device groups reduce in a staged
-// buffer of theirs.
-absl::Status MaxOver(Group& g, double* v, size_t n, const char* label, absl::Duration timeout) {
-  if (g.size() == 1) return absl::OkStatus();
-  CollectiveOptions opts;
-  opts.label = label;
-  const absl::Time deadline = absl::Now() + timeout;
-  BufferOps& ops = g.buffer_ops();
-  if (ops.synchronous()) {
-    ASSIGN_OR_RETURN(WorkPtr w, g.AllReduce(v, v, n, DType::kF64, ReduceOp::Max(), opts));
-    return w->WaitUntil(deadline);
-  }
-  const size_t bytes = n * sizeof(double);
-  ASSIGN_OR_RETURN(OwnedBuffer staged, ops.Allocate(bytes, label));
-  RETURN_IF_ERROR(ops.Copy(staged.get(), v, bytes));
-  ASSIGN_OR_RETURN(WorkPtr w, g.AllReduce(staged.get(), staged.get(), n, DType::kF64, ReduceOp::Max(), opts));
-  absl::Status st = w->WaitUntil(deadline);
-  if (st.ok()) st = ops.Copy(v, staged.get(), bytes);
-  if (st.ok()) st = ops.Synchronize(deadline);
-  if (!st.ok()) (void)staged.release();  // the device may still write into it
-  return st;
-}
-
-// Every rank's `mine` into all[0..g.size()), staged through device memory on device groups.
-absl::Status GatherOver(Group& g, int64_t mine, int64_t* all, absl::Duration timeout) {
-  CollectiveOptions opts;
-  opts.label = "autotuner config check";
-  const absl::Time deadline = absl::Now() + timeout;
-  BufferOps& ops = g.buffer_ops();
-  if (ops.synchronous()) {
-    ASSIGN_OR_RETURN(WorkPtr w, g.AllGather(&mine, all, 1, DType::kI64, opts));
-    return w->WaitUntil(deadline);
-  }
-  const size_t n = static_cast<size_t>(g.size());
-  ASSIGN_OR_RETURN(OwnedBuffer staged, ops.Allocate((n + 1) * sizeof(int64_t), opts.label));
-  char* in = staged.get() + n * sizeof(int64_t);
-  RETURN_IF_ERROR(ops.Copy(in, &mine, sizeof mine));
-  ASSIGN_OR_RETURN(WorkPtr w, g.AllGather(in, staged.get(), 1, DType::kI64, opts));
-  absl::Status st = w->WaitUntil(deadline);
-  if (st.ok()) st = ops.Copy(all, staged.get(), n * sizeof(int64_t));
-  if (st.ok()) st = ops.Synchronize(deadline);
-  if (!st.ok()) (void)staged.release();  // the device may still write into it
-  return st;
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<Autotuner>> Autotuner::Create(Group* group, const AutotunerConfig& config) {
   if (group == nullptr) return absl::InvalidArgumentError("Autotuner: no group");
   if (config.candidates.empty() || config.candidates.size() > 64) {
@@ -109,7 +61,8 @@ absl::StatusOr<std::unique_ptr<Autotuner>> Autotuner::Create(Group* group, const
     if (g == nullptr || g->size() == 1) continue;
     const int64_t mine = ConfigHash(config);
     std::vector<int64_t> all(g->size());
-    RETURN_IF_ERROR(GatherOver(*g, mine, all.data(), config.timeout));
+    RETURN_IF_ERROR(AllGatherHostValues(*g, &mine, all.data(), 1, DType::kI64, "autotuner config check",
+                                        absl::Now() + config.timeout));
     for (int r = 1; r < g->size(); ++r) {
       if (all[r] != all[0]) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -152,7 +105,10 @@ absl::Status Autotuner::EndRound() {
   std::vector<double> ms;
   for (const std::vector<double>& v : samples_ms_) ms.push_back(Median(v));
   for (Group* g : {group_, config_.replica}) {
-    if (g != nullptr) RETURN_IF_ERROR(MaxOver(*g, ms.data(), ms.size(), "autotuner round", config_.timeout));
+    if (g != nullptr && g->size() > 1) {
+      RETURN_IF_ERROR(AllReduceHostValues(*g, ms.data(), ms.size(), DType::kF64, ReduceOp::Max(),
+                                          "autotuner round", absl::Now() + config_.timeout));
+    }
   }
   const size_t first = trials_.size();
   for (size_t i = 0; i < alive_.size(); ++i) {

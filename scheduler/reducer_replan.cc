@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "comm/host_values.h"
 #include "comm/status_macros.h"
 #include "scheduler/gradient_reducer.h"
 #include "scheduler/plan_check.h"
@@ -32,27 +33,8 @@ absl::StatusOr<bool> GradientReducer::RebuildBucketsIfPending() {
   std::vector<Group*> chain = {groups_.shard};
   if (config_.mode == ReduceMode::kHybrid) chain.push_back(groups_.replica);
   for (Group* g : chain) {
-    CollectiveOptions opts;
-    opts.label = "bucket order rebuild";
-    BufferOps& ops = g->buffer_ops();
-    if (ops.synchronous()) {
-      ASSIGN_OR_RETURN(WorkPtr w, g->Broadcast(order.data(), order.size(), DType::kI64, 0, opts));
-      RETURN_IF_ERROR(w->Wait(config_.timeout));
-      continue;
-    }
-    // Device memory: staged through a buffer of the group's.
-    const absl::Time deadline = absl::Now() + config_.timeout;
-    const size_t bytes = order.size() * sizeof(int64_t);
-    ASSIGN_OR_RETURN(OwnedBuffer staged, ops.Allocate(bytes, opts.label));
-    RETURN_IF_ERROR(ops.Copy(staged.get(), order.data(), bytes));
-    ASSIGN_OR_RETURN(WorkPtr w, g->Broadcast(staged.get(), order.size(), DType::kI64, 0, opts));
-    absl::Status st = w->WaitUntil(deadline);
-    if (st.ok()) st = ops.Copy(order.data(), staged.get(), bytes);
-    if (st.ok()) st = ops.Synchronize(deadline);
-    if (!st.ok()) {
-      (void)staged.release();  // the device may still write into it
-      return st;
-    }
+    RETURN_IF_ERROR(BroadcastHostValues(*g, order.data(), order.size(), DType::kI64, 0,
+                                        "bucket order rebuild", absl::Now() + config_.timeout));
   }
   std::vector<int> new_order(order.begin(), order.end());
   ASSIGN_OR_RETURN(BucketPlan plan, BucketPlan::BuildInOrder(plan_.params(), new_order, plan_.options()));
