@@ -1,14 +1,13 @@
-// State file writer and reader; the format is documented in state_file.h.
+// State file writer and reader: the format (documented in state_file.h) over the byte
+// streams of state_file_io.h.
 #include "optim/state_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cinttypes>
 #include <cstring>
 #include <limits>
@@ -19,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "comm/check.h"
 #include "comm/status_macros.h"
+#include "optim/state_file_io.h"
 
 namespace braid::optim {
 
@@ -29,42 +29,24 @@ static_assert(sizeof(size_t) == 8, "section sizes are u64");
 
 namespace {
 
+using internal::BadInput;
+using internal::Corrupt;
+using internal::CreateTemp;
+using internal::DirectoryOf;
+using internal::GetLe;
+using internal::ScopedFd;
+using internal::StreamReader;
+using internal::StreamWriter;
+using internal::SyncDirectory;
+using internal::SysError;
+using internal::TempFileGuard;
+using internal::Truncated;
+
 constexpr size_t kMagicBytes = sizeof(kStateFileMagic);
 constexpr size_t kPreambleBytes = 24;  // magic, version, header length, file length
 constexpr size_t kTrailerBytes = 4;    // CRC-32C
 // name length + dtype + count + payload bytes: the fixed part of a section record.
 constexpr size_t kSectionFixedBytes = 4 + 4 + 8 + 8;
-// Large payloads move in chunks this size: the checksum of a chunk is computed while it is
-// still in cache, and one syscall never has to move a whole multi-GB section.
-constexpr size_t kChunkBytes = size_t{4} << 20;
-// Small fields are gathered into a buffer this size, so a file of many small sections is not
-// one write() per field.
-constexpr size_t kStagingBytes = size_t{64} << 10;
-
-// ---- CRC-32C, slicing-by-8 ---------------------------------------------------------------
-
-struct CrcTables {
-  uint32_t t[8][256];
-};
-
-constexpr CrcTables MakeCrcTables() {
-  CrcTables tables{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-    tables.t[0][i] = c;
-  }
-  for (int k = 1; k < 8; ++k) {
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t prev = tables.t[k - 1][i];
-      tables.t[k][i] = (prev >> 8) ^ tables.t[0][prev & 0xff];
-    }
-  }
-  return tables;
-}
-
-// Computed at compile time: immutable, so no initialization order or thread-safety questions.
-constexpr CrcTables kCrc = MakeCrcTables();
 
 // ---- little-endian encoding --------------------------------------------------------------
 
@@ -80,12 +62,6 @@ void PutStr(std::string* out, absl::string_view s) {
   out->append(s.data(), s.size());
 }
 
-uint64_t GetLe(const unsigned char* p, int bytes) {
-  uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= uint64_t{p[i]} << (8 * i);
-  return v;
-}
-
 uint64_t DoubleBits(double d) {
   uint64_t bits;
   std::memcpy(&bits, &d, sizeof(bits));
@@ -96,189 +72,6 @@ double BitsDouble(uint64_t bits) {
   std::memcpy(&d, &bits, sizeof(d));
   return d;
 }
-
-// ---- errors --------------------------------------------------------------------------------
-
-absl::Status SysError(int err, const std::string& path, absl::string_view what) {
-  return absl::ErrnoToStatus(err, absl::StrCat("state file ", path, ": ", what));
-}
-absl::Status Corrupt(const std::string& path, absl::string_view what) {
-  return absl::DataLossError(absl::StrCat("state file ", path, " is corrupt: ", what));
-}
-absl::Status Truncated(const std::string& path, uint64_t at, absl::string_view where) {
-  return absl::DataLossError(
-      absl::StrCat("state file ", path, " is truncated at byte ", at, " (", where, ")"));
-}
-absl::Status BadInput(const std::string& path, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat("cannot write state file ", path, ": ", what));
-}
-
-// ---- file handles --------------------------------------------------------------------------
-
-// Owns a file descriptor; closes it on destruction unless Close() already did (and reported).
-class ScopedFd {
- public:
-  explicit ScopedFd(int fd) : fd_(fd) {}
-  ~ScopedFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  ScopedFd(const ScopedFd&) = delete;
-  ScopedFd& operator=(const ScopedFd&) = delete;
-
-  int get() const { return fd_; }
-  // Closing can report a deferred write error (NFS, quota), so the writer checks it.
-  absl::Status Close(const std::string& path) {
-    int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0) return SysError(errno, path, "close failed");
-    return absl::OkStatus();
-  }
-
- private:
-  int fd_;
-};
-
-// Removes a temporary file on destruction unless Keep() was called: every early return of the
-// writer cleans up after itself.
-class TempFileGuard {
- public:
-  explicit TempFileGuard(std::string path) : path_(std::move(path)) {}
-  ~TempFileGuard() {
-    if (!kept_) ::unlink(path_.c_str());
-  }
-  TempFileGuard(const TempFileGuard&) = delete;
-  TempFileGuard& operator=(const TempFileGuard&) = delete;
-  void Keep() { kept_ = true; }
-
- private:
-  std::string path_;
-  bool kept_ = false;
-};
-
-absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, std::min(n, kChunkBytes));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return SysError(errno, path, "write failed");
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return absl::OkStatus();
-}
-
-// Appends to the temporary file, checksumming everything after the magic. Small fields are
-// staged; payloads go from the caller's memory to the kernel in chunks, never copied here.
-class StreamWriter {
- public:
-  StreamWriter(int fd, const std::string& path) : fd_(fd), path_(path) {
-    staging_.reserve(kStagingBytes);
-  }
-
-  absl::Status Put(const void* data, size_t n) {
-    if (n <= kStagingBytes / 2) {
-      crc_ = internal::Crc32c(crc_, data, n);
-      return PutUnchecksummed(data, n);
-    }
-    // A payload: checksum each chunk just before the kernel copies it, while it is in cache.
-    RETURN_IF_ERROR(Flush());
-    const char* p = static_cast<const char*>(data);
-    for (size_t done = 0; done < n;) {
-      const size_t len = std::min(n - done, kChunkBytes);
-      crc_ = internal::Crc32c(crc_, p + done, len);
-      RETURN_IF_ERROR(WriteAll(fd_, p + done, len, path_));
-      done += len;
-      written_ += len;
-    }
-    return absl::OkStatus();
-  }
-  absl::Status Put(const std::string& s) { return Put(s.data(), s.size()); }
-
-  // Small fields only (n <= kStagingBytes / 2): the magic, the trailer, and Put's small case.
-  absl::Status PutUnchecksummed(const void* data, size_t n) {
-    BRAID_CHECK(n <= kStagingBytes / 2);
-    if (staging_.size() + n > kStagingBytes) RETURN_IF_ERROR(Flush());
-    staging_.append(static_cast<const char*>(data), n);
-    written_ += n;
-    return absl::OkStatus();
-  }
-
-  absl::Status Flush() {
-    RETURN_IF_ERROR(WriteAll(fd_, staging_.data(), staging_.size(), path_));
-    staging_.clear();
-    return absl::OkStatus();
-  }
-
-  uint32_t crc() const { return crc_; }
-  uint64_t written() const { return written_; }
-
- private:
-  int fd_;
-  const std::string& path_;
-  std::string staging_;
-  uint32_t crc_ = 0;
-  uint64_t written_ = 0;
-};
-
-// Reads the file front to back, checksumming everything after the magic. Every read is bounded
-// by `limit` (the file's real size, less the trailer while reading the body), so a corrupt
-// length can neither run past the end nor make us allocate more than the file holds.
-class StreamReader {
- public:
-  StreamReader(int fd, uint64_t size, const std::string& path)
-      : fd_(fd), size_(size), limit_(size), path_(path) {}
-
-  uint64_t offset() const { return offset_; }
-  uint64_t remaining() const { return limit_ - offset_; }
-  uint32_t crc() const { return crc_; }
-  void set_limit(uint64_t limit) { limit_ = limit; }
-
-  // `what` names the field for the error message.
-  absl::Status Read(void* dst, uint64_t n, absl::string_view what, bool checksummed = true) {
-    if (n > remaining()) {
-      if (limit_ == size_) {
-        return Truncated(path_, size_, absl::StrCat("reading ", what, ", ", n, " bytes at byte ",
-                                                    offset_));
-      }
-      return Corrupt(path_, absl::StrCat(what, " at byte ", offset_, " claims ", n,
-                                         " bytes, but only ", remaining(),
-                                         " remain before the checksum"));
-    }
-    char* p = static_cast<char*>(dst);
-    while (n > 0) {
-      size_t want = static_cast<size_t>(std::min<uint64_t>(n, kChunkBytes));
-      ssize_t r = ::read(fd_, p, want);
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        return SysError(errno, path_, absl::StrCat("read failed at byte ", offset_));
-      }
-      if (r == 0) {  // the file shrank while we read it
-        return Truncated(path_, offset_, absl::StrCat("file ended while reading ", what));
-      }
-      if (checksummed) crc_ = internal::Crc32c(crc_, p, static_cast<size_t>(r));
-      p += r;
-      n -= static_cast<uint64_t>(r);
-      offset_ += static_cast<uint64_t>(r);
-    }
-    return absl::OkStatus();
-  }
-
-  absl::StatusOr<uint64_t> ReadLe(int bytes, absl::string_view what, bool checksummed = true) {
-    unsigned char buf[8];
-    RETURN_IF_ERROR(Read(buf, static_cast<uint64_t>(bytes), what, checksummed));
-    return GetLe(buf, bytes);
-  }
-
- private:
-  int fd_;
-  uint64_t size_;
-  uint64_t limit_;
-  const std::string& path_;
-  uint64_t offset_ = 0;
-  uint32_t crc_ = 0;
-};
 
 // Parses the header body held in memory; every field read is bounded by the body's length.
 class HeaderCursor {
@@ -386,41 +179,6 @@ std::string EncodeHeaderBody(const StateHeader& h, size_t section_count) {
   return body;
 }
 
-std::string DirectoryOf(const std::string& path) {
-  size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-// Opens a fresh temporary file beside `path`. O_EXCL plus a name unique to this process,
-// thread and instant means two writers (even of the same path) never share a temporary.
-absl::StatusOr<std::pair<std::string, int>> CreateTemp(const std::string& path) {
-  for (int attempt = 0; attempt < 16; ++attempt) {
-    const auto nanos = std::chrono::steady_clock::now().time_since_epoch().count();
-    std::string tmp = absl::StrCat(path, ".tmp.", ::getpid(), ".",
-                                   static_cast<long>(::syscall(SYS_gettid)), ".", nanos);
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd >= 0) return std::make_pair(std::move(tmp), fd);
-    if (errno != EEXIST) {
-      return SysError(errno, path, absl::StrCat("cannot create temporary file ", tmp));
-    }
-  }
-  return absl::AlreadyExistsError(
-      absl::StrCat("state file ", path, ": could not find an unused temporary file name"));
-}
-
-// Makes the rename durable: without this a power loss can forget the new directory entry.
-absl::Status SyncDirectory(const std::string& dir, const std::string& path) {
-  ScopedFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0) return SysError(errno, path, absl::StrCat("cannot open directory ", dir));
-  // Some filesystems cannot fsync a directory (EINVAL); the rename is as durable as they allow.
-  if (::fsync(fd.get()) != 0 && errno != EINVAL) {
-    return SysError(errno, path, absl::StrCat("fsync of directory ", dir, " failed"));
-  }
-  return fd.Close(path);
-}
-
 absl::StatusOr<StateHeader> ParseHeaderBody(const std::string& body, uint64_t base,
                                             uint64_t max_sections, uint32_t* section_count,
                                             const std::string& path) {
@@ -499,31 +257,6 @@ absl::StatusOr<LoadedSection> ReadSection(StreamReader& in, uint32_t index,
 }
 
 }  // namespace
-
-namespace internal {
-
-uint32_t Crc32c(uint32_t crc, const void* data, size_t n) {
-  const unsigned char* p = static_cast<const unsigned char*>(data);
-  crc = ~crc;
-  while (n >= 8) {
-    uint64_t w;
-    std::memcpy(&w, p, 8);  // little-endian host (asserted above)
-    w ^= crc;
-    crc = kCrc.t[7][w & 0xff] ^ kCrc.t[6][(w >> 8) & 0xff] ^ kCrc.t[5][(w >> 16) & 0xff] ^
-          kCrc.t[4][(w >> 24) & 0xff] ^ kCrc.t[3][(w >> 32) & 0xff] ^
-          kCrc.t[2][(w >> 40) & 0xff] ^ kCrc.t[1][(w >> 48) & 0xff] ^ kCrc.t[0][w >> 56];
-    p += 8;
-    n -= 8;
-  }
-  while (n > 0) {
-    crc = kCrc.t[0][(crc ^ *p) & 0xff] ^ (crc >> 8);
-    ++p;
-    --n;
-  }
-  return ~crc;
-}
-
-}  // namespace internal
 
 // ---- LoadedState -----------------------------------------------------------------------------
 

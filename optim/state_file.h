@@ -37,11 +37,13 @@
 //                 (elements in host order, which is little-endian on every supported target)
 //   end-4   4     u32 CRC-32C (Castagnoli) of every byte from offset 8 up to here
 //
-// CRC-32C is computed in software (slicing-by-8) so the file needs no library and no CPU
-// feature; it catches every burst error up to 32 bits and random corruption with probability
-// 1 - 2^-32, which is what a torn or bit-rotted checkpoint needs. Every length read from a
-// file is bounded by the file's real size before anything is allocated, so a corrupt or
-// hostile file yields a DataLoss status naming the path, never a crash or a huge allocation.
+// CRC-32C (optim/crc32c.h) is computed in software (slicing-by-8) so the file needs no library
+// and no CPU feature; it catches every burst error up to 32 bits and random corruption with
+// probability 1 - 2^-32, which is what a torn or bit-rotted checkpoint needs. The bytes move
+// through optim/state_file_io.h (atomic write, bounded checksummed reads). Every length read
+// from a file is bounded by the file's real size before anything is allocated, so a corrupt
+// or hostile file yields a DataLoss status naming the path, never a crash or a huge
+// allocation.
 //
 // Error codes: NotFound (no such file, section or scalar), DataLoss (not a state file,
 // truncated, corrupt, checksum mismatch), FailedPrecondition (a format version this build does
@@ -62,6 +64,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "comm/dtype.h"
+#include "optim/crc32c.h"  // internal::Crc32c, the file's checksum (exposed for tests)
 
 namespace braid::optim {
 
@@ -147,12 +150,6 @@ absl::StatusOr<LoadedState> ReadStateFile(const std::string& path);
 // world size 4, this run has 2". Step and scalars are not compared: they are the state.
 absl::Status CheckCompatible(const StateHeader& file, const StateHeader& expected,
                              const std::string& path);
-
-namespace internal {
-// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78) of `n` bytes, continuing from `crc`
-// (start with 0). Exposed for tests: Crc32c(0, "123456789", 9) == 0xE3069283.
-uint32_t Crc32c(uint32_t crc, const void* data, size_t n);
-}  // namespace internal
 
 }  // namespace braid::optim
 
