@@ -72,6 +72,10 @@
 // then the same CSV. After the timed iterations every rank runs one more overlapped step and
 // checks its reduced gradients exactly (bench fails on any wrong element). Progress on stderr.
 // ZeroGrads is not called: every step's compute overwrites the gradients it then reduces.
+//
+// Files: this one drives the run (rank threads or processes, the start line, the interleaved
+// modes, the autotuner's trials, the exactness check); overlap_steps.h is one step of each
+// mode on one rank; overlap_report.h turns the recorded times into rows and prints them.
 #include <unistd.h>
 
 #include <algorithm>
@@ -94,7 +98,9 @@
 #include "bench/overlap_config.h"
 #include "bench/overlap_model.h"
 #include "bench/overlap_mpi.h"
+#include "bench/overlap_report.h"
 #include "bench/overlap_sharded.h"
+#include "bench/overlap_steps.h"
 #include "comm/backend.h"
 #include "comm/status_macros.h"
 #include "optim/sharded_optimizer.h"
@@ -144,35 +150,6 @@ class StartBarrier {
   bool aborted_ = false;
 };
 
-// One layer's backward as a rank runs it: the gradients its compute writes and the ids it
-// marks, in backward order.
-struct RankLayer {
-  std::vector<GradSpan> spans;
-  std::vector<sched::ParamId> ids;
-  size_t elems = 0;   // one full pass
-  size_t writes = 0;  // --compute=busy: the calibrated work (>= elems)
-};
-
-// One layer's backward compute.
-void Compute(const RankLayer& l, const Config& c, int rank) {
-  if (!c.sleep_compute) {
-    WriteGradients(l.spans, rank, l.writes);
-    return;
-  }
-  const auto end = std::chrono::steady_clock::now() + std::chrono::microseconds(c.layer_compute_us);
-  WriteGradients(l.spans, rank, l.elems);
-  std::this_thread::sleep_until(end);
-}
-
-using Clock = std::chrono::steady_clock;
-
-// One rank's step, as steady_clock times: the common start (leaving the barrier), the end of
-// its backward loop (compute, and the marks in overlapped mode), and the end of the step
-// (FinishBackward returned).
-struct StepTimes {
-  Clock::time_point start, backward_end, end;
-};
-
 // Results of one rank count, filled by the rank threads (each writes only its own slots).
 struct Shared {
   Shared(int ranks, int iters, int modes)
@@ -194,117 +171,6 @@ struct Shared {
     return true;
   }
 };
-
-// The two sharded optimizers of --optimizer (each with its own gatherer and gather group):
-// `after` steps when told (Step()), `overlapped` as reductions complete.
-struct RankOptimizers {
-  std::unique_ptr<Group> gather_after, gather_overlapped;
-  std::unique_ptr<sched::ParamGatherer> gatherer_after, gatherer_overlapped;
-  std::unique_ptr<optim::ShardedOptimizer> after, overlapped;
-};
-
-// An optimizer step mode: the backward with marks as layers finish, then (after_backward)
-// Step(), then the wait a framework does before its next forward. Fills `t` except t->start.
-absl::Status RunOptimizerStep(optim::ShardedOptimizer& opt, bool explicit_step, GradientReducer& r,
-                              const std::vector<RankLayer>& backward, const Config& c, int rank, StepTimes* t) {
-  RETURN_IF_ERROR(opt.BeginBackward(SyncMode::kSync));
-  for (const RankLayer& l : backward) {
-    Compute(l, c, rank);
-    for (sched::ParamId id : l.ids) RETURN_IF_ERROR(r.MarkReady(id));
-  }
-  t->backward_end = Clock::now();
-  RETURN_IF_ERROR(opt.FinishBackward());
-  if (explicit_step) RETURN_IF_ERROR(opt.Step());
-  RETURN_IF_ERROR(opt.WaitAllParams());
-  t->end = Clock::now();
-  return absl::OkStatus();
-}
-
-// One layer's forward compute in fully sharded mode: half a backward layer's.
-void ComputeForward(const RankLayer& l, const Config& c, int rank) {
-  if (!c.sleep_compute) {
-    WriteGradients(l.spans, rank, std::max(l.elems, l.writes / 2));
-    return;
-  }
-  std::this_thread::sleep_for(std::chrono::microseconds(c.layer_compute_us / 2));
-}
-
-// One fully sharded step (ZeRO-3); fills `t` except t->start.
-absl::Status RunShardedStep(StepMode mode, ShardedStack* stack, const std::vector<RankLayer>& backward,
-                            const Config& c, int rank, StepTimes* t) {
-  const int layers = static_cast<int>(backward.size());
-  // backward[] runs last layer first: layer l is backward[layers - 1 - l].
-  auto compute = [&](int l, bool forward) {
-    const RankLayer& rl = backward[layers - 1 - l];
-    if (forward) {
-      ComputeForward(rl, c, rank);
-    } else {
-      Compute(rl, c, rank);
-    }
-  };
-  if (mode == StepMode::kComputeOnly) {
-    for (int l = 0; l < layers; ++l) compute(l, true);
-    for (int l = layers - 1; l >= 0; --l) compute(l, false);
-    t->backward_end = t->end = Clock::now();
-    return absl::OkStatus();
-  }
-  const ShardedStep kind = mode == StepMode::kCommOnly            ? ShardedStep::kCommOnly
-                           : mode == StepMode::kSyncAfterBackward ? ShardedStep::kSyncAfterBackward
-                                                                  : ShardedStep::kOverlapped;
-  RETURN_IF_ERROR(stack->Step(kind, compute, &t->backward_end));
-  t->end = Clock::now();
-  return absl::OkStatus();
-}
-
-// One step; fills `t` except t->start.
-absl::Status RunStep(StepMode mode, GradientReducer& r, RankOptimizers* opts,
-                     const std::vector<RankLayer>& backward, const Config& c, int rank, StepTimes* t) {
-  if (mode == StepMode::kOptimAfterBackward) return RunOptimizerStep(*opts->after, true, r, backward, c, rank, t);
-  if (mode == StepMode::kOptimOverlapped) return RunOptimizerStep(*opts->overlapped, false, r, backward, c, rank, t);
-  if (mode == StepMode::kPriority) mode = StepMode::kOverlapped;  // the caller passed the scheduled reducer
-  if (mode == StepMode::kOverlapped) RETURN_IF_ERROR(r.BeginBackward(SyncMode::kSync));
-  for (const RankLayer& l : backward) {
-    if (mode != StepMode::kCommOnly) Compute(l, c, rank);
-    if (mode == StepMode::kOverlapped) {
-      for (sched::ParamId id : l.ids) RETURN_IF_ERROR(r.MarkReady(id));
-    }
-  }
-  t->backward_end = Clock::now();
-  if (mode == StepMode::kCommOnly || mode == StepMode::kSyncAfterBackward) {
-    RETURN_IF_ERROR(r.BeginBackward(SyncMode::kSync));
-    for (const RankLayer& l : backward) {
-      for (sched::ParamId id : l.ids) RETURN_IF_ERROR(r.MarkReady(id));
-    }
-  }
-  if (mode != StepMode::kComputeOnly) RETURN_IF_ERROR(r.FinishBackward());
-  t->end = Clock::now();
-  return absl::OkStatus();
-}
-
-// Wrong elements of this rank's reduced result: the whole bucket (all-reduce) or this rank's
-// shard of it (reduce-scatter, hybrid) must hold the average over all `world_size` ranks.
-int64_t CountWrong(const GradientReducer& r, ReduceMode mode, int shard_rank, int world_size) {
-  const sched::BucketPlan& plan = r.plan();
-  const float offset = static_cast<float>(world_size - 1) / 2;
-  int64_t wrong = 0;
-  for (size_t i = 0; i < plan.params().size(); ++i) {
-    const sched::ParamSpec& p = plan.params()[i];
-    const sched::ParamSlot& slot = plan.slot(static_cast<int>(i));
-    const sched::Bucket& bk = plan.buckets()[slot.bucket];
-    size_t lo = 0, hi = bk.padded_count;
-    if (mode != ReduceMode::kAllReduce) {
-      lo = static_cast<size_t>(shard_rank) * bk.shard_count;
-      hi = lo + bk.shard_count;
-    }
-    const float* g = static_cast<const float*>(r.GradView(p.id)->data);
-    for (size_t j = 0; j < p.count; ++j) {
-      const size_t pos = slot.offset + j;
-      if (pos < lo || pos >= hi) continue;
-      wrong += g[j] != GradValue(j, 0) + offset;
-    }
-  }
-  return wrong;
-}
 
 void Progress(int ranks, int iter, int total, bool tty) {
   if (tty) {
@@ -355,9 +221,6 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
   }
   GradientReducer* reducer = c.fully_sharded ? &stack->reducer() : owned.get();
   sched::OpScheduler* const prio_sched = c.aa ? nullptr : scheduler.get();
-  auto attach = [&](sched::OpScheduler* s) -> absl::Status {
-    return c.fully_sharded ? stack->SetScheduler(s) : reducer->SetScheduler(s);
-  };
   if (rank == 0) shared->buckets = static_cast<int>(reducer->plan().buckets().size());
   RankOptimizers opts;
   if (c.optimizer) {
@@ -542,20 +405,6 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
   return absl::OkStatus();
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t k = v.size();
-  return k % 2 == 1 ? v[k / 2] : (v[k / 2 - 1] + v[k / 2]) / 2;
-}
-
-struct Row {
-  int ranks = 0;
-  StepMode mode = StepMode::kComputeOnly;
-  double step_ms = 0, min_ms = 0, max_ms = 0, compute_ms = 0, comm_ms = 0, exposed = 0;
-  double backward_ms = 0;  // median of the slowest rank's backward loop
-  double tail_ms = 0;      // median of: last rank's step end - last rank's backward end
-};
-
 // Under --backend=mpi each process fills only its own rank's slots; this gives every process
 // every rank's step times and wrong counts.
 void GatherAcrossProcesses(ProcessSync& procs, Shared* shared) {
@@ -635,49 +484,9 @@ absl::Status MeasureRanks(int ranks, const Config& c, const OverlapModel& model,
     absl::StrAppend(note, "\n# ", ranks, " ranks, autotuner trials (rank 0; slowest rank's medians):\n#   ",
                     absl::StrReplaceAll(shared.tune_table, {{"\n", "\n#   "}}));
   }
-  // Per iteration the slowest rank's time; then statistics over iterations.
-  auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
-  std::vector<std::vector<double>> step(num_modes), backward(num_modes), tail(num_modes);
-  for (int m = 0; m < num_modes; ++m) {
-    for (int it = 0; it < c.iters; ++it) {
-      double s = 0, b = 0;
-      Clock::time_point last_backward_end = Clock::time_point::min(), last_end = last_backward_end;
-      for (const StepTimes& t : shared.times[m][it]) {
-        s = std::max(s, ms(t.end - t.start));
-        b = std::max(b, ms(t.backward_end - t.start));
-        last_backward_end = std::max(last_backward_end, t.backward_end);
-        last_end = std::max(last_end, t.end);
-      }
-      step[m].push_back(s);
-      backward[m].push_back(b);
-      tail[m].push_back(ms(last_end - last_backward_end));
-    }
-  }
-  const double compute_ms = Median(step[0]);
-  const double comm_ms = Median(step[1]);
-  for (int m = 0; m < num_modes; ++m) {
-    Row row;
-    row.ranks = ranks;
-    row.mode = modes[m];
-    row.step_ms = Median(step[m]);
-    row.min_ms = *std::min_element(step[m].begin(), step[m].end());
-    row.max_ms = *std::max_element(step[m].begin(), step[m].end());
-    row.compute_ms = compute_ms;
-    row.comm_ms = comm_ms;
-    row.exposed = (row.step_ms - compute_ms) / comm_ms;
-    row.backward_ms = Median(backward[m]);
-    row.tail_ms = Median(tail[m]);
-    rows->push_back(row);
-  }
+  const std::vector<Row> summary = SummarizeSteps(ranks, modes, shared.times);
+  rows->insert(rows->end(), summary.begin(), summary.end());
   return absl::OkStatus();
-}
-
-void PrintCsv(const std::vector<Row>& rows) {
-  std::printf("ranks,mode,step_ms,compute_ms,comm_ms,exposed_frac\n");
-  for (const Row& r : rows) {
-    std::printf("%d,%s,%.3f,%.3f,%.3f,%.4f\n", r.ranks, ModeName(r.mode), r.step_ms, r.compute_ms,
-                r.comm_ms, r.exposed);
-  }
 }
 
 absl::Status Main(int argc, char** argv) {
@@ -727,78 +536,16 @@ absl::Status Main(int argc, char** argv) {
   }
   if (procs != nullptr && procs->rank() != 0) return absl::OkStatus();  // rank 0 prints
 
-  if (c.csv) {
-    PrintCsv(rows);
-    return absl::OkStatus();
-  }
-  const double mib = model.elems() * 4.0 / (1 << 20);
-  std::printf("# Braid overlap: GPT-2-small shapes x %.3g (%d blocks): %zu params in %zu layers, %.1f MiB of f32 "
-              "gradients per rank\n",
-              c.scale, c.blocks, model.params.size(), model.layers.size(), mib);
-  if (mpi) {
-    std::printf("# backend mpi: one process per rank under mpirun, BRAID_MPI_ENGINE=%s\n", mpi_engine.c_str());
-  }
-  std::printf("# reduce mode %s, bucket caps %lld / %lld B (first), buckets per rank:",
-              c.fully_sharded ? "fully_sharded (reduce_scatter, ZeRO-3 units, prefetch 1)" : ReduceName(c.reduce),
-              static_cast<long long>(c.bucket_cap), static_cast<long long>(c.first_bucket_cap));
-  for (size_t i = 0; i < c.ranks.size(); ++i) std::printf(" %d (%d ranks)", buckets[i], c.ranks[i]);
-  if (c.sleep_compute) {
-    std::printf("\n# compute: sleep: one pass writing the layer's gradients, then sleep to %lld us per layer\n",
-                static_cast<long long>(c.layer_compute_us));
-  } else {
-    std::printf("\n# compute: busy: %lld us per layer on one idle core = %zu element writes (%.0f writes/us "
-                "calibrated)%s\n",
-                static_cast<long long>(c.layer_compute_us), writes[1], writes_per_us,
-                floored > 0 ? absl::StrCat("; ", floored, " layer(s) floored at one full pass").c_str() : "");
-  }
-  std::printf("# embeddings (ready last): %.1f MiB = %.0f%% of the gradient bytes\n",
-              model.layers[0].elems * 4.0 / (1 << 20), 100.0 * model.layers[0].elems / model.elems());
-  std::printf("# step = slowest rank, median of %d iterations after %d warm-up, modes interleaved; "
-              "results checked exactly: 0 wrong\n#\n",
-              c.iters, c.warmup);
-  std::printf("# backward_ms: the slowest rank's backward loop (compute, plus the marks when overlapped);\n"
-              "# tail_ms: from the last rank's end of backward to the last rank's end of step (the\n"
-              "# reduction left after the last mark, plus the marks and launches in sync_after_backward)\n#\n");
-  std::printf("# %5s  %-20s %9s %9s %9s %11s %9s %13s %12s %9s\n", "ranks", "mode", "step_ms", "min_ms",
-              "max_ms", "compute_ms", "comm_ms", "exposed_frac", "backward_ms", "tail_ms");
-  for (const Row& r : rows) {
-    std::printf("  %5d  %-20s %9.2f %9.2f %9.2f %11.2f %9.2f %13.3f %12.2f %9.2f\n", r.ranks,
-                ModeName(r.mode), r.step_ms, r.min_ms, r.max_ms, r.compute_ms, r.comm_ms, r.exposed,
-                r.backward_ms, r.tail_ms);
-  }
-  std::printf("#\n");
-  const size_t per_count = c.Modes().size();
-  for (size_t i = 0; i + per_count <= rows.size(); i += per_count) {
-    const Row& sync = rows[i + 2];
-    const Row& ovl = rows[i + 3];
-    std::printf("# %d ranks: overlapped %.2f ms vs sync_after_backward %.2f ms (%.2fx), hides %.0f%% of "
-                "comm_only; exposed %.2f ms: backward %+.2f ms slower than compute_only, %.2f ms tail\n",
-                ovl.ranks, ovl.step_ms, sync.step_ms, sync.step_ms / ovl.step_ms,
-                100.0 * (1.0 - ovl.exposed), ovl.step_ms - ovl.compute_ms,
-                ovl.backward_ms - ovl.compute_ms, ovl.tail_ms);
-    const Row& prio = rows[i + per_count - (c.autotune ? 2 : 1)];
-    std::printf("# %d ranks: priority (credit %lld B%s%s) %.2f ms vs overlapped %.2f ms (%.2fx); exposed_frac %.3f vs "
-                "%.3f\n",
-                prio.ranks, static_cast<long long>(c.credit), !c.priorities ? ", partitions only" : c.hold_waited ? ", priorities (hold while waited)" : ", priorities",
-                c.aa ? "; --aa: NO scheduler, an A/A check" : "",
-                prio.step_ms, ovl.step_ms, ovl.step_ms / prio.step_ms, prio.exposed, ovl.exposed);
-    if (c.autotune) {
-      const Row& tuned = rows[i + per_count - 1];
-      const Row& prio2 = rows[i + per_count - 2];
-      std::printf("# %d ranks: autotuned %.2f ms vs overlapped (the default) %.2f ms (%.2fx), priority %.2f ms\n",
-                  tuned.ranks, tuned.step_ms, ovl.step_ms, ovl.step_ms / tuned.step_ms, prio2.step_ms);
-    }
-    if (!c.optimizer) continue;
-    const Row& after = rows[i + 4];
-    const Row& stepped = rows[i + 5];
-    std::printf("# %d ranks, AdamW: optim_overlapped %.2f ms vs optim_after_backward %.2f ms (%.2fx); exposed "
-                "optimizer time (step - overlapped reduction alone) %.2f ms vs %.2f ms\n",
-                stepped.ranks, stepped.step_ms, after.step_ms, after.step_ms / stepped.step_ms,
-                stepped.step_ms - ovl.step_ms, after.step_ms - ovl.step_ms);
-  }
-  for (const std::string& note : notes) std::printf("%s\n", note.c_str());
-  std::printf("#\n");
-  PrintCsv(rows);
+  RunReport report;
+  report.rows = std::move(rows);
+  report.buckets = std::move(buckets);
+  report.notes = std::move(notes);
+  report.mpi = mpi;
+  report.mpi_engine = mpi_engine;
+  report.writes = std::move(writes);
+  report.writes_per_us = writes_per_us;
+  report.floored = floored;
+  PrintReport(c, model, report);
   return absl::OkStatus();
 }
 
