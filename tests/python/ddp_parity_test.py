@@ -4,11 +4,13 @@ order, via braid_reducer_rebuild_buckets), autotune (bucket caps tuned over the 
 braid_reducer_autotune: results unchanged, views rebound, settled) and main_grad (Megatron's
 f32 gradient accumulation for bf16 models), against serial torch references."""
 
+import types
 import unittest
 import warnings
 
 import torch
 
+import braid
 from braid import pytorch as bt
 from binding_test import _INIT_LOCK, run_ranks
 
@@ -252,6 +254,47 @@ class MainGradTest(unittest.TestCase):
             model.close()
 
         run_ranks(N, body)
+
+
+class DevicePlacementTest(unittest.TestCase):
+    """Where the wrappers take parameters from (CUDA itself runs on a GPU machine only:
+    tests/gpu/torch_cuda_check.py). Debian's torch is CPU-only, so "meta" tensors stand in for
+    parameters that are not in host memory."""
+
+    def test_off_host_parameters_are_refused_naming_one(self):
+        world = braid.World("local", local_ranks=1, read_env=False)
+        try:
+            g = world.group(0)
+            meta = torch.nn.Linear(4, 4, device="meta")
+            with self.assertRaisesRegex(ValueError, r"parameter 'weight' is on meta"):
+                bt.DistributedDataParallel(meta, g)
+            mixed = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4, device="meta"))
+            with self.assertRaisesRegex(ValueError, r"'1.weight' is on meta"):
+                bt.DistributedDataParallel(mixed, g)
+            with self.assertRaisesRegex(ValueError, r"FullyShardedDataParallel: 'weight' is on "
+                                                    r"meta.*CPU modules only"):
+                bt.FullyShardedDataParallel(meta, g)
+            with self.assertRaisesRegex(ValueError, r"send: a meta tensor; this object takes "
+                                                    r"CPU memory"):
+                g.allreduce(torch.empty(4, device="meta"))
+        finally:
+            world.close()
+
+    def test_device_of_names_parameters_on_two_devices(self):
+        from braid._views import _device_of
+        cpu = torch.zeros(1)
+        self.assertIsNone(_device_of([("a", cpu), ("b", cpu)], "X"))
+        self.assertIsNone(_device_of([], "X"))
+        with self.assertRaisesRegex(ValueError, r"X: parameter 'b' is on meta"):
+            _device_of([("a", cpu), ("b", torch.empty(1, device="meta"))], "X")
+        # Objects with a CUDA .device stand in for CUDA tensors (only .device is read).
+        gpu0, gpu1 = (types.SimpleNamespace(device=torch.device("cuda", i)) for i in (0, 1))
+        self.assertEqual(_device_of([("a", gpu1), ("b", gpu1)], "X"), 1)
+        with self.assertRaisesRegex(ValueError, r"X: parameters on several devices \('a' on "
+                                                r"cpu, 'b' on cuda:0\)"):
+            _device_of([("a", cpu), ("b", gpu0), ("c", cpu)], "X")
+        with self.assertRaisesRegex(ValueError, r"several devices \('a' on cuda:0, 'b' on cuda:1"):
+            _device_of([("a", gpu0), ("b", gpu1)], "X")
 
 
 if __name__ == "__main__":

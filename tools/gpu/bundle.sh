@@ -8,7 +8,9 @@
 #   tools/gpu/bundle.sh          # here: builds, then fills .gpu_bundle/ (~20-40 MB)
 #   then, with the device tool:  run(command="tools/gpu/run.sh", carry=[".gpu_bundle"])
 #
-# What it packs: every test tagged "gpu", //tests/gpu:cuda_smoke_test, and the GPU benches.
+# What it packs: every test tagged "gpu", //tests/gpu:cuda_smoke_test, the GPU benches, and
+# the PyTorch check (tests/gpu/torch_cuda_check.py with libbraid.so and the braid package in
+# python/; it runs on the GPU machine's own CUDA build of torch).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -23,7 +25,7 @@ if ((${#tests[@]} == 0)); then
 fi
 targets=("${tests[@]}" //tests/gpu:cuda_smoke_test //bench:collective_latency
          //bench:adamw_cuda_bench //bench:bucket_kernels_cuda_bench)
-tools/bazelw build "$@" "${targets[@]}"
+tools/bazelw build "$@" "${targets[@]}" //capi:libbraid.so
 
 rm -rf "$bundle"
 mkdir -p "$bundle/bin" "$bundle/lib"
@@ -39,6 +41,16 @@ for t in "${targets[@]}"; do
     [[ -n "$path" && -f "$path" && ! -e "$bundle/lib/$lib" ]] && cp -L "$path" "$bundle/lib/$lib"
   done < <(ldd "$exe" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}')
 done
+# The PyTorch check: the package next to libbraid.so (braid/_lib.py looks there first).
+mkdir -p "$bundle/python"
+cp -r capi/python/braid "$bundle/python/braid"
+rm -rf "$bundle/python/braid/__pycache__"
+cp -L bazel-bin/capi/libbraid.so "$bundle/python/braid/libbraid.so"
+cp tests/gpu/torch_cuda_check.py "$bundle/python/torch_cuda_check.py"
+while read -r lib path; do
+  [[ "$lib" =~ $skip ]] && continue
+  [[ -n "$path" && -f "$path" && ! -e "$bundle/lib/$lib" ]] && cp -L "$path" "$bundle/lib/$lib"
+done < <(ldd bazel-bin/capi/libbraid.so | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}')
 chmod -R u+w "$bundle"
 {
   echo "built from $(git rev-parse HEAD)$(git diff --quiet || echo ' + local changes') on $(date -u +%FT%TZ)"

@@ -51,7 +51,7 @@ check() {
   ((rc != 0 && rc != 124 && rc != 137)) && verdict="FAIL(rc=$rc)"
   # GoogleTest's tallies, and a bench's "skipped" line, so a run that skipped is not a pass.
   local tally
-  tally="$(grep -hoE '^\[ +(PASSED|SKIPPED|FAILED) +\] [0-9]+ tests?|no CUDA device: skipped|skipped, no GPU' "$tmp" | tr '\n' ' ')"
+  tally="$(grep -hoE '^\[ +(PASSED|SKIPPED|FAILED) +\] [0-9]+ tests?|no CUDA device: skipped|skipped, no GPU|^[a-z_0-9]+ +(PASS|FAIL)' "$tmp" | tr -s ' ' | tr '\n' ' ')"
   { echo "=== $name: $*"; cat "$tmp"; echo "=== $name: $verdict in $((SECONDS - t0)) s"; } >> "$log"
   rm -f "$tmp"
   printf '%-44s %-14s %4ss  %s\n' "$name" "$verdict" "$((SECONDS - t0))" "$tally" >> "$summary"
@@ -71,6 +71,15 @@ check "collective_latency nccl f32 premul inplace" 100 "$out/benches.log" "$b/be
 check "collective_latency nccl nonblocking"      100 "$out/benches.log" env BRAID_NCCL_BLOCKING=0 "$b/bench__collective_latency" --backend=nccl --maxbytes=64M
 check "adamw_cuda_bench"                          120 "$out/benches.log" "$b/bench__adamw_cuda_bench" $n
 check "bucket_kernels_cuda_bench"                 120 "$out/benches.log" "$b/bench__bucket_kernels_cuda_bench" $n
+# braid.pytorch on CUDA modules vs torch on the same GPU(s), with the machine's CUDA torch
+# (the first python3 on the path that imports torch and numpy).
+py=python3
+for c in python3 /usr/bin/python3 /usr/local/bin/python3; do
+  # numpy too: torch parses the __cuda_array_interface__ of Braid's device views with it
+  if command -v "$c" > /dev/null && "$c" -c "import torch, numpy" 2> /dev/null; then py="$c"; break; fi
+done
+check "torch_cuda_check (braid.pytorch)"        240 "$out/tests.log" \
+  env PYTHONPATH="$bundle/python" "$py" "$bundle/python/torch_cuda_check.py"
 cat "$summary"
 # The device tool's rc says whether everything passed (the summary says what did not).
 ((failures == 0)) || { echo "run.sh: $failures check(s) did not pass" >&2; exit 1; }

@@ -8,9 +8,10 @@ MPI_Finalize, even in a script that forgets to close.
 
 Buffers: anything exposing its memory — a torch.Tensor (contiguous, CPU), a numpy array, a
 bytearray/memoryview, a ctypes array — is accepted where braid.h takes a pointer; the object is
-kept referenced by the Work until the collective completes. Device memory (a World("nccl")) is
-given as a raw (address, element count, dtype) tuple, e.g. from Reducer.grad() or your own
-allocator; the binding does not take CUDA tensors (braid.pytorch is host-memory only).
+kept referenced by the Work until the collective completes. Device memory: on a World("nccl")
+the collectives take contiguous CUDA tensors, and a device Reducer (device=...) takes them for
+mark_ready_grad; a raw (address, element count, dtype) tuple works everywhere (e.g. from
+Reducer.grad() or your own allocator). braid.pytorch wires CUDA modules (see its docstring).
 """
 
 import atexit
@@ -49,19 +50,23 @@ def dtype_size(dtype):
     return _lib.load().braid_dtype_size(dtype_code(dtype))
 
 
-def buffer_info(buf, what="buffer"):
+def buffer_info(buf, what="buffer", device=False):
     """(address, element count, braid dtype) of a tensor or array, or of a raw (address,
     count, dtype) tuple (device memory); (address, bytes, None) of a plain writable buffer.
-    Raises ValueError naming `what` for an unusable one."""
+    device=True: CUDA tensors are taken too (their device address; for nccl worlds and device
+    reducers, whose streams read device memory). Raises ValueError naming `what` for an
+    unusable one."""
     if isinstance(buf, tuple):
         if len(buf) != 3 or not isinstance(buf[0], int) or not isinstance(buf[1], int):
             raise ValueError("%s: a raw buffer is an (address, element count, dtype) tuple" %
                              what)
         return buf[0], buf[1], dtype_code(buf[2])
     if hasattr(buf, "data_ptr") and hasattr(buf, "is_contiguous"):  # torch.Tensor
-        if buf.device.type != "cpu":
-            raise ValueError("%s: a %s tensor; the Python binding passes CPU memory only" %
-                             (what, buf.device.type))
+        if buf.device.type != "cpu" and not (device and buf.device.type == "cuda"):
+            raise ValueError("%s: a %s tensor; %s" % (
+                what, buf.device.type, "give a CUDA tensor" if device else
+                "this object takes CPU memory (CUDA tensors need an nccl world and, for a "
+                "reducer, device=...)"))
         if not buf.is_contiguous():
             raise ValueError("%s: tensor is not contiguous" % what)
         return buf.data_ptr(), buf.numel(), dtype_code(buf.dtype)
@@ -324,9 +329,20 @@ class Group(_Handle):
         _lib.call(fn, self.handle, *args, ctypes.byref(opts), ctypes.byref(out))
         return Work(out.value, self, bufs)
 
+    @property
+    def device_memory(self):
+        """True on an nccl world: collectives take CUDA tensors (device memory)."""
+        if self._device_memory is None:
+            self._device_memory = self._world.backend == "nccl"
+        return self._device_memory
+
+    _device_memory = None
+
     def _typed(self, send, recv):
-        s_ptr, s_n, s_dt = buffer_info(send, "send")
-        r_ptr, r_n, r_dt = buffer_info(recv, "recv") if recv is not None else (s_ptr, s_n, s_dt)
+        dev = self.device_memory
+        s_ptr, s_n, s_dt = buffer_info(send, "send", dev)
+        r_ptr, r_n, r_dt = (buffer_info(recv, "recv", dev) if recv is not None
+                            else (s_ptr, s_n, s_dt))
         if s_dt is None or r_dt is None or s_dt != r_dt:
             raise ValueError("send and recv must be typed (tensor or array) of one dtype")
         return s_ptr, s_n, r_ptr, r_n, s_dt
@@ -454,6 +470,7 @@ class Reducer(_Handle):
         _lib.call("braid_reducer_create", shard.handle, replica.handle if replica else None,
                   array, len(params), ctypes.byref(opts), ctypes.byref(out))
         self.shard_group, self.replica_group = shard, replica
+        self.device = device  # None (host memory) or the CUDA device index
         super().__init__(out.value, shard._world)
 
     def grad(self, pid):
@@ -480,7 +497,8 @@ class Reducer(_Handle):
         parameter's registered count and dtype, a writable buffer of its size in bytes, or a
         raw (address, count, dtype) tuple, e.g. device memory) is copied into the bucket (added
         within a no_sync window), so it may be freed once this returns."""
-        ptr, n, dt = buffer_info(grad, "gradient of parameter %r" % (pid,))
+        ptr, n, dt = buffer_info(grad, "gradient of parameter %r" % (pid,),
+                                 device=self.device is not None)
         count, dtype = self.spec(pid)
         if dt is not None and dt != dtype:
             raise ValueError("parameter %r: gradient of dtype code %d, registered %d" %

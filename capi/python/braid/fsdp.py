@@ -141,6 +141,14 @@ class FullyShardedDataParallel(torch.nn.Module):
                              "DistributedDataParallel for all-reduce)" % (mode,))
         self.module = module
         self._groups = [g for g in (group, replica_group) if g is not None]
+        on_gpu = [(n, t) for n, t in list(module.named_parameters()) + list(module.named_buffers())
+                  if t.device.type != "cpu"]
+        if on_gpu:
+            raise ValueError(
+                "FullyShardedDataParallel: %r is on %s; the fully sharded wrapper takes CPU "
+                "modules only so far (its unit gathers have no device stream wiring yet); use "
+                "DistributedDataParallel (all-reduce or reduce_scatter + ShardedAdamW) for CUDA "
+                "modules" % (on_gpu[0][0], on_gpu[0][1].device))
         if broadcast_from_rank0:
             _broadcast_module(self.module, self._groups)
         unit_modules = self._choose_units(module, units, auto_wrap_policy)

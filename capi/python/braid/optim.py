@@ -168,11 +168,12 @@ class _ShardedOptimizer(torch.optim.Optimizer):
                                         param_groups=group_of, **options)
         params = ddp._params
         for pid, p in enumerate(params):
-            self.optimizer.set_param(pid, p.data.contiguous())
+            # Host values, also for a device optimizer (braid_optimizer_set_param copies them in).
+            self.optimizer.set_param(pid, p.data.detach().cpu().contiguous())
         self.optimizer.wait_all_params()
         for pid, p in enumerate(params):
             address, count = self.optimizer.param(pid)
-            p.data = _view(self.optimizer, address, count, p.dtype, p.shape)
+            p.data = _view(self.optimizer, address, count, p.dtype, p.shape, ddp._device)
         self.optimizer.before_close.append(_weak_call(self._detach_params))
         self._hooks = []
         reducer = ddp.reducer

@@ -23,11 +23,39 @@ fully sharded data parallel (FullyShardedDataParallel, ZeRO-3 / FSDP).
     with model.summon_full_params():                 # collective: full values, e.g. to export
         torch.save(net.state_dict(), "model.pt")
 
-Host memory only: the modules' parameters and gradients must be CPU tensors, on a host
-backend (local, mpi). A World("nccl") with Reducer(device=...) is usable from braid.core with
-raw device addresses, but these wrappers do not take CUDA tensors.
+CPU modules run on host backends (local, mpi, gloo). CUDA modules (DistributedDataParallel
+and ShardedAdamW / ShardedSGD; FullyShardedDataParallel is CPU-only so far) need a
+World("nccl"), one rank per process and GPU, every parameter on that GPU:
 
-How it is wired (torch 1.13, CPU):
+    torch.cuda.set_device(local_rank)               # the GPU of this process
+    world = braid.World("nccl", cuda_device=local_rank)  # torchrun / srun / mpirun bootstrap
+    model = DistributedDataParallel(Net().cuda(), world.group())
+(the world's cuda_device and the parameters' GPU must be the same one: Braid does not check it.)
+
+How CUDA is wired (docs/gpu-results.md says what of it has run on a GPU):
+  - the reducer is a device reducer (braid_reducer_options_t.device = the parameters' GPU): the
+    buckets are device memory and p.grad is a CUDA tensor over them (__cuda_array_interface__,
+    no copy); every bucket operation runs on Braid's comm streams;
+  - readiness: each AccumulateGrad hook records a torch.cuda.Event (one per parameter, reused)
+    on the current stream, which autograd has set to the gradient producer's stream, and hands
+    its cudaEvent_t to mark_ready; Braid's comm stream waits on it before reading the bucket,
+    so the hook never waits on the host;
+  - completion: the end of backward (the autograd final callback) returns once every bucket's
+    reduction completed on the device (Braid observes its completion events), so the
+    framework's streams read the reduced gradients with no further wait. That is one host wait
+    per backward, at its end, where torch DDP only orders its stream after NCCL's (Braid issues
+    each bucket's post-collective work after observing the collective's completion, so a
+    stream-only finish would not save the wait);
+  - zero_grad() zeroes the views with torch on the current stream (no host wait);
+    broadcast_buffers waits for the buffers' flat copy through an event; construction
+    synchronizes the device once before broadcasting the parameters;
+  - ShardedAdamW / ShardedSGD step on the device (Braid's fused CUDA kernels): p.data becomes a
+    CUDA view over Braid's gathered parameters, the forward pre-hook's wait for a bucket's
+    parameters is a host wait for its step and all-gather;
+  - a CUDA module on a host backend (or a CPU one on nccl), parameters on several devices,
+    and FullyShardedDataParallel with CUDA tensors are errors naming a parameter.
+
+How it is wired (the host path, torch 1.13 on CPU):
   - every trainable parameter is registered with the reducer (id = its index in
     module.parameters()); `param.grad` is a tensor over the reducer's bucket storage
     (torch.frombuffer), so autograd accumulates straight into the buckets: no copies;
@@ -166,7 +194,8 @@ import warnings
 import torch
 
 from . import core
-from ._views import _broadcast_buffers, _broadcast_module, _sync_scope, _view, _weak_call
+from ._views import (_broadcast_buffers, _broadcast_module, _device_of, _ready_event,
+                     _sync_scope, _view, _weak_call)
 from .fsdp import FullyShardedDataParallel, FullyShardedParameter, _tensors  # noqa: F401
 from .optim import ShardedAdamW, ShardedSGD  # noqa: F401 (re-exported)
 
@@ -205,11 +234,24 @@ class DistributedDataParallel(torch.nn.Module):
         super().__init__()
         self.module = module
         self._groups = [g for g in (group, replica_group) if g is not None]
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self._device = _device_of(named, "DistributedDataParallel")
+        if self._device is not None and not group.device_memory:
+            raise ValueError(
+                "DistributedDataParallel: parameter %r is on cuda:%d but group %r is on a %r "
+                "world, whose collectives read host memory; CUDA modules need World('nccl') "
+                "(one rank per process and GPU)" % (named[0][0], self._device, group.name,
+                                                    group._world.backend))
+        if self._device is None and named and group.device_memory:
+            raise ValueError(
+                "DistributedDataParallel: parameter %r is a CPU tensor but group %r is on an "
+                "nccl world, whose collectives read device memory; move the module to its GPU "
+                "(module.cuda()) or use a host backend" % (named[0][0], group.name))
+        self._events = {}  # parameter id -> its torch.cuda.Event (CUDA modules)
         if broadcast_from_rank0:
             _broadcast_module(self.module, self._groups)
         self.broadcast_buffers = broadcast_buffers
         self._sync_buffers_next = False  # construction just broadcast them (or was told not to)
-        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self._params = [p for _, p in named]
         self._main_grad = bool(main_grad)
         # main_grad: half parameters get f32 buckets, filled by their AccumulateGrad hooks.
@@ -220,7 +262,8 @@ class DistributedDataParallel(torch.nn.Module):
                     for i, ((n, p), w) in enumerate(zip(named, self._widened))],
             replica=replica_group, mode=mode, bucket_cap_mb=bucket_cap_mb,
             first_bucket_cap_mb=first_bucket_cap_mb, allow_unused=find_unused_parameters,
-            reduce_dtype=reduce_dtype, timeout_ms=timeout_ms, timeline_prefix=timeline_prefix)
+            reduce_dtype=reduce_dtype, timeout_ms=timeout_ms, timeline_prefix=timeline_prefix,
+            device=self._device)
         self._mode = mode
         self._grads = self._bucket_views()
         self.reducer.zero_grads()
@@ -260,7 +303,7 @@ class DistributedDataParallel(torch.nn.Module):
         for pid, (p, widened) in enumerate(zip(self._params, self._widened)):
             address, count = self.reducer.grad(pid)
             dtype = torch.float32 if widened else p.dtype
-            views.append(_view(self.reducer, address, count, dtype, p.shape))
+            views.append(_view(self.reducer, address, count, dtype, p.shape, self._device))
         return views
 
     def _rebuild_if_due(self):
@@ -270,6 +313,7 @@ class DistributedDataParallel(torch.nn.Module):
         if not self._rebuild_due:
             return
         self._rebuild = self._rebuild_due = False
+        self._sync_stream()
         if self.reducer.rebuild_buckets():
             self._refresh_views()
 
@@ -283,11 +327,19 @@ class DistributedDataParallel(torch.nn.Module):
         last, self._step_start, self._stepped = self._step_start, now, False
         if last is None:
             return
+        self._sync_stream()
         replanned, done = self.reducer.autotune(now - last)
         if replanned:
             self._refresh_views()
         if done:
             self._autotune = False
+
+    def _sync_stream(self):
+        """CUDA: before a re-plan (rebuild, autotune), whose bucket copies run on Braid's comm
+        stream, the writes torch still has queued on the current stream (zero_grad, clipping)
+        must have landed: one stream synchronize, at a re-plan only (never on the hot path)."""
+        if self._device is not None:
+            torch.cuda.current_stream(self._device).synchronize()
 
     def _refresh_views(self):
         """After a re-plan: new views over the new buckets; p.grad (and main_grad) of every
@@ -325,7 +377,7 @@ class DistributedDataParallel(torch.nn.Module):
             self._abandon_backward("the previous backward did not finish (an exception in "
                                    "backward or in a hook)")
         if self.broadcast_buffers and self._sync_buffers_next:
-            _broadcast_buffers(self.module, self._groups)
+            _broadcast_buffers(self.module, self._groups, self._device)
         synced = torch.is_grad_enabled() and self._sync == "sync"
         if torch.is_grad_enabled():
             self._armed = self._sync
@@ -369,8 +421,25 @@ class DistributedDataParallel(torch.nn.Module):
         now, so the buckets after them launch as soon as their own gradients are in, not at
         the end of the backward."""
         for pid in self._unused:
-            self.reducer.mark_ready(pid)
+            self._mark(pid)
             self._early.add(pid)
+
+    def _mark(self, pid):
+        """Marks parameter `pid` ready; CUDA: with an event recorded on the current stream
+        after its gradient's last write, which Braid's comm stream waits on (no host wait)."""
+        event = None if self._device is None else _ready_event(self._events, pid, self._device)
+        self.reducer.mark_ready(pid, event)
+
+    def _zero_views(self):
+        """Zeroes every gradient view. Host: Braid's zero_grads. CUDA: torch zeroes the views
+        on the current stream, ordered before the next backward's writes and after the reads
+        queued before it, with no host wait (Braid's work on them completed in
+        finish_backward; Braid's own zero_grads would run on its comm stream and make the host
+        wait)."""
+        if self._device is None:
+            self.reducer.zero_grads()
+        elif self._grads:
+            torch._foreach_zero_(self._grads)
 
     def _owner(self):
         return self._stepper if self._stepper is not None else self.reducer
@@ -392,7 +461,7 @@ class DistributedDataParallel(torch.nn.Module):
             for view in self._grads:
                 view.zero_()
         else:
-            self.reducer.zero_grads()
+            self._zero_views()
         raise RuntimeError("%s; Braid ended it and zeroed the gradients%s" % (why, detail))
 
     def no_sync(self, mode="no_sync"):
@@ -408,7 +477,7 @@ class DistributedDataParallel(torch.nn.Module):
         if self._stepper is not None:
             self._stepper.wait_all_params()
         else:
-            self.reducer.zero_grads()
+            self._zero_views()
 
     def _rebind_grads(self):
         for p, widened in zip(self._params, self._widened):
@@ -453,7 +522,7 @@ class DistributedDataParallel(torch.nn.Module):
             elif p.grad is None or p.grad.data_ptr() != view.data_ptr():
                 raise RuntimeError("parameter %d: its .grad was replaced during backward; "
                                    "Braid reduces the bucket view bound at forward" % pid)
-            self.reducer.mark_ready(pid)
+            self._mark(pid)
             if self._armed == "no_sync":
                 self._accumulated.add(pid)
         except Exception as e:
