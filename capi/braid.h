@@ -62,7 +62,7 @@ extern "C" {
 #endif
 
 #define BRAID_VERSION_MAJOR 0
-#define BRAID_VERSION_MINOR 8
+#define BRAID_VERSION_MINOR 9
 #define BRAID_VERSION_PATCH 0
 /* Bumped whenever a struct layout, enum value or signature changes incompatibly. */
 #define BRAID_ABI_VERSION 1
@@ -365,7 +365,7 @@ typedef struct braid_param {
 #define BRAID_DEVICE_HOST (-1)         /* braid_reducer_options_t.device default */
 
 /* Versions (struct_size): 0.5 ends after timeline_prefix (56 bytes on LP64); 0.6 adds
- * device; 0.7 adds param_units and shard_gradients. */
+ * device; 0.7 adds param_units and shard_gradients; 0.9 adds credit_bytes and priorities. */
 typedef struct braid_reducer_options {
   size_t struct_size;
   braid_reduce_mode_t mode;        /* default BRAID_MODE_ALLREDUCE */
@@ -404,6 +404,23 @@ typedef struct braid_reducer_options {
    * (that is no_sync's memory cost, as in FSDP); BRAID_REDUCE_SCATTER_ONLY accumulates into the
    * kept shard. braid_reducer_grad then fails (FAILED_PRECONDITION). 0 (default): off. */
   int shard_gradients;
+  /* ---- 0.9: communication scheduling (ByteScheduler's credit and priorities;
+   * scheduler/op_scheduler.h). Either one set gives the reducer a launch scheduler of its own:
+   * created with it (collective: every rank must pass the same two values, else
+   * FAILED_PRECONDITION naming them), shared with an optimizer built on the reducer. Results
+   * are bit-identical to an unscheduled reducer on local and on mpi at 2 ranks; device
+   * (nccl) groups launch every reduction whole and unheld (not implemented there yet). */
+  /* > 0: a bucket reduction larger than credit_bytes runs as partitions of at most
+   * credit_bytes each, and at most credit_bytes of reduction partitions are in flight per
+   * group, so an urgent operation waits for at most one partition. 0 (default): whole buckets,
+   * as before. Each partition is a collective of its own: worth it only for buckets several
+   * times the credit (bench/overlap: 1 MiB credits on 6 MiB buckets). */
+  size_t credit_bytes;
+  /* 1: the parameter all-gathers of an optimizer built on this reducer (what the next forward,
+   * or a fully sharded unit, waits for) go first: while one is in flight, reduction partitions
+   * not yet issued wait (at most 100 ms each). Only when, never which: every group still
+   * issues its collectives in the same order on every rank. 0 (default): off. */
+  int priorities;
 } braid_reducer_options_t;
 
 BRAID_API void braid_reducer_options_init(braid_reducer_options_t* opts);

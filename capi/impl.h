@@ -19,6 +19,7 @@
 #include "scheduler/buffer_pool.h"
 #include "scheduler/gradient_reducer.h"
 #include "scheduler/memory_stats.h"
+#include "scheduler/op_scheduler.h"
 #include "scheduler/param_gatherer.h"
 #include "scheduler/timeline.h"
 #include "scheduler/unit_scheduler.h"
@@ -61,6 +62,9 @@ struct ReducerImpl {
   // shard_gradients on the host: the pool its gradient storage shares with a fully sharded
   // optimizer's gathered parameters (scheduler/buffer_pool.h).
   std::shared_ptr<sched::BufferPool> pool;
+  // credit_bytes / priorities (0.9): the launch scheduler of the reducer and of an optimizer's
+  // gatherer built on it; declared before the reducer, so it outlives both.
+  std::unique_ptr<sched::OpScheduler> scheduler;
   std::unique_ptr<sched::GradientReducer> reducer;
   // braid_reducer_autotune: created by its first call (the reducer's caps are the default);
   // first_cap is the reducer's first-bucket cap then (candidates keep it, at most their cap).

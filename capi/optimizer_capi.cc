@@ -86,6 +86,7 @@ absl::Status Build(OptimizerImpl& impl, const braid_optimizer_options_t& o,
   gc.timeline = impl.reducer->timeline.get();
   gc.memory = impl.reducer->memory.get();
   gc.free_after_use = fully_sharded;
+  gc.scheduler = impl.reducer->scheduler.get();  // 0.9: its gathers are the urgent operations
   if (fully_sharded) gc.shared_pool = impl.reducer->pool;  // host: one pool with the gradients
   ASSIGN_OR_RETURN(impl.gatherer, sched::ParamGatherer::Create(impl.reducer->reducer->plan(),
                                                                impl.gather_group.get(), gc));

@@ -71,7 +71,8 @@ absl::StatusOr<sched::ReducerConfig> ToConfig(const braid_reducer_options_t& o) 
         o.reduce_dtype));
   }
   for (const auto& [flag, name] : {std::pair<int, const char*>{o.allow_unused, "allow_unused"},
-                                   {o.gradient_as_bucket_view, "gradient_as_bucket_view"}}) {
+                                   {o.gradient_as_bucket_view, "gradient_as_bucket_view"},
+                                   {o.priorities, "priorities"}}) {
     if (flag != 0 && flag != 1) {
       return absl::InvalidArgumentError(absl::StrCat("opts->", name, " must be 0 or 1, got ", flag));
     }
@@ -149,7 +150,9 @@ braid_status_t braid_reducer_create(braid_group_t* shard, braid_group_t* replica
     braid_reducer_options_init(&o);
     // 0.5's struct ended after timeline_prefix.
     RETURN_IF_ERROR(braid::capi::ReadVersionedOptions(
-        opts, {offsetof(braid_reducer_options_t, device), offsetof(braid_reducer_options_t, param_units)},
+        opts,
+        {offsetof(braid_reducer_options_t, device), offsetof(braid_reducer_options_t, param_units),
+         offsetof(braid_reducer_options_t, credit_bytes)},
         "braid_reducer_options_t", &o));
     ASSIGN_OR_RETURN(braid::sched::ReducerConfig config, braid::capi::ToConfig(o));
     if (replica != nullptr && config.mode != braid::sched::ReduceMode::kHybrid) {
@@ -183,6 +186,17 @@ braid_status_t braid_reducer_create(braid_group_t* shard, braid_group_t* replica
         std::lock(l1, l2);
       } else {
         l1.lock();
+      }
+      if (o.credit_bytes > 0 || o.priorities != 0) {
+        braid::sched::OpSchedulerConfig sc;
+        sc.credit_bytes = o.credit_bytes;
+        sc.priorities = o.priorities != 0;
+        sc.timeout = config.timeout;
+        sc.timeline = impl->timeline.get();
+        sc.memory = impl->memory.get();
+        ASSIGN_OR_RETURN(impl->scheduler,
+                         braid::sched::OpScheduler::Create(sc, impl->shard->group.get()));
+        config.scheduler = impl->scheduler.get();
       }
       ASSIGN_OR_RETURN(impl->reducer,
                        braid::sched::GradientReducer::Create(std::move(specs), groups, config));

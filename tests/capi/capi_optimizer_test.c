@@ -1,7 +1,10 @@
 /* The reducer (reduce-scatter mode) and the sharded AdamW through the C API, on a local world
  * of 2 ranks (2 threads), against an inline C reference of optim/adamw_math.h, bit for bit.
  * Gradients are k/8 (|k| <= 8) and weights k/16, so the average over 2 ranks is exact. Also:
- * save after 3 steps, step 4, load, step 4 again: the same parameters (resume is bit-exact). */
+ * save after 3 steps, step 4, load, step 4 again: the same parameters (resume is bit-exact).
+ * All of it twice: plainly, then with communication scheduling (0.9: credit_bytes = 64, so
+ * every bucket is reduced in 64-byte partitions packed through staging blocks, and priorities,
+ * so the optimizer's all-gathers hold partitions back): the same reference, bit for bit. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <pthread.h>
@@ -119,8 +122,7 @@ static void check_memory(braid_reducer_t* red, int with_optimizer) {
   }
 }
 
-static void* rank_main(void* arg) {
-  const int rank = *(const int*)arg;
+static void run(int rank, int scheduled) {
   braid_param_t params[P];
   braid_reducer_options_t ro;
   braid_optimizer_options_t oo;
@@ -147,6 +149,14 @@ static void* rank_main(void* arg) {
   ro.bucket_cap_bytes = 512;
   ro.first_bucket_cap_bytes = 256;
   ro.timeout_ms = 20000;
+  if (scheduled) {
+    ro.priorities = 2;
+    EXPECT_TRUE(braid_reducer_create(world_groups[rank], NULL, params, P, &ro, &red) ==
+                BRAID_INVALID_ARGUMENT);
+    EXPECT_TRUE(strstr(braid_last_error(), "opts->priorities must be 0 or 1, got 2") != NULL);
+    ro.priorities = 1;
+    ro.credit_bytes = 64;
+  }
   EXPECT_OK(braid_reducer_create(world_groups[rank], NULL, params, P, &ro, &red));
   EXPECT_OK(braid_reducer_num_buckets(red, &buckets));
   EXPECT_TRUE(buckets > 2);
@@ -182,6 +192,18 @@ static void* rank_main(void* arg) {
   EXPECT_TRUE(params_equal(opt, after4, rank, "resumed step 4"));
 
   check_memory(red, 1);
+  {
+    /* Reduce-scatter partitions are packed into staging blocks of at most credit_bytes: used
+     * only when scheduled (the plain path stages nothing on the host here). */
+    braid_memory_stats_t m;
+    m.struct_size = sizeof m;
+    EXPECT_OK(braid_memory_stats(red, &m));
+    if (scheduled) {
+      EXPECT_TRUE(m.by_use[BRAID_MEMORY_STAGING].peak >= 64);
+    } else {
+      EXPECT_TRUE(m.by_use[BRAID_MEMORY_STAGING].peak == 0);
+    }
+  }
   EXPECT_OK(braid_optimizer_destroy(opt));
   check_memory(red, 0);
   EXPECT_OK(braid_reducer_destroy(red));
@@ -190,6 +212,12 @@ static void* rank_main(void* arg) {
     free(after4[i]);
   }
   remove(path);
+}
+
+static void* rank_main(void* arg) {
+  const int rank = *(const int*)arg;
+  run(rank, 0);
+  run(rank, 1);
   return NULL;
 }
 

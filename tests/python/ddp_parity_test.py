@@ -180,6 +180,56 @@ class AutotuneTest(unittest.TestCase):
         run_ranks(N, body)
 
 
+class SchedulingTest(unittest.TestCase):
+    """credit_mb / priorities (braid.h 0.9): buckets reduced in partitions, the optimizer's
+    gathers first; the parameters are the unscheduled run's, bit for bit."""
+
+    def _run(self, sharded, **sched):
+        def body(r, g):
+            model = bt.DistributedDataParallel(
+                Backwards(), g, mode="reduce_scatter" if sharded else "allreduce",
+                bucket_cap_mb=2e-4, first_bucket_cap_mb=1e-4, **sched)
+            opt = (bt.ShardedAdamW(model, lr=0.01) if sharded else
+                   torch.optim.AdamW(model.parameters(), lr=0.01))
+            for s in range(4):
+                if s == 1:
+                    with model.no_sync():
+                        _loss(model, r, 10).backward()
+                _loss(model, r, s).backward()
+                opt.step()
+                if not sharded:
+                    model.zero_grad()
+            if sharded:
+                opt.synchronize()
+            params = [p.detach().clone() for p in model.parameters()]
+            staged = model.reducer.memory_stats()["by_use"]["staging"][1]  # peak
+            if sharded:
+                opt.close()
+            model.close()
+            return params, staged
+
+        return run_ranks(N, body)
+
+    def test_partitions_and_priorities_change_no_result(self):
+        credit = 16 / 2**20  # 16 bytes: every bucket of 2e-4 MiB splits into partitions
+        for sharded in (False, True):
+            plain = self._run(sharded)
+            scheduled = self._run(sharded, credit_mb=credit, priorities=True)
+            for r in range(N):
+                for i, (got, want) in enumerate(zip(scheduled[r][0], plain[r][0])):
+                    self.assertTrue(torch.equal(got, want),
+                                    "sharded=%s rank %d parameter %d" % (sharded, r, i))
+                if sharded:  # reduce-scatter partitions are packed through staging blocks
+                    self.assertGreater(scheduled[r][1], plain[r][1])
+
+    def test_bad_credit_is_refused(self):
+        def body(r, g):
+            with self.assertRaisesRegex(ValueError, "credit_mb -1"):
+                bt.DistributedDataParallel(Backwards(), g, credit_mb=-1)
+
+        run_ranks(1, body)
+
+
 class MainGradTest(unittest.TestCase):
     MICROS = 4
 

@@ -93,7 +93,9 @@ class ReducerOptions(ctypes.Structure):
                 ("timeline_prefix", ctypes.c_char_p),
                 ("device", ctypes.c_int),  # 0.6
                 # 0.7: fully sharded training
-                ("param_units", ctypes.POINTER(ctypes.c_int)), ("shard_gradients", ctypes.c_int)]
+                ("param_units", ctypes.POINTER(ctypes.c_int)), ("shard_gradients", ctypes.c_int),
+                # 0.9: communication scheduling
+                ("credit_bytes", ctypes.c_size_t), ("priorities", ctypes.c_int)]
 
 
 class OptimizerOptions(ctypes.Structure):

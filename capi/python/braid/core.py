@@ -431,14 +431,19 @@ class Reducer(_Handle):
     parameter's wrapping unit; a bucket never mixes units; default every parameter in unit 0)
     and `shard_gradients` (reduce_scatter/hybrid only: full-size bucket storage only while a
     bucket is filled and reduced, then only this rank's shard is kept; gradients go in with
-    mark_ready_grad, and grad() fails)."""
+    mark_ready_grad, and grad() fails).
+    Communication scheduling (0.9; braid.h's credit_bytes and priorities): `credit_mb` > 0
+    reduces buckets larger than it as partitions of at most credit_mb MiB, a credit in flight
+    per group; `priorities=True` lets an optimizer's parameter all-gathers (the next forward's
+    inputs) go ahead of reduction partitions not yet issued. Same results bit for bit; every
+    rank must pass the same values."""
 
     _destroy = "braid_reducer_destroy"
 
     def __init__(self, shard, params, replica=None, mode="allreduce", bucket_cap_mb=25.0,
                  first_bucket_cap_mb=1.0, allow_unused=False, reduce_dtype=None,
                  timeout_ms=300000, timeline_prefix=None, device=None, param_units=None,
-                 shard_gradients=False):
+                 shard_gradients=False, credit_mb=0.0, priorities=False):
         opts = _lib.init_options(_lib.ReducerOptions, "braid_reducer_options_init")
         if mode not in MODES:
             raise ValueError("mode %r: one of %s" % (mode, ", ".join(MODES)))
@@ -459,6 +464,10 @@ class Reducer(_Handle):
             units = (ctypes.c_int * len(params))(*[int(u) for u in param_units])
             opts.param_units = units
         opts.shard_gradients = 1 if shard_gradients else 0
+        if credit_mb < 0:
+            raise ValueError("credit_mb %r: 0 (off) or a positive size in MiB" % (credit_mb,))
+        opts.credit_bytes = int(credit_mb * 1024 * 1024)
+        opts.priorities = 1 if priorities else 0
         array = (_lib.Param * len(params))()
         names = []
         self._specs = {}  # id -> (count, dtype)

@@ -128,13 +128,16 @@ class FullyShardedDataParallel(torch.nn.Module):
           (else finish of the backward raises naming them). Parameters with
           requires_grad=False are not sharded (kept whole on every rank, like buffers).
     Parameters and buffers are broadcast from rank 0 at construction, like torch DDP.
+    credit_mb, priorities: communication scheduling (braid.core.Reducer; off by default): the
+          gradient reduce-scatters in partitions of at most credit_mb MiB, and with
+          priorities=True the unit gathers go ahead of partitions not yet issued.
     """
 
     def __init__(self, module, group, units=None, auto_wrap_policy=None, mode="reduce_scatter",
                  replica_group=None, reshard_after_forward=True, prefetch=1, max_live_mb=None,
                  bucket_cap_mb=25.0, first_bucket_cap_mb=1.0, find_unused_parameters=False,
                  reduce_dtype=None, broadcast_from_rank0=True, timeout_ms=300000,
-                 timeline_prefix=None):
+                 timeline_prefix=None, credit_mb=0.0, priorities=False):
         super().__init__()
         if mode not in ("reduce_scatter", "hybrid"):
             raise ValueError("FullyShardedDataParallel mode %r: reduce_scatter or hybrid (use "
@@ -176,7 +179,8 @@ class FullyShardedDataParallel(torch.nn.Module):
             replica=replica_group, mode=mode, bucket_cap_mb=bucket_cap_mb,
             first_bucket_cap_mb=first_bucket_cap_mb, allow_unused=find_unused_parameters,
             reduce_dtype=reduce_dtype, timeout_ms=timeout_ms, timeline_prefix=timeline_prefix,
-            param_units=self._unit_of, shard_gradients=True)
+            param_units=self._unit_of, shard_gradients=True, credit_mb=credit_mb,
+            priorities=priorities)
         self._mode = mode
         nunits = len(unit_modules) + 1
         self._unit_params = [[] for _ in range(nunits)]

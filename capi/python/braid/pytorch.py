@@ -224,13 +224,17 @@ class DistributedDataParallel(torch.nn.Module):
     docstring).
     autotune: tune the bucket caps on the first 50-90 steps (braid_reducer_autotune; module
     docstring "Autotuning").
+    credit_mb, priorities: communication scheduling (braid.core.Reducer; off by default):
+    buckets above credit_mb MiB reduced in credit-sized partitions, and with priorities=True
+    the ShardedAdamW / ShardedSGD parameter all-gathers go ahead of reduction partitions not
+    yet issued. Same results bit for bit.
     """
 
     def __init__(self, module, group, mode="allreduce", replica_group=None, bucket_cap_mb=25.0,
                  first_bucket_cap_mb=1.0, find_unused_parameters=False, reduce_dtype=None,
                  broadcast_from_rank0=True, timeout_ms=300000, timeline_prefix=None,
                  broadcast_buffers=True, rebuild_bucket_order=False, main_grad=False,
-                 autotune=False):
+                 autotune=False, credit_mb=0.0, priorities=False):
         super().__init__()
         self.module = module
         self._groups = [g for g in (group, replica_group) if g is not None]
@@ -263,7 +267,7 @@ class DistributedDataParallel(torch.nn.Module):
             replica=replica_group, mode=mode, bucket_cap_mb=bucket_cap_mb,
             first_bucket_cap_mb=first_bucket_cap_mb, allow_unused=find_unused_parameters,
             reduce_dtype=reduce_dtype, timeout_ms=timeout_ms, timeline_prefix=timeline_prefix,
-            device=self._device)
+            device=self._device, credit_mb=credit_mb, priorities=priorities)
         self._mode = mode
         self._grads = self._bucket_views()
         self.reducer.zero_grads()
