@@ -9,6 +9,12 @@ its own batches with each variant in turn, round-robin (so drift hits all alike)
   autotuned braid DDP (all-reduce) with autotune=True + torch.optim.AdamW: tuned before the
             rounds (its tuning steps are untimed; their count is printed), then timed as the
             others; compare it with `braid`, the same stack on the default caps
+  priority  braid DDP (all-reduce) + torch.optim.AdamW with communication scheduling:
+            credit_mb=--credit_mb (buckets reduced in partitions of that size, one in flight);
+            compare it with `braid`, the same stack unscheduled
+  sharded_priority  `sharded` with credit_mb=--credit_mb and priorities=True (ShardedAdamW's
+            parameter all-gathers ahead of reduction partitions not yet issued); compare it
+            with `sharded`
 Each round times --steps steps after --warmup; the figure is the median over rounds of the
 per-step time, the slowest rank's; ratios are against ddp measured in the same rounds.
 --csv prints only ranks,model,width,variant,median_ms,min_ms (tools/plot_benches.py plots it).
@@ -29,15 +35,20 @@ import train_compare  # the gloo bootstrap
 import train_models
 
 
-def build(variant, kind, width, group, lr):
+VARIANTS = ("ddp", "braid", "sharded", "autotuned", "priority", "sharded_priority")
+
+
+def build(variant, kind, width, group, lr, credit_mb):
     model = train_models.make_model(kind, width)
     if variant == "ddp":
         wrapped = torch.nn.parallel.DistributedDataParallel(model)
         return wrapped, torch.optim.AdamW(wrapped.parameters(), lr=lr), None
-    if variant in ("braid", "autotuned"):
-        wrapped = bt.DistributedDataParallel(model, group, autotune=variant == "autotuned")
+    if variant in ("braid", "autotuned", "priority"):
+        wrapped = bt.DistributedDataParallel(model, group, autotune=variant == "autotuned",
+                                             credit_mb=credit_mb if variant == "priority" else 0)
         return wrapped, torch.optim.AdamW(wrapped.parameters(), lr=lr), None
-    wrapped = bt.DistributedDataParallel(model, group, mode="reduce_scatter")
+    sched = {"credit_mb": credit_mb, "priorities": True} if variant == "sharded_priority" else {}
+    wrapped = bt.DistributedDataParallel(model, group, mode="reduce_scatter", **sched)
     opt = bt.ShardedAdamW(wrapped, lr=lr)
     return wrapped, opt, opt
 
@@ -49,7 +60,10 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--variants", default="ddp,braid,sharded")
+    parser.add_argument("--variants", default="ddp,braid,sharded",
+                        help="comma-separated, among " + ", ".join(VARIANTS))
+    parser.add_argument("--credit_mb", type=float, default=1.0,
+                        help="the priority variants' partition size and credit (MiB)")
     parser.add_argument("--csv", action="store_true",
                         help="print only ranks,model,width,variant,median_ms,min_ms rows")
     args = parser.parse_args()
@@ -60,7 +74,10 @@ def main():
     rank, size = group.rank, group.size
     train_compare.init_gloo(group, rank, size)
     variants = args.variants.split(",")
-    stacks = {v: build(v, args.model, args.width, group, 1e-4) for v in variants}
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error("unknown variant(s) %s: among %s" % (", ".join(unknown), ", ".join(VARIANTS)))
+    stacks = {v: build(v, args.model, args.width, group, 1e-4, args.credit_mb) for v in variants}
     times = {v: [] for v in variants}
     step = 0
     tuning_steps = 0
@@ -102,10 +119,10 @@ def main():
         if "autotuned" in variants:
             print("autotuned: settled after %d untimed steps%s" % (
                 tuning_steps, "" if not stacks["autotuned"][0]._autotune else " (NOT settled)"))
-        print("%-10s %12s %12s %10s" % ("variant", "median ms", "min ms", "vs " + variants[0]))
+        print("%-16s %12s %12s %10s" % ("variant", "median ms", "min ms", "vs " + variants[0]))
         for v in variants:
             med = statistics.median(times[v])
-            print("%-10s %12.2f %12.2f %9.2fx" % (v, med * 1e3, min(times[v]) * 1e3, base / med))
+            print("%-16s %12.2f %12.2f %9.2fx" % (v, med * 1e3, min(times[v]) * 1e3, base / med))
         sys.stdout.flush()
     for v in variants:
         model, opt, sharded = stacks[v]
