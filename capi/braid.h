@@ -408,8 +408,10 @@ typedef struct braid_reducer_options {
    * scheduler/op_scheduler.h). Either one set gives the reducer a launch scheduler of its own:
    * created with it (collective: every rank must pass the same two values, else
    * FAILED_PRECONDITION naming them), shared with an optimizer built on the reducer. Results
-   * are bit-identical to an unscheduled reducer on local and on mpi at 2 ranks; device
-   * (nccl) groups launch every reduction whole and unheld (not implemented there yet). */
+   * are bit-identical to an unscheduled reducer on local and on mpi at 2 ranks (and on the
+   * fake NCCL device; real NCCL's per-element order may depend on the call size above 2 ranks).
+   * Device reducers: partitions are queued on the comm stream as credit and priorities allow;
+   * nothing waits on the host that did not before. */
   /* > 0: a bucket reduction larger than credit_bytes runs as partitions of at most
    * credit_bytes each, and at most credit_bytes of reduction partitions are in flight per
    * group, so an urgent operation waits for at most one partition. 0 (default): whole buckets,

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "comm/host_values.h"
 #include "comm/logging.h"
 #include "comm/status_macros.h"
 
@@ -38,6 +39,13 @@ struct OpScheduler::Pending {
   int outstanding = 0;  // issued, not completed
   absl::Status error;
   WorkPtr done;
+  // Device groups (buffer_ops() not synchronous): the readiness events, waited on by the comm
+  // stream before partition 0 (the request's span may not outlive SubmitReduction), and
+  // whether `done` is armed to complete after the last partition on the stream (CompleteAfter:
+  // it then carries that point's device event for consumer streams).
+  bool device = false;
+  std::vector<DeviceEvent> ready;
+  bool armed = false;
   size_t PartBytes(size_t k) const { return parts[k].count() * DTypeSize(req.dtype) * ranks; }
   bool Staged() const { return req.kind == CollectiveKind::kReduceScatter && parts.size() > 1; }
 };
@@ -66,10 +74,9 @@ absl::StatusOr<std::unique_ptr<OpScheduler>> OpScheduler::Create(const OpSchedul
   if (verify != nullptr && verify->size() > 1) {
     std::vector<int64_t> mine = {static_cast<int64_t>(config.credit_bytes), config.priorities ? 1 : 0};
     std::vector<int64_t> all(mine.size() * verify->size());
-    CollectiveOptions opts;
-    opts.label = "scheduler config check";
-    ASSIGN_OR_RETURN(WorkPtr w, verify->AllGather(mine.data(), all.data(), mine.size(), DType::kI64, opts));
-    RETURN_IF_ERROR(w->Wait(config.timeout));
+    // Host values on any group (device groups stage them through their own memory).
+    RETURN_IF_ERROR(AllGatherHostValues(*verify, mine.data(), all.data(), mine.size(), DType::kI64,
+                                        "scheduler config check", absl::Now() + config.timeout));
     for (int r = 1; r < verify->size(); ++r) {
       if (all[2 * r] != all[0] || all[2 * r + 1] != all[1]) {
         std::vector<std::string> each;
@@ -142,18 +149,13 @@ absl::StatusOr<WorkPtr> OpScheduler::SubmitReduction(const ReductionRequest& r) 
     return absl::InvalidArgumentError(absl::StrCat("SubmitReduction: ", CollectiveName(r.kind), " is not a reduction"));
   }
   InCall in_call;
-  if (!r.group->buffer_ops().synchronous()) {  // device: as submitted, now (see the header)
-    std::lock_guard<std::mutex> lock(mu_);
-    ++submitted_;
-    return r.kind == CollectiveKind::kAllReduce
-               ? r.group->AllReduce(r.send, r.recv, r.count, r.dtype, r.op, r.options)
-               : r.group->ReduceScatter(r.send, r.recv, r.count, r.dtype, r.op, r.options);
-  }
   auto p = std::make_shared<Pending>();
   p->req = r;
   p->label = std::string(r.options.label);
   p->req.options.label = {};
-  p->req.options.ready_events = {};  // host groups ignore events; the span would dangle
+  p->device = !r.group->buffer_ops().synchronous();
+  if (p->device) p->ready.assign(r.options.ready_events.begin(), r.options.ready_events.end());
+  p->req.options.ready_events = {};  // the span would dangle (device: kept in p->ready)
   p->ranks = r.kind == CollectiveKind::kReduceScatter ? r.group->size() : 1;
   p->parts = SplitReduction(r.count, DTypeSize(r.dtype), p->ranks, config_.credit_bytes);
   p->done = works_.Create(WorkInfo{r.group->name(), std::string(CollectiveName(r.kind)),
@@ -278,7 +280,22 @@ void OpScheduler::PumpLaneLocked(Lane& lane, Outbox* out) {
     if (slot >= 0) lane.staging_busy[slot] = true;
     ++partitions_issued_;
     out->issued.push_back(*std::move(is));
-    if (p->next >= p->parts.size()) lane.queue.pop_front();
+    if (p->next >= p->parts.size()) {
+      if (p->device) ArmDeviceCompletionLocked(*p);
+      lane.queue.pop_front();
+    }
+  }
+}
+
+void OpScheduler::ArmDeviceCompletionLocked(Pending& p) {
+  // Every partition is on the group's comm stream: `done` completes (with that point's event
+  // as its device_event) once the stream has run past the last one. A partition that fails
+  // completes it first with its error (OnPartDone): the first completion wins.
+  const absl::Status st = p.req.group->buffer_ops().CompleteAfter(p.done, absl::Now() + config_.timeout);
+  if (st.ok()) {
+    p.armed = true;
+  } else if (p.error.ok()) {
+    p.error = WithContext(st, absl::StrCat(p.label, ": completion after the last partition"));
   }
 }
 
@@ -290,6 +307,14 @@ absl::StatusOr<OpScheduler::Issued> OpScheduler::LaunchPartLocked(Lane& lane, co
   CollectiveOptions opts = r.options;
   opts.label = p->label;
   Group& g = *r.group;
+  if (part == 0) {
+    // Device: the comm stream waits for the producers before the first partition (its packing
+    // copies included); later partitions follow it on the same stream.
+    for (const DeviceEvent& e : p->ready) {
+      const absl::Status st = g.buffer_ops().WaitFor(e);
+      if (!st.ok()) return WithContext(st, absl::StrCat(p->label, ": waiting for the readiness events"));
+    }
+  }
   absl::StatusOr<WorkPtr> w;
   if (r.kind == CollectiveKind::kAllReduce) {
     w = g.AllReduce(static_cast<const char*>(r.send) + pr.lo * es, static_cast<char*>(r.recv) + pr.lo * es,
@@ -361,7 +386,10 @@ void OpScheduler::OnPartDone(const Issued& is, const absl::Status& st) {
     if (is.staging >= 0) lane.staging_busy[is.staging] = false;
     --p.outstanding;
     if (!st.ok() && p.error.ok()) p.error = st;
-    if (p.outstanding == 0 && p.next >= p.parts.size()) out.complete.emplace_back(p.done, p.error);
+    // An armed device reduction completes through its stream event (success); errors now.
+    if (p.outstanding == 0 && p.next >= p.parts.size() && (!p.armed || !p.error.ok())) {
+      out.complete.emplace_back(p.done, p.error);
+    }
     PumpLocked(&out);
   }
   cv_.notify_all();

@@ -44,8 +44,15 @@
 // per-element combination order does not depend on the call's size (see partition.h): `local`
 // always, `mpi` at 2 ranks (tested), not promised for MPI's own algorithms at more ranks.
 // A reduction of a single partition is launched exactly as submitted (no staging).
-// Device groups (buffer_ops() not synchronous) are not partitioned or held: each reduction is
-// launched at once, as submitted, so their stream order and events are as without a scheduler.
+// Device groups (buffer_ops() not synchronous, nccl) are partitioned and held the same way, on
+// the host side of the stream: partitions are launched onto the group's comm stream as credit
+// and priorities allow (from the completion thread of the previous ones), the stream waits on
+// the request's readiness events before partition 0 (its packing copies included), staging
+// blocks are device memory filled by stream copies, and the returned Work completes through
+// BufferOps::CompleteAfter after the last partition, so its device_event() marks the end of
+// the whole reduction for consumer streams (a failed partition completes it first, with its
+// error). Bit-exactness there is NCCL's: its per-element order may depend on the call size at
+// more than 2 ranks (tested bit for bit on the fake device, which adds in rank order).
 //
 // Credit. On a group, a partition is issued when nothing of that group is in flight, or when
 // the bytes in flight plus its own stay within credit_bytes. credit_bytes == 0: no partitions
@@ -178,6 +185,8 @@ class OpScheduler {
   // With mu_ held: issues, lane by lane, what the credit and priorities allow.
   void PumpLocked(Outbox* out);
   void PumpLaneLocked(Lane& lane, Outbox* out);
+  // With mu_ held, once the last partition of a device reduction was launched.
+  void ArmDeviceCompletionLocked(Pending& p);
   // With mu_ held: launches partition `part` of `p` (packed into staging block `slot` when >= 0).
   absl::StatusOr<Issued> LaunchPartLocked(Lane& lane, const std::shared_ptr<Pending>& p, int part, int slot);
   // Without mu_: watches what was issued, completes what finished.

@@ -16,6 +16,7 @@
 #include "comm/status_macros.h"
 #include "scheduler/gradient_reducer.h"
 #include "scheduler/mesh.h"
+#include "scheduler/op_scheduler.h"
 
 namespace braid::nccl::testing {
 
@@ -74,6 +75,14 @@ absl::Status RunDeviceScenario(Group& world, std::shared_ptr<CudaApi> cuda, cons
   const bool values = sc.values || sc.keep_shards;
   std::vector<sched::ParamSpec> params = MakeParams(sc.dtypes);
   for (auto& p : params) p.device = Device{DeviceType::kCuda, 0};
+  std::unique_ptr<sched::OpScheduler> scheduler;  // outlives the reducer (declared first)
+  if (sc.credit > 0) {  // partitions on the device (scheduler/op_scheduler.h)
+    sched::OpSchedulerConfig oc;
+    oc.credit_bytes = sc.credit;
+    oc.timeout = timeout;
+    ASSIGN_OR_RETURN(scheduler, sched::OpScheduler::Create(oc, &world));
+    cfg.scheduler = scheduler.get();
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<GradientReducer> red,
                    GradientReducer::Create(params, groups, cfg));
   const size_t n = params.size();

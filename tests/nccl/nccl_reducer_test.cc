@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "scheduler/gradient_reducer.h"
 #include "scheduler/mesh.h"
+#include "scheduler/op_scheduler.h"
 #include "tests/multirank.h"
 #include "tests/nccl/device_reducer_driver.h"
 #include "tests/nccl/fake_gpu.h"
@@ -120,6 +121,83 @@ INSTANTIATE_TEST_SUITE_P(
                       Scenario{ReduceMode::kHybrid, 4, 2, 2, "RRRS"},
                       Scenario{ReduceMode::kHybrid, 2, 4, 3, "RS"}),
     [](const ::testing::TestParamInfo<Scenario>& i) { return ScenarioName(i.param); });
+
+// Credit-sized partitions on the device (scheduler/op_scheduler.h through ReducerConfig::
+// scheduler): every bucket above the credit is reduced as several collectives on the comm
+// stream (reduce-scatter partitions packed into device staging blocks by stream copies), the
+// first after the readiness events, the reduction's Work completed by an event after the last
+// one. Same serial reference, bit for bit; the partitions are counted in the fake's log.
+class NcclPartitionTest : public ::testing::TestWithParam<Scenario> {};
+
+TEST_P(NcclPartitionTest, MatchesSerialReference) {
+  int collectives[2] = {0, 0};  // whole, partitioned
+  for (const bool partitioned : {false, true}) {
+    Scenario sc = GetParam();
+    if (!partitioned) sc.credit = 0;
+    FakeGpu gpu;
+    RunFakeRanks(gpu, sc.replicas * sc.shards, FakeConfig(), [&](NcclGroup& world) {
+      const absl::Status s = RunDeviceScenario(world, gpu.cuda, sc, ExactGrad, absl::Seconds(60));
+      EXPECT_TRUE(s.ok()) << "rank " << world.rank() << ": " << s;
+    });
+    ExpectClean(gpu);
+    collectives[partitioned] = gpu.nccl->executed_collectives();
+  }
+  // The same plan, so every extra collective is a partition.
+  EXPECT_GT(collectives[1], collectives[0]);
+}
+
+Scenario Credit(Scenario sc, size_t credit) {
+  sc.credit = credit;
+  return sc;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Partitions, NcclPartitionTest,
+    ::testing::Values(Credit(Scenario{ReduceMode::kAllReduce, 1, 2, 0, "NS"}, 256),
+                      Credit(Scenario{ReduceMode::kAllReduce, 1, 4, 3, "NS", true}, 1024),
+                      Credit(Scenario{ReduceMode::kReduceScatter, 1, 4, 0, "NS"}, 256),
+                      Credit(Scenario{ReduceMode::kReduceScatter, 1, 2, 2, "NS"}, 1024),
+                      Credit(Scenario{ReduceMode::kReduceScatter, 1, 4, 1, "NS", false, true}, 256),
+                      Credit(Values(Scenario{ReduceMode::kReduceScatter, 1, 4, 1, "NNS", false, true}, true), 256),
+                      Credit(Scenario{ReduceMode::kHybrid, 2, 2, 0, "RNS"}, 256),
+                      Credit(Scenario{ReduceMode::kHybrid, 2, 2, 1, "RRS", false, true}, 1024)),
+    [](const ::testing::TestParamInfo<Scenario>& i) { return ScenarioName(i.param); });
+
+// The scheduler's own contract on a device group: a partitioned reduction's Work carries a
+// device event (recorded after the last partition) for consumer streams, and the values are
+// the sums, in place, on every rank.
+TEST(NcclSchedulerTest, PartitionedWorkCarriesADeviceEvent) {
+  FakeGpu gpu;
+  RunFakeRanks(gpu, 2, FakeConfig(), [&](NcclGroup& world) {
+    sched::OpSchedulerConfig oc;
+    oc.credit_bytes = 256;
+    auto sch = sched::OpScheduler::Create(oc, &world);
+    ASSERT_TRUE(sch.ok()) << sch.status();
+    constexpr size_t kCount = 1000;  // 4000 bytes: 16 partitions
+    std::vector<float> host(kCount);
+    for (size_t i = 0; i < kCount; ++i) host[i] = static_cast<float>(world.rank() + 1) * static_cast<float>(i % 17);
+    BufferOps& ops = world.buffer_ops();
+    auto buf = ops.Allocate(kCount * sizeof(float), "test buffer");
+    ASSERT_TRUE(buf.ok()) << buf.status();
+    ASSERT_TRUE(ops.Copy(buf->get(), host.data(), kCount * sizeof(float)).ok());
+    sched::ReductionRequest r;
+    r.group = &world;
+    r.send = r.recv = buf->get();
+    r.count = kCount;
+    r.op = ReduceOp::Sum();
+    auto w = (*sch)->SubmitReduction(r);
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE((*w)->Wait(absl::Seconds(30)).ok());
+    EXPECT_TRUE(static_cast<bool>((*w)->device_event()));
+    EXPECT_EQ((*sch)->partitions_issued(), 16);
+    ASSERT_TRUE(ops.Copy(host.data(), buf->get(), kCount * sizeof(float)).ok());
+    ASSERT_TRUE(ops.Synchronize(absl::Now() + absl::Seconds(30)).ok());
+    for (size_t i = 0; i < kCount; ++i) {
+      ASSERT_EQ(host[i], 3.0f * static_cast<float>(i % 17)) << "element " << i;
+    }
+  });
+  ExpectClean(gpu);
+}
 
 // Negative control: the same run with MarkReady given no events must fail the comparison (the
 // fake runs the producer's writes only once something waits on them).
