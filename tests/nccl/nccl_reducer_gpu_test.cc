@@ -43,6 +43,12 @@ TEST_P(NcclReducerGpuTest, MatchesSerialReference) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+// Credit-sized partitions on the device (scheduler/op_scheduler.h).
+Scenario WithCredit(Scenario sc, size_t credit) {
+  sc.credit = credit;
+  return sc;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Modes, NcclReducerGpuTest,
     ::testing::Values(Scenario{ReduceMode::kAllReduce, 1, 1, 0, "NS"},
@@ -57,7 +63,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Scenario{ReduceMode::kHybrid, 1, 1, 0, "RRS"},
                       Scenario{ReduceMode::kHybrid, 1, 1, 1, "RNRS"},
                       Scenario{ReduceMode::kHybrid, 1, 1, 2, "RRS"},
-                      Scenario{ReduceMode::kHybrid, 1, 1, 1, "RRS", false, true}),
+                      Scenario{ReduceMode::kHybrid, 1, 1, 1, "RRS", false, true},
+                      WithCredit(Scenario{ReduceMode::kAllReduce, 1, 1, 0, "NS"}, 256),
+                      WithCredit(Scenario{ReduceMode::kReduceScatter, 1, 1, 1, "NS", false, true}, 256)),
     [](const ::testing::TestParamInfo<Scenario>& i) { return ScenarioName(i.param); });
 
 // NcclBufferOps' scaled cast (the f16 post-divide, a premultiply) and add on the real device
