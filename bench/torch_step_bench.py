@@ -15,6 +15,10 @@ its own batches with each variant in turn, round-robin (so drift hits all alike)
   sharded_priority  `sharded` with credit_mb=--credit_mb and priorities=True (ShardedAdamW's
             parameter all-gathers ahead of reduction partitions not yet issued); compare it
             with `sharded`
+  fsdp      braid.pytorch.FullyShardedDataParallel (a unit per Linear / encoder layer,
+            prefetch 1) + ShardedAdamW
+  fsdp_priority  `fsdp` with credit_mb=--credit_mb and priorities=True (the unit gathers
+            ahead of reduce-scatter partitions not yet issued); compare it with `fsdp`
 Each round times --steps steps after --warmup; the figure is the median over rounds of the
 per-step time, the slowest rank's; ratios are against ddp measured in the same rounds.
 --csv prints only ranks,model,width,variant,median_ms,min_ms (tools/plot_benches.py plots it).
@@ -35,7 +39,8 @@ import train_compare  # the gloo bootstrap
 import train_models
 
 
-VARIANTS = ("ddp", "braid", "sharded", "autotuned", "priority", "sharded_priority")
+VARIANTS = ("ddp", "braid", "sharded", "autotuned", "priority", "sharded_priority", "fsdp",
+            "fsdp_priority")
 
 
 def build(variant, kind, width, group, lr, credit_mb):
@@ -47,8 +52,13 @@ def build(variant, kind, width, group, lr, credit_mb):
         wrapped = bt.DistributedDataParallel(model, group, autotune=variant == "autotuned",
                                              credit_mb=credit_mb if variant == "priority" else 0)
         return wrapped, torch.optim.AdamW(wrapped.parameters(), lr=lr), None
-    sched = {"credit_mb": credit_mb, "priorities": True} if variant == "sharded_priority" else {}
-    wrapped = bt.DistributedDataParallel(model, group, mode="reduce_scatter", **sched)
+    sched = ({"credit_mb": credit_mb, "priorities": True}
+             if variant in ("sharded_priority", "fsdp_priority") else {})
+    if variant.startswith("fsdp"):
+        units = {torch.nn.Linear} if kind == "mlp" else {torch.nn.TransformerEncoderLayer}
+        wrapped = bt.FullyShardedDataParallel(model, group, auto_wrap_policy=units, **sched)
+    else:
+        wrapped = bt.DistributedDataParallel(model, group, mode="reduce_scatter", **sched)
     opt = bt.ShardedAdamW(wrapped, lr=lr)
     return wrapped, opt, opt
 
