@@ -1,6 +1,11 @@
 // C API: re-planning a reducer's buckets between steps (braid_reducer_rebuild_buckets' checks,
 // shared) and the autotuner (braid_reducer_autotune over scheduler/autotuner.h).
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -11,14 +16,20 @@
 #include "capi/handles.h"
 #include "capi/impl.h"
 #include "comm/status_macros.h"
+#include "optim/reshard.h"
 
 namespace braid::capi {
 
 absl::Status CheckReplannable(braid_reducer_t* handle, const ReducerImpl& r) {
   if (HandleRegistry::Get().Children(handle, Tag::kOptimizer) != 0) {
-    return absl::FailedPreconditionError(
-        "an optimizer was built on this reducer: its state is laid out by the buckets, which "
-        "can no longer be rebuilt (rebuild before creating the optimizer)");
+    const std::shared_ptr<OptimizerImpl> o = r.optimizer.lock();
+    if (o == nullptr || o->options.fully_sharded == 1 || r.device != BRAID_DEVICE_HOST) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "an optimizer was built on this reducer and its state cannot follow a re-plan of the "
+          "buckets there (",
+          o != nullptr && o->options.fully_sharded == 1 ? "fully_sharded" : "device parameters",
+          ": not yet); re-plan before creating the optimizer"));
+    }
   }
   if (r.shard_gradients) {
     return absl::FailedPreconditionError(
@@ -29,6 +40,58 @@ absl::Status CheckReplannable(braid_reducer_t* handle, const ReducerImpl& r) {
     return absl::FailedPreconditionError("a backward is in progress (finish it first)");
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<OptimizerImpl>> FindOptimizer(const void* opt) {
+  ASSIGN_OR_RETURN(std::shared_ptr<OptimizerImpl> o, Find<OptimizerImpl>(opt, "opt"));
+  if (o->opt == nullptr) {
+    return absl::FailedPreconditionError(
+        "this optimizer was lost when a re-plan of its reducer's buckets failed (see that "
+        "call's error); destroy it");
+  }
+  return o;
+}
+
+absl::StatusOr<bool> ReplanCarryingOptimizer(ReducerImpl& r,
+                                             const std::function<absl::StatusOr<bool>()>& replan) {
+  const std::shared_ptr<OptimizerImpl> o = r.optimizer.lock();
+  if (o == nullptr || o->opt == nullptr) {
+    GroupLocks locks(r);
+    return replan();
+  }
+  optim::Checkpoint state;
+  bool moved = false;
+  {
+    GroupLocks locks(r);
+    ASSIGN_OR_RETURN(state, o->opt->GatherCheckpoint());  // nothing changed yet if this fails
+    // From here a failure leaves the optimizer unusable (FindOptimizer says so): the ranks
+    // failed a collective together, so the job has to stop or rebuild it anyway.
+    o->units.reset();
+    o->opt.reset();
+    o->retired_gatherer = std::move(o->gatherer);  // the previous retired ones end here
+    o->retired_gather_group = std::move(o->gather_group);
+    ASSIGN_OR_RETURN(moved, replan());
+  }
+  RETURN_IF_ERROR(BuildOptimizer(*o, o->options, o->config));
+  const char* tmp = std::getenv("TMPDIR");
+  std::string path = absl::StrCat(tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp", "/braid_replan_XXXXXX");
+  const int fd = mkstemp(path.data());
+  if (fd < 0) {
+    o->opt.reset();
+    return absl::InternalError(absl::StrCat("re-plan: cannot create a temporary file ", path, " for the optimizer state"));
+  }
+  close(fd);
+  const optim::StateHeader& h = state.header;
+  absl::Status st = optim::WriteCheckpointRank(state, r.reducer->plan(), h.rank, h.world_size, path);
+  // Load is collective (a failure on any rank fails it on every rank); every rank calls it.
+  const absl::Status loaded = o->opt->Load(st.ok() ? path : std::string("/nonexistent/") + path);
+  std::remove(path.c_str());
+  if (st.ok()) st = loaded;
+  if (!st.ok()) {
+    o->opt.reset();
+    return WithContext(st, "re-plan: carrying the optimizer state over");
+  }
+  return moved;
 }
 
 GroupLocks::GroupLocks(ReducerImpl& r) : shard_(r.shard->mu, std::defer_lock) {
@@ -83,7 +146,10 @@ braid_status_t braid_reducer_autotune(braid_reducer_t* reducer, double step_seco
     ASSIGN_OR_RETURN(bool changed, tuner.EndStep(took));
     if (changed) {
       const size_t cap = tuner.current().bucket_cap_bytes;
-      ASSIGN_OR_RETURN(bool moved, red.Replan(cap, std::min(r->first_cap, cap)));
+      const size_t first = std::min(r->first_cap, cap);
+      locks.Release();  // the re-plan takes them (and the optimizer's rebuild its own)
+      ASSIGN_OR_RETURN(bool moved, braid::capi::ReplanCarryingOptimizer(
+                                       *r, [&red, cap, first] { return red.Replan(cap, first); }));
       if (replanned != nullptr) *replanned = moved ? 1 : 0;
     }
     if (done != nullptr) *done = tuner.done() ? 1 : 0;

@@ -494,9 +494,15 @@ BRAID_API braid_status_t braid_reducer_num_buckets(braid_reducer_t* reducer, int
  * nothing to rebuild: no synced backward finished yet, or the buckets were rebuilt already
  * (once per reducer). After a rebuild every braid_reducer_grad pointer, bucket index and
  * braid_reducer_shard changes: fetch them again (the old storage is freed; gradient values
- * moved with their parameters). FAILED_PRECONDITION: during a backward; an optimizer was built
- * on this reducer (its state is laid out by the buckets: rebuild before creating it);
- * shard_gradients (no full-size storage between backwards to move gradients through).
+ * moved with their parameters). 0.9: with an optimizer built on the reducer (ZeRO-2, host
+ * memory) its state follows: the whole state is all-gathered over the shard group, the optimizer
+ * is built again over the new plan and loads this rank's part (master weights, moments, step
+ * counts, hyper-parameters bit for bit; costs the state's full size in host memory and a
+ * temporary file under $TMPDIR per rank for the moment of the call); fetch every
+ * braid_optimizer_param pointer again (the old ones stay readable until the next re-plan or
+ * the optimizer's end). FAILED_PRECONDITION: during a backward; an optimizer that cannot follow
+ * (fully_sharded, device reducers: not yet); shard_gradients (no full-size storage between
+ * backwards to move gradients through).
  *
  *   run one synced step;  braid_reducer_rebuild_buckets(r, &rebuilt);
  *   if (rebuilt) for each id: braid_reducer_grad(r, id, &data, &count);   // new views */
@@ -517,9 +523,10 @@ BRAID_API braid_status_t braid_reducer_rebuild_buckets(braid_reducer_t* reducer,
  * (fetch them again; values moved with their parameters). *done = 1 once the tuner settled
  * (either may be NULL). The trial table is logged (info) and recorded in the reducer's timeline
  * (track "autotune"). Collective at round ends and re-plans, so every rank must call it at every
- * step. A negative or NaN time counts as infinitely slow. FAILED_PRECONDITION as
- * braid_reducer_rebuild_buckets (backward in progress, optimizer built, shard_gradients), and
- * while a BRAID_REDUCE_SCATTER_ONLY window holds partial sums. */
+ * step. A negative or NaN time counts as infinitely slow. An optimizer built on the reducer
+ * follows each re-plan as in braid_reducer_rebuild_buckets (0.9). FAILED_PRECONDITION as
+ * braid_reducer_rebuild_buckets (backward in progress, an optimizer that cannot follow,
+ * shard_gradients), and while a BRAID_REDUCE_SCATTER_ONLY window holds partial sums. */
 BRAID_API braid_status_t braid_reducer_autotune(braid_reducer_t* reducer, double step_seconds,
                                                 int* replanned, int* done);
 /* *bucket = the bucket holding parameter `id` (NOT_FOUND for an unknown id). */

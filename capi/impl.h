@@ -5,6 +5,7 @@
 #define BRAID_CAPI_IMPL_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -49,6 +50,8 @@ struct WorkImpl {
   WorkPtr work;
 };
 
+struct OptimizerImpl;
+
 struct ReducerImpl {
   using Handle = braid_reducer_t;
   static constexpr Tag kTag = Tag::kReducer;
@@ -73,6 +76,8 @@ struct ReducerImpl {
   // Between a successful begin_backward (reducer's or optimizer's) and the next finish: the
   // C++ reducer does not expose it, and zero_grads must refuse then.
   std::atomic<bool> in_backward{false};
+  // The optimizer built on this reducer, if any (re-plans carry its state over).
+  std::weak_ptr<OptimizerImpl> optimizer;
 };
 
 struct OptimizerImpl {
@@ -85,7 +90,30 @@ struct OptimizerImpl {
   std::unique_ptr<optim::ShardedOptimizer> opt;
   // fully_sharded only: drives the gatherer unit by unit (destroyed first).
   std::unique_ptr<sched::UnitScheduler> units;
+  // What it was created with: a re-plan of the reducer's buckets builds it again from them.
+  braid_optimizer_options_t options{};
+  optim::OptimizerConfig config;
+  // The gatherer (and its group) of the plan before the last re-plan: kept until the next one
+  // or the optimizer's end, so parameter pointers the framework still holds stay readable
+  // until it fetched the new ones (braid_optimizer_param).
+  std::unique_ptr<Group> retired_gather_group;
+  std::unique_ptr<sched::ParamGatherer> retired_gatherer;
 };
+
+// Builds the gather group, gatherer, optimizer and (fully sharded) unit scheduler of `impl`
+// (whose reducer is set): collective over the reducer's shard group.
+absl::Status BuildOptimizer(OptimizerImpl& impl, const braid_optimizer_options_t& o,
+                            const optim::OptimizerConfig& config);
+
+// The optimizer of handle `opt`; FailedPrecondition when a failed re-plan left it without one.
+absl::StatusOr<std::shared_ptr<OptimizerImpl>> FindOptimizer(const void* opt);
+
+// A re-plan of r's buckets (braid_reducer_rebuild_buckets, braid_reducer_autotune): runs
+// `replan` under r's group locks; with an optimizer built on r, carries it over: its whole state
+// is gathered (ShardedOptimizer::GatherCheckpoint), it is built again over the new plan and loads
+// this rank's part of that state (optim/reshard.h). Collective. Returns replan's result.
+absl::StatusOr<bool> ReplanCarryingOptimizer(ReducerImpl& r,
+                                             const std::function<absl::StatusOr<bool>()>& replan);
 
 // Bucket re-plans (braid_reducer_rebuild_buckets, braid_reducer_autotune): FAILED_PRECONDITION
 // naming why `r` cannot re-plan now (an optimizer built on it, shard_gradients, a backward in
@@ -97,6 +125,11 @@ absl::Status CheckReplannable(braid_reducer_t* handle, const ReducerImpl& r);
 class GroupLocks {
  public:
   explicit GroupLocks(ReducerImpl& r);
+  // Unlocks early (the destructor then does nothing).
+  void Release() {
+    if (replica_.owns_lock()) replica_.unlock();
+    if (shard_.owns_lock()) shard_.unlock();
+  }
 
  private:
   std::unique_lock<std::mutex> shard_, replica_;

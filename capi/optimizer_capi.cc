@@ -66,10 +66,10 @@ absl::StatusOr<optim::OptimizerConfig> ToConfig(const braid_optimizer_options_t&
   return c;
 }
 
-// Builds the gather group, gatherer, optimizer and (fully sharded) unit scheduler: collective
-// over the reducer's shard group.
-absl::Status Build(OptimizerImpl& impl, const braid_optimizer_options_t& o,
-                   const optim::OptimizerConfig& config) {
+}  // namespace
+
+absl::Status BuildOptimizer(OptimizerImpl& impl, const braid_optimizer_options_t& o,
+                            const optim::OptimizerConfig& config) {
   GroupImpl& shard = *impl.reducer->shard;
   const bool fully_sharded = o.fully_sharded == 1;
   {
@@ -109,7 +109,6 @@ absl::Status Build(OptimizerImpl& impl, const braid_optimizer_options_t& o,
   return absl::OkStatus();
 }
 
-}  // namespace
 }  // namespace braid::capi
 
 extern "C" {
@@ -192,7 +191,10 @@ braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
           "opts->", o.offload == 1 ? "offload" : "gather_stream",
           " is for device reducers (this reducer's parameters are in host memory)"));
     }
-    RETURN_IF_ERROR(braid::capi::Build(*impl, o, config));
+    impl->options = o;
+    impl->config = config;
+    RETURN_IF_ERROR(braid::capi::BuildOptimizer(*impl, o, config));
+    impl->reducer->optimizer = impl;
     ASSIGN_OR_RETURN(*out, braid::capi::Register(std::move(impl), {reducer}));
     return absl::OkStatus();
   });
@@ -200,7 +202,7 @@ braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
 
 braid_status_t braid_optimizer_set_param(braid_optimizer_t* opt, int64_t id, const void* values) {
   return Guard("braid_optimizer_set_param", [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto o, Find<OptimizerImpl>(opt, "opt"));
+    ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
     RETURN_IF_ERROR(CheckNotNull(values, "values"));
     return o->opt->SetParam(id, values);
   });
@@ -209,7 +211,7 @@ braid_status_t braid_optimizer_set_param(braid_optimizer_t* opt, int64_t id, con
 braid_status_t braid_optimizer_param(braid_optimizer_t* opt, int64_t id, void** data,
                                      size_t* count) {
   return Guard("braid_optimizer_param", [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto o, Find<OptimizerImpl>(opt, "opt"));
+    ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
     RETURN_IF_ERROR(CheckNotNull(data, "data"));
     RETURN_IF_ERROR(CheckNotNull(count, "count"));
     ASSIGN_OR_RETURN(braid::TensorView v, o->gatherer->ParamView(id));
@@ -221,7 +223,7 @@ braid_status_t braid_optimizer_param(braid_optimizer_t* opt, int64_t id, void** 
 
 braid_status_t braid_optimizer_begin_backward(braid_optimizer_t* opt, braid_sync_mode_t mode) {
   return Guard("braid_optimizer_begin_backward", [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto o, Find<OptimizerImpl>(opt, "opt"));
+    ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
     ASSIGN_OR_RETURN(auto m, braid::capi::ToSyncMode(braid::capi::RawEnum(mode)));
     RETURN_IF_ERROR(o->opt->BeginBackward(m));
     o->reducer->in_backward = true;
@@ -231,7 +233,7 @@ braid_status_t braid_optimizer_begin_backward(braid_optimizer_t* opt, braid_sync
 
 braid_status_t braid_optimizer_finish_backward(braid_optimizer_t* opt) {
   return Guard("braid_optimizer_finish_backward", [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto o, Find<OptimizerImpl>(opt, "opt"));
+    ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
     absl::Status s = o->opt->FinishBackward();
     o->reducer->in_backward = false;
     return s;
@@ -240,28 +242,28 @@ braid_status_t braid_optimizer_finish_backward(braid_optimizer_t* opt) {
 
 braid_status_t braid_optimizer_step(braid_optimizer_t* opt) {
   return Guard("braid_optimizer_step", [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto o, Find<OptimizerImpl>(opt, "opt"));
+    ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
     return o->opt->Step();
   });
 }
 
 braid_status_t braid_optimizer_wait_params(braid_optimizer_t* opt, int bucket) {
   return Guard("braid_optimizer_wait_params", [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto o, Find<OptimizerImpl>(opt, "opt"));
+    ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
     return o->opt->WaitParams(bucket);
   });
 }
 
 braid_status_t braid_optimizer_wait_all_params(braid_optimizer_t* opt) {
   return Guard("braid_optimizer_wait_all_params", [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto o, Find<OptimizerImpl>(opt, "opt"));
+    ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
     return o->opt->WaitAllParams();
   });
 }
 
 braid_status_t braid_optimizer_set_lr(braid_optimizer_t* opt, double lr) {
   return Guard("braid_optimizer_set_lr", [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto o, Find<OptimizerImpl>(opt, "opt"));
+    ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
     if (!(lr >= 0) || !std::isfinite(lr)) {
       return absl::InvalidArgumentError(absl::StrCat("lr must be finite and >= 0, got ", lr));
     }
@@ -275,7 +277,7 @@ braid_status_t braid_optimizer_set_lr(braid_optimizer_t* opt, double lr) {
 braid_status_t braid_optimizer_set_hyper(braid_optimizer_t* opt, int group,
                                          const braid_optimizer_hyper_t* hyper) {
   return Guard("braid_optimizer_set_hyper", [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto o, Find<OptimizerImpl>(opt, "opt"));
+    ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
     RETURN_IF_ERROR(CheckNotNull(hyper, "hyper"));
     braid_optimizer_hyper_t in{};
     RETURN_IF_ERROR(braid::capi::ReadOptions(hyper, "braid_optimizer_hyper_t", &in));
@@ -291,7 +293,7 @@ braid_status_t braid_optimizer_set_hyper(braid_optimizer_t* opt, int group,
 
 braid_status_t braid_optimizer_save(braid_optimizer_t* opt, const char* path) {
   return Guard("braid_optimizer_save", [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto o, Find<OptimizerImpl>(opt, "opt"));
+    ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
     RETURN_IF_ERROR(CheckNotNull(path, "path"));
     return o->opt->Save(path);
   });
@@ -299,7 +301,7 @@ braid_status_t braid_optimizer_save(braid_optimizer_t* opt, const char* path) {
 
 braid_status_t braid_optimizer_load(braid_optimizer_t* opt, const char* path) {
   return Guard("braid_optimizer_load", [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto o, Find<OptimizerImpl>(opt, "opt"));
+    ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
     RETURN_IF_ERROR(CheckNotNull(path, "path"));
     return o->opt->Load(path);
   });
@@ -308,7 +310,7 @@ braid_status_t braid_optimizer_load(braid_optimizer_t* opt, const char* path) {
 braid_status_t braid_optimizer_last_step(braid_optimizer_t* opt, int64_t* rounds, int* skipped,
                                          double* grad_norm) {
   return Guard("braid_optimizer_last_step", [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto o, Find<OptimizerImpl>(opt, "opt"));
+    ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
     const braid::optim::StepReport r = o->opt->last_step();
     if (rounds != nullptr) *rounds = r.rounds;
     if (skipped != nullptr) *skipped = r.skipped ? 1 : 0;
@@ -319,7 +321,7 @@ braid_status_t braid_optimizer_last_step(braid_optimizer_t* opt, int64_t* rounds
 
 braid_status_t braid_optimizer_gather_event(braid_optimizer_t* opt, int bucket, void** event) {
   return Guard("braid_optimizer_gather_event", [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto o, Find<OptimizerImpl>(opt, "opt"));
+    ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
     RETURN_IF_ERROR(CheckNotNull(event, "event"));
     if (bucket < 0 || bucket >= o->gatherer->num_buckets()) {
       return absl::OutOfRangeError(absl::StrCat("bucket ", bucket, " is outside [0, ",

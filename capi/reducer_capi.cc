@@ -290,8 +290,10 @@ braid_status_t braid_reducer_rebuild_buckets(braid_reducer_t* reducer, int* rebu
     RETURN_IF_ERROR(CheckNotNull(rebuilt, "rebuilt"));
     *rebuilt = 0;
     RETURN_IF_ERROR(braid::capi::CheckReplannable(reducer, *r));
-    braid::capi::GroupLocks locks(*r);
-    ASSIGN_OR_RETURN(bool done, r->reducer->RebuildBucketsIfPending());
+    if (!r->reducer->RebuildPending()) return absl::OkStatus();  // local: nothing to rebuild
+    braid::sched::GradientReducer& red = *r->reducer;
+    ASSIGN_OR_RETURN(bool done, braid::capi::ReplanCarryingOptimizer(
+                                    *r, [&red] { return red.RebuildBucketsIfPending(); }));
     *rebuilt = done ? 1 : 0;
     return absl::OkStatus();
   });

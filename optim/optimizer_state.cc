@@ -15,10 +15,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "comm/host_values.h"
 #include "comm/reduce_kernels.h"
 #include "comm/status_macros.h"
 #include "optim/checkpoint_layout.h"
 #include "optim/optimizer_bucket.h"
+#include "optim/reshard.h"
 #include "optim/sharded_optimizer.h"
 
 namespace braid::optim {
@@ -60,23 +62,64 @@ StateHeader ShardedOptimizer::Identity() const {
   return h;
 }
 
-absl::Status ShardedOptimizer::Save(const std::string& path) {
-  RETURN_IF_ERROR(WaitBetweenSteps("Save"));
+StateHeader ShardedOptimizer::SavedHeader() const {
   StateHeader h = Identity();
-  std::vector<int64_t> steps;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    h.step = report_.rounds;
-    h.scalars.emplace_back("groups", static_cast<double>(groups_.size()));
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      const std::vector<double> v = HyperValues(groups_[g], config_.kind);
-      for (size_t k = 0; k < v.size(); ++k) {
-        h.scalars.emplace_back(absl::StrCat("g", g, "/",
-                                            config_.kind == OptimizerKind::kAdamW ? kAdamWNames[k] : kSgdNames[k]),
-                               v[k]);
+  std::lock_guard<std::mutex> lock(mu_);
+  h.step = report_.rounds;
+  h.scalars.emplace_back("groups", static_cast<double>(groups_.size()));
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const std::vector<double> v = HyperValues(groups_[g], config_.kind);
+    for (size_t k = 0; k < v.size(); ++k) {
+      h.scalars.emplace_back(absl::StrCat("g", g, "/",
+                                          config_.kind == OptimizerKind::kAdamW ? kAdamWNames[k] : kSgdNames[k]),
+                             v[k]);
+    }
+  }
+  return h;
+}
+
+absl::StatusOr<Checkpoint> ShardedOptimizer::GatherCheckpoint() {
+  RETURN_IF_ERROR(WaitBetweenSteps("GatherCheckpoint"));
+  Checkpoint c{SavedHeader(), reducer_->plan(), {}, {}, {}};
+  ASSIGN_OR_RETURN(c.state_names, StateNames(c.header.kind));
+  Group& shard = *reducer_->groups().shard;
+  const absl::Time deadline = absl::Now() + config_.timeout;
+  const auto& params = c.plan.params();
+  const auto& buckets = c.plan.buckets();
+  c.values.assign(c.state_names.size(), std::vector<std::vector<float>>(params.size()));
+  for (size_t i = 0; i < params.size(); ++i) {
+    c.steps.push_back(buckets_[c.plan.slot(static_cast<int>(i)).bucket]->steps);
+    for (auto& v : c.values) v[i].resize(params[i].count);
+  }
+  std::vector<float> mine, full;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const BucketState& s = *buckets_[b];
+    const FloatBuffer* state[] = {&s.master, &s.m, &s.v};
+    full.resize(s.n * static_cast<size_t>(shard.size()));
+    for (size_t k = 0; k < c.state_names.size(); ++k) {
+      const float* src = state[k]->get();
+      if (on_device_ && !offload_) {  // device state: a host copy first
+        mine.resize(s.n);
+        RETURN_IF_ERROR(ops().Copy(mine.data(), src, s.n * sizeof(float)));
+        RETURN_IF_ERROR(ops().Synchronize(deadline));
+        src = mine.data();
+      }
+      // The bucket's full padded state: every shard rank's part, in rank order.
+      const std::string what = absl::StrCat("optimizer state of ", s.label);
+      RETURN_IF_ERROR(AllGatherHostValues(shard, src, full.data(), s.n, DType::kF32, what.c_str(), deadline));
+      for (int i : buckets[b].params) {
+        const size_t off = c.plan.slot(i).offset;
+        std::memcpy(c.values[k][i].data(), full.data() + off, params[i].count * sizeof(float));
       }
     }
   }
+  return c;
+}
+
+absl::Status ShardedOptimizer::Save(const std::string& path) {
+  RETURN_IF_ERROR(WaitBetweenSteps("Save"));
+  StateHeader h = SavedHeader();
+  std::vector<int64_t> steps;
   std::vector<StateSection> sections;
   for (const auto& s : buckets_) steps.push_back(s->steps);
   sections.push_back(StateSection{"bucket_steps", static_cast<int32_t>(DType::kI64), steps.size(),

@@ -144,6 +144,23 @@ absl::StatusOr<std::vector<std::string>> WriteCheckpoint(const Checkpoint& c, in
   sched::PlanOptions o = c.plan.options();
   o.shards = shards;
   ASSIGN_OR_RETURN(sched::BucketPlan plan, sched::BucketPlan::Build(c.plan.params(), o));
+  std::vector<std::string> out;
+  for (int r = 0; r < ranks; ++r) {
+    const std::string path = absl::StrCat(prefix, r, ".braid");
+    RETURN_IF_ERROR(WriteCheckpointRank(c, plan, r, ranks, path));
+    out.push_back(path);
+  }
+  return out;
+}
+
+absl::Status WriteCheckpointRank(const Checkpoint& c, const sched::BucketPlan& plan, int rank, int ranks,
+                                 const std::string& path) {
+  const int shards = plan.options().shards;
+  if (ranks < 1 || shards < 1 || ranks % shards != 0 || rank < 0 || rank >= ranks) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot write rank ", rank, " of ", ranks,
+                                                   " ranks in shard groups of ", shards));
+  }
+  RETURN_IF_ERROR(CheckSameParams(plan.params(), c.plan.params(), path));
   const auto& buckets = plan.buckets();
   std::vector<int64_t> steps(buckets.size());
   for (size_t b = 0; b < buckets.size(); ++b) {
@@ -159,11 +176,11 @@ absl::StatusOr<std::vector<std::string>> WriteCheckpoint(const Checkpoint& c, in
     }
   }
   const LayoutSections layout(plan);
-  std::vector<std::string> out;
-  for (int r = 0; r < ranks; ++r) {
+  {
+    const int r = rank;
     const size_t s = static_cast<size_t>(r % shards);
     StateHeader h = c.header;
-    h.plan_fingerprint = plan.Fingerprint();
+    h.plan_fingerprint = plan.FingerprintOn(Device::Cpu());  // files are laid out as on the CPU
     h.world_size = ranks;
     h.rank = r;
     h.shard_group_size = shards;
@@ -186,11 +203,8 @@ absl::StatusOr<std::vector<std::string>> WriteCheckpoint(const Checkpoint& c, in
       }
     }
     for (const StateSection& l : layout.sections()) sections.push_back(l);
-    const std::string path = absl::StrCat(prefix, r, ".braid");
-    RETURN_IF_ERROR(WriteStateFile(path, h, sections));
-    out.push_back(path);
+    return WriteStateFile(path, h, sections);
   }
-  return out;
 }
 
 }  // namespace braid::optim

@@ -82,6 +82,7 @@
 #include "comm/group.h"
 #include "optim/adamw_math.h"
 #include "optim/parallel_for.h"
+#include "optim/reshard.h"
 #include "optim/state_file.h"
 #include "optim/step_kernels.h"
 #include "scheduler/gradient_reducer.h"
@@ -191,6 +192,12 @@ class ShardedOptimizer {
   // nothing, for a file of another plan, world, rank or optimizer kind.
   absl::Status Save(const std::string& path);
   absl::Status Load(const std::string& path);
+  // The whole state, unsharded (optim/reshard.h's Checkpoint: every parameter's master weights
+  // and moments, step counts, hyper-parameters), on every rank: collective over the shard group
+  // (one all-gather per bucket and state buffer; hybrid replicas hold the same shards). Between
+  // steps. For a re-plan of the buckets under the optimizer (capi: a new optimizer over the new
+  // plan Loads WriteCheckpointRank's file of it). Costs the state's full size in host memory.
+  absl::StatusOr<Checkpoint> GatherCheckpoint();
 
  private:
   struct BucketState;
@@ -239,6 +246,8 @@ class ShardedOptimizer {
   BufferOps& ops() const { return reducer_->groups().shard->buffer_ops(); }
   // Save / Load: this rank's identity in a state file.
   StateHeader Identity() const;
+  // Identity() plus the step count and every group's hyper-parameters (Save's header).
+  StateHeader SavedHeader() const;
   absl::Status WaitRoundIdle(const char* caller);
   // Waits (deadline) until bucket b's armed step, if any, was published; its error.
   absl::Status WaitStepped(const char* caller, int b);

@@ -246,6 +246,9 @@ class GradientReducer {
   // bucket index changes, so the framework fetches its gradient views again. Gradient values
   // move with their parameters. Returns false when there is nothing to rebuild.
   absl::StatusOr<bool> RebuildBucketsIfPending();
+  // Whether RebuildBucketsIfPending would rebuild now (local; the same answer on every rank
+  // between steps).
+  bool RebuildPending() const;
   int plan_generation() const { return plan_generation_; }
   // Collective over the reducer's groups, between steps at the same point on every rank (e.g.
   // when an Autotuner adopts a bucket cap, scheduler/autotuner.h): rebuilds the plan with these

@@ -12,11 +12,15 @@
 
 namespace braid::sched {
 
+bool GradientReducer::RebuildPending() const {
+  return rebuild_pending_ && !recording_.load() && ready_count_.load() > 0;
+}
+
 absl::StatusOr<bool> GradientReducer::RebuildBucketsIfPending() {
   if (in_backward_.load()) {
     return absl::FailedPreconditionError("RebuildBucketsIfPending during a backward");
   }
-  if (!rebuild_pending_ || recording_.load() || ready_count_.load() == 0) return false;
+  if (!RebuildPending()) return false;
   // This rank's order: the recorded marks, then parameters never marked (reverse registration).
   const int n = static_cast<int>(plan_.params().size());
   std::vector<int64_t> order;

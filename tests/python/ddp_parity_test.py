@@ -103,12 +103,38 @@ class RebuildTest(unittest.TestCase):
                 self.assertTrue(torch.equal(got, same), "parameter %d" % i)
                 torch.testing.assert_close(got, w, rtol=0, atol=1e-6, msg="parameter %d" % i)
 
-    def test_sharded_optimizer_rebuilds_first_or_refuses(self):
+    def test_sharded_optimizer_built_first_follows_the_rebuild(self):
+        """ShardedAdamW built before the first backward: the rebuild at the next forward
+        carries its state (moments, step counts) over to the new buckets (braid.h 0.9); the
+        parameters are a never-rebuilt run's, bit for bit."""
+        def body(r, g, rebuild):
+            model = _ddp(g, mode="reduce_scatter", rebuild_bucket_order=rebuild)
+            opt = bt.ShardedAdamW(model, lr=0.01)
+            for s in range(4):
+                _loss(model, r, s).backward()
+                opt.step()
+            opt.synchronize()
+            buckets = [model.reducer.param_bucket(i) for i in range(6)]
+            params = [p.detach().clone() for p in model.parameters()]
+            views = all(p.data_ptr() == opt.optimizer.param(i)[0]
+                        for i, p in enumerate(model.parameters()))
+            opt.close()
+            model.close()
+            return buckets, params, views
+
+        rebuilt = run_ranks(N, lambda r, g: body(r, g, True))
+        plain = run_ranks(N, lambda r, g: body(r, g, False))
+        for (buckets, params, views), (ref_buckets, ref, _) in zip(rebuilt, plain):
+            self.assertTrue(views)  # p.data follows the new gatherer
+            self.assertNotEqual(buckets, ref_buckets)
+            layers = [_LAYER[i] for i in sorted(range(6), key=lambda i: buckets[i])]
+            self.assertEqual(layers, [0, 0, 1, 1, 2, 2], buckets)
+            for i, (got, want) in enumerate(zip(params, ref)):
+                self.assertTrue(torch.equal(got, want), "parameter %d" % i)
+
+    def test_sharded_optimizer_built_after_rebuilds_first(self):
         def body(r, g):
             model = _ddp(g, mode="reduce_scatter", rebuild_bucket_order=True)
-            with self.assertRaisesRegex(ValueError, "rebuild_bucket_order=True\\) before its "
-                                        "first synced backward"):
-                bt.ShardedSGD(model, lr=0.1)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # unreduced gradients without an optimizer
                 _loss(model, r, 0).backward()
@@ -170,14 +196,33 @@ class AutotuneTest(unittest.TestCase):
                 self.assertTrue(torch.equal(got, want), "parameter %d" % i)
         self.assertEqual(tuned[0][2], tuned[1][2])
 
-    def test_sharded_optimizer_is_refused(self):
-        def body(r, g):
-            model = _ddp(g, mode="reduce_scatter", autotune=True)
-            with self.assertRaisesRegex(ValueError, "autotune=True"):
-                bt.ShardedSGD(model, lr=0.1)
+    def test_sharded_optimizer_follows_the_trials(self):
+        """ShardedAdamW under the tuner's re-plans (braid.h 0.9): its state is carried over at
+        every one, the parameters are an untuned run's, bit for bit."""
+        def body(r, g, tune):
+            model = bt.DistributedDataParallel(Backwards(), g, mode="reduce_scatter",
+                                               autotune=tune, bucket_cap_mb=2e-4,
+                                               first_bucket_cap_mb=1e-4)
+            opt = bt.ShardedAdamW(model, lr=0.01)
+            plans = set()
+            for s in range(self.STEPS):
+                _loss(model, r, s).backward()
+                opt.step()
+                plans.add(tuple(model.reducer.param_bucket(i) for i in range(6)))
+            opt.synchronize()
+            params = [p.detach().clone() for p in model.parameters()]
+            settled = not model._autotune
+            opt.close()
             model.close()
+            return params, settled, len(plans)
 
-        run_ranks(N, body)
+        tuned = run_ranks(N, lambda r, g: body(r, g, True))
+        plain = run_ranks(N, lambda r, g: body(r, g, False))
+        for (params, settled, plans), (ref, _, _) in zip(tuned, plain):
+            self.assertTrue(settled)
+            self.assertGreater(plans, 1)
+            for i, (got, want) in enumerate(zip(params, ref)):
+                self.assertTrue(torch.equal(got, want), "parameter %d" % i)
 
 
 class SchedulingTest(unittest.TestCase):

@@ -153,17 +153,13 @@ class _ShardedOptimizer(torch.optim.Optimizer):
                 "%s over DistributedDataParallel(main_grad=True): the sharded optimizer needs "
                 "buckets of the parameters' dtype (it keeps f32 master weights; pass "
                 "reduce_dtype=torch.float32 to reduce half gradients in f32)" % type(self).__name__)
-        if ddp._autotune:
+        if (ddp._autotune or ddp._rebuild) and ddp._device is not None:
             raise ValueError(
-                "%s over DistributedDataParallel(autotune=True): the shards are laid out by the "
-                "buckets, which the tuner re-plans; pass autotune=False" % type(self).__name__)
+                "%s over a CUDA DistributedDataParallel(%s=True): the optimizer's state does not "
+                "follow a re-plan of device buckets yet; pass %s=False" % (
+                    type(self).__name__, "autotune" if ddp._autotune else "rebuild_bucket_order",
+                    "autotune" if ddp._autotune else "rebuild_bucket_order"))
         ddp._rebuild_if_due()  # collective: every rank builds its optimizer at the same point
-        if ddp._rebuild:
-            raise ValueError(
-                "%s over DistributedDataParallel(rebuild_bucket_order=True) before its first "
-                "synced backward: the shards are laid out by the buckets, which are rebuilt "
-                "after that backward; build the optimizer after it (it rebuilds first) or pass "
-                "rebuild_bucket_order=False" % type(self).__name__)
         self.optimizer = core.Optimizer(ddp.reducer, lr=lr, overlap=overlap,
                                         param_groups=group_of, **options)
         params = ddp._params
@@ -171,20 +167,34 @@ class _ShardedOptimizer(torch.optim.Optimizer):
             # Host values, also for a device optimizer (braid_optimizer_set_param copies them in).
             self.optimizer.set_param(pid, p.data.detach().cpu().contiguous())
         self.optimizer.wait_all_params()
+        self._hooks = []
+        self._bind_views()
+        self.optimizer.before_close.append(_weak_call(self._detach_params))
+        ddp._stepper = self.optimizer
+        # A re-plan of the buckets (rebuild_bucket_order, autotune) carries the state over and
+        # moves the parameters to a new gatherer (braid_reducer_rebuild_buckets, 0.9).
+        self._replan_callback = _weak_call(self._bind_views)
+        ddp._on_replan.append(self._replan_callback)
+
+    def _bind_views(self):
+        """p.data of every parameter as a view over the gathered values (after a re-plan: the
+        new ones; the values are the same), and one forward pre-hook per module waiting for
+        its own buckets."""
+        ddp, params = self.ddp, self.ddp._params
+        self.optimizer.wait_all_params()
         for pid, p in enumerate(params):
             address, count = self.optimizer.param(pid)
             p.data = _view(self.optimizer, address, count, p.dtype, p.shape, ddp._device)
-        self.optimizer.before_close.append(_weak_call(self._detach_params))
+        for h in self._hooks:
+            h.remove()
         self._hooks = []
-        reducer = ddp.reducer
         index = {id(p): pid for pid, p in enumerate(params)}
         for m in ddp.module.modules():
-            buckets = sorted({reducer.param_bucket(index[id(p)])
+            buckets = sorted({ddp.reducer.param_bucket(index[id(p)])
                               for p in m.parameters(recurse=False) if id(p) in index})
             if buckets:
                 self._hooks.append(m.register_forward_pre_hook(
                     functools.partial(self._wait_buckets, buckets)))
-        ddp._stepper = self.optimizer
 
     def _wait_buckets(self, buckets, *unused):
         for b in buckets:
@@ -415,6 +425,8 @@ class _ShardedOptimizer(torch.optim.Optimizer):
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        if self._replan_callback in self.ddp._on_replan:
+            self.ddp._on_replan.remove(self._replan_callback)
         try:
             self.optimizer.wait_all_params()
         finally:

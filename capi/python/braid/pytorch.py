@@ -90,9 +90,10 @@ the first bucket holds the first gradients the backward produces and launches fi
 whose forward uses its layers in another order than it registers them keeps its overlap).
 p.grad (and main_grad) are rebound to the new buckets with their values; a tensor kept from
 before the rebuild (p.grad of the first step) no longer aliases the bucket. Off by default
-here (a layout change after the first step is a surprise for code holding gradient views);
-not with ShardedAdamW, whose shards are laid out by the buckets: construct ShardedAdamW after
-the first synced backward (it rebuilds first) or pass False.
+here (a layout change after the first step is a surprise for code holding gradient views).
+With ShardedAdamW / ShardedSGD (CPU modules) the optimizer follows: its whole state is
+all-gathered, laid out again by the new buckets and loaded (braid.h 0.9; costs the state's full
+size in host memory once), and the parameters are rebound to the new gathered views.
 
 main_grad=True (Megatron's f32 gradient accumulation for bf16/f16 models): the buckets of
 bf16/f16 parameters are f32, exposed as p.main_grad; autograd's half gradient of each backward
@@ -113,7 +114,8 @@ tries bucket caps around bucket_cap_mb by successive halving for about 50-90 ste
 buckets between steps (gradient views rebound, values kept) and settles on the fastest caps
 measured, or keeps the configured ones unless another beats them by over 3 % and is
 confirmed. The trial table is logged and, with timeline_prefix, recorded on its "autotune"
-track. Not with ShardedAdamW (its shards are laid out by the buckets).
+track. With ShardedAdamW / ShardedSGD (CPU modules) the optimizer's state follows every
+re-plan as for the rebuild above (each trial step that changes the caps pays that move).
 
 Memory: each view keeps the Braid object owning its memory alive, and whoever closes that
 object (close(), World.close(), interpreter exit) first gives the tensors copies of their
@@ -297,6 +299,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._early = set()          # ids marked unused at the start of this backward
         self._accumulated = set()    # ids marked in a no_sync backward of this window
         self._stepper = None         # the braid.core.Optimizer of a ShardedAdamW, if any
+        self._on_replan = []         # called after a re-plan (ShardedAdamW rebinds its views)
         self._warned_unreduced = False
         self.reducer.before_close.append(_weak_call(self._detach_grads))
 
@@ -354,6 +357,8 @@ class DistributedDataParallel(torch.nn.Module):
                 p.grad = view
             if self._main_grad:
                 p.main_grad = view
+        for callback in list(self._on_replan):
+            callback()
 
     def close(self):
         """Unhooks the module, gives the gradients their own memory (copies) and frees the
