@@ -15,6 +15,9 @@ its own batches with each variant in turn, round-robin (so drift hits all alike)
   sharded_priority  `sharded` with credit_mb=--credit_mb and priorities=True (ShardedAdamW's
             parameter all-gathers ahead of reduction partitions not yet issued); compare it
             with `sharded`
+  sharded_autotuned  `sharded` with autotune=True: ShardedAdamW's state follows every re-plan
+            of the trials (tuned before the rounds, untimed, as `autotuned`); compare it with
+            `sharded`
   fsdp      braid.pytorch.FullyShardedDataParallel (a unit per Linear / encoder layer,
             prefetch 1) + ShardedAdamW
   fsdp_priority  `fsdp` with credit_mb=--credit_mb and priorities=True (the unit gathers
@@ -39,8 +42,8 @@ import train_compare  # the gloo bootstrap
 import train_models
 
 
-VARIANTS = ("ddp", "braid", "sharded", "autotuned", "priority", "sharded_priority", "fsdp",
-            "fsdp_priority")
+VARIANTS = ("ddp", "braid", "sharded", "autotuned", "priority", "sharded_priority",
+            "sharded_autotuned", "fsdp", "fsdp_priority")
 
 
 def build(variant, kind, width, group, lr, credit_mb):
@@ -58,7 +61,8 @@ def build(variant, kind, width, group, lr, credit_mb):
         units = {torch.nn.Linear} if kind == "mlp" else {torch.nn.TransformerEncoderLayer}
         wrapped = bt.FullyShardedDataParallel(model, group, auto_wrap_policy=units, **sched)
     else:
-        wrapped = bt.DistributedDataParallel(model, group, mode="reduce_scatter", **sched)
+        wrapped = bt.DistributedDataParallel(model, group, mode="reduce_scatter",
+                                             autotune=variant == "sharded_autotuned", **sched)
     opt = bt.ShardedAdamW(wrapped, lr=lr)
     return wrapped, opt, opt
 
@@ -90,13 +94,16 @@ def main():
     stacks = {v: build(v, args.model, args.width, group, 1e-4, args.credit_mb) for v in variants}
     times = {v: [] for v in variants}
     step = 0
-    tuning_steps = 0
-    if "autotuned" in variants:  # settle the tuner first (50-90 steps), untimed
-        model, opt, _ = stacks["autotuned"]
-        while model._autotune and tuning_steps < 200:
-            train_models.train(args.model, model, opt, rank, 1, first_step=tuning_steps)
-            tuning_steps += 1
-        step = tuning_steps
+    tuning_steps = {}
+    for v in variants:  # settle the tuners first (50-90 steps each), untimed
+        if not v.endswith("autotuned"):
+            continue
+        model, opt, _ = stacks[v]
+        tuning_steps[v] = 0
+        while model._autotune and tuning_steps[v] < 200:
+            train_models.train(args.model, model, opt, rank, 1, first_step=tuning_steps[v])
+            tuning_steps[v] += 1
+        step = max(step, tuning_steps[v])
     for _ in range(args.rounds):
         for v in variants:
             model, opt, sharded = stacks[v]
@@ -126,9 +133,9 @@ def main():
         print("torch_step_bench: %s width %d (%d params, f32), %d ranks, %d steps x %d rounds, "
               "batch %d per rank" % (args.model, args.width, nparams, size, args.steps,
                                       args.rounds, 16))
-        if "autotuned" in variants:
-            print("autotuned: settled after %d untimed steps%s" % (
-                tuning_steps, "" if not stacks["autotuned"][0]._autotune else " (NOT settled)"))
+        for v, n in tuning_steps.items():
+            print("%s: settled after %d untimed steps%s" % (
+                v, n, "" if not stacks[v][0]._autotune else " (NOT settled)"))
         print("%-16s %12s %12s %10s" % ("variant", "median ms", "min ms", "vs " + variants[0]))
         for v in variants:
             med = statistics.median(times[v])

@@ -91,7 +91,10 @@ absl::StatusOr<bool> ReplanCarryingOptimizer(ReducerImpl& r,
     o->opt.reset();
     return WithContext(st, "re-plan: carrying the optimizer state over");
   }
-  return moved;
+  // The optimizer was built again (new parameter pointers) even when the buckets did not
+  // move (caps that give the same plan): the caller must fetch its pointers again.
+  static_cast<void>(moved);
+  return true;
 }
 
 GroupLocks::GroupLocks(ReducerImpl& r) : shard_(r.shard->mu, std::defer_lock) {

@@ -111,7 +111,8 @@ absl::StatusOr<std::shared_ptr<OptimizerImpl>> FindOptimizer(const void* opt);
 // A re-plan of r's buckets (braid_reducer_rebuild_buckets, braid_reducer_autotune): runs
 // `replan` under r's group locks; with an optimizer built on r, carries it over: its whole state
 // is gathered (ShardedOptimizer::GatherCheckpoint), it is built again over the new plan and loads
-// this rank's part of that state (optim/reshard.h). Collective. Returns replan's result.
+// this rank's part of that state (optim/reshard.h). Collective. Returns replan's result, or
+// true whenever an optimizer was carried over (its parameter pointers changed either way).
 absl::StatusOr<bool> ReplanCarryingOptimizer(ReducerImpl& r,
                                              const std::function<absl::StatusOr<bool>()>& replan);
 

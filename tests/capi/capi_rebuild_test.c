@@ -185,9 +185,15 @@ static void opt_run(int rank, int how, int* steps, float* out[P]) {
       EXPECT_TRUE(i == 0);  /* world rank 0's first mark leads the new plan */
     }
     if (how == kAutotune) {
+      void* before = NULL;
+      void* after = NULL;
+      EXPECT_OK(braid_optimizer_param(opt, 100, &before, &count));
       EXPECT_OK(braid_reducer_num_buckets(red, &buckets));
       EXPECT_OK(braid_reducer_autotune(red, 0.010 - 0.001 * buckets, &replanned, &done));
       replans += replanned;
+      /* replanned == 0 promises that every pointer is still the one fetched before. */
+      EXPECT_OK(braid_optimizer_param(opt, 100, &after, &count));
+      EXPECT_TRUE(replanned == 1 || after == before);
     }
   }
   if (how == kAutotune) {
