@@ -192,6 +192,7 @@ braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
           " is for device reducers (this reducer's parameters are in host memory)"));
     }
     impl->options = o;
+    impl->options.param_groups = nullptr;  // the caller's array: read above (config.group_of)
     impl->config = config;
     RETURN_IF_ERROR(braid::capi::BuildOptimizer(*impl, o, config));
     impl->reducer->optimizer = impl;
