@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <string>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -60,7 +60,6 @@ absl::StatusOr<bool> ReplanCarryingOptimizer(ReducerImpl& r,
     return replan();
   }
   optim::Checkpoint state;
-  bool moved = false;
   {
     GroupLocks locks(r);
     ASSIGN_OR_RETURN(state, o->opt->GatherCheckpoint());  // nothing changed yet if this fails
@@ -70,7 +69,8 @@ absl::StatusOr<bool> ReplanCarryingOptimizer(ReducerImpl& r,
     o->opt.reset();
     o->retired_gatherer = std::move(o->gatherer);  // the previous retired ones end here
     o->retired_gather_group = std::move(o->gather_group);
-    ASSIGN_OR_RETURN(moved, replan());
+    // Whether the buckets moved does not matter here: the optimizer is built again anyway.
+    RETURN_IF_ERROR(replan().status());
   }
   RETURN_IF_ERROR(BuildOptimizer(*o, o->options, o->config));
   const char* tmp = std::getenv("TMPDIR");
@@ -93,7 +93,6 @@ absl::StatusOr<bool> ReplanCarryingOptimizer(ReducerImpl& r,
   }
   // The optimizer was built again (new parameter pointers) even when the buckets did not
   // move (caps that give the same plan): the caller must fetch its pointers again.
-  static_cast<void>(moved);
   return true;
 }
 
