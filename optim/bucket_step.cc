@@ -78,6 +78,17 @@ absl::Status ShardedOptimizer::StepBucket(int b, double grad_scale) {
   const size_t es = DTypeSize(bk.dtype);
   const char* grad = static_cast<const char*>(reducer_->ShardView(b).data);
   char* out = static_cast<char*>(gatherer_->ShardView(b)->data);
+  // Peers may still be reading this rank's shard for b's previous all-gather (a framework that
+  // did not WaitParams(b) before its next backward): the step writes the shard only after that
+  // gather completed here (local: its Work completes once every rank copied; mpi: once MPI
+  // released the send buffer) or, on device, after its event on the stream.
+  if (WorkPtr g = gatherer_->GatherWork(b); g != nullptr) {
+    absl::Status st = on_device_ ? ops().WaitFor(g->device_event())
+                                 : (g->Done() ? absl::OkStatus() : g->Wait(config_.timeout));
+    if (!st.ok()) {
+      return WithContext(st, absl::StrCat("optimizer step of ", s.label, ": waiting for its previous all-gather"));
+    }
+  }
   ++s.steps;
   if (offload_) return OffloadStepBucket(b, grad_scale);
   if (on_device_) {

@@ -38,7 +38,8 @@ tsan_targets=(
   //tests/nccl:nccl_optimizer_test //tests/capi:capi_test //tests/capi:capi_optimizer_test
   //tests:unit_scheduler_test //tests/optim:fully_sharded_test //tests/capi:capi_fsdp_test
   //tests/rendezvous:store_test //tests/rendezvous:launcher_rendezvous_test
-  //tests/capi:capi_rebuild_test
+  //tests/capi:capi_rebuild_test //tests:op_scheduler_test //tests:autotuner_test
+  //tests/nccl:host_values_test
   //tests:abort_test //tests/nccl:nccl_abort_test //tests/nccl:nccl_errors_test
 )
 
