@@ -51,13 +51,19 @@ TEST(SplitReduction, CoversExactlyAlignedWithinCredit) {
           for (size_t k = 0; k < parts.size(); ++k) {
             EXPECT_EQ(parts[k].lo, next);
             EXPECT_GE(parts[k].hi, parts[k].lo);
-            if (k + 1 < parts.size()) EXPECT_EQ(parts[k].hi % align, 0u) << count << " " << es << " " << credit;
+            if (k + 1 < parts.size()) {
+              EXPECT_EQ(parts[k].hi % align, 0u) << count << " " << es << " " << credit;
+            }
             const size_t bytes = parts[k].count() * es * ranks;
-            if (credit > 0 && parts.size() > 1) EXPECT_LE(bytes, std::max(credit, align * es * ranks));
+            if (credit > 0 && parts.size() > 1) {
+              EXPECT_LE(bytes, std::max(credit, align * es * ranks));
+            }
             next = parts[k].hi;
           }
           EXPECT_EQ(next, count);
-          if (credit == 0 || count * es * ranks <= credit) EXPECT_EQ(parts.size(), 1u);
+          if (credit == 0 || count * es * ranks <= credit) {
+            EXPECT_EQ(parts.size(), 1u);
+          }
         }
       }
     }

@@ -52,8 +52,12 @@ TEST(FakeNormKernelTest, BlockSumsMatchHostGradStatsBitForBit) {
       EXPECT_TRUE(SameNorm(want, got)) << "host " << want << ", fake device " << got;
       // The pooled host version is the same value (the optimizer's host path uses it).
       EXPECT_TRUE(SameNorm(want, optim::SquaredNormF64(pool, c.raw.data(), c.dtype, c.n)));
-      if (c.name.find("inf") != std::string::npos) EXPECT_TRUE(std::isinf(got)) << got;
-      if (c.name.find("nan") != std::string::npos) EXPECT_TRUE(std::isnan(got)) << got;
+      if (c.name.find("inf") != std::string::npos) {
+        EXPECT_TRUE(std::isinf(got)) << got;
+      }
+      if (c.name.find("nan") != std::string::npos) {
+        EXPECT_TRUE(std::isnan(got)) << got;
+      }
       ++checked;
     }
   }

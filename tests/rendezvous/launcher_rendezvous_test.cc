@@ -57,7 +57,9 @@ std::vector<absl::Status> RunRanks(int world, const std::vector<int>& ranks,
     if (rv == nullptr) continue;
     auto n = rv->store().Add("test/arrived", 0);
     EXPECT_TRUE(n.ok());
-    if (n.ok()) EXPECT_EQ(*n, joined);
+    if (n.ok()) {
+      EXPECT_EQ(*n, joined);
+    }
   }
   return out;
 }
