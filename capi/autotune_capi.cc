@@ -1,13 +1,8 @@
 // C API: re-planning a reducer's buckets between steps (braid_reducer_rebuild_buckets' checks,
 // shared) and the autotuner (braid_reducer_autotune over scheduler/autotuner.h).
-#include <unistd.h>
-
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <mutex>
-#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -73,20 +68,12 @@ absl::StatusOr<bool> ReplanCarryingOptimizer(ReducerImpl& r,
     RETURN_IF_ERROR(replan().status());
   }
   RETURN_IF_ERROR(BuildOptimizer(*o, o->options, o->config));
-  const char* tmp = std::getenv("TMPDIR");
-  std::string path = absl::StrCat(tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp", "/braid_replan_XXXXXX");
-  const int fd = mkstemp(path.data());
-  if (fd < 0) {
-    o->opt.reset();
-    return absl::InternalError(absl::StrCat("re-plan: cannot create a temporary file ", path, " for the optimizer state"));
-  }
-  close(fd);
+  // This rank's part of the state under the new plan, in memory; LoadState is collective (the
+  // ranks agree first, so a layout error here fails every rank's load, not only this one's).
   const optim::StateHeader& h = state.header;
-  absl::Status st = optim::WriteCheckpointRank(state, r.reducer->plan(), h.rank, h.world_size, path);
-  // Load is collective (a failure on any rank fails it on every rank); every rank calls it.
-  const absl::Status loaded = o->opt->Load(st.ok() ? path : std::string("/nonexistent/") + path);
-  std::remove(path.c_str());
-  if (st.ok()) st = loaded;
+  const absl::Status st = o->opt->LoadState(
+      optim::CheckpointRank(state, r.reducer->plan(), h.rank, h.world_size, "the re-planned optimizer state"),
+      "the re-planned optimizer state");
   if (!st.ok()) {
     o->opt.reset();
     return WithContext(st, "re-plan: carrying the optimizer state over");

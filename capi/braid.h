@@ -497,8 +497,8 @@ BRAID_API braid_status_t braid_reducer_num_buckets(braid_reducer_t* reducer, int
  * moved with their parameters). 0.9: with an optimizer built on the reducer (ZeRO-2, host
  * memory) its state follows: the whole state is all-gathered over the shard group, the optimizer
  * is built again over the new plan and loads this rank's part (master weights, moments, step
- * counts, hyper-parameters bit for bit; costs the state's full size in host memory and a
- * temporary file under $TMPDIR per rank for the moment of the call); fetch every
+ * counts, hyper-parameters bit for bit; costs the state's full size in host memory for the
+ * moment of the call); fetch every
  * braid_optimizer_param pointer again (the old ones stay readable until the next re-plan or
  * the optimizer's end). FAILED_PRECONDITION: during a backward; an optimizer that cannot follow
  * (fully_sharded, device reducers: not yet); shard_gradients (no full-size storage between

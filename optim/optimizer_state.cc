@@ -164,7 +164,9 @@ absl::Status ShardedOptimizer::Save(const std::string& path) {
   return WriteStateFile(path, h, sections);
 }
 
-absl::Status ShardedOptimizer::Load(const std::string& path) {
+absl::Status ShardedOptimizer::Load(const std::string& path) { return LoadState(ReadStateFile(path), path); }
+
+absl::Status ShardedOptimizer::LoadState(absl::StatusOr<LoadedState> source, const std::string& path) {
   RETURN_IF_ERROR(WaitBetweenSteps("Load"));
   // Phase 1: read and validate everything; nothing changes yet.
   LoadedState file;
@@ -172,7 +174,7 @@ absl::Status ShardedOptimizer::Load(const std::string& path) {
   std::vector<std::vector<const LoadedSection*>> found(buckets_.size());
   const LoadedSection* steps = nullptr;
   absl::Status mine = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(file, ReadStateFile(path));
+    ASSIGN_OR_RETURN(file, std::move(source));
     if (HasLayout(file)) {
       // Name the first parameter that differs, rather than only "another plan".
       ASSIGN_OR_RETURN(const sched::BucketPlan saved, ReadLayout(file));

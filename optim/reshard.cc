@@ -153,14 +153,14 @@ absl::StatusOr<std::vector<std::string>> WriteCheckpoint(const Checkpoint& c, in
   return out;
 }
 
-absl::Status WriteCheckpointRank(const Checkpoint& c, const sched::BucketPlan& plan, int rank, int ranks,
-                                 const std::string& path) {
+absl::StatusOr<LoadedState> CheckpointRank(const Checkpoint& c, const sched::BucketPlan& plan, int rank, int ranks,
+                                           const std::string& name) {
   const int shards = plan.options().shards;
   if (ranks < 1 || shards < 1 || ranks % shards != 0 || rank < 0 || rank >= ranks) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot write rank ", rank, " of ", ranks,
+    return absl::InvalidArgumentError(absl::StrCat("cannot lay out rank ", rank, " of ", ranks,
                                                    " ranks in shard groups of ", shards));
   }
-  RETURN_IF_ERROR(CheckSameParams(plan.params(), c.plan.params(), path));
+  RETURN_IF_ERROR(CheckSameParams(plan.params(), c.plan.params(), name));
   const auto& buckets = plan.buckets();
   std::vector<int64_t> steps(buckets.size());
   for (size_t b = 0; b < buckets.size(); ++b) {
@@ -175,36 +175,53 @@ absl::Status WriteCheckpointRank(const Checkpoint& c, const sched::BucketPlan& p
       }
     }
   }
-  const LayoutSections layout(plan);
-  {
-    const int r = rank;
-    const size_t s = static_cast<size_t>(r % shards);
-    StateHeader h = c.header;
-    h.plan_fingerprint = plan.FingerprintOn(Device::Cpu());  // files are laid out as on the CPU
-    h.world_size = ranks;
-    h.rank = r;
-    h.shard_group_size = shards;
-    h.replica_group_size = ranks / shards;
-    std::vector<std::vector<float>> blobs;  // kept alive for WriteStateFile
-    blobs.reserve(buckets.size() * c.state_names.size());
-    std::vector<StateSection> sections;
-    sections.push_back(StateSection{"bucket_steps", kI64, steps.size(), steps.data(), steps.size() * sizeof(int64_t)});
-    for (size_t b = 0; b < buckets.size(); ++b) {
-      const size_t sc = buckets[b].shard_count, lo = s * sc, hi = lo + sc;
-      for (size_t k = 0; k < c.state_names.size(); ++k) {
-        std::vector<float>& shard = blobs.emplace_back(sc, 0.0f);
-        for (int i : buckets[b].params) {
-          const size_t off = plan.slot(i).offset, end = off + plan.params()[i].count;
-          const size_t from = std::max(off, lo), to = std::min(end, hi);
-          if (from < to) std::memcpy(&shard[from - lo], &c.values[k][i][from - off], (to - from) * sizeof(float));
-        }
-        sections.push_back(StateSection{absl::StrCat("bucket", b, "/", c.state_names[k]), kF32, sc, shard.data(),
-                                        sc * sizeof(float)});
+  const size_t s = static_cast<size_t>(rank % shards);
+  StateHeader h = c.header;
+  h.plan_fingerprint = plan.FingerprintOn(Device::Cpu());  // files are laid out as on the CPU
+  h.world_size = ranks;
+  h.rank = rank;
+  h.shard_group_size = shards;
+  h.replica_group_size = ranks / shards;
+  std::vector<LoadedSection> sections;
+  auto add = [&sections](std::string section, int32_t dtype, uint64_t count, size_t bytes) -> unsigned char* {
+    LoadedSection& l = sections.emplace_back();
+    l.name = std::move(section);
+    l.dtype = dtype;
+    l.count = count;
+    l.bytes = bytes;
+    if (bytes > 0) l.storage = std::make_unique<unsigned char[]>(bytes);  // value-initialized: zero padding
+    return l.storage.get();
+  };
+  if (unsigned char* d = add("bucket_steps", kI64, steps.size(), steps.size() * sizeof(int64_t))) {
+    std::memcpy(d, steps.data(), steps.size() * sizeof(int64_t));
+  }
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const size_t sc = buckets[b].shard_count, lo = s * sc, hi = lo + sc;
+    for (size_t k = 0; k < c.state_names.size(); ++k) {
+      auto* shard = reinterpret_cast<float*>(
+          add(absl::StrCat("bucket", b, "/", c.state_names[k]), kF32, sc, sc * sizeof(float)));
+      for (int i : buckets[b].params) {
+        const size_t off = plan.slot(i).offset, end = off + plan.params()[i].count;
+        const size_t from = std::max(off, lo), to = std::min(end, hi);
+        if (from < to) std::memcpy(&shard[from - lo], &c.values[k][i][from - off], (to - from) * sizeof(float));
       }
     }
-    for (const StateSection& l : layout.sections()) sections.push_back(l);
-    return WriteStateFile(path, h, sections);
   }
+  const LayoutSections layout(plan);
+  for (const StateSection& l : layout.sections()) {
+    if (unsigned char* d = add(l.name, l.dtype, l.count, l.bytes)) std::memcpy(d, l.data, l.bytes);
+  }
+  return LoadedState(name, std::move(h), std::move(sections));
+}
+
+absl::Status WriteCheckpointRank(const Checkpoint& c, const sched::BucketPlan& plan, int rank, int ranks,
+                                 const std::string& path) {
+  ASSIGN_OR_RETURN(const LoadedState state, CheckpointRank(c, plan, rank, ranks, path));
+  std::vector<StateSection> sections;
+  for (const LoadedSection& l : state.sections()) {
+    sections.push_back(StateSection{l.name, l.dtype, l.count, l.data(), l.bytes});
+  }
+  return WriteStateFile(path, state.header(), sections);
 }
 
 }  // namespace braid::optim

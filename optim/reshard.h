@@ -52,11 +52,15 @@ absl::StatusOr<Checkpoint> ReadCheckpoint(const std::vector<std::string>& paths)
 absl::StatusOr<std::vector<std::string>> WriteCheckpoint(const Checkpoint& c, int ranks, int shards,
                                                          const std::string& prefix);
 
-// One rank's file of the checkpoint laid out by `plan` (any plan of the same parameters: other
-// bucket caps, another bucket order, another shard count; `ranks` ranks in shard groups of
-// plan.options().shards), written to `path`. ShardedOptimizer::Replan's last step, and
-// WriteCheckpoint's for each rank. FailedPrecondition for other parameters (named) or a target
-// bucket whose parameters were stepped a different number of times.
+// Rank `rank`'s state of the checkpoint laid out by `plan` (any plan of the same parameters:
+// other bucket caps, another bucket order, another shard count; `ranks` ranks in shard groups
+// of plan.options().shards), in memory, exactly what its state file would hold (`name` stands
+// for the file in errors): what ShardedOptimizer::LoadState takes when the buckets of a live
+// run are re-planned (capi). FailedPrecondition for other parameters (named) or a target bucket
+// whose parameters were stepped a different number of times.
+absl::StatusOr<LoadedState> CheckpointRank(const Checkpoint& c, const sched::BucketPlan& plan, int rank, int ranks,
+                                           const std::string& name);
+// CheckpointRank written to `path` (WriteCheckpoint's, for each rank).
 absl::Status WriteCheckpointRank(const Checkpoint& c, const sched::BucketPlan& plan, int rank, int ranks,
                                  const std::string& path);
 

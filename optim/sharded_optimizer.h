@@ -192,6 +192,10 @@ class ShardedOptimizer {
   // nothing, for a file of another plan, world, rank or optimizer kind.
   absl::Status Save(const std::string& path);
   absl::Status Load(const std::string& path);
+  // Load of a state already in memory (optim/reshard.h's CheckpointRank: a re-plan of a live
+  // run's buckets), `what` naming it in errors. A `source` that is an error fails this rank's
+  // load, and so every rank's (the ranks agree first), as an unreadable file would.
+  absl::Status LoadState(absl::StatusOr<LoadedState> source, const std::string& what);
   // The whole state, unsharded (optim/reshard.h's Checkpoint: every parameter's master weights
   // and moments, step counts, hyper-parameters), on every rank: collective over the shard group
   // (one all-gather per bucket and state buffer; hybrid replicas hold the same shards). Between
