@@ -6,6 +6,9 @@ into, from a directory outside the source tree, LIBBRAID_SO and PYTHONPATH unset
                            # equal serial torch bit for bit; missing modules are named
     wheel_check.py mpi     # each rank under mpirun -np 2: World() picks "mpi", which loads
                            # libbraid-mpi.so from the venv; the same 2 steps, bit for bit
+    wheel_check.py bare    # where Open MPI, Abseil and spdlog cannot load (wheel_test.sh
+                           # hides them): the local steps, and World("mpi") names what to
+                           # install
 
 Prints "wheel_check <mode>: OK" at the end; any failure is an exception (exit 1).
 """
@@ -148,8 +151,8 @@ def check_missing_modules():
                     shutil.rmtree(scratch)
 
 
-def run_local():
-    import torch  # after check_installed: torch maps the system's libfmt on its own
+def train_local():
+    """2 steps on a 2-rank local world (threads) equal serial torch bit for bit."""
     want = serial_reference()
     world = braid.World("local", local_ranks=N, read_env=False)
     groups = [world.group(r) for r in range(N)]
@@ -175,8 +178,23 @@ def run_local():
     for g in groups:
         g.close()
     world.close()
-    check(torch.get_num_threads() >= 1, "torch works")
+
+
+def run_local():
+    train_local()
     check_missing_modules()
+
+
+def run_bare():
+    train_local()
+    try:
+        braid.World("mpi")
+        raise AssertionError("World('mpi') succeeded without Open MPI")
+    except braid.BraidError as e:
+        msg = str(e)
+        print("World('mpi') without Open MPI:\n  %s" % msg)
+        for item in ("backend 'mpi'", "libmpi.so.40", "not installed", "apt install libopenmpi3"):
+            check(item in msg, "%r not named in: %s" % (item, msg))
 
 
 def run_mpi():
@@ -199,7 +217,7 @@ def main():
     mode = sys.argv[1]
     check_installed(os.path.dirname(os.path.abspath(braid.__file__)))
     check(not mapped("libbraid-"), "a backend module was loaded before any world needed it")
-    {"local": run_local, "mpi": run_mpi}[mode]()
+    {"local": run_local, "mpi": run_mpi, "bare": run_bare}[mode]()
     print("wheel_check %s: OK" % mode)
 
 
