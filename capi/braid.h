@@ -156,7 +156,11 @@ typedef struct braid_world_options {
    * torchrun wins over the SLURM_* variables of the allocation it runs in. Under torchrun /
    * srun, rank 0 serves a TCP rendezvous store at MASTER_ADDR:MASTER_PORT and every rank
    * checks in there; a rank that does not arrive within timeout_ms fails the others, naming
-   * it. braid_world_backend says which backend was chosen. */
+   * it. braid_world_backend says which backend was chosen. "mpi" and "gloo" live in modules
+   * beside libbraid.so (libbraid-mpi.so, libbraid-gloo.so; BRAID_BACKEND_MODULE_DIR) loaded
+   * by the first world that needs them, so only those backends need Open MPI / Gloo
+   * installed; when the module or its library is missing, braid_world_create fails with
+   * BRAID_FAILED_PRECONDITION naming the library and the Debian package to install. */
   const char* backend;
   /* Shared library exporting braidBackendPlugin_v1. NULL (default): BRAID_BACKEND_PLUGIN when
    * read_env. */

@@ -16,10 +16,25 @@ BackendRegistry& BackendRegistry::Global() {
 absl::Status BackendRegistry::Register(std::string name, std::string description,
                                        BackendFactory factory) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (entries_.count(name) != 0) {
+  auto it = entries_.find(name);
+  if (it != entries_.end() && !it->second.module) {
     return absl::AlreadyExistsError(absl::StrCat("backend '", name, "' is already registered"));
   }
-  entries_.emplace(std::move(name), Entry{std::move(description), std::move(factory)});
+  entries_.insert_or_assign(std::move(name), Entry{std::move(description), std::move(factory)});
+  return absl::OkStatus();
+}
+
+absl::Status BackendRegistry::RegisterModule(std::string name, std::string description,
+                                             BackendFactory factory) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(name);
+  if (it != entries_.end()) {
+    if (!it->second.module) return absl::OkStatus();  // linked in: the module is not needed
+    return absl::AlreadyExistsError(
+        absl::StrCat("backend module '", name, "' is already registered"));
+  }
+  entries_.emplace(std::move(name),
+                   Entry{std::move(description), std::move(factory), /*module=*/true});
   return absl::OkStatus();
 }
 

@@ -9,7 +9,11 @@
 //   }
 //
 // Backends register themselves with a static BackendRegistration in their own library (link
-// it with alwayslink); comm/ knows none of them by name.
+// it with alwayslink); comm/ knows none of them by name. A backend that needs a system library
+// (Open MPI, Gloo) may instead be registered as a *module*: a factory that loads the backend's
+// own shared library at the first Create (backends/module/module_loader.h), so the host loads
+// on machines without that system library. A backend linked into the binary takes precedence
+// over a module of the same name, whichever registers first.
 #ifndef BRAID_COMM_BACKEND_H_
 #define BRAID_COMM_BACKEND_H_
 
@@ -47,8 +51,11 @@ class BackendRegistry {
  public:
   static BackendRegistry& Global();
 
-  // AlreadyExists if `name` is taken.
+  // AlreadyExists if `name` is taken by another linked-in backend; replaces a module entry.
   absl::Status Register(std::string name, std::string description, BackendFactory factory);
+  // A backend loaded on first use (see the header comment): ignored (OK) when a linked-in
+  // backend of that name is registered; AlreadyExists if another module has the name.
+  absl::Status RegisterModule(std::string name, std::string description, BackendFactory factory);
   // NotFound naming the backend and listing the registered ones.
   absl::StatusOr<std::unique_ptr<Backend>> Create(absl::string_view name,
                                                   const Options& options) const;
@@ -58,6 +65,7 @@ class BackendRegistry {
   struct Entry {
     std::string description;
     BackendFactory factory;
+    bool module = false;  // loaded on first use; a linked-in registration replaces it
   };
   mutable std::mutex mu_;
   std::map<std::string, Entry, std::less<>> entries_;

@@ -130,6 +130,14 @@ const std::vector<Entry>& Entries() {
          o.nccl_library = std::string(v);
          return absl::OkStatus();
        }},
+      {{"BRAID_BACKEND_MODULE_DIR", "",
+        "directory of the backend modules (libbraid-mpi.so, libbraid-gloo.so) a world loads "
+        "when it first needs that backend (empty: the directory libbraid.so was loaded from; "
+        "backends/module/module_loader.h)"},
+       [](Options& o, absl::string_view v) {
+         o.backend_module_dir = std::string(v);
+         return absl::OkStatus();
+       }},
       {{"BRAID_TIMELINE", "", "path prefix for per-rank Chrome-trace timelines (off when empty)"},
        [](Options& o, absl::string_view v) {
          o.timeline = std::string(v);

@@ -35,6 +35,7 @@ struct Options {
   std::string mpi_engine = "auto";    // BRAID_MPI_ENGINE: auto, sized, blocking, nonblocking
   int cuda_device = -1;               // BRAID_CUDA_DEVICE (-1: node-local rank % device count)
   std::string nccl_library = "libnccl.so.2";  // BRAID_NCCL_LIBRARY (opened with dlopen)
+  std::string backend_module_dir;     // BRAID_BACKEND_MODULE_DIR (empty: libbraid.so's own)
   std::vector<std::string> unknown;   // BRAID_* names seen in the environment but not known
 
   // Parses `environ` once.

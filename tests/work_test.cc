@@ -165,5 +165,33 @@ TEST(Registry, UnknownBackendListsRegisteredOnes) {
   EXPECT_NE(b.status().message().find("alpha"), absl::string_view::npos);
 }
 
+// A backend linked into the binary wins over a module of the same name (backends/module), in
+// either registration order; two modules or two linked-in backends of one name conflict.
+TEST(Registry, LinkedInBackendTakesPrecedenceOverModule) {
+  auto failing = [](const char* who) -> BackendFactory {
+    return [who](const Options&) -> absl::StatusOr<std::unique_ptr<Backend>> {
+      return absl::UnimplementedError(who);
+    };
+  };
+  for (bool module_first : {true, false}) {
+    BackendRegistry reg;
+    if (module_first) {
+      ASSERT_TRUE(reg.RegisterModule("mpi", "module", failing("module")).ok());
+      ASSERT_TRUE(reg.Register("mpi", "linked", failing("linked")).ok());
+    } else {
+      ASSERT_TRUE(reg.Register("mpi", "linked", failing("linked")).ok());
+      ASSERT_TRUE(reg.RegisterModule("mpi", "module", failing("module")).ok());
+    }
+    EXPECT_EQ(reg.Create("mpi", Options()).status().message(), "linked") << module_first;
+    EXPECT_EQ(reg.Register("mpi", "again", failing("again")).code(),
+              absl::StatusCode::kAlreadyExists);
+  }
+  BackendRegistry reg;
+  ASSERT_TRUE(reg.RegisterModule("gloo", "module", failing("module")).ok());
+  EXPECT_EQ(reg.RegisterModule("gloo", "other", failing("other")).code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(reg.Create("gloo", Options()).status().message(), "module");
+}
+
 }  // namespace
 }  // namespace braid

@@ -116,12 +116,5 @@ absl::StatusOr<std::unique_ptr<Group>> GlooBackend::WorldGroup(int rank) {
   return std::unique_ptr<Group>(std::make_unique<GlooGroup>(world_, std::move(ctx), "world", prefix));
 }
 
-namespace {
-const BackendRegistration kRegistration(
-    "gloo",
-    "Gloo over TCP on CPU buffers: one rank per process, for torchrun / srun worlds (a TCP "
-    "rendezvous store at MASTER_ADDR:MASTER_PORT); one rank without a launcher",
-    &GlooBackend::Create);
-}  // namespace
 
 }  // namespace braid::gloo_backend

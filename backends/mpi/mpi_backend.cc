@@ -77,11 +77,5 @@ absl::StatusOr<std::unique_ptr<Group>> MpiBackend::WorldGroup(int rank) {
   return MpiGroup::Create(runtime_, std::move(data), "world", config_);
 }
 
-namespace {
-const BackendRegistration kRegistration(
-    "mpi", "OpenMPI: one process per rank, CPU buffers, blocking collectives on a thread per group "
-    "(large calls) and nonblocking ones (small calls)",
-    &MpiBackend::Create);
-}  // namespace
 
 }  // namespace braid::mpi

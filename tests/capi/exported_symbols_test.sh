@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # libbraid.so exports only braid_* symbols, exactly the functions braid.h declares, and needs
-# neither libcudart nor libnccl (the runtime is static, NCCL is opened with dlopen).
-# Usage: exported_symbols_test.sh <libbraid.so> <braid.h>
+# neither libcudart nor libnccl (the runtime is static, NCCL is opened with dlopen) nor Open
+# MPI nor Gloo (their backends are modules loaded on first use); each backend module exports
+# only its entry point braidBackendModule_v1 (backends/module/module.lds).
+# Usage: exported_symbols_test.sh <libbraid.so> <braid.h> [<libbraid-BACKEND.so>...]
 set -euo pipefail
 lib="$1"
 header="$2"
@@ -29,9 +31,18 @@ if [[ -n "$missing" || -n "$extra" ]]; then
   exit 1
 fi
 needed="$(readelf -d "$lib" | grep NEEDED)"
-if grep -qE '\[lib(cudart|nccl)\.so' <<<"$needed"; then
-  echo "FAIL: $lib has NEEDED entries for CUDA/NCCL (it must load without them):" >&2
-  grep -E '\[lib(cudart|nccl)\.so' <<<"$needed" >&2
+if grep -qE '\[lib(cudart|nccl|mpi|gloo)\.so' <<<"$needed"; then
+  echo "FAIL: $lib has NEEDED entries for CUDA/NCCL/MPI/Gloo (it must load without them):" >&2
+  grep -E '\[lib(cudart|nccl|mpi|gloo)\.so' <<<"$needed" >&2
   exit 1
 fi
-echo "PASS: $(wc -l <<<"$exported") symbols, all braid_*, matching braid.h; no NEEDED libcudart/libnccl"
+for module in "${@:3}"; do
+  module_exports="$(nm -D --defined-only "$module" | awk '{print $NF}')"
+  if [[ "$module_exports" != "braidBackendModule_v1" ]]; then
+    echo "FAIL: $module must export exactly braidBackendModule_v1, exports:" >&2
+    echo "$module_exports" | head -20 >&2
+    exit 1
+  fi
+done
+echo "PASS: $(wc -l <<<"$exported") symbols, all braid_*, matching braid.h; no NEEDED" \
+  "libcudart/libnccl/libmpi/libgloo; $(($# - 2)) backend modules export only their entry point"

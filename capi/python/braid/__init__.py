@@ -6,8 +6,8 @@
         g.allreduce(tensor, op="avg").wait()
 
 `braid.pytorch` wraps a torch.nn.Module (DistributedDataParallel) and offers Braid's sharded
-AdamW (ShardedAdamW). The library is found through $LIBBRAID_SO, next to this package, or in
-the source tree's bazel-bin/capi/.
+AdamW (ShardedAdamW). The library is found through $LIBBRAID_SO, inside this package (as the
+wheel installs it: `pip install braid-*.whl`), or in the source tree's bazel-bin/capi/.
 """
 
 from ._lib import BraidError, NO_COLOR

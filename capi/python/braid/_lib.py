@@ -227,14 +227,14 @@ def _candidates():
         return [env]  # an explicit choice is never second-guessed
     here = os.path.dirname(os.path.abspath(__file__))
     repo = os.path.normpath(os.path.join(here, "..", "..", ".."))
-    return [os.path.join(here, "libbraid.so"),                      # installed next to the package
+    return [os.path.join(here, "libbraid.so"),                      # installed (the wheel)
             os.path.join(repo, "bazel-bin", "capi", "libbraid.so")]  # the source tree, built
 
 
 @functools.lru_cache(maxsize=None)
 def load():
-    """Opens libbraid.so ($LIBBRAID_SO, else next to this package, else the tree's bazel-bin)
-    and declares every entry point. Raises OSError naming the paths tried, or when the
+    """Opens libbraid.so ($LIBBRAID_SO, else the one inside this package, as the wheel installs
+    it, else the source tree's bazel-bin) and declares every entry point. Raises OSError naming the paths tried, or when the
     library's ABI differs from this binding's."""
     tried = []
     for path in _candidates():
@@ -252,8 +252,10 @@ def load():
             fn.restype = restype
             fn.argtypes = argtypes
         return lib
-    raise OSError("libbraid.so not found (build it: tools/bazelw build //capi:braid, or set "
-                  "LIBBRAID_SO); tried: " + ", ".join(tried))
+    raise OSError("libbraid.so not found (install the wheel: tools/bazelw build "
+                  "//capi/python:wheel, then pip install bazel-bin/capi/python/braid-*.whl; or "
+                  "build //capi:braid in the source tree; or set LIBBRAID_SO); tried: " +
+                  ", ".join(tried))
 
 
 def last_error():

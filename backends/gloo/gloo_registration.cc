@@ -1,0 +1,14 @@
+// Registers the gloo backend linked into this binary as "gloo" (//backends/gloo). Binaries that
+// load it as a module instead link //backends/gloo:lazy (backends/module/module_loader.h).
+#include "backends/gloo/gloo_backend.h"
+#include "comm/backend.h"
+
+namespace braid::gloo_backend {
+namespace {
+const BackendRegistration kRegistration(
+    "gloo",
+    "Gloo over TCP on CPU buffers: one rank per process, for torchrun / srun worlds (a TCP "
+    "rendezvous store at MASTER_ADDR:MASTER_PORT); one rank without a launcher",
+    &GlooBackend::Create);
+}  // namespace
+}  // namespace braid::gloo_backend
