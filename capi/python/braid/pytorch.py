@@ -9,10 +9,10 @@ fully sharded data parallel (FullyShardedDataParallel, ZeRO-3 / FSDP).
         opt.step(); opt.zero_grad()
 
     model = DistributedDataParallel(net, g, mode="reduce_scatter")      # ZeRO-2 style
-    opt = ShardedAdamW(model, lr=1e-3)               # Braid steps each shard as it arrives
+    opt = ShardedAdamW(model.parameters(), lr=1e-3)  # Braid steps each shard as it arrives
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)  # a torch Optimizer
     for x, y in data:
-        loss_fn(model(x), y).backward(); opt.step()  # step(): no-op with overlap (the default)
+        loss_fn(model(x), y).backward(); opt.step()  # overlap: stepped during the backward
         sched.step()                                 # param_groups read as the next step arms
     torch.save(opt.state_dict(), "opt.rank%d" % g.rank)  # this rank's shard
 
@@ -132,8 +132,10 @@ gradients are in rather than at the end of the backward. A parameter used outsid
 DDP: parameters no rank used are reduced as zeros (torch leaves their .grad None); reentrant
 activation checkpointing is not supported (its inner backward would finish Braid's backward
 early).
-With ShardedAdamW the parameters are Braid's gathered copy: write initial values before
-creating it (later writes to p.data are overwritten by the next gather).
+With ShardedAdamW the parameters are views over Braid's gathered copy; values written to
+them after it exists (model.load_state_dict, p.data.copy_) become its master weights at the
+next forward (braid/optim.py), and p.grad in reduce_scatter / hybrid mode is a guard whose
+reads raise (braid/_grad_guard.py: it holds this rank's unreduced or stepped gradient).
 
 Fully sharded (FullyShardedDataParallel + ShardedAdamW / ShardedSGD), wired over braid.h 0.7:
   - units: the submodules given (units=[...]) or chosen by auto_wrap_policy (a callable
