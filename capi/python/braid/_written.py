@@ -41,6 +41,13 @@ class ShardedParameter(torch.nn.Parameter):
     def data(self, value):
         _TENSOR_DATA.__set__(self, value)
 
+    def __deepcopy__(self, memo):
+        """A copy is a plain torch.nn.Parameter (it is not Braid's)."""
+        if id(self) not in memo:
+            memo[id(self)] = torch.nn.Parameter(
+                self.detach().clone(memory_format=torch.preserve_format), self.requires_grad)
+        return memo[id(self)]
+
 
 class WriteTracker:
     """The version counters of `params` (a list of torch.nn.Parameter), recorded at record();
