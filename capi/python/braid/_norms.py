@@ -29,7 +29,8 @@ Contract:
     shard before its step and one 2-double all-reduce after the last bucket's gather started;
     the steps keep overlapping the backward); RuntimeError naming track_grad_norm otherwise.
 The host class provides: optimizer (braid.core.Optimizer), ddp (the wrapper, with _armed and
-_params), _overlap, _max_grad_norm, _skip_nonfinite, _track_grad_norm and _step_now().
+_params), _overlap, _max_grad_norm, _skip_nonfinite, _track_grad_norm, _stepped_early and
+_step_now().
 """
 
 import math
@@ -94,7 +95,9 @@ class GradNorms:
                 "%s after a no_sync() backward: Braid clips the accumulated gradients in the "
                 "step of the synced backward that ends the window; call it after that "
                 "backward" % who)
-        self._step_now()
+        if not (self._overlap or self._stepped_early):
+            self._step_now()  # overlap=False: the step runs here, step() then only returns
+            self._stepped_early = True
         norm, skipped = self._norm_report(who)
         if error_if_nonfinite and (skipped or not math.isfinite(norm)):
             raise RuntimeError(

@@ -93,14 +93,15 @@ class AdoptsWrites:
         self._writes.record()
 
     def _refuse_late_writes(self):
-        """overlap=True: a parameter written since the forward was already stepped (during the
-        backward) from its old value, and its gather may have overwritten the write."""
+        """At step() of a step already taken (during the backward with overlap, or in
+        clip_grad_norm_): a parameter written since the forward was stepped from its old
+        value, and its gather may have overwritten the write."""
         changed = self._writes.changed() if self._writes is not None else []
         if changed:
             self._writes.record()
             raise RuntimeError(
                 "%s.step(): parameter %r was written after the forward (between backward and "
-                "step()?); with overlap=True Braid steps during the backward, so the write "
-                "came after the step and may have been overwritten by its all-gather: write "
-                "parameters after step() (or before the forward), or pass overlap=False" %
+                "step()?); Braid had already stepped it (during the backward with overlap=True, "
+                "or in clip_grad_norm_), so the write may have been overwritten by the step's "
+                "all-gather: write parameters after step() (or before the forward)" %
                 (type(self).__name__, self._names[changed[0]]))

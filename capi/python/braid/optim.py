@@ -274,38 +274,35 @@ class _ShardedOptimizer(ParamGroups, AdoptsWrites, GradNorms, torch.optim.Optimi
         """Ends the step (see the module docstring): with `closure`, calls it first (grad
         enabled) and returns its loss. overlap=True: the buckets were stepped during the
         backward. overlap=False: steps every bucket of the finished backward now (with the
-        param_groups' current values) and starts the gathers. FullyShardedDataParallel: also
-        ends the step's units (else the next forward does)."""
+        param_groups' current values) and starts the gathers. DistributedDataParallel: returns
+        once every parameter holds its stepped value. FullyShardedDataParallel: ends the
+        step's units (else the next forward does)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if self._overlap:
-            if self._fully_sharded:
-                self.ddp._end_step()
-            else:
-                self.optimizer.wait_all_params()
-                self._refuse_late_writes()
-        elif not self._stepped_early:
+        # Already stepped: during the backward (overlap), or by clip_grad_norm_ (overlap=False).
+        stepped, self._stepped_early = self._overlap or self._stepped_early, False
+        if not stepped:
             self._step_now()
-        self._stepped_early = False
+        elif self._fully_sharded:
+            self.ddp._end_step()
         if not self._fully_sharded:
             # torch's meaning: the parameters hold the stepped values when step() returns (the
             # next forward's first layers are in the last bucket stepped, so it would wait for
             # that bucket's gather anyway).
             self.optimizer.wait_all_params()
+            if stepped:
+                self._refuse_late_writes()
         return loss
 
     def _step_now(self):
-        """overlap=False: the step of the finished backward runs here (written parameters
-        adopted first, as torch steps from them), once; with overlap a no-op."""
-        if self._overlap or self._stepped_early:
-            return
+        """overlap=False: the step of the finished backward, from the parameters as written
+        (adopted first, as torch steps from them)."""
         if self._fully_sharded:
             self.ddp._end_step()
         self._adopt_writes()
         self.optimizer.step()
-        self._stepped_early = True
 
     def zero_grad(self, set_to_none=False):
         """Braid zeroes each bucket after stepping it: nothing to do. set_to_none=True: every
