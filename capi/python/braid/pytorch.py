@@ -9,10 +9,10 @@ fully sharded data parallel (FullyShardedDataParallel, ZeRO-3 / FSDP).
         opt.step(); opt.zero_grad()
 
     model = DistributedDataParallel(net, g, mode="reduce_scatter")      # ZeRO-2 style
-    opt = ShardedAdamW(model, lr=1e-3)               # Braid steps each shard as it arrives
+    opt = ShardedAdamW(model.parameters(), lr=1e-3)  # Braid steps each shard as it arrives
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)  # a torch Optimizer
     for x, y in data:
-        loss_fn(model(x), y).backward(); opt.step()  # step(): no-op with overlap (the default)
+        loss_fn(model(x), y).backward(); opt.step()  # overlap: stepped during the backward
         sched.step()                                 # param_groups read as the next step arms
     torch.save(opt.state_dict(), "opt.rank%d" % g.rank)  # this rank's shard
 
@@ -132,8 +132,10 @@ gradients are in rather than at the end of the backward. A parameter used outsid
 DDP: parameters no rank used are reduced as zeros (torch leaves their .grad None); reentrant
 activation checkpointing is not supported (its inner backward would finish Braid's backward
 early).
-With ShardedAdamW the parameters are Braid's gathered copy: write initial values before
-creating it (later writes to p.data are overwritten by the next gather).
+With ShardedAdamW the parameters are views over Braid's gathered copy; values written to
+them after it exists (model.load_state_dict, p.data.copy_) become its master weights at the
+next forward (braid/optim.py), and p.grad in reduce_scatter / hybrid mode is a guard whose
+reads raise (braid/_grad_guard.py: it holds this rank's unreduced or stepped gradient).
 
 Fully sharded (FullyShardedDataParallel + ShardedAdamW / ShardedSGD), wired over braid.h 0.7:
   - units: the submodules given (units=[...]) or chosen by auto_wrap_policy (a callable
@@ -191,11 +193,10 @@ Fully sharded (FullyShardedDataParallel + ShardedAdamW / ShardedSGD), wired over
 
 import functools
 import time
-import warnings
 
 import torch
 
-from . import core
+from . import _grad_guard, _owners, core
 from ._views import (_broadcast_buffers, _broadcast_module, _device_of, _ready_event,
                      _sync_scope, _view, _weak_call)
 from .fsdp import FullyShardedDataParallel, FullyShardedParameter, _tensors  # noqa: F401
@@ -271,14 +272,17 @@ class DistributedDataParallel(torch.nn.Module):
             reduce_dtype=reduce_dtype, timeout_ms=timeout_ms, timeline_prefix=timeline_prefix,
             device=self._device, credit_mb=credit_mb, priorities=priorities)
         self._mode = mode
+        self._names = [n for n, _ in named]
         self._grads = self._bucket_views()
+        self._exposed = self._expose(self._grads)
         self.reducer.zero_grads()
-        for p, view, widened in zip(self._params, self._grads, self._widened):
+        for p, view, exposed, widened in zip(self._params, self._grads, self._exposed,
+                                             self._widened):
             if p.grad is not None:
                 view.copy_(p.grad)
-            p.grad = None if widened else view
+            p.grad = None if widened else exposed
             if self._main_grad:
-                p.main_grad = view
+                p.main_grad = exposed
         self._rebuild = bool(rebuild_bucket_order)  # a rebuild is still to come
         self._rebuild_due = False                   # a synced backward recorded the order
         self._autotune = bool(autotune)             # still tuning
@@ -294,14 +298,13 @@ class DistributedDataParallel(torch.nn.Module):
         self._armed = "sync"         # the sync mode the next backward uses
         self._in_backward = False
         self._find_unused = find_unused_parameters
-        self._names = [n for n, _ in named]
         self._unused = []            # ids the last forward's outputs do not reach
         self._early = set()          # ids marked unused at the start of this backward
         self._accumulated = set()    # ids marked in a no_sync backward of this window
         self._stepper = None         # the braid.core.Optimizer of a ShardedAdamW, if any
         self._on_replan = []         # called after a re-plan (ShardedAdamW rebinds its views)
-        self._warned_unreduced = False
         self.reducer.before_close.append(_weak_call(self._detach_grads))
+        _owners.claim(self, module)  # ShardedAdamW(model.parameters()) finds this wrapper
 
     def _bucket_views(self):
         """A tensor over each parameter's gradient in the reducer's buckets (its registered
@@ -312,6 +315,27 @@ class DistributedDataParallel(torch.nn.Module):
             dtype = torch.float32 if widened else p.dtype
             views.append(_view(self.reducer, address, count, dtype, p.shape, self._device))
         return views
+
+    def _expose(self, views):
+        """What p.grad (and main_grad) are bound to: the views themselves in all-reduce mode
+        (torch's averaged gradients); in reduce_scatter / hybrid mode GuardedGrads over them
+        (braid/_grad_guard.py: reading them raises, as they hold this rank's unreduced or
+        already stepped gradients). Braid's own code uses the plain views."""
+        if self._mode == "allreduce":
+            return list(views)
+        why = _grad_guard.weak(self._grad_state, "unreduced")
+        before_zero = _grad_guard.weak(self._before_grad_zero, False)
+        return [_grad_guard.guard(v, n, why, before_zero) for v, n in zip(views, self._names)]
+
+    def _grad_state(self):
+        return "stepped" if self._stepper is not None else "unreduced"
+
+    def _before_grad_zero(self):
+        """A guarded gradient is zeroed by torch code (net.zero_grad()): first wait for the
+        steps still reading the buckets (Braid zeroes them after stepping anyway)."""
+        if self._stepper is not None:
+            self._stepper.wait_all_params()
+        return False
 
     def _rebuild_if_due(self):
         """The bucket rebuild (collective): at a forward with grad, or when ShardedAdamW is
@@ -352,11 +376,12 @@ class DistributedDataParallel(torch.nn.Module):
         """After a re-plan: new views over the new buckets; p.grad (and main_grad) of every
         parameter still bound to its old view is rebound (the values moved with it)."""
         old, self._grads = self._grads, self._bucket_views()
-        for p, before, view, widened in zip(self._params, old, self._grads, self._widened):
+        self._exposed = self._expose(self._grads)
+        for p, before, exposed, widened in zip(self._params, old, self._exposed, self._widened):
             if not widened and p.grad is not None and p.grad.data_ptr() == before.data_ptr():
-                p.grad = view
+                p.grad = exposed
             if self._main_grad:
-                p.main_grad = view
+                p.main_grad = exposed
         for callback in list(self._on_replan):
             callback()
 
@@ -366,6 +391,7 @@ class DistributedDataParallel(torch.nn.Module):
         first."""
         if self._stepper is not None:
             raise RuntimeError("close the ShardedAdamW of this model first")
+        _owners.release(self, self.module)
         self.reducer.close()  # runs _detach_grads first
 
     def _detach_grads(self):
@@ -375,10 +401,10 @@ class DistributedDataParallel(torch.nn.Module):
         self._hooks, self._grad_accs = [], []
         for p, view, widened in zip(self._params, self._grads, self._widened):
             if p.grad is not None and p.grad.data_ptr() == view.data_ptr():
-                p.grad = p.grad.clone()
+                p.grad = view.clone()  # (a plain tensor: the module is torch's again)
             if self._main_grad:
                 p.main_grad = view.clone()
-        self._grads = []
+        self._grads = self._exposed = []
 
 
     def forward(self, *args, **kwargs):
@@ -492,16 +518,17 @@ class DistributedDataParallel(torch.nn.Module):
         for p, widened in zip(self._params, self._widened):
             if widened and p.grad is not None:  # its hook adds this backward's gradient only
                 p.grad = None
-        stale = [(p, view) for p, view, widened in zip(self._params, self._grads, self._widened)
+        stale = [(p, view, exposed) for p, view, exposed, widened in
+                 zip(self._params, self._grads, self._exposed, self._widened)
                  if not widened and (p.grad is None or p.grad.data_ptr() != view.data_ptr())]
         if stale and self._stepper is not None:
             self._stepper.wait_all_params()  # the stepper may still be zeroing those buckets
-        for p, view in stale:
+        for p, view, exposed in stale:
             if p.grad is None:
                 view.zero_()
             else:
                 view.copy_(p.grad)
-            p.grad = view
+            p.grad = exposed
 
     def _grad_ready(self, pid, *unused):
         try:
@@ -548,8 +575,3 @@ class DistributedDataParallel(torch.nn.Module):
         if self._armed == "sync":
             self._rebuild_due = self._rebuild
             self._stepped = True
-        if self._stepper is None and self._mode != "allreduce" and not self._warned_unreduced:
-            self._warned_unreduced = True
-            warnings.warn("mode %r without ShardedAdamW: param.grad holds this rank's local "
-                          "(unreduced) gradients; the reduced shards are in "
-                          "reducer.shard(bucket)" % self._mode)
