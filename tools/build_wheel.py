@@ -3,7 +3,7 @@
 libraries they need that a user cannot be expected to have, as one .whl file pip installs.
 
     bazel build //capi/python:wheel     # runs this; the wheel is in bazel-bin/capi/python/
-    build_wheel.py --out braid-0.9.0-py3-none-linux_x86_64.whl --header capi/braid.h \\
+    build_wheel.py --out braid-<version>-py3-none-linux_x86_64.whl --header capi/braid.h \\
         --lib bazel-bin/capi/libbraid.so \\
         --module bazel-bin/capi/libbraid-mpi.so=libmpi.so.40 \\
         --module bazel-bin/capi/libbraid-gloo.so=libgloo.so.0 \\
