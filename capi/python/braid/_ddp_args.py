@@ -15,6 +15,9 @@ Contract:
     wrapped: braid/_ddp_verify.py; device_ids / output_device: braid/_ddp_devices.py; CUDA
     parameters need a group on an nccl world, CPU ones a host world (ValueError naming a
     parameter);
+  - bad values are refused by their Python names (bucket_cap_mb, first_bucket_cap_mb,
+    timeout_ms, mode, replica_group, reduce_dtype, timeline_prefix), never by braid.h's
+    fields;
   - `config`: every argument but the module and the groups, as given (after the older
     signature's translation): what pickling keeps to build the wrapper again.
   Nothing here is collective except mapping a torch ProcessGroup (one all-gather over the
@@ -48,6 +51,7 @@ def read_arguments(module, args):
     if args["check_reduction"]:
         warnings.warn("The `check_reduction` argument in `DistributedDataParallel` module is "
                       "deprecated. Please avoid using it.")
+    _check_values(args)
     a = types.SimpleNamespace(config={k: v for k, v in args.items() if k not in _GROUP_ARGS})
     given = args["process_group"] if args["process_group"] is not None else args["group"]
     a.group = resolve_group(args["group"], args["process_group"], WHAT)
@@ -77,3 +81,35 @@ def read_arguments(module, args):
             "collectives read device memory; move the module to its GPU (module.cuda()) or "
             "use a host backend" % (WHAT, first, group.name))
     return a
+
+
+def _positive(args, name):
+    value = args[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError("%s: %s=%r: a size in MiB > 0" % (WHAT, name, value))
+
+
+def _check_values(args):
+    """ValueError / TypeError naming the argument, before braid.h sees a value."""
+    _positive(args, "bucket_cap_mb")
+    _positive(args, "first_bucket_cap_mb")
+    timeout = args["timeout_ms"]
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
+        raise ValueError("%s: timeout_ms=%r: milliseconds, an int >= 0 (0: the world's "
+                         "default)" % (WHAT, timeout))
+    mode = args["mode"]
+    if mode not in core.MODES:
+        raise ValueError("%s: mode=%r: one of %s" % (WHAT, mode, ", ".join(core.MODES)))
+    if (mode == "hybrid") != (args["replica_group"] is not None):
+        raise ValueError(
+            "%s: mode='hybrid' needs replica_group= (the replica group of Group.mesh), and "
+            "replica_group= needs mode='hybrid'; got mode=%r, replica_group=%r" %
+            (WHAT, mode, args["replica_group"]))
+    if args["reduce_dtype"] is not None:
+        try:
+            core.dtype_code(args["reduce_dtype"])
+        except ValueError as e:
+            raise ValueError("%s: reduce_dtype=%r: %s" % (WHAT, args["reduce_dtype"], e)) from None
+    prefix = args["timeline_prefix"]
+    if prefix is not None and not isinstance(prefix, str):
+        raise TypeError("%s: timeline_prefix=%r: a path prefix (str) or None" % (WHAT, prefix))

@@ -8,8 +8,9 @@ wrapped once.
 Contract:
   - verify_same_model: every rank describes the parameters and buffers it will broadcast
     (in module.named_parameters(), then named_buffers() order: dtype, shape, requires_grad)
-    and the descriptions are compared over each group (hybrid: shard, replica, then the
-    shard group again, so a mismatch found anywhere reaches every rank). Every rank raises
+    and the descriptions are compared over each group, with a flag saying whether the rank
+    found a difference already (hybrid: the shard group, then the replica group, which holds
+    one rank of every shard group: a difference anywhere reaches every rank). Every rank raises
     the same way: ValueError naming the first differing tensor (as this rank names it), its
     shape and dtype on both ranks, and the ranks, instead of a broadcast of mismatched sizes
     (a crash in MPI_Ibcast). Costs two small all-gathers per round, at construction only.
@@ -164,9 +165,8 @@ def _compare(names, mine, my_rank, others, group, what):
 def verify_same_model(module, groups, what):
     """Collective over `groups` (see the module docstring)."""
     names, mine = _describe(module)
-    rounds = list(groups) + (list(groups[:1]) if len(groups) > 1 else [])
     message, failed = None, 0
-    for group in rounds:
+    for group in groups:
         table = [_unflatten(flat) for flat in _gather(group, _flatten(failed, mine))]
         message = message or _compare(names, mine, group.rank, [rows for _, rows in table],
                                       group, what)

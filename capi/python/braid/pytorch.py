@@ -573,6 +573,7 @@ class DistributedDataParallel(torch.nn.Module):
                 self._presence.none.add(pid)  # None as torch sees it, until a gradient lands
             else:
                 self._grads[pid].copy_(p.grad)
+                self._presence.none.discard(pid)  # the caller gave it a value
             p.grad = self._grads[pid]
 
     def _grad_ready(self, pid, *unused):
