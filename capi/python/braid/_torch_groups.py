@@ -23,6 +23,7 @@ Contract (torch 1.13's meaning of process_group, mapped onto Braid's default wor
 import torch
 
 from . import core
+from ._default_world import default_subgroup
 
 
 def _torch_process_group_type():
@@ -105,7 +106,7 @@ def _map_torch_group(pg, arg, what):
         return world_group
     key = tuple(tuple(g) for g in groups)
     name = "torch_group[%s]" % ",".join(str(r) for r in members)
-    return core.default_subgroup(key, lambda: world_group.split(min(members), members.index(
+    return default_subgroup(key, lambda: world_group.split(min(members), members.index(
         dist.get_rank()), name=name))
 
 
