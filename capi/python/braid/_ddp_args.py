@@ -74,7 +74,7 @@ def read_arguments(module, args):
         raise ValueError(
             "%s: parameter %r is on cuda:%d but group %r is on a %r world, whose collectives "
             "read host memory; CUDA modules need World('nccl') (one rank per process and "
-            "GPU)" % (WHAT, first, a.device, group.name, group._world.backend))  # pylint: disable=protected-access
+            "GPU)" % (WHAT, first, a.device, group.name, group._world.backend))
     if a.device is None and group.device_memory:
         raise ValueError(
             "%s: parameter %r is a CPU tensor but group %r is on an nccl world, whose "

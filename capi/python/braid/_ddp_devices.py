@@ -19,7 +19,7 @@ import torch
 
 def _index(value, arg, what):
     try:
-        return torch._utils._get_device_index(value, optional=True)  # pylint: disable=protected-access
+        return torch._utils._get_device_index(value, optional=True)  # torch's own parser
     except (RuntimeError, ValueError, TypeError) as e:
         raise ValueError("%s: %s=%r is not a CUDA device (%s)" % (what, arg, value, e)) from None
 

@@ -21,7 +21,8 @@ from ._default_world import is_default_group
 
 
 def getstate(ddp):
-    if len(ddp._groups) > 1 or not is_default_group(ddp._groups[0]):  # pylint: disable=protected-access
+    groups = ddp._groups
+    if len(groups) > 1 or not is_default_group(groups[0]):
         raise RuntimeError(
             "pickling DistributedDataParallel (torch.save(model), pickle, copy.deepcopy) "
             "works only over the default group, as torch DDP's over the default process "

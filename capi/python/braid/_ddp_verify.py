@@ -35,8 +35,9 @@ OWNER_ATTR = "_braid_ddp_owner"
 def check_not_wrapped(module, named, what):
     """ValueError when `module` is already wrapped (see the module docstring); `named`: the
     (name, parameter) pairs about to be registered."""
-    from .fsdp import FullyShardedDataParallel, FullyShardedParameter  # pylint: disable=import-outside-toplevel
-    from .pytorch import DistributedDataParallel  # pylint: disable=import-outside-toplevel
+    # Imported here: both modules import this one.
+    from .fsdp import FullyShardedDataParallel, FullyShardedParameter
+    from .pytorch import DistributedDataParallel
     wrappers = (DistributedDataParallel, FullyShardedDataParallel,
                 torch.nn.parallel.DistributedDataParallel)
     for sub_name, sub in module.named_modules():

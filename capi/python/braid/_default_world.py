@@ -57,6 +57,10 @@ class _ProcessDefault:
                 self._group = world.group()
             return self._group
 
+    def is_group(self, group):
+        with self._lock:
+            return group is not None and group is self._group
+
     def subgroup(self, key, make):
         """The group cached under `key` (identical on every rank), else make() (collective
         over the default world: every rank misses or hits together)."""
@@ -84,8 +88,7 @@ def default_group(what="default_group()"):
 
 def is_default_group(group):
     """True when `group` is the default world's group (made already)."""
-    with _DEFAULT._lock:  # pylint: disable=protected-access
-        return group is not None and group is _DEFAULT._group  # pylint: disable=protected-access
+    return _DEFAULT.is_group(group)
 
 
 def default_subgroup(key, make):

@@ -756,4 +756,4 @@ class Optimizer(_Handle):
 
 
 # The process-wide default world (braid/_default_world.py; imported last: it builds on World).
-from ._default_world import default_group, default_world  # noqa: E402,F401 pylint: disable=wrong-import-position
+from ._default_world import default_group, default_world  # noqa: E402,F401

@@ -244,22 +244,13 @@ class DistributedDataParallel(torch.nn.Module):
     from rank 0 at construction; an already wrapped module is refused. Pickling
     (torch.save(ddp), copy.deepcopy) works as torch DDP's, over the default group only.
 
-    Braid's keywords:
-    group: a braid Group (or a torch ProcessGroup); not together with process_group.
-    mode: "allreduce" (every rank gets every averaged gradient, like torch DDP),
-          "reduce_scatter" (each rank gets its averaged shard; use with ShardedAdamW) or
-          "hybrid" (reduce-scatter in `group`, all-reduce across `replica_group`; HSDP).
-    rebuild_bucket_order: rebuild the buckets once, in the readiness order of the first
-      synced backward (torch DDP's rebuild; module docstring "Bucket order").
-    main_grad: f32 gradient buckets for bf16/f16 parameters, as p.main_grad (module
-      docstring). autotune: tune the bucket caps on the first 50-90 steps (module docstring
-      "Autotuning").
-    credit_mb, priorities: communication scheduling (braid.core.Reducer; off by default):
-      buckets above credit_mb MiB reduced in credit-sized partitions, and with priorities=True
-      the ShardedAdamW / ShardedSGD parameter all-gathers go ahead of reduction partitions not
-      yet issued. Same results bit for bit.
-    first_bucket_cap_mb, reduce_dtype, timeout_ms, timeline_prefix: as braid.core.Reducer;
-      broadcast_from_rank0=False skips the construction broadcast.
+    Braid's keywords: group (a braid Group, or a torch ProcessGroup; not with process_group);
+    mode: "allreduce" (like torch DDP), "reduce_scatter" (each rank gets its averaged shard;
+    use with ShardedAdamW) or "hybrid" (reduce-scatter in `group`, all-reduce across
+    `replica_group`; HSDP); rebuild_bucket_order, main_grad, autotune (module docstring);
+    credit_mb, priorities (communication scheduling, braid.core.Reducer; same results bit for
+    bit); first_bucket_cap_mb, reduce_dtype, timeout_ms, timeline_prefix (braid.core.Reducer);
+    broadcast_from_rank0=False skips the construction broadcast.
     """
 
     def __init__(self, module, device_ids=None, output_device=None, dim=0,
