@@ -62,7 +62,7 @@ extern "C" {
 #endif
 
 #define BRAID_VERSION_MAJOR 0
-#define BRAID_VERSION_MINOR 9
+#define BRAID_VERSION_MINOR 10
 #define BRAID_VERSION_PATCH 0
 /* Bumped whenever a struct layout, enum value or signature changes incompatibly. */
 #define BRAID_ABI_VERSION 1
@@ -605,7 +605,7 @@ typedef enum braid_optimizer_kind {
 } braid_optimizer_kind_t;
 
 /* Versions (struct_size): 0.5 / 0.6 end after timeout_ms; 0.7 adds fully_sharded ..
- * gather_stream; 0.8 adds num_groups and param_groups. */
+ * gather_stream; 0.8 adds num_groups and param_groups; 0.10 adds track_grad_norm. */
 typedef struct braid_optimizer_options {
   size_t struct_size;
   braid_optimizer_kind_t kind;  /* default ADAMW */
@@ -659,6 +659,14 @@ typedef struct braid_optimizer_options {
    * reducer, in braid_reducer_create's order, copied: param_groups[i] in [0, num_groups) is
    * params[i]'s group. INVALID_ARGUMENT names an entry out of range. */
   const int* param_groups;
+  /* ---- 0.10: the gradient norm of every step, for logging. */
+  /* 1: braid_optimizer_last_step reports every step's global gradient norm (before clipping)
+   * even without max_grad_norm / skip_nonfinite. The steps still overlap the backward: each
+   * bucket's shard norm is summed right before its step (one more read of the shard), and one
+   * 2-double all-reduce after the last bucket's gather started completes the step
+   * (wait_all_params waits for it; wait_params does not). Host reducers only (UNIMPLEMENTED
+   * on a device: max_grad_norm reports the norm there). 0 (default): off. */
+  int track_grad_norm;
 } braid_optimizer_options_t;
 
 /* One group's hyper-parameters (the kind's half is used: AdamW lr, beta1, beta2, eps,
@@ -706,6 +714,8 @@ BRAID_API braid_status_t braid_optimizer_step(braid_optimizer_t* opt);
 /* Bucket `bucket`'s step and all-gather are complete: its parameters may be read.
  * OUT_OF_RANGE for an unknown bucket; TIMEOUT / PEER_ERROR naming the bucket. */
 BRAID_API braid_status_t braid_optimizer_wait_params(braid_optimizer_t* opt, int bucket);
+/* Every bucket's wait_params; outside a backward it also waits for the step's completion
+ * (0.10: track_grad_norm's all-reduce), so last_step then reports it. */
 BRAID_API braid_status_t braid_optimizer_wait_all_params(braid_optimizer_t* opt);
 /* Learning rate of every parameter from the next armed step (lr >= 0, finite). Sets group 0's
  * only when there are several groups (use braid_optimizer_set_hyper). */
@@ -726,10 +736,23 @@ BRAID_API braid_status_t braid_optimizer_save(braid_optimizer_t* opt, const char
  * a corrupt one (DATA_LOSS); NOT_FOUND when missing. */
 BRAID_API braid_status_t braid_optimizer_load(braid_optimizer_t* opt, const char* path);
 /* The latest completed step: rounds (synced steps so far, skipped ones included), skipped
- * (1 if skip_nonfinite dropped it), grad_norm (global norm with clipping/skip_nonfinite,
- * else -1). Any out-pointer may be NULL. */
+ * (1 if skip_nonfinite dropped it), grad_norm (global norm before clipping, with
+ * clipping / skip_nonfinite / track_grad_norm, else -1). Any out-pointer may be NULL. */
 BRAID_API braid_status_t braid_optimizer_last_step(braid_optimizer_t* opt, int64_t* rounds,
                                                    int* skipped, double* grad_norm);
+/* ---- 0.10: parameters written by the framework (ZeRO-2) --------------------------------
+ * The framework wrote parameter `id`'s values in place through braid_optimizer_param's pointer
+ * (e.g. loading pretrained weights after creating the optimizer): this rank's part of them
+ * becomes its master weights (widened to f32; moments and step counts stay), so the next step
+ * steps from them instead of overwriting them. Nothing is gathered and nothing is collective:
+ * each rank reads what it wrote until the next step's all-gather publishes every shard from
+ * its owner (write the same values on every rank). Outside a backward (waits for the step in
+ * flight; with overlap off, before braid_optimizer_step the step starts from the written
+ * values; FAILED_PRECONDITION inside a backward); FAILED_PRECONDITION
+ * for a fully_sharded optimizer (write inside a summon and braid_optimizer_set_param);
+ * NOT_FOUND for an unknown id. */
+BRAID_API braid_status_t braid_optimizer_adopt_param(braid_optimizer_t* opt, int64_t id);
+
 /* *event = the device completion event of `bucket`'s latest all-gather (nccl: recorded on the
  * gather stream; cudaStreamWaitEvent(consumer, event, 0) orders a consumer after it without a
  * host wait); NULL when the bucket was never gathered or on host backends. Valid until the

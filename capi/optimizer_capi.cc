@@ -44,6 +44,7 @@ absl::StatusOr<optim::OptimizerConfig> ToConfig(const braid_optimizer_options_t&
   RETURN_IF_ERROR(CheckFlag(o.fully_sharded, "fully_sharded"));
   RETURN_IF_ERROR(CheckFlag(o.reshard_after_forward, "reshard_after_forward"));
   RETURN_IF_ERROR(CheckFlag(o.offload, "offload"));
+  RETURN_IF_ERROR(CheckFlag(o.track_grad_norm, "track_grad_norm"));  // 0.10
   if (o.prefetch < 0) {
     return absl::InvalidArgumentError(absl::StrCat("opts->prefetch must be >= 0, got ", o.prefetch));
   }
@@ -61,6 +62,7 @@ absl::StatusOr<optim::OptimizerConfig> ToConfig(const braid_optimizer_options_t&
   c.overlap = o.overlap != 0;
   c.max_grad_norm = o.max_grad_norm;
   c.skip_nonfinite = o.skip_nonfinite != 0;
+  c.track_grad_norm = o.track_grad_norm != 0;  // 0.10
   c.threads = o.threads;
   c.timeout = absl::Milliseconds(o.timeout_ms);
   return c;
@@ -141,6 +143,7 @@ void braid_optimizer_options_init(braid_optimizer_options_t* opts) {
   opts->gather_stream = nullptr;
   opts->num_groups = 1;
   opts->param_groups = nullptr;
+  opts->track_grad_norm = 0;  // 0.10
 }
 
 braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
@@ -163,9 +166,11 @@ braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
     }
     braid_optimizer_options_t o;
     braid_optimizer_options_init(&o);
-    // 0.5 and 0.6's struct ended after timeout_ms, 0.7's after gather_stream.
+    // 0.5 and 0.6's struct ended after timeout_ms, 0.7's after gather_stream, 0.8's after
+    // param_groups.
     RETURN_IF_ERROR(braid::capi::ReadVersionedOptions(
-        opts, {offsetof(braid_optimizer_options_t, fully_sharded), offsetof(braid_optimizer_options_t, num_groups)},
+        opts, {offsetof(braid_optimizer_options_t, fully_sharded), offsetof(braid_optimizer_options_t, num_groups),
+               offsetof(braid_optimizer_options_t, track_grad_norm)},
         "braid_optimizer_options_t", &o));
     ASSIGN_OR_RETURN(braid::optim::OptimizerConfig config, braid::capi::ToConfig(o));
     if (o.param_groups != nullptr) {
@@ -317,6 +322,15 @@ braid_status_t braid_optimizer_last_step(braid_optimizer_t* opt, int64_t* rounds
     if (skipped != nullptr) *skipped = r.skipped ? 1 : 0;
     if (grad_norm != nullptr) *grad_norm = r.grad_norm;
     return absl::OkStatus();
+  });
+}
+
+// ---- 0.10: parameters written by the framework ---------------------------------------------
+
+braid_status_t braid_optimizer_adopt_param(braid_optimizer_t* opt, int64_t id) {
+  return Guard("braid_optimizer_adopt_param", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
+    return o->opt->AdoptParam(id);
   });
 }
 

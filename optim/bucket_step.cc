@@ -184,12 +184,36 @@ void ShardedOptimizer::Publish(int b, bool zero_grads, absl::Status stepped) {
     std::lock_guard<std::mutex> lock(mu_);
     buckets_[b]->published = true;
     buckets_[b]->publish_status = std::move(status);
-    if (b + 1 == static_cast<int>(buckets_.size())) {  // the step is complete: one critical section
-      const int64_t rounds = report_.rounds + 1;
-      report_ = round_report_;
-      report_.rounds = rounds;
-      round_armed_ = round_running_ = false;
+    if (b + 1 == static_cast<int>(buckets_.size()) && !defer_completion_) {
+      CompleteRoundLocked();  // the step is complete: one critical section
     }
+  }
+  cv_.notify_all();
+}
+
+void ShardedOptimizer::CompleteRoundLocked() {
+  const int64_t rounds = report_.rounds + 1;
+  report_ = round_report_;
+  report_.rounds = rounds;
+  round_armed_ = round_running_ = false;
+  defer_completion_ = false;
+}
+
+void ShardedOptimizer::FinishTrackedRound(double sumsq, bool failed, absl::Time deadline) {
+  // Every rank takes part, a rank that dropped buckets too (its peers issue the all-reduce).
+  stats_[0] = failed ? 0.0 : sumsq;
+  stats_[1] = failed ? 1.0 : 0.0;
+  const absl::Status st = SumStats(*stats_group_, deadline);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!st.ok() && round_report_.error.ok()) {
+      round_report_.error = absl::Status(
+          st.code(), absl::StrCat("the step was taken, but its gradient norm (track_grad_norm) "
+                                  "could not be summed across the shard group: ", st.message()));
+    } else if (st.ok() && stats_[1] == 0) {
+      round_report_.grad_norm = std::sqrt(stats_[0]);
+    }
+    CompleteRoundLocked();
   }
   cv_.notify_all();
 }

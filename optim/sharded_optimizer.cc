@@ -122,6 +122,11 @@ absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(
                                                      "' has no device stream for the step"));
     }
   }
+  if (config.track_grad_norm && first != nullptr && first->device.type != DeviceType::kCpu) {
+    return absl::UnimplementedError(
+        "optimizer: track_grad_norm is implemented for host parameters only (on a device, "
+        "max_grad_norm > 0 reports the norm, at the cost of stepping after the last reduction)");
+  }
   if (!(config.max_grad_norm >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat("optimizer: max_grad_norm must be >= 0, got ", config.max_grad_norm));
   }
@@ -345,12 +350,14 @@ void ShardedOptimizer::StepperLoop() {
 
 void ShardedOptimizer::RunRound() {
   const bool global = config_.max_grad_norm > 0 || config_.skip_nonfinite;
+  const bool tracked = !global && config_.track_grad_norm;
   absl::Time deadline;
   {
     std::lock_guard<std::mutex> lock(mu_);
     deadline = round_deadline_;
     round_running_ = true;
     round_report_ = StepReport{};
+    defer_completion_ = tracked;
   }
   double sumsq = 0;
   int failed_at = -1;
@@ -377,11 +384,13 @@ void ShardedOptimizer::RunRound() {
     } else if (global) {
       if (!on_device_) sumsq += BucketSquaredNorm(b);
     } else {
+      if (tracked) sumsq += BucketSquaredNorm(b);  // before the step zeroes the bucket
       Publish(b, true, StepBucket(b, 1.0));
     }
   }
   if (!global) {
     if (failed_at >= 0) DropFrom(failed_at, failure);
+    if (tracked) FinishTrackedRound(sumsq, failed_at >= 0, deadline);
     return;
   }
   if (on_device_ && failed_at < 0) {
@@ -499,6 +508,14 @@ absl::Status ShardedOptimizer::WaitAllParams() {
     absl::Status s = WaitParams(b);
     if (first.ok()) first = s;
   }
+  bool inside;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    inside = in_backward_;
+  }
+  // Every bucket is published: the step completes at once, or after track_grad_norm's
+  // all-reduce.
+  if (first.ok() && !inside) first = WaitRoundIdle("WaitAllParams");
   return first;
 }
 
@@ -542,6 +559,56 @@ absl::Status ShardedOptimizer::SetParam(ParamId id, const void* values) {
     }
   }
   s.dirty = true;
+  return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizer::AdoptParam(ParamId id) {
+  const BucketPlan& plan = reducer_->plan();
+  absl::StatusOr<int> i = plan.IndexOf(id);
+  if (!i.ok()) return absl::NotFoundError(absl::StrCat("optimizer AdoptParam: unknown parameter id ", id));
+  const sched::ParamSpec& p = plan.params()[*i];
+  if (!config_.gather_after_step) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "optimizer AdoptParam(", p.Label(), "): a fully sharded optimizer's parameters are "
+        "written through SetParam (e.g. a summon with writeback)"));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (in_backward_) {
+      return absl::FailedPreconditionError(absl::StrCat("optimizer AdoptParam(", p.Label(), "): inside a backward"));
+    }
+  }
+  // Between steps, before Step() of a finished backward (overlap off: the step then starts
+  // from the written values, as torch's would) or between the backwards of a window.
+  RETURN_IF_ERROR(WaitRoundIdle("AdoptParam"));
+  const int b = plan.slot(*i).bucket;
+  RETURN_IF_ERROR(gatherer_->WaitParams(b));  // no gather writes the shard while we read it
+  BucketState& s = *buckets_[b];
+  const size_t start = static_cast<size_t>(reducer_->groups().shard->rank()) * s.n;
+  const size_t off = plan.slot(*i).offset;
+  const size_t lo = std::max(off, start), hi = std::min(off + p.count, start + s.n);
+  if (lo >= hi) return absl::OkStatus();  // none of it is this rank's
+  const size_t es = DTypeSize(p.dtype);
+  // ZeRO-2's shard is this rank's range of the gathered buffer: what the framework wrote.
+  const char* written = static_cast<const char*>(gatherer_->ShardView(b)->data) + (lo - start) * es;
+  float* master = s.master.get() + (lo - start);
+  if (!on_device_) {
+    CastScale(written, p.dtype, master, DType::kF32, hi - lo, ScaleSpec{});
+    return absl::OkStatus();
+  }
+  BufferOps& mem = ops();
+  absl::Status st;
+  if (offload_) {
+    // Master weights in host memory: the written shard comes down through the staging buffer.
+    char* staging = static_cast<char*>(s.param_host.get()) + (lo - start) * es;
+    st = mem.Copy(staging, written, (hi - lo) * es);
+    if (st.ok()) st = mem.Synchronize(absl::Now() + config_.timeout);
+    if (st.ok()) CastScale(staging, p.dtype, master, DType::kF32, hi - lo, ScaleSpec{});
+  } else {
+    st = mem.CastScale(written, p.dtype, master, DType::kF32, hi - lo, ScaleSpec{});
+    if (st.ok()) st = mem.Synchronize(absl::Now() + config_.timeout);
+  }
+  if (!st.ok()) return absl::Status(st.code(), absl::StrCat("optimizer AdoptParam(", p.Label(), "): ", st.message()));
   return absl::OkStatus();
 }
 

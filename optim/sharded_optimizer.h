@@ -36,6 +36,15 @@
 // step in which any rank saw inf/NaN in its gradient shard changes no parameter and no state
 // on any rank (the gradients are still zeroed: the window is dropped, as with loss scaling).
 //
+// Gradient norm for logging (track_grad_norm, host parameters): without clipping or
+// skip_nonfinite the steps do not wait for each other, so the norm is taken bucket by bucket:
+// each bucket's shard squared norm is summed right before its step (one extra read of the
+// shard: 4 bytes per f32 element against AdamW's 28, on the critical path of that bucket's
+// gather), and after the last bucket was published (its gather started) one 2-double
+// all-reduce over the optimizer's split of the shard group gives the global norm. The step
+// completes (last_step, WaitAllParams) after that all-reduce; WaitParams(b) does not wait for
+// it, so the next forward overlaps it. The sum is the one clipping takes (same bits).
+//
 // Failures: when a bucket's reduction fails (or misses the deadline), that bucket and every later
 // one are not stepped on any rank this time (their gradients are dropped, their parameters stay
 // as they were and are gathered again, so WaitParams works); earlier buckets were stepped. The
@@ -120,6 +129,10 @@ struct OptimizerConfig {
   // units before their next use (sched::UnitScheduler) first calls WaitShard(b). Load and
   // SetParam gather nothing either (the next gather of a bucket reads its shard).
   bool gather_after_step = true;
+  // Host parameters only: every step's global gradient norm in last_step().grad_norm even
+  // without clipping or skip_nonfinite (see "Gradient norm for logging" above). Device
+  // parameters: Unimplemented (use max_grad_norm, whose norm is reported too).
+  bool track_grad_norm = false;
   // Device parameters only (a no-op on the host): master weights and moments live in host
   // memory (ZeRO-Offload). When bucket b's reduction completes, its reduced shard is copied to
   // a host staging buffer, stepped there by the CPU kernels (the host optimizer's code, so the
@@ -136,7 +149,8 @@ struct OptimizerConfig {
 struct StepReport {
   int64_t rounds = 0;      // armed steps completed (skipped ones included)
   bool skipped = false;    // skip_nonfinite dropped it
-  double grad_norm = -1;   // global gradient norm (clipping / skip_nonfinite only; else -1)
+  double grad_norm = -1;   // global gradient norm (clipping / skip_nonfinite /
+                           // track_grad_norm only; else -1)
   double clip_scale = 1;   // the factor the gradients were multiplied by
   // Not OK when a reduction failed (or timed out) on any rank: from the first failed bucket on,
   // the step was dropped on every rank (gradients zeroed, parameters unchanged and gathered
@@ -158,6 +172,16 @@ class ShardedOptimizer {
   // every rank. Sets this rank's master weights and model-dtype shard; the next WaitParams of
   // its bucket gathers it. Only between steps.
   absl::Status SetParam(ParamId id, const void* values);
+  // The framework wrote parameter `id`'s values in place, through the gatherer's ParamView
+  // (ZeRO-2: a model.load_state_dict() after the optimizer exists): this rank's part of them,
+  // which is this rank's model-dtype shard itself, becomes its master weights (widened; the
+  // moments stay). Nothing is gathered: every rank keeps reading what it wrote until the next
+  // step's gather publishes each shard from its owner (as torch's ZeroRedundancyOptimizer
+  // broadcasts each parameter from its owner). Not collective. Outside a backward (waits for
+  // the step in flight; before Step() without overlap the step then starts from the written
+  // values); FailedPrecondition for a fully sharded optimizer (its shards are written through
+  // SetParam, e.g. by a summon with writeback).
+  absl::Status AdoptParam(ParamId id);
 
   absl::Status BeginBackward(sched::SyncMode mode);
   // The reducer's FinishBackward (every reduction complete, or its error). Does not wait for
@@ -171,6 +195,8 @@ class ShardedOptimizer {
   // With gather_after_step off: bucket b's step is complete (its shard is updated); nothing is
   // gathered.
   absl::Status WaitParams(int b);
+  // Every bucket's WaitParams; outside a backward also the whole step's completion
+  // (track_grad_norm's all-reduce included).
   absl::Status WaitAllParams();
   // For a gatherer of bucket b's shard (gather_after_step off; the UnitScheduler's
   // before_gather hook): returns once the armed step of b, if any, has written b's shard, and
@@ -239,6 +265,12 @@ class ShardedOptimizer {
   // `stepped` (device): b's step was queued (its completion event is recorded for the gather);
   // an error there is the bucket's publish error.
   void Publish(int b, bool zero_grads, absl::Status stepped = absl::OkStatus());
+  // With mu_ held: the step in flight is complete (report_ takes round_report_).
+  void CompleteRoundLocked();
+  // track_grad_norm (no clipping, no skip_nonfinite): after the last bucket was published,
+  // the all-reduce of the buckets' squared norms (`failed`: this rank dropped buckets, which
+  // still takes part), then the step's completion.
+  void FinishTrackedRound(double sumsq, bool failed, absl::Time deadline);
   // A reduction failed: buckets b.. are not stepped, only gathered again (same gathers on every
   // rank), and the step reports `s`.
   void DropFrom(int b, const absl::Status& s);
@@ -287,6 +319,7 @@ class ShardedOptimizer {
   bool round_armed_ = false;        // guarded by mu_: a step waits to run or is running
   bool round_running_ = false;      // guarded by mu_
   bool stepable_ = false;           // guarded by mu_: !overlap, a synced backward awaits Step()
+  bool defer_completion_ = false;   // guarded by mu_: the last Publish does not complete the step
   absl::Time round_deadline_;       // guarded by mu_
   std::vector<GroupHyper> round_hyper_;  // the armed step's hyper-parameters
   StepReport report_;               // guarded by mu_: the last completed step

@@ -165,7 +165,7 @@ absl::Status CheckReport(RankStack& st, const OptScenario& s) {
   if (r.rounds != s.steps) return absl::InternalError(absl::StrCat("rounds ", r.rounds, ", want ", s.steps));
   RETURN_IF_ERROR(r.error);
   if (r.skipped != (skipped_one && s.inf_step == s.steps - 1)) return absl::InternalError("wrong skipped flag");
-  if (s.opt.max_grad_norm > 0 || s.opt.skip_nonfinite) {
+  if (s.opt.max_grad_norm > 0 || s.opt.skip_nonfinite || s.opt.track_grad_norm) {
     const double want = ReferenceNorm(s, s.steps - 1);
     const bool same = std::isnan(want) ? std::isnan(r.grad_norm) : r.grad_norm == want;
     if (!same) return absl::InternalError(absl::StrCat("gradient norm ", r.grad_norm, ", reference ", want));

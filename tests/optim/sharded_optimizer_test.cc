@@ -1,8 +1,9 @@
 // ShardedOptimizer on the `local` backend against the serial, unsharded reference of
 // tests/optim/optimizer_harness.h, bit for bit: world sizes 1, 2, 4, 8 and 2x2 / 2x4 meshes,
 // AdamW and SGD, f32 / bf16 / f16 models, overlapped and explicit steps, accumulation
-// schedules (no_sync, reduce_scatter_only), clipping, skipped non-finite steps, two parameter
-// groups and an lr change; resume from a checkpoint; and the errors.
+// schedules (no_sync, reduce_scatter_only), clipping, the tracked norm (track_grad_norm),
+// skipped non-finite steps, two parameter groups and an lr change; resume from a checkpoint;
+// and the errors.
 #include <ostream>
 #include <string>
 #include <vector>
@@ -72,6 +73,21 @@ std::vector<Case> Cases() {
     c.s.opt.skip_nonfinite = true;
     c.s.opt.overlap = false;
     c.s.inf_step = 2;
+    cases.push_back(c);
+  }
+  {
+    // The norm for logging (track_grad_norm): the clipped step's norm, bit for bit, while
+    // the steps are unchanged.
+    Case c{"adamw_f32_world4_track_norm", Base(1, 4)};
+    c.s.opt.track_grad_norm = true;
+    cases.push_back(c);
+  }
+  {
+    Case c{"sgd_bf16_mesh2x2_track_norm_explicit", Base(2, 2)};
+    c.s.opt.kind = OptimizerKind::kSgd;
+    c.s.dtype = DType::kBF16;
+    c.s.opt.track_grad_norm = true;
+    c.s.opt.overlap = false;
     cases.push_back(c);
   }
   {

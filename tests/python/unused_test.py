@@ -171,7 +171,9 @@ class UnusedTest(unittest.TestCase):
             model = bt.DistributedDataParallel(Branchy(), g, mode="reduce_scatter",
                                                find_unused_parameters=True,
                                                bucket_cap_mb=1e-5, first_bucket_cap_mb=1e-5)
-            opt = bt.ShardedSGD(model, lr=0.1, momentum=0.9)
+            # Without momentum and decay a zero gradient is exactly torch's skip (others are
+            # refused: sharded_idioms_test).
+            opt = bt.ShardedSGD(model, lr=0.1)
             for s in range(steps):
                 x, y = _batch(r, s)
                 torch.nn.functional.mse_loss(model(x), y).backward()
@@ -184,7 +186,7 @@ class UnusedTest(unittest.TestCase):
 
         net = Branchy()
         init = [p.detach().clone() for p in net.parameters()]
-        ref = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+        ref = torch.optim.SGD(net.parameters(), lr=0.1)
         for s in range(steps):
             loss = sum(torch.nn.functional.mse_loss(net(x), y)
                        for x, y in (_batch(r, s) for r in range(N))) / N

@@ -57,16 +57,18 @@ class GradPresence:
                        if keep_values and pid not in self.none and not widened[pid]}
 
     @staticmethod
-    def release_held(grads, pid, make_view):
+    def release_held(grads, pid, make_view, holders):
         """gradient_as_bucket_view=False, p.grad of `pid` found None at a forward: its old
         tensor grads[pid] may still be held by the caller, whom torch's copy path would leave
-        untouched, so when anything but `grads` references it (getrefcount: the list and its
-        own argument) it gets its own copy of its values and the bucket a new tensor
-        (make_view(pid))."""
-        if sys.getrefcount(grads[pid]) > 2:
-            old = grads[pid]
-            old.set_(old.clone())
-            grads[pid] = make_view(pid)
+        untouched. When anything but Braid's own `holders` lists references it (getrefcount
+        counts its argument too), it gets its own copy of its values and the bucket a new
+        tensor, make_view(pid), in grads[pid]; returns True then."""
+        if sys.getrefcount(grads[pid]) <= holders + 1:
+            return False
+        old = grads[pid]
+        old.set_(old.clone())
+        grads[pid] = make_view(pid)
+        return True
 
     def drop(self):
         """A backward abandoned: waits for the used-map all-reduce in flight, if any (so its

@@ -15,21 +15,14 @@ Contract:
     shape and dtype on both ranks, and the ranks, instead of a broadcast of mismatched sizes
     (a crash in MPI_Ibcast). Costs two small all-gathers per round, at construction only.
   - check_not_wrapped: a module that is (or contains) a DistributedDataParallel / FSDP, or a
-    parameter already under a live braid DistributedDataParallel, is a ValueError naming it
-    (torch DDP would reduce the gradients twice; Braid's second reducer would refuse every
-    backward).
+    parameter already claimed by a live braid wrapper (braid/_owners.py), is a ValueError
+    naming it (torch DDP would reduce the gradients twice; Braid's second reducer would
+    refuse every backward).
 """
-
-import weakref
 
 import torch
 
-from . import core
-
-# Attribute set on each registered parameter: a weak reference to its wrapper. Parameters
-# pickle and deep-copy without their __dict__ (torch.nn.Parameter.__reduce_ex__), so the
-# marker never travels with a saved model.
-OWNER_ATTR = "_braid_ddp_owner"
+from . import _owners, core
 
 
 def check_not_wrapped(module, named, what):
@@ -51,26 +44,13 @@ def check_not_wrapped(module, named, what):
         if isinstance(p, FullyShardedParameter):
             raise ValueError("%s: parameter %r is sharded by a FullyShardedDataParallel; wrap "
                              "the module once" % (what, name))
-        ref = getattr(p, OWNER_ATTR, None)
-        owner = ref() if ref is not None else None
+        owner = _owners.owner(p)
         if owner is not None and not owner.reducer.closed:
             raise ValueError(
-                "%s: parameter %r of %s is already under another braid "
-                "DistributedDataParallel (wrapping %s); wrap each module once, or close() the "
-                "other wrapper first" % (what, name, type(module).__name__,
-                                         type(owner.module).__name__))
-
-
-def mark_owned(params, owner):
-    for p in params:
-        setattr(p, OWNER_ATTR, weakref.ref(owner))
-
-
-def unmark(params, owner):
-    for p in params:
-        ref = getattr(p, OWNER_ATTR, None)
-        if ref is not None and ref() is owner:
-            delattr(p, OWNER_ATTR)
+                "%s: parameter %r of %s is already under another braid %s (wrapping %s); "
+                "wrap each module once, or close() the other wrapper first" % (
+                    what, name, type(module).__name__, type(owner).__name__,
+                    type(owner.module).__name__))
 
 
 def _describe(module):

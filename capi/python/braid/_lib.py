@@ -111,7 +111,9 @@ class OptimizerOptions(ctypes.Structure):
                 ("prefetch", ctypes.c_int), ("max_live_bytes", ctypes.c_int64),
                 ("offload", ctypes.c_int), ("gather_stream", ctypes.c_void_p),
                 # 0.8: parameter groups
-                ("num_groups", ctypes.c_int), ("param_groups", ctypes.POINTER(ctypes.c_int))]
+                ("num_groups", ctypes.c_int), ("param_groups", ctypes.POINTER(ctypes.c_int)),
+                # 0.10: every step's gradient norm
+                ("track_grad_norm", ctypes.c_int)]
 
 
 class OptimizerHyper(ctypes.Structure):  # braid_optimizer_hyper_t (set struct_size)
@@ -213,6 +215,7 @@ _SIGNATURES = {
     "braid_optimizer_last_step": (_st, [_p, ctypes.POINTER(_i64), ctypes.POINTER(_i),
                                         ctypes.POINTER(ctypes.c_double)]),
     "braid_optimizer_gather_event": (_st, [_p, _i, _pp]),
+    "braid_optimizer_adopt_param": (_st, [_p, _i64]),  # 0.10
     "braid_unit_enter": (_st, [_p, _i, _i]),
     "braid_unit_exit": (_st, [_p, _i, _i]),
     "braid_optimizer_end_step": (_st, [_p]),

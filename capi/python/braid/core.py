@@ -619,7 +619,8 @@ class Optimizer(_Handle):
     reducers: optimizer state in host memory) and gather_stream (nccl: a cudaStream_t as an
     int) as braid_optimizer_options_t says. param_groups (0.8): one group index per registered
     parameter, in registration order (default: all in group 0); every group starts with the
-    hyper-parameters given here, set_hyper(group, ...) changes one."""
+    hyper-parameters given here, set_hyper(group, ...) changes one. track_grad_norm (0.10):
+    last_step().grad_norm of every step, also without clipping (host parameters)."""
 
     _destroy = "braid_optimizer_destroy"
 
@@ -627,7 +628,7 @@ class Optimizer(_Handle):
                  weight_decay=0.01, momentum=0.9, nesterov=False, max_grad_norm=0.0,
                  skip_nonfinite=False, overlap=True, threads=1, timeout_ms=300000,
                  fully_sharded=False, reshard_after_forward=True, prefetch=1, max_live_bytes=0,
-                 offload=False, gather_stream=None, param_groups=None):
+                 offload=False, gather_stream=None, param_groups=None, track_grad_norm=False):
         opts = _lib.init_options(_lib.OptimizerOptions, "braid_optimizer_options_init")
         kinds = {"adamw": _lib.OPTIMIZER_ADAMW, "sgd": _lib.OPTIMIZER_SGD}
         if kind not in kinds:
@@ -641,6 +642,7 @@ class Optimizer(_Handle):
         opts.reshard_after_forward = int(bool(reshard_after_forward))
         opts.prefetch, opts.max_live_bytes = prefetch, int(max_live_bytes or 0)
         opts.offload, opts.gather_stream = int(bool(offload)), gather_stream
+        opts.track_grad_norm = int(bool(track_grad_norm))
         groups = None
         if param_groups is not None:
             if len(param_groups) != len(reducer._specs):
@@ -676,6 +678,11 @@ class Optimizer(_Handle):
         _lib.call("braid_optimizer_param", self.handle, pid, ctypes.byref(ptr),
                   ctypes.byref(count))
         return ptr.value, count.value
+
+    def adopt_param(self, pid):
+        """0.10: parameter `pid`'s values were written in place (through param()'s memory):
+        this rank's part becomes its master weights (braid_optimizer_adopt_param)."""
+        _lib.call("braid_optimizer_adopt_param", self.handle, pid)
 
     def begin_backward(self, sync="sync"):
         if sync == "sync" and self.overlap:

@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from . import core
+from . import _grad_guard, _owners, core
 from ._views import _broadcast_module, _sync_scope, _view
 
 
@@ -34,6 +34,29 @@ class FullyShardedParameter(torch.nn.Parameter):
     _braid_released = False
     _braid_name = "?"
     _braid_unit = -1
+    _braid_grad_guard = None
+
+    @property
+    def grad(self):
+        """Always None to autograd (Braid takes each gradient at its hook); to Python code a
+        GuardedGrad whose reads raise (braid/_grad_guard.py): torch's clip_grad_norm_ would
+        otherwise see no gradient and silently return 0. Zeroing it is a no-op."""
+        real = _TENSOR_GRAD.__get__(self)
+        if real is not None:  # inside the backward, before this parameter's hook took it
+            return real
+        if self._braid_grad_guard is None:
+            self._braid_grad_guard = _grad_guard.guard(
+                _released_data(self.dtype, self.shape), self._braid_name, _sharded,
+                _no_memory)
+        return self._braid_grad_guard
+
+    @grad.setter
+    def grad(self, value):
+        _TENSOR_GRAD.__set__(self, value)
+
+    @grad.deleter
+    def grad(self):
+        _TENSOR_GRAD.__set__(self, None)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -63,6 +86,17 @@ class FullyShardedParameter(torch.nn.Parameter):
             return "FullyShardedParameter(released, name=%r, unit=%d, shape=%s, dtype=%s)" % (
                 self._braid_name, self._braid_unit, tuple(self.shape), self.dtype)
         return super().__repr__()
+
+
+_TENSOR_GRAD = torch._C._TensorBase.grad  # the C-level gradient, under the property above
+
+
+def _sharded():
+    return "sharded"
+
+
+def _no_memory():
+    return True  # a fully sharded parameter's guarded grad has nothing to zero
 
 
 def _find_released(values):
@@ -144,6 +178,7 @@ class FullyShardedDataParallel(torch.nn.Module):
                              "DistributedDataParallel for all-reduce)" % (mode,))
         self.module = module
         self._groups = [g for g in (group, replica_group) if g is not None]
+        self._find_unused = bool(find_unused_parameters)
         on_gpu = [(n, t) for n, t in list(module.named_parameters()) + list(module.named_buffers())
                   if t.device.type != "cpu"]
         if on_gpu:
@@ -207,6 +242,7 @@ class FullyShardedDataParallel(torch.nn.Module):
                 self._hooks.append(m.register_forward_hook(
                     functools.partial(self._unit_post_forward, unit)))
         self._opt = None              # the core.Optimizer of the ShardedAdamW / ShardedSGD
+        self._sharded_optimizer = None  # a weakref to that ShardedAdamW / ShardedSGD
         self._views = [None] * len(self._params)  # bound views (base tensors), None: released
         self._by_address = {}         # address of a bound view -> parameter id
         self._entered = {}            # unit -> phase ("forward" / "backward") it is entered in
@@ -219,6 +255,7 @@ class FullyShardedDataParallel(torch.nn.Module):
         self._step_due = False        # units were used since the last end_step
         self._summoned = False
         self._writeback = False
+        _owners.claim(self, module)  # ShardedAdamW(model.parameters()) finds this wrapper
 
     # -- construction helpers
     @staticmethod
@@ -266,7 +303,7 @@ class FullyShardedDataParallel(torch.nn.Module):
                 p._braid_released = False
                 p.data = v
                 p.__class__ = torch.nn.Parameter
-        self._opt = None
+        self._opt = self._sharded_optimizer = None
         self._entered, self._root_kept, self._in_backward = {}, False, False
         self._kept = []
 
@@ -432,7 +469,7 @@ class FullyShardedDataParallel(torch.nn.Module):
             if unit not in self._entered:  # no gradient reached its outputs' hooks first
                 self._enter(unit, "backward")
             p = self._params[pid]
-            g = p.grad
+            g = _TENSOR_GRAD.__get__(p)  # not the property: its guard is for users
             if g is None:
                 raise RuntimeError("parameter %r: no gradient at its AccumulateGrad hook" %
                                    self._names[pid])
@@ -531,6 +568,17 @@ class FullyShardedDataParallel(torch.nn.Module):
     def zero_grad(self, set_to_none=True):
         """Nothing to do: gradients live in Braid's buckets and shards (param.grad is None)."""
 
+    def clip_grad_norm_(self, max_norm, norm_type=2.0):
+        """torch FSDP's idiom: the sharded optimizer's clip_grad_norm_ (braid/_norms.py): the
+        step's true global gradient norm, clipped to max_norm inside the step (configure
+        max_grad_norm=max_norm on the optimizer)."""
+        opt = self._sharded_optimizer() if self._sharded_optimizer is not None else None
+        if opt is None:
+            raise RuntimeError("FullyShardedDataParallel.clip_grad_norm_: create ShardedAdamW("
+                               "model.parameters(), max_grad_norm=...) first (it clips inside "
+                               "its step)")
+        return opt.clip_grad_norm_(max_norm, norm_type)
+
     def close(self):
         """Unhooks the module and frees the reducer. Close the ShardedAdamW / ShardedSGD first
         (its close() gives the parameters their full values back)."""
@@ -539,6 +587,7 @@ class FullyShardedDataParallel(torch.nn.Module):
         for h in self._hooks:
             h.remove()
         self._hooks, self._grad_accs = [], []
+        _owners.release(self, self.module)
         self.reducer.close()
 
 

@@ -1,27 +1,36 @@
 """braid.optim: ShardedAdamW and ShardedSGD, Braid's sharded optimizer as torch.optim.Optimizer
-subclasses (re-exported by braid.pytorch).
+subclasses (re-exported by braid.pytorch), taking torch's arguments.
 
     model = DistributedDataParallel(net, group, mode="reduce_scatter")  # or FSDP (fsdp.py)
     decay = [p for n, p in net.named_parameters() if not n.endswith("bias")]
     other = [p for n, p in net.named_parameters() if n.endswith("bias")]
-    opt = ShardedAdamW(model, params=[{"params": decay, "weight_decay": 0.1},
-                                      {"params": other, "weight_decay": 0.0}], lr=3e-4)
+    opt = ShardedAdamW([{"params": decay, "weight_decay": 0.1},
+                        {"params": other, "weight_decay": 0.0}], lr=3e-4, max_grad_norm=1.0)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)
     for x, y in data:
         loss_fn(model(x), y).backward()   # overlap (default): each bucket stepped as it arrives
-        opt.step()                        # finishes the step (no-op for ZeRO-2 with overlap)
+        norm = opt.clip_grad_norm_(1.0)   # the step's global norm (clipped inside the step)
+        opt.step()                        # returns once the parameters hold the stepped values
         sched.step()                      # the next backward's step uses the new lr
         opt.zero_grad()
     torch.save({"opt": opt.state_dict(), "sched": sched.state_dict()}, "ckpt.rank%d" % rank)
 
 Contract:
-  - param_groups: `params` (keyword) is None (one group: every trainable parameter of the
-    wrapped module) or torch's usual list of parameters or of group dicts. Braid steps every
-    trainable parameter, so the groups must cover each exactly once (ValueError naming the
-    missing or foreign ones). Per-group keys: AdamW lr, betas, eps, weight_decay (amsgrad and
-    maximize must stay False); SGD lr, momentum, weight_decay, nesterov (dampening 0,
-    maximize False). Groups are fixed at construction (add_param_group raises);
-    max_grad_norm, skip_nonfinite, overlap and threads are optimizer-wide.
+  - The wrapper: ShardedAdamW(params, lr=...) takes torch's params (parameters or group
+    dicts) of a model wrapped by DistributedDataParallel(mode="reduce_scatter" / "hybrid")
+    or FullyShardedDataParallel, and finds the wrapper through them (braid/_owners.py);
+    ShardedAdamW(model) (every trainable parameter) and ShardedAdamW(model, params=[...])
+    work too. Errors name the argument and what to change: parameters no Braid wrapper owns,
+    of two wrappers, of an all-reduce DistributedDataParallel (use torch.optim there), a
+    wrapper with find_unused_parameters=True (a parameter without gradient would be stepped
+    with a zero one where torch skips it; allowed only for SGD without momentum and decay).
+  - param_groups: Braid steps every trainable parameter, so the groups must cover each
+    exactly once (ValueError naming the missing or foreign ones); frozen parameters
+    (requires_grad=False when wrapped) may be listed and are never stepped. Per-group keys:
+    AdamW lr, betas, eps, weight_decay (amsgrad and maximize must stay False); SGD lr,
+    momentum, weight_decay, nesterov (dampening 0, maximize False). Groups are fixed at
+    construction (add_param_group raises, naming it); max_grad_norm, skip_nonfinite,
+    track_grad_norm, overlap and threads are optimizer-wide.
   - When hyper-parameters are read: at the moment a step is armed. With overlap=True (the
     default) that is the start of each synced backward (Braid steps buckets during it); with
     overlap=False, step(). The usual loop (backward, step, scheduler.step) therefore gives
@@ -29,9 +38,24 @@ Contract:
     backward started, before its step() call, applies from the next step.
   - step(closure=None): with a closure, calls it (grad enabled; it must run forward and
     backward once) and returns its loss. With overlap=True the update happens inside that
-    backward; step() then only ends the step (fully sharded: end_step; overlap=False: steps
-    every bucket and starts the gathers). Each synced backward is one step: closures
-    evaluated several times per step (LBFGS) are not supported.
+    backward; step() ends the step (fully sharded: end_step; overlap=False: steps every
+    bucket and starts the gathers) and, for DistributedDataParallel, returns once every
+    parameter holds its stepped value (so reading parameters, model.state_dict() or
+    torch.save after it see the step). Each synced backward is one step: closures evaluated
+    several times per step (LBFGS) are not supported.
+  - p.grad (braid/_grad_guard.py): Braid's gradients are shards, stepped and zeroed during the
+    backward, so p.grad is a guard whose reads raise naming the idiom (clip_grad_norm_,
+    p.grad.norm(), a torch optimizer's step) and the fix; zeroing it is allowed.
+  - Gradient norms (braid/_norms.py): clip_grad_norm_(max_norm) with max_norm equal to the
+    max_grad_norm given at construction returns the step's global norm (clipping is exact,
+    inside the step); grad_norm() the last step's norm for logging (with max_grad_norm,
+    skip_nonfinite or track_grad_norm=True).
+  - Parameters written in place (model.load_state_dict(pretrained), torch.nn.init.*,
+    p.data.copy_) after the optimizer exists become the master weights at the next forward
+    (braid/_written.py; ZeRO-2), as torch's optimizer steps from the written values; write
+    the same values on every rank. With overlap=True a write between the forward and step()
+    raises at step() (the step already ran). Fully sharded parameters are written inside
+    model.summon_full_params(writeback=True).
   - zero_grad(set_to_none=False): Braid zeroes each bucket right after stepping it, so there
     is nothing to zero. set_to_none=True gives DDP's meaning (DDP with gradient_as_bucket_view):
     every p.grad becomes None and is bound again to its (zeroed) bucket view at the next
@@ -54,12 +78,16 @@ import functools
 import os
 import struct
 import tempfile
+import weakref
 
 import torch
 
 from . import core
 from ._lib import BraidError
+from ._norms import GradNorms
+from ._param_groups import ParamGroups
 from ._views import _view, _weak_call
+from ._written import AdoptsWrites, WriteTracker
 from .fsdp import FullyShardedDataParallel
 
 __all__ = ["ShardedAdamW", "ShardedSGD"]
@@ -81,27 +109,42 @@ def _state_file_identity(blob):
     return kind, "%016x" % fingerprint, world, rank, step
 
 
-class _ShardedOptimizer(torch.optim.Optimizer):
+class _ShardedOptimizer(ParamGroups, AdoptsWrites, GradNorms, torch.optim.Optimizer):
     """Braid's sharded optimizer over a DistributedDataParallel in "reduce_scatter" or "hybrid"
     mode, or a FullyShardedDataParallel: each rank keeps f32 master weights and state for its
     shard only, steps each bucket as soon as its reduction completes (overlap=True) and
     all-gathers the updated parameters. Parameters' data become views over the gathered values
-    (read them after synchronize(); the model's forward waits by itself). The module docstring
-    says when param_groups are read, and what step / zero_grad / state_dict mean."""
+    (step() returns once they hold the stepped values). The module docstring says how the
+    wrapper is found, when param_groups are read, and what step / zero_grad / state_dict mean;
+    braid/_norms.py has clip_grad_norm_ and grad_norm."""
 
     _KIND = None
 
-    def __init__(self, ddp, params, defaults, overlap, options):
+    def __init__(self, model, params, defaults, overlap, options):
+        who = type(self).__name__
+        ddp, params = self._resolve(model, params)
         self._fully_sharded = isinstance(ddp, FullyShardedDataParallel)
+        if not self._fully_sharded and ddp._mode == "allreduce":
+            raise ValueError(
+                "%s steps each rank's shard of a reduce-scatter, but these parameters are "
+                "wrapped by DistributedDataParallel(mode='allreduce'): wrap the model with "
+                "DistributedDataParallel(net, mode='reduce_scatter') or use torch.optim.%s with "
+                "an all-reduce model" % (who, "AdamW" if self._KIND == "adamw" else "SGD"))
         taken = ddp._opt if self._fully_sharded else ddp._stepper
         if taken is not None:
             raise ValueError("this %s already has a sharded optimizer" % type(ddp).__name__)
         self.ddp, self._overlap = ddp, overlap
+        self._max_grad_norm = float(options["max_grad_norm"])
+        self._skip_nonfinite = bool(options["skip_nonfinite"])
+        self._track_grad_norm = bool(options["track_grad_norm"])
+        self._stepped_early = False  # overlap=False: clip_grad_norm_ ran this step already
+        self._writes = None          # ZeRO-2: the parameters' version counters (_written.py)
         self._names = self._param_names(ddp)
         self._growing = True
         super().__init__(list(ddp._params) if params is None else params, defaults)
         self._growing = False
         group_of = self._check_groups()
+        self._check_unused()
         self._pushed = {}  # group index -> the hyper tuple Braid has
         first = self.param_groups[0]
         if self._fully_sharded:
@@ -109,44 +152,12 @@ class _ShardedOptimizer(torch.optim.Optimizer):
         else:
             self._init_zero2(ddp, overlap, first["lr"], group_of, options)
         self.optimizer.before_arm.append(_weak_call(self._push_hyper))
-        # Also at each forward with grad, so a bad value raises there, before any gradient
-        # is accumulated (the push when the step is armed then only sends later changes).
+        # Also at each forward, so a bad value raises there, before any gradient is
+        # accumulated (the push when the step is armed then only sends later changes), and
+        # parameters written since the last check become the master weights (ZeRO-2).
         self._forward_check = ddp.register_forward_pre_hook(self._check_at_forward)
 
     # ---- construction ----------------------------------------------------------------------
-    @staticmethod
-    def _param_names(ddp):
-        names = {id(p): n for n, p in ddp.module.named_parameters()}
-        return [names.get(id(p), "parameter %d" % i) for i, p in enumerate(ddp._params)]
-
-    def add_param_group(self, param_group):
-        if not self._growing:
-            raise NotImplementedError(
-                "%s: parameter groups are fixed at construction (Braid's bucket plan assigns "
-                "every parameter to a group once); pass them all as params=[...]" %
-                type(self).__name__)
-        super().add_param_group(param_group)
-
-    def _check_groups(self):
-        """Group index of each registered parameter (registration order); ValueError naming
-        parameters that are not the model's trainable ones or not in any group."""
-        index = {id(p): pid for pid, p in enumerate(self.ddp._params)}
-        group_of = [None] * len(self.ddp._params)
-        for g, group in enumerate(self.param_groups):
-            self._check_options(g, group)
-            for k, p in enumerate(group["params"]):
-                pid = index.get(id(p))
-                if pid is None:
-                    raise ValueError("param_groups[%d]['params'][%d] (shape %s) is not a trainable "
-                                     "parameter of the wrapped module" % (g, k, tuple(p.shape)))
-                group_of[pid] = g
-        missing = [self._names[pid] for pid, g in enumerate(group_of) if g is None]
-        if missing:
-            raise ValueError("parameters in no param group: %s (Braid steps every trainable "
-                             "parameter of the model: put them in a group, e.g. one with "
-                             "weight_decay=0)" % ", ".join(repr(n) for n in missing))
-        return group_of
-
     def _init_zero2(self, ddp, overlap, lr, group_of, options):
         if ddp._main_grad:
             raise ValueError(
@@ -168,6 +179,7 @@ class _ShardedOptimizer(torch.optim.Optimizer):
             self.optimizer.set_param(pid, p.data.detach().cpu().contiguous())
         self.optimizer.wait_all_params()
         self._hooks = []
+        self._writes = WriteTracker(params)
         self._bind_views()
         self.optimizer.before_close.append(_weak_call(self._detach_params))
         ddp._stepper = self.optimizer
@@ -185,6 +197,7 @@ class _ShardedOptimizer(torch.optim.Optimizer):
         for pid, p in enumerate(params):
             address, count = self.optimizer.param(pid)
             p.data = _view(self.optimizer, address, count, p.dtype, p.shape, ddp._device)
+        self._writes.record()
         for h in self._hooks:
             h.remove()
         self._hooks = []
@@ -214,6 +227,7 @@ class _ShardedOptimizer(torch.optim.Optimizer):
             raise
         self._hooks, self._give_back = [], None
         fsdp._attach(self.optimizer)
+        fsdp._sharded_optimizer = weakref.ref(self)  # its clip_grad_norm_ is ours
         self.optimizer.before_close.append(_weak_call(self._detach_params))
 
     # ---- hyper-parameters ------------------------------------------------------------------
@@ -228,6 +242,8 @@ class _ShardedOptimizer(torch.optim.Optimizer):
         """Runs right before Braid arms a step: every group's current values go to Braid."""
         for g, group in enumerate(self.param_groups):
             self._check_options(g, group)
+            if getattr(self.ddp, "_find_unused", False) and not self._zero_grad_is_skip(group):
+                self._check_unused()  # a group changed since construction: raises
             hyper = self._hyper(group)
             key = tuple(sorted(hyper.items()))
             if self._pushed.get(g) == key:
@@ -239,6 +255,7 @@ class _ShardedOptimizer(torch.optim.Optimizer):
             self._pushed[g] = key
 
     def _check_at_forward(self, *unused):
+        self._adopt_writes()
         if torch.is_grad_enabled():
             self._push_hyper()
 
@@ -257,17 +274,35 @@ class _ShardedOptimizer(torch.optim.Optimizer):
         """Ends the step (see the module docstring): with `closure`, calls it first (grad
         enabled) and returns its loss. overlap=True: the buckets were stepped during the
         backward. overlap=False: steps every bucket of the finished backward now (with the
-        param_groups' current values) and starts the gathers. FullyShardedDataParallel: also
-        ends the step's units (else the next forward does)."""
+        param_groups' current values) and starts the gathers. DistributedDataParallel: returns
+        once every parameter holds its stepped value. FullyShardedDataParallel: ends the
+        step's units (else the next forward does)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        # Already stepped: during the backward (overlap), or by clip_grad_norm_ (overlap=False).
+        stepped, self._stepped_early = self._overlap or self._stepped_early, False
+        if not stepped:
+            self._step_now()
+        elif self._fully_sharded:
+            self.ddp._end_step()
+        if not self._fully_sharded:
+            # torch's meaning: the parameters hold the stepped values when step() returns (the
+            # next forward's first layers are in the last bucket stepped, so it would wait for
+            # that bucket's gather anyway).
+            self.optimizer.wait_all_params()
+            if stepped:
+                self._refuse_late_writes()
+        return loss
+
+    def _step_now(self):
+        """overlap=False: the step of the finished backward, from the parameters as written
+        (adopted first, as torch steps from them)."""
         if self._fully_sharded:
             self.ddp._end_step()
-        if not self._overlap:
-            self.optimizer.step()
-        return loss
+        self._adopt_writes()
+        self.optimizer.step()
 
     def zero_grad(self, set_to_none=False):
         """Braid zeroes each bucket after stepping it: nothing to do. set_to_none=True: every
@@ -283,6 +318,7 @@ class _ShardedOptimizer(torch.optim.Optimizer):
         if self._fully_sharded:
             self.ddp._end_step()
         self.optimizer.wait_all_params()
+        self._adopt_writes()
 
     def last_step(self):
         return self.optimizer.last_step()
@@ -430,6 +466,7 @@ class _ShardedOptimizer(torch.optim.Optimizer):
         try:
             self.optimizer.wait_all_params()
         finally:
+            self._writes.close()  # plain torch.nn.Parameters again
             for p in self.ddp._params:
                 p.data = p.data.clone()
             if self.ddp._stepper is self.optimizer:
@@ -463,15 +500,17 @@ class ShardedAdamW(_ShardedOptimizer):
 
     _KIND = "adamw"
 
-    def __init__(self, ddp, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+    def __init__(self, model=None, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
                  max_grad_norm=0.0, skip_nonfinite=False, overlap=True, threads=1,
-                 timeout_ms=300000, params=None):
+                 timeout_ms=300000, params=None, track_grad_norm=False, amsgrad=False,
+                 maximize=False, foreach=None, capturable=False):
+        del foreach, capturable  # torch's implementation choices: Braid has its own kernels
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                        amsgrad=False, maximize=False)
-        super().__init__(ddp, params, defaults, overlap, dict(
+                        amsgrad=amsgrad, maximize=maximize)
+        super().__init__(model, params, defaults, overlap, dict(
             kind="adamw", betas=betas, eps=eps, weight_decay=weight_decay,
             max_grad_norm=max_grad_norm, skip_nonfinite=skip_nonfinite, threads=threads,
-            timeout_ms=timeout_ms))
+            timeout_ms=timeout_ms, track_grad_norm=track_grad_norm))
 
     def _check_options(self, g, group):
         for key in ("amsgrad", "maximize"):
@@ -491,15 +530,19 @@ class ShardedSGD(_ShardedOptimizer):
 
     _KIND = "sgd"
 
-    def __init__(self, ddp, lr, momentum=0.0, nesterov=False, weight_decay=0.0,
+    def __init__(self, model=None, lr=None, momentum=0.0, nesterov=False, weight_decay=0.0,
                  max_grad_norm=0.0, skip_nonfinite=False, overlap=True, threads=1,
-                 timeout_ms=300000, params=None):
-        defaults = dict(lr=lr, momentum=momentum, dampening=0, weight_decay=weight_decay,
-                        nesterov=nesterov, maximize=False)
-        super().__init__(ddp, params, defaults, overlap, dict(
+                 timeout_ms=300000, params=None, track_grad_norm=False, dampening=0,
+                 maximize=False, foreach=None):
+        del foreach  # torch's implementation choice: Braid has its own kernels
+        if lr is None:
+            raise TypeError("ShardedSGD: lr is required (as torch.optim.SGD's)")
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
+                        weight_decay=weight_decay, nesterov=nesterov, maximize=maximize)
+        super().__init__(model, params, defaults, overlap, dict(
             kind="sgd", momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
             max_grad_norm=max_grad_norm, skip_nonfinite=skip_nonfinite, threads=threads,
-            timeout_ms=timeout_ms))
+            timeout_ms=timeout_ms, track_grad_norm=track_grad_norm))
 
     def _check_options(self, g, group):
         if group.get("dampening", 0) != 0:
@@ -512,3 +555,10 @@ class ShardedSGD(_ShardedOptimizer):
     def _hyper(self, group):
         return dict(lr=group["lr"], momentum=group["momentum"],
                     weight_decay=group["weight_decay"], nesterov=bool(group["nesterov"]))
+
+    def _zero_grad_is_skip(self, group):
+        return group["momentum"] == 0 and group["weight_decay"] == 0
+
+    def _zero_step_effect(self, g, group):
+        return ("param_groups[%d] has momentum=%g, weight_decay=%g, which would still move "
+                "its weights" % (g, group["momentum"], group["weight_decay"]))

@@ -9,10 +9,10 @@ fully sharded data parallel (FullyShardedDataParallel, ZeRO-3 / FSDP).
         opt.step(); opt.zero_grad()
 
     model = DistributedDataParallel(net, g, mode="reduce_scatter")      # ZeRO-2 style
-    opt = ShardedAdamW(model, lr=1e-3)               # Braid steps each shard as it arrives
+    opt = ShardedAdamW(model.parameters(), lr=1e-3)  # Braid steps each shard as it arrives
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)  # a torch Optimizer
     for x, y in data:
-        loss_fn(model(x), y).backward(); opt.step()  # step(): no-op with overlap (the default)
+        loss_fn(model(x), y).backward(); opt.step()  # overlap: stepped during the backward
         sched.step()                                 # param_groups read as the next step arms
     torch.save(opt.state_dict(), "opt.rank%d" % g.rank)  # this rank's shard
 
@@ -137,8 +137,10 @@ untouched (None stays None) and one some rank used gets the averaged gradient, a
 With ShardedAdamW / ShardedSGD the used-map is not exchanged (the optimizer consumes the
 shards). Reentrant activation checkpointing is not supported (its inner backward would
 finish Braid's backward early), with static_graph=True too.
-With ShardedAdamW the parameters are Braid's gathered copy: write initial values before
-creating it (later writes to p.data are overwritten by the next gather).
+With ShardedAdamW the parameters are views over Braid's gathered copy; values written to
+them after it exists (model.load_state_dict, p.data.copy_) become its master weights at the
+next forward (braid/optim.py), and p.grad in reduce_scatter / hybrid mode is a guard whose
+reads raise (braid/_grad_guard.py: it holds this rank's unreduced or stepped gradient).
 
 Fully sharded (FullyShardedDataParallel + ShardedAdamW / ShardedSGD), wired over braid.h 0.7:
   - units: the submodules given (units=[...]) or chosen by auto_wrap_policy (a callable
@@ -196,15 +198,14 @@ Fully sharded (FullyShardedDataParallel + ShardedAdamW / ShardedSGD), wired over
 
 import functools
 import time
-import warnings
 
 import torch
 
-from . import _ddp_pickle, core
+from . import _ddp_pickle, _grad_guard, _owners, core
 from ._ddp_args import WHAT, read_arguments
 from ._ddp_devices import to_device
 from ._ddp_grads import GradPresence
-from ._ddp_verify import mark_owned, unmark, verify_same_model
+from ._ddp_verify import verify_same_model
 from ._views import (_broadcast_buffers, _broadcast_module, _ready_event, _sync_scope, _view,
                      _weak_call)
 from .fsdp import FullyShardedDataParallel, FullyShardedParameter, _tensors  # noqa: F401
@@ -292,14 +293,17 @@ class DistributedDataParallel(torch.nn.Module):
             reduce_dtype=reduce_dtype, timeout_ms=timeout_ms, timeline_prefix=timeline_prefix,
             device=self._device, credit_mb=credit_mb, priorities=priorities)
         self._mode = mode
+        self._names = [n for n, _ in named]
         self._grads = self._bucket_views()
+        self._exposed = self._expose(self._grads)
         self.reducer.zero_grads()
-        for p, view, widened in zip(self._params, self._grads, self._widened):
+        for p, view, exposed, widened in zip(self._params, self._grads, self._exposed,
+                                             self._widened):
             if p.grad is not None:  # else None, as torch: bound at the first forward
                 view.copy_(p.grad)
-                p.grad = None if widened else view
+                p.grad = None if widened else exposed
             if self._main_grad:
-                p.main_grad = view
+                p.main_grad = exposed
         self._presence = GradPresence(self._groups, self._device)
         self._rebuild = bool(rebuild_bucket_order)  # a rebuild is still to come
         self._rebuild_due = False                   # a synced backward recorded the order
@@ -316,15 +320,14 @@ class DistributedDataParallel(torch.nn.Module):
         self._armed = "sync"         # the sync mode the next backward uses
         self._in_backward = False
         self._find_unused = self.find_unused_parameters or self.static_graph
-        self._names = [n for n, _ in named]
         self._unused = []            # ids the last forward's outputs do not reach
         self._early = set()          # ids marked unused at the start of this backward
         self._accumulated = set()    # ids marked in a no_sync backward of this window
         self._stepper = None         # the braid.core.Optimizer of a ShardedAdamW, if any
         self._on_replan = []         # called after a re-plan (ShardedAdamW rebinds its views)
-        self._warned_unreduced = False
         self.reducer.before_close.append(_weak_call(self._detach_grads))
-        mark_owned(self._params, self)  # last: a failed construction leaves no owner
+        _owners.claim(self, module)  # last: ShardedAdamW(model.parameters()) finds it; a
+        # failed construction claims nothing (a second wrapper is refused: _ddp_verify.py)
 
     def _bucket_views(self):
         """A tensor over each parameter's gradient in the reducer's buckets (its registered
@@ -341,6 +344,27 @@ class DistributedDataParallel(torch.nn.Module):
         view = _view(self.reducer, address, count, dtype, p.shape, self._device)
         plain = torch.empty(0, dtype=dtype, device=view.device)
         return plain.set_(view.storage(), view.storage_offset(), view.size(), view.stride())
+
+    def _expose(self, views):
+        """What p.grad (and main_grad) are bound to: the views themselves in all-reduce mode
+        (torch's averaged gradients); in reduce_scatter / hybrid mode GuardedGrads over them
+        (braid/_grad_guard.py: reading them raises, as they hold this rank's unreduced or
+        already stepped gradients). Braid's own code uses the plain views."""
+        if self._mode == "allreduce":
+            return list(views)
+        why = _grad_guard.weak(self._grad_state, "unreduced")
+        before_zero = _grad_guard.weak(self._before_grad_zero, False)
+        return [_grad_guard.guard(v, n, why, before_zero) for v, n in zip(views, self._names)]
+
+    def _grad_state(self):
+        return "stepped" if self._stepper is not None else "unreduced"
+
+    def _before_grad_zero(self):
+        """A guarded gradient is zeroed by torch code (net.zero_grad()): first wait for the
+        steps still reading the buckets (Braid zeroes them after stepping anyway)."""
+        if self._stepper is not None:
+            self._stepper.wait_all_params()
+        return False
 
     def _rebuild_if_due(self):
         """The bucket rebuild (collective): at a forward with grad, or when ShardedAdamW is
@@ -381,11 +405,12 @@ class DistributedDataParallel(torch.nn.Module):
         """After a re-plan: new views over the new buckets; p.grad (and main_grad) of every
         parameter still bound to its old view is rebound (the values moved with it)."""
         old, self._grads = self._grads, self._bucket_views()
-        for p, before, view, widened in zip(self._params, old, self._grads, self._widened):
+        self._exposed = self._expose(self._grads)
+        for p, before, exposed, widened in zip(self._params, old, self._exposed, self._widened):
             if not widened and p.grad is not None and p.grad.data_ptr() == before.data_ptr():
-                p.grad = view
+                p.grad = exposed
             if self._main_grad:
-                p.main_grad = view
+                p.main_grad = exposed
         for callback in list(self._on_replan):
             callback()
 
@@ -395,6 +420,7 @@ class DistributedDataParallel(torch.nn.Module):
         first."""
         if self._stepper is not None:
             raise RuntimeError("close the ShardedAdamW of this model first")
+        _owners.release(self, self.module)
         self.reducer.close()  # runs _detach_grads first
 
     # Pickling (torch.save(ddp), pickle, copy.deepcopy): as torch DDP's (braid/_ddp_pickle.py).
@@ -403,16 +429,15 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _detach_grads(self):
         """Before the reducer's memory goes (whoever closes it): unhook, copy gradients."""
-        unmark(self._params, self)
         for h in self._hooks:
             h.remove()
         self._hooks, self._grad_accs = [], []
         for p, view, widened in zip(self._params, self._grads, self._widened):
             if p.grad is not None and p.grad.data_ptr() == view.data_ptr():
-                p.grad = p.grad.clone()
+                p.grad = view.clone()  # (a plain tensor: the module is torch's again)
             if self._main_grad:
                 p.main_grad = view.clone()
-        self._grads = []
+        self._grads = self._exposed = []
 
 
     def forward(self, *args, **kwargs):
@@ -557,15 +582,17 @@ class DistributedDataParallel(torch.nn.Module):
         for pid in stale:
             p = self._params[pid]
             if p.grad is None:
-                if not (self.gradient_as_bucket_view or self._main_grad
-                        or self._stepper is not None):
-                    self._presence.release_held(self._grads, pid, self._bucket_view)
+                if self._mode == "allreduce" and not (self.gradient_as_bucket_view or
+                                                      self._main_grad):
+                    # self._grads and self._exposed hold the same tensor in this mode.
+                    if self._presence.release_held(self._grads, pid, self._bucket_view, 2):
+                        self._exposed[pid] = self._grads[pid]
                 self._grads[pid].zero_()
                 self._presence.none.add(pid)  # None as torch sees it, until a gradient lands
             else:
                 self._grads[pid].copy_(p.grad)
                 self._presence.none.discard(pid)  # the caller gave it a value
-            p.grad = self._grads[pid]
+            p.grad = self._exposed[pid]
 
     def _grad_ready(self, pid, *unused):
         try:
@@ -620,8 +647,3 @@ class DistributedDataParallel(torch.nn.Module):
         if self._armed == "sync":
             self._rebuild_due = self._rebuild
             self._stepped = True
-        if self._stepper is None and self._mode != "allreduce" and not self._warned_unreduced:
-            self._warned_unreduced = True
-            warnings.warn("mode %r without ShardedAdamW: param.grad holds this rank's local "
-                          "(unreduced) gradients; the reduced shards are in "
-                          "reducer.shard(bucket)" % self._mode)
