@@ -44,7 +44,9 @@ def _batch(r, micro):
 
 
 def _serial(micros):
-    """Per rank: the summed gradients of plain torch over `micros` (use_b per micro-batch)."""
+    """Per rank: the summed gradients of plain torch over `micros` (use_b per micro-batch),
+    averaged over the ranks; None where no rank's gradient has a value (torch DDP leaves
+    .grad None for a parameter no rank used)."""
     out = []
     for r in range(N):
         m = Branchy()
@@ -52,9 +54,23 @@ def _serial(micros):
             m.use_b = use_b
             x, y = _batch(r, micro)
             torch.nn.functional.mse_loss(m(x), y).backward()
-        out.append([torch.zeros_like(p) if p.grad is None else p.grad.clone()
-                    for p in m.parameters()])
-    return [sum(g) / N for g in zip(*out)]
+        out.append([p.grad.clone() if p.grad is not None else None for p in m.parameters()])
+    return [None if all(g is None for g in gs) else
+            sum(torch.zeros_like(p) if g is None else g
+                for g, p in zip(gs, Branchy().parameters())) / N
+            for gs in zip(*out)]
+
+
+def _grads(model):
+    return [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+
+
+def _assert_grads(test, got, want, atol=1e-7):
+    for i, (g, w) in enumerate(zip(got, want)):
+        if w is None:
+            test.assertIsNone(g, "parameter %d: no rank used it, so torch leaves .grad None" % i)
+        else:
+            torch.testing.assert_close(g, w, rtol=0, atol=atol, msg="parameter %d" % i)
 
 
 def _model(g, prefix=None):
@@ -73,14 +89,14 @@ class UnusedTest(unittest.TestCase):
                              [5, 4, 3, 2, 1, 0])
             x, y = _batch(r, 0)
             torch.nn.functional.mse_loss(model(x), y).backward()
-            grads = [p.grad.clone() for p in model.parameters()]
+            grads = _grads(model)
             model.close()  # writes the timeline
             return grads
 
         want = _serial([False])
+        self.assertIsNone(want[2])  # b: unused everywhere
         for r, grads in enumerate(run_ranks(N, body)):
-            for i, (got, w) in enumerate(zip(grads, want)):
-                torch.testing.assert_close(got, w, rtol=0, atol=1e-7, msg="parameter %d" % i)
+            _assert_grads(self, grads, want)
             with open("%s.rank%d.json" % (prefix, r)) as f:
                 events = sorted((e for e in json.load(f)["traceEvents"]
                                  if e.get("name") in ("mark", "launch")), key=lambda e: e["ts"])
@@ -137,14 +153,16 @@ class UnusedTest(unittest.TestCase):
                 loss.backward()
             model.zero_grad()
             torch.nn.functional.mse_loss(model(x), y).backward()  # the next step works
-            grads = [p.grad.clone() for p in model.parameters()]
+            grads = _grads(model)
             model.close()
             return grads
 
         want = _serial([False])
+        # b's gradient tensors exist since the failed backward (Braid zeroed them, and
+        # zero_grad() keeps a zero tensor): unused everywhere now, they stay zero.
+        want[2], want[3] = (torch.zeros_like(p) for p in Branchy().b.parameters())
         for grads in run_ranks(N, body):
-            for got, w in zip(grads, want):
-                torch.testing.assert_close(got, w, rtol=0, atol=1e-7)
+            _assert_grads(self, grads, want)
 
     def test_with_the_sharded_optimizer(self):
         steps = 3

@@ -12,7 +12,7 @@ wheel installs it: `pip install braid-*.whl`), or in the source tree's bazel-bin
 
 from ._lib import BraidError, NO_COLOR
 from .core import (Group, Optimizer, Reducer, StepReport, Work, World, buffer_info,
-                   dtype_code, dtype_size, nccl_unique_id)
+                   default_group, default_world, dtype_code, dtype_size, nccl_unique_id)
 
 
 def version():
@@ -22,4 +22,5 @@ def version():
 
 
 __all__ = ["BraidError", "NO_COLOR", "Group", "Optimizer", "Reducer", "StepReport", "Work",
-           "World", "buffer_info", "dtype_code", "dtype_size", "nccl_unique_id", "version"]
+           "World", "buffer_info", "default_group", "default_world", "dtype_code", "dtype_size",
+           "nccl_unique_id", "version"]

@@ -760,3 +760,7 @@ class Optimizer(_Handle):
         """Collective: on=True gathers every bucket and keeps it (param() reads every
         parameter); on=False releases them."""
         _lib.call("braid_optimizer_summon_params", self.handle, 1 if on else 0)
+
+
+# The process-wide default world (braid/_default_world.py; imported last: it builds on World).
+from ._default_world import default_group, default_world  # noqa: E402,F401

@@ -1,8 +1,8 @@
 """PyTorch on Braid: DistributedDataParallel over Braid's reducer, Braid's sharded AdamW, and
 fully sharded data parallel (FullyShardedDataParallel, ZeRO-3 / FSDP).
 
-    world = braid.World("mpi")                       # one process per rank, under mpirun
-    model = DistributedDataParallel(net, world.group())          # like torch DDP (all-reduce)
+    model = DistributedDataParallel(net)             # torch DDP's signature; the group:
+                                                     # braid.core.default_group() (launcher)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for x, y in data:
         loss_fn(model(x), y).backward()              # gradients averaged when backward returns
@@ -72,15 +72,16 @@ How it is wired (the host path, torch 1.13 on CPU):
     start of a synced backward with overlap, else step()), so torch LR schedulers work;
     state_dict() / load_state_dict() hold this rank's shard (braid/optim.py's docstring has
     the whole contract: step(closure), zero_grad(set_to_none), checkpoint identity checks).
-Gradients as bucket views (torch DDP's gradient_as_bucket_view=True, always on here, and
-from construction rather than after the first iteration): p.grad shares memory with Braid's
-bucket, so no second copy of the gradients exists and no pack copy runs. The views stay
-bound: DistributedDataParallel.zero_grad() zeroes them in place (set_to_none is ignored
-there); a gradient the caller replaced or set to None (e.g. by
-ShardedAdamW.zero_grad(set_to_none=True), torch DDP's meaning) is copied back, or the view
-zeroed, and bound again at the next forward; replacing p.grad during a backward is an error
-naming the parameter. As with torch's option, p.grad is a view, so p.grad.detach_() is
-refused by torch; torch.optim's zero_grad does not call it on gradients without a grad_fn.
+Gradients in the buckets (whatever gradient_as_bucket_view says): p.grad, while it has a
+value, is a plain tensor over Braid's bucket storage (no copy, no pack pass; detach_() works).
+p.grad is None where torch DDP's is: after construction (a value it had is copied in), after
+zero_grad(set_to_none=True), after a backward for parameters no rank used. A forward with grad
+binds a None p.grad to its zeroed bucket tensor and copies a replaced one in; replacing p.grad
+during a backward is an error naming the parameter. gradient_as_bucket_view=False (torch's
+default, where torch copies between p.grad and its buckets): a p.grad the caller still holds
+across set_to_none gets its own copy first, and an unused parameter's value is kept exactly,
+as torch's copies would; only a view taken of a dropped p.grad still sees the bucket. True:
+torch's meaning exactly (a kept p.grad is the bucket and sees the next backward's values).
 
 Bucket order (rebuild_bucket_order=True, torch DDP's one-time rebuild, which torch does by
 default): buckets start in reverse registration order; Braid records the order in which the
@@ -122,16 +123,20 @@ object (close(), World.close(), interpreter exit) first gives the tensors copies
 values, so no tensor ever points at freed memory.
 
 Buffers (BatchNorm statistics) are broadcast from rank 0 at construction and, with
-broadcast_buffers=True (the default, as torch), before each forward that follows a synced
-forward with grad. find_unused_parameters=True: after each forward with grad, the autograd
-graph of its outputs (every tensor in them) is walked, as torch DDP does; the parameters it
-does not reach are marked ready at the start of a synced backward with a zero gradient (or the
-sum a no_sync window accumulated), so the buckets after them launch as soon as their own
+broadcast_buffers=True (the default, as torch), before the first forward (a buffer changed
+after construction reaches every rank, torch's require_forward_param_sync starts True) and
+before each forward that follows a synced forward with grad. find_unused_parameters=True
+(and static_graph=True): after each forward with grad, the autograd graph of its outputs
+(every tensor in them) is walked, as torch DDP does; the parameters it does not reach are
+marked ready at the start of a synced backward with their .grad as it is (zero if None, or
+the sum a no_sync window accumulated), so the buckets after them launch as soon as their own
 gradients are in rather than at the end of the backward. A parameter used outside forward
-(not reachable from its outputs) then raises at backward, naming it. Differences from torch
-DDP: parameters no rank used are reduced as zeros (torch leaves their .grad None); reentrant
-activation checkpointing is not supported (its inner backward would finish Braid's backward
-early).
+(not reachable from its outputs) then raises at backward, naming it. Every synced backward
+all-reduces a used-map (braid/_ddp_grads.py), so a parameter no rank used keeps its .grad
+untouched (None stays None) and one some rank used gets the averaged gradient, as torch.
+With ShardedAdamW / ShardedSGD the used-map is not exchanged (the optimizer consumes the
+shards). Reentrant activation checkpointing is not supported (its inner backward would
+finish Braid's backward early), with static_graph=True too.
 With ShardedAdamW the parameters are views over Braid's gathered copy; values written to
 them after it exists (model.load_state_dict, p.data.copy_) become its master weights at the
 next forward (braid/optim.py), and p.grad in reduce_scatter / hybrid mode is a guard whose
@@ -196,9 +201,13 @@ import time
 
 import torch
 
-from . import _grad_guard, _owners, core
-from ._views import (_broadcast_buffers, _broadcast_module, _device_of, _ready_event,
-                     _sync_scope, _view, _weak_call)
+from . import _ddp_pickle, _grad_guard, _owners, core
+from ._ddp_args import WHAT, read_arguments
+from ._ddp_devices import to_device
+from ._ddp_grads import GradPresence
+from ._ddp_verify import verify_same_model
+from ._views import (_broadcast_buffers, _broadcast_module, _ready_event, _sync_scope, _view,
+                     _weak_call)
 from .fsdp import FullyShardedDataParallel, FullyShardedParameter, _tensors  # noqa: F401
 from .optim import ShardedAdamW, ShardedSGD  # noqa: F401 (re-exported)
 
@@ -207,58 +216,69 @@ __all__ = ["DistributedDataParallel", "FullyShardedDataParallel", "FullyShardedP
 
 
 class DistributedDataParallel(torch.nn.Module):
-    """Wraps `module`: its gradients are reduced by Braid across `group`.
+    """Wraps `module`: its gradients are reduced by Braid across the group. torch 1.13 DDP's
+    signature and meaning, then Braid's own keywords (keyword-only):
 
-    mode: "allreduce" (every rank gets every averaged gradient, like torch DDP),
-          "reduce_scatter" (each rank gets its averaged shard; use with ShardedAdamW) or
-          "hybrid" (reduce-scatter in `group`, all-reduce across `replica_group`; HSDP).
-    Parameters and buffers are broadcast from rank 0 at construction, like torch DDP.
-    broadcast_buffers (default True, as torch DDP): rank 0's buffers (BatchNorm's running
-    statistics) are broadcast again before each forward that follows a synced forward with
-    grad (torch's rule: not after a forward under no_sync() or torch.no_grad()), so every
-    rank starts each such forward from rank 0's statistics; one coalesced broadcast per
-    buffer dtype. False: buffers stay per rank after construction.
-    find_unused_parameters: parameters a forward's outputs do not reach are found after the
-    forward and reduced as zeros from the start of the backward (see the module docstring);
-    False: an unused parameter is an error naming it at the end of the backward.
-    rebuild_bucket_order: rebuild the buckets once, in the readiness order of the first
-    synced backward (torch DDP's rebuild; module docstring "Bucket order").
-    main_grad: f32 gradient buckets for bf16/f16 parameters, as p.main_grad (module
-    docstring).
-    autotune: tune the bucket caps on the first 50-90 steps (braid_reducer_autotune; module
-    docstring "Autotuning").
-    credit_mb, priorities: communication scheduling (braid.core.Reducer; off by default):
-    buckets above credit_mb MiB reduced in credit-sized partitions, and with priorities=True
-    the ShardedAdamW / ShardedSGD parameter all-gathers go ahead of reduction partitions not
-    yet issued. Same results bit for bit.
+        DistributedDataParallel(net)                                 # default world's group
+        DistributedDataParallel(net, process_group=torch_group)      # a torch ProcessGroup
+        DistributedDataParallel(net, group=g, mode="reduce_scatter")  # a braid Group
+        DistributedDataParallel(net, g, mode="reduce_scatter")       # (older form, kept)
+
+    torch's arguments (braid/_ddp_args.py reads them):
+    device_ids, output_device: None for CPU modules, as torch requires; for CUDA modules None
+      or the parameters' device (forward then moves its tensor arguments there, as torch).
+    dim: unused (as torch for single-device modules). bucket_cap_mb: default 25, as torch.
+    broadcast_buffers (default True): rank 0's buffers (BatchNorm statistics) are broadcast
+      before the first forward and each forward that follows a synced forward with grad
+      (torch's rule: not after one under no_sync() or torch.no_grad()). False: never again.
+    process_group: None (with group=None: braid.core.default_group(), as torch's default
+      process group), a torch ProcessGroup whose ranks map onto that world
+      (braid/_torch_groups.py), or a braid Group.
+    find_unused_parameters / static_graph: parameters a forward's outputs do not reach are
+      marked ready at the start of the backward; one no rank used keeps its .grad (None stays
+      None), as torch (module docstring, "Buffers"). False for both: an unused parameter is
+      an error naming it at the end of the backward. static_graph=True implies the search.
+    check_reduction: deprecated in torch; ignored (with torch's warning).
+    gradient_as_bucket_view: gradients always live in Braid's buckets; module docstring,
+      "Gradients in the buckets", for what False (torch's default) protects.
+    The model is checked to be the same on every rank (braid/_ddp_verify.py) and broadcast
+    from rank 0 at construction; an already wrapped module is refused. Pickling
+    (torch.save(ddp), copy.deepcopy) works as torch DDP's, over the default group only.
+
+    Braid's keywords: group (a braid Group, or a torch ProcessGroup; not with process_group);
+    mode: "allreduce" (like torch DDP), "reduce_scatter" (each rank gets its averaged shard;
+    use with ShardedAdamW) or "hybrid" (reduce-scatter in `group`, all-reduce across
+    `replica_group`; HSDP); rebuild_bucket_order, main_grad, autotune (module docstring);
+    credit_mb, priorities (communication scheduling, braid.core.Reducer; same results bit for
+    bit); first_bucket_cap_mb, reduce_dtype, timeout_ms, timeline_prefix (braid.core.Reducer);
+    broadcast_from_rank0=False skips the construction broadcast.
     """
 
-    def __init__(self, module, group, mode="allreduce", replica_group=None, bucket_cap_mb=25.0,
-                 first_bucket_cap_mb=1.0, find_unused_parameters=False, reduce_dtype=None,
-                 broadcast_from_rank0=True, timeout_ms=300000, timeline_prefix=None,
-                 broadcast_buffers=True, rebuild_bucket_order=False, main_grad=False,
+    def __init__(self, module, device_ids=None, output_device=None, dim=0,
+                 broadcast_buffers=True, process_group=None, bucket_cap_mb=25,
+                 find_unused_parameters=False, check_reduction=False,
+                 gradient_as_bucket_view=False, static_graph=False, *, group=None,
+                 mode="allreduce", replica_group=None, first_bucket_cap_mb=1.0,
+                 reduce_dtype=None, broadcast_from_rank0=True, timeout_ms=300000,
+                 timeline_prefix=None, rebuild_bucket_order=False, main_grad=False,
                  autotune=False, credit_mb=0.0, priorities=False):
+        args = {k: v for k, v in locals().items() if k not in ("self", "module", "__class__")}
         super().__init__()
-        self.module = module
-        self._groups = [g for g in (group, replica_group) if g is not None]
-        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        self._device = _device_of(named, "DistributedDataParallel")
-        if self._device is not None and not group.device_memory:
-            raise ValueError(
-                "DistributedDataParallel: parameter %r is on cuda:%d but group %r is on a %r "
-                "world, whose collectives read host memory; CUDA modules need World('nccl') "
-                "(one rank per process and GPU)" % (named[0][0], self._device, group.name,
-                                                    group._world.backend))
-        if self._device is None and named and group.device_memory:
-            raise ValueError(
-                "DistributedDataParallel: parameter %r is a CPU tensor but group %r is on an "
-                "nccl world, whose collectives read device memory; move the module to its GPU "
-                "(module.cuda()) or use a host backend" % (named[0][0], group.name))
+        a = read_arguments(module, args)
+        self.module, self._groups, self._config = module, a.groups, a.config
+        self._device, self.device_ids, self.output_device = (a.device, a.device_ids,
+                                                             a.output_device)
+        self.process_group, self.dim = a.process_group, dim
+        self.find_unused_parameters = bool(find_unused_parameters)
+        self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
+        self.static_graph = bool(static_graph)
+        group, mode, named = a.group, a.config["mode"], a.named
+        verify_same_model(module, self._groups, WHAT)  # collective: before any broadcast
         self._events = {}  # parameter id -> its torch.cuda.Event (CUDA modules)
         if broadcast_from_rank0:
             _broadcast_module(self.module, self._groups)
         self.broadcast_buffers = broadcast_buffers
-        self._sync_buffers_next = False  # construction just broadcast them (or was told not to)
+        self._sync_buffers_next = True  # torch's require_forward_param_sync starts True
         self._params = [p for _, p in named]
         self._main_grad = bool(main_grad)
         # main_grad: half parameters get f32 buckets, filled by their AccumulateGrad hooks.
@@ -268,7 +288,8 @@ class DistributedDataParallel(torch.nn.Module):
             group, [(i, p.numel(), torch.float32 if w else p.dtype, n)
                     for i, ((n, p), w) in enumerate(zip(named, self._widened))],
             replica=replica_group, mode=mode, bucket_cap_mb=bucket_cap_mb,
-            first_bucket_cap_mb=first_bucket_cap_mb, allow_unused=find_unused_parameters,
+            first_bucket_cap_mb=first_bucket_cap_mb,
+            allow_unused=self.find_unused_parameters or self.static_graph,
             reduce_dtype=reduce_dtype, timeout_ms=timeout_ms, timeline_prefix=timeline_prefix,
             device=self._device, credit_mb=credit_mb, priorities=priorities)
         self._mode = mode
@@ -278,11 +299,12 @@ class DistributedDataParallel(torch.nn.Module):
         self.reducer.zero_grads()
         for p, view, exposed, widened in zip(self._params, self._grads, self._exposed,
                                              self._widened):
-            if p.grad is not None:
+            if p.grad is not None:  # else None, as torch: bound at the first forward
                 view.copy_(p.grad)
-            p.grad = None if widened else exposed
+                p.grad = None if widened else exposed
             if self._main_grad:
                 p.main_grad = exposed
+        self._presence = GradPresence(self._groups, self._device)
         self._rebuild = bool(rebuild_bucket_order)  # a rebuild is still to come
         self._rebuild_due = False                   # a synced backward recorded the order
         self._autotune = bool(autotune)             # still tuning
@@ -297,24 +319,31 @@ class DistributedDataParallel(torch.nn.Module):
         self._sync = "sync"          # the sync mode of forwards run now
         self._armed = "sync"         # the sync mode the next backward uses
         self._in_backward = False
-        self._find_unused = find_unused_parameters
+        self._find_unused = self.find_unused_parameters or self.static_graph
         self._unused = []            # ids the last forward's outputs do not reach
         self._early = set()          # ids marked unused at the start of this backward
         self._accumulated = set()    # ids marked in a no_sync backward of this window
         self._stepper = None         # the braid.core.Optimizer of a ShardedAdamW, if any
         self._on_replan = []         # called after a re-plan (ShardedAdamW rebinds its views)
         self.reducer.before_close.append(_weak_call(self._detach_grads))
-        _owners.claim(self, module)  # ShardedAdamW(model.parameters()) finds this wrapper
+        _owners.claim(self, module)  # last: ShardedAdamW(model.parameters()) finds it; a
+        # failed construction claims nothing (a second wrapper is refused: _ddp_verify.py)
 
     def _bucket_views(self):
         """A tensor over each parameter's gradient in the reducer's buckets (its registered
         dtype: f32 for main_grad's half parameters)."""
-        views = []
-        for pid, (p, widened) in enumerate(zip(self._params, self._widened)):
-            address, count = self.reducer.grad(pid)
-            dtype = torch.float32 if widened else p.dtype
-            views.append(_view(self.reducer, address, count, dtype, p.shape, self._device))
-        return views
+        return [self._bucket_view(pid) for pid in range(len(self._params))]
+
+    def _bucket_view(self, pid):
+        """Parameter `pid`'s gradient in the buckets, as a plain tensor sharing the bucket's
+        storage (not an autograd view of it, so p.grad.detach_() works, as on torch's own
+        gradients)."""
+        p, widened = self._params[pid], self._widened[pid]
+        address, count = self.reducer.grad(pid)
+        dtype = torch.float32 if widened else p.dtype
+        view = _view(self.reducer, address, count, dtype, p.shape, self._device)
+        plain = torch.empty(0, dtype=dtype, device=view.device)
+        return plain.set_(view.storage(), view.storage_offset(), view.size(), view.stride())
 
     def _expose(self, views):
         """What p.grad (and main_grad) are bound to: the views themselves in all-reduce mode
@@ -394,6 +423,10 @@ class DistributedDataParallel(torch.nn.Module):
         _owners.release(self, self.module)
         self.reducer.close()  # runs _detach_grads first
 
+    # Pickling (torch.save(ddp), pickle, copy.deepcopy): as torch DDP's (braid/_ddp_pickle.py).
+    __getstate__ = _ddp_pickle.getstate
+    __setstate__ = _ddp_pickle.setstate
+
     def _detach_grads(self):
         """Before the reducer's memory goes (whoever closes it): unhook, copy gradients."""
         for h in self._hooks:
@@ -420,6 +453,8 @@ class DistributedDataParallel(torch.nn.Module):
             if self._sync == "sync":
                 self._autotune_step()
             self._rebind_grads()
+        if self.device_ids:  # torch: inputs go to the module's device first
+            args, kwargs = to_device((args, kwargs), self.device_ids[0])
         out = self.module(*args, **kwargs)
         self._sync_buffers_next = synced  # torch DDP's require_forward_param_sync
         self._unused = (self._unreached(out) if self._find_unused and torch.is_grad_enabled()
@@ -443,13 +478,25 @@ class DistributedDataParallel(torch.nn.Module):
                 if acc not in seen and id(p) not in direct]
 
     def _zero_unused(self):
-        """Before a synced backward begins: the gradients of the parameters the forward did
-        not use become zero, unless a no_sync window accumulated into them (that sum stays)."""
+        """Before a synced backward begins, with ShardedAdamW / ShardedSGD: the gradients of
+        the parameters the forward did not use become zero, unless a no_sync window
+        accumulated into them (that sum stays). Without one, torch's meaning: they are reduced
+        as they are (zero if p.grad was None), so nothing to do."""
+        if self._stepper is None:
+            return
         for pid in self._unused:
             if pid not in self._accumulated:
-                if self._stepper is not None:  # it zeroes a bucket after stepping it
-                    self._stepper.wait_params(self.reducer.param_bucket(pid))
+                # The stepper zeroes a bucket after stepping it: wait for that first.
+                self._stepper.wait_params(self.reducer.param_bucket(pid))
                 self._grads[pid].zero_()
+
+    def _agree_on_unused(self):
+        """Start of a synced backward with find_unused_parameters / static_graph and no sharded
+        optimizer: the used-map all-reduce (braid/_ddp_grads.py), collective on the shard
+        group, issued before Braid's backward begins."""
+        if self._find_unused and self._stepper is None and self._armed == "sync":
+            self._presence.launch({pid for pid in self._unused if pid not in self._accumulated},
+                                  self._grads, self._widened, not self.gradient_as_bucket_view)
 
     def _mark_unused(self):
         """Start of a synced backward: the parameters the forward did not use are marked ready
@@ -486,6 +533,8 @@ class DistributedDataParallel(torch.nn.Module):
         failed backward on one rank generally needs all ranks to restart."""
         self._in_backward = False
         self._accumulated = set()
+        self._presence.drop()
+        self._presence.none.clear()  # every p.grad is a zeroed tensor now
         try:
             self._owner().finish_backward()
             detail = ""
@@ -506,29 +555,44 @@ class DistributedDataParallel(torch.nn.Module):
         return _sync_scope(self, mode)
 
     def zero_grad(self, set_to_none=False):
-        """Zeroes the gradients in place (the views stay bound; set_to_none is ignored). With
+        """Zeroes the gradients in place, or with set_to_none=True makes every p.grad None
+        (torch's meaning; bound again, zeroed, at the next forward; main_grad is zeroed). With
         ShardedAdamW, waits for the parameters instead: Braid zeroes each bucket itself after
         stepping it."""
         if self._stepper is not None:
             self._stepper.wait_all_params()
-        else:
-            self._zero_views()
+            return
+        if set_to_none:
+            for p, widened in zip(self._params, self._widened):
+                if not widened:
+                    p.grad = None
+            if not self._main_grad:
+                return
+        self._zero_views()
 
     def _rebind_grads(self):
         for p, widened in zip(self._params, self._widened):
             if widened and p.grad is not None:  # its hook adds this backward's gradient only
                 p.grad = None
-        stale = [(p, view, exposed) for p, view, exposed, widened in
-                 zip(self._params, self._grads, self._exposed, self._widened)
+        stale = [pid for pid, (p, view, widened) in
+                 enumerate(zip(self._params, self._grads, self._widened))
                  if not widened and (p.grad is None or p.grad.data_ptr() != view.data_ptr())]
         if stale and self._stepper is not None:
             self._stepper.wait_all_params()  # the stepper may still be zeroing those buckets
-        for p, view, exposed in stale:
+        for pid in stale:
+            p = self._params[pid]
             if p.grad is None:
-                view.zero_()
+                if self._mode == "allreduce" and not (self.gradient_as_bucket_view or
+                                                      self._main_grad):
+                    # self._grads and self._exposed hold the same tensor in this mode.
+                    if self._presence.release_held(self._grads, pid, self._bucket_view, 2):
+                        self._exposed[pid] = self._grads[pid]
+                self._grads[pid].zero_()
+                self._presence.none.add(pid)  # None as torch sees it, until a gradient lands
             else:
-                view.copy_(p.grad)
-            p.grad = exposed
+                self._grads[pid].copy_(p.grad)
+                self._presence.none.discard(pid)  # the caller gave it a value
+            p.grad = self._exposed[pid]
 
     def _grad_ready(self, pid, *unused):
         try:
@@ -536,6 +600,7 @@ class DistributedDataParallel(torch.nn.Module):
                 early = self._armed == "sync" and self._unused
                 if early:
                     self._zero_unused()
+                self._agree_on_unused()  # collective: before Braid's backward begins
                 self._owner().begin_backward(self._armed)
                 self._in_backward = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
@@ -559,10 +624,12 @@ class DistributedDataParallel(torch.nn.Module):
                 raise RuntimeError("parameter %d: its .grad was replaced during backward; "
                                    "Braid reduces the bucket view bound at forward" % pid)
             self._mark(pid)
+            self._presence.none.discard(pid)  # it has a gradient now
             if self._armed == "no_sync":
                 self._accumulated.add(pid)
         except Exception as e:
             if not self._in_backward:
+                self._presence.drop()
                 raise  # begin_backward itself failed: nothing to end
             # torch runs no queued callback after a hook raised: end the backward here.
             self._abandon_backward(str(e))
@@ -571,7 +638,12 @@ class DistributedDataParallel(torch.nn.Module):
         self._in_backward = False
         if self._armed != "no_sync":
             self._accumulated = set()
-        self._owner().finish_backward()
+        try:
+            self._owner().finish_backward()
+        except Exception:
+            self._presence.drop()
+            raise
+        self._presence.finish(self._params, self._grads, self._armed == "sync")
         if self._armed == "sync":
             self._rebuild_due = self._rebuild
             self._stepped = True
