@@ -250,18 +250,22 @@ BRAID_API void braid_world_options_init(braid_world_options_t* opts);
  * braid_world_group(world, rank, ...) is collective over all of them (ncclCommInitRank).
  * Errors: INVALID_ARGUMENT (bad struct_size, malformed BRAID_* variable, local_ranks < 0,
  * timeout_ms < 0, read_env not 0/1, NULL out; unique_id with another backend than "nccl",
- * unique_id_size not the id's size, unique_id_size / world_size / rank set without unique_id,
- * world_size < 1 or rank outside [0, world_size), cuda_device < -1 or not a visible device,
- * nccl_blocking not -1/0/1; 0.10: master_addr / rendezvous_* without world_size, one of
- * rendezvous_publish / rendezvous_lookup without the other, store_port outside -1..65535, an
- * explicit rank / world_size disagreeing with RANK / WORLD_SIZE: each naming the field); NOT_FOUND (unknown backend name, listing
- * the known ones; a plugin path with no library); FAILED_PRECONDITION (nccl: NCCL cannot be
- * loaded, naming the library path, the symbol and the loader's message; no usable GPU,
- * naming the CUDA error, e.g. 35 without a driver, 100 without a device); FAILED_PRECONDITION
- * / UNIMPLEMENTED (plugin without a usable table); INVALID_ARGUMENT naming the variable for a
- * malformed torchrun / srun environment (RANK >= WORLD_SIZE, MASTER_PORT missing, ...);
- * DEADLINE_EXCEEDED naming the ranks that never reached the rendezvous; others from the
- * backend (e.g. mpi outside mpirun). */
+ * unique_id_size not the id's size, unique_id_size set without unique_id, rank set without
+ * unique_id or world_size, world_size < 1 or rank outside [0, world_size), cuda_device < -1
+ * or not a visible device, nccl_blocking not -1/0/1; 0.10: master_addr / rendezvous_* without
+ * world_size, one of rendezvous_publish / rendezvous_lookup without the other, store_port
+ * outside -1..65535, an explicit rank / world_size disagreeing with RANK / WORLD_SIZE, no
+ * master address or way to learn the store's port: each naming the field); NOT_FOUND
+ * (unknown backend name, listing the known ones; a plugin path with no library);
+ * FAILED_PRECONDITION (nccl: NCCL cannot be loaded, naming the library path, the symbol and
+ * the loader's message; no usable GPU, naming the CUDA error, e.g. 35 without a driver, 100
+ * without a device; 0.10: a backend other than gloo / nccl made a world the explicit
+ * rendezvous contradicts); FAILED_PRECONDITION / UNIMPLEMENTED (plugin without a usable
+ * table); INVALID_ARGUMENT naming the variable for a malformed torchrun / srun environment
+ * (RANK >= WORLD_SIZE, MASTER_PORT missing, ...); DEADLINE_EXCEEDED naming the ranks that
+ * never reached the rendezvous; PEER_ERROR when rank 0 cannot listen (MASTER_PORT or
+ * store_port taken, naming the address); the callbacks' codes (see their typedefs); others
+ * from the backend (e.g. mpi outside mpirun). */
 BRAID_API braid_status_t braid_world_create(const braid_world_options_t* opts,
                                             braid_world_t** out);
 /* *name = the world's backend ("local", "mpi", "nccl", "gloo", or a plugin's name), valid while

@@ -43,9 +43,10 @@ absl::Status ApplyRendezvousFields(const braid_world_options_t& o, Options& opti
   }
   if (o.store_port >= 0) options.store_port = o.store_port;
   if ((o.rendezvous_publish == nullptr) != (o.rendezvous_lookup == nullptr)) {
+    const bool lookup_only = o.rendezvous_publish == nullptr;
     return absl::InvalidArgumentError(absl::StrCat(
-        o.rendezvous_publish == nullptr ? "rendezvous_lookup" : "rendezvous_publish",
-        " is set but ", o.rendezvous_publish == nullptr ? "rendezvous_publish" : "rendezvous_lookup",
+        lookup_only ? "rendezvous_lookup" : "rendezvous_publish", " is set but ",
+        lookup_only ? "rendezvous_publish" : "rendezvous_lookup",
         " is not: rank 0 publishes its store's address and the others look it up, so give "
         "both"));
   }

@@ -239,7 +239,8 @@ TEST(LauncherRendezvousTest, AnExchangeCarriesTheStoresAddressWithoutMasterPort)
   Table table;
   for (absl::Status s : RunRanks(
            3, {0, 1, 2}, absl::Seconds(20),
-           [](int r) { return absl::Milliseconds(r == 0 ? 200 : 0); }, *other->LocalPort(), [&](LauncherEnv& e) { e.exchange = table.Exchange(); },
+           [](int r) { return absl::Milliseconds(r == 0 ? 200 : 0); }, *other->LocalPort(),
+           [&](LauncherEnv& e) { e.exchange = table.Exchange(); },
            [&](auto& joined) {
              ASSERT_NE(joined[0], nullptr);
              EXPECT_EQ(table.values.at("test/store"), joined[0]->store_address());
