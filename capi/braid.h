@@ -137,8 +137,23 @@ typedef enum braid_reduce_op {
 
 /* ---- World ---------------------------------------------------------------------------------- */
 
+/* 0.10: an explicit rendezvous's channel for rank 0's store address (braid_world_options_t
+ * rendezvous_publish / rendezvous_lookup), e.g. a store the framework already shares (PyTorch's
+ * torch.distributed store). Both are called only on the thread inside braid_world_create, at
+ * most once per call, and never after it returned. Return BRAID_OK, or a failure code:
+ * BRAID_TIMEOUT when the key did not appear in time, anything else for other failures
+ * (braid_world_create then fails with that code, naming the callback and the key). */
+/* Rank 0: make `value` (a NUL-terminated "host:port") readable by every rank under `key`. */
+typedef braid_status_t (*braid_rendezvous_publish_fn)(const char* key, const char* value,
+                                                      void* user_data);
+/* Every other rank: wait up to timeout_ms for `key` and copy its value, NUL-terminated, into
+ * value[0, capacity) (capacity >= 256; BRAID_OUT_OF_RANGE when it does not fit). */
+typedef braid_status_t (*braid_rendezvous_lookup_fn)(const char* key, int64_t timeout_ms,
+                                                     char* value, size_t capacity,
+                                                     void* user_data);
+
 /* Versions (struct_size): 0.5 ends after timeout_ms (40 bytes on LP64); 0.6 adds the nccl
- * fields from unique_id on. */
+ * fields from unique_id on; 0.10 adds the explicit rendezvous from master_addr on. */
 typedef struct braid_world_options {
   size_t struct_size;
   /* "local" (ranks are threads of this process), "mpi" (one rank per process, from mpirun's
@@ -154,11 +169,13 @@ typedef struct braid_world_options {
    *                                       loads and a CUDA device is visible, else "gloo"
    *   none of these                                                    -> "local"
    * torchrun wins over the SLURM_* variables of the allocation it runs in. Under torchrun /
-   * srun, rank 0 serves a TCP rendezvous store at MASTER_ADDR:MASTER_PORT and every rank
-   * checks in there; a rank that does not arrive within timeout_ms fails the others, naming
-   * it. braid_world_backend says which backend was chosen. "mpi" and "gloo" live in modules
-   * beside libbraid.so (libbraid-mpi.so, libbraid-gloo.so; BRAID_BACKEND_MODULE_DIR) loaded
-   * by the first world that needs them, so only those backends need Open MPI / Gloo
+   * srun, rank 0 serves a TCP rendezvous store on MASTER_ADDR (port: store_port) and every
+   * rank checks in there; a rank that does not arrive within timeout_ms fails the others,
+   * naming it. An explicit rendezvous (world_size without unique_id, 0.10) counts as a
+   * launcher too, before mpirun: "nccl" where usable, else "gloo" (a world of one: as with no
+   * launcher). braid_world_backend says which backend was chosen. "mpi" and "gloo" live in
+   * modules beside libbraid.so (libbraid-mpi.so, libbraid-gloo.so; BRAID_BACKEND_MODULE_DIR)
+   * loaded by the first world that needs them, so only those backends need Open MPI / Gloo
    * installed; when the module or its library is missing, braid_world_create fails with
    * BRAID_FAILED_PRECONDITION naming the library and the Debian package to install. */
   const char* backend;
@@ -188,7 +205,10 @@ typedef struct braid_world_options {
   /* The size braid_nccl_unique_id reported (128); 0 (default) without unique_id. */
   size_t unique_id_size;
   /* With unique_id: the world's number of ranks (>= 1; one process and GPU each) and this
-   * process's rank in [0, world_size). Without unique_id both must stay 0 (the default). */
+   * process's rank in [0, world_size). 0.10: without unique_id, world_size >= 1 makes an
+   * explicit rendezvous (see master_addr): this process is `rank` of world_size processes,
+   * instead of what a launcher's RANK / WORLD_SIZE say (which, when set, must agree). Both 0
+   * (default): no explicit rendezvous. */
   int world_size;
   int rank;
   /* nccl: this rank's CUDA device. -1 (default): BRAID_CUDA_DEVICE when read_env, else the
@@ -198,6 +218,28 @@ typedef struct braid_world_options {
    * under the deadline, so a hung peer never blocks a thread inside NCCL). -1 (default):
    * BRAID_NCCL_BLOCKING when read_env, else 1. */
   int nccl_blocking;
+  /* ---- 0.10: where the ranks meet, for the backends that meet at rank 0's TCP store ("gloo";
+   * "nccl" without unique_id). Typical use: PyTorch with torch.distributed initialized, whose
+   * rank, world size and store Braid then shares instead of opening MASTER_PORT a second time
+   * (braid.World() does this by itself). The explicit rendezvous (world_size >= 1 without
+   * unique_id) is used by those backends; with any other (named, or from BRAID_BACKEND /
+   * mpirun) the world made must have world_size ranks with `rank` in this process, else
+   * FAILED_PRECONDITION naming both. */
+  /* Rank 0's host as every rank reaches it; its store listens there. NULL (default):
+   * MASTER_ADDR. Needs world_size. */
+  const char* master_addr;
+  /* The port rank 0's store listens on, with or without an explicit rendezvous. -1 (default):
+   * BRAID_STORE_PORT when read_env, else 0. 0: a port the OS picks; the other ranks learn it
+   * through rendezvous_lookup when set, else from a bootstrap store rank 0 serves at
+   * MASTER_ADDR:MASTER_PORT only while the world is created (MASTER_PORT is free again when
+   * braid_world_create returns, on every rank). 1..65535: that port, for the world's life
+   * (firewalls; no MASTER_PORT needed). */
+  int store_port;
+  /* The channel for the store's address when store_port is 0 (typedefs above): both or
+   * neither; rendezvous_data is passed to both. Needs world_size. NULL (default): none. */
+  braid_rendezvous_publish_fn rendezvous_publish;
+  braid_rendezvous_lookup_fn rendezvous_lookup;
+  void* rendezvous_data;
 } braid_world_options_t;
 
 /* Fills defaults and struct_size. NULL: no-op. */
@@ -208,16 +250,22 @@ BRAID_API void braid_world_options_init(braid_world_options_t* opts);
  * braid_world_group(world, rank, ...) is collective over all of them (ncclCommInitRank).
  * Errors: INVALID_ARGUMENT (bad struct_size, malformed BRAID_* variable, local_ranks < 0,
  * timeout_ms < 0, read_env not 0/1, NULL out; unique_id with another backend than "nccl",
- * unique_id_size not the id's size, unique_id_size / world_size / rank set without unique_id,
- * world_size < 1 or rank outside [0, world_size), cuda_device < -1 or not a visible device,
- * nccl_blocking not -1/0/1: each naming the field); NOT_FOUND (unknown backend name, listing
- * the known ones; a plugin path with no library); FAILED_PRECONDITION (nccl: NCCL cannot be
- * loaded, naming the library path, the symbol and the loader's message; no usable GPU,
- * naming the CUDA error, e.g. 35 without a driver, 100 without a device); FAILED_PRECONDITION
- * / UNIMPLEMENTED (plugin without a usable table); INVALID_ARGUMENT naming the variable for a
- * malformed torchrun / srun environment (RANK >= WORLD_SIZE, MASTER_PORT missing, ...);
- * DEADLINE_EXCEEDED naming the ranks that never reached the rendezvous; others from the
- * backend (e.g. mpi outside mpirun). */
+ * unique_id_size not the id's size, unique_id_size set without unique_id, rank set without
+ * unique_id or world_size, world_size < 1 or rank outside [0, world_size), cuda_device < -1
+ * or not a visible device, nccl_blocking not -1/0/1; 0.10: master_addr / rendezvous_* without
+ * world_size, one of rendezvous_publish / rendezvous_lookup without the other, store_port
+ * outside -1..65535, an explicit rank / world_size disagreeing with RANK / WORLD_SIZE, no
+ * master address or way to learn the store's port: each naming the field); NOT_FOUND
+ * (unknown backend name, listing the known ones; a plugin path with no library);
+ * FAILED_PRECONDITION (nccl: NCCL cannot be loaded, naming the library path, the symbol and
+ * the loader's message; no usable GPU, naming the CUDA error, e.g. 35 without a driver, 100
+ * without a device; 0.10: a backend other than gloo / nccl made a world the explicit
+ * rendezvous contradicts); FAILED_PRECONDITION / UNIMPLEMENTED (plugin without a usable
+ * table); INVALID_ARGUMENT naming the variable for a malformed torchrun / srun environment
+ * (RANK >= WORLD_SIZE, MASTER_PORT missing, ...); DEADLINE_EXCEEDED naming the ranks that
+ * never reached the rendezvous; PEER_ERROR when rank 0 cannot listen (MASTER_PORT or
+ * store_port taken, naming the address); the callbacks' codes (see their typedefs); others
+ * from the backend (e.g. mpi outside mpirun). */
 BRAID_API braid_status_t braid_world_create(const braid_world_options_t* opts,
                                             braid_world_t** out);
 /* *name = the world's backend ("local", "mpi", "nccl", "gloo", or a plugin's name), valid while

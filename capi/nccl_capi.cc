@@ -30,12 +30,12 @@ absl::Status ApplyNcclFields(const braid_world_options_t& o, Options& options) {
       return absl::InvalidArgumentError(
           absl::StrCat("unique_id_size is ", o.unique_id_size, " but unique_id is NULL"));
     }
-    if (o.world_size != 0 || o.rank != 0) {
+    if (o.world_size == 0 && o.rank != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "world_size (", o.world_size, ") and rank (", o.rank,
-          ") go with a unique_id, which is NULL: leave them 0"));
+          "rank (", o.rank, ") goes with a unique_id or an explicit rendezvous (world_size), "
+          "which are both unset: leave it 0"));
     }
-    return absl::OkStatus();
+    return absl::OkStatus();  // world_size without unique_id: rendezvous_capi checks it
   }
   if (options.backend != "nccl") {
     return absl::InvalidArgumentError(absl::StrCat(

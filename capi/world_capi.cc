@@ -13,6 +13,7 @@
 #include "capi/handles.h"
 #include "capi/impl.h"
 #include "capi/nccl_capi.h"
+#include "capi/rendezvous_capi.h"
 #include "comm/backend.h"
 #include "comm/options.h"
 #include "comm/status_macros.h"
@@ -38,11 +39,16 @@ bool NcclUsable(const Options& opts) {
 }
 
 // braid.h's launcher rule: with read_env, no backend named (field NULL, no plugin_path, no
-// unique_id, BRAID_BACKEND unset or "local") the launcher picks it: mpirun -> "mpi";
+// unique_id, BRAID_BACKEND unset or "local") the launcher picks it: an explicit rendezvous
+// (world_size without unique_id) of more than one rank -> as torchrun; mpirun -> "mpi";
 // torchrun / srun with more than one rank -> "nccl" where NCCL loads and a GPU is visible,
 // else "gloo". A malformed torchrun / srun environment is an error naming the variable.
 absl::Status ApplyLauncherRule(const braid_world_options_t& o, Options& opts) {
   if (!o.read_env || o.backend != nullptr || o.unique_id != nullptr || opts.backend != "local") {
+    return absl::OkStatus();
+  }
+  if (opts.rendezvous.has_value()) {  // 0.10: an explicit rendezvous, before mpirun
+    if (opts.rendezvous->world_size > 1) opts.backend = NcclUsable(opts) ? "nccl" : "gloo";
     return absl::OkStatus();
   }
   if (rendezvous::LaunchedByMpi()) {
@@ -75,6 +81,7 @@ absl::StatusOr<Options> ToOptions(const braid_world_options_t& o) {
   if (o.backend != nullptr) opts.backend = o.backend;
   if (o.local_ranks > 0) opts.local_ranks = o.local_ranks;
   if (o.timeout_ms > 0) opts.timeout = absl::Milliseconds(o.timeout_ms);
+  RETURN_IF_ERROR(ApplyRendezvousFields(o, opts));
   RETURN_IF_ERROR(ApplyLauncherRule(o, opts));
   RETURN_IF_ERROR(ApplyNcclFields(o, opts));
   return opts;
@@ -107,6 +114,7 @@ void braid_world_options_init(braid_world_options_t* opts) {
   opts->read_env = 1;
   opts->cuda_device = -1;
   opts->nccl_blocking = -1;
+  opts->store_port = -1;
 }
 
 braid_status_t braid_world_create(const braid_world_options_t* opts, braid_world_t** out) {
@@ -114,15 +122,18 @@ braid_status_t braid_world_create(const braid_world_options_t* opts, braid_world
     RETURN_IF_ERROR(CheckNotNull(out, "out"));
     braid_world_options_t o;
     braid_world_options_init(&o);
-    // 0.5's struct ended after timeout_ms.
+    // 0.5's struct ended after timeout_ms, 0.6's to 0.9's after nccl_blocking.
     RETURN_IF_ERROR(braid::capi::ReadVersionedOptions(
-        opts, {offsetof(braid_world_options_t, unique_id)}, "braid_world_options_t", &o));
+        opts,
+        {offsetof(braid_world_options_t, unique_id), offsetof(braid_world_options_t, master_addr)},
+        "braid_world_options_t", &o));
     ASSIGN_OR_RETURN(braid::Options options, braid::capi::ToOptions(o));
     auto impl = std::make_shared<WorldImpl>();
     if (braid::capi::FromUniqueId(o)) {
       ASSIGN_OR_RETURN(impl->backend, braid::capi::CreateNcclFromUniqueId(o, options));
     } else {
       ASSIGN_OR_RETURN(impl->backend, braid::CreateBackend(options));
+      RETURN_IF_ERROR(braid::capi::CheckWorldMatchesRendezvous(options, *impl->backend));
     }
     impl->backend_name = std::string(impl->backend->name());
     ASSIGN_OR_RETURN(*out, Register(std::move(impl), {}));

@@ -138,6 +138,15 @@ const std::vector<Entry>& Entries() {
          o.backend_module_dir = std::string(v);
          return absl::OkStatus();
        }},
+      {{"BRAID_STORE_PORT", "0",
+        "port of rank 0's rendezvous store (gloo, nccl under torchrun / srun); 0: a free one "
+        "the OS picks, handed to the other ranks through MASTER_PORT while the world is "
+        "created (or through torch.distributed's store when that is initialized)"},
+       [](Options& o, absl::string_view v) {
+         ASSIGN_OR_RETURN(int64_t x, ParseInt("BRAID_STORE_PORT", v, 0, 65535));
+         o.store_port = static_cast<int>(x);
+         return absl::OkStatus();
+       }},
       {{"BRAID_TIMELINE", "", "path prefix for per-rank Chrome-trace timelines (off when empty)"},
        [](Options& o, absl::string_view v) {
          o.timeline = std::string(v);

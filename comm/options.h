@@ -11,13 +11,15 @@
 #define BRAID_COMM_OPTIONS_H_
 
 #include <map>
+#include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "comm/rendezvous_spec.h"
 
 namespace braid {
 
@@ -36,6 +38,12 @@ struct Options {
   int cuda_device = -1;               // BRAID_CUDA_DEVICE (-1: node-local rank % device count)
   std::string nccl_library = "libnccl.so.2";  // BRAID_NCCL_LIBRARY (opened with dlopen)
   std::string backend_module_dir;     // BRAID_BACKEND_MODULE_DIR (empty: libbraid.so's own)
+  // BRAID_STORE_PORT: the port rank 0's rendezvous store listens on (gloo, nccl under torchrun
+  // / srun). 0: one the OS picks, whose address the ranks exchange (backends/rendezvous).
+  int store_port = 0;
+  // Never from the environment: the embedder's rendezvous (braid_world_options_t 0.10), used
+  // instead of the launcher's variables by the backends that meet at a store.
+  std::optional<RendezvousSpec> rendezvous;
   std::vector<std::string> unknown;   // BRAID_* names seen in the environment but not known
 
   // Parses `environ` once.

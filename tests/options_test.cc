@@ -65,6 +65,18 @@ TEST(Options, EveryVariableIsDocumented) {
   EXPECT_EQ(from_defaults->spin, plain.spin);
   EXPECT_EQ(from_defaults->local_ranks, plain.local_ranks);
   EXPECT_EQ(from_defaults->log_level, plain.log_level);
+  EXPECT_EQ(from_defaults->store_port, plain.store_port);
+}
+
+TEST(Options, StorePort) {
+  auto o = Options::FromMap({{"BRAID_STORE_PORT", "29600"}});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->store_port, 29600);
+  for (const char* bad : {"-1", "65536", "port"}) {
+    auto b = Options::FromMap({{"BRAID_STORE_PORT", bad}});
+    EXPECT_FALSE(b.ok()) << bad;
+    EXPECT_NE(b.status().message().find("BRAID_STORE_PORT"), absl::string_view::npos);
+  }
 }
 
 TEST(Options, FromEnvReadsEnvironment) {

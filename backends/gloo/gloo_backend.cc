@@ -81,13 +81,13 @@ absl::StatusOr<std::unique_ptr<Backend>> GlooBackend::Create(const Options& opti
   config.timeout = options.timeout;
   config.spin = options.spin;
   config.abort_on_failure = options.abort_on_failure;
-  if (rendezvous::LaunchedByMpi()) {
+  if (!options.rendezvous.has_value() && rendezvous::LaunchedByMpi()) {
     return absl::FailedPreconditionError(
         "gloo backend: this process was started by an MPI launcher (mpirun); use "
         "BRAID_BACKEND=mpi there, or launch with torchrun / srun");
   }
   ASSIGN_OR_RETURN(const std::optional<rendezvous::LauncherEnv> env,
-                   rendezvous::LauncherEnvFromEnv());
+                   rendezvous::LauncherEnvFor(options));
   if (env.has_value() && env->world_size > 1) {
     ASSIGN_OR_RETURN(std::unique_ptr<GlooBackend> b, CreateFromLauncher(*env, config));
     return std::unique_ptr<Backend>(std::move(b));

@@ -17,6 +17,9 @@
 //     rendezvous at rank 0's TCP store (a rank that never arrives fails everyone at
 //     BRAID_TIMEOUT_MS, naming it); WorldGroup then connects Gloo's full mesh of pairs, each
 //     rank listening on its interface that routes to MASTER_ADDR (127.0.0.1 on loopback).
+//   - options.rendezvous (the embedder's: rank, world size, and where rank 0's store is told,
+//     e.g. through torch.distributed's store): the same rendezvous, instead of the launcher's
+//     variables (launcher_env.h LauncherEnvFor); mpirun is then no obstacle.
 //   - no launcher: a world of one, its store served in-process on 127.0.0.1.
 //   - mpirun: refused (FailedPrecondition): use the `mpi` backend there.
 //

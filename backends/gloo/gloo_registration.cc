@@ -7,8 +7,8 @@ namespace braid::gloo_backend {
 namespace {
 const BackendRegistration kRegistration(
     "gloo",
-    "Gloo over TCP on CPU buffers: one rank per process, for torchrun / srun worlds (a TCP "
-    "rendezvous store at MASTER_ADDR:MASTER_PORT); one rank without a launcher",
+    "Gloo over TCP on CPU buffers: one rank per process, for torchrun / srun worlds or beside "
+    "torch.distributed (a TCP rendezvous store on MASTER_ADDR); one rank without a launcher",
     &GlooBackend::Create);
 }  // namespace
 }  // namespace braid::gloo_backend

@@ -146,9 +146,9 @@ absl::StatusOr<std::unique_ptr<Backend>> NcclBackend::Create(const Options& opti
   // Before MPI: a machine without NCCL or a GPU fails here, naming the library or CUDA's error.
   RETURN_IF_ERROR(apis.nccl->Ready());
   ASSIGN_OR_RETURN(const int devices, DeviceCount(*apis.cuda));
-  if (!rendezvous::LaunchedByMpi()) {
+  if (options.rendezvous.has_value() || !rendezvous::LaunchedByMpi()) {
     ASSIGN_OR_RETURN(const std::optional<rendezvous::LauncherEnv> env,
-                     rendezvous::LauncherEnvFromEnv());
+                     rendezvous::LauncherEnvFor(options));
     if (env.has_value() && env->world_size > 1) {
       ASSIGN_OR_RETURN(std::unique_ptr<NcclBackend> b,
                        CreateFromLauncher(std::move(apis), *env, NcclConfigFromOptions(options)));

@@ -44,6 +44,8 @@
 //       (SLURM_LOCALID) modulo the device count. No MPI is initialized. CreateFromLauncher does
 //       the same from an explicit LauncherEnv. Rank 0's backend serves the store: it must
 //       outlive the others' creation (it does: WorldGroup is collective).
+//       options.rendezvous (the embedder's rank, world size and store-address exchange, e.g.
+//       torch.distributed's) takes the place of the launcher's variables, also under mpirun.
 //   (d) no launcher at all: CreateBackend(options) makes a world of one rank on
 //       BRAID_CUDA_DEVICE (else device 0) from an id it makes itself, without initializing MPI
 //       (single-GPU runs). A launcher environment that does not parse (RANK >= WORLD_SIZE, a

@@ -35,10 +35,18 @@ absl::StatusOr<int> ParseInt(const std::map<std::string, std::string>& vars, con
 }  // namespace
 
 std::string LauncherEnv::Describe() const {
-  return absl::StrCat(launcher, " rank ", rank, " of ", world_size, " (local ", local_rank,
-                      "), master ", master_addr, ":", master_port,
-                      agent_store ? " (MASTER_PORT + 1: torchrun's agent store holds MASTER_PORT)"
-                                  : "");
+  std::string out = absl::StrCat(launcher, " rank ", rank, " of ", world_size, " (local ",
+                                 local_rank, "), master ", master_addr);
+  if (store_port > 0) {
+    absl::StrAppend(&out, ", store port ", store_port, " (BRAID_STORE_PORT)");
+  } else if (!exchange.empty()) {
+    absl::StrAppend(&out, ", store address exchanged by the embedder");
+  } else if (master_port > 0) {
+    absl::StrAppend(&out, ":", master_port,
+                    agent_store ? " (MASTER_PORT + 1: torchrun's agent store holds MASTER_PORT)"
+                                : "");
+  }
+  return out;
 }
 
 absl::StatusOr<std::optional<LauncherEnv>> LauncherEnvFromMap(
@@ -143,5 +151,63 @@ bool LaunchedByMpi(const std::map<std::string, std::string>& vars) {
 }
 
 bool LaunchedByMpi() { return LaunchedByMpi(LauncherVariables()); }
+
+absl::StatusOr<std::optional<LauncherEnv>> LauncherEnvFor(
+    const Options& options, const std::map<std::string, std::string>& vars) {
+  ASSIGN_OR_RETURN(std::optional<LauncherEnv> env, LauncherEnvFromMap(vars));
+  if (options.rendezvous.has_value()) {
+    const RendezvousSpec& spec = *options.rendezvous;
+    if (spec.world_size < 1 || spec.rank < 0 || spec.rank >= spec.world_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "explicit rendezvous: rank ", spec.rank, " of world_size ", spec.world_size,
+          " (want world_size >= 1 and rank in [0, world_size))"));
+    }
+    if (static_cast<bool>(spec.exchange.publish) != static_cast<bool>(spec.exchange.lookup)) {
+      return absl::InvalidArgumentError(
+          "explicit rendezvous: an address exchange needs both publish and lookup");
+    }
+    if (env.has_value() && (env->rank != spec.rank || env->world_size != spec.world_size)) {
+      const bool torchrun = env->launcher == "torchrun";
+      return absl::InvalidArgumentError(absl::StrCat(
+          "explicit rendezvous rank ", spec.rank, " of ", spec.world_size, " disagrees with the ",
+          env->launcher, " environment (", torchrun ? "RANK=" : "SLURM_PROCID=", env->rank, ", ",
+          torchrun ? "WORLD_SIZE=" : "SLURM_NTASKS=", env->world_size, ")"));
+    }
+    LauncherEnv out;
+    out.launcher = "explicit";
+    out.rank = spec.rank;
+    out.world_size = spec.world_size;
+    out.local_rank = env.has_value() ? env->local_rank : spec.rank;
+    out.master_addr = !spec.master_addr.empty() ? spec.master_addr
+                      : env.has_value()         ? env->master_addr
+                                                : std::string();
+    if (env.has_value()) {
+      out.master_port = env->master_port;
+      out.agent_store = env->agent_store;
+    }
+    out.exchange = spec.exchange;
+    env = std::move(out);
+  }
+  if (!env.has_value()) return env;
+  env->store_port = options.store_port;
+  if (env->world_size > 1 && env->launcher == "explicit") {
+    if (env->master_addr.empty()) {
+      return absl::InvalidArgumentError(
+          "explicit rendezvous: no master address (rank 0's host as every rank reaches it): "
+          "give master_addr, or set MASTER_ADDR");
+    }
+    if (env->store_port == 0 && env->exchange.empty() && env->master_port == 0) {
+      return absl::InvalidArgumentError(
+          "explicit rendezvous: the other ranks cannot learn where rank 0's store listens: "
+          "give a store port (BRAID_STORE_PORT / store_port), an address exchange, or set "
+          "MASTER_PORT");
+    }
+  }
+  return env;
+}
+
+absl::StatusOr<std::optional<LauncherEnv>> LauncherEnvFor(const Options& options) {
+  return LauncherEnvFor(options, LauncherVariables());
+}
 
 }  // namespace braid::rendezvous

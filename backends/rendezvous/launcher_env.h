@@ -1,17 +1,21 @@
 // The world a non-MPI launcher describes in the environment: torchrun (and anything following
-// its convention: torch.distributed.run, torchx, Kubernetes' PyTorchJob) or SLURM's srun.
+// its convention: torch.distributed.run, torchx, Kubernetes' PyTorchJob) or SLURM's srun; or
+// the same facts given by the embedder (Options::rendezvous, e.g. torch.distributed's).
 //
-//   ASSIGN_OR_RETURN(std::optional<LauncherEnv> env, LauncherEnvFromEnv());
-//   if (env) { ... env->rank, env->world_size, env->master_addr:env->master_port ... }
+//   ASSIGN_OR_RETURN(std::optional<LauncherEnv> env, LauncherEnvFor(options));
+//   if (env) { ... env->rank, env->world_size, env->master_addr ... }
 //
 // Which variables (read once here; no getenv elsewhere):
 //   torchrun  RANK, WORLD_SIZE, LOCAL_RANK (optional, default RANK), MASTER_ADDR, MASTER_PORT
 //   srun      SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (optional, default SLURM_PROCID),
 //             and the master from MASTER_ADDR, MASTER_PORT (srun sets no master address: the
 //             batch script exports them, e.g. the first host of SLURM_JOB_NODELIST)
-// torchrun's agent may serve its own (c10d) store at MASTER_PORT: when it says so
-// (TORCHELASTIC_USE_AGENT_STORE=True) Braid's store takes MASTER_PORT + 1 instead, on
-// MASTER_ADDR (that port must be free there; a taken one fails rank 0 naming the address).
+// Ports (launcher_rendezvous.h has the whole story): rank 0's store listens on store_port
+// (BRAID_STORE_PORT), by default 0, a port the OS picks; the other ranks learn that address
+// from the embedder's exchange, else from a bootstrap store rank 0 serves at MASTER_ADDR:
+// master_port only while the world is created. master_port is MASTER_PORT, or MASTER_PORT + 1
+// when torchrun's agent serves its own (c10d) store at MASTER_PORT
+// (TORCHELASTIC_USE_AGENT_STORE=True; that port must then be free on MASTER_ADDR).
 // torchrun wins when both are present (torchrun started by srun, one agent per node, sets
 // RANK per worker; SLURM_PROCID there numbers the agents). Neither present: std::nullopt.
 //
@@ -31,18 +35,24 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "comm/options.h"
+#include "comm/rendezvous_spec.h"
 
 namespace braid::rendezvous {
 
 struct LauncherEnv {
-  std::string launcher;     // "torchrun" or "srun"
-  std::string master_addr;  // where rank 0 serves the rendezvous store
-  int master_port = 0;      // the store's port: MASTER_PORT, or MASTER_PORT + 1 (agent_store)
+  std::string launcher;     // "torchrun", "srun", or "explicit" (Options::rendezvous)
+  std::string master_addr;  // rank 0's host: its store listens there
+  int master_port = 0;      // bootstrap port: MASTER_PORT, or MASTER_PORT + 1 (agent_store);
+                            // 0: none (an explicit rendezvous without a launcher)
   bool agent_store = false; // torchrun's agent holds MASTER_PORT
+  int store_port = 0;       // BRAID_STORE_PORT: the store's own port; 0: the OS picks one
+  AddressExchange exchange; // the embedder's channel for the store's address (may be empty)
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;       // rank among this node's processes: picks the GPU
-  std::string Describe() const;  // "torchrun rank 1 of 4 (local 1), master 10.0.0.1:29500"
+  // "torchrun rank 1 of 4 (local 1), master 10.0.0.1:29500"
+  std::string Describe() const;
 };
 
 // Parses the launcher variables from `vars` (name -> value).
@@ -54,6 +64,17 @@ absl::StatusOr<std::optional<LauncherEnv>> LauncherEnvFromEnv();
 // `vars` / the process environment (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK).
 bool LaunchedByMpi(const std::map<std::string, std::string>& vars);
 bool LaunchedByMpi();
+
+// The world a backend meeting at a store should join: options.rendezvous when set (with
+// master_addr, master_port and local_rank taken from the launcher's environment where it
+// gives them), else LauncherEnvFromMap(vars); store_port from options either way.
+// InvalidArgument when the explicit rendezvous disagrees with the launcher's RANK /
+// WORLD_SIZE (naming both), has no master address, or has neither an exchange, a store_port
+// nor a MASTER_PORT to meet at (world_size > 1).
+absl::StatusOr<std::optional<LauncherEnv>> LauncherEnvFor(
+    const Options& options, const std::map<std::string, std::string>& vars);
+// LauncherEnvFor over the process environment's launcher variables.
+absl::StatusOr<std::optional<LauncherEnv>> LauncherEnvFor(const Options& options);
 
 }  // namespace braid::rendezvous
 

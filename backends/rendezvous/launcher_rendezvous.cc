@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "backends/rendezvous/socket.h"
+#include "comm/logging.h"
 #include "comm/status_macros.h"
 
 namespace braid::rendezvous {
@@ -79,6 +82,109 @@ absl::Status CheckIn(TcpStore& store, absl::string_view prefix, int rank, int wo
   }
 }
 
+namespace {
+
+absl::Duration Left(absl::Time deadline) {
+  return std::max(deadline - absl::Now(), absl::Nanoseconds(1));
+}
+
+// "host:port" (the host possibly "[v6]") -> host, port. InvalidArgument naming `what`.
+absl::Status SplitHostPort(absl::string_view address, absl::string_view what, std::string* host,
+                           int* port) {
+  const size_t colon = address.rfind(':');
+  int p = 0;
+  if (colon == absl::string_view::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &p) || p < 1 || p > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": '", address, "' is not a store address (host:port)"));
+  }
+  absl::string_view h = address.substr(0, colon);
+  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  *host = std::string(h);
+  *port = p;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> LauncherRendezvous::Serve() {
+  absl::StatusOr<std::string> listen = ListenAddressFor(env_.master_addr);
+  absl::StatusOr<std::unique_ptr<StoreServer>> server =
+      listen.ok() ? StoreServer::Start(*listen, env_.store_port)
+                  : absl::StatusOr<std::unique_ptr<StoreServer>>(listen.status());
+  if (!server.ok()) {
+    return WithContext(server.status(),
+                       absl::StrCat(env_.Describe(), ": rank 0 serves the rendezvous store",
+                                    env_.store_port > 0 ? " at MASTER_ADDR:BRAID_STORE_PORT"
+                                                        : " on MASTER_ADDR"));
+  }
+  server_ = *std::move(server);
+  return HostPort(env_.master_addr, server_->port());
+}
+
+absl::Status LauncherRendezvous::HandOff(absl::Time deadline, absl::Duration timeout) {
+  const std::string key = absl::StrCat(prefix_, "/store");
+  const std::string closed_key = absl::StrCat(prefix_, "/bootstrap_closed");
+  const std::string where = absl::StrCat(
+      env_.Describe(), ": the store's address is handed out at MASTER_ADDR:",
+      env_.agent_store ? "MASTER_PORT + 1" : "MASTER_PORT", " while the world is created");
+  std::unique_ptr<StoreServer> bootstrap;
+  std::string address;
+  if (env_.rank == 0) {
+    absl::StatusOr<std::string> listen = ListenAddressFor(env_.master_addr);
+    absl::StatusOr<std::unique_ptr<StoreServer>> started =
+        listen.ok() ? StoreServer::Start(*listen, env_.master_port)
+                    : absl::StatusOr<std::unique_ptr<StoreServer>>(listen.status());
+    if (!started.ok()) {
+      return WithContext(started.status(),
+                         absl::StrCat(where, " (is torch.distributed's or another job's store "
+                                             "there? initialize torch.distributed first, or set "
+                                             "BRAID_STORE_PORT)"));
+    }
+    bootstrap = *std::move(started);
+    ASSIGN_OR_RETURN(address, Serve());
+  }
+  {
+    // Every rank's bootstrap connection is closed (by this side) before it checks in.
+    absl::StatusOr<std::unique_ptr<TcpStore>> boot =
+        TcpStore::Connect(env_.master_addr, env_.master_port, Left(deadline));
+    if (!boot.ok()) return WithContext(boot.status(), where);
+    if (env_.rank == 0) {
+      RETURN_IF_ERROR(WithContext((*boot)->Set(key, address), where));
+    } else {
+      absl::StatusOr<std::string> got = (*boot)->Get(key, Left(deadline));
+      if (!got.ok()) return WithContext(got.status(), where);
+      address = *std::move(got);
+    }
+  }
+  std::string host;
+  int port = 0;
+  RETURN_IF_ERROR(SplitHostPort(address, where, &host, &port));
+  // `timeout` also becomes the client's default for every later call (Join's contract).
+  absl::StatusOr<std::unique_ptr<TcpStore>> client = TcpStore::Connect(host, port, timeout);
+  if (!client.ok()) return WithContext(client.status(), env_.Describe());
+  client_ = *std::move(client);
+  RETURN_IF_ERROR(CheckIn(*client_, prefix_, env_.rank, env_.world_size, Left(deadline)));
+  if (env_.rank != 0) {
+    return WithContext(client_->Get(closed_key, Left(deadline)).status(),
+                       absl::StrCat(where, ": waiting for rank 0 to release that port"));
+  }
+  // Every rank checked in, so every rank has read the address and closed its bootstrap
+  // connection; wait until the server saw each close (their FINs may still be in flight).
+  absl::Duration pause = absl::Milliseconds(1);
+  while (bootstrap->open_connections() > 0 && absl::Now() < deadline) {
+    absl::SleepFor(pause);
+    pause = std::min(pause * 2, absl::Milliseconds(20));
+  }
+  if (bootstrap->open_connections() > 0) {
+    Log().warn("{}: {} bootstrap connection(s) still open at the deadline; closing them from "
+               "this side may hold the port in TIME_WAIT", where,
+               bootstrap->open_connections());
+  }
+  bootstrap.reset();
+  return WithContext(client_->Set(closed_key, "1"), where);
+}
+
 absl::StatusOr<std::unique_ptr<LauncherRendezvous>> LauncherRendezvous::Join(
     const LauncherEnv& env, absl::string_view prefix, absl::Duration timeout) {
   if (timeout <= absl::ZeroDuration()) {
@@ -87,24 +193,42 @@ absl::StatusOr<std::unique_ptr<LauncherRendezvous>> LauncherRendezvous::Join(
   }
   const absl::Time deadline = absl::Now() + timeout;
   std::unique_ptr<LauncherRendezvous> rv(new LauncherRendezvous(env, std::string(prefix)));
-  if (env.rank == 0) {
-    absl::StatusOr<std::string> listen = ListenAddressFor(env.master_addr);
-    absl::StatusOr<std::unique_ptr<StoreServer>> server =
-        listen.ok() ? StoreServer::Start(*listen, env.master_port)
-                    : absl::StatusOr<std::unique_ptr<StoreServer>>(listen.status());
-    if (!server.ok()) {
-      return WithContext(server.status(),
-                         absl::StrCat(env.Describe(), ": rank 0 serves the rendezvous store at "
-                                                      "MASTER_ADDR:MASTER_PORT"));
+  if (env.store_port == 0 && env.exchange.empty()) {
+    if (env.master_port < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          env.Describe(), ": no MASTER_PORT, store port or address exchange to meet at"));
     }
-    rv->server_ = *std::move(server);
+    RETURN_IF_ERROR(rv->HandOff(deadline, timeout));
+    return rv;
   }
-  absl::StatusOr<std::unique_ptr<TcpStore>> client =
-      TcpStore::Connect(env.master_addr, env.master_port, timeout);
+  std::string address;
+  if (env.rank == 0) {
+    ASSIGN_OR_RETURN(address, rv->Serve());
+  }
+  if (env.store_port > 0) {
+    address = HostPort(env.master_addr, env.store_port);
+  } else {
+    const std::string key = absl::StrCat(prefix, "/store");
+    if (env.rank == 0) {
+      RETURN_IF_ERROR(WithContext(env.exchange.publish(key, address),
+                                  absl::StrCat(env.Describe(), ": publishing the store's address "
+                                                               "under '", key, "'")));
+    } else {
+      absl::StatusOr<std::string> got = env.exchange.lookup(key, Left(deadline));
+      if (!got.ok()) {
+        return WithContext(got.status(), absl::StrCat(env.Describe(), ": looking up rank 0's "
+                                                      "store address under '", key, "'"));
+      }
+      address = *std::move(got);
+    }
+  }
+  std::string host;
+  int port = 0;
+  RETURN_IF_ERROR(SplitHostPort(address, env.Describe(), &host, &port));
+  absl::StatusOr<std::unique_ptr<TcpStore>> client = TcpStore::Connect(host, port, timeout);
   if (!client.ok()) return WithContext(client.status(), env.Describe());
   rv->client_ = *std::move(client);
-  RETURN_IF_ERROR(CheckIn(*rv->client_, rv->prefix_, env.rank, env.world_size,
-                          std::max(deadline - absl::Now(), absl::Nanoseconds(1))));
+  RETURN_IF_ERROR(CheckIn(*rv->client_, rv->prefix_, env.rank, env.world_size, Left(deadline)));
   return rv;
 }
 

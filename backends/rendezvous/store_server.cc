@@ -41,8 +41,10 @@ void StoreServer::AcceptLoop() {
       continue;
     }
     std::lock_guard<std::mutex> lock(threads_mu_);
+    open_connections_.fetch_add(1);
     connections_.emplace_back([this, s = std::make_shared<Socket>(*std::move(c))]() mutable {
-      Serve(std::move(*s));
+      Serve(std::move(*s));  // closes the connection when it returns
+      open_connections_.fetch_sub(1);
     });
   }
 }

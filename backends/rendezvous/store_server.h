@@ -48,6 +48,11 @@ class StoreServer {
 
   int port() const { return port_; }
   const std::string& address() const { return address_; }  // "host:port"
+  // Connections accepted and not yet closed. A server that stops after its clients closed
+  // their connections (this count reached 0) leaves no TIME_WAIT on its port, so another
+  // listener can bind it at once: the side closing first keeps TIME_WAIT, and not every
+  // listener sets SO_REUSEADDR (torch's TCPStore does not).
+  int open_connections() const { return open_connections_.load(); }
 
  private:
   StoreServer(Socket listener, int port, std::string address)
@@ -60,6 +65,7 @@ class StoreServer {
   const int port_;
   const std::string address_;
   std::atomic<bool> stop_{false};
+  std::atomic<int> open_connections_{0};
   std::thread acceptor_;
 
   std::mutex threads_mu_;

@@ -103,7 +103,9 @@ static void test_bad_nccl_fields(void) {
   nccl_options(&o);
   o.unique_id = NULL;
   o.unique_id_size = 0;
-  EXPECT_ERROR(inval, "world_size (1) and rank (0) go with a unique_id",
+  o.world_size = 0;
+  o.rank = 1;
+  EXPECT_ERROR(inval, "rank (1) goes with a unique_id or an explicit rendezvous (world_size)",
                braid_world_create(&o, &w));
   nccl_options(&o);
   o.cuda_device = -2;

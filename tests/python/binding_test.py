@@ -181,8 +181,8 @@ class NcclTest(unittest.TestCase):
             "nccl", unique_id=uid, world_size=0, read_env=False), "world_size must be >= 1")
         self.assertBraidError(inval, lambda: braid.World(
             "local", unique_id=uid, world_size=1, read_env=False), "backend is 'local'")
-        self.assertBraidError(inval, lambda: braid.World(
-            "local", world_size=2, read_env=False), "go with a unique_id")
+        self.assertBraidError("FAILED_PRECONDITION", lambda: braid.World(
+            "local", world_size=2, read_env=False), "explicit rendezvous says rank 0 of 2")
         self.assertBraidError(inval, lambda: braid.World(
             "nccl", unique_id=uid, world_size=1, cuda_device=-3, read_env=False), "cuda_device")
 

@@ -1,5 +1,6 @@
 // The launcher environment parser: torchrun's and srun's variables, which wins, and an error
-// naming the variable for every inconsistent or missing value.
+// naming the variable for every inconsistent or missing value; LauncherEnvFor: an embedder's
+// explicit rendezvous over (and checked against) the launcher's variables, BRAID_STORE_PORT.
 #include "backends/rendezvous/launcher_env.h"
 
 #include "gmock/gmock.h"
@@ -132,6 +133,81 @@ TEST(LauncherEnvTest, MpiLaunchers) {
   EXPECT_TRUE(LaunchedByMpi({{"OMPI_COMM_WORLD_SIZE", "2"}}));
   EXPECT_TRUE(LaunchedByMpi({{"PMIX_RANK", "0"}}));
   EXPECT_TRUE(LaunchedByMpi({{"PMI_SIZE", "4"}}));
+}
+
+Options Explicit(int rank, int world_size, std::string master_addr = "") {
+  Options o;
+  RendezvousSpec spec;
+  spec.rank = rank;
+  spec.world_size = world_size;
+  spec.master_addr = std::move(master_addr);
+  o.rendezvous = spec;
+  return o;
+}
+
+TEST(LauncherEnvTest, StorePortComesFromTheOptions) {
+  Options o;
+  o.store_port = 29600;
+  auto env = LauncherEnvFor(o, Torchrun());
+  ASSERT_TRUE(env.ok() && env->has_value()) << env.status();
+  EXPECT_EQ((*env)->store_port, 29600);
+  EXPECT_EQ((*env)->launcher, "torchrun");
+  EXPECT_THAT((*env)->Describe(), HasSubstr("store port 29600 (BRAID_STORE_PORT)"));
+  auto none = LauncherEnvFor(o, {});
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+}
+
+TEST(LauncherEnvTest, AnExplicitRendezvousTakesTheLaunchersMasterAndLocalRank) {
+  auto env = LauncherEnvFor(Explicit(3, 8), Torchrun());
+  ASSERT_TRUE(env.ok() && env->has_value()) << env.status();
+  const LauncherEnv& e = **env;
+  EXPECT_EQ(e.launcher, "explicit");
+  EXPECT_EQ(e.rank, 3);
+  EXPECT_EQ(e.world_size, 8);
+  EXPECT_EQ(e.local_rank, 1);  // LOCAL_RANK
+  EXPECT_EQ(e.master_addr, "10.0.0.1");
+  EXPECT_EQ(e.master_port, 29500);
+  // Its own master address wins; without a launcher, local rank = rank and no MASTER_PORT.
+  Options o = Explicit(2, 4, "192.168.1.7");
+  o.rendezvous->exchange.publish = [](const std::string&, const std::string&) {
+    return absl::OkStatus();
+  };
+  o.rendezvous->exchange.lookup = [](const std::string&, absl::Duration) {
+    return absl::StatusOr<std::string>("h:1");
+  };
+  auto bare = LauncherEnvFor(o, {});
+  ASSERT_TRUE(bare.ok() && bare->has_value()) << bare.status();
+  EXPECT_EQ((*bare)->master_addr, "192.168.1.7");
+  EXPECT_EQ((*bare)->local_rank, 2);
+  EXPECT_EQ((*bare)->master_port, 0);
+  EXPECT_FALSE((*bare)->exchange.empty());
+}
+
+TEST(LauncherEnvTest, AnExplicitRendezvousThatCannotMeetIsNamed) {
+  auto error = [](const Options& o, const Vars& v) {
+    auto env = LauncherEnvFor(o, v);
+    EXPECT_FALSE(env.ok());
+    EXPECT_EQ(env.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(env.status().message());
+  };
+  EXPECT_THAT(error(Explicit(1, 8), Torchrun()),
+              HasSubstr("rank 1 of 8 disagrees with the torchrun environment (RANK=3, "
+                        "WORLD_SIZE=8)"));
+  EXPECT_THAT(error(Explicit(0, 2), {}), HasSubstr("no master address"));
+  EXPECT_THAT(error(Explicit(0, 2, "h"), {}),
+              HasSubstr("cannot learn where rank 0's store listens"));
+  EXPECT_THAT(error(Explicit(2, 2, "h"), {}), HasSubstr("rank 2 of world_size 2"));
+  Options half = Explicit(0, 2, "h");
+  half.rendezvous->exchange.publish = [](const std::string&, const std::string&) {
+    return absl::OkStatus();
+  };
+  EXPECT_THAT(error(half, {}), HasSubstr("needs both publish and lookup"));
+  // A fixed store port is enough; a world of one needs nothing.
+  Options fixed = Explicit(0, 2, "h");
+  fixed.store_port = 4000;
+  EXPECT_TRUE(LauncherEnvFor(fixed, {}).ok());
+  EXPECT_TRUE(LauncherEnvFor(Explicit(0, 1), {}).ok());
 }
 
 }  // namespace

@@ -64,6 +64,14 @@ class BraidError(RuntimeError):
         return (BraidError, (self.status, self.message))
 
 
+# braid_rendezvous_publish_fn / braid_rendezvous_lookup_fn (0.10): return a braid_status_t.
+RENDEZVOUS_PUBLISH_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p,
+                                         ctypes.c_void_p)
+RENDEZVOUS_LOOKUP_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_int64,
+                                        ctypes.POINTER(ctypes.c_char), ctypes.c_size_t,
+                                        ctypes.c_void_p)
+
+
 class WorldOptions(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("backend", ctypes.c_char_p),
                 ("plugin_path", ctypes.c_char_p), ("local_ranks", ctypes.c_int),
@@ -71,7 +79,12 @@ class WorldOptions(ctypes.Structure):
                 # 0.6: the nccl backend
                 ("unique_id", ctypes.c_void_p), ("unique_id_size", ctypes.c_size_t),
                 ("world_size", ctypes.c_int), ("rank", ctypes.c_int),
-                ("cuda_device", ctypes.c_int), ("nccl_blocking", ctypes.c_int)]
+                ("cuda_device", ctypes.c_int), ("nccl_blocking", ctypes.c_int),
+                # 0.10: an explicit rendezvous
+                ("master_addr", ctypes.c_char_p), ("store_port", ctypes.c_int),
+                ("rendezvous_publish", RENDEZVOUS_PUBLISH_FN),
+                ("rendezvous_lookup", RENDEZVOUS_LOOKUP_FN),
+                ("rendezvous_data", ctypes.c_void_p)]
 
 
 class CollectiveOptions(ctypes.Structure):

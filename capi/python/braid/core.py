@@ -21,6 +21,7 @@ import itertools
 import weakref
 
 from . import _lib
+from . import _torch_rendezvous
 from ._lib import BraidError  # noqa: F401  (re-exported)
 
 _DTYPES = {"float32": _lib.DTYPE_F32, "float64": _lib.DTYPE_F64, "bfloat16": _lib.DTYPE_BF16,
@@ -166,13 +167,29 @@ class World(_Handle):
     World() with no backend (and BRAID_BACKEND unset) follows the launcher (braid.h's rule):
     mpirun -> "mpi"; torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or srun
     (SLURM_PROCID, SLURM_NTASKS, with MASTER_ADDR / MASTER_PORT exported) -> "nccl" where NCCL
-    loads and a GPU is visible, else "gloo"; otherwise "local". `backend` says which."""
+    loads and a GPU is visible, else "gloo"; otherwise "local". `backend` says which.
+
+    Beside torch.distributed (World() with no backend, "gloo" or "nccl"; no unique_id): when
+    torch.distributed is already initialized, the world is torch's (its rank and world size,
+    checked against RANK / WORLD_SIZE when set) and the ranks find Braid's store through
+    torch's default store, so MASTER_PORT is not opened again (braid/_torch_rendezvous.py);
+    this wins over mpirun (name "mpi" for an MPI world). Launched by torchrun / srun before
+    torch.distributed is initialized, rank 0 holds MASTER_PORT only while World() runs, so
+    init_process_group may follow. Ports: rank 0's store listens on store_port (default
+    BRAID_STORE_PORT, else 0: a port the OS picks); master_addr (default MASTER_ADDR, else
+    the host of torch's TCPStore) is rank 0's host as the other ranks reach it."""
 
     _destroy = "braid_world_destroy"
 
     def __init__(self, backend=None, local_ranks=0, plugin_path=None, timeout_ms=0,
                  read_env=True, unique_id=None, world_size=0, rank=0, cuda_device=-1,
-                 nccl_blocking=None):
+                 nccl_blocking=None, store_port=None, master_addr=None):
+        torch_rendezvous = None
+        if unique_id is None and backend in (None, "gloo", "nccl"):
+            dist = _torch_rendezvous.initialized_torch_distributed()
+            if dist is not None:
+                torch_rendezvous = _torch_rendezvous.TorchRendezvous(dist, master_addr,
+                                                                     world_size, rank)
         opts = _lib.init_options(_lib.WorldOptions, "braid_world_options_init")
         opts.backend = backend.encode() if backend else None
         opts.plugin_path = plugin_path.encode() if plugin_path else None
@@ -187,8 +204,19 @@ class World(_Handle):
         opts.world_size, opts.rank, opts.cuda_device = world_size, rank, cuda_device
         if nccl_blocking is not None:
             opts.nccl_blocking = 1 if nccl_blocking else 0
+        opts.store_port = -1 if store_port is None else store_port
+        opts.master_addr = master_addr.encode() if master_addr else None
+        if torch_rendezvous is not None:
+            torch_rendezvous.fill(opts)
         out = _out()
-        _lib.call("braid_world_create", ctypes.byref(opts), ctypes.byref(out))
+        try:
+            _lib.call("braid_world_create", ctypes.byref(opts), ctypes.byref(out))
+        except BraidError as e:
+            cause = torch_rendezvous.error if torch_rendezvous is not None else None
+            if cause is None:
+                raise
+            raise BraidError(e.status, "%s (torch.distributed's store raised %s: %s)" % (
+                e.message, type(cause).__name__, cause)) from cause
         self._children = weakref.WeakValueDictionary()
         self._orphans = []  # (serial, destroy function, raw handle) of collected objects
         self._serials = itertools.count(1)
