@@ -118,6 +118,14 @@ class HeaderLayoutTest(unittest.TestCase):
         for name, ctype in self.STRUCTS.items():
             self.assertEqual([f[0] for f in ctype._fields_], structs[name], name)
 
+    def test_a_library_struct_larger_than_the_mirror_is_refused(self):
+        # A braid package older than its library: init_options must refuse, not let the
+        # library write its larger struct past the end of the Python one.
+        class OldWorldOptions(ctypes.Structure):
+            _fields_ = _lib.WorldOptions._fields_[:3]
+        with self.assertRaisesRegex(RuntimeError, "braid_world_options_init.*older than"):
+            _lib.init_options(OldWorldOptions, "braid_world_options_init")
+
     def test_struct_sizes_and_defaults_match_library(self):
         for name, ctype in self.STRUCTS.items():
             if name in ("braid_param", "braid_memory_counter", "braid_memory_stats",

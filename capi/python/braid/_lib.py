@@ -250,8 +250,8 @@ def _candidates():
 @functools.lru_cache(maxsize=None)
 def load():
     """Opens libbraid.so ($LIBBRAID_SO, else the one inside this package, as the wheel installs
-    it, else the source tree's bazel-bin) and declares every entry point. Raises OSError naming the paths tried, or when the
-    library's ABI differs from this binding's."""
+    it, else the source tree's bazel-bin) and declares every entry point. Raises OSError naming
+    the paths tried, or when the library's ABI differs from this binding's."""
     tried = []
     for path in _candidates():
         if not os.path.exists(path):
@@ -287,6 +287,19 @@ def call(name, *args):
 
 
 def init_options(struct_type, init_name):
+    """`struct_type` filled by the library's `init_name` (defaults, struct_size). The library
+    writes its own sizeof, so it writes into a scratch buffer with room to spare first: a
+    library newer than this mirror (a larger struct) is refused instead of overrunning it."""
+    mine = ctypes.sizeof(struct_type)
+    scratch = ctypes.create_string_buffer(mine + 4096)
+    init = getattr(load(), init_name)
+    init(ctypes.cast(scratch, init.argtypes[0]))
+    theirs = ctypes.c_size_t.from_buffer(scratch).value
+    if theirs > mine:
+        raise RuntimeError(
+            "%s: libbraid.so (%s) fills %d bytes but this braid package knows %d: the Python "
+            "package is older than the library; install both from one build" %
+            (init_name, load()._name, theirs, mine))
     opts = struct_type()
-    getattr(load(), init_name)(ctypes.byref(opts))
+    ctypes.memmove(ctypes.byref(opts), scratch, min(theirs, mine))
     return opts
