@@ -271,6 +271,33 @@ class TorchInteropTest(unittest.TestCase):
     def test_sgd(self):
         self._round_trip("sgd")
 
+    def test_never_stepped_is_empty_as_in_torch(self):
+        """Before any step torch's state is {}; loading it resets a trained optimizer to a
+        fresh one's state (the next step is a first step)."""
+        fresh_sd = torch.optim.AdamW(_groups(_net(), "adamw"), lr=0.01).state_dict()
+
+        def body(r, g):
+            s = _Stack("adamw", g, 2, _net())
+            empty = s.opt.state_dict()
+            s.train(0, 2)
+            weights = s.model_state()
+            s.opt.load_state_dict(fresh_sd)
+            s.train(2, 1)
+            got = s.params()
+            s.close()
+            net = _net(seed=99)
+            net.load_state_dict(weights)
+            s = _Stack("adamw", g, 2, net)
+            s.train(2, 1)
+            want = s.params()
+            s.close()
+            return empty, got, want
+
+        for empty, got, want in run_ranks(2, body):
+            self.assertEqual(empty["state"], {})
+            self.assertEqual(empty["braid"]["step"], 0)
+            self.assertTrue(all(torch.equal(a, b) for a, b in zip(got, want)))
+
     def test_sharded_form_is_refused_by_torch_and_named_by_braid(self):
         def body(r, g):
             s = _Stack("adamw", g, 2, _net())
