@@ -261,7 +261,9 @@ class TorchInteropTest(unittest.TestCase):
             self._torch_steps(net, opt, HALF + 1, 1)
             ref_net = _net(seed=7)
             ref_net.load_state_dict(dict(zip(weights, torch_next)))
-            self._torch_steps(ref_net, ref_opt_copy(ref_opt, ref_net, kind, self), HALF + 1, 1)
+            ref_copy = self._torch_opt(kind, ref_net)  # torch's own state, over ref_net
+            ref_copy.load_state_dict(ref_opt.state_dict())
+            self._torch_steps(ref_net, ref_copy, HALF + 1, 1)
             for a, b in zip(net.parameters(), ref_net.parameters()):
                 torch.testing.assert_close(a, b, rtol=0, atol=2e-6)
 
@@ -318,13 +320,6 @@ class TorchInteropTest(unittest.TestCase):
             s.close()
 
         run_ranks(2, body)
-
-
-def ref_opt_copy(opt, net, kind, test):
-    """A torch optimizer over `net` with `opt`'s state (torch's own round trip)."""
-    other = test._torch_opt(kind, net)
-    other.load_state_dict(opt.state_dict())
-    return other
 
 
 class ConsolidateTest(unittest.TestCase):

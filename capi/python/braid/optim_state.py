@@ -183,7 +183,7 @@ class CheckpointMixin:
         consolidate_state_dict() kept it here and no step ran since."""
         kept = self._consolidated
         if kept is not None:
-            self._settle()
+            self.optimizer.wait_all_params()  # the step in flight (local: not _settle())
             if self.optimizer.last_step().rounds == kept[1]:
                 if kept[0] != self._mesh_rank()[0]:
                     raise RuntimeError(
