@@ -808,6 +808,50 @@ BRAID_API braid_status_t braid_optimizer_adopt_param(braid_optimizer_t* opt, int
 BRAID_API braid_status_t braid_optimizer_gather_event(braid_optimizer_t* opt, int bucket,
                                                       void** event);
 
+/* ---- 0.10: the whole optimizer state, unsharded (checkpoints that move) ----------------------
+ * A framework's optimizer state_dict() in its own layout (per parameter: master weights,
+ * moments, step count), independent of the world size and the bucket plan: what one run
+ * gathers, another run of any world size (or mesh, or bucket caps) over the same parameters
+ * sets, each rank taking its own shard; or what the framework's own unsharded optimizer
+ * saved. Through caller-owned host memory (also for device optimizers: copied in and out).
+ *
+ *   float* values[3 * P];           // AdamW: master, exp_avg, exp_avg_sq; P parameters
+ *   int64_t steps[P], step;         // values[k * P + i]: parameter i's count floats
+ *   braid_optimizer_get_state(opt, values, 3 * P, steps, &step);    // collective
+ *   ...                             // e.g. save; in another job (M ranks), after create:
+ *   braid_optimizer_set_state(opt2, values, 3 * P, steps, step);    // collective
+ *
+ * State buffers, in this order: AdamW "master", "exp_avg", "exp_avg_sq"; SGD "master",
+ * "momentum" (B = 3 or 2). Parameters in braid_reducer_create's order (P of them);
+ * values[k * P + i] holds parameter i's count f32 values of buffer k. "master" is the f32
+ * master weights (the parameter's values for f32 parameters). Step counts are per parameter
+ * (AdamW's bias correction; SGD's first step starts the momentum buffer), but Braid keeps one
+ * per bucket: parameters that share a bucket must have equal counts. `step` is the count of
+ * completed steps braid_optimizer_last_step reports. Hyper-parameters are not part of it
+ * (braid_optimizer_set_hyper). Both are collective over the shard group, between steps
+ * (FAILED_PRECONDITION inside a backward or accumulation window; they wait for a step in
+ * flight). */
+
+/* Gathers the whole state onto every rank (one all-gather per bucket and state buffer; the
+ * state's full size in host memory while it runs). values: num_values == B * P pointers; a
+ * NULL entry is skipped. param_steps: P entries, or NULL; step: or NULL. Errors:
+ * INVALID_ARGUMENT (num_values), TIMEOUT / PEER_ERROR from the all-gathers. */
+BRAID_API braid_status_t braid_optimizer_get_state(braid_optimizer_t* opt, float* const* values,
+                                                   size_t num_values, int64_t* param_steps,
+                                                   int64_t* step);
+/* Sets the whole state: every rank passes the same values; each takes its shard, writes its
+ * parameters' shards from the master weights and re-gathers them (ZeRO-2), as
+ * braid_optimizer_load. Every rank loads or none does: when any rank's input is refused,
+ * nothing changes on any rank; that rank gets INVALID_ARGUMENT naming it (num_values !=
+ * B * P, a NULL entry, param_steps NULL or a count < 0, step < 0) or FAILED_PRECONDITION
+ * (parameters sharing a bucket with different step counts, named), the others
+ * FAILED_PRECONDITION. values == NULL: this rank takes part only to make every rank's call
+ * fail (FAILED_PRECONDITION; for a caller whose own checks refused its input, so that no peer
+ * waits). */
+BRAID_API braid_status_t braid_optimizer_set_state(braid_optimizer_t* opt,
+                                                   const float* const* values, size_t num_values,
+                                                   const int64_t* param_steps, int64_t step);
+
 /* ---- Fully sharded units (braid_optimizer_options_t.fully_sharded) ---------------------------
  * The framework's hooks bracket each unit's use; Braid gathers, releases and prefetches:
  *

@@ -78,18 +78,29 @@ StateHeader ShardedOptimizer::SavedHeader() const {
   return h;
 }
 
+Checkpoint ShardedOptimizer::EmptyCheckpoint() const {
+  Checkpoint c{SavedHeader(), reducer_->plan(), {}, {}, {}};
+  c.state_names = config_.kind == OptimizerKind::kAdamW
+                      ? std::vector<std::string>{"master", "exp_avg", "exp_avg_sq"}
+                      : std::vector<std::string>{"master", "momentum"};
+  const auto& params = c.plan.params();
+  c.values.assign(c.state_names.size(), std::vector<std::vector<float>>(params.size()));
+  c.steps.assign(params.size(), 0);
+  for (size_t i = 0; i < params.size(); ++i) {
+    for (auto& v : c.values) v[i].resize(params[i].count);
+  }
+  return c;
+}
+
 absl::StatusOr<Checkpoint> ShardedOptimizer::GatherCheckpoint() {
   RETURN_IF_ERROR(WaitBetweenSteps("GatherCheckpoint"));
-  Checkpoint c{SavedHeader(), reducer_->plan(), {}, {}, {}};
-  ASSIGN_OR_RETURN(c.state_names, StateNames(c.header.kind));
+  Checkpoint c = EmptyCheckpoint();
   Group& shard = *reducer_->groups().shard;
   const absl::Time deadline = absl::Now() + config_.timeout;
   const auto& params = c.plan.params();
   const auto& buckets = c.plan.buckets();
-  c.values.assign(c.state_names.size(), std::vector<std::vector<float>>(params.size()));
   for (size_t i = 0; i < params.size(); ++i) {
-    c.steps.push_back(buckets_[c.plan.slot(static_cast<int>(i)).bucket]->steps);
-    for (auto& v : c.values) v[i].resize(params[i].count);
+    c.steps[i] = buckets_[c.plan.slot(static_cast<int>(i)).bucket]->steps;
   }
   std::vector<float> mine, full;
   for (size_t b = 0; b < buckets.size(); ++b) {

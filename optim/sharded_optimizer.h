@@ -228,6 +228,12 @@ class ShardedOptimizer {
   // steps. For a re-plan of the buckets under the optimizer (capi: a new optimizer over the new
   // plan Loads WriteCheckpointRank's file of it). Costs the state's full size in host memory.
   absl::StatusOr<Checkpoint> GatherCheckpoint();
+  // A Checkpoint of this optimizer's parameters and plan whose header is what Save would
+  // write (identity, step count, hyper-parameters) and whose values and step counts are all
+  // zero (a fresh optimizer's state): for a caller that fills in a state of its own (e.g. a
+  // framework's unsharded optimizer state, capi's braid_optimizer_set_state) and loads it with
+  // LoadState(CheckpointRank(...)). Local; waits for nothing. Costs the state's full size.
+  Checkpoint EmptyCheckpoint() const;
 
  private:
   struct BucketState;

@@ -1,8 +1,10 @@
 """ShardedAdamW / ShardedSGD as torch.optim.Optimizer subclasses (braid/optim.py), on the `local`
 backend (ranks are threads): per-group hyper-parameters under torch LR schedulers against
 torch.optim.AdamW / SGD trained serially on the same data (the average of the ranks' losses),
-state_dict() through torch.save resuming bit for bit against an uninterrupted run, and bad
-input (groups, hyper-parameters, foreign state dicts) named."""
+state_dict() (torch's layout) and sharded_state_dict() (per rank) through torch.save resuming bit
+for bit against an uninterrupted run, and bad input (groups, hyper-parameters, foreign per-rank
+state dicts) named. optim_state_test.py moves checkpoints across world sizes and to and from
+torch.optim."""
 
 import io
 import unittest
@@ -143,7 +145,11 @@ class ScheduleTest(unittest.TestCase):
 
 
 class StateDictTest(unittest.TestCase):
-    def _resume(self, kind, wrapper):
+    def _resume(self, kind, wrapper, form="whole"):
+        """Saved at half time through torch.save, resumed in fresh objects: bit for bit the
+        uninterrupted run. form "whole": state_dict() (torch's layout) beside the model's
+        weights, loaded into a model given those weights; "sharded": sharded_state_dict()
+        alone, into a differently initialized model (its master weights are the parameters)."""
         half = STEPS // 2
 
         def body(r, g):
@@ -157,16 +163,25 @@ class StateDictTest(unittest.TestCase):
             sched = _cosine(opt)
             _train(model, opt, sched, r, 0, half)
             buf = io.BytesIO()
-            torch.save({"opt": opt.state_dict(), "sched": sched.state_dict()}, buf)
             at_save = _params(net, model, opt)
+            sd = opt.state_dict() if form == "whole" else opt.sharded_state_dict()
+            torch.save({"opt": sd, "sched": sched.state_dict(),
+                        "model": [p.clone() for p in at_save]}, buf)
             _close(model, opt)
 
-            # A differently initialized model: everything must come from the checkpoint.
-            net, model, opt = _make(kind, g, wrapper, net=_net(seed=99))
-            sched = _cosine(opt)
             buf.seek(0)
             ckpt = torch.load(buf)
-            opt.load_state_dict(ckpt["opt"])
+            fresh = _net(seed=99)  # other weights: what the run had must come from the ckpt
+            if form == "whole":
+                with torch.no_grad():
+                    for p, v in zip(fresh.parameters(), ckpt["model"]):
+                        p.copy_(v)
+            net, model, opt = _make(kind, g, wrapper, net=fresh)
+            sched = _cosine(opt)
+            if form == "whole":
+                opt.load_state_dict(ckpt["opt"])
+            else:
+                opt.load_sharded_state_dict(ckpt["opt"])
             sched.load_state_dict(ckpt["sched"])
             loaded = _params(net, model, opt)
             lr = [group["lr"] for group in opt.param_groups]
@@ -184,9 +199,17 @@ class StateDictTest(unittest.TestCase):
             for i, (a, b) in enumerate(zip(straight, resumed)):
                 self.assertTrue(torch.equal(a, b), "parameter %d differs by up to %g" %
                                 (i, float((a - b).abs().max())))
-            self.assertRegex(sd["braid"]["plan_fingerprint"], "^[0-9a-f]{16}$")
-            self.assertEqual(sd["braid"]["step"], STEPS // 2)
-            self.assertEqual([len(grp["params"]) for grp in sd["param_groups"]], [2, 2])
+            if form == "whole":  # torch's layout: per parameter, param_groups order
+                self.assertEqual(sd["braid"]["step"], STEPS // 2)
+                self.assertEqual(sorted(sd["state"]), [0, 1, 2, 3])
+                keys = ["exp_avg", "exp_avg_sq", "step"] if kind == "adamw" else \
+                    ["momentum_buffer"]
+                self.assertEqual([sorted(v) for v in sd["state"].values()], [keys] * 4)
+                self.assertEqual([len(grp["params"]) for grp in sd["param_groups"]], [2, 2])
+            else:
+                self.assertRegex(sd["braid_shard"]["plan_fingerprint"], "^[0-9a-f]{16}$")
+                self.assertEqual(sd["braid_shard"]["step"], STEPS // 2)
+                self.assertEqual(sd["param_groups"], [])  # torch.optim refuses it
 
     def test_adamw_resumes_bit_exactly(self):
         self._resume("adamw", "ddp")
@@ -197,11 +220,15 @@ class StateDictTest(unittest.TestCase):
     def test_fully_sharded_resumes_bit_exactly(self):
         self._resume("adamw", "fsdp")
 
+    def test_sharded_form_resumes_bit_exactly(self):
+        self._resume("adamw", "ddp", form="sharded")
+        self._resume("sgd", "fsdp", form="sharded")
+
     def test_foreign_state_dicts_are_refused_naming_the_mismatch(self):
         def saved(r, g, cap):
             net, model, opt = _make("adamw", g, cap=cap)
             _train(model, opt, None, r, 0, 1)
-            sd = opt.state_dict()
+            sd = opt.sharded_state_dict()
             _close(model, opt)
             return sd
 
@@ -215,12 +242,13 @@ class StateDictTest(unittest.TestCase):
             cases = [
                 peers[1 - r],  # another rank's (the ranks swap: each fails, nobody waits)
                 # Identity edited to pass: Braid's own check of the plan fingerprint refuses it.
-                dict(small, braid=dict(small["braid"], state_file=big["braid"]["state_file"])),
+                dict(small, braid_shard=dict(small["braid_shard"],
+                                             state_file=big["braid_shard"]["state_file"])),
                 big,
             ]
             for sd in cases:
                 try:
-                    opt.load_state_dict(sd)
+                    opt.load_sharded_state_dict(sd)
                 except ValueError as e:
                     errors.append(str(e))
             after = _params(net, model, opt)
@@ -229,7 +257,7 @@ class StateDictTest(unittest.TestCase):
                                         torch.nn.Linear(9, 3))
             _, model, opt = _make("adamw", g, net=other)
             try:
-                opt.load_state_dict(small)
+                opt.load_sharded_state_dict(small)
             except ValueError as e:
                 errors.append(str(e))
             _close(model, opt)

@@ -21,7 +21,8 @@ exits non-zero):
     is sensitive to the gradient's scale;
   - the MLP also with two param groups (weight decay on matrices only, own betas for biases)
     under a warm-up + cosine torch LambdaLR: ShardedAdamW (a torch.optim.Optimizer) vs torch
-    AdamW under torch DDP, and resumed from torch.save'd state_dict()s bit for bit;
+    AdamW under torch DDP, and resumed bit for bit from one torch.save'd checkpoint of the
+    model's, optimizer's (the whole state, torch's layout) and scheduler's state_dict()s;
   - sharded vs braid and fsdp vs ddp: the same, within the same tolerances;
   - resumed sharded == uninterrupted sharded and resumed fsdp == uninterrupted fsdp, bit for
     bit (losses and parameters);
@@ -114,10 +115,12 @@ def run_braid(kind, group, rank, steps, accumulate):
 class Sharded:
     """The sharded stack (mode by world size), built afresh on each call."""
 
-    def __init__(self, kind, groups, rank, sgd=False, scheduled=False):
+    def __init__(self, kind, groups, rank, sgd=False, scheduled=False, weights=None):
         self.kind, self.rank = kind, rank
         shard, replica = groups
         self.model = train_models.make_model(kind)
+        if weights is not None:  # a checkpoint's, loaded before wrapping (as a user would)
+            self.model.load_state_dict(weights)
         self.ddp = bt.DistributedDataParallel(
             self.model, shard, replica_group=replica,
             mode="hybrid" if replica is not None else "reduce_scatter",
@@ -197,14 +200,22 @@ def run_ddp_scheduled(kind, rank, steps, accumulate):
 
 
 def run_resumed_state_dict(kind, groups, rank, steps, accumulate, path):
-    """The scheduled sharded run saved at half time as one torch.save of the optimizer's and
-    the scheduler's state_dict(), then resumed in fresh objects from torch.load."""
+    """The scheduled sharded run saved at half time as torch users do: the model's, the
+    optimizer's and the scheduler's state_dict() in one torch.save on rank 0 (the optimizer's
+    is the whole state in torch's layout, collective), then every rank resumes in fresh objects
+    from that one file."""
     first = Sharded(kind, groups, rank, scheduled=True)
     losses = first.train(steps // 2, accumulate)
-    torch.save({"opt": first.opt.state_dict(), "sched": first.sched.state_dict()}, path)
+    first.opt.synchronize()
+    ckpt = {"model": {k: v.clone() for k, v in first.model.state_dict().items()},
+            "opt": first.opt.state_dict(),
+            "sched": first.sched.state_dict()}
+    if rank == 0:
+        torch.save(ckpt, path)
+    dist.barrier()
     first.finish()
-    second = Sharded(kind, groups, rank, scheduled=True)
     saved = torch.load(path)
+    second = Sharded(kind, groups, rank, scheduled=True, weights=saved["model"])
     second.opt.load_state_dict(saved["opt"])
     second.sched.load_state_dict(saved["sched"])
     losses += second.train(steps - steps // 2, accumulate, first_step=steps // 2)
@@ -303,7 +314,7 @@ def main():
                 checker.check(ranks_agree(group, sharded_sched[1]),
                               label + " scheduled: sharded ranks differ")
                 if accumulate == 1:
-                    path = os.path.join(state_dir, "resume_sched_np%d.rank%d.pt" % (size, rank))
+                    path = os.path.join(state_dir, "resume_sched_np%d.pt" % size)  # rank 0's
                     resumed = run_resumed_state_dict(kind, groups, rank, args.steps, accumulate,
                                                      path)
                     checker.identical(label + " scheduled: resumed from state_dict vs "

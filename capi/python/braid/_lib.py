@@ -229,6 +229,10 @@ _SIGNATURES = {
                                         ctypes.POINTER(ctypes.c_double)]),
     "braid_optimizer_gather_event": (_st, [_p, _i, _pp]),
     "braid_optimizer_adopt_param": (_st, [_p, _i64]),  # 0.10
+    # 0.10: the whole optimizer state, unsharded (values: an array of float pointers).
+    "braid_optimizer_get_state": (_st, [_p, _pp, _sz, ctypes.POINTER(_i64),
+                                        ctypes.POINTER(_i64)]),
+    "braid_optimizer_set_state": (_st, [_p, _pp, _sz, ctypes.POINTER(_i64), _i64]),
     "braid_unit_enter": (_st, [_p, _i, _i]),
     "braid_unit_exit": (_st, [_p, _i, _i]),
     "braid_optimizer_end_step": (_st, [_p]),

@@ -768,6 +768,49 @@ class Optimizer(_Handle):
         _lib.call("braid_optimizer_gather_event", self.handle, bucket, ctypes.byref(event))
         return event.value
 
+    # The whole state, unsharded (0.10; braid.h's braid_optimizer_get_state / set_state).
+    STATE_BUFFERS = {"adamw": ("master", "exp_avg", "exp_avg_sq"), "sgd": ("master", "momentum")}
+
+    def _state_pointers(self, values):
+        counts = [count for count, _ in self.reducer._specs.values()]  # registration order
+        n = len(counts)
+        if n == 0 or len(values) % n:
+            raise ValueError("%d state buffers for %d parameters" % (len(values), n))
+        ptrs = (ctypes.c_void_p * len(values))()
+        for j, v in enumerate(values):
+            if v is None:
+                continue
+            ptr, count, dt = buffer_info(v, "state buffer %d of parameter %d" % (j // n, j % n))
+            want = counts[j % n]
+            if dt != _lib.DTYPE_F32 or count != want:
+                raise ValueError("state buffer %d of parameter %d: %d float32 values needed" %
+                                 (j // n, j % n, want))
+            ptrs[j] = ptr
+        return ptrs
+
+    def get_state(self, values):
+        """Collective over the shard group: every rank gets the whole state. `values`: one
+        writable float32 buffer (or None: skipped) per state buffer and parameter,
+        values[k * P + i] for STATE_BUFFERS[kind][k] of parameter i (registration order).
+        Returns (step, per-parameter step counts)."""
+        ptrs = self._state_pointers(values)
+        steps = (ctypes.c_int64 * len(self.reducer._specs))()
+        step = ctypes.c_int64()
+        _lib.call("braid_optimizer_get_state", self.handle, ptrs, len(values), steps,
+                  ctypes.byref(step))
+        return step.value, list(steps)
+
+    def set_state(self, values, param_steps=None, step=0):
+        """Collective over the shard group: every rank passes the same whole state (get_state's
+        layout; every buffer given) and takes its shard. values=None: this rank refuses, and
+        every rank's call fails with nothing loaded."""
+        if values is None:
+            _lib.call("braid_optimizer_set_state", self.handle, None, 0, None, 0)
+            return
+        ptrs = self._state_pointers(values)
+        steps = (ctypes.c_int64 * len(param_steps))(*[int(s) for s in param_steps])
+        _lib.call("braid_optimizer_set_state", self.handle, ptrs, len(values), steps, int(step))
+
     # Fully sharded units (fully_sharded=True).
     def unit_enter(self, unit, phase):
         """Unit `unit` is about to be read in `phase` ("forward"/"backward"): returns once its

@@ -13,7 +13,9 @@ subclasses (re-exported by braid.pytorch), taking torch's arguments.
         opt.step()                        # returns once the parameters hold the stepped values
         sched.step()                      # the next backward's step uses the new lr
         opt.zero_grad()
-    torch.save({"opt": opt.state_dict(), "sched": sched.state_dict()}, "ckpt.rank%d" % rank)
+    sd = opt.state_dict()                 # collective: the whole state, torch's layout
+    if rank == 0:
+        torch.save({"opt": sd, "sched": sched.state_dict()}, "ckpt.pt")
 
 Contract:
   - The wrapper: ShardedAdamW(params, lr=...) takes torch's params (parameters or group
@@ -60,24 +62,17 @@ Contract:
     is nothing to zero. set_to_none=True gives DDP's meaning (DDP with gradient_as_bucket_view):
     every p.grad becomes None and is bound again to its (zeroed) bucket view at the next
     forward; no memory is freed (the buckets are Braid's), and that forward first waits for
-    every parameter (it loses its gather overlap). FullyShardedDataParallel: p.grad is
-    always None; nothing to do.
-  - state_dict(): this rank's shard (master weights, moments, step counts: Braid's state file
-    as bytes under "braid"), torch's "param_groups" (hyper-parameters; "params" as indices in
-    group order, as torch), and the run's identity (kind, rank, group sizes, every parameter's
-    name, shape, dtype, group and bucket, the plan fingerprint). torch.save / torch.load it
-    per rank. Not collective (waits for the step in flight).
-  - load_state_dict(sd): collective over the shard group (every rank loads its own rank's
-    dict at the same point). Checks the identity first and raises ValueError naming the first
-    mismatch (rank, group size, a parameter's name/shape/dtype/group/bucket, the plan
-    fingerprint); then restores the shard, re-gathers the parameters, and takes the dict's
-    param_groups hyper-parameters (the resumed run continues bit for bit).
+    every parameter (it loses its gather overlap). FullyShardedDataParallel: p.grad is a
+    guard (its reads raise); nothing to do.
+  - Checkpoints (braid/optim_state.py has the contracts): state_dict() is collective and
+    gives the whole state in torch.optim.AdamW's / SGD's layout on every rank;
+    consolidate_state_dict(to=0) keeps it on one rank (ZeroRedundancyOptimizer's idiom);
+    load_state_dict(sd) (collective) takes such a dict from a Braid run of any world size or
+    from torch's own optimizer, each rank taking its shard. sharded_state_dict() /
+    load_sharded_state_dict() are the fast per-rank form for the same world and plan.
 """
 
 import functools
-import os
-import struct
-import tempfile
 import weakref
 
 import torch
@@ -89,27 +84,12 @@ from ._param_groups import ParamGroups
 from ._views import _view, _weak_call
 from ._written import AdoptsWrites, WriteTracker
 from .fsdp import FullyShardedDataParallel
+from .optim_state import CheckpointMixin
 
 __all__ = ["ShardedAdamW", "ShardedSGD"]
 
-_STATE_FORMAT = 1  # of the dict state_dict() returns
-
-
-def _state_file_identity(blob):
-    """(kind, plan fingerprint, world size, rank, step) from a Braid state file's header
-    (optim/state_file.h, format 1); None if `blob` is not one."""
-    if len(blob) < 28 or blob[:8] != b"BRAIDST\0":
-        return None
-    n = struct.unpack_from("<I", blob, 24)[0]
-    off = 28 + n
-    if off + 32 > len(blob):
-        return None
-    kind = blob[28:off].decode("utf-8", "replace")
-    fingerprint, world, rank, _, _, step = struct.unpack_from("<Qiiiiq", blob, off)
-    return kind, "%016x" % fingerprint, world, rank, step
-
-
-class _ShardedOptimizer(ParamGroups, AdoptsWrites, GradNorms, torch.optim.Optimizer):
+class _ShardedOptimizer(CheckpointMixin, ParamGroups, AdoptsWrites, GradNorms,
+                        torch.optim.Optimizer):
     """Braid's sharded optimizer over a DistributedDataParallel in "reduce_scatter" or "hybrid"
     mode, or a FullyShardedDataParallel: each rank keeps f32 master weights and state for its
     shard only, steps each bucket as soon as its reduction completes (overlap=True) and
@@ -322,130 +302,6 @@ class _ShardedOptimizer(ParamGroups, AdoptsWrites, GradNorms, torch.optim.Optimi
 
     def last_step(self):
         return self.optimizer.last_step()
-
-    # ---- checkpoints -----------------------------------------------------------------------
-    def _identity(self):
-        reducer = self.ddp.reducer
-        group_of = {}
-        for g, group in enumerate(self.param_groups):
-            for p in group["params"]:
-                group_of[id(p)] = g
-        params = []
-        for pid, p in enumerate(self.ddp._params):
-            params.append((self._names[pid], tuple(p.shape), str(p.dtype).replace("torch.", ""),
-                           group_of[id(p)], reducer.param_bucket(pid)))
-        replica = reducer.replica_group
-        return {"kind": self._KIND, "rank": reducer.shard_group.rank,
-                "shard_size": reducer.shard_group.size,
-                "replica_size": replica.size if replica is not None else 1,
-                "fully_sharded": self._fully_sharded, "params": params}
-
-    def save(self, path):
-        """This rank's Braid state file (master weights, moments, step counts, the
-        hyper-parameters last armed) at `path`; state_dict() is the torch.save-able form."""
-        if self._fully_sharded:
-            self.ddp._end_step()
-        self.optimizer.save(path)
-
-    def load(self, path):
-        """Collective: restores a state file saved by the same plan, world and rank; the
-        parameters are re-gathered from it. Keeps param_groups as they are."""
-        if self._fully_sharded:
-            self.ddp._end_step()
-        self.optimizer.load(path)
-        self._pushed = {}  # Braid now has the file's hyper-parameters: push ours again
-        self.optimizer.wait_all_params()
-
-    def state_dict(self):
-        """This rank's state as a dict for torch.save (see the module docstring)."""
-        with tempfile.TemporaryDirectory(prefix="braid-state-") as tmp:
-            path = os.path.join(tmp, "state")
-            self.save(path)
-            with open(path, "rb") as f:
-                blob = f.read()
-        ident = _state_file_identity(blob)
-        groups, start = [], 0
-        for group in self.param_groups:
-            packed = {k: v for k, v in group.items() if k != "params"}
-            packed["params"] = list(range(start, start + len(group["params"])))
-            start += len(group["params"])
-            groups.append(packed)
-        braid = dict(self._identity(), format=_STATE_FORMAT, state_file=blob,
-                     plan_fingerprint=ident[1] if ident else None,
-                     step=ident[4] if ident else None)
-        return {"state": {}, "param_groups": groups, "braid": braid}
-
-    def _check_identity(self, saved):
-        mine = self._identity()
-        for key, what in (("kind", "optimizer kind"), ("fully_sharded", "fully_sharded"),
-                          ("rank", "rank"), ("shard_size", "shard group size"),
-                          ("replica_size", "replica group size")):
-            if saved.get(key) != mine[key]:
-                raise ValueError("state_dict was saved with %s %r; this optimizer has %r%s" % (
-                    what, saved.get(key), mine[key],
-                    " (each rank must load its own rank's state_dict)" if key == "rank" else ""))
-        theirs, ours = [tuple(p) for p in saved["params"]], mine["params"]
-        if len(theirs) != len(ours):
-            raise ValueError("state_dict was saved for %d trainable parameters; this model has "
-                             "%d" % (len(theirs), len(ours)))
-        fields = ("name", "shape", "dtype", "param group", "bucket")
-        for i, (a, b) in enumerate(zip(theirs, ours)):
-            for field, x, y in zip(fields, a, b):
-                if x != y:
-                    hint = (" (a different bucket_cap_mb / first_bucket_cap_mb or bucket order)"
-                            if field == "bucket" else "")
-                    raise ValueError("state_dict parameter %d %r: saved %s %r, this model's is "
-                                     "%r%s" % (i, a[0], field, x, y, hint))
-
-    def _checked(self, state_dict):
-        """(the "braid" entry, the param_groups) of a state_dict that fits this optimizer;
-        ValueError naming the first mismatch."""
-        saved = state_dict.get("braid") if isinstance(state_dict, dict) else None
-        if not isinstance(saved, dict) or "state_file" not in saved:
-            raise ValueError("not a %s state_dict (no 'braid' entry): save it with "
-                             "state_dict() of a Braid sharded optimizer" % type(self).__name__)
-        if saved.get("format") != _STATE_FORMAT:
-            raise ValueError("state_dict format %r; this version reads %d" %
-                             (saved.get("format"), _STATE_FORMAT))
-        self._check_identity(saved)
-        groups = state_dict["param_groups"]
-        if len(groups) != len(self.param_groups) or any(
-                len(a["params"]) != len(b["params"]) for a, b in zip(groups, self.param_groups)):
-            raise ValueError("state_dict has %d param groups of sizes %s; this optimizer %d of "
-                             "sizes %s" % (len(groups), [len(g["params"]) for g in groups],
-                                           len(self.param_groups),
-                                           [len(g["params"]) for g in self.param_groups]))
-        return saved, groups
-
-    def load_state_dict(self, state_dict):
-        """Collective over the shard group: restores this rank's state from a state_dict() of
-        the same run shape (ValueError naming the first mismatch, nothing changed), then the
-        dict's param_groups hyper-parameters (see the module docstring)."""
-        try:
-            saved, groups = self._checked(state_dict)
-        except ValueError:
-            # Braid's load is collective (every rank loads or none does): take part with a
-            # file that cannot load, so the other ranks fail at once instead of waiting.
-            try:
-                self.load(os.path.join(tempfile.gettempdir(), "braid-no-such-state-file"))
-            except BraidError:
-                pass
-            raise
-        with tempfile.TemporaryDirectory(prefix="braid-state-") as tmp:
-            path = os.path.join(tmp, "state")
-            with open(path, "wb") as f:
-                f.write(saved["state_file"])
-            try:
-                self.load(path)
-            except BraidError as e:
-                raise ValueError("rank %d: Braid refused the state_dict: %s" % (
-                    saved["rank"], e.message.replace(path, "(the state_dict's state file)"))
-                ) from None
-        for mine, theirs in zip(self.param_groups, groups):
-            for k, v in theirs.items():
-                if k != "params":
-                    mine[k] = v
-        self._pushed = {}
 
     # ---- closing ---------------------------------------------------------------------------
     def _detach_params(self):

@@ -14,7 +14,8 @@ fully sharded data parallel (FullyShardedDataParallel, ZeRO-3 / FSDP).
     for x, y in data:
         loss_fn(model(x), y).backward(); opt.step()  # overlap: stepped during the backward
         sched.step()                                 # param_groups read as the next step arms
-    torch.save(opt.state_dict(), "opt.rank%d" % g.rank)  # this rank's shard
+    sd = opt.state_dict()                            # collective: torch's layout, whole
+    if g.rank == 0: torch.save(sd, "opt.pt")         # loads into any world size, or torch's
 
     model = FullyShardedDataParallel(net, g, auto_wrap_policy={TransformerEncoderLayer})
     opt = ShardedAdamW(model, lr=1e-3)               # holds the shards: create it before forward
@@ -70,8 +71,9 @@ How it is wired (the host path, torch 1.13 on CPU):
     all-gather of late buckets overlaps the forward of early layers. param_groups (per-group
     lr, betas, eps, weight_decay / momentum, nesterov) go to Braid when a step is armed (the
     start of a synced backward with overlap, else step()), so torch LR schedulers work;
-    state_dict() / load_state_dict() hold this rank's shard (braid/optim.py's docstring has
-    the whole contract: step(closure), zero_grad(set_to_none), checkpoint identity checks).
+    state_dict() / load_state_dict() are collective and hold the whole state in torch's
+    layout (braid/optim.py's and braid/optim_state.py's docstrings have the contracts:
+    step(closure), zero_grad(set_to_none), checkpoints of any world size, the per-rank form).
 Gradients in the buckets (whatever gradient_as_bucket_view says): p.grad, while it has a
 value, is a plain tensor over Braid's bucket storage (no copy, no pack pass; detach_() works).
 p.grad is None where torch DDP's is: after construction (a value it had is copied in), after
