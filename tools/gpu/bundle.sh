@@ -25,7 +25,8 @@ if ((${#tests[@]} == 0)); then
 fi
 targets=("${tests[@]}" //tests/gpu:cuda_smoke_test //bench:collective_latency
          //bench:adamw_cuda_bench //bench:bucket_kernels_cuda_bench)
-tools/bazelw build "$@" "${targets[@]}" //capi:libbraid.so
+tools/bazelw build "$@" "${targets[@]}" //capi:libbraid.so //capi:libbraid-mpi.so \
+  //capi:libbraid-gloo.so
 
 rm -rf "$bundle"
 mkdir -p "$bundle/bin" "$bundle/lib"
@@ -46,6 +47,9 @@ mkdir -p "$bundle/python"
 cp -r capi/python/braid "$bundle/python/braid"
 rm -rf "$bundle/python/braid/__pycache__"
 cp -L bazel-bin/capi/libbraid.so "$bundle/python/braid/libbraid.so"
+# The backends libbraid.so loads on first use (World("mpi"), World("gloo")), beside it; their
+# system libraries (libmpi, libgloo) come from the GPU machine where it has them.
+cp -L bazel-bin/capi/libbraid-mpi.so bazel-bin/capi/libbraid-gloo.so "$bundle/python/braid/"
 cp tests/gpu/torch_cuda_check.py "$bundle/python/torch_cuda_check.py"
 while read -r lib path; do
   [[ "$lib" =~ $skip ]] && continue
