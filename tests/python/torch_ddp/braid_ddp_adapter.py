@@ -82,6 +82,13 @@ def process_world():
     return braid.World("mpi")
 
 
+@functools.lru_cache(maxsize=None)
+def world_group():
+    """The world's group, created once (Braid creates a rank's world group only once) and
+    shared by every wrapper, as torch's default process group is."""
+    return process_world().group()
+
+
 class DistributedDataParallel(braid_pytorch.DistributedDataParallel):
     """torch.nn.parallel.DistributedDataParallel(module, device_ids=None, ...) over Braid's
     wrapper (module docstring: argument mapping only). A module-level class, so that
@@ -102,7 +109,7 @@ class DistributedDataParallel(braid_pytorch.DistributedDataParallel):
         if torch_signature_landed():
             super().__init__(module, **_direct(torch_args, accepted))
         else:
-            super().__init__(module, **_legacy(torch_args, process_world()))
+            super().__init__(module, **_legacy(torch_args, process_world(), world_group()))
 
 
 def _direct(torch_args, accepted):
@@ -119,7 +126,7 @@ def _direct(torch_args, accepted):
     return kwargs
 
 
-def _legacy(a, world):
+def _legacy(a, world, group):
     """Wrapper with the signature (module, group, ...): LEGACY_MAPPING."""
     if not _spans_world(a["process_group"], world):
         raise AdapterUnsupported(
@@ -133,6 +140,6 @@ def _legacy(a, world):
         raise AdapterUnsupported("dim", "dim=%r" % (a["dim"],))
     if a["static_graph"]:
         raise AdapterUnsupported("static_graph", "static_graph=True")
-    return dict(group=world.group(), broadcast_buffers=a["broadcast_buffers"],
+    return dict(group=group, broadcast_buffers=a["broadcast_buffers"],
                 bucket_cap_mb=float(a["bucket_cap_mb"]),
                 find_unused_parameters=a["find_unused_parameters"])

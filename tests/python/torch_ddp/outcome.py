@@ -18,7 +18,8 @@ Exception classes (a heuristic; docs/torch-ddp-tests.md reviews each row by hand
   - missing API: the adapter refused a torch argument (AdapterUnsupported), an attribute or
     method torch's DDP has is missing ("object has no attribute 'X'"), or a keyword is unknown;
   - wrong numbers: an assertion comparing values failed (assertEqual's "not equal" / "not
-    close", "Mismatched elements", "!=", assertTrue on a comparison);
+    close", "Mismatched elements", "!=", "None mismatch", assertIsNone, assertTrue on a
+    comparison);
   - unclear: anything else: an expected error not raised or with another message, an error
     raised by Braid or torch that the test did not expect.
 """
@@ -32,8 +33,8 @@ _WRONG_NUMBERS = re.compile(
     r"not (equal|close)|Mismatched elements|Greatest (absolute|relative) difference|"
     r" != |are not the same|not almost equal|Scalars are not|Tensor-likes are not|"
     r"Booleans mismatch|Lists differ|Tuples differ|Dicts differ|False is not true|"
-    r"True is not false")
-_NOT_RAISED = re.compile(r"not raised|does not match|not found in")
+    r"True is not false|None mismatch|is not None")
+_NOT_RAISED = re.compile(r"^\w+ not raised\b|^\"[^\n]*\" does not match \"")
 
 
 def _first_line(text, limit=110):
@@ -42,9 +43,15 @@ def _first_line(text, limit=110):
 
 
 def _test_line(traceback_text):
-    """The innermost frame in torch's distributed_test.py: where the test stood."""
-    lines = re.findall(r'distributed_test\.py", line (\d+)', traceback_text or "")
-    return " (test line %s)" % lines[-1] if lines else ""
+    """Where the test stood: the innermost frame in torch's distributed_test.py, with its
+    source line when the traceback has it."""
+    frames = re.findall(r'distributed_test\.py", line (\d+), in \w+\n( +\S[^\n]*)?',
+                        traceback_text or "")
+    if not frames:
+        return ""
+    line, code = frames[-1]
+    code = code.strip()
+    return " (test line %s%s)" % (line, ": " + _first_line(code, 60) if code else "")
 
 
 def _missing_api(exc_type, message):
@@ -52,9 +59,10 @@ def _missing_api(exc_type, message):
     if m:
         return "torch argument %s refused by the adapter: %s" % (
             m.group(1), _first_line(message.split(": ", 2)[-1], 60))
-    m = re.search(r"'(\w+)' object has no attribute '(\w+)'", message or "")
+    m = re.search(r"(?:'(\w+)' object|type object '(\w+)') has no attribute '(\w+)'",
+                  message or "")
     if exc_type == "AttributeError" and m:
-        return "%s.%s" % (m.group(1), m.group(2))
+        return "%s.%s" % (m.group(1) or m.group(2), m.group(3))
     m = re.search(r"unexpected keyword argument '(\w+)'", message or "")
     if exc_type == "TypeError" and m:
         return "keyword %s" % m.group(1)

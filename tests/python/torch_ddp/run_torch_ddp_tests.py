@@ -109,7 +109,8 @@ def select_tests():
 
 
 def run_one(impl, test, timeout_s, log_dir, np=2):
-    """One mpirun of one test; returns (Outcome, seconds)."""
+    """One mpirun of one test; returns (Outcome, seconds, detail): detail is the first failing
+    rank's traceback, or the end of mpirun's output when no rank recorded a failure."""
     temp_dir = tempfile.mkdtemp(prefix="torch_ddp_")
     for sub in ("barrier", "test_dir", "init_dir"):
         os.mkdir(os.path.join(temp_dir, sub))
@@ -141,7 +142,12 @@ def run_one(impl, test, timeout_s, log_dir, np=2):
         os.makedirs(os.path.join(log_dir, impl), exist_ok=True)
         with open(os.path.join(log_dir, impl, test + ".log"), "w") as f:
             f.write(output)
-    return classify(records, returncode, timed_out, output, np), seconds
+    outcome = classify(records, returncode, timed_out, output, np)
+    failed = [r for r in sorted(records, key=lambda r: r["rank"]) if r["status"] == "fail"]
+    detail = "" if outcome.status != "fail" else (
+        failed[0]["traceback"][-2000:] if failed and outcome.kind != "crash"
+        else output[-2000:])
+    return outcome, seconds, detail
 
 
 def _end(proc):
@@ -233,16 +239,16 @@ def main():
             e = earlier[test]
             torch_o, torch_s = Outcome(*e["torch"]), e["torch_seconds"]
         else:
-            torch_o, torch_s = run_one("torch", test, CUSTOM_TORCH_TIMEOUT_S.get(
+            torch_o, torch_s, _ = run_one("torch", test, CUSTOM_TORCH_TIMEOUT_S.get(
                 test, TORCH_TIMEOUT_S), args.logs)
-        braid_o, braid_s = None, None
+        braid_o, braid_s, detail = None, None, ""
         if torch_o.status == "pass" and args.only != "torch":
-            braid_o, braid_s = run_one("braid", test, max(args.min_timeout, 4 * torch_s),
-                                       args.logs)
+            braid_o, braid_s, detail = run_one(
+                "braid", test, max(args.min_timeout, 4 * torch_s), args.logs)
         rows.append((test, torch_o, braid_o, braid_s))
         results.append({"test": test, "torch": list(torch_o), "torch_seconds": torch_s,
                         "braid": list(braid_o) if braid_o else None,
-                        "braid_seconds": braid_s})
+                        "braid_seconds": braid_s, "braid_detail": detail})
         print("%-70s torch %-13s %5.1fs braid %-20s %s %s" % (
             test[:70], _cell(torch_o), torch_s, _cell(braid_o),
             "%5.1fs" % braid_s if braid_s is not None else "",
