@@ -15,7 +15,7 @@ every GPU placement stays on the CPU; torch's class is cpu_placement's thin subc
 device_ids on the CPU too), and torch's collectives run on gloo, initialized from a file in
 DIR, as torch's harness does.
 
-Each rank writes DIR/result.<rank>.json: {"rank", "status": "pass" | "fail" | "skip",
+Each rank writes DIR/result.<rank>.json: {"rank", "time", "status": "pass" | "fail" | "skip",
 "exc_type", "message", "traceback"} as soon as the test returns or raises, before any barrier,
 so a peer that hangs afterwards does not hide it. A failing rank then exits at once with status
 1 (mpirun ends its peers); a passing one passes torch's closing barrier and exits 0.
@@ -26,6 +26,7 @@ import faulthandler
 import json
 import os
 import sys
+import time
 import traceback
 import unittest
 from datetime import timedelta
@@ -51,6 +52,7 @@ def _environment(args, world_size):
 
 def _write(args, rank, record):
     record["rank"] = rank
+    record["time"] = time.time()  # the first rank to fail is the cause, the others follow
     path = os.path.join(args.temp_dir, "result.%d.json" % rank)
     with open(path + ".tmp", "w") as f:
         json.dump(record, f)

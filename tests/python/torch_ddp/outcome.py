@@ -6,12 +6,14 @@
                      # "timeout"
     outcome.reason   # e.g. "DistributedDataParallel.register_comm_hook (test line 4321)"
 
-`records` are the per-rank result files ddp_rank.py writes ({"rank", "status", "exc_type",
-"message", "traceback"}); a rank with no record died or was ended before its test returned.
+`records` are the per-rank result files ddp_rank.py writes ({"rank", "time", "status",
+"exc_type", "message", "traceback"}); a rank with no record died or was ended before its test
+returned.
 
 Precedence: a rank killed by a signal (a segfault: faulthandler's "Fatal Python error" or
 mpirun's "exited on signal") is a crash whatever the other ranks recorded, since their errors
-are then consequences; next the first failing rank's exception; then the runner's timeout; then
+are then consequences; next the exception of the rank that failed first (its peers' errors,
+e.g. gloo's "Connection closed by peer", follow from it); then the runner's timeout; then
 a rank missing its record or a non-zero exit after every rank passed (a crash at teardown).
 
 Exception classes (a heuristic; docs/torch-ddp-tests.md reviews each row by hand):
@@ -102,7 +104,8 @@ def classify(records, returncode, timed_out, output, world_size=2):
     if died:
         return Outcome("fail", "crash", died)
     records = sorted(records, key=lambda r: r["rank"])
-    failed = [r for r in records if r["status"] == "fail"]
+    failed = sorted((r for r in records if r["status"] == "fail"),
+                    key=lambda r: (r.get("time", 0), r["rank"]))
     if failed:
         return _from_exception(failed[0])
     if timed_out:

@@ -81,9 +81,13 @@ class ClassifyTest(unittest.TestCase):
                      False, "")
         self.assertEqual(o.kind, "unclear")
 
-    def test_lowest_failing_rank_reported(self):
+    def test_first_failure_reported(self):
+        cause = dict(fail(1, "AssertionError", "Scalars are not equal!"), time=10.0)
+        echo = dict(fail(0, "RuntimeError", "Connection closed by peer"), time=10.5)
+        o = classify([echo, cause], 1, False, "")
+        self.assertIn("Scalars are not equal", o.reason)
         o = classify([fail(1, "RuntimeError", "second"), fail(0, "RuntimeError", "first")],
-                     1, False, "")
+                     1, False, "")  # no times: the lowest rank
         self.assertIn("first", o.reason)
 
     def test_signal_beats_the_peers_errors(self):

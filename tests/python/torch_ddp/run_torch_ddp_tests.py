@@ -143,7 +143,8 @@ def run_one(impl, test, timeout_s, log_dir, np=2):
         with open(os.path.join(log_dir, impl, test + ".log"), "w") as f:
             f.write(output)
     outcome = classify(records, returncode, timed_out, output, np)
-    failed = [r for r in sorted(records, key=lambda r: r["rank"]) if r["status"] == "fail"]
+    failed = sorted((r for r in records if r["status"] == "fail"),
+                    key=lambda r: (r.get("time", 0), r["rank"]))
     detail = "" if outcome.status != "fail" else (
         failed[0]["traceback"][-2000:] if failed and outcome.kind != "crash"
         else output[-2000:])
