@@ -37,7 +37,8 @@ Here: the processes are mpirun's (ranks as processes, as the issue asks) instead
 ones, one mpirun per test and implementation; BACKEND=gloo, WORLD_SIZE=2, a fresh TEMP_DIR
 with barrier/, test_dir/ and init_dir/ per run, INIT_METHOD=file://TEMP_DIR/init_dir/
 shared_init_file, and ddp_rank.py does what _run does (minus ReplicatedTensor: see its
-docstring) and writes each rank's result. torch's runs use torch's own timeouts; Braid's
+docstring) inside cpu_placement.cuda_on_cpu (the GPU-decorated tests run with their GPU
+placement kept on the CPU, for torch and Braid alike) and writes each rank's result. torch's runs use torch's own timeouts; Braid's
 runs time out after max(--min-timeout, 4 x torch's duration of the test), so a hang costs
 little. Tests selected: every test_* method of _DistTestBase (after torch's parametrization)
 whose body, or a self._helper it calls (transitively), names DistributedDataParallel.
