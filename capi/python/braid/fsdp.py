@@ -1,5 +1,5 @@
 """braid.fsdp: FullyShardedDataParallel (ZeRO-3 / FSDP) over Braid's units; documented in
-braid.pytorch's module docstring (import it from there: braid.pytorch re-exports it)."""
+docs/design/pytorch.md, "Fully sharded" (import it from there: braid.pytorch re-exports it)."""
 
 import contextlib
 import functools

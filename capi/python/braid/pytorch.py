@@ -33,169 +33,9 @@ World("nccl"), one rank per process and GPU, every parameter on that GPU:
     model = DistributedDataParallel(Net().cuda(), world.group())
 (the world's cuda_device and the parameters' GPU must be the same one: Braid does not check it.)
 
-How CUDA is wired (docs/gpu-results.md says what of it has run on a GPU):
-  - the reducer is a device reducer (braid_reducer_options_t.device = the parameters' GPU): the
-    buckets are device memory and p.grad is a CUDA tensor over them (__cuda_array_interface__,
-    no copy); every bucket operation runs on Braid's comm streams;
-  - readiness: each AccumulateGrad hook records a torch.cuda.Event (one per parameter, reused)
-    on the current stream, which autograd has set to the gradient producer's stream, and hands
-    its cudaEvent_t to mark_ready; Braid's comm stream waits on it before reading the bucket,
-    so the hook never waits on the host;
-  - completion: the end of backward (the autograd final callback) returns once every bucket's
-    reduction completed on the device (Braid observes its completion events), so the
-    framework's streams read the reduced gradients with no further wait. That is one host wait
-    per backward, at its end, where torch DDP only orders its stream after NCCL's (Braid issues
-    each bucket's post-collective work after observing the collective's completion, so a
-    stream-only finish would not save the wait);
-  - zero_grad() zeroes the views with torch on the current stream (no host wait);
-    broadcast_buffers waits for the buffers' flat copy through an event; construction
-    synchronizes the device once before broadcasting the parameters;
-  - ShardedAdamW / ShardedSGD step on the device (Braid's fused CUDA kernels): p.data becomes a
-    CUDA view over Braid's gathered parameters, the forward pre-hook's wait for a bucket's
-    parameters is a host wait for its step and all-gather;
-  - a CUDA module on a host backend (or a CPU one on nccl), parameters on several devices,
-    and FullyShardedDataParallel with CUDA tensors are errors naming a parameter.
-
-How it is wired (the host path, torch 1.13 on CPU):
-  - every trainable parameter is registered with the reducer (id = its index in
-    module.parameters()); `param.grad` is a tensor over the reducer's bucket storage
-    (torch.frombuffer), so autograd accumulates straight into the buckets: no copies;
-  - a hook on each parameter's AccumulateGrad node marks it ready; the first hook of a
-    backward begins Braid's backward, and an autograd final callback finishes it, so the
-    reduction (and, with ShardedAdamW, the step) is complete or under way when backward()
-    returns;
-  - no_sync(): the forward passes run inside it have their backward accumulate locally;
-  - ShardedAdamW / ShardedSGD (braid/optim.py, re-exported here): torch.optim.Optimizer
-    subclasses; parameter data become views over the optimizer's gathered parameters; a
-    forward pre-hook on each module waits for the buckets holding its own parameters, so the
-    all-gather of late buckets overlaps the forward of early layers. param_groups (per-group
-    lr, betas, eps, weight_decay / momentum, nesterov) go to Braid when a step is armed (the
-    start of a synced backward with overlap, else step()), so torch LR schedulers work;
-    state_dict() / load_state_dict() are collective and hold the whole state in torch's
-    layout (braid/optim.py's and braid/optim_state.py's docstrings have the contracts:
-    step(closure), zero_grad(set_to_none), checkpoints of any world size, the per-rank form).
-Gradients in the buckets (whatever gradient_as_bucket_view says): p.grad, while it has a
-value, is a plain tensor over Braid's bucket storage (no copy, no pack pass; detach_() works).
-p.grad is None where torch DDP's is: after construction (a value it had is copied in), after
-zero_grad(set_to_none=True), after a backward for parameters no rank used. A forward with grad
-binds a None p.grad to its zeroed bucket tensor and copies a replaced one in; replacing p.grad
-during a backward is an error naming the parameter. gradient_as_bucket_view=False (torch's
-default, where torch copies between p.grad and its buckets): a p.grad the caller still holds
-across set_to_none gets its own copy first, and an unused parameter's value is kept exactly,
-as torch's copies would; only a view taken of a dropped p.grad still sees the bucket. True:
-torch's meaning exactly (a kept p.grad is the bucket and sees the next backward's values).
-
-Bucket order (rebuild_bucket_order=True, torch DDP's one-time rebuild, which torch does by
-default): buckets start in reverse registration order; Braid records the order in which the
-first synced backward marks the parameters ready, and at the next forward with grad (every
-rank passes it at the same point) rebuilds the buckets in world rank 0's recorded order, so
-the first bucket holds the first gradients the backward produces and launches first (a model
-whose forward uses its layers in another order than it registers them keeps its overlap).
-p.grad (and main_grad) are rebound to the new buckets with their values; a tensor kept from
-before the rebuild (p.grad of the first step) no longer aliases the bucket. Off by default
-here (a layout change after the first step is a surprise for code holding gradient views).
-With ShardedAdamW / ShardedSGD (CPU modules) the optimizer follows: its whole state is
-all-gathered, laid out again by the new buckets and loaded (braid.h 0.9; costs the state's full
-size in host memory once), and the parameters are rebound to the new gathered views.
-
-main_grad=True (Megatron's f32 gradient accumulation for bf16/f16 models): the buckets of
-bf16/f16 parameters are f32, exposed as p.main_grad; autograd's half gradient of each backward
-is added into it (exactly widened) in the parameter's AccumulateGrad hook and p.grad is set to
-None, so gradients accumulate over a no_sync window in f32 and are reduced in f32. p.grad of a
-half parameter is None outside backward (read p.main_grad: an optimizer with f32 master
-weights, as Megatron's, or p.grad = p.main_grad.to(p.dtype) before a plain torch step).
-f32/f64 parameters keep bucket views as p.grad, and p.main_grad is the same tensor. Memory:
-the half parameters' gradients take twice their bytes. Not with ShardedAdamW (its buckets
-must have the parameters' dtype; it keeps f32 master weights and reduce_dtype=torch.float32
-reduces half buckets in f32).
-
-Autotuning (autotune=True; off by default): each forward with grad that starts a step (the
-first after a synced backward) hands the time since the previous one to the reducer's tuner
-(braid_reducer_autotune; scheduler/autotuner.h: candidates take turns step by step, and the
-slowest rank's median per candidate is agreed at the end of each round, so all decide alike), which
-tries bucket caps around bucket_cap_mb by successive halving for about 50-90 steps, re-plans the
-buckets between steps (gradient views rebound, values kept) and settles on the fastest caps
-measured, or keeps the configured ones unless another beats them by over 3 % and is
-confirmed. The trial table is logged and, with timeline_prefix, recorded on its "autotune"
-track. With ShardedAdamW / ShardedSGD (CPU modules) the optimizer's state follows every
-re-plan as for the rebuild above (each trial step that changes the caps pays that move).
-
-Memory: each view keeps the Braid object owning its memory alive, and whoever closes that
-object (close(), World.close(), interpreter exit) first gives the tensors copies of their
-values, so no tensor ever points at freed memory.
-
-Buffers (BatchNorm statistics) are broadcast from rank 0 at construction and, with
-broadcast_buffers=True (the default, as torch), before the first forward (a buffer changed
-after construction reaches every rank, torch's require_forward_param_sync starts True) and
-before each forward that follows a synced forward with grad. find_unused_parameters=True
-(and static_graph=True): after each forward with grad, the autograd graph of its outputs
-(every tensor in them) is walked, as torch DDP does; the parameters it does not reach are
-marked ready at the start of a synced backward with their .grad as it is (zero if None, or
-the sum a no_sync window accumulated), so the buckets after them launch as soon as their own
-gradients are in rather than at the end of the backward. A parameter used outside forward
-(not reachable from its outputs) then raises at backward, naming it. Every synced backward
-all-reduces a used-map (braid/_ddp_grads.py), so a parameter no rank used keeps its .grad
-untouched (None stays None) and one some rank used gets the averaged gradient, as torch.
-With ShardedAdamW / ShardedSGD the used-map is not exchanged (the optimizer consumes the
-shards). Reentrant activation checkpointing is not supported (its inner backward would
-finish Braid's backward early), with static_graph=True too.
-With ShardedAdamW the parameters are views over Braid's gathered copy; values written to
-them after it exists (model.load_state_dict, p.data.copy_) become its master weights at the
-next forward (braid/optim.py), and p.grad in reduce_scatter / hybrid mode is a guard whose
-reads raise (braid/_grad_guard.py: it holds this rank's unreduced or stepped gradient).
-
-Fully sharded (FullyShardedDataParallel + ShardedAdamW / ShardedSGD), wired over braid.h 0.7:
-  - units: the submodules given (units=[...]) or chosen by auto_wrap_policy (a callable
-    policy(module) -> bool, or module classes); a parameter belongs to the innermost unit
-    holding it; the rest is the root unit (0). Units are numbered in module order, the same
-    on every rank, and become the reducer's param_units (a bucket never mixes units);
-    shard_gradients is on. ShardedAdamW / ShardedSGD create the optimizer with
-    fully_sharded=1 (plus reshard_after_forward, prefetch, max_live_bytes from the wrapper),
-    hand it every parameter's initial values, and from then on each parameter is *released*
-    except while its unit is entered: it keeps its identity, shape, dtype and requires_grad,
-    its class becomes FullyShardedParameter, and any torch call reading its values raises
-    RuntimeError naming it (a __torch_function__ check; its data is one shared NaN element
-    expanded to its shape, so C++ code bypassing the check reads NaN, never freed memory).
-    torch 1.13 segfaults on elementwise reads of a zero-size storage, which is why released
-    data is not simply a storage resized to 0;
-  - forward: the wrapper's forward enters the root unit; a forward pre-hook on each unit
-    enters it (braid_unit_enter: gathered, next unit prefetched) and binds its parameters'
-    data to views over the gathered buffer (braid_optimizer_param); a forward hook releases
-    them and exits (braid_unit_exit). With grad enabled the root stays entered until the end
-    of backward; under torch.no_grad() it exits at the end of the forward;
-  - saved tensors: autograd saves parameter views (a Linear's weight.t(), LayerNorm's weight,
-    attention's in_proj chunks) that point at a buffer released after the unit's forward and
-    gathered again (possibly elsewhere) for its backward. A saved_tensors_hooks pair around
-    the forward packs a tensor whose storage is a bound parameter view as (parameter, size,
-    stride, offset) and rebuilds it at unpack from the view bound then. Tensors saved from
-    copies of parameters (p.float(), p.contiguous() of a strided view) are plain activations;
-  - backward: torch 1.13 has no module backward pre-hook, so a tensor hook on each unit's
-    forward outputs enters the unit for backward (rebinding its views); the first hook of a
-    backward begins Braid's backward and queues the final callback. Gradients go in with
-    braid_reducer_mark_ready_grad from each parameter's AccumulateGrad hook (Braid copies
-    them; param.grad is then set to None, freeing the full-size gradient: param.grad is
-    always None for users), and a unit exits its backward once all its parameters were
-    marked. The final callback exits what is still entered (the root; units with unused
-    parameters), then finishes the backward;
-  - end of step: braid_optimizer_end_step runs lazily once per forward/backward, at the
-    next forward, the optimizer's step(), synchronize(), save(), load(), close() or
-    summon_full_params(), whichever comes first: all points every rank passes in the same
-    order (end_step is collective after the first step);
-  - no_sync(): as DistributedDataParallel (full-size gradient buckets are held for the
-    window, as in FSDP); "reduce_scatter_only" in hybrid mode accumulates into the shard;
-  - summon_full_params(writeback=False): collective; every parameter bound to the gathered
-    values inside the block (forward there only under torch.no_grad()); writeback=True sets
-    the written values as the new master weights;
-  - unused parameters: find_unused_parameters=True reduces them as zeros; otherwise the end
-    of backward raises naming them. Units must be used in the same order on every rank (the
-    first steps' orders are compared by end_step, which names the ranks that differ);
-  - closing: ShardedAdamW.close() is collective and gives the module its full parameters
-    back (a plain torch module again after FullyShardedDataParallel.close()); an optimizer
-    closed any other way (World.close(), garbage collection) leaves them released;
-  - limitations: CPU tensors only (no offload / gather_stream, which need device reducers);
-    a unit called twice in one forward, parameters shared between units (refused at
-    construction), and reentrant activation checkpointing are not supported; parameters with
-    requires_grad=False are not sharded (kept whole on every rank, broadcast like buffers).
+How it is wired (CUDA modules, gradients in the buckets, bucket order, main_grad,
+autotuning, buffers, unused parameters, fully sharded units and their limits):
+docs/design/pytorch.md.
 """
 
 import functools
@@ -238,10 +78,10 @@ class DistributedDataParallel(torch.nn.Module):
       (braid/_torch_groups.py), or a braid Group.
     find_unused_parameters / static_graph: parameters a forward's outputs do not reach are
       marked ready at the start of the backward; one no rank used keeps its .grad (None stays
-      None), as torch (module docstring, "Buffers"). False for both: an unused parameter is
+      None), as torch (docs/design/pytorch.md, "Buffers"). False for both: an unused parameter is
       an error naming it at the end of the backward. static_graph=True implies the search.
     check_reduction: deprecated in torch; ignored (with torch's warning).
-    gradient_as_bucket_view: gradients always live in Braid's buckets; module docstring,
+    gradient_as_bucket_view: gradients always live in Braid's buckets; docs/design/pytorch.md,
       "Gradients in the buckets", for what False (torch's default) protects.
     The model is checked to be the same on every rank (braid/_ddp_verify.py) and broadcast
     from rank 0 at construction; an already wrapped module is refused. Pickling
@@ -250,7 +90,7 @@ class DistributedDataParallel(torch.nn.Module):
     Braid's keywords: group (a braid Group, or a torch ProcessGroup; not with process_group);
     mode: "allreduce" (like torch DDP), "reduce_scatter" (each rank gets its averaged shard;
     use with ShardedAdamW) or "hybrid" (reduce-scatter in `group`, all-reduce across
-    `replica_group`; HSDP); rebuild_bucket_order, main_grad, autotune (module docstring);
+    `replica_group`; HSDP); rebuild_bucket_order, main_grad, autotune (docs/design/pytorch.md);
     credit_mb, priorities (communication scheduling, braid.core.Reducer; same results bit for
     bit); first_bucket_cap_mb, reduce_dtype, timeout_ms, timeline_prefix (braid.core.Reducer);
     broadcast_from_rank0=False skips the construction broadcast.
