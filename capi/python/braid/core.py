@@ -18,6 +18,7 @@ import atexit
 import collections
 import ctypes
 import itertools
+import os
 import weakref
 
 from . import _lib
@@ -154,6 +155,12 @@ def nccl_unique_id():
     return buf.raw[:size.value]
 
 
+def _launched_by_mpi():
+    """Whether an MPI launcher started this process (the variables braid.h's launcher rule
+    reads: Open MPI's, PMI's, PMIx's)."""
+    return any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"))
+
+
 class World(_Handle):
     """A backend and this process's ranks: World("mpi") under mpirun, World("local",
     local_ranks=N) for N ranks as threads of this process, World(plugin_path=...), and
@@ -173,7 +180,8 @@ class World(_Handle):
     torch.distributed is already initialized, the world is torch's (its rank and world size,
     checked against RANK / WORLD_SIZE when set) and the ranks find Braid's store through
     torch's default store, so MASTER_PORT is not opened again (braid/_torch_rendezvous.py);
-    this wins over mpirun (name "mpi" for an MPI world). Launched by torchrun / srun before
+    under mpirun, World() with no backend stays "mpi" (it opens no port). Launched by
+    torchrun / srun before
     torch.distributed is initialized, rank 0 holds MASTER_PORT only while World() runs, so
     init_process_group may follow. Ports: rank 0's store listens on store_port (default
     BRAID_STORE_PORT, else 0: a port the OS picks); master_addr (default MASTER_ADDR, else
@@ -185,7 +193,9 @@ class World(_Handle):
                  read_env=True, unique_id=None, world_size=0, rank=0, cuda_device=-1,
                  nccl_blocking=None, store_port=None, master_addr=None):
         torch_rendezvous = None
-        if unique_id is None and backend in (None, "gloo", "nccl"):
+        chosen = backend or (os.environ.get("BRAID_BACKEND") if read_env else None)
+        if unique_id is None and (chosen in ("gloo", "nccl") or
+                                  (chosen is None and not _launched_by_mpi())):
             dist = _torch_rendezvous.initialized_torch_distributed()
             if dist is not None:
                 torch_rendezvous = _torch_rendezvous.TorchRendezvous(dist, master_addr,
