@@ -64,14 +64,22 @@ def _grads(module):
 
 
 class TorchGroups:
-    """One torch ProcessGroupGloo per rank thread over a shared in-process store."""
+    """One torch ProcessGroupGloo per rank thread over a shared in-process store. It also
+    keeps the groups and the torch DDP wrappers made in rank threads alive until the test's
+    main thread drops it: torch's pybind objects destroyed by two rank threads at once abort
+    the process now and then ("pybind11_object_dealloc(): Tried to deallocate unregistered
+    instance"), which a torch user with one rank per process never meets."""
 
     def __init__(self, tag):
-        self._store, self._tag = dist.HashStore(), tag
+        self._store, self._tag, self._kept = dist.HashStore(), tag, []
 
     def group(self, r):
-        return dist.ProcessGroupGloo(dist.PrefixStore(self._tag, self._store), r, N,
-                                     datetime.timedelta(seconds=60))
+        return self.keep(dist.ProcessGroupGloo(dist.PrefixStore(self._tag, self._store), r, N,
+                                               datetime.timedelta(seconds=60)))
+
+    def keep(self, obj):
+        self._kept.append(obj)  # list.append is atomic under the GIL
+        return obj
 
 
 # Per step: which ranks use b, how the gradients are reset after the step ("none":
@@ -137,8 +145,8 @@ class Compare(unittest.TestCase):
     def against_torch(self, braid_kwargs, torch_kwargs, **train):
         pgs = TorchGroups("against_torch")
         ref = run_ranks(N, lambda r, g: _train(r, lambda net: (
-            torch.nn.parallel.DistributedDataParallel(net, process_group=pgs.group(r),
-                                                      **torch_kwargs)), **train))
+            pgs.keep(torch.nn.parallel.DistributedDataParallel(
+                net, process_group=pgs.group(r), **torch_kwargs))), **train))
         got = run_ranks(N, lambda r, g: _train(
             r, lambda net: bt.DistributedDataParallel(net, group=g, **braid_kwargs), **train))
         self.assert_same(got, ref, "ranks")
@@ -176,8 +184,8 @@ class SignatureTest(Compare):
         def body(r, g):
             pg = pgs.group(r)
             net = Net()
-            want = one_step(r, torch.nn.parallel.DistributedDataParallel(
-                net, None, None, 0, True, pg, 25, True), net)
+            want = one_step(r, pgs.keep(torch.nn.parallel.DistributedDataParallel(
+                net, None, None, 0, True, pg, 25, True)), net)
             out = []
             unused = dict(find_unused_parameters=True)  # d is never used
             for build in (lambda n: bt.DistributedDataParallel(n, g, **unused),  # older form
@@ -243,19 +251,33 @@ class WrapTest(unittest.TestCase):
 
         def body(r, g):
             net = Net()
-            inner = bt.DistributedDataParallel(net, group=g)  # closed below: free to wrap again
+            inner = bt.DistributedDataParallel(net, group=g)
             with self.assertRaisesRegex(ValueError, "module itself is already a "
                                         "braid.pytorch.DistributedDataParallel"):
                 bt.DistributedDataParallel(inner, group=g)
-            with self.assertRaisesRegex(ValueError, "parameter 'a.weight' of Net is already "
-                                        "under another braid DistributedDataParallel"):
-                bt.DistributedDataParallel(net, group=g)
-            inner.close()
+            with self.assertRaisesRegex(ValueError, "parameter '0.a.weight' of Sequential is "
+                                        "already under another braid DistributedDataParallel"):
+                bt.DistributedDataParallel(torch.nn.Sequential(net), group=g)
+            self.assertFalse(inner.reducer.closed)
+            # torch's idiom: the same module wrapped again (the earlier wrapper is dropped):
+            # the earlier one is closed, so its hooks cannot reduce a second time.
             again = bt.DistributedDataParallel(net, group=g, find_unused_parameters=True)
+            self.assertTrue(inner.reducer.closed)
+            reference = copy.deepcopy(net)  # the broadcast weights, before any step
             x, y = _batch(r, 0)
             torch.nn.functional.mse_loss(again(x), y).backward()
+            for rank in range(N):  # the average of every rank's gradient, serially
+                xr, yr = _batch(rank, 0)
+                torch.nn.functional.mse_loss(reference(xr), yr).backward()
+            for p, q in zip(net.parameters(), reference.parameters()):
+                # Reduced once, by the new wrapper (the closed one's hooks are gone).
+                if q.grad is None:  # d: unused everywhere, None as torch leaves it
+                    self.assertIsNone(p.grad)
+                else:
+                    torch.testing.assert_close(p.grad, q.grad / N)
             again.close()
-            theirs = torch.nn.parallel.DistributedDataParallel(Net(), process_group=pgs.group(r))
+            theirs = pgs.keep(torch.nn.parallel.DistributedDataParallel(
+                Net(), process_group=pgs.group(r)))
             with self.assertRaisesRegex(ValueError, "torch.nn.parallel.distributed."
                                         "DistributedDataParallel"):
                 bt.DistributedDataParallel(torch.nn.Sequential(theirs), group=g)

@@ -17,8 +17,13 @@ Contract:
   - check_not_wrapped: a module that is (or contains) a DistributedDataParallel / FSDP, or a
     parameter already claimed by a live braid wrapper (braid/_owners.py), is a ValueError
     naming it (torch DDP would reduce the gradients twice; Braid's second reducer would
-    refuse every backward).
+    refuse every backward). One exception, torch's idiom of wrapping the same module again
+    (`ddp = DistributedDataParallel(model)` in a loop: torch's earlier wrapper is collected):
+    an earlier DistributedDataParallel over this very module, with no sharded optimizer, is
+    closed with a warning and the new one takes over.
 """
+
+import warnings
 
 import torch
 
@@ -45,6 +50,16 @@ def check_not_wrapped(module, named, what):
             raise ValueError("%s: parameter %r is sharded by a FullyShardedDataParallel; wrap "
                              "the module once" % (what, name))
         owner = _owners.owner(p)
+        if (isinstance(owner, DistributedDataParallel) and owner._stepper is None and
+                owner.module is module and not owner.reducer.closed):
+            # torch's idiom `ddp = DDP(model)` again over the same module: torch's earlier
+            # wrapper is collected and its hooks go with it; here it is closed, so its hooks
+            # cannot reduce this module's gradients a second time.
+            warnings.warn("%s: the earlier %s over this %s is closed (a module has one "
+                          "wrapper at a time)" % (what, type(owner).__name__,
+                                                  type(module).__name__))
+            owner.close()
+            continue
         if owner is not None and not owner.reducer.closed:
             raise ValueError(
                 "%s: parameter %r of %s is already under another braid %s (wrapping %s); "
@@ -136,11 +151,16 @@ def _compare(names, mine, my_rank, others, group, what):
             count = ("" if len(rows) == len(mine) else
                      " (rank %d has %d parameters and buffers, rank %d has %d)" %
                      (my_rank, len(mine), rank, len(rows)))
-            return ("%s: every rank must wrap the same model, but %s has %s on rank %d and %s "
-                    "on rank %d of group %r%s (checked before the construction broadcast, as "
-                    "torch DDP does)" % (what, name, _spell(a), my_rank, _spell(b), rank,
-                                         group.name, count))
+            return ("%s: DDP expects same model across all ranks, but %s has %s on rank %d "
+                    "and %s on rank %d of group %r%s: it appears not to match (checked before "
+                    "the construction broadcast, as torch DDP does)" % (
+                        what, name, _spell(a), my_rank, _spell(b), rank, group.name, count))
     return None
+
+
+class ModelMismatchError(RuntimeError, ValueError):
+    """The ranks wrap different models: a RuntimeError as torch DDP's own check raises, and a
+    ValueError (the argument, the module, is wrong)."""
 
 
 def verify_same_model(module, groups, what):
@@ -153,5 +173,6 @@ def verify_same_model(module, groups, what):
                                       group, what)
         failed = int(bool(message) or any(flag for flag, _ in table))
     if failed:
-        raise ValueError(message or "%s: another rank found ranks wrapping different models "
-                         "(its error names them); every rank must wrap the same model" % what)
+        raise ModelMismatchError(
+            message or "%s: DDP expects same model across all ranks; another rank found ranks "
+            "wrapping different models (its error names them)" % what)
