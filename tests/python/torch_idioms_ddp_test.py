@@ -317,6 +317,13 @@ class SameModelTest(unittest.TestCase):
 class DefaultGroupTest(unittest.TestCase):
     """This process's default world is local with one rank (no launcher)."""
 
+    def test_params_to_ignore_are_refused_by_name(self):
+        # torch skips them; Braid would reduce them: refused rather than a silent difference.
+        net = Net()
+        net._ddp_params_and_buffers_to_ignore = ["a.weight"]
+        with self.assertRaisesRegex(NotImplementedError, "'a.weight'.*requires_grad=False"):
+            bt.DistributedDataParallel(net)
+
     def test_check_reduction_is_deprecated_as_in_torch(self):
         with self.assertWarnsRegex(UserWarning, "check_reduction"):
             bt.DistributedDataParallel(Net(), check_reduction=True,

@@ -24,6 +24,7 @@ Contract:
   default world).
 """
 
+import sys
 import types
 import warnings
 
@@ -55,12 +56,21 @@ def read_arguments(module, args):
     a = types.SimpleNamespace(config={k: v for k, v in args.items() if k not in _GROUP_ARGS})
     given = args["process_group"] if args["process_group"] is not None else args["group"]
     a.group = resolve_group(args["group"], args["process_group"], WHAT)
-    a.process_group = given if given is not None else a.group  # torch's attribute
+    # torch's attribute: the group given, else torch's default group where torch.distributed
+    # is initialized (torch utilities such as _sync_module_states take it), else Braid's.
+    a.process_group = given if given is not None else _torch_default_group() or a.group
     replica = args["replica_group"]
     if replica is not None and not isinstance(replica, core.Group):
         raise TypeError("%s: replica_group= takes a braid Group, not %s" %
                         (WHAT, type(replica).__name__))
     a.groups = [g for g in (a.group, replica) if g is not None]
+    ignored = getattr(module, "_ddp_params_and_buffers_to_ignore", None)
+    if ignored:
+        raise NotImplementedError(
+            "%s: the module has parameters and buffers to ignore (%s, set by torch's "
+            "DistributedDataParallel._set_params_and_buffers_to_ignore_for_model); Braid "
+            "reduces every trainable parameter: set requires_grad=False on them instead" %
+            (WHAT, ", ".join(repr(n) for n in list(ignored)[:3])))
     a.named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
     if not a.named:
         raise RuntimeError("DistributedDataParallel is not needed when a module doesn't have "
@@ -113,3 +123,11 @@ def _check_values(args):
     prefix = args["timeline_prefix"]
     if prefix is not None and not isinstance(prefix, str):
         raise TypeError("%s: timeline_prefix=%r: a path prefix (str) or None" % (WHAT, prefix))
+
+
+def _torch_default_group():
+    """torch's default ProcessGroup when torch.distributed is initialized (never imports it)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist.distributed_c10d._get_default_group()

@@ -111,6 +111,8 @@ class DistributedDataParallel(torch.nn.Module):
         self._device, self.device_ids, self.output_device = (a.device, a.device_ids,
                                                              a.output_device)
         self.process_group, self.dim = a.process_group, dim
+        self.broadcast_bucket_size = int(250 * 1024 * 1024)  # torch's attribute and value
+        self.parameters_to_ignore = []  # torch's attribute (refused when non-empty)
         self.find_unused_parameters = bool(find_unused_parameters)
         self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
         self.static_graph = bool(static_graph)
