@@ -249,6 +249,38 @@ class UnusedByHookTest(Compare):
                 self.assertIsNone(seen[3][0])       # a: unused after set_to_none
 
 
+    def test_backward_that_misses_the_module_leaves_grad_none(self):
+        """functional_call with other tensors: the backward never reaches the wrapped
+        module's parameters, whose .grad torch leaves None (also between forward and
+        backward); a normal step after it gives torch's gradients."""
+        pgs = TorchGroups("stateless")
+
+        def body(r, wrap):
+            net = TwoOut()
+            model = wrap(net)
+            x = _batch(r, 0)[0]
+            swap = {"module.%s" % n: p.detach().clone().requires_grad_()
+                    for n, p in net.named_parameters()}
+            a, b = torch.nn.utils.stateless.functional_call(model, swap, (x,))
+            between = _grads(net)
+            b.sum().backward()
+            out = [between, _grads(net), [t.grad for t in swap.values()]]
+            a, b = model(x)
+            (a.sum() + b.sum()).backward()
+            out.append(_grads(net))
+            if isinstance(model, bt.DistributedDataParallel):
+                model.close()
+            return out
+
+        ref = run_ranks(N, lambda r, g: body(r, lambda net: pgs.keep(
+            torch.nn.parallel.DistributedDataParallel(net, process_group=pgs.group(r)))))
+        got = run_ranks(N, lambda r, g: body(
+            r, lambda net: bt.DistributedDataParallel(net, group=g)))
+        self.assert_same(got, ref, "ranks")
+        self.assertIsNone(got[0][1][0])
+        self.assertIsNotNone(got[0][3][0])
+
+
 class SignatureTest(Compare):
     def test_torch_signature_variants_give_torch_gradients(self):
         pgs = TorchGroups("signature")

@@ -160,6 +160,8 @@ class DistributedDataParallel(torch.nn.Module):
             acc = p.expand_as(p).grad_fn.next_functions[0][0]
             self._hooks.append(acc.register_hook(functools.partial(self._grad_ready, pid)))
             self._grad_accs.append(acc)
+            if p.requires_grad:  # runs before AccumulateGrad: binds a None p.grad lazily
+                self._hooks.append(p.register_hook(functools.partial(self._bind_grad, pid)))
         self._sync = "sync"          # the sync mode of forwards run now
         self._armed = "sync"         # the sync mode the next backward uses
         self._in_backward = False
@@ -167,6 +169,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._unused = []            # ids the last forward's outputs do not reach
         self._early = set()          # ids marked unused at the start of this backward
         self._hooked = set()         # ids whose AccumulateGrad hook fired in this backward
+        self._unbound = set()        # ids whose None p.grad is bound to its view when needed
         self._accumulated = set()    # ids marked in a no_sync backward of this window
         self._stepper = None         # the braid.core.Optimizer of a ShardedAdamW, if any
         self._on_replan = []         # called after a re-plan (ShardedAdamW rebinds its views)
@@ -391,6 +394,7 @@ class DistributedDataParallel(torch.nn.Module):
         failed backward on one rank generally needs all ranks to restart."""
         self._in_backward = False
         self._accumulated = set()
+        self._bind_all()
         self._presence.drop()
         self._presence.none.clear()  # every p.grad is a zeroed tensor now
         try:
@@ -447,10 +451,25 @@ class DistributedDataParallel(torch.nn.Module):
                         self._exposed[pid] = self._grads[pid]
                 self._grads[pid].zero_()
                 self._presence.none.add(pid)  # None as torch sees it, until a gradient lands
+                self._unbound.add(pid)  # p.grad stays None until a gradient reaches it
             else:
                 self._grads[pid].copy_(p.grad)
                 self._presence.none.discard(pid)  # the caller gave it a value
-            p.grad = self._exposed[pid]
+                p.grad = self._exposed[pid]
+
+    def _bind_grad(self, pid, grad=None):
+        """p.grad found None at a forward is bound to its zeroed view only when a gradient
+        reaches it (the parameter's tensor hook, before AccumulateGrad adds into p.grad) or
+        at the end of a backward: a backward that never reaches the module's parameters
+        (torch.func's functional_call with other tensors) leaves it None, as torch."""
+        if pid in self._unbound:
+            self._unbound.discard(pid)
+            if self._params[pid].grad is None:
+                self._params[pid].grad = self._exposed[pid]
+
+    def _bind_all(self):
+        for pid in list(self._unbound):
+            self._bind_grad(pid)
 
     def _grad_ready(self, pid, grad_inputs=(), grad_outputs=(None,)):
         # grad_outputs[0]: the gradient AccumulateGrad received; None (undefined: a custom
@@ -468,6 +487,7 @@ class DistributedDataParallel(torch.nn.Module):
                 self._early, self._hooked = set(), set()
                 if early:
                     self._mark_unused()
+            self._bind_grad(pid)  # an undefined gradient reached it: no tensor hook ran
             p, view = self._params[pid], self._grads[pid]
             if pid in self._early:
                 raise RuntimeError(
@@ -500,6 +520,7 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _finish_backward(self):
         self._in_backward = False
+        self._bind_all()  # then _presence.finish sets None where torch leaves None
         unused = None
         if self._agrees_on_use():
             # torch's local_used_map: a parameter is used where its hook fired (torch fires
