@@ -78,7 +78,9 @@ class DistributedDataParallel(torch.nn.Module):
       (braid/_torch_groups.py), or a braid Group.
     find_unused_parameters / static_graph: parameters a forward's outputs do not reach are
       marked ready at the start of the backward; one no rank used keeps its .grad (None stays
-      None), as torch (docs/design/pytorch.md, "Buffers"). False for both: an unused parameter is
+      None), as torch (docs/design/pytorch.md, "Buffers"); "used" as torch's local_used_map
+      (braid/_ddp_grads.py: reached, and its .grad defined after the backward, so an output
+      the loss ignores leaves a None .grad None). False for both: an unused parameter is
       an error naming it at the end of the backward. static_graph=True implies the search.
     check_reduction: deprecated in torch; ignored (with torch's warning).
     gradient_as_bucket_view: gradients always live in Braid's buckets; docs/design/pytorch.md,
