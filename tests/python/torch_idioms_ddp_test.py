@@ -172,6 +172,115 @@ class UnusedGradTest(Compare):
         self.against_torch(dict(static_graph=True), dict(static_graph=True), schedule=static)
 
 
+class _NoGrad(torch.autograd.Function):
+    """Passes its input on; its backward returns None (an undefined gradient)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None
+
+
+class TwoOut(torch.nn.Module):
+    """Outputs (a(x), b(x) + c(x)); c's gradient is undefined (_NoGrad)."""
+
+    def __init__(self):
+        super().__init__()
+        with _INIT_LOCK:
+            torch.manual_seed(7)
+            self.a, self.b, self.c = (torch.nn.Linear(4, 4) for _ in range(3))
+
+    def forward(self, x):
+        return self.a(x), self.b(x) + _NoGrad.apply(self.c(x))
+
+
+# Per step: which ranks' losses use output a, how the gradients are reset after the step
+# (as SCHEDULE; b and c are always reached, c's gradient is always undefined).
+HOOK_SCHEDULE = [((True, True), "keep"), ((False, False), "keep"), ((True, False), "none"),
+                 ((False, False), "none"), ((False, True), "mine"), ((False, False), "zero"),
+                 ((True, False), "keep"), ((False, False), "keep")]
+
+
+def _train_outputs(r, wrap):
+    """SGD with momentum and weight decay over HOOK_SCHEDULE; per step the gradients, then
+    the parameters."""
+    net = TwoOut()
+    model = wrap(net)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+    seen = []
+    for step, (use_a, reset) in enumerate(HOOK_SCHEDULE):
+        a, b = model(_batch(r, step)[0])
+        (b.sum() + (a.sum() if use_a[r] else 0)).backward()
+        seen.append(_grads(net))
+        opt.step()
+        if reset == "mine":  # each rank its own values: kept exactly where no rank uses them
+            for p in net.parameters():
+                p.grad = torch.full_like(p, float(r + 1))
+        elif reset != "keep":
+            opt.zero_grad(set_to_none=reset == "none")
+    out = seen, [p.detach().clone() for p in net.parameters()]
+    if isinstance(model, bt.DistributedDataParallel):
+        model.close()
+    return out
+
+
+class UnusedByHookTest(Compare):
+    """"Used" as torch's local_used_map: reached by the outputs and .grad defined at the end.
+    An output the loss ignores and a custom Function returning None leave a None .grad None;
+    a reached parameter with a value is averaged even where no rank's loss used it."""
+
+    def test_outputs_the_loss_ignores_and_undefined_gradients(self):
+        for view in (False, True):
+            with self.subTest(gradient_as_bucket_view=view):
+                kwargs = dict(find_unused_parameters=True, gradient_as_bucket_view=view)
+                pgs = TorchGroups("hooks")
+                ref = run_ranks(N, lambda r, g: _train_outputs(r, lambda net: pgs.keep(
+                    torch.nn.parallel.DistributedDataParallel(
+                        net, process_group=pgs.group(r), **kwargs))))
+                got = run_ranks(N, lambda r, g: _train_outputs(
+                    r, lambda net: bt.DistributedDataParallel(net, group=g, **kwargs)))
+                self.assert_same(got, ref, "ranks")
+                seen = got[0][0]
+                self.assertIsNone(seen[0][4])       # c.weight: undefined gradients only
+                self.assertIsNotNone(seen[1][0])    # a.weight: kept from step 0
+                self.assertIsNone(seen[3][0])       # a: unused after set_to_none
+
+
+    def test_backward_that_misses_the_module_leaves_grad_none(self):
+        """functional_call with other tensors: the backward never reaches the wrapped
+        module's parameters, whose .grad torch leaves None (also between forward and
+        backward); a normal step after it gives torch's gradients."""
+        pgs = TorchGroups("stateless")
+
+        def body(r, wrap):
+            net = TwoOut()
+            model = wrap(net)
+            x = _batch(r, 0)[0]
+            swap = {"module.%s" % n: p.detach().clone().requires_grad_()
+                    for n, p in net.named_parameters()}
+            a, b = torch.nn.utils.stateless.functional_call(model, swap, (x,))
+            between = _grads(net)
+            b.sum().backward()
+            out = [between, _grads(net), [t.grad for t in swap.values()]]
+            a, b = model(x)
+            (a.sum() + b.sum()).backward()
+            out.append(_grads(net))
+            if isinstance(model, bt.DistributedDataParallel):
+                model.close()
+            return out
+
+        ref = run_ranks(N, lambda r, g: body(r, lambda net: pgs.keep(
+            torch.nn.parallel.DistributedDataParallel(net, process_group=pgs.group(r)))))
+        got = run_ranks(N, lambda r, g: body(
+            r, lambda net: bt.DistributedDataParallel(net, group=g)))
+        self.assert_same(got, ref, "ranks")
+        self.assertIsNone(got[0][1][0])
+        self.assertIsNotNone(got[0][3][0])
+
+
 class SignatureTest(Compare):
     def test_torch_signature_variants_give_torch_gradients(self):
         pgs = TorchGroups("signature")

@@ -78,7 +78,9 @@ class DistributedDataParallel(torch.nn.Module):
       (braid/_torch_groups.py), or a braid Group.
     find_unused_parameters / static_graph: parameters a forward's outputs do not reach are
       marked ready at the start of the backward; one no rank used keeps its .grad (None stays
-      None), as torch (docs/design/pytorch.md, "Buffers"). False for both: an unused parameter is
+      None), as torch (docs/design/pytorch.md, "Buffers"); "used" as torch's local_used_map
+      (braid/_ddp_grads.py: reached, and its .grad defined after the backward, so an output
+      the loss ignores leaves a None .grad None). False for both: an unused parameter is
       an error naming it at the end of the backward. static_graph=True implies the search.
     check_reduction: deprecated in torch; ignored (with torch's warning).
     gradient_as_bucket_view: gradients always live in Braid's buckets; docs/design/pytorch.md,
@@ -160,12 +162,16 @@ class DistributedDataParallel(torch.nn.Module):
             acc = p.expand_as(p).grad_fn.next_functions[0][0]
             self._hooks.append(acc.register_hook(functools.partial(self._grad_ready, pid)))
             self._grad_accs.append(acc)
+            if p.requires_grad:  # runs before AccumulateGrad: binds a None p.grad lazily
+                self._hooks.append(p.register_hook(functools.partial(self._bind_grad, pid)))
         self._sync = "sync"          # the sync mode of forwards run now
         self._armed = "sync"         # the sync mode the next backward uses
         self._in_backward = False
         self._find_unused = self.find_unused_parameters or self.static_graph
         self._unused = []            # ids the last forward's outputs do not reach
         self._early = set()          # ids marked unused at the start of this backward
+        self._hooked = set()         # ids whose AccumulateGrad hook fired in this backward
+        self._unbound = set()        # ids whose None p.grad is bound to its view when needed
         self._accumulated = set()    # ids marked in a no_sync backward of this window
         self._stepper = None         # the braid.core.Optimizer of a ShardedAdamW, if any
         self._on_replan = []         # called after a re-plan (ShardedAdamW rebinds its views)
@@ -334,13 +340,26 @@ class DistributedDataParallel(torch.nn.Module):
                 self._stepper.wait_params(self.reducer.param_bucket(pid))
                 self._grads[pid].zero_()
 
-    def _agree_on_unused(self):
-        """Start of a synced backward with find_unused_parameters / static_graph and no sharded
-        optimizer: the used-map all-reduce (braid/_ddp_grads.py), collective on the shard
-        group, issued before Braid's backward begins."""
-        if self._find_unused and self._stepper is None and self._armed == "sync":
-            self._presence.launch({pid for pid in self._unused if pid not in self._accumulated},
-                                  self._grads, self._widened, not self.gradient_as_bucket_view)
+    def _agrees_on_use(self):
+        """A synced backward with find_unused_parameters / static_graph and no sharded
+        optimizer ends with the used-map agreement (braid/_ddp_grads.py)."""
+        return self._find_unused and self._stepper is None and self._armed == "sync"
+
+    def _keep_values(self, pids):
+        """Before `pids` are reduced: gradient_as_bucket_view=False keeps copies of their
+        values, restored if no rank uses them."""
+        if self._agrees_on_use() and not self.gradient_as_bucket_view:
+            self._presence.keep([pid for pid in pids if pid not in self._accumulated],
+                                self._grads, self._widened)
+
+    def _mark_unhooked(self):
+        """End of a synced backward that agrees on use: the parameters reachable from the
+        outputs whose hook did not fire (an output the loss ignores; torch's _DDPSink fires
+        their hooks with undefined gradients) are reduced as they are, as torch marks them
+        with their .grad (zero if None)."""
+        for pid in range(len(self._params)):
+            if pid not in self._hooked and pid not in self._early:
+                self._mark(pid)
 
     def _mark_unused(self):
         """Start of a synced backward: the parameters the forward did not use are marked ready
@@ -377,6 +396,7 @@ class DistributedDataParallel(torch.nn.Module):
         failed backward on one rank generally needs all ranks to restart."""
         self._in_backward = False
         self._accumulated = set()
+        self._bind_all()
         self._presence.drop()
         self._presence.none.clear()  # every p.grad is a zeroed tensor now
         try:
@@ -433,24 +453,43 @@ class DistributedDataParallel(torch.nn.Module):
                         self._exposed[pid] = self._grads[pid]
                 self._grads[pid].zero_()
                 self._presence.none.add(pid)  # None as torch sees it, until a gradient lands
+                self._unbound.add(pid)  # p.grad stays None until a gradient reaches it
             else:
                 self._grads[pid].copy_(p.grad)
                 self._presence.none.discard(pid)  # the caller gave it a value
-            p.grad = self._exposed[pid]
+                p.grad = self._exposed[pid]
 
-    def _grad_ready(self, pid, *unused):
+    def _bind_grad(self, pid, grad=None):
+        """p.grad found None at a forward is bound to its zeroed view only when a gradient
+        reaches it (the parameter's tensor hook, before AccumulateGrad adds into p.grad) or
+        at the end of a backward: a backward that never reaches the module's parameters
+        (torch.func's functional_call with other tensors) leaves it None, as torch."""
+        if pid in self._unbound:
+            self._unbound.discard(pid)
+            if self._params[pid].grad is None:
+                self._params[pid].grad = self._exposed[pid]
+
+    def _bind_all(self):
+        for pid in list(self._unbound):
+            self._bind_grad(pid)
+
+    def _grad_ready(self, pid, grad_inputs=(), grad_outputs=(None,)):
+        # grad_outputs[0]: the gradient AccumulateGrad received; None (undefined: a custom
+        # Function returned None) accumulates nothing and is no use (torch's local_used_map).
+        got = bool(grad_outputs) and grad_outputs[0] is not None
         try:
             if not self._in_backward:
                 early = self._armed == "sync" and self._unused
                 if early:
                     self._zero_unused()
-                self._agree_on_unused()  # collective: before Braid's backward begins
+                self._keep_values(self._unused if early else [])
                 self._owner().begin_backward(self._armed)
                 self._in_backward = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
-                self._early = set()
+                self._early, self._hooked = set(), set()
                 if early:
                     self._mark_unused()
+            self._bind_grad(pid)  # an undefined gradient reached it: no tensor hook ran
             p, view = self._params[pid], self._grads[pid]
             if pid in self._early:
                 raise RuntimeError(
@@ -459,18 +498,21 @@ class DistributedDataParallel(torch.nn.Module):
                     "(find_unused_parameters=True: compute every use of a parameter inside "
                     "forward, reachable from its outputs)" % self._names[pid])
             if self._widened[pid]:
-                if p.grad is None:
+                if p.grad is not None:
+                    view.add_(p.grad)  # main_grad: widened exactly, summed in f32
+                    p.grad = None
+                elif got:
                     raise RuntimeError("parameter %r: no gradient at its AccumulateGrad hook"
                                        % self._names[pid])
-                view.add_(p.grad)  # main_grad: widened exactly, summed in f32
-                p.grad = None
             elif p.grad is None or p.grad.data_ptr() != view.data_ptr():
                 raise RuntimeError("parameter %d: its .grad was replaced during backward; "
                                    "Braid reduces the bucket view bound at forward" % pid)
             self._mark(pid)
-            self._presence.none.discard(pid)  # it has a gradient now
-            if self._armed == "no_sync":
-                self._accumulated.add(pid)
+            self._hooked.add(pid)
+            if got:
+                self._presence.none.discard(pid)  # it has a gradient now
+                if self._armed == "no_sync":
+                    self._accumulated.add(pid)
         except Exception as e:
             if not self._in_backward:
                 self._presence.drop()
@@ -480,6 +522,17 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _finish_backward(self):
         self._in_backward = False
+        self._bind_all()  # then _presence.finish sets None where torch leaves None
+        unused = None
+        if self._agrees_on_use():
+            # torch's local_used_map: a parameter is used where its hook fired (torch fires
+            # every hook the outputs reach) and its .grad is defined then.
+            unused = ({pid for pid in self._unused if pid not in self._accumulated}
+                      | self._presence.none)
+            try:
+                self._mark_unhooked()
+            except Exception as e:
+                self._abandon_backward(str(e))
         if self._armed != "no_sync":
             self._accumulated = set()
         try:
@@ -487,7 +540,7 @@ class DistributedDataParallel(torch.nn.Module):
         except Exception:
             self._presence.drop()
             raise
-        self._presence.finish(self._params, self._grads, self._armed == "sync")
+        self._presence.finish(self._params, self._grads, self._armed == "sync", unused)
         if self._armed == "sync":
             self._rebuild_due = self._rebuild
             self._stepped = True
