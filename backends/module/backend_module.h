@@ -6,15 +6,9 @@
 //
 // A module exports one symbol, braidBackendModule_v1, returning its description:
 //
-//   // backends/mpi/mpi_module.cc, linked only into libbraid-mpi.so
-//   absl::StatusOr<std::unique_ptr<Backend>> CreateInModule(const Options& options) {
-//     SetLogLevel(options.log_level);          // the module's own logger (see below)
-//     return MpiBackend::Create(options);
-//   }
-//   BRAID_MODULE_EXPORT const BackendModuleV1* braidBackendModule_v1() {
-//     static const BackendModuleV1 kModule = MakeBackendModuleV1("mpi", &CreateInModule);
-//     return &kModule;
-//   }
+//   // backends/mpi/mpi_module.cc, linked only into libbraid-mpi.so: the module's logger
+//   // takes the options' level (see below), then MpiBackend::Create(options) runs.
+//   BRAID_DEFINE_BACKEND_MODULE("mpi", braid::mpi::MpiBackend)
 //
 // Why a C++ boundary and not the C plugin ABI (backends/plugin/braid_backend_v1.h): a module is
 // one of Braid's own backends, with what the plugin ABI cannot carry (device events, the mpi
@@ -81,6 +75,23 @@ constexpr BackendModuleV1 MakeBackendModuleV1(
 
 // The exported entry point of a module (contract 2: the only symbol a module exports).
 #define BRAID_MODULE_EXPORT extern "C" __attribute__((visibility("default")))
+
+// A module's whole entry point for a backend class with a static
+// `absl::StatusOr<std::unique_ptr<Backend>> Create(const Options&)`: `create` applies the
+// options' log level to the module's own logger (contract 2), then creates the backend.
+// Needs comm/logging.h. Used once per module, at namespace scope:
+//   BRAID_DEFINE_BACKEND_MODULE("mpi", braid::mpi::MpiBackend)
+#define BRAID_DEFINE_BACKEND_MODULE(name, BackendClass)                                    \
+  BRAID_MODULE_EXPORT const ::braid::module::BackendModuleV1* braidBackendModule_v1() {     \
+    static constexpr ::braid::module::BackendModuleV1 kModule =                             \
+        ::braid::module::MakeBackendModuleV1(                                               \
+            name, [](const ::braid::Options& options)                                       \
+                      -> absl::StatusOr<std::unique_ptr<::braid::Backend>> {                \
+              ::braid::SetLogLevel(options.log_level);                                      \
+              return BackendClass::Create(options);                                         \
+            });                                                                             \
+    return &kModule;                                                                        \
+  }
 using BraidBackendModuleV1Fn = const braid::module::BackendModuleV1* (*)();
 
 #endif  // BRAID_BACKENDS_MODULE_BACKEND_MODULE_H_
