@@ -24,7 +24,6 @@ Contract:
   default world).
 """
 
-import sys
 import types
 import warnings
 
@@ -32,6 +31,7 @@ from . import core
 from ._ddp_devices import check_devices
 from ._ddp_verify import check_not_wrapped
 from ._torch_groups import resolve_group
+from ._torch_rendezvous import initialized_torch_distributed
 from ._views import _device_of
 
 WHAT = "DistributedDataParallel"
@@ -127,7 +127,5 @@ def _check_values(args):
 
 def _torch_default_group():
     """torch's default ProcessGroup when torch.distributed is initialized (never imports it)."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return None
-    return dist.distributed_c10d._get_default_group()
+    dist = initialized_torch_distributed()
+    return dist.distributed_c10d._get_default_group() if dist is not None else None
