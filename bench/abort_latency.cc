@@ -130,7 +130,9 @@ int Main(int trials) {
       }
     }
     std::sort(ms.begin(), ms.end());
-    auto at = [&](double q) { return ms.empty() ? -1.0 : ms[static_cast<size_t>(q * (ms.size() - 1))]; };
+    auto at = [&](double q) {
+      return ms.empty() ? -1.0 : ms[static_cast<size_t>(q * (ms.size() - 1))];
+    };
     std::printf("%-12s %10.3f %10.3f %10.3f %8d\n", scenario.c_str(), at(0.5), at(0.9),
                 ms.empty() ? -1.0 : ms.back(), failed);
   }

@@ -80,8 +80,8 @@ void Report(benchmark::State& state, size_t n) {
 
 // The plain loop with auto-vectorization off for this function only (checked with objdump:
 // vsqrtss/vdivss, no packed arithmetic). noinline keeps the attribute effective.
-__attribute__((noinline, optimize("no-tree-vectorize", "no-tree-slp-vectorize"))) void
-ScalarAdamW(const AdamWScalars& s, float* p, float* m, float* v, const float* g, size_t n) {
+__attribute__((noinline, optimize("no-tree-vectorize", "no-tree-slp-vectorize"))) void ScalarAdamW(
+    const AdamWScalars& s, float* p, float* m, float* v, const float* g, size_t n) {
   for (size_t i = 0; i < n; ++i) AdamWElement(s, g[i], p + i, m + i, v + i);
 }
 
@@ -187,12 +187,12 @@ constexpr int64_t k100M = 100'000'000;
 
 // Registered size by size with each kernel next to its baseline, so the pairs that form a ratio
 // run close together in time (the memory bandwidth of a shared VM drifts by 10-20%).
-#define BRAID_ADAMW_BENCH_SIZE(n)                                                        \
-  BENCHMARK(BM_Bandwidth)->Args({n, 1})->UseRealTime()->Unit(benchmark::kMillisecond);   \
-  BENCHMARK(BM_AdamWVectorized)->Arg(n)->UseRealTime()->Unit(benchmark::kMillisecond);   \
-  BENCHMARK(BM_AdamWBf16)->Arg(n)->UseRealTime()->Unit(benchmark::kMillisecond);         \
-  BENCHMARK(BM_AdamWScalar)->Arg(n)->UseRealTime()->Unit(benchmark::kMillisecond);       \
-  BENCHMARK(BM_Bandwidth)->Args({n, 2})->UseRealTime()->Unit(benchmark::kMillisecond);   \
+#define BRAID_ADAMW_BENCH_SIZE(n)                                                      \
+  BENCHMARK(BM_Bandwidth)->Args({n, 1})->UseRealTime()->Unit(benchmark::kMillisecond); \
+  BENCHMARK(BM_AdamWVectorized)->Arg(n)->UseRealTime()->Unit(benchmark::kMillisecond); \
+  BENCHMARK(BM_AdamWBf16)->Arg(n)->UseRealTime()->Unit(benchmark::kMillisecond);       \
+  BENCHMARK(BM_AdamWScalar)->Arg(n)->UseRealTime()->Unit(benchmark::kMillisecond);     \
+  BENCHMARK(BM_Bandwidth)->Args({n, 2})->UseRealTime()->Unit(benchmark::kMillisecond); \
   BENCHMARK(BM_AdamWThreads)->Args({n, 2})->UseRealTime()->Unit(benchmark::kMillisecond)
 
 BRAID_ADAMW_BENCH_SIZE(k10M);

@@ -22,8 +22,8 @@
 #include "bench/bench_flags.h"
 #include "bench/cuda_timing.h"
 #include "optim/adamw_cuda.h"
-#include "optim/cuda_owners.h"
 #include "optim/adamw_math.h"
+#include "optim/cuda_owners.h"
 
 namespace braid::optim {
 namespace {
@@ -59,9 +59,8 @@ cudaError_t Measure(const Config& c, size_t n, int warmup, int iters, KernelVsCo
   AdamWHyper hyper;
   const AdamWScalars s = StepScalars(hyper, 1);
   const auto step = [&] {
-    return static_cast<cudaError_t>(AdamWCudaLaunch(s, p.f32(), m.f32(), v.f32(), g.get(),
-                                                    c.grad_dtype, n, out.get(), c.out_dtype,
-                                                    nullptr));
+    return static_cast<cudaError_t>(AdamWCudaLaunch(
+        s, p.f32(), m.f32(), v.f32(), g.get(), c.grad_dtype, n, out.get(), c.out_dtype, nullptr));
   };
   return TimeAgainstCopy(step, bytes, warmup, iters, row);
 }
@@ -83,16 +82,16 @@ int Run(int argc, char** argv) {
       {"f32 grad, no param_out", kCudaDTypeF32, kNoOut},
       {"bf16 grad, bf16 param_out", kCudaDTypeBF16, kCudaDTypeBF16},
   };
-  std::printf("fused AdamW vs device-to-device cudaMemcpy of the same bytes moved (read + write);"
-              " GB/s = 1e9 B/s; iters %lld after %lld warmup\n",
-              static_cast<long long>(k->iters), static_cast<long long>(k->warmup));
+  std::printf(
+      "fused AdamW vs device-to-device cudaMemcpy of the same bytes moved (read + write);"
+      " GB/s = 1e9 B/s; iters %lld after %lld warmup\n",
+      static_cast<long long>(k->iters), static_cast<long long>(k->warmup));
   std::printf("%12s  %-28s %8s %10s %12s %12s %7s\n", "n", "config", "B/param", "adamw_ms",
               "adamw_GB/s", "memcpy_GB/s", "ratio");
   for (const size_t n : k->sizes) {
     for (const Config& c : configs) {
       KernelVsCopy row;
-      const cudaError_t e =
-          Measure(c, n, k->warmup, k->iters, &row);
+      const cudaError_t e = Measure(c, n, k->warmup, k->iters, &row);
       if (e != cudaSuccess) {
         std::fprintf(stderr, "n=%zu %s: %s (%d)\n", n, c.name, cudaGetErrorString(e),
                      static_cast<int>(e));

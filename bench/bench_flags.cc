@@ -9,7 +9,8 @@ absl::StatusOr<Flags> Flags::Parse(int argc, char** argv) {
   Flags f;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a.rfind("--", 0) != 0) return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", a, "'"));
+    if (a.rfind("--", 0) != 0)
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", a, "'"));
     a = a.substr(2);
     const size_t eq = a.find('=');
     if (eq == std::string::npos) {
@@ -35,15 +36,29 @@ absl::StatusOr<int64_t> Flags::Int(const std::string& name, int64_t def) const {
   int64_t mult = 1;
   if (!v.empty()) {
     switch (v.back()) {
-      case 'K': case 'k': mult = int64_t{1} << 10; v.pop_back(); break;
-      case 'M': case 'm': mult = int64_t{1} << 20; v.pop_back(); break;
-      case 'G': case 'g': mult = int64_t{1} << 30; v.pop_back(); break;
-      default: break;
+      case 'K':
+      case 'k':
+        mult = int64_t{1} << 10;
+        v.pop_back();
+        break;
+      case 'M':
+      case 'm':
+        mult = int64_t{1} << 20;
+        v.pop_back();
+        break;
+      case 'G':
+      case 'g':
+        mult = int64_t{1} << 30;
+        v.pop_back();
+        break;
+      default:
+        break;
     }
   }
   int64_t x = 0;
   if (!absl::SimpleAtoi(v, &x)) {
-    return absl::InvalidArgumentError(absl::StrCat("--", name, "='", it->second, "' is not an integer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, "='", it->second, "' is not an integer"));
   }
   return x * mult;
 }

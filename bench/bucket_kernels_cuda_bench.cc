@@ -58,7 +58,8 @@ cudaError_t Measure(const Config& c, size_t n, int segments, int warmup, int ite
   for (int i = 0; i < segments; ++i) {
     const size_t off = per * i;
     const size_t count = i + 1 == segments ? n - off : per;
-    segs.push_back(BucketSegment{grads.get() + off * DTypeBytes(c.grad_dtype), off, count, c.grad_dtype});
+    segs.push_back(
+        BucketSegment{grads.get() + off * DTypeBytes(c.grad_dtype), off, count, c.grad_dtype});
   }
   const auto kernel = [&] {
     switch (c.kind) {
@@ -78,8 +79,9 @@ cudaError_t Measure(const Config& c, size_t n, int segments, int warmup, int ite
       case Kind::kCast:
         break;
     }
-    return static_cast<cudaError_t>(nccl::kernels::CastScaleLaunch(
-        grads.get(), c.grad_dtype, bucket.get(), c.bucket_dtype, n, nccl::kernels::ScaleArgs{}, nullptr));
+    return static_cast<cudaError_t>(
+        nccl::kernels::CastScaleLaunch(grads.get(), c.grad_dtype, bucket.get(), c.bucket_dtype, n,
+                                       nccl::kernels::ScaleArgs{}, nullptr));
   };
   return TimeAgainstCopy(kernel, BytesMoved(c, n), warmup, iters, row);
 }
@@ -116,10 +118,11 @@ int Run(int argc, char** argv) {
       {"add f32 (in place)", Kind::kAdd, kF32, kF32},
       {"add bf16 (in place)", Kind::kAdd, kBF16, kBF16},
   };
-  std::printf("bucket kernels vs device-to-device cudaMemcpy of the same bytes moved (read + write);"
-              " GB/s = 1e9 B/s; %lld segments; iters %lld after %lld warmup\n",
-              static_cast<long long>(*segments), static_cast<long long>(k->iters),
-              static_cast<long long>(k->warmup));
+  std::printf(
+      "bucket kernels vs device-to-device cudaMemcpy of the same bytes moved (read + write);"
+      " GB/s = 1e9 B/s; %lld segments; iters %lld after %lld warmup\n",
+      static_cast<long long>(*segments), static_cast<long long>(k->iters),
+      static_cast<long long>(k->warmup));
   std::printf("%12s  %-28s %10s %12s %12s %7s\n", "n", "kernel", "ms", "kernel_GB/s", "memcpy_GB/s",
               "ratio");
   for (const size_t n : k->sizes) {

@@ -1,9 +1,9 @@
 // collective_latency: an nccl-tests-style table for every collective on any Braid backend.
 //
 //   tools/bazelw run //bench:collective_latency                      # local, 4 ranks, 8 B..64 MiB
-//   tools/bazelw run //bench:collective_latency -- --backend=mpi --ranks=2   # relaunches under mpirun
-//   tools/bazelw run //bench:collective_latency -- --backend=nccl   # 1 rank on GPU 0, no mpirun
-//   bazel-bin/bench/collective_latency --ranks=2 --minbytes=64M --csv
+//   tools/bazelw run //bench:collective_latency -- --backend=mpi --ranks=2   # relaunches under
+//   mpirun tools/bazelw run //bench:collective_latency -- --backend=nccl   # 1 rank on GPU 0, no
+//   mpirun bazel-bin/bench/collective_latency --ranks=2 --minbytes=64M --csv
 //
 // Columns follow nccl-tests: size is the bytes nccl-tests counts (the full array for
 // reduce-scatter and all-gather), algbw = size / time, busbw = algbw x 2(n-1)/n for
@@ -68,15 +68,16 @@ absl::StatusOr<Config> ParseConfig(const Flags& f, const Options& env) {
   const std::string ops = f.Str("ops", "allreduce,reduce_scatter,allgather,broadcast,barrier");
   for (absl::string_view name : absl::StrSplit(ops, ',')) {
     bool found = false;
-    for (CollectiveKind k : {CollectiveKind::kAllReduce, CollectiveKind::kReduceScatter,
-                             CollectiveKind::kAllGather, CollectiveKind::kBroadcast,
-                             CollectiveKind::kBarrier}) {
+    for (CollectiveKind k :
+         {CollectiveKind::kAllReduce, CollectiveKind::kReduceScatter, CollectiveKind::kAllGather,
+          CollectiveKind::kBroadcast, CollectiveKind::kBarrier}) {
       if (CollectiveName(k) == name) {
         c.ops.push_back(k);
         found = true;
       }
     }
-    if (!found) return absl::InvalidArgumentError(absl::StrCat("--ops: unknown collective '", name, "'"));
+    if (!found)
+      return absl::InvalidArgumentError(absl::StrCat("--ops: unknown collective '", name, "'"));
   }
   for (const auto& [bad, what] : std::vector<std::pair<bool, const char*>>{
            {c.ranks < 1, "--ranks must be >= 1"},
@@ -131,18 +132,22 @@ absl::Status Main(int argc, char** argv) {
   std::vector<MpiCompareRow> mpi_compare;
   if (c.backend == "mpi") {
     std::vector<size_t> sizes;
-    for (size_t b : {size_t{8}, size_t{512}, size_t{4096}, size_t{16384}, size_t{65536}, size_t{1} << 20,
-                     size_t{4} << 20, size_t{16} << 20}) {
-      if (b >= static_cast<size_t>(c.minbytes) && b <= static_cast<size_t>(c.maxbytes)) sizes.push_back(b);
+    for (size_t b : {size_t{8}, size_t{512}, size_t{4096}, size_t{16384}, size_t{65536},
+                     size_t{1} << 20, size_t{4} << 20, size_t{16} << 20}) {
+      if (b >= static_cast<size_t>(c.minbytes) && b <= static_cast<size_t>(c.maxbytes))
+        sizes.push_back(b);
     }
-    if (isatty(2) && leader) std::fprintf(stderr, "[collective_latency] braid vs raw MPI, interleaved rounds...\n");
-    RETURN_IF_ERROR(CompareWithRawMpi(*groups.front(), sizes, c.compare_rounds, 20000, &mpi_compare));
+    if (isatty(2) && leader)
+      std::fprintf(stderr, "[collective_latency] braid vs raw MPI, interleaved rounds...\n");
+    RETURN_IF_ERROR(
+        CompareWithRawMpi(*groups.front(), sizes, c.compare_rounds, 20000, &mpi_compare));
     const int n = groups.front()->size();
     for (const MpiCompareRow& m : mpi_compare) {
-      for (const auto& [name, us] : {std::pair<const char*, double>{"raw_mpi_iallreduce", m.raw_wait_us},
-                                     {"raw_mpi_iallreduce_test", m.raw_test_us},
-                                     {"raw_mpi_allreduce", m.raw_blocking_us},
-                                     {"braid_allreduce_interleaved", m.braid_us}}) {
+      for (const auto& [name, us] :
+           {std::pair<const char*, double>{"raw_mpi_iallreduce", m.raw_wait_us},
+            {"raw_mpi_iallreduce_test", m.raw_test_us},
+            {"raw_mpi_allreduce", m.raw_blocking_us},
+            {"braid_allreduce_interleaved", m.braid_us}}) {
         const double algbw = m.bytes / (us * 1e-6) / 1e9;
         rows.push_back(Row{name, m.bytes, m.bytes / 4, "f32", "sum", us, algbw,
                            algbw * BusFactor(CollectiveKind::kAllReduce, n), 0});
@@ -155,8 +160,9 @@ absl::Status Main(int argc, char** argv) {
     rows.push_back(copy);
     PrintCollectiveTable(c, groups.front()->size(), rows);
     if (!c.csv && !mpi_compare.empty()) {
-      std::printf("#\n# mpi backend vs raw OpenMPI (in-place f32 sum, median of %d interleaved rounds)\n",
-                  c.compare_rounds);
+      std::printf(
+          "#\n# mpi backend vs raw OpenMPI (in-place f32 sum, median of %d interleaved rounds)\n",
+          c.compare_rounds);
       // Issue 14 item 5 compares against blocking MPI_Allreduce; the nonblocking columns
       // are against the faster of the two MPI_Iallreduce loops.
       std::printf("# %10s %12s %12s %12s %10s %12s %10s %10s\n", "bytes", "raw_wait_us",

@@ -36,12 +36,16 @@ double Expected(ReduceKind op, DType t, size_t i, int n) {
   double acc = s * Pattern(i, 0);
   for (int r = 1; r < n; ++r) {
     const double v = s * Pattern(i, r);
-    if (op == ReduceKind::kMax) acc = std::max(acc, v);
-    else if (op == ReduceKind::kMin) acc = std::min(acc, v);
-    else acc += v;
+    if (op == ReduceKind::kMax)
+      acc = std::max(acc, v);
+    else if (op == ReduceKind::kMin)
+      acc = std::min(acc, v);
+    else
+      acc += v;
   }
   if (op == ReduceKind::kAvg) {
-    acc = t == DType::kF64 ? acc / n : static_cast<double>(static_cast<float>(acc) / static_cast<float>(n));
+    acc = t == DType::kF64 ? acc / n
+                           : static_cast<double>(static_cast<float>(acc) / static_cast<float>(n));
   }
   return Rounded(t, acc);
 }
@@ -58,7 +62,8 @@ class Buffers {
     for (int i = 0; i < 2; ++i) {
       b.host_[i].assign(bytes, 0);
       if (b.device_) {
-        ASSIGN_OR_RETURN(b.dev_[i], b.ops_->Allocate(bytes, i == 0 ? "bench send buffer" : "bench recv buffer"));
+        ASSIGN_OR_RETURN(
+            b.dev_[i], b.ops_->Allocate(bytes, i == 0 ? "bench send buffer" : "bench recv buffer"));
         RETURN_IF_ERROR(b.ops_->Zero(b.dev_[i].get(), bytes));
       }
     }
@@ -145,8 +150,8 @@ Shape ShapeFor(CollectiveKind k, size_t bytes, DType t, int n) {
   return s;
 }
 
-absl::StatusOr<WorkPtr> Issue(Group& g, const CollectiveConfig& c, CollectiveKind k,
-                              const Shape& s, Buffers& b) {
+absl::StatusOr<WorkPtr> Issue(Group& g, const CollectiveConfig& c, CollectiveKind k, const Shape& s,
+                              Buffers& b) {
   const size_t es = DTypeSize(c.dtype);
   unsigned char* send = b.send();
   unsigned char* recv = b.recv();
@@ -184,12 +189,16 @@ Span InputSpan(const CollectiveConfig& c, CollectiveKind k, const Shape& s, int 
 Span OutputSpan(const CollectiveConfig& c, CollectiveKind k, const Shape& s, int rank) {
   const size_t es = DTypeSize(c.dtype);
   switch (k) {
-    case CollectiveKind::kAllReduce: return {c.in_place ? 0 : 1, 0, s.count * es};
+    case CollectiveKind::kAllReduce:
+      return {c.in_place ? 0 : 1, 0, s.count * es};
     case CollectiveKind::kReduceScatter:
       return c.in_place ? Span{0, rank * s.count * es, s.count * es} : Span{1, 0, s.count * es};
-    case CollectiveKind::kAllGather: return {1, 0, s.recv_elems * es};
-    case CollectiveKind::kBroadcast: return {0, 0, s.count * es};
-    default: return {};
+    case CollectiveKind::kAllGather:
+      return {1, 0, s.recv_elems * es};
+    case CollectiveKind::kBroadcast:
+      return {0, 0, s.count * es};
+    default:
+      return {};
   }
 }
 
@@ -211,7 +220,8 @@ absl::StatusOr<int64_t> CheckOnce(Group& g, const CollectiveConfig& c, Collectiv
   int64_t wrong = 0;
   switch (k) {
     case CollectiveKind::kAllReduce:
-      for (size_t i = 0; i < s.count; ++i) wrong += LoadElement(o, c.dtype, i) != Expected(c.redop, c.dtype, i, n);
+      for (size_t i = 0; i < s.count; ++i)
+        wrong += LoadElement(o, c.dtype, i) != Expected(c.redop, c.dtype, i, n);
       break;
     case CollectiveKind::kReduceScatter:
       for (size_t i = 0; i < s.count; ++i) {
@@ -226,7 +236,8 @@ absl::StatusOr<int64_t> CheckOnce(Group& g, const CollectiveConfig& c, Collectiv
       }
       break;
     case CollectiveKind::kBroadcast:
-      for (size_t i = 0; i < s.count; ++i) wrong += LoadElement(o, c.dtype, i) != Rounded(c.dtype, Pattern(i, 0));
+      for (size_t i = 0; i < s.count; ++i)
+        wrong += LoadElement(o, c.dtype, i) != Rounded(c.dtype, Pattern(i, 0));
       break;
     default:
       break;
@@ -244,11 +255,15 @@ int ItersFor(int base, size_t bytes, int floor) {
 
 double BusFactor(CollectiveKind k, int n) {
   switch (k) {
-    case CollectiveKind::kAllReduce: return 2.0 * (n - 1) / n;
+    case CollectiveKind::kAllReduce:
+      return 2.0 * (n - 1) / n;
     case CollectiveKind::kReduceScatter:
-    case CollectiveKind::kAllGather: return static_cast<double>(n - 1) / n;
-    case CollectiveKind::kBroadcast: return 1.0;
-    default: return 0.0;
+    case CollectiveKind::kAllGather:
+      return static_cast<double>(n - 1) / n;
+    case CollectiveKind::kBroadcast:
+      return 1.0;
+    default:
+      return 0.0;
   }
 }
 
@@ -258,7 +273,8 @@ absl::Status RunCollectiveSweep(Group& g, const CollectiveConfig& c,
   const int n = g.size();
   ASSIGN_OR_RETURN(Buffers b, Buffers::Create(g, static_cast<size_t>(c.maxbytes) + 64));
   std::vector<size_t> sizes;
-  for (int64_t s = c.minbytes; s <= c.maxbytes; s *= c.step) sizes.push_back(static_cast<size_t>(s));
+  for (int64_t s = c.minbytes; s <= c.maxbytes; s *= c.step)
+    sizes.push_back(static_cast<size_t>(s));
   size_t done = 0;
   const size_t total = sizes.size() * c.ops.size();
   for (CollectiveKind k : c.ops) {
@@ -270,12 +286,14 @@ absl::Status RunCollectiveSweep(Group& g, const CollectiveConfig& c,
         std::fprintf(stderr, "\r[collective_latency] %-14s %10zu B  (%zu/%zu)   ",
                      std::string(CollectiveName(k)).c_str(), bytes, done, total);
       } else if (progress && (bytes == sizes.front() || k == CollectiveKind::kBarrier)) {
-        std::fprintf(stderr, "[collective_latency] %s ...\n", std::string(CollectiveName(k)).c_str());
+        std::fprintf(stderr, "[collective_latency] %s ...\n",
+                     std::string(CollectiveName(k)).c_str());
       }
       int64_t wrong = 0;
       if (c.check) {
         ASSIGN_OR_RETURN(int64_t my_wrong, CheckOnce(g, c, k, s, b));
-        ASSIGN_OR_RETURN(double all_wrong, b.GroupReduce(g, static_cast<double>(my_wrong), ReduceOp::Sum()));
+        ASSIGN_OR_RETURN(double all_wrong,
+                         b.GroupReduce(g, static_cast<double>(my_wrong), ReduceOp::Sum()));
         wrong = static_cast<int64_t>(all_wrong);
       }
       const int iters = ItersFor(c.iters, bytes, 3);
@@ -292,7 +310,8 @@ absl::Status RunCollectiveSweep(Group& g, const CollectiveConfig& c,
         RETURN_IF_ERROR(w->Wait(kWaitLimit));
       }
       const double us =
-          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+          iters;
       ASSIGN_OR_RETURN(double slowest, b.GroupReduce(g, us, ReduceOp::Max()));
       if (rows != nullptr) {
         CollectiveRow row;
@@ -304,7 +323,8 @@ absl::Status RunCollectiveSweep(Group& g, const CollectiveConfig& c,
         row.count = s.count;
         row.dtype = std::string(DTypeName(c.dtype));
         row.redop = (k == CollectiveKind::kAllReduce || k == CollectiveKind::kReduceScatter)
-                        ? std::string(ReduceKindName(c.redop)) : "none";
+                        ? std::string(ReduceKindName(c.redop))
+                        : "none";
         row.time_us = slowest;
         row.algbw = row.bytes / (slowest * 1e-6) / 1e9;
         row.busbw = row.algbw * BusFactor(k, n);
@@ -339,7 +359,8 @@ absl::StatusOr<CollectiveRow> CopyBaselineRow(Group& g, size_t bytes) {
       for (int i = 0; i < kCopies; ++i) RETURN_IF_ERROR(ops.Copy(dst.get(), src.get(), bytes));
       RETURN_IF_ERROR(ops.Synchronize(absl::Now() + kWaitLimit));
       const double us =
-          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / kCopies;
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+          kCopies;
       if (round > 0 && (best == 0 || us < best)) best = us;
     }
     row.time_us = best;
@@ -348,7 +369,8 @@ absl::StatusOr<CollectiveRow> CopyBaselineRow(Group& g, size_t bytes) {
   return row;
 }
 
-void PrintCollectiveTable(const CollectiveConfig& c, int n, const std::vector<CollectiveRow>& rows) {
+void PrintCollectiveTable(const CollectiveConfig& c, int n,
+                          const std::vector<CollectiveRow>& rows) {
   if (c.csv) {
     std::printf("op,bytes,count,dtype,time_us,algbw_gbps,busbw_gbps,wrong\n");
     for (const CollectiveRow& r : rows) {
@@ -357,11 +379,13 @@ void PrintCollectiveTable(const CollectiveConfig& c, int n, const std::vector<Co
     }
     return;
   }
-  std::printf("# Braid collective_latency: backend=%s ranks=%d dtype=%s redop=%s iters=%d warmup=%d %s\n",
-              c.backend.c_str(), n, std::string(DTypeName(c.dtype)).c_str(),
-              std::string(ReduceKindName(c.redop)).c_str(), c.iters, c.warmup,
-              c.in_place ? "in-place" : "out-of-place");
-  std::printf("# time = mean issue+wait per op of the slowest rank; busbw factors as nccl-tests\n#\n");
+  std::printf(
+      "# Braid collective_latency: backend=%s ranks=%d dtype=%s redop=%s iters=%d warmup=%d %s\n",
+      c.backend.c_str(), n, std::string(DTypeName(c.dtype)).c_str(),
+      std::string(ReduceKindName(c.redop)).c_str(), c.iters, c.warmup,
+      c.in_place ? "in-place" : "out-of-place");
+  std::printf(
+      "# time = mean issue+wait per op of the slowest rank; busbw factors as nccl-tests\n#\n");
   std::printf("# %-28s %12s %12s %6s %6s %11s %12s %12s %7s\n", "op", "size(B)", "count", "type",
               "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
   for (const CollectiveRow& r : rows) {

@@ -45,7 +45,8 @@ cudaError_t TimeAgainstCopy(const Enqueue& kernel, size_t bytes_moved, int warmu
   cudaError_t e = src.Allocate(bytes_moved / 2, 0x3c);
   if (e == cudaSuccess) e = dst.Allocate(bytes_moved / 2, 0);
   const auto copy = [&] {
-    return cudaMemcpyAsync(dst.get(), src.get(), bytes_moved / 2, cudaMemcpyDeviceToDevice, nullptr);
+    return cudaMemcpyAsync(dst.get(), src.get(), bytes_moved / 2, cudaMemcpyDeviceToDevice,
+                           nullptr);
   };
   double copy_ms = 0;
   if (e == cudaSuccess) e = TimeMs(kernel, warmup, iters, &out->kernel_ms);
@@ -72,7 +73,8 @@ inline int SkipUnlessCudaDevice() {
   }
   int device = 0;
   cudaDeviceProp prop{};
-  if (cudaGetDevice(&device) == cudaSuccess && cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
+  if (cudaGetDevice(&device) == cudaSuccess &&
+      cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
     std::printf("device %d: %s\n", device, prop.name);
   }
   return -1;

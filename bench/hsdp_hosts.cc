@@ -74,8 +74,8 @@ struct Row {
   bool gather = false;   // then all-gather every bucket's shard in the shard group
 };
 constexpr Row kRows[] = {
-    {"flat_rs", false, "S"},         {"hybrid", true, "S"},         {"flat_rs", false, "NNNS"},
-    {"hybrid", true, "NNNS"},        {"flat_rs", false, "SSSS"},    {"hybrid", true, "RRRS"},
+    {"flat_rs", false, "S"},          {"hybrid", true, "S"},          {"flat_rs", false, "NNNS"},
+    {"hybrid", true, "NNNS"},         {"flat_rs", false, "SSSS"},     {"hybrid", true, "RRRS"},
     {"flat_rs+ag", false, "S", true}, {"hybrid+ag", true, "S", true},
 };
 constexpr int kNumRows = sizeof(kRows) / sizeof(kRows[0]);
@@ -188,15 +188,18 @@ absl::Status Run(int argc, char** argv) {
   double scale = 0;
   const std::string scale_s = f.Str("scale", "0.0625");
   if (!absl::SimpleAtod(scale_s, &scale) || !(scale > 0) || scale > 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--scale='", scale_s, "': expected a number in (0, 1]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--scale='", scale_s, "': expected a number in (0, 1]"));
   }
   ASSIGN_OR_RETURN(int64_t blocks, f.Int("blocks", 12));
   ASSIGN_OR_RETURN(int64_t iters, f.Int("iters", 7));
   ASSIGN_OR_RETURN(int64_t warmup, f.Int("warmup", 1));
   const bool csv = f.Bool("csv", false);
   const std::string link_dev = f.Str("link", "");
-  if (!f.Unused().empty()) return absl::InvalidArgumentError(absl::StrCat("unknown flag --", f.Unused()[0]));
-  if (blocks < 1 || iters < 1 || warmup < 0) return absl::InvalidArgumentError("--blocks, --iters >= 1, --warmup >= 0");
+  if (!f.Unused().empty())
+    return absl::InvalidArgumentError(absl::StrCat("unknown flag --", f.Unused()[0]));
+  if (blocks < 1 || iters < 1 || warmup < 0)
+    return absl::InvalidArgumentError("--blocks, --iters >= 1, --warmup >= 0");
 
   Options options;
   options.backend = "mpi";
@@ -204,28 +207,34 @@ absl::Status Run(int argc, char** argv) {
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(options));
   ASSIGN_OR_RETURN(std::unique_ptr<Group> world, backend->WorldGroup(backend->local_ranks().at(0)));
   const int n = world->size(), rank = world->rank();
-  if (n % 2 != 0 || n < 4) return absl::InvalidArgumentError(absl::StrCat("needs an even world of >= 4 ranks, got ", n));
+  if (n % 2 != 0 || n < 4)
+    return absl::InvalidArgumentError(absl::StrCat("needs an even world of >= 4 ranks, got ", n));
 
   const OverlapModel model = Gpt2LikeModel(static_cast<int>(blocks), scale);
   sched::ReducerConfig rc;
   rc.timeout = kTimeout;
   rc.bucket_cap_bytes = std::max<size_t>(64, static_cast<size_t>((25 << 20) * scale) / 64 * 64);
-  rc.first_bucket_cap_bytes = std::max<size_t>(64, static_cast<size_t>((1 << 20) * scale) / 64 * 64);
+  rc.first_bucket_cap_bytes =
+      std::max<size_t>(64, static_cast<size_t>((1 << 20) * scale) / 64 * 64);
   rc.mode = ReduceMode::kReduceScatter;
   ASSIGN_OR_RETURN(auto flat, GradientReducer::Create(model.params, {world.get(), nullptr}, rc));
   ASSIGN_OR_RETURN(sched::Mesh mesh, sched::MakeMesh(*world, n / 2, 2));
   rc.mode = ReduceMode::kHybrid;
-  ASSIGN_OR_RETURN(auto hybrid, GradientReducer::Create(model.params, {mesh.shard.get(), mesh.replica.get()}, rc));
+  ASSIGN_OR_RETURN(auto hybrid, GradientReducer::Create(
+                                    model.params, {mesh.shard.get(), mesh.replica.get()}, rc));
 
   Gathered flat_gathered = MakeGathered(*flat), hybrid_gathered = MakeGathered(*hybrid);
   const bool on_bed = rank == 0 && !link_dev.empty() && LinkBytes(link_dev) >= 0;
   if (rank == 0 && !link_dev.empty() && !on_bed) {
-    return absl::NotFoundError(absl::StrCat("--link=", link_dev, ": no such interface (statistics) here"));
+    return absl::NotFoundError(
+        absl::StrCat("--link=", link_dev, ": no such interface (statistics) here"));
   }
   if (rank == 0) {
-    std::fprintf(stderr, "[hsdp_hosts] %d ranks, %zu f32 parameters (%.1f MB of gradients), %zu buckets, %s\n",
-                 n, model.elems(), model.elems() * 4 / 1e6, flat->plan().buckets().size(),
-                 on_bed ? "link bytes measured" : "link bytes not measured (no --link)");
+    std::fprintf(
+        stderr,
+        "[hsdp_hosts] %d ranks, %zu f32 parameters (%.1f MB of gradients), %zu buckets, %s\n", n,
+        model.elems(), model.elems() * 4 / 1e6, flat->plan().buckets().size(),
+        on_bed ? "link bytes measured" : "link bytes not measured (no --link)");
   }
 
   // times[row][iter]: this rank's step time; link[row]: host 0's bytes over the timed steps.
@@ -240,7 +249,9 @@ absl::Status Run(int argc, char** argv) {
       RETURN_IF_ERROR(Barrier(*world));
       const auto t0 = Clock::now();
       RETURN_IF_ERROR(Step(row.hybrid ? *hybrid : *flat, row.schedule, rank, false));
-      if (row.gather) RETURN_IF_ERROR(GatherShards(row.hybrid ? *hybrid : *flat, row.hybrid ? hybrid_gathered : flat_gathered));
+      if (row.gather)
+        RETURN_IF_ERROR(GatherShards(row.hybrid ? *hybrid : *flat,
+                                     row.hybrid ? hybrid_gathered : flat_gathered));
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       RETURN_IF_ERROR(Barrier(*world));
       if (it >= warmup) {
@@ -248,15 +259,16 @@ absl::Status Run(int argc, char** argv) {
         if (on_bed) link[idx] += LinkBytes(link_dev) - b0;
       }
     }
-    if (rank == 0) std::fprintf(stderr, "[hsdp_hosts] iteration %lld/%lld\n", static_cast<long long>(it + 1),
-                                static_cast<long long>(warmup + iters));
+    if (rank == 0)
+      std::fprintf(stderr, "[hsdp_hosts] iteration %lld/%lld\n", static_cast<long long>(it + 1),
+                   static_cast<long long>(warmup + iters));
   }
 
   // The slowest rank's time per step: one max all-reduce over every row and iteration.
   std::vector<double> flat_times;
   for (const auto& v : times) flat_times.insert(flat_times.end(), v.begin(), v.end());
-  ASSIGN_OR_RETURN(WorkPtr w, world->AllReduce(flat_times.data(), flat_times.data(), flat_times.size(),
-                                               DType::kF64, ReduceOp::Max()));
+  ASSIGN_OR_RETURN(WorkPtr w, world->AllReduce(flat_times.data(), flat_times.data(),
+                                               flat_times.size(), DType::kF64, ReduceOp::Max()));
   RETURN_IF_ERROR(w->Wait(kTimeout));
 
   // The check: every mode once with known gradients, every rank its own shard.
@@ -269,22 +281,27 @@ absl::Status Run(int argc, char** argv) {
       for (auto& b : gathered) std::fill(b.begin(), b.end(), -1.0f);
       RETURN_IF_ERROR(GatherShards(r, gathered));
     }
-    const int64_t bad =
-        CountWrong(r, row.schedule, row.hybrid ? mesh.shard->rank() : rank, n, row.gather ? &gathered : nullptr);
-    if (bad != 0) std::fprintf(stderr, "[hsdp_hosts] rank %d: %s %s: %lld wrong elements\n", rank, row.name,
-                               row.schedule, static_cast<long long>(bad));
+    const int64_t bad = CountWrong(r, row.schedule, row.hybrid ? mesh.shard->rank() : rank, n,
+                                   row.gather ? &gathered : nullptr);
+    if (bad != 0)
+      std::fprintf(stderr, "[hsdp_hosts] rank %d: %s %s: %lld wrong elements\n", rank, row.name,
+                   row.schedule, static_cast<long long>(bad));
     wrong += bad;
   }
   ASSIGN_OR_RETURN(WorkPtr wc, world->AllReduce(&wrong, &wrong, 1, DType::kI64, ReduceOp::Sum()));
   RETURN_IF_ERROR(wc->Wait(kTimeout));
-  if (wrong != 0) return absl::InternalError(absl::StrCat(wrong, " wrong gradient elements over all ranks"));
+  if (wrong != 0)
+    return absl::InternalError(absl::StrCat(wrong, " wrong gradient elements over all ranks"));
 
   if (rank == 0) {
     if (!csv) {
-      std::printf("hsdp_hosts: %d ranks, %zu f32 params (%.1f MB gradients), %zu buckets, %lld iterations\n", n,
-                  model.elems(), model.elems() * 4 / 1e6, flat->plan().buckets().size(),
-                  static_cast<long long>(iters));
-      std::printf("%-10s %-6s %10s %10s %10s %10s\n", "mode", "sched", "step_ms", "min_ms", "max_ms", "link_MB");
+      std::printf(
+          "hsdp_hosts: %d ranks, %zu f32 params (%.1f MB gradients), %zu buckets, %lld "
+          "iterations\n",
+          n, model.elems(), model.elems() * 4 / 1e6, flat->plan().buckets().size(),
+          static_cast<long long>(iters));
+      std::printf("%-10s %-6s %10s %10s %10s %10s\n", "mode", "sched", "step_ms", "min_ms",
+                  "max_ms", "link_MB");
     } else {
       std::printf("mode,schedule,step_ms,min_ms,max_ms,link_MB\n");
     }
@@ -292,13 +309,15 @@ absl::Status Run(int argc, char** argv) {
     for (int j = 0; j < kNumRows; ++j) {
       std::vector<double> v(flat_times.begin() + pos, flat_times.begin() + pos + times[j].size());
       pos += times[j].size();
-      const double mn = *std::min_element(v.begin(), v.end()), mx = *std::max_element(v.begin(), v.end());
+      const double mn = *std::min_element(v.begin(), v.end()),
+                   mx = *std::max_element(v.begin(), v.end());
       const std::string mb = on_bed ? absl::StrCat(absl::SixDigits(link[j] / 1e6 / iters)) : "-";
       if (csv) {
-        std::printf("%s,%s,%.1f,%.1f,%.1f,%s\n", kRows[j].name, kRows[j].schedule, Median(v), mn, mx, mb.c_str());
+        std::printf("%s,%s,%.1f,%.1f,%.1f,%s\n", kRows[j].name, kRows[j].schedule, Median(v), mn,
+                    mx, mb.c_str());
       } else {
-        std::printf("%-10s %-6s %10.1f %10.1f %10.1f %10s\n", kRows[j].name, kRows[j].schedule, Median(v), mn, mx,
-                    mb.c_str());
+        std::printf("%-10s %-6s %10.1f %10.1f %10.1f %10s\n", kRows[j].name, kRows[j].schedule,
+                    Median(v), mn, mx, mb.c_str());
       }
     }
     std::printf("results checked: every mode's shards exact on every rank\n");

@@ -30,7 +30,8 @@
 // Memory per rank is everything the rank holds: Braid's buffers plus the framework's
 // (ddp's parameters and AdamW state, the fully sharded backward's gradient scratch), all
 // through one MemoryStats per rank. Columns:
-//   ranks,mode,params,peak_host_bytes,peak_device_bytes,model_state_bytes,largest_unit_bytes,step_ms
+//   ranks,mode,params,peak_host_bytes,peak_device_bytes,model_state_bytes,
+//   largest_unit_bytes,step_ms
 // peak_*: the most one rank held at once during the timed steps (the largest over ranks);
 // model_state_bytes: the whole model's training state as Braid keeps it sharded (f32
 // parameters, gradients, master weights, m and v: 20 bytes per parameter); largest_unit_bytes:
@@ -73,10 +74,14 @@ using sched::MemoryUse;
 enum class Mode { kDdp, kZero2, kFullySharded, kFullyShardedNoPrefetch };
 const char* ModeName(Mode m) {
   switch (m) {
-    case Mode::kDdp: return "ddp";
-    case Mode::kZero2: return "zero2";
-    case Mode::kFullySharded: return "fully_sharded";
-    case Mode::kFullyShardedNoPrefetch: return "fully_sharded_noprefetch";
+    case Mode::kDdp:
+      return "ddp";
+    case Mode::kZero2:
+      return "zero2";
+    case Mode::kFullySharded:
+      return "fully_sharded";
+    case Mode::kFullyShardedNoPrefetch:
+      return "fully_sharded_noprefetch";
   }
   return "?";
 }
@@ -95,7 +100,9 @@ constexpr absl::Duration kTimeout = absl::Seconds(300);
 
 // Initial weight and per-rank gradient of element j of parameter `id` (small integers / 64,
 // so the averaged gradient is exact in f32).
-float InitValue(sched::ParamId id, size_t j) { return static_cast<float>(static_cast<int>((j * 7 + id) % 17) - 8) / 64; }
+float InitValue(sched::ParamId id, size_t j) {
+  return static_cast<float>(static_cast<int>((j * 7 + id) % 17) - 8) / 64;
+}
 float GradValue(sched::ParamId id, size_t j, int rank) {
   return static_cast<float>(static_cast<int>((j * 5 + id * 3 + rank) % 13) - 6) / 64;
 }
@@ -104,15 +111,16 @@ void SleepUs(int64_t us) { std::this_thread::sleep_for(std::chrono::microseconds
 
 // What one rank count's threads share: the rows' measurements.
 struct Measured {
-  explicit Measured(int ranks, int iters) : step_ns(iters, std::vector<int64_t>(ranks, 0)), peak(ranks, 0) {}
+  explicit Measured(int ranks, int iters)
+      : step_ns(iters, std::vector<int64_t>(ranks, 0)), peak(ranks, 0) {}
   std::vector<std::vector<int64_t>> step_ns;  // [iteration][rank]
   std::vector<int64_t> peak;                  // per rank
   std::vector<int64_t> device_peak;
 };
 
 // The rank's step loop for one mode. Counts every buffer in `mem`.
-absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapModel& model, int64_t largest_unit,
-                     Measured* out) {
+absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapModel& model,
+                     int64_t largest_unit, Measured* out) {
   const int rank = world.rank(), n = world.size();
   MemoryStats mem;
   std::vector<sched::ParamSpec> params = model.params;
@@ -148,11 +156,14 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
   if (mode == Mode::kDdp) {
     for (const sched::ParamSpec& p : params) {
       const size_t bytes = p.count * sizeof(float);
-      ASSIGN_OR_RETURN(OwnedBuffer w, mem.Allocate(host, bytes, MemoryUse::kParamGather, "ddp parameter"));
+      ASSIGN_OR_RETURN(OwnedBuffer w,
+                       mem.Allocate(host, bytes, MemoryUse::kParamGather, "ddp parameter"));
       float* f = reinterpret_cast<float*>(w.get());
       for (size_t j = 0; j < p.count; ++j) f[j] = InitValue(p.id, j);
-      ASSIGN_OR_RETURN(OwnedBuffer m, mem.Allocate(host, bytes, MemoryUse::kOptimizerState, "ddp adamw m"));
-      ASSIGN_OR_RETURN(OwnedBuffer v, mem.Allocate(host, bytes, MemoryUse::kOptimizerState, "ddp adamw v"));
+      ASSIGN_OR_RETURN(OwnedBuffer m,
+                       mem.Allocate(host, bytes, MemoryUse::kOptimizerState, "ddp adamw m"));
+      ASSIGN_OR_RETURN(OwnedBuffer v,
+                       mem.Allocate(host, bytes, MemoryUse::kOptimizerState, "ddp adamw v"));
       std::memset(m.get(), 0, bytes);
       std::memset(v.get(), 0, bytes);
       ddp_p.push_back(std::move(w));
@@ -187,8 +198,8 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
       optim::ShardedOptimizer* o = opt.get();
       uc.before_gather = [o](int b, DeviceEvent* ready) { return o->WaitShard(b, ready); };
       ASSIGN_OR_RETURN(units, sched::UnitScheduler::Create(gatherer.get(), uc));
-      ASSIGN_OR_RETURN(scratch, mem.Allocate(host, static_cast<size_t>(largest_unit), MemoryUse::kStaging,
-                                             "backward gradient scratch"));
+      ASSIGN_OR_RETURN(scratch, mem.Allocate(host, static_cast<size_t>(largest_unit),
+                                             MemoryUse::kStaging, "backward gradient scratch"));
     } else {
       RETURN_IF_ERROR(opt->WaitAllParams());
     }
@@ -239,7 +250,8 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
       for (int i : model.layers[l].params) {
         const sched::ParamSpec& p = params[i];
         if (fsdp) {
-          RETURN_IF_ERROR(reducer->MarkReady(p.id, DeviceEvent{}, reinterpret_cast<float*>(scratch.get()) + offset));
+          RETURN_IF_ERROR(reducer->MarkReady(p.id, DeviceEvent{},
+                                             reinterpret_cast<float*>(scratch.get()) + offset));
           offset += p.count;
         } else {
           RETURN_IF_ERROR(reducer->MarkReady(p.id));
@@ -255,8 +267,9 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
       const optim::AdamWScalars s = optim::StepScalars(optim::AdamWHyper{kLr}, ++adamw_steps);
       for (size_t i = 0; i < params.size(); ++i) {
         ASSIGN_OR_RETURN(TensorView g, reducer->GradView(params[i].id));
-        optim::AdamWRange(s, reinterpret_cast<float*>(ddp_p[i].get()), reinterpret_cast<float*>(ddp_m[i].get()),
-                          reinterpret_cast<float*>(ddp_v[i].get()), g.data, DType::kF32, params[i].count);
+        optim::AdamWRange(
+            s, reinterpret_cast<float*>(ddp_p[i].get()), reinterpret_cast<float*>(ddp_m[i].get()),
+            reinterpret_cast<float*>(ddp_v[i].get()), g.data, DType::kF32, params[i].count);
       }
     }
     if (it >= c.warmup) out->step_ns[it - c.warmup][rank] = (Clock::now() - start).count();
@@ -265,8 +278,9 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
   out->peak[rank] = snap.host.peak;
   if (getenv("BRAID_MEMORY_DEBUG") != nullptr && rank == 0) {
     for (int u = 0; u < sched::kMemoryUses; ++u) {
-      std::fprintf(stderr, "  %s %s: current %.1f MB peak %.1f MB\n", ModeName(mode), sched::MemoryUseName(static_cast<MemoryUse>(u)),
-                   snap.by_use[u].current / 1e6, snap.by_use[u].peak / 1e6);
+      std::fprintf(stderr, "  %s %s: current %.1f MB peak %.1f MB\n", ModeName(mode),
+                   sched::MemoryUseName(static_cast<MemoryUse>(u)), snap.by_use[u].current / 1e6,
+                   snap.by_use[u].peak / 1e6);
     }
   }
   out->device_peak[rank] = snap.device.peak;
@@ -280,7 +294,8 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
     avg /= static_cast<float>(n);
     float w = InitValue(p.id, 0), m = 0, v = 0;
     for (int t = 1; t <= steps; ++t) {
-      optim::AdamWRange(optim::StepScalars(optim::AdamWHyper{kLr}, t), &w, &m, &v, &avg, DType::kF32, 1);
+      optim::AdamWRange(optim::StepScalars(optim::AdamWHyper{kLr}, t), &w, &m, &v, &avg,
+                        DType::kF32, 1);
     }
     float got;
     if (mode == Mode::kDdp) {
@@ -293,8 +308,9 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
       if (units) RETURN_IF_ERROR(units->EndForward(l));
     }
     if (got != w) {
-      return absl::InternalError(absl::StrCat("rank ", rank, " mode ", ModeName(mode), ": parameter ", p.Label(),
-                                              "[0] is ", got, " after ", steps, " steps, the serial AdamW gives ", w));
+      return absl::InternalError(absl::StrCat("rank ", rank, " mode ", ModeName(mode),
+                                              ": parameter ", p.Label(), "[0] is ", got, " after ",
+                                              steps, " steps, the serial AdamW gives ", w));
     }
   }
   return absl::OkStatus();
@@ -308,7 +324,8 @@ struct Row {
   double step_ms;
 };
 
-absl::StatusOr<Row> Measure(int ranks, Mode mode, const Config& c, const OverlapModel& model, int64_t largest_unit) {
+absl::StatusOr<Row> Measure(int ranks, Mode mode, const Config& c, const OverlapModel& model,
+                            int64_t largest_unit) {
   Options o;
   o.backend = "local";
   o.local_ranks = ranks;
@@ -324,7 +341,8 @@ absl::StatusOr<Row> Measure(int ranks, Mode mode, const Config& c, const Overlap
   std::vector<absl::Status> status(ranks);
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] { status[r] = RunRank(*worlds[r], mode, c, model, largest_unit, &m); });
+    threads.emplace_back(
+        [&, r] { status[r] = RunRank(*worlds[r], mode, c, model, largest_unit, &m); });
   }
   for (auto& t : threads) t.join();
   for (const absl::Status& s : status) RETURN_IF_ERROR(s);
@@ -347,7 +365,8 @@ absl::Status ParseRanks(const std::string& s, std::vector<int>* out) {
   out->clear();
   for (absl::string_view part : absl::StrSplit(s, ',')) {
     int v;
-    if (!absl::SimpleAtoi(part, &v) || v < 1) return absl::InvalidArgumentError(absl::StrCat("--ranks: bad value '", part, "'"));
+    if (!absl::SimpleAtoi(part, &v) || v < 1)
+      return absl::InvalidArgumentError(absl::StrCat("--ranks: bad value '", part, "'"));
     out->push_back(v);
   }
   return absl::OkStatus();
@@ -366,30 +385,37 @@ absl::Status Main(int argc, char** argv) {
   ASSIGN_OR_RETURN(c.layer_compute_us, f.Int("layer_compute_us", 20000));
   c.csv = f.Bool("csv", false);
   if (blocks < 1 || iters < 1 || warmup < 0 || c.layer_compute_us < 0) {
-    return absl::InvalidArgumentError("--blocks and --iters must be >= 1, --warmup and --layer_compute_us >= 0");
+    return absl::InvalidArgumentError(
+        "--blocks and --iters must be >= 1, --warmup and --layer_compute_us >= 0");
   }
-  if (!f.Unused().empty()) return absl::InvalidArgumentError(absl::StrCat("unknown flag --", f.Unused()[0]));
+  if (!f.Unused().empty())
+    return absl::InvalidArgumentError(absl::StrCat("unknown flag --", f.Unused()[0]));
   c.blocks = static_cast<int>(blocks);
   c.iters = static_cast<int>(iters);
   c.warmup = static_cast<int>(warmup);
   const OverlapModel model = Gpt2LikeModel(c.blocks, c.scale);
   int64_t largest_unit = 0;
-  for (const OverlapLayer& l : model.layers) largest_unit = std::max<int64_t>(largest_unit, l.elems * sizeof(float));
+  for (const OverlapLayer& l : model.layers)
+    largest_unit = std::max<int64_t>(largest_unit, l.elems * sizeof(float));
   if (!c.csv) {
-    std::printf("# memory: %zu parameters (f32), %zu units (layers), largest unit %.1f MB, layer compute %lld us (sleep)\n",
-                model.elems(), model.layers.size(), largest_unit / 1e6, static_cast<long long>(c.layer_compute_us));
+    std::printf(
+        "# memory: %zu parameters (f32), %zu units (layers), largest unit %.1f MB, layer compute "
+        "%lld us (sleep)\n",
+        model.elems(), model.layers.size(), largest_unit / 1e6,
+        static_cast<long long>(c.layer_compute_us));
   }
   std::vector<Row> rows;
   for (int ranks : c.ranks) {
-    for (Mode mode : {Mode::kDdp, Mode::kZero2, Mode::kFullySharded, Mode::kFullyShardedNoPrefetch}) {
+    for (Mode mode :
+         {Mode::kDdp, Mode::kZero2, Mode::kFullySharded, Mode::kFullyShardedNoPrefetch}) {
       std::fprintf(stderr, "[memory] ranks=%d mode=%s\n", ranks, ModeName(mode));
       ASSIGN_OR_RETURN(Row r, Measure(ranks, mode, c, model, largest_unit));
       rows.push_back(r);
     }
   }
   if (!c.csv) {
-    std::printf("%5s %-26s %12s %14s %14s %12s %10s %11s\n", "ranks", "mode", "peak_host_MB", "state/ranks_MB",
-                "target_MB", "vs_ddp", "step_ms", "vs_zero2");
+    std::printf("%5s %-26s %12s %14s %14s %12s %10s %11s\n", "ranks", "mode", "peak_host_MB",
+                "state/ranks_MB", "target_MB", "vs_ddp", "step_ms", "vs_zero2");
     for (const Row& r : rows) {
       const Row* ddp = nullptr;
       const Row* zero2 = nullptr;
@@ -397,18 +423,23 @@ absl::Status Main(int argc, char** argv) {
         if (q.ranks == r.ranks && q.mode == Mode::kDdp) ddp = &q;
         if (q.ranks == r.ranks && q.mode == Mode::kZero2) zero2 = &q;
       }
-      const double target = (static_cast<double>(r.model_state) / r.ranks + 2.0 * r.largest_unit) * 1.1;
-      std::printf("%5d %-26s %12.1f %14.1f %14.1f %12.2f %10.1f %11.2f\n", r.ranks, ModeName(r.mode), r.peak_host / 1e6,
-                  static_cast<double>(r.model_state) / r.ranks / 1e6, target / 1e6,
-                  static_cast<double>(r.peak_host) / ddp->peak_host, r.step_ms, r.step_ms / zero2->step_ms);
+      const double target =
+          (static_cast<double>(r.model_state) / r.ranks + 2.0 * r.largest_unit) * 1.1;
+      std::printf(
+          "%5d %-26s %12.1f %14.1f %14.1f %12.2f %10.1f %11.2f\n", r.ranks, ModeName(r.mode),
+          r.peak_host / 1e6, static_cast<double>(r.model_state) / r.ranks / 1e6, target / 1e6,
+          static_cast<double>(r.peak_host) / ddp->peak_host, r.step_ms, r.step_ms / zero2->step_ms);
     }
     std::printf("\n");
   }
-  std::printf("ranks,mode,params,peak_host_bytes,peak_device_bytes,model_state_bytes,largest_unit_bytes,step_ms\n");
+  std::printf(
+      "ranks,mode,params,peak_host_bytes,peak_device_bytes,model_state_bytes,largest_unit_bytes,"
+      "step_ms\n");
   for (const Row& r : rows) {
     std::printf("%d,%s,%zu,%lld,%lld,%lld,%lld,%.1f\n", r.ranks, ModeName(r.mode), r.params,
                 static_cast<long long>(r.peak_host), static_cast<long long>(r.peak_device),
-                static_cast<long long>(r.model_state), static_cast<long long>(r.largest_unit), r.step_ms);
+                static_cast<long long>(r.model_state), static_cast<long long>(r.largest_unit),
+                r.step_ms);
   }
   return absl::OkStatus();
 }

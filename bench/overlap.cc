@@ -4,11 +4,11 @@
 //   tools/bazelw run //bench:overlap                                   # 2 and 4 ranks, all-reduce
 //   bazel-bin/bench/overlap --csv --ranks=2,4 --mode=reduce_scatter --iters=31
 //
-// Flags (defaults): --ranks=2,4  --mode=all_reduce|reduce_scatter|hybrid|fully_sharded  --shards (hybrid:
-// ranks per shard group, ranks/2)  --scale=0.25  --blocks=12  --layer_compute_us=2000
+// Flags (defaults): --ranks=2,4  --mode=all_reduce|reduce_scatter|hybrid|fully_sharded  --shards
+// (hybrid: ranks per shard group, ranks/2)  --scale=0.25  --blocks=12  --layer_compute_us=2000
 // --compute=busy|sleep  --iters=21  --warmup=2  --bucket_cap / --first_bucket_cap (bytes;
 // 25 MiB / 1 MiB x scale)  --csv  --optimizer=none|adamw (reduce_scatter / hybrid only)
-// --optimizer_threads=1  --credit (bytes; 4 MiB x scale)  --priorities=true  --hold=in_flight|waited
+// --optimizer_threads=1  --credit (bytes; 4 MiB x scale)  --priorities=true --hold=in_flight|waited
 // --autotune=true  --aa=false  --timeline=PREFIX (PREFIX.<n>ranks.rank<r>.json: the priority
 // mode's partitions, holds and gathers, scheduler/op_scheduler.h). The default run takes about a
 // minute on 2 vCPUs.
@@ -39,9 +39,9 @@
 //                         --credit bytes, a credit in flight, gathers (fully sharded) first
 //   autotuned             overlapped with what the Autotuner (scheduler/autotuner.h) adopted
 //                         among (bucket cap, credit) = (cap, 0) [the default = overlapped],
-//                         (cap/2, 0), (2 cap, 0), (cap, credit), (cap, 4 credit); its trials are real
-//                         autotuned steps run before the timed iterations, and the trial table is
-//                         printed. Candidates with the default cap run on the same reducer.
+//                         (cap/2, 0), (2 cap, 0), (cap, credit), (cap, 4 credit); its trials are
+//                         real autotuned steps run before the timed iterations, and the trial table
+//                         is printed. Candidates with the default cap run on the same reducer.
 // --mode=fully_sharded (ZeRO-3, bench/overlap_sharded.h): one unit per layer, a gatherer on its
 // own group with free_after_use, a UnitScheduler (prefetch 1) and a reduce-scatter reducer; a
 // step is the forward (half a layer's compute per unit, gathers as the units are entered) and
@@ -159,7 +159,7 @@ struct Shared {
   StartBarrier barrier;
   ProcessSync* procs = nullptr;  // --backend=mpi: the start line is across processes
   std::vector<std::vector<std::vector<StepTimes>>> times;  // [mode][iteration][rank]
-  std::vector<int64_t> wrong;                         // per rank, from the final check
+  std::vector<int64_t> wrong;                              // per rank, from the final check
   int buckets = 0;
   // Rank 0's OpScheduler (the priority mode) over the whole run.
   int64_t partitions = 0, reductions = 0, holds = 0, hold_expiries = 0;
@@ -199,23 +199,26 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
   // --timeline: the priority mode's scheduler records its partitions, holds and gathers.
   std::unique_ptr<sched::Timeline> timeline;
   if (!c.timeline.empty()) {
-    ASSIGN_OR_RETURN(timeline, sched::Timeline::Create(absl::StrCat(c.timeline, ".", n, "ranks"), rank));
+    ASSIGN_OR_RETURN(timeline,
+                     sched::Timeline::Create(absl::StrCat(c.timeline, ".", n, "ranks"), rank));
   }
   sched::OpSchedulerConfig oc;
   oc.timeline = timeline.get();
   oc.credit_bytes = static_cast<size_t>(c.credit);
   oc.priorities = c.priorities;
-  oc.hold = c.hold_waited ? sched::OpSchedulerConfig::Hold::kWaited : sched::OpSchedulerConfig::Hold::kInFlight;
+  oc.hold = c.hold_waited ? sched::OpSchedulerConfig::Hold::kWaited
+                          : sched::OpSchedulerConfig::Hold::kInFlight;
   oc.timeout = absl::Seconds(120);
-  ASSIGN_OR_RETURN(std::unique_ptr<sched::OpScheduler> scheduler, sched::OpScheduler::Create(oc, &world));
+  ASSIGN_OR_RETURN(std::unique_ptr<sched::OpScheduler> scheduler,
+                   sched::OpScheduler::Create(oc, &world));
   // One reducer (fully sharded: one stack) for every mode: the priority mode attaches the
   // scheduler for its steps only, so both modes run on the same buffers (separately allocated
   // reducers differ by up to ~20% on their own: an A/A check, --aa, shows it).
   std::unique_ptr<ShardedStack> stack;
   std::unique_ptr<GradientReducer> owned;
   if (c.fully_sharded) {
-    ASSIGN_OR_RETURN(stack, ShardedStack::Create(world, model, nullptr, absl::Seconds(120), rc.bucket_cap_bytes,
-                                                 rc.first_bucket_cap_bytes));
+    ASSIGN_OR_RETURN(stack, ShardedStack::Create(world, model, nullptr, absl::Seconds(120),
+                                                 rc.bucket_cap_bytes, rc.first_bucket_cap_bytes));
   } else {
     ASSIGN_OR_RETURN(owned, GradientReducer::Create(model.params, groups, rc));
   }
@@ -232,14 +235,17 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
     ASSIGN_OR_RETURN(opts.gather_overlapped, shard.Split(0, shard.rank(), "gather_overlapped"));
     sched::GathererConfig gc;
     gc.timeout = absl::Seconds(120);
-    ASSIGN_OR_RETURN(opts.gatherer_after, sched::ParamGatherer::Create(reducer->plan(), opts.gather_after.get(), gc));
-    ASSIGN_OR_RETURN(opts.gatherer_overlapped,
-                     sched::ParamGatherer::Create(reducer->plan(), opts.gather_overlapped.get(), gc));
+    ASSIGN_OR_RETURN(opts.gatherer_after,
+                     sched::ParamGatherer::Create(reducer->plan(), opts.gather_after.get(), gc));
+    ASSIGN_OR_RETURN(
+        opts.gatherer_overlapped,
+        sched::ParamGatherer::Create(reducer->plan(), opts.gather_overlapped.get(), gc));
     ocfg.overlap = false;
-    ASSIGN_OR_RETURN(opts.after, optim::ShardedOptimizer::Create(reducer, opts.gatherer_after.get(), ocfg));
+    ASSIGN_OR_RETURN(opts.after,
+                     optim::ShardedOptimizer::Create(reducer, opts.gatherer_after.get(), ocfg));
     ocfg.overlap = true;
-    ASSIGN_OR_RETURN(opts.overlapped,
-                     optim::ShardedOptimizer::Create(reducer, opts.gatherer_overlapped.get(), ocfg));
+    ASSIGN_OR_RETURN(opts.overlapped, optim::ShardedOptimizer::Create(
+                                          reducer, opts.gatherer_overlapped.get(), ocfg));
     RETURN_IF_ERROR(opts.after->WaitAllParams());
     RETURN_IF_ERROR(opts.overlapped->WaitAllParams());
   }
@@ -296,8 +302,9 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
     const size_t cap = cand.bucket_cap_bytes;
     if (tuned.layers.count(cap) == 0) {
       if (c.fully_sharded) {
-        ASSIGN_OR_RETURN(tuned.stacks[cap], ShardedStack::Create(world, model, nullptr, absl::Seconds(120), cap,
-                                                                 rc.first_bucket_cap_bytes));
+        ASSIGN_OR_RETURN(tuned.stacks[cap],
+                         ShardedStack::Create(world, model, nullptr, absl::Seconds(120), cap,
+                                              rc.first_bucket_cap_bytes));
         ASSIGN_OR_RETURN(tuned.layers[cap], layers_of(tuned.stacks[cap]->reducer()));
       } else {
         sched::ReducerConfig trc = rc;
@@ -322,8 +329,9 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
     };
     if (prio || tune) RETURN_IF_ERROR(attach_to(prio ? prio_sched : tuned.scheduler));
     const StepMode as = prio || tune ? StepMode::kOverlapped : mode;
-    const absl::Status st = c.fully_sharded ? RunShardedStep(as, stk, tune ? *tuned.backward : backward, c, rank, t)
-                                            : RunStep(as, *red, &opts, tune ? *tuned.backward : backward, c, rank, t);
+    const absl::Status st =
+        c.fully_sharded ? RunShardedStep(as, stk, tune ? *tuned.backward : backward, c, rank, t)
+                        : RunStep(as, *red, &opts, tune ? *tuned.backward : backward, c, rank, t);
     if (prio || tune) RETURN_IF_ERROR(attach_to(nullptr));
     return st;
   };
@@ -369,7 +377,8 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
     // always runs first, or always right after another one.
     std::vector<int> order(num_modes);
     std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<uint32_t>(it) * 2654435761u + 7));
+    std::shuffle(order.begin(), order.end(),
+                 std::mt19937(static_cast<uint32_t>(it) * 2654435761u + 7));
     for (int k = 0; k < num_modes; ++k) {
       const int m = order[k];
       if (!shared->Wait()) return absl::AbortedError("another rank failed");
@@ -383,19 +392,23 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
   if (!shared->Wait()) return absl::AbortedError("another rank failed");
   StepTimes unused;
   RETURN_IF_ERROR(run(StepMode::kOverlapped, &unused));
-  const int64_t wrong_overlapped = CountWrong(*reducer, c.reduce, c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank(), n);
+  const int64_t wrong_overlapped = CountWrong(
+      *reducer, c.reduce, c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank(), n);
   if (!shared->Wait()) return absl::AbortedError("another rank failed");
   RETURN_IF_ERROR(run(StepMode::kPriority, &unused));
   int64_t wrong_tuned = 0;
   if (c.autotune) {
-    const int64_t wrong_priority = CountWrong(*reducer, c.reduce, c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank(), n);
+    const int64_t wrong_priority = CountWrong(
+        *reducer, c.reduce, c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank(), n);
     if (!shared->Wait()) return absl::AbortedError("another rank failed");
     RETURN_IF_ERROR(run(StepMode::kAutotuned, &unused));
-    wrong_tuned = wrong_priority + CountWrong(*tuned.reducer, c.reduce,
-                                              c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank(), n);
+    wrong_tuned = wrong_priority +
+                  CountWrong(*tuned.reducer, c.reduce,
+                             c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank(), n);
   }
   const int shard_rank = c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank();
-  shared->wrong[rank] = wrong_overlapped + (c.autotune ? wrong_tuned : CountWrong(*reducer, c.reduce, shard_rank, n));
+  shared->wrong[rank] =
+      wrong_overlapped + (c.autotune ? wrong_tuned : CountWrong(*reducer, c.reduce, shard_rank, n));
   if (rank == 0) {
     shared->partitions = scheduler->partitions_issued();
     shared->reductions = scheduler->reductions_submitted();
@@ -413,7 +426,8 @@ void GatherAcrossProcesses(ProcessSync& procs, Shared* shared) {
   for (const auto& mode : shared->times) {
     for (const auto& iter : mode) {
       const StepTimes& t = iter[me];
-      for (Clock::time_point p : {t.start, t.backward_end, t.end}) mine.push_back(p.time_since_epoch().count());
+      for (Clock::time_point p : {t.start, t.backward_end, t.end})
+        mine.push_back(p.time_since_epoch().count());
     }
   }
   mine.push_back(shared->wrong[me]);
@@ -424,7 +438,8 @@ void GatherAcrossProcesses(ProcessSync& procs, Shared* shared) {
     for (auto& mode : shared->times) {
       for (auto& iter : mode) {
         StepTimes& t = iter[r];
-        for (Clock::time_point* p : {&t.start, &t.backward_end, &t.end}) *p = Clock::time_point(Clock::duration(*v++));
+        for (Clock::time_point* p : {&t.start, &t.backward_end, &t.end})
+          *p = Clock::time_point(Clock::duration(*v++));
       }
     }
     shared->wrong[r] = *v;
@@ -436,7 +451,8 @@ void GatherAcrossProcesses(ProcessSync& procs, Shared* shared) {
 // with `ranks` rank threads is made here.
 absl::Status MeasureRanks(int ranks, const Config& c, const OverlapModel& model,
                           const std::vector<size_t>& writes, std::vector<Row>* rows, int* buckets,
-                          std::string* note, Backend* mpi_backend = nullptr, ProcessSync* procs = nullptr) {
+                          std::string* note, Backend* mpi_backend = nullptr,
+                          ProcessSync* procs = nullptr) {
   std::unique_ptr<Backend> local;
   Backend* backend = mpi_backend;
   if (backend == nullptr) {
@@ -474,14 +490,18 @@ absl::Status MeasureRanks(int ranks, const Config& c, const OverlapModel& model,
   int64_t wrong = 0;
   for (int64_t w : shared.wrong) wrong += w;
   if (wrong != 0) {
-    return absl::DataLossError(absl::StrCat(ranks, " ranks: ", wrong, " wrong gradient elements after reduction"));
+    return absl::DataLossError(
+        absl::StrCat(ranks, " ranks: ", wrong, " wrong gradient elements after reduction"));
   }
   *buckets = shared.buckets;
-  *note = absl::StrCat("# ", ranks, " ranks, priority mode's scheduler (rank 0, whole run incl. warm-up): ",
-                       shared.partitions, " partitions for ", shared.reductions, " reductions, ", shared.holds,
-                       " holds behind gathers, ", shared.hold_expiries, " ended by max_hold");
+  *note = absl::StrCat(
+      "# ", ranks,
+      " ranks, priority mode's scheduler (rank 0, whole run incl. warm-up): ", shared.partitions,
+      " partitions for ", shared.reductions, " reductions, ", shared.holds,
+      " holds behind gathers, ", shared.hold_expiries, " ended by max_hold");
   if (!shared.tune_table.empty()) {
-    absl::StrAppend(note, "\n# ", ranks, " ranks, autotuner trials (rank 0; slowest rank's medians):\n#   ",
+    absl::StrAppend(note, "\n# ", ranks,
+                    " ranks, autotuner trials (rank 0; slowest rank's medians):\n#   ",
                     absl::StrReplaceAll(shared.tune_table, {{"\n", "\n#   "}}));
   }
   const std::vector<Row> summary = SummarizeSteps(ranks, modes, shared.times);
@@ -506,8 +526,8 @@ absl::Status Main(int argc, char** argv) {
     ASSIGN_OR_RETURN(mpi_backend, CreateBackend(o));
     procs = std::make_unique<ProcessSync>();
     if (procs->size() != c.ranks.front()) {
-      return absl::InvalidArgumentError(absl::StrCat("--ranks=", c.ranks.front(), " but mpirun started ",
-                                                     procs->size(), " processes"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--ranks=", c.ranks.front(), " but mpirun started ", procs->size(), " processes"));
     }
   }
 
@@ -530,7 +550,8 @@ absl::Status Main(int argc, char** argv) {
   for (int n : c.ranks) {
     int b = 0;
     std::string note;
-    RETURN_IF_ERROR(MeasureRanks(n, c, model, writes, &rows, &b, &note, mpi_backend.get(), procs.get()));
+    RETURN_IF_ERROR(
+        MeasureRanks(n, c, model, writes, &rows, &b, &note, mpi_backend.get(), procs.get()));
     buckets.push_back(b);
     notes.push_back(std::move(note));
   }

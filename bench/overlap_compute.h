@@ -24,7 +24,9 @@ struct GradSpan {
   size_t count = 0;
 };
 
-inline float GradValue(size_t i, int rank) { return static_cast<float>(static_cast<int>(i & 7) + rank); }
+inline float GradValue(size_t i, int rank) {
+  return static_cast<float>(static_cast<int>(i & 7) + rank);
+}
 
 // Writes `writes` elements (at least one full pass is the caller's business) cycling over
 // `spans` in order: plain 32-byte stores of the repeating 8-value pattern, i.e. the work

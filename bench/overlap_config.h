@@ -44,20 +44,20 @@ struct Config {
   bool aa = false;             // --aa: the priority mode without its scheduler (an A/A check)
   bool autotune = true;        // --autotune=false: no autotuned mode (its tuning steps run first)
   std::string timeline;        // --timeline=PREFIX: the priority scheduler's trace, per rank
-  int shards = 0;  // hybrid: ranks per shard group (0: ranks / 2)
+  int shards = 0;              // hybrid: ranks per shard group (0: ranks / 2)
   double scale = 0.25;
   int blocks = 12;
   int64_t layer_compute_us = 2000;
   int iters = 21, warmup = 2;
   int64_t bucket_cap = 0, first_bucket_cap = 0;  // bytes; 0: DDP's defaults x scale
-  bool sleep_compute = false;  // --compute=sleep
+  bool sleep_compute = false;                    // --compute=sleep
   bool csv = false;
   bool optimizer = false;  // --optimizer=adamw: the two optimizer modes too
   int optimizer_threads = 1;
 
   std::vector<StepMode> Modes() const {
-    std::vector<StepMode> m = {StepMode::kComputeOnly, StepMode::kCommOnly, StepMode::kSyncAfterBackward,
-                               StepMode::kOverlapped};
+    std::vector<StepMode> m = {StepMode::kComputeOnly, StepMode::kCommOnly,
+                               StepMode::kSyncAfterBackward, StepMode::kOverlapped};
     if (optimizer) {
       m.push_back(StepMode::kOptimAfterBackward);
       m.push_back(StepMode::kOptimOverlapped);

@@ -20,9 +20,11 @@ class Builder {
   void BeginLayer(std::string name) { m_->layers.push_back(OverlapLayer{std::move(name), {}, 0}); }
 
   void Add(std::string name, size_t full_count) {
-    const size_t count = std::max<size_t>(1, static_cast<size_t>(std::llround(full_count * scale_)));
+    const size_t count =
+        std::max<size_t>(1, static_cast<size_t>(std::llround(full_count * scale_)));
     const int index = static_cast<int>(m_->params.size());
-    m_->params.push_back(sched::ParamSpec{index, count, DType::kF32, Device::Cpu(), std::move(name)});
+    m_->params.push_back(
+        sched::ParamSpec{index, count, DType::kF32, Device::Cpu(), std::move(name)});
     m_->layers.back().params.push_back(index);
     m_->layers.back().elems += count;
   }

@@ -11,9 +11,20 @@ namespace braid::bench {
 
 void RelaunchUnderMpirun(const char* tag, int ranks, int argc, char** argv) {
   if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) return;
-  std::vector<std::string> args = {"mpirun", "--allow-run-as-root", "--oversubscribe", "--mca",
-                                   "pml", "ob1", "--mca", "btl", "self,vader", "--mca",
-                                   "oob_tcp_if_include", "lo", "-np", std::to_string(ranks),
+  std::vector<std::string> args = {"mpirun",
+                                   "--allow-run-as-root",
+                                   "--oversubscribe",
+                                   "--mca",
+                                   "pml",
+                                   "ob1",
+                                   "--mca",
+                                   "btl",
+                                   "self,vader",
+                                   "--mca",
+                                   "oob_tcp_if_include",
+                                   "lo",
+                                   "-np",
+                                   std::to_string(ranks),
                                    "/proc/self/exe"};
   char exe[4096];
   const ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);

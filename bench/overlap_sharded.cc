@@ -6,10 +6,9 @@
 
 namespace braid::bench {
 
-absl::StatusOr<std::unique_ptr<ShardedStack>> ShardedStack::Create(Group& world, const OverlapModel& model,
-                                                                   sched::OpScheduler* scheduler,
-                                                                   absl::Duration timeout, size_t bucket_cap_bytes,
-                                                                   size_t first_bucket_cap_bytes) {
+absl::StatusOr<std::unique_ptr<ShardedStack>> ShardedStack::Create(
+    Group& world, const OverlapModel& model, sched::OpScheduler* scheduler, absl::Duration timeout,
+    size_t bucket_cap_bytes, size_t first_bucket_cap_bytes) {
   std::unique_ptr<ShardedStack> s(new ShardedStack());
   s->model_ = &model;
   std::vector<sched::ParamSpec> params = model.params;
@@ -28,7 +27,8 @@ absl::StatusOr<std::unique_ptr<ShardedStack>> ShardedStack::Create(Group& world,
   gc.timeout = timeout;
   gc.free_after_use = true;
   gc.scheduler = scheduler;
-  ASSIGN_OR_RETURN(s->gatherer_, sched::ParamGatherer::Create(s->reducer_->plan(), s->gather_group_.get(), gc));
+  ASSIGN_OR_RETURN(s->gatherer_,
+                   sched::ParamGatherer::Create(s->reducer_->plan(), s->gather_group_.get(), gc));
   sched::UnitConfig uc;
   uc.timeout = timeout;
   uc.prefetch = 1;
@@ -63,7 +63,8 @@ absl::Status ShardedStack::Step(ShardedStep kind, const std::function<void(int, 
     if (with_compute) compute(l, false);
     if (marks_inline) {
       const std::vector<int>& ps = model_->layers[l].params;
-      for (auto it = ps.rbegin(); it != ps.rend(); ++it) RETURN_IF_ERROR(reducer_->MarkReady(model_->params[*it].id));
+      for (auto it = ps.rbegin(); it != ps.rend(); ++it)
+        RETURN_IF_ERROR(reducer_->MarkReady(model_->params[*it].id));
     }
     RETURN_IF_ERROR(units_->EndBackward(l));
   }
@@ -72,7 +73,8 @@ absl::Status ShardedStack::Step(ShardedStep kind, const std::function<void(int, 
     RETURN_IF_ERROR(reducer_->BeginBackward(sched::SyncMode::kSync));
     for (int l = layers - 1; l >= 0; --l) {
       const std::vector<int>& ps = model_->layers[l].params;
-      for (auto it = ps.rbegin(); it != ps.rend(); ++it) RETURN_IF_ERROR(reducer_->MarkReady(model_->params[*it].id));
+      for (auto it = ps.rbegin(); it != ps.rend(); ++it)
+        RETURN_IF_ERROR(reducer_->MarkReady(model_->params[*it].id));
     }
   }
   RETURN_IF_ERROR(reducer_->FinishBackward());

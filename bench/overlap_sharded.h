@@ -37,10 +37,9 @@ class ShardedStack {
  public:
   // Collective over `world` (splits a gather group, verifies plans). `scheduler`: optional,
   // not owned, must outlive the stack.
-  static absl::StatusOr<std::unique_ptr<ShardedStack>> Create(Group& world, const OverlapModel& model,
-                                                              sched::OpScheduler* scheduler,
-                                                              absl::Duration timeout, size_t bucket_cap_bytes,
-                                                              size_t first_bucket_cap_bytes);
+  static absl::StatusOr<std::unique_ptr<ShardedStack>> Create(
+      Group& world, const OverlapModel& model, sched::OpScheduler* scheduler,
+      absl::Duration timeout, size_t bucket_cap_bytes, size_t first_bucket_cap_bytes);
   ~ShardedStack();
 
   sched::GradientReducer& reducer() { return *reducer_; }

@@ -28,7 +28,8 @@ void Compute(const RankLayer& l, const Config& c, int rank) {
 // An optimizer step mode: the backward with marks as layers finish, then (after_backward)
 // Step(), then the wait a framework does before its next forward. Fills `t` except t->start.
 absl::Status RunOptimizerStep(optim::ShardedOptimizer& opt, bool explicit_step, GradientReducer& r,
-                              const std::vector<RankLayer>& backward, const Config& c, int rank, StepTimes* t) {
+                              const std::vector<RankLayer>& backward, const Config& c, int rank,
+                              StepTimes* t) {
   RETURN_IF_ERROR(opt.BeginBackward(SyncMode::kSync));
   for (const RankLayer& l : backward) {
     Compute(l, c, rank);
@@ -53,8 +54,9 @@ void ComputeForward(const RankLayer& l, const Config& c, int rank) {
 
 }  // namespace
 
-absl::Status RunShardedStep(StepMode mode, ShardedStack* stack, const std::vector<RankLayer>& backward,
-                            const Config& c, int rank, StepTimes* t) {
+absl::Status RunShardedStep(StepMode mode, ShardedStack* stack,
+                            const std::vector<RankLayer>& backward, const Config& c, int rank,
+                            StepTimes* t) {
   const int layers = static_cast<int>(backward.size());
   // backward[] runs last layer first: layer l is backward[layers - 1 - l].
   auto compute = [&](int l, bool forward) {
@@ -80,10 +82,14 @@ absl::Status RunShardedStep(StepMode mode, ShardedStack* stack, const std::vecto
 }
 
 absl::Status RunStep(StepMode mode, GradientReducer& r, RankOptimizers* opts,
-                     const std::vector<RankLayer>& backward, const Config& c, int rank, StepTimes* t) {
-  if (mode == StepMode::kOptimAfterBackward) return RunOptimizerStep(*opts->after, true, r, backward, c, rank, t);
-  if (mode == StepMode::kOptimOverlapped) return RunOptimizerStep(*opts->overlapped, false, r, backward, c, rank, t);
-  if (mode == StepMode::kPriority) mode = StepMode::kOverlapped;  // the caller passed the scheduled reducer
+                     const std::vector<RankLayer>& backward, const Config& c, int rank,
+                     StepTimes* t) {
+  if (mode == StepMode::kOptimAfterBackward)
+    return RunOptimizerStep(*opts->after, true, r, backward, c, rank, t);
+  if (mode == StepMode::kOptimOverlapped)
+    return RunOptimizerStep(*opts->overlapped, false, r, backward, c, rank, t);
+  if (mode == StepMode::kPriority)
+    mode = StepMode::kOverlapped;  // the caller passed the scheduled reducer
   if (mode == StepMode::kOverlapped) RETURN_IF_ERROR(r.BeginBackward(SyncMode::kSync));
   for (const RankLayer& l : backward) {
     if (mode != StepMode::kCommOnly) Compute(l, c, rank);

@@ -48,16 +48,19 @@ struct RankOptimizers {
 };
 
 // One fully sharded step (ZeRO-3); fills `t` except t->start.
-absl::Status RunShardedStep(StepMode mode, ShardedStack* stack, const std::vector<RankLayer>& backward,
-                            const Config& c, int rank, StepTimes* t);
+absl::Status RunShardedStep(StepMode mode, ShardedStack* stack,
+                            const std::vector<RankLayer>& backward, const Config& c, int rank,
+                            StepTimes* t);
 
 // One step; fills `t` except t->start.
 absl::Status RunStep(StepMode mode, sched::GradientReducer& r, RankOptimizers* opts,
-                     const std::vector<RankLayer>& backward, const Config& c, int rank, StepTimes* t);
+                     const std::vector<RankLayer>& backward, const Config& c, int rank,
+                     StepTimes* t);
 
 // Wrong elements of this rank's reduced result: the whole bucket (all-reduce) or this rank's
 // shard of it (reduce-scatter, hybrid) must hold the average over all `world_size` ranks.
-int64_t CountWrong(const sched::GradientReducer& r, sched::ReduceMode mode, int shard_rank, int world_size);
+int64_t CountWrong(const sched::GradientReducer& r, sched::ReduceMode mode, int shard_rank,
+                   int world_size);
 
 }  // namespace braid::bench
 

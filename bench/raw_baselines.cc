@@ -62,7 +62,8 @@ absl::Status CompareWithRawMpi(Group& world, const std::vector<size_t>& sizes, i
                                int iters_8b, std::vector<MpiCompareRow>* rows) {
   int initialized = 0;
   MPI_Initialized(&initialized);
-  if (!initialized) return absl::FailedPreconditionError("raw MPI baseline: MPI is not initialized");
+  if (!initialized)
+    return absl::FailedPreconditionError("raw MPI baseline: MPI is not initialized");
   DupComm raw;
   absl::Status braid_status;
   for (size_t bytes : sizes) {
@@ -94,17 +95,25 @@ absl::Status CompareWithRawMpi(Group& world, const std::vector<size_t>& sizes, i
       for (int k = 0; k < 4; ++k) {
         const int which = (round + k) % 4;
         switch (which) {
-          case 0: t[0].push_back(TimeLoop(raw.get(), iters, raw_wait)); break;
-          case 1: t[1].push_back(TimeLoop(raw.get(), iters, raw_test)); break;
-          case 2: t[2].push_back(TimeLoop(raw.get(), iters, raw_blocking)); break;
-          case 3: t[3].push_back(TimeLoop(raw.get(), iters, braid_loop)); break;
+          case 0:
+            t[0].push_back(TimeLoop(raw.get(), iters, raw_wait));
+            break;
+          case 1:
+            t[1].push_back(TimeLoop(raw.get(), iters, raw_test));
+            break;
+          case 2:
+            t[2].push_back(TimeLoop(raw.get(), iters, raw_blocking));
+            break;
+          case 3:
+            t[3].push_back(TimeLoop(raw.get(), iters, braid_loop));
+            break;
         }
       }
       std::fill(buf.begin(), buf.end(), 1.0f);  // keep the values finite
     }
     RETURN_IF_ERROR(braid_status);
-    rows->push_back(MpiCompareRow{bytes, Median(t[0]) * 1e6, Median(t[1]) * 1e6,
-                                  Median(t[2]) * 1e6, Median(t[3]) * 1e6});
+    rows->push_back(MpiCompareRow{bytes, Median(t[0]) * 1e6, Median(t[1]) * 1e6, Median(t[2]) * 1e6,
+                                  Median(t[3]) * 1e6});
   }
   return absl::OkStatus();
 }

@@ -78,9 +78,7 @@ struct PhaseTotals {
 // Allocation counts across a timed loop: all threads, and per phase on the calling thread.
 class AllocWindow {
  public:
-  AllocWindow()
-      : all0_(alloc_counter::Allocs()),
-        bytes0_(alloc_counter::AllocBytes()) {}
+  AllocWindow() : all0_(alloc_counter::Allocs()), bytes0_(alloc_counter::AllocBytes()) {}
   void Close(PhaseTotals* t) const {
     t->allocs_all = alloc_counter::Allocs() - all0_;
     t->alloc_bytes = alloc_counter::AllocBytes() - bytes0_;
@@ -94,19 +92,24 @@ void ReportCounters(benchmark::State& state, int64_t marks, const PhaseTotals& t
   using benchmark::Counter;
   state.counters["time_per_mark"] =
       Counter(static_cast<double>(marks), Counter::kIsIterationInvariantRate | Counter::kInvert);
-  state.counters["allocs_per_iter"] = Counter(static_cast<double>(t.allocs_all), Counter::kAvgIterations);
+  state.counters["allocs_per_iter"] =
+      Counter(static_cast<double>(t.allocs_all), Counter::kAvgIterations);
   state.counters["alloc_bytes_per_iter"] =
       Counter(static_cast<double>(t.alloc_bytes), Counter::kAvgIterations);
   if (!phases) return;
   state.counters["begin_ns"] = Counter(static_cast<double>(t.begin_ns), Counter::kAvgIterations);
   state.counters["marks_ns"] = Counter(static_cast<double>(t.marks_ns), Counter::kAvgIterations);
   state.counters["finish_ns"] = Counter(static_cast<double>(t.finish_ns), Counter::kAvgIterations);
-  state.counters["allocs_begin"] = Counter(static_cast<double>(t.allocs_begin), Counter::kAvgIterations);
-  state.counters["allocs_marks"] = Counter(static_cast<double>(t.allocs_marks), Counter::kAvgIterations);
-  state.counters["allocs_finish"] = Counter(static_cast<double>(t.allocs_finish), Counter::kAvgIterations);
+  state.counters["allocs_begin"] =
+      Counter(static_cast<double>(t.allocs_begin), Counter::kAvgIterations);
+  state.counters["allocs_marks"] =
+      Counter(static_cast<double>(t.allocs_marks), Counter::kAvgIterations);
+  state.counters["allocs_finish"] =
+      Counter(static_cast<double>(t.allocs_finish), Counter::kAvgIterations);
   const uint64_t mine = t.allocs_begin + t.allocs_marks + t.allocs_finish;
   state.counters["allocs_other_threads"] =
-      Counter(t.allocs_all >= mine ? static_cast<double>(t.allocs_all - mine) : 0.0, Counter::kAvgIterations);
+      Counter(t.allocs_all >= mine ? static_cast<double>(t.allocs_all - mine) : 0.0,
+              Counter::kAvgIterations);
 }
 
 // A 1-rank local world and a reducer over `params` x 64-element f32 parameters in `buckets`
@@ -123,13 +126,15 @@ class OneRankReducer {
     std::vector<ParamSpec> specs;
     specs.reserve(params);
     for (int i = 0; i < params; ++i) {
-      specs.push_back(ParamSpec{i, kElemsPerParam, DType::kF32, Device::Cpu(), absl::StrCat("p", i)});
+      specs.push_back(
+          ParamSpec{i, kElemsPerParam, DType::kF32, Device::Cpu(), absl::StrCat("p", i)});
     }
     const int per_bucket = (params + buckets - 1) / buckets;
     ReducerConfig cfg;
     cfg.bucket_cap_bytes = static_cast<size_t>(per_bucket) * kElemsPerParam * sizeof(float);
     cfg.first_bucket_cap_bytes = cfg.bucket_cap_bytes;
-    ASSIGN_OR_RETURN(r->reducer_, GradientReducer::Create(std::move(specs), {r->world_.get(), nullptr}, cfg));
+    ASSIGN_OR_RETURN(r->reducer_,
+                     GradientReducer::Create(std::move(specs), {r->world_.get(), nullptr}, cfg));
     return r;
   }
 
@@ -255,7 +260,8 @@ void BM_BaselineAtomicDecrement(benchmark::State& state) {
   PhaseTotals t;
   AllocWindow window;
   for (auto _ : state) {
-    for (int b = 0; b < buckets; ++b) pending[b].store(std::min(per_bucket, params - b * per_bucket), std::memory_order_relaxed);
+    for (int b = 0; b < buckets; ++b)
+      pending[b].store(std::min(per_bucket, params - b * per_bucket), std::memory_order_relaxed);
     for (int i = params - 1; i >= 0; --i) {
       // Bucket 0 holds the last parameters, as the reducer's reverse-order plan does.
       const int b = (params - 1 - i) / per_bucket;

@@ -81,9 +81,8 @@ BENCHMARK(BM_EmptyLoop);
 
 void BM_NowNs(benchmark::State& state) {  // the clock read an enabled Instant or span pays
   BenchTimeline tl(false);
-  RecordLoop(state, tl.get(), [](Timeline*, int64_t) {
-    benchmark::DoNotOptimize(Timeline::NowNs());
-  });
+  RecordLoop(state, tl.get(),
+             [](Timeline*, int64_t) { benchmark::DoNotOptimize(Timeline::NowNs()); });
 }
 BENCHMARK(BM_NowNs);
 
@@ -116,9 +115,8 @@ BENCHMARK(BM_InstantEnabled);
 void BM_CompleteEnabled(benchmark::State& state) {  // timestamps given: the queue push alone
   BenchTimeline tl(true);
   const int track = tl.get()->Track("group world");
-  RecordLoop(state, tl.get(), [track](Timeline* t, int64_t i) {
-    t->Complete(track, "allreduce", i, i + 1000, i);
-  });
+  RecordLoop(state, tl.get(),
+             [track](Timeline* t, int64_t i) { t->Complete(track, "allreduce", i, i + 1000, i); });
 }
 BENCHMARK(BM_CompleteEnabled);
 

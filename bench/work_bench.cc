@@ -77,8 +77,12 @@ void WorkPingPong(benchmark::State& state, absl::Duration spin) {
   stop.store(true);
   peer.join();
 }
-void BM_WorkCrossThreadSpinWait(benchmark::State& state) { WorkPingPong(state, absl::Microseconds(50)); }
-void BM_WorkCrossThreadSleepWait(benchmark::State& state) { WorkPingPong(state, absl::ZeroDuration()); }
+void BM_WorkCrossThreadSpinWait(benchmark::State& state) {
+  WorkPingPong(state, absl::Microseconds(50));
+}
+void BM_WorkCrossThreadSleepWait(benchmark::State& state) {
+  WorkPingPong(state, absl::ZeroDuration());
+}
 BENCHMARK(BM_WorkCrossThreadSpinWait)->UseRealTime();
 BENCHMARK(BM_WorkCrossThreadSleepWait)->UseRealTime();
 
@@ -116,8 +120,10 @@ void BM_SpinPingPong(benchmark::State& state) {
   std::atomic<bool> stop{false};
   std::thread peer([&] {
     while (!stop.load(std::memory_order_relaxed)) {
-      if (turn.load(std::memory_order_acquire) == 1) turn.store(0, std::memory_order_release);
-      else CpuRelax();
+      if (turn.load(std::memory_order_acquire) == 1)
+        turn.store(0, std::memory_order_release);
+      else
+        CpuRelax();
     }
   });
   for (auto _ : state) {

@@ -71,9 +71,10 @@ absl::StatusOr<bool> ReplanCarryingOptimizer(ReducerImpl& r,
   // This rank's part of the state under the new plan, in memory; LoadState is collective (the
   // ranks agree first, so a layout error here fails every rank's load, not only this one's).
   const optim::StateHeader& h = state.header;
-  const absl::Status st = o->opt->LoadState(
-      optim::CheckpointRank(state, r.reducer->plan(), h.rank, h.world_size, "the re-planned optimizer state"),
-      "the re-planned optimizer state");
+  const absl::Status st =
+      o->opt->LoadState(optim::CheckpointRank(state, r.reducer->plan(), h.rank, h.world_size,
+                                              "the re-planned optimizer state"),
+                        "the re-planned optimizer state");
   if (!st.ok()) {
     o->opt.reset();
     return WithContext(st, "re-plan: carrying the optimizer state over");
@@ -130,8 +131,9 @@ braid_status_t braid_reducer_autotune(braid_reducer_t* reducer, double step_seco
       return absl::OkStatus();
     }
     // A failed or unmeasurable step (negative, NaN) counts as infinitely slow.
-    const absl::Duration took = step_seconds >= 0 && step_seconds < 1e9 ? absl::Seconds(step_seconds)
-                                                                          : absl::InfiniteDuration();
+    const absl::Duration took = step_seconds >= 0 && step_seconds < 1e9
+                                    ? absl::Seconds(step_seconds)
+                                    : absl::InfiniteDuration();
     ASSIGN_OR_RETURN(bool changed, tuner.EndStep(took));
     if (changed) {
       const size_t cap = tuner.current().bucket_cap_bytes;

@@ -82,16 +82,16 @@ BRAID_API int braid_abi_version(void);
  *   DataLoss -> DATA_LOSS; Internal, Unknown, ResourceExhausted (out of memory) -> INTERNAL. */
 typedef enum braid_status {
   BRAID_OK = 0,
-  BRAID_IN_PROGRESS,          /* not an error: braid_work_test on an unfinished work */
-  BRAID_INVALID_ARGUMENT,     /* bad value, NULL/destroyed/foreign handle, bad struct_size */
-  BRAID_NOT_FOUND,            /* unknown backend, parameter id, missing file or plugin */
-  BRAID_FAILED_PRECONDITION,  /* call not valid in the current state (see each function) */
-  BRAID_OUT_OF_RANGE,         /* index out of range, output array too small */
-  BRAID_TIMEOUT,              /* a deadline passed */
-  BRAID_PEER_ERROR,           /* a remote rank failed; operation cancelled, aborted, unavailable */
-  BRAID_UNIMPLEMENTED,        /* the backend or this build lacks the feature */
-  BRAID_DATA_LOSS,            /* corrupt state file */
-  BRAID_INTERNAL              /* a bug or out of memory */
+  BRAID_IN_PROGRESS,         /* not an error: braid_work_test on an unfinished work */
+  BRAID_INVALID_ARGUMENT,    /* bad value, NULL/destroyed/foreign handle, bad struct_size */
+  BRAID_NOT_FOUND,           /* unknown backend, parameter id, missing file or plugin */
+  BRAID_FAILED_PRECONDITION, /* call not valid in the current state (see each function) */
+  BRAID_OUT_OF_RANGE,        /* index out of range, output array too small */
+  BRAID_TIMEOUT,             /* a deadline passed */
+  BRAID_PEER_ERROR,          /* a remote rank failed; operation cancelled, aborted, unavailable */
+  BRAID_UNIMPLEMENTED,       /* the backend or this build lacks the feature */
+  BRAID_DATA_LOSS,           /* corrupt state file */
+  BRAID_INTERNAL             /* a bug or out of memory */
 } braid_status_t;
 
 /* "BRAID_OK", "BRAID_TIMEOUT", ...; "BRAID_UNKNOWN_STATUS" for a value outside the enum. */
@@ -149,8 +149,7 @@ typedef braid_status_t (*braid_rendezvous_publish_fn)(const char* key, const cha
 /* Every other rank: wait up to timeout_ms for `key` and copy its value, NUL-terminated, into
  * value[0, capacity) (capacity >= 256; BRAID_OUT_OF_RANGE when it does not fit). */
 typedef braid_status_t (*braid_rendezvous_lookup_fn)(const char* key, int64_t timeout_ms,
-                                                     char* value, size_t capacity,
-                                                     void* user_data);
+                                                     char* value, size_t capacity, void* user_data);
 
 /* Versions (struct_size): 0.5 ends after timeout_ms (40 bytes on LP64); 0.6 adds the nccl
  * fields from unique_id on; 0.10 adds the explicit rendezvous from master_addr on. */
@@ -266,8 +265,7 @@ BRAID_API void braid_world_options_init(braid_world_options_t* opts);
  * never reached the rendezvous; PEER_ERROR when rank 0 cannot listen (MASTER_PORT or
  * store_port taken, naming the address); the callbacks' codes (see their typedefs); others
  * from the backend (e.g. mpi outside mpirun). */
-BRAID_API braid_status_t braid_world_create(const braid_world_options_t* opts,
-                                            braid_world_t** out);
+BRAID_API braid_status_t braid_world_create(const braid_world_options_t* opts, braid_world_t** out);
 /* *name = the world's backend ("local", "mpi", "nccl", "gloo", or a plugin's name), valid while
  * the world lives (0.8). */
 BRAID_API braid_status_t braid_world_backend(braid_world_t* world, const char** name);
@@ -322,20 +320,20 @@ BRAID_API braid_status_t braid_group_destroy(braid_group_t* group);
  * Every pending work of every group on every rank then fails, and every later call is
  * refused, with BRAID_PEER_ERROR and a message naming this rank and the reason, within
  * milliseconds (local: threads of this process; mpi: a message to every process; gloo: the
- * rendezvous store; nccl: its communicators are aborted). Braid aborts the job by itself when a collective fails on any
- * rank (a deadline, a transport error), unless BRAID_ABORT_ON_FAILURE=0. Not collective;
- * BRAID_OK if the job had already aborted. Errors: INVALID_ARGUMENT (NULL or empty reason),
- * FAILED_PRECONDITION (a backend without aborts: plugins). (0.8) */
+ * rendezvous store; nccl: its communicators are aborted). Braid aborts the job by itself when a
+ * collective fails on any rank (a deadline, a transport error), unless BRAID_ABORT_ON_FAILURE=0.
+ * Not collective; BRAID_OK if the job had already aborted. Errors: INVALID_ARGUMENT (NULL or empty
+ * reason), FAILED_PRECONDITION (a backend without aborts: plugins). (0.8) */
 BRAID_API braid_status_t braid_group_abort(braid_group_t* group, const char* reason);
 
 /* ---- Collectives and works ------------------------------------------------------------------ */
 
 typedef struct braid_collective_options {
   size_t struct_size;
-  int64_t timeout_ms;     /* 0 (default): the world's timeout */
-  double premul_scalar;   /* BRAID_OP_PREMUL_SUM: this rank's factor (default 1.0) */
-  const char* label;      /* names the caller's unit in errors (e.g. "layer 3"); may be NULL */
-  void* ready_event;      /* device backends: event to wait on before reading; NULL: none */
+  int64_t timeout_ms;   /* 0 (default): the world's timeout */
+  double premul_scalar; /* BRAID_OP_PREMUL_SUM: this rank's factor (default 1.0) */
+  const char* label;    /* names the caller's unit in errors (e.g. "layer 3"); may be NULL */
+  void* ready_event;    /* device backends: event to wait on before reading; NULL: none */
 } braid_collective_options_t;
 
 BRAID_API void braid_collective_options_init(braid_collective_options_t* opts);
@@ -368,8 +366,8 @@ BRAID_API braid_status_t braid_broadcast(braid_group_t* group, void* buf, size_t
                                          braid_dtype_t dtype, int root,
                                          const braid_collective_options_t* opts,
                                          braid_work_t** out);
-BRAID_API braid_status_t braid_barrier(braid_group_t* group,
-                                       const braid_collective_options_t* opts, braid_work_t** out);
+BRAID_API braid_status_t braid_barrier(braid_group_t* group, const braid_collective_options_t* opts,
+                                       braid_work_t** out);
 
 /* Waits up to timeout_ms (< 0: no limit; 0: just look) for the work. Returns the operation's
  * status once it completed (BRAID_OK, or e.g. PEER_ERROR / TIMEOUT naming group, op and
@@ -394,21 +392,21 @@ BRAID_API braid_status_t braid_work_destroy(braid_work_t* work);
  * default (braid_reducer_grad: accumulate there, zero copy). */
 
 typedef enum braid_reduce_mode {
-  BRAID_MODE_ALLREDUCE = 0,       /* DDP: every rank gets every averaged gradient */
-  BRAID_MODE_REDUCE_SCATTER = 1,  /* ZeRO-2: each rank gets its averaged shard of each bucket */
-  BRAID_MODE_HYBRID = 2           /* HSDP: reduce-scatter in shard, all-reduce in replica */
+  BRAID_MODE_ALLREDUCE = 0,      /* DDP: every rank gets every averaged gradient */
+  BRAID_MODE_REDUCE_SCATTER = 1, /* ZeRO-2: each rank gets its averaged shard of each bucket */
+  BRAID_MODE_HYBRID = 2          /* HSDP: reduce-scatter in shard, all-reduce in replica */
 } braid_reduce_mode_t;
 
 typedef enum braid_sync_mode {
-  BRAID_SYNC = 0,                 /* reduce this backward (plus what no_sync accumulated) */
-  BRAID_NO_SYNC = 1,              /* communicate nothing; keep accumulating */
-  BRAID_REDUCE_SCATTER_ONLY = 2   /* hybrid: reduce-scatter now, all-reduce at the next sync */
+  BRAID_SYNC = 0,               /* reduce this backward (plus what no_sync accumulated) */
+  BRAID_NO_SYNC = 1,            /* communicate nothing; keep accumulating */
+  BRAID_REDUCE_SCATTER_ONLY = 2 /* hybrid: reduce-scatter now, all-reduce at the next sync */
 } braid_sync_mode_t;
 
 /* One parameter. `name` (may be NULL) is copied; errors use it. Floating dtypes only. */
 typedef struct braid_param {
-  int64_t id;           /* distinct per parameter; identical on every rank */
-  size_t count;         /* elements */
+  int64_t id;   /* distinct per parameter; identical on every rank */
+  size_t count; /* elements */
   braid_dtype_t dtype;
   const char* name;
 } braid_param_t;
@@ -420,16 +418,16 @@ typedef struct braid_param {
  * device; 0.7 adds param_units and shard_gradients; 0.9 adds credit_bytes and priorities. */
 typedef struct braid_reducer_options {
   size_t struct_size;
-  braid_reduce_mode_t mode;        /* default BRAID_MODE_ALLREDUCE */
+  braid_reduce_mode_t mode; /* default BRAID_MODE_ALLREDUCE */
   /* BRAID_REDUCE_DTYPE_NATIVE (default; BRAID_DTYPE_BF16/F16 mean the same): each bucket is
    * reduced in its own dtype. BRAID_DTYPE_F32: bf16/f16 buckets are widened to f32 for the
    * reduction and rounded once at the end. Other values: INVALID_ARGUMENT. */
   int reduce_dtype;
-  size_t bucket_cap_bytes;         /* default 25 MiB */
-  size_t first_bucket_cap_bytes;   /* default 1 MiB (the first bucket launches early) */
-  int allow_unused;                /* 1: unmarked params are zero-filled and reduced; default 0 */
-  int gradient_as_bucket_view;     /* 1 (default): grads live in buckets; 0: set_grad_buffer */
-  int64_t timeout_ms;              /* finish_backward's deadline; default 300000 */
+  size_t bucket_cap_bytes;       /* default 25 MiB */
+  size_t first_bucket_cap_bytes; /* default 1 MiB (the first bucket launches early) */
+  int allow_unused;              /* 1: unmarked params are zero-filled and reduced; default 0 */
+  int gradient_as_bucket_view;   /* 1 (default): grads live in buckets; 0: set_grad_buffer */
+  int64_t timeout_ms;            /* finish_backward's deadline; default 300000 */
   /* Chrome-trace timeline written to "<prefix>.rank<world rank>.json"; NULL or "": off. */
   const char* timeline_prefix;
   /* 0.6. Where every parameter's gradient (and the buckets) live. BRAID_DEVICE_HOST (-1,
@@ -511,8 +509,9 @@ BRAID_API braid_status_t braid_reducer_begin_backward(braid_reducer_t* reducer,
  * parameter per backward. `device_event` (may be NULL): wait on it before reading (device
  * backends). On a device reducer pass the cudaEvent_t recorded after the gradient's last write:
  * Braid's comm stream is not ordered after the framework's streams, so NULL there means "this
- * gradient is already complete on the device" (e.g. after a synchronize), and is not checked. Errors name the parameter: NOT_FOUND (unknown id), FAILED_PRECONDITION (marked
- * twice in this backward, or outside a backward: before begin or after finish). */
+ * gradient is already complete on the device" (e.g. after a synchronize), and is not checked.
+ * Errors name the parameter: NOT_FOUND (unknown id), FAILED_PRECONDITION (marked twice in this
+ * backward, or outside a backward: before begin or after finish). */
 BRAID_API braid_status_t braid_reducer_mark_ready(braid_reducer_t* reducer, int64_t id,
                                                   void* device_event);
 /* mark_ready with the gradient's values: copies `grad` (the parameter's registered count and
@@ -610,12 +609,12 @@ BRAID_API braid_status_t braid_reducer_destroy(braid_reducer_t* reducer);
  *   printf("peak device bytes %lld\n", (long long)m.device.peak);
  */
 typedef enum braid_memory_use {
-  BRAID_MEMORY_GRAD_BUCKETS = 0,     /* full-size gradient buckets (pooled ones included) */
-  BRAID_MEMORY_GRAD_SHARDS = 1,      /* kept gradient shards and partial sums */
-  BRAID_MEMORY_PARAM_GATHER = 2,     /* gathered (full) parameter buffers */
-  BRAID_MEMORY_PARAM_SHARDS = 3,     /* this rank's parameter shards */
-  BRAID_MEMORY_OPTIMIZER_STATE = 4,  /* master weights and moments */
-  BRAID_MEMORY_STAGING = 5,          /* reduce-dtype staging, statistics, transfers */
+  BRAID_MEMORY_GRAD_BUCKETS = 0,    /* full-size gradient buckets (pooled ones included) */
+  BRAID_MEMORY_GRAD_SHARDS = 1,     /* kept gradient shards and partial sums */
+  BRAID_MEMORY_PARAM_GATHER = 2,    /* gathered (full) parameter buffers */
+  BRAID_MEMORY_PARAM_SHARDS = 3,    /* this rank's parameter shards */
+  BRAID_MEMORY_OPTIMIZER_STATE = 4, /* master weights and moments */
+  BRAID_MEMORY_STAGING = 5,         /* reduce-dtype staging, statistics, transfers */
   BRAID_MEMORY_USES = 6
 } braid_memory_use_t;
 
@@ -648,25 +647,25 @@ BRAID_API braid_status_t braid_memory_reset_peaks(braid_reducer_t* reducer);
  *                  begin_backward; accumulate into braid_reducer_grad; mark_ready; finish. */
 
 typedef enum braid_optimizer_kind {
-  BRAID_OPTIMIZER_ADAMW = 0,  /* torch.optim.AdamW (decoupled decay, amsgrad off) */
-  BRAID_OPTIMIZER_SGD = 1     /* torch.optim.SGD (dampening 0) */
+  BRAID_OPTIMIZER_ADAMW = 0, /* torch.optim.AdamW (decoupled decay, amsgrad off) */
+  BRAID_OPTIMIZER_SGD = 1    /* torch.optim.SGD (dampening 0) */
 } braid_optimizer_kind_t;
 
 /* Versions (struct_size): 0.5 / 0.6 end after timeout_ms; 0.7 adds fully_sharded ..
  * gather_stream; 0.8 adds num_groups and param_groups; 0.10 adds track_grad_norm. */
 typedef struct braid_optimizer_options {
   size_t struct_size;
-  braid_optimizer_kind_t kind;  /* default ADAMW */
-  int threads;                  /* kernel threads per step; default 1 */
-  double lr;                    /* default 1e-3 (set it for SGD) */
-  double beta1, beta2, eps;     /* AdamW; defaults 0.9, 0.999, 1e-8 */
-  double weight_decay;          /* default 0.01 (AdamW's; SGD users usually want 0) */
-  double momentum;              /* SGD; default 0.9 */
-  int nesterov;                 /* SGD; default 0 */
-  int skip_nonfinite;           /* 1: drop the step on every rank if any gradient is inf/NaN */
-  double max_grad_norm;         /* > 0: exact global-norm clipping; default 0 (off) */
-  int overlap;                  /* 1 (default): step buckets as they arrive; 0: call step */
-  int64_t timeout_ms;           /* every wait; default 300000 */
+  braid_optimizer_kind_t kind; /* default ADAMW */
+  int threads;                 /* kernel threads per step; default 1 */
+  double lr;                   /* default 1e-3 (set it for SGD) */
+  double beta1, beta2, eps;    /* AdamW; defaults 0.9, 0.999, 1e-8 */
+  double weight_decay;         /* default 0.01 (AdamW's; SGD users usually want 0) */
+  double momentum;             /* SGD; default 0.9 */
+  int nesterov;                /* SGD; default 0 */
+  int skip_nonfinite;          /* 1: drop the step on every rank if any gradient is inf/NaN */
+  double max_grad_norm;        /* > 0: exact global-norm clipping; default 0 (off) */
+  int overlap;                 /* 1 (default): step buckets as they arrive; 0: call step */
+  int64_t timeout_ms;          /* every wait; default 300000 */
   /* ---- 0.7: fully sharded training (ZeRO-3 / FSDP) and offload. */
   /* 1: parameters live only as this rank's shard between uses. The framework brackets each
    * unit's use with braid_unit_enter / braid_unit_exit (below); a unit's buckets are
@@ -882,10 +881,7 @@ BRAID_API braid_status_t braid_optimizer_set_state(braid_optimizer_t* opt,
  * On a fully_sharded optimizer braid_optimizer_wait_params / wait_all_params wait for the
  * steps only (the shards are updated; nothing is gathered), set_param and load write shards
  * that the next gather of their unit reads. */
-typedef enum braid_phase {
-  BRAID_PHASE_FORWARD = 0,
-  BRAID_PHASE_BACKWARD = 1
-} braid_phase_t;
+typedef enum braid_phase { BRAID_PHASE_FORWARD = 0, BRAID_PHASE_BACKWARD = 1 } braid_phase_t;
 
 /* The unit is about to be read: returns once every bucket of it is gathered (waiting for the
  * optimizer's update of its shards first), after starting the prefetch of the next unit(s).

@@ -47,14 +47,18 @@ absl::StatusOr<Call> Prepare(braid_group_t* group, const braid_collective_option
 
 absl::StatusOr<ReduceOp> ToOp(int op, double scalar) {
   switch (op) {
-    case BRAID_OP_SUM: return ReduceOp::Sum();
-    case BRAID_OP_AVG: return ReduceOp::Avg();
-    case BRAID_OP_PREMUL_SUM: return ReduceOp::PreMulSum(scalar);
-    case BRAID_OP_MAX: return ReduceOp::Max();
-    case BRAID_OP_MIN: return ReduceOp::Min();
+    case BRAID_OP_SUM:
+      return ReduceOp::Sum();
+    case BRAID_OP_AVG:
+      return ReduceOp::Avg();
+    case BRAID_OP_PREMUL_SUM:
+      return ReduceOp::PreMulSum(scalar);
+    case BRAID_OP_MAX:
+      return ReduceOp::Max();
+    case BRAID_OP_MIN:
+      return ReduceOp::Min();
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("op ", op, " is not a braid_reduce_op_t"));
+  return absl::InvalidArgumentError(absl::StrCat("op ", op, " is not a braid_reduce_op_t"));
 }
 
 // Launches `launch` (Group& -> StatusOr<WorkPtr>) under the group's lock and wraps the work.
@@ -78,8 +82,8 @@ absl::Status Start(Call& c, braid_group_t* group, braid_work_t** out, Launch&& l
 
 using braid::capi::Call;
 using braid::capi::Prepare;
-using braid::capi::Start;
 using braid::capi::RawEnum;
+using braid::capi::Start;
 using braid::capi::ToDType;
 using braid::capi::ToOp;
 
@@ -118,9 +122,9 @@ braid_status_t braid_reduce_scatter(braid_group_t* group, const void* send, void
   });
 }
 
-braid_status_t braid_allgather(braid_group_t* group, const void* send, void* recv,
-                               size_t sendcount, braid_dtype_t dtype,
-                               const braid_collective_options_t* opts, braid_work_t** out) {
+braid_status_t braid_allgather(braid_group_t* group, const void* send, void* recv, size_t sendcount,
+                               braid_dtype_t dtype, const braid_collective_options_t* opts,
+                               braid_work_t** out) {
   return Guard("braid_allgather", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(Call c, Prepare(group, opts, out));
     ASSIGN_OR_RETURN(braid::DType t, ToDType(RawEnum(dtype), "dtype"));

@@ -13,9 +13,12 @@ absl::StatusOr<DType> ToDType(int raw, const char* what) {
 
 absl::StatusOr<sched::SyncMode> ToSyncMode(int raw) {
   switch (raw) {
-    case BRAID_SYNC: return sched::SyncMode::kSync;
-    case BRAID_NO_SYNC: return sched::SyncMode::kNoSync;
-    case BRAID_REDUCE_SCATTER_ONLY: return sched::SyncMode::kReduceScatterOnly;
+    case BRAID_SYNC:
+      return sched::SyncMode::kSync;
+    case BRAID_NO_SYNC:
+      return sched::SyncMode::kNoSync;
+    case BRAID_REDUCE_SCATTER_ONLY:
+      return sched::SyncMode::kReduceScatterOnly;
   }
   return absl::InvalidArgumentError(absl::StrCat("mode ", raw, " is not a braid_sync_mode_t"));
 }

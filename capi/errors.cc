@@ -26,21 +26,31 @@ constexpr char kVersion[] = BRAID_STR(BRAID_VERSION_MAJOR) "." BRAID_STR(
 
 braid_status_t ToCode(absl::StatusCode code) {
   switch (code) {
-    case absl::StatusCode::kOk: return BRAID_OK;
-    case absl::StatusCode::kInvalidArgument: return BRAID_INVALID_ARGUMENT;
-    case absl::StatusCode::kNotFound: return BRAID_NOT_FOUND;
+    case absl::StatusCode::kOk:
+      return BRAID_OK;
+    case absl::StatusCode::kInvalidArgument:
+      return BRAID_INVALID_ARGUMENT;
+    case absl::StatusCode::kNotFound:
+      return BRAID_NOT_FOUND;
     case absl::StatusCode::kFailedPrecondition:
     case absl::StatusCode::kAlreadyExists:
     case absl::StatusCode::kPermissionDenied:
-    case absl::StatusCode::kUnauthenticated: return BRAID_FAILED_PRECONDITION;
-    case absl::StatusCode::kOutOfRange: return BRAID_OUT_OF_RANGE;
-    case absl::StatusCode::kDeadlineExceeded: return BRAID_TIMEOUT;
+    case absl::StatusCode::kUnauthenticated:
+      return BRAID_FAILED_PRECONDITION;
+    case absl::StatusCode::kOutOfRange:
+      return BRAID_OUT_OF_RANGE;
+    case absl::StatusCode::kDeadlineExceeded:
+      return BRAID_TIMEOUT;
     case absl::StatusCode::kCancelled:
     case absl::StatusCode::kAborted:
-    case absl::StatusCode::kUnavailable: return BRAID_PEER_ERROR;
-    case absl::StatusCode::kUnimplemented: return BRAID_UNIMPLEMENTED;
-    case absl::StatusCode::kDataLoss: return BRAID_DATA_LOSS;
-    default: return BRAID_INTERNAL;  // kInternal, kUnknown, kResourceExhausted
+    case absl::StatusCode::kUnavailable:
+      return BRAID_PEER_ERROR;
+    case absl::StatusCode::kUnimplemented:
+      return BRAID_UNIMPLEMENTED;
+    case absl::StatusCode::kDataLoss:
+      return BRAID_DATA_LOSS;
+    default:
+      return BRAID_INTERNAL;  // kInternal, kUnknown, kResourceExhausted
   }
 }
 
@@ -55,17 +65,16 @@ absl::Status CheckNotNull(const void* p, const char* arg) {
   return absl::InvalidArgumentError(absl::StrCat("argument '", arg, "' is NULL"));
 }
 
-absl::Status ReadOptionBytes(const void* opts, size_t min_size, size_t known_size,
-                             const char* type, void* out) {
+absl::Status ReadOptionBytes(const void* opts, size_t min_size, size_t known_size, const char* type,
+                             void* out) {
   if (opts == nullptr) return absl::OkStatus();
   size_t size = 0;
   std::memcpy(&size, opts, sizeof(size));
   const auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(type, ".struct_size is ", size, ": ", why,
-                                                   " (call ", absl::string_view(type).substr(
-                                                       0, std::strlen(type) - 2),
-                                                   "_init first; this library knows ",
-                                                   known_size, " bytes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(type, ".struct_size is ", size, ": ", why, " (call ",
+                     absl::string_view(type).substr(0, std::strlen(type) - 2),
+                     "_init first; this library knows ", known_size, " bytes)"));
   };
   if (size == 0) return bad("not set");
   if (size < min_size) return bad("smaller than any known version of the struct");
@@ -98,8 +107,8 @@ absl::Status CheckKnownSize(const void* opts, std::initializer_list<size_t> olde
     absl::StrAppend(&sizes, s, ", ");
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      type, ".struct_size is ", size, ": not the size of any version of the struct (known: ",
-      sizes, known_size, "; call ", absl::string_view(type).substr(0, std::strlen(type) - 2),
+      type, ".struct_size is ", size, ": not the size of any version of the struct (known: ", sizes,
+      known_size, "; call ", absl::string_view(type).substr(0, std::strlen(type) - 2),
       "_init first)"));
 }
 
@@ -119,17 +128,28 @@ int braid_abi_version(void) { return BRAID_ABI_VERSION; }
 
 const char* braid_status_name(braid_status_t status) {
   switch (braid::capi::RawEnum(status)) {
-    case BRAID_OK: return "BRAID_OK";
-    case BRAID_IN_PROGRESS: return "BRAID_IN_PROGRESS";
-    case BRAID_INVALID_ARGUMENT: return "BRAID_INVALID_ARGUMENT";
-    case BRAID_NOT_FOUND: return "BRAID_NOT_FOUND";
-    case BRAID_FAILED_PRECONDITION: return "BRAID_FAILED_PRECONDITION";
-    case BRAID_OUT_OF_RANGE: return "BRAID_OUT_OF_RANGE";
-    case BRAID_TIMEOUT: return "BRAID_TIMEOUT";
-    case BRAID_PEER_ERROR: return "BRAID_PEER_ERROR";
-    case BRAID_UNIMPLEMENTED: return "BRAID_UNIMPLEMENTED";
-    case BRAID_DATA_LOSS: return "BRAID_DATA_LOSS";
-    case BRAID_INTERNAL: return "BRAID_INTERNAL";
+    case BRAID_OK:
+      return "BRAID_OK";
+    case BRAID_IN_PROGRESS:
+      return "BRAID_IN_PROGRESS";
+    case BRAID_INVALID_ARGUMENT:
+      return "BRAID_INVALID_ARGUMENT";
+    case BRAID_NOT_FOUND:
+      return "BRAID_NOT_FOUND";
+    case BRAID_FAILED_PRECONDITION:
+      return "BRAID_FAILED_PRECONDITION";
+    case BRAID_OUT_OF_RANGE:
+      return "BRAID_OUT_OF_RANGE";
+    case BRAID_TIMEOUT:
+      return "BRAID_TIMEOUT";
+    case BRAID_PEER_ERROR:
+      return "BRAID_PEER_ERROR";
+    case BRAID_UNIMPLEMENTED:
+      return "BRAID_UNIMPLEMENTED";
+    case BRAID_DATA_LOSS:
+      return "BRAID_DATA_LOSS";
+    case BRAID_INTERNAL:
+      return "BRAID_INTERNAL";
   }
   return "BRAID_UNKNOWN_STATUS";
 }

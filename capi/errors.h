@@ -58,8 +58,8 @@ absl::Status CheckNotNull(const void* p, const char* arg);
 // first version of the struct) up to sizeof(T), copied as a prefix (fields beyond it keep their
 // defaults), or larger when every byte past sizeof(T) is zero (a newer header's fields left at
 // their zero defaults). Anything else: InvalidArgument naming `type` and the size.
-absl::Status ReadOptionBytes(const void* opts, size_t min_size, size_t known_size,
-                             const char* type, void* out);
+absl::Status ReadOptionBytes(const void* opts, size_t min_size, size_t known_size, const char* type,
+                             void* out);
 template <typename T>
 absl::Status ReadOptions(const T* opts, const char* type, T* out) {
   return ReadOptionBytes(opts, sizeof(T), sizeof(T), type, out);

@@ -12,7 +12,8 @@ static void* rank_main(void* arg) {
   const int rank = *(const int*)arg;
   float grad[4] = {1.0f * rank, 2.0f, 3.0f, 4.0f};
   braid_work_t* work = NULL;
-  if (braid_allreduce(groups[rank], grad, grad, 4, BRAID_DTYPE_F32, BRAID_OP_AVG, NULL, &work) != BRAID_OK ||
+  if (braid_allreduce(groups[rank], grad, grad, 4, BRAID_DTYPE_F32, BRAID_OP_AVG, NULL, &work) !=
+          BRAID_OK ||
       braid_work_wait(work, 10000) != BRAID_OK) {
     fprintf(stderr, "rank %d: %s\n", rank, braid_last_error());
     failed = 1;

@@ -20,11 +20,16 @@ bool ValidTag(unsigned t) { return t >= 1 && t < static_cast<unsigned>(kNumTags)
 
 const char* TagName(Tag tag) {
   switch (tag) {
-    case Tag::kWorld: return "braid_world_t";
-    case Tag::kGroup: return "braid_group_t";
-    case Tag::kWork: return "braid_work_t";
-    case Tag::kReducer: return "braid_reducer_t";
-    case Tag::kOptimizer: return "braid_optimizer_t";
+    case Tag::kWorld:
+      return "braid_world_t";
+    case Tag::kGroup:
+      return "braid_group_t";
+    case Tag::kWork:
+      return "braid_work_t";
+    case Tag::kReducer:
+      return "braid_reducer_t";
+    case Tag::kOptimizer:
+      return "braid_optimizer_t";
   }
   return "unknown handle type";
 }
@@ -47,8 +52,8 @@ absl::StatusOr<void*> HandleRegistry::Add(Tag tag, std::shared_ptr<void> object,
     }
     ps.push_back(token);
   }
-  const uintptr_t token = kBase + (static_cast<uintptr_t>(next_serial_++) << 4) +
-                          static_cast<uintptr_t>(tag);
+  const uintptr_t token =
+      kBase + (static_cast<uintptr_t>(next_serial_++) << 4) + static_cast<uintptr_t>(tag);
   for (uintptr_t p : ps) ++entries_[p].children[static_cast<int>(tag)];
   entries_.emplace(token, Entry{tag, std::move(object), std::move(ps), {}});
   return reinterpret_cast<void*>(token);
@@ -59,9 +64,8 @@ absl::Status HandleRegistry::Explain(uintptr_t token, Tag tag, const char* arg) 
   if (token == 0) return absl::InvalidArgumentError(absl::StrCat("argument '", arg, "' is NULL"));
   auto it = entries_.find(token);
   if (it != entries_.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("argument '", arg, "' is a ",
-                                                   TagName(it->second.tag), " handle, not a ",
-                                                   want));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "argument '", arg, "' is a ", TagName(it->second.tag), " handle, not a ", want));
   }
   const unsigned t = static_cast<unsigned>(token & 15);
   if (token > kBase && ValidTag(t) && ((token - kBase) >> 4) < next_serial_) {

@@ -32,11 +32,15 @@ absl::Status CheckFlag(int v, const char* name) {
 absl::StatusOr<optim::OptimizerConfig> ToConfig(const braid_optimizer_options_t& o) {
   optim::OptimizerConfig c;
   switch (RawEnum(o.kind)) {
-    case BRAID_OPTIMIZER_ADAMW: c.kind = optim::OptimizerKind::kAdamW; break;
-    case BRAID_OPTIMIZER_SGD: c.kind = optim::OptimizerKind::kSgd; break;
+    case BRAID_OPTIMIZER_ADAMW:
+      c.kind = optim::OptimizerKind::kAdamW;
+      break;
+    case BRAID_OPTIMIZER_SGD:
+      c.kind = optim::OptimizerKind::kSgd;
+      break;
     default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "opts->kind ", RawEnum(o.kind), " is not a braid_optimizer_kind_t"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("opts->kind ", RawEnum(o.kind), " is not a braid_optimizer_kind_t"));
   }
   RETURN_IF_ERROR(CheckFlag(o.nesterov, "nesterov"));
   RETURN_IF_ERROR(CheckFlag(o.skip_nonfinite, "skip_nonfinite"));
@@ -46,17 +50,20 @@ absl::StatusOr<optim::OptimizerConfig> ToConfig(const braid_optimizer_options_t&
   RETURN_IF_ERROR(CheckFlag(o.offload, "offload"));
   RETURN_IF_ERROR(CheckFlag(o.track_grad_norm, "track_grad_norm"));  // 0.10
   if (o.prefetch < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("opts->prefetch must be >= 0, got ", o.prefetch));
+    return absl::InvalidArgumentError(
+        absl::StrCat("opts->prefetch must be >= 0, got ", o.prefetch));
   }
   if (o.max_live_bytes < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("opts->max_live_bytes must be >= 0, got ", o.max_live_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("opts->max_live_bytes must be >= 0, got ", o.max_live_bytes));
   }
   RETURN_IF_ERROR(CheckTimeoutMs(o.timeout_ms, "opts->timeout_ms"));
   optim::GroupHyper h;
   h.adamw = optim::AdamWHyper{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
   h.sgd = optim::SgdHyper{o.lr, o.momentum, o.weight_decay, o.nesterov != 0};
   if (o.num_groups < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("opts->num_groups must be >= 1, got ", o.num_groups));
+    return absl::InvalidArgumentError(
+        absl::StrCat("opts->num_groups must be >= 1, got ", o.num_groups));
   }
   c.groups.assign(static_cast<size_t>(o.num_groups), h);
   c.overlap = o.overlap != 0;
@@ -76,8 +83,8 @@ absl::Status BuildOptimizer(OptimizerImpl& impl, const braid_optimizer_options_t
   const bool fully_sharded = o.fully_sharded == 1;
   {
     std::lock_guard<std::mutex> lock(shard.mu);
-    ASSIGN_OR_RETURN(impl.gather_group, shard.group->Split(0, shard.group->rank(),
-                                                           shard.group->name() + "/gather"));
+    ASSIGN_OR_RETURN(impl.gather_group,
+                     shard.group->Split(0, shard.group->rank(), shard.group->name() + "/gather"));
   }
   if (o.gather_stream != nullptr) {
     absl::Status s = impl.gather_group->UseStream(DeviceStream{o.gather_stream});
@@ -168,18 +175,21 @@ braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
     braid_optimizer_options_init(&o);
     // 0.5 and 0.6's struct ended after timeout_ms, 0.7's after gather_stream, 0.8's after
     // param_groups.
-    RETURN_IF_ERROR(braid::capi::ReadVersionedOptions(
-        opts, {offsetof(braid_optimizer_options_t, fully_sharded), offsetof(braid_optimizer_options_t, num_groups),
-               offsetof(braid_optimizer_options_t, track_grad_norm)},
-        "braid_optimizer_options_t", &o));
+    RETURN_IF_ERROR(
+        braid::capi::ReadVersionedOptions(opts,
+                                          {offsetof(braid_optimizer_options_t, fully_sharded),
+                                           offsetof(braid_optimizer_options_t, num_groups),
+                                           offsetof(braid_optimizer_options_t, track_grad_norm)},
+                                          "braid_optimizer_options_t", &o));
     ASSIGN_OR_RETURN(braid::optim::OptimizerConfig config, braid::capi::ToConfig(o));
     if (o.param_groups != nullptr) {
       const auto& params = impl->reducer->reducer->plan().params();  // registration order
       for (size_t i = 0; i < params.size(); ++i) {
         const int g = o.param_groups[i];
         if (g < 0 || g >= o.num_groups) {
-          return absl::InvalidArgumentError(absl::StrCat("opts->param_groups[", i, "] (", params[i].Label(),
-                                                         ") is ", g, "; num_groups is ", o.num_groups));
+          return absl::InvalidArgumentError(absl::StrCat("opts->param_groups[", i, "] (",
+                                                         params[i].Label(), ") is ", g,
+                                                         "; num_groups is ", o.num_groups));
         }
         if (g != 0) config.group_of[params[i].id] = g;
       }
@@ -191,10 +201,11 @@ braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
     config.memory = impl->reducer->memory.get();
     config.gather_after_step = o.fully_sharded == 0;
     config.offload = o.offload == 1;
-    if (impl->reducer->device == BRAID_DEVICE_HOST && (o.offload == 1 || o.gather_stream != nullptr)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "opts->", o.offload == 1 ? "offload" : "gather_stream",
-          " is for device reducers (this reducer's parameters are in host memory)"));
+    if (impl->reducer->device == BRAID_DEVICE_HOST &&
+        (o.offload == 1 || o.gather_stream != nullptr)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("opts->", o.offload == 1 ? "offload" : "gather_stream",
+                       " is for device reducers (this reducer's parameters are in host memory)"));
     }
     impl->options = o;
     impl->options.param_groups = nullptr;  // the caller's array: read above (config.group_of)
@@ -288,7 +299,8 @@ braid_status_t braid_optimizer_set_hyper(braid_optimizer_t* opt, int group,
     braid_optimizer_hyper_t in{};
     RETURN_IF_ERROR(braid::capi::ReadOptions(hyper, "braid_optimizer_hyper_t", &in));
     if (in.nesterov != 0 && in.nesterov != 1) {
-      return absl::InvalidArgumentError(absl::StrCat("hyper->nesterov must be 0 or 1, got ", in.nesterov));
+      return absl::InvalidArgumentError(
+          absl::StrCat("hyper->nesterov must be 0 or 1, got ", in.nesterov));
     }
     braid::optim::GroupHyper h;
     h.adamw = braid::optim::AdamWHyper{in.lr, in.beta1, in.beta2, in.eps, in.weight_decay};
@@ -339,8 +351,8 @@ braid_status_t braid_optimizer_gather_event(braid_optimizer_t* opt, int bucket, 
     ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
     RETURN_IF_ERROR(CheckNotNull(event, "event"));
     if (bucket < 0 || bucket >= o->gatherer->num_buckets()) {
-      return absl::OutOfRangeError(absl::StrCat("bucket ", bucket, " is outside [0, ",
-                                                o->gatherer->num_buckets(), ")"));
+      return absl::OutOfRangeError(
+          absl::StrCat("bucket ", bucket, " is outside [0, ", o->gatherer->num_buckets(), ")"));
     }
     braid::WorkPtr w = o->gatherer->GatherWork(bucket);
     *event = w != nullptr ? w->device_event().handle : nullptr;

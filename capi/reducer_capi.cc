@@ -27,7 +27,7 @@ namespace braid::capi {
 namespace {
 
 absl::StatusOr<std::vector<sched::ParamSpec>> ToSpecs(const braid_param_t* params, size_t n,
-                                                     Device device, const int* units) {
+                                                      Device device, const int* units) {
   if (params == nullptr && n > 0) {
     return absl::InvalidArgumentError(absl::StrCat("argument 'params' is NULL with n = ", n));
   }
@@ -42,8 +42,8 @@ absl::StatusOr<std::vector<sched::ParamSpec>> ToSpecs(const braid_param_t* param
     ASSIGN_OR_RETURN(specs[i].dtype, ToDType(RawEnum(p.dtype), what.c_str()));
     if (units != nullptr) {
       if (units[i] < 0) {
-        return absl::InvalidArgumentError(absl::StrCat("opts->param_units[", i, "] (", specs[i].Label(),
-                                                       ") must be >= 0, got ", units[i]));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "opts->param_units[", i, "] (", specs[i].Label(), ") must be >= 0, got ", units[i]));
       }
       specs[i].unit = units[i];
     }
@@ -54,9 +54,15 @@ absl::StatusOr<std::vector<sched::ParamSpec>> ToSpecs(const braid_param_t* param
 absl::StatusOr<sched::ReducerConfig> ToConfig(const braid_reducer_options_t& o) {
   sched::ReducerConfig c;
   switch (RawEnum(o.mode)) {
-    case BRAID_MODE_ALLREDUCE: c.mode = sched::ReduceMode::kAllReduce; break;
-    case BRAID_MODE_REDUCE_SCATTER: c.mode = sched::ReduceMode::kReduceScatter; break;
-    case BRAID_MODE_HYBRID: c.mode = sched::ReduceMode::kHybrid; break;
+    case BRAID_MODE_ALLREDUCE:
+      c.mode = sched::ReduceMode::kAllReduce;
+      break;
+    case BRAID_MODE_REDUCE_SCATTER:
+      c.mode = sched::ReduceMode::kReduceScatter;
+      break;
+    case BRAID_MODE_HYBRID:
+      c.mode = sched::ReduceMode::kHybrid;
+      break;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("opts->mode ", RawEnum(o.mode), " is not a braid_reduce_mode_t"));
@@ -74,12 +80,14 @@ absl::StatusOr<sched::ReducerConfig> ToConfig(const braid_reducer_options_t& o) 
                                    {o.gradient_as_bucket_view, "gradient_as_bucket_view"},
                                    {o.priorities, "priorities"}}) {
     if (flag != 0 && flag != 1) {
-      return absl::InvalidArgumentError(absl::StrCat("opts->", name, " must be 0 or 1, got ", flag));
+      return absl::InvalidArgumentError(
+          absl::StrCat("opts->", name, " must be 0 or 1, got ", flag));
     }
   }
   RETURN_IF_ERROR(CheckTimeoutMs(o.timeout_ms, "opts->timeout_ms"));
   if (o.shard_gradients != 0 && o.shard_gradients != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("opts->shard_gradients must be 0 or 1, got ", o.shard_gradients));
+    return absl::InvalidArgumentError(
+        absl::StrCat("opts->shard_gradients must be 0 or 1, got ", o.shard_gradients));
   }
   if (o.shard_gradients == 1 && c.mode == sched::ReduceMode::kAllReduce) {
     return absl::InvalidArgumentError(
@@ -88,8 +96,7 @@ absl::StatusOr<sched::ReducerConfig> ToConfig(const braid_reducer_options_t& o) 
   }
   if (o.device < BRAID_DEVICE_HOST) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "opts->device must be BRAID_DEVICE_HOST (-1) or a CUDA device index >= 0, got ",
-        o.device));
+        "opts->device must be BRAID_DEVICE_HOST (-1) or a CUDA device index >= 0, got ", o.device));
   }
   c.bucket_cap_bytes = o.bucket_cap_bytes;
   c.first_bucket_cap_bytes = o.first_bucket_cap_bytes;
@@ -104,8 +111,8 @@ absl::StatusOr<sched::ReducerConfig> ToConfig(const braid_reducer_options_t& o) 
 
 absl::Status NoOptimizer(braid_reducer_t* reducer, const char* instead) {
   if (HandleRegistry::Get().Children(reducer, Tag::kOptimizer) == 0) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "an optimizer was built on this reducer and owns its backward: call ", instead));
+  return absl::FailedPreconditionError(
+      absl::StrCat("an optimizer was built on this reducer and owns its backward: call ", instead));
 }
 
 }  // namespace
@@ -237,8 +244,7 @@ braid_status_t braid_reducer_begin_backward(braid_reducer_t* reducer, braid_sync
   });
 }
 
-braid_status_t braid_reducer_mark_ready(braid_reducer_t* reducer, int64_t id,
-                                        void* device_event) {
+braid_status_t braid_reducer_mark_ready(braid_reducer_t* reducer, int64_t id, void* device_event) {
   return Guard("braid_reducer_mark_ready", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
     return r->reducer->MarkReady(id, braid::DeviceEvent{device_event});
@@ -343,7 +349,8 @@ braid_status_t braid_reducer_unit_buckets(braid_reducer_t* reducer, int unit, in
     *count = static_cast<int>(mine.size());
     if (buckets == nullptr) return absl::OkStatus();
     if (capacity < *count) {
-      return absl::OutOfRangeError(absl::StrCat("unit ", unit, " has ", *count, " buckets; capacity is ", capacity));
+      return absl::OutOfRangeError(
+          absl::StrCat("unit ", unit, " has ", *count, " buckets; capacity is ", capacity));
     }
     std::copy(mine.begin(), mine.end(), buckets);
     return absl::OkStatus();
@@ -364,9 +371,10 @@ braid_status_t braid_memory_stats(braid_reducer_t* reducer, braid_memory_stats_t
     ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
     RETURN_IF_ERROR(CheckNotNull(out, "out"));
     if (out->struct_size < offsetof(braid_memory_stats_t, device)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "out->struct_size ", out->struct_size, " is too small (set it to sizeof(braid_memory_stats_t), ",
-          sizeof(braid_memory_stats_t), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("out->struct_size ", out->struct_size,
+                       " is too small (set it to sizeof(braid_memory_stats_t), ",
+                       sizeof(braid_memory_stats_t), ")"));
     }
     const braid::sched::MemorySnapshot s = r->memory->Snapshot();
     braid_memory_stats_t m;
@@ -374,8 +382,10 @@ braid_status_t braid_memory_stats(braid_reducer_t* reducer, braid_memory_stats_t
     m.struct_size = std::min(out->struct_size, sizeof m);
     m.host = {s.host.current, s.host.peak};
     m.device = {s.device.current, s.device.peak};
-    static_assert(BRAID_MEMORY_USES == braid::sched::kMemoryUses, "braid_memory_use_t mirrors MemoryUse");
-    for (int u = 0; u < BRAID_MEMORY_USES; ++u) m.by_use[u] = {s.by_use[u].current, s.by_use[u].peak};
+    static_assert(BRAID_MEMORY_USES == braid::sched::kMemoryUses,
+                  "braid_memory_use_t mirrors MemoryUse");
+    for (int u = 0; u < BRAID_MEMORY_USES; ++u)
+      m.by_use[u] = {s.by_use[u].current, s.by_use[u].peak};
     m.allocations = s.allocations;
     std::memcpy(out, &m, m.struct_size);
     return absl::OkStatus();

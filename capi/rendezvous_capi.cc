@@ -17,15 +17,21 @@ constexpr size_t kLookupCapacity = 1024;  // braid.h promises >= 256
 // A callback's braid_status_t as a Status naming the callback and the key.
 absl::Status FromCallback(braid_status_t code, const char* callback, const std::string& key) {
   if (code == BRAID_OK) return absl::OkStatus();
-  const std::string what = absl::StrCat(callback, " returned ", braid_status_name(code),
-                                        " for key '", key, "'");
+  const std::string what =
+      absl::StrCat(callback, " returned ", braid_status_name(code), " for key '", key, "'");
   switch (code) {
-    case BRAID_TIMEOUT: return absl::DeadlineExceededError(what);
-    case BRAID_INVALID_ARGUMENT: return absl::InvalidArgumentError(what);
-    case BRAID_NOT_FOUND: return absl::NotFoundError(what);
-    case BRAID_OUT_OF_RANGE: return absl::OutOfRangeError(what);
-    case BRAID_PEER_ERROR: return absl::UnavailableError(what);
-    default: return absl::InternalError(what);
+    case BRAID_TIMEOUT:
+      return absl::DeadlineExceededError(what);
+    case BRAID_INVALID_ARGUMENT:
+      return absl::InvalidArgumentError(what);
+    case BRAID_NOT_FOUND:
+      return absl::NotFoundError(what);
+    case BRAID_OUT_OF_RANGE:
+      return absl::OutOfRangeError(what);
+    case BRAID_PEER_ERROR:
+      return absl::UnavailableError(what);
+    default:
+      return absl::InternalError(what);
   }
 }
 
@@ -39,7 +45,8 @@ absl::Status ApplyRendezvousFields(const braid_world_options_t& o, Options& opti
   if (o.store_port < -1 || o.store_port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat(
         "store_port must be -1 (default: BRAID_STORE_PORT), 0 (a port the OS picks) or a port "
-        "up to 65535, got ", o.store_port));
+        "up to 65535, got ",
+        o.store_port));
   }
   if (o.store_port >= 0) options.store_port = o.store_port;
   if ((o.rendezvous_publish == nullptr) != (o.rendezvous_lookup == nullptr)) {
@@ -64,9 +71,9 @@ absl::Status ApplyRendezvousFields(const braid_world_options_t& o, Options& opti
     return absl::OkStatus();  // world_size / rank with a unique_id: nccl_capi checks them
   }
   if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "explicit rendezvous: rank ", o.rank, " and world_size ", o.world_size,
-        " (want world_size >= 1 and rank in [0, world_size))"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("explicit rendezvous: rank ", o.rank, " and world_size ", o.world_size,
+                     " (want world_size >= 1 and rank in [0, world_size))"));
   }
   RendezvousSpec spec;
   spec.rank = o.rank;
@@ -87,14 +94,14 @@ absl::Status ApplyRendezvousFields(const braid_world_options_t& o, Options& opti
     spec.exchange.lookup = [lookup, data](const std::string& key,
                                           absl::Duration timeout) -> absl::StatusOr<std::string> {
       std::vector<char> value(kLookupCapacity, '\0');
-      const int64_t ms = std::max<int64_t>(1, absl::ToInt64Milliseconds(absl::Ceil(
-                                                  timeout, absl::Milliseconds(1))));
+      const int64_t ms = std::max<int64_t>(
+          1, absl::ToInt64Milliseconds(absl::Ceil(timeout, absl::Milliseconds(1))));
       const absl::Status s = FromCallback(lookup(key.c_str(), ms, value.data(), value.size(), data),
                                           "rendezvous_lookup", key);
       if (!s.ok()) return s;
       if (std::memchr(value.data(), '\0', value.size()) == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "rendezvous_lookup wrote no NUL-terminated value for key '", key, "'"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("rendezvous_lookup wrote no NUL-terminated value for key '", key, "'"));
       }
       return std::string(value.data());
     };

@@ -56,7 +56,8 @@ braid_status_t braid_unit_exit(braid_optimizer_t* opt, int unit, braid_phase_t p
 braid_status_t braid_optimizer_end_step(braid_optimizer_t* opt) {
   return Guard("braid_optimizer_end_step", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
-    ASSIGN_OR_RETURN(braid::sched::UnitScheduler * u, braid::capi::Units(*o, "braid_optimizer_end_step"));
+    ASSIGN_OR_RETURN(braid::sched::UnitScheduler * u,
+                     braid::capi::Units(*o, "braid_optimizer_end_step"));
     return u->EndStep();
   });
 }
@@ -64,7 +65,8 @@ braid_status_t braid_optimizer_end_step(braid_optimizer_t* opt) {
 braid_status_t braid_optimizer_summon_params(braid_optimizer_t* opt, int on) {
   return Guard("braid_optimizer_summon_params", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
-    if (on != 0 && on != 1) return absl::InvalidArgumentError(absl::StrCat("on must be 0 or 1, got ", on));
+    if (on != 0 && on != 1)
+      return absl::InvalidArgumentError(absl::StrCat("on must be 0 or 1, got ", on));
     if (o->units == nullptr) return on == 1 ? o->opt->WaitAllParams() : absl::OkStatus();
     return on == 1 ? o->units->GatherAll() : o->units->ReleaseAll();
   });

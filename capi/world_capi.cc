@@ -159,8 +159,7 @@ braid_status_t braid_world_size(braid_world_t* world, int* size) {
   });
 }
 
-braid_status_t braid_world_local_ranks(braid_world_t* world, int* ranks, int capacity,
-                                       int* count) {
+braid_status_t braid_world_local_ranks(braid_world_t* world, int* ranks, int capacity, int* count) {
   return Guard("braid_world_local_ranks", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto w, Find<WorldImpl>(world, "world"));
     RETURN_IF_ERROR(CheckNotNull(count, "count"));
@@ -173,8 +172,8 @@ braid_status_t braid_world_local_ranks(braid_world_t* world, int* ranks, int cap
     if (ranks == nullptr) return absl::OkStatus();
     for (int i = 0; i < n && i < capacity; ++i) ranks[i] = local[i];
     if (capacity < n) {
-      return absl::OutOfRangeError(absl::StrCat("this process hosts ", n,
-                                                " ranks but 'ranks' has room for ", capacity));
+      return absl::OutOfRangeError(
+          absl::StrCat("this process hosts ", n, " ranks but 'ranks' has room for ", capacity));
     }
     return absl::OkStatus();
   });

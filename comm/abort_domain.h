@@ -85,8 +85,8 @@ class AbortDomain : public std::enable_shared_from_this<AbortDomain> {
   // OK until aborted; then kAborted (whatever the reported code: everything the abort fails
   // failed because of another group or rank) with "job aborted: rank R reported CODE: <cause>".
   absl::Status status() const;
-  int aborting_rank() const;        // -1 until aborted
-  absl::Time aborted_at() const;    // InfinitePast until aborted
+  int aborting_rank() const;      // -1 until aborted
+  absl::Time aborted_at() const;  // InfinitePast until aborted
   // The cause as refused by a new call on group `group`: "group 'g' refuses new calls: ...".
   absl::Status RefusalFor(absl::string_view group) const;
 
@@ -95,7 +95,7 @@ class AbortDomain : public std::enable_shared_from_this<AbortDomain> {
   bool AbortLocked(int rank, absl::Status cause, bool notify);
   void Unsubscribe(uint64_t id);
 
-  mutable std::recursive_mutex mu_;  // recursive: Unsubscribe from within a listener is safe
+  mutable std::recursive_mutex mu_;         // recursive: Unsubscribe from within a listener is safe
   std::map<uint64_t, Listener> listeners_;  // guarded by mu_
   uint64_t next_id_ = 1;                    // guarded by mu_
   Notifier notifier_;                       // guarded by mu_

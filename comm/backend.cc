@@ -47,8 +47,8 @@ absl::StatusOr<std::unique_ptr<Backend>> BackendRegistry::Create(absl::string_vi
     if (it == entries_.end()) {
       std::vector<std::string> names;
       for (const auto& [n, e] : entries_) names.push_back(n);
-      return absl::NotFoundError(absl::StrCat("unknown backend '", name, "' (registered: ",
-                                              absl::StrJoin(names, ", "), ")"));
+      return absl::NotFoundError(absl::StrCat("unknown backend '", name,
+                                              "' (registered: ", absl::StrJoin(names, ", "), ")"));
     }
     factory = it->second.factory;
   }
@@ -64,8 +64,8 @@ std::vector<std::string> BackendRegistry::Names() const {
 
 BackendRegistration::BackendRegistration(std::string name, std::string description,
                                          BackendFactory factory) {
-  absl::Status s =
-      BackendRegistry::Global().Register(std::move(name), std::move(description), std::move(factory));
+  absl::Status s = BackendRegistry::Global().Register(std::move(name), std::move(description),
+                                                      std::move(factory));
   if (!s.ok()) Log().error("{}", s.ToString());
 }
 

@@ -22,10 +22,10 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "comm/group.h"
 #include "comm/options.h"
 

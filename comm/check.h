@@ -5,12 +5,12 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define BRAID_CHECK(cond)                                                              \
-  do {                                                                                 \
-    if (__builtin_expect(!(cond), 0)) {                                                \
+#define BRAID_CHECK(cond)                                                                 \
+  do {                                                                                    \
+    if (__builtin_expect(!(cond), 0)) {                                                   \
       std::fprintf(stderr, "%s:%d: BRAID_CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                    \
-    }                                                                                  \
+      std::abort();                                                                       \
+    }                                                                                     \
   } while (0)
 
 #endif  // BRAID_COMM_CHECK_H_

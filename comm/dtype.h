@@ -9,9 +9,9 @@
 #define BRAID_COMM_DTYPE_H_
 
 #include <cstddef>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace braid {
 

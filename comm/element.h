@@ -31,13 +31,20 @@ void Set(void* p, size_t i, T v) {
 inline double LoadElement(const void* p, DType t, size_t i) {
   using element_internal::Get;
   switch (t) {
-    case DType::kF32: return Get<float>(p, i);
-    case DType::kF64: return Get<double>(p, i);
-    case DType::kBF16: return ToFloat(Get<BF16>(p, i));
-    case DType::kF16: return ToFloat(Get<F16>(p, i));
-    case DType::kI32: return Get<int32_t>(p, i);
-    case DType::kI64: return static_cast<double>(Get<int64_t>(p, i));
-    case DType::kU8: return Get<uint8_t>(p, i);
+    case DType::kF32:
+      return Get<float>(p, i);
+    case DType::kF64:
+      return Get<double>(p, i);
+    case DType::kBF16:
+      return ToFloat(Get<BF16>(p, i));
+    case DType::kF16:
+      return ToFloat(Get<F16>(p, i));
+    case DType::kI32:
+      return Get<int32_t>(p, i);
+    case DType::kI64:
+      return static_cast<double>(Get<int64_t>(p, i));
+    case DType::kU8:
+      return Get<uint8_t>(p, i);
   }
   return 0;
 }
@@ -45,13 +52,27 @@ inline double LoadElement(const void* p, DType t, size_t i) {
 inline void StoreElement(void* p, DType t, size_t i, double v) {
   using element_internal::Set;
   switch (t) {
-    case DType::kF32: Set(p, i, static_cast<float>(v)); break;
-    case DType::kF64: Set(p, i, v); break;
-    case DType::kBF16: Set(p, i, ToBF16(static_cast<float>(v))); break;
-    case DType::kF16: Set(p, i, ToF16(static_cast<float>(v))); break;
-    case DType::kI32: Set(p, i, static_cast<int32_t>(v)); break;
-    case DType::kI64: Set(p, i, static_cast<int64_t>(v)); break;
-    case DType::kU8: Set(p, i, static_cast<uint8_t>(v)); break;
+    case DType::kF32:
+      Set(p, i, static_cast<float>(v));
+      break;
+    case DType::kF64:
+      Set(p, i, v);
+      break;
+    case DType::kBF16:
+      Set(p, i, ToBF16(static_cast<float>(v)));
+      break;
+    case DType::kF16:
+      Set(p, i, ToF16(static_cast<float>(v)));
+      break;
+    case DType::kI32:
+      Set(p, i, static_cast<int32_t>(v));
+      break;
+    case DType::kI64:
+      Set(p, i, static_cast<int64_t>(v));
+      break;
+    case DType::kU8:
+      Set(p, i, static_cast<uint8_t>(v));
+      break;
   }
 }
 

@@ -10,33 +10,45 @@ namespace braid {
 
 absl::string_view CollectiveName(CollectiveKind k) {
   switch (k) {
-    case CollectiveKind::kAllReduce: return "allreduce";
-    case CollectiveKind::kReduceScatter: return "reduce_scatter";
-    case CollectiveKind::kAllGather: return "allgather";
-    case CollectiveKind::kBroadcast: return "broadcast";
-    case CollectiveKind::kBarrier: return "barrier";
+    case CollectiveKind::kAllReduce:
+      return "allreduce";
+    case CollectiveKind::kReduceScatter:
+      return "reduce_scatter";
+    case CollectiveKind::kAllGather:
+      return "allgather";
+    case CollectiveKind::kBroadcast:
+      return "broadcast";
+    case CollectiveKind::kBarrier:
+      return "barrier";
   }
   return "invalid-collective";
 }
 
 absl::Status Group::UseStream(DeviceStream stream) {
   return absl::UnimplementedError(absl::StrCat("UseStream on group '", name(), "' (backend ",
-                                               backend_name(), "): its collectives run on no stream"));
+                                               backend_name(),
+                                               "): its collectives run on no stream"));
 }
 
 size_t CollectiveArgs::send_count(int n) const {
   switch (kind) {
-    case CollectiveKind::kReduceScatter: return count * static_cast<size_t>(n);
-    case CollectiveKind::kBarrier: return 0;
-    default: return count;
+    case CollectiveKind::kReduceScatter:
+      return count * static_cast<size_t>(n);
+    case CollectiveKind::kBarrier:
+      return 0;
+    default:
+      return count;
   }
 }
 
 size_t CollectiveArgs::recv_count(int n) const {
   switch (kind) {
-    case CollectiveKind::kAllGather: return count * static_cast<size_t>(n);
-    case CollectiveKind::kBarrier: return 0;
-    default: return count;
+    case CollectiveKind::kAllGather:
+      return count * static_cast<size_t>(n);
+    case CollectiveKind::kBarrier:
+      return 0;
+    default:
+      return count;
   }
 }
 
@@ -85,12 +97,12 @@ absl::StatusOr<WorkPtr> Group::ValidateAndLaunch(CollectiveArgs a) {
     const size_t send_elems = a.send_count(n);
     const size_t recv_elems = a.recv_count(n);
     if (send_elems > 0 && a.send == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(what(), ": send buffer is null with ",
-                                                     send_elems, " elements to send"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what(), ": send buffer is null with ", send_elems, " elements to send"));
     }
     if (recv_elems > 0 && a.recv == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(what(), ": recv buffer is null with ",
-                                                     recv_elems, " elements to receive"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what(), ": recv buffer is null with ", recv_elems, " elements to receive"));
     }
     if (a.kind == CollectiveKind::kAllReduce || a.kind == CollectiveKind::kReduceScatter) {
       absl::Status s = ValidateReduceOp(a.op, a.dtype);
@@ -118,12 +130,12 @@ absl::StatusOr<WorkPtr> Group::ValidateAndLaunch(CollectiveArgs a) {
         break;
     }
     if (!a.in_place && Overlaps(a.send, send_elems * esize, a.recv, recv_elems * esize)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what(), ": send and recv buffers overlap but are not the in-place form (",
-          a.kind == CollectiveKind::kReduceScatter ? "recv == send + rank*recvcount"
-          : a.kind == CollectiveKind::kAllGather   ? "send == recv + rank*sendcount"
-                                                   : "send == recv",
-          ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what(), ": send and recv buffers overlap but are not the in-place form (",
+                       a.kind == CollectiveKind::kReduceScatter ? "recv == send + rank*recvcount"
+                       : a.kind == CollectiveKind::kAllGather   ? "send == recv + rank*sendcount"
+                                                                : "send == recv",
+                       ")"));
     }
   }
   if (a.options.timeout < absl::ZeroDuration()) {
@@ -206,8 +218,8 @@ absl::StatusOr<std::unique_ptr<Group>> Group::Split(int color, int key, absl::st
 
 absl::Status Group::AbortJob(const absl::Status& cause) {
   if (abort_domain_ == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "AbortJob on group '", name(), "': backend ", backend_name(), " has no abort domain"));
+    return absl::FailedPreconditionError(absl::StrCat("AbortJob on group '", name(), "': backend ",
+                                                      backend_name(), " has no abort domain"));
   }
   if (cause.ok()) {
     return absl::InvalidArgumentError(

@@ -21,10 +21,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "comm/abort_domain.h"
@@ -48,16 +48,16 @@ struct Capabilities {
   bool native_half = false;        // bf16/f16 reduced without f32 staging
   bool async_progress = true;      // Work completes without anyone polling or waiting
   bool split = true;
-  bool deterministic = false;      // bit-identical results whatever the timing
+  bool deterministic = false;  // bit-identical results whatever the timing
 };
 
 struct CollectiveOptions {
-  DeviceEvent ready_event;                         // device backends wait on it first
+  DeviceEvent ready_event;  // device backends wait on it first
   // More events to wait on first, as ready_event (a bucket's several producers). Not owned:
   // valid until the call returns (backends that keep the call copy the handles).
   absl::Span<const DeviceEvent> ready_events;
-  absl::Duration timeout = absl::ZeroDuration();   // 0: the group's default (BRAID_TIMEOUT_MS)
-  absl::string_view label;                          // names the caller's unit in errors
+  absl::Duration timeout = absl::ZeroDuration();  // 0: the group's default (BRAID_TIMEOUT_MS)
+  absl::string_view label;                        // names the caller's unit in errors
 };
 
 enum class CollectiveKind : int { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier };
@@ -105,9 +105,8 @@ class Group {
   absl::StatusOr<WorkPtr> AllReduce(const void* send, void* recv, size_t count, DType dtype,
                                     ReduceOp op, const CollectiveOptions& opts = {});
   // `send` holds size()*recvcount elements; this rank receives block rank() reduced.
-  absl::StatusOr<WorkPtr> ReduceScatter(const void* send, void* recv, size_t recvcount,
-                                        DType dtype, ReduceOp op,
-                                        const CollectiveOptions& opts = {});
+  absl::StatusOr<WorkPtr> ReduceScatter(const void* send, void* recv, size_t recvcount, DType dtype,
+                                        ReduceOp op, const CollectiveOptions& opts = {});
   // `recv` receives size()*sendcount elements, block r from rank r.
   absl::StatusOr<WorkPtr> AllGather(const void* send, void* recv, size_t sendcount, DType dtype,
                                     const CollectiveOptions& opts = {});
@@ -140,8 +139,7 @@ class Group {
 
   // Called with validated arguments; must not block on peers (return a Work).
   virtual absl::StatusOr<WorkPtr> Launch(const CollectiveArgs& args) = 0;
-  virtual absl::StatusOr<std::unique_ptr<Group>> DoSplit(int color, int key,
-                                                         std::string name) = 0;
+  virtual absl::StatusOr<std::unique_ptr<Group>> DoSplit(int color, int key, std::string name) = 0;
 
  private:
   absl::StatusOr<WorkPtr> ValidateAndLaunch(CollectiveArgs args);

@@ -54,7 +54,7 @@ inline F16 ToF16(float f) {
   const uint32_t u = FloatBits(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return F16{static_cast<uint16_t>(sign | 0x7e00u)};  // NaN
+  if (abs > 0x7f800000u) return F16{static_cast<uint16_t>(sign | 0x7e00u)};   // NaN
   if (abs >= 0x477ff000u) return F16{static_cast<uint16_t>(sign | 0x7c00u)};  // rounds to inf
   if (abs < 0x38800000u) {
     // Result is subnormal or zero: value / 2^-24 rounded to nearest even. Adding 0.5f forces

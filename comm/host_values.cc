@@ -13,16 +13,18 @@ namespace {
 // the group's (device groups): `in_bytes` of `in_host` copied to the buffer's end, the result
 // (`out_bytes` at its start) copied back into `out_host`. In place (in_host == out_host, e.g.
 // all-reduce, broadcast) the input and the result share the buffer's start.
-absl::Status Staged(Group& g, const void* in_host, size_t in_bytes, void* out_host,
-                    size_t out_bytes, const char* label, absl::Time deadline,
-                    const std::function<absl::StatusOr<WorkPtr>(const void* in, void* out)>& launch) {
+absl::Status Staged(
+    Group& g, const void* in_host, size_t in_bytes, void* out_host, size_t out_bytes,
+    const char* label, absl::Time deadline,
+    const std::function<absl::StatusOr<WorkPtr>(const void* in, void* out)>& launch) {
   BufferOps& ops = g.buffer_ops();
   if (ops.synchronous()) {
     ASSIGN_OR_RETURN(WorkPtr w, launch(in_host, out_host));
     return w->WaitUntil(deadline);
   }
   const bool in_place = in_host == out_host;
-  ASSIGN_OR_RETURN(OwnedBuffer staged, ops.Allocate(in_place ? out_bytes : out_bytes + in_bytes, label));
+  ASSIGN_OR_RETURN(OwnedBuffer staged,
+                   ops.Allocate(in_place ? out_bytes : out_bytes + in_bytes, label));
   char* out = staged.get();
   char* in = in_place ? out : out + out_bytes;
   absl::Status st = ops.Copy(in, in_host, in_bytes);
@@ -47,10 +49,9 @@ CollectiveOptions Labeled(const char* label) {
 absl::Status AllReduceHostValues(Group& g, void* values, size_t count, DType dtype, ReduceOp op,
                                  const char* label, absl::Time deadline) {
   const size_t bytes = count * DTypeSize(dtype);
-  return Staged(g, values, bytes, values, bytes, label, deadline,
-                [&](const void* in, void* out) {
-                  return g.AllReduce(in, out, count, dtype, op, Labeled(label));
-                });
+  return Staged(g, values, bytes, values, bytes, label, deadline, [&](const void* in, void* out) {
+    return g.AllReduce(in, out, count, dtype, op, Labeled(label));
+  });
 }
 
 absl::Status AllGatherHostValues(Group& g, const void* mine, void* all, size_t count, DType dtype,
@@ -65,10 +66,9 @@ absl::Status AllGatherHostValues(Group& g, const void* mine, void* all, size_t c
 absl::Status BroadcastHostValues(Group& g, void* values, size_t count, DType dtype, int root,
                                  const char* label, absl::Time deadline) {
   const size_t bytes = count * DTypeSize(dtype);
-  return Staged(g, values, bytes, values, bytes, label, deadline,
-                [&](const void*, void* out) {
-                  return g.Broadcast(out, count, dtype, root, Labeled(label));
-                });
+  return Staged(g, values, bytes, values, bytes, label, deadline, [&](const void*, void* out) {
+    return g.Broadcast(out, count, dtype, root, Labeled(label));
+  });
 }
 
 }  // namespace braid

@@ -9,7 +9,8 @@
 //   RETURN_IF_ERROR(BroadcastHostValues(g, order.data(), order.size(), DType::kI64, 0,
 //                                       "bucket order rebuild", deadline));
 //   double ms[4] = ...;
-//   RETURN_IF_ERROR(AllReduceHostValues(g, ms, 4, DType::kF64, ReduceOp::Max(), "round", deadline));
+//   RETURN_IF_ERROR(AllReduceHostValues(g, ms, 4, DType::kF64, ReduceOp::Max(), "round",
+//   deadline));
 //
 // Contract: collective over `g` (every rank calls it with the same count, dtype, op / root);
 // blocking, bounded by `deadline`; the label names the caller's purpose in errors. On failure

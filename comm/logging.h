@@ -5,7 +5,6 @@
 #define BRAID_COMM_LOGGING_H_
 
 #include "absl/strings/string_view.h"
-
 #include "spdlog/spdlog.h"
 
 namespace braid {

@@ -68,7 +68,8 @@ const std::vector<Entry>& Entries() {
        }},
       {{"BRAID_LOG_LEVEL", "warn", "trace, debug, info, warn, error, critical or off"},
        [](Options& o, absl::string_view v) -> absl::Status {
-         for (absl::string_view l : {"trace", "debug", "info", "warn", "error", "critical", "off"}) {
+         for (absl::string_view l :
+              {"trace", "debug", "info", "warn", "error", "critical", "off"}) {
            if (v == l) {
              o.log_level = std::string(v);
              return absl::OkStatus();

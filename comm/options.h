@@ -24,27 +24,27 @@
 namespace braid {
 
 struct Options {
-  std::string backend = "local";      // BRAID_BACKEND
-  std::string plugin_path;            // BRAID_BACKEND_PLUGIN
-  int local_ranks = 1;                // BRAID_LOCAL_RANKS
-  absl::Duration timeout = absl::Seconds(300);     // BRAID_TIMEOUT_MS
-  absl::Duration spin = absl::Microseconds(20);    // BRAID_SPIN_US
-  std::string log_level = "warn";     // BRAID_LOG_LEVEL
-  bool validate_collectives = false;  // BRAID_VALIDATE_COLLECTIVES
-  bool abort_on_failure = true;       // BRAID_ABORT_ON_FAILURE (comm/abort_domain.h)
-  std::string timeline;               // BRAID_TIMELINE
-  bool nccl_blocking = true;          // BRAID_NCCL_BLOCKING
-  std::string mpi_engine = "auto";    // BRAID_MPI_ENGINE: auto, sized, blocking, nonblocking
-  int cuda_device = -1;               // BRAID_CUDA_DEVICE (-1: node-local rank % device count)
+  std::string backend = "local";                 // BRAID_BACKEND
+  std::string plugin_path;                       // BRAID_BACKEND_PLUGIN
+  int local_ranks = 1;                           // BRAID_LOCAL_RANKS
+  absl::Duration timeout = absl::Seconds(300);   // BRAID_TIMEOUT_MS
+  absl::Duration spin = absl::Microseconds(20);  // BRAID_SPIN_US
+  std::string log_level = "warn";                // BRAID_LOG_LEVEL
+  bool validate_collectives = false;             // BRAID_VALIDATE_COLLECTIVES
+  bool abort_on_failure = true;                  // BRAID_ABORT_ON_FAILURE (comm/abort_domain.h)
+  std::string timeline;                          // BRAID_TIMELINE
+  bool nccl_blocking = true;                     // BRAID_NCCL_BLOCKING
+  std::string mpi_engine = "auto";  // BRAID_MPI_ENGINE: auto, sized, blocking, nonblocking
+  int cuda_device = -1;             // BRAID_CUDA_DEVICE (-1: node-local rank % device count)
   std::string nccl_library = "libnccl.so.2";  // BRAID_NCCL_LIBRARY (opened with dlopen)
-  std::string backend_module_dir;     // BRAID_BACKEND_MODULE_DIR (empty: libbraid.so's own)
+  std::string backend_module_dir;             // BRAID_BACKEND_MODULE_DIR (empty: libbraid.so's own)
   // BRAID_STORE_PORT: the port rank 0's rendezvous store listens on (gloo, nccl under torchrun
   // / srun). 0: one the OS picks, whose address the ranks exchange (backends/rendezvous).
   int store_port = 0;
   // Never from the environment: the embedder's rendezvous (braid_world_options_t 0.10), used
   // instead of the launcher's variables by the backends that meet at a store.
   std::optional<RendezvousSpec> rendezvous;
-  std::vector<std::string> unknown;   // BRAID_* names seen in the environment but not known
+  std::vector<std::string> unknown;  // BRAID_* names seen in the environment but not known
 
   // Parses `environ` once.
   static absl::StatusOr<Options> FromEnv();

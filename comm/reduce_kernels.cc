@@ -83,7 +83,8 @@ void StoreBlock(const A* acc, size_t m, void* const* outs, int n_outs, size_t ba
   if (!stream) {
     T* first = static_cast<T*>(outs[0]) + base;
     for (size_t i = 0; i < m; ++i) first[i] = Tr::Store(acc[i]);
-    for (int k = 1; k < n_outs; ++k) std::memcpy(static_cast<T*>(outs[k]) + base, first, m * sizeof(T));
+    for (int k = 1; k < n_outs; ++k)
+      std::memcpy(static_cast<T*>(outs[k]) + base, first, m * sizeof(T));
     return;
   }
   T tmp[kBlock];
@@ -148,8 +149,8 @@ void ReduceTyped(const void* const* inputs, int n, void* const* outs, int n_outs
 
 template <typename Src, typename Dst>
 void CastScaleTyped(const void* src_raw, void* dst_raw, size_t n, const ScaleSpec& sc) {
-  using A = std::conditional_t<std::is_same_v<Src, double> || std::is_same_v<Dst, double>,
-                               double, float>;
+  using A =
+      std::conditional_t<std::is_same_v<Src, double> || std::is_same_v<Dst, double>, double, float>;
   const Src* src = static_cast<const Src*>(src_raw);
   Dst* dst = static_cast<Dst*>(dst_raw);
   const A mul = static_cast<A>(sc.mul);
@@ -169,28 +170,39 @@ void CastScaleTyped(const void* src_raw, void* dst_raw, size_t n, const ScaleSpe
 template <typename Src>
 void CastScaleFrom(const void* src, void* dst, DType dst_type, size_t n, const ScaleSpec& sc) {
   switch (dst_type) {
-    case DType::kF32: return CastScaleTyped<Src, float>(src, dst, n, sc);
-    case DType::kF64: return CastScaleTyped<Src, double>(src, dst, n, sc);
-    case DType::kBF16: return CastScaleTyped<Src, BF16>(src, dst, n, sc);
-    case DType::kF16: return CastScaleTyped<Src, F16>(src, dst, n, sc);
-    default: BRAID_CHECK(false && "CastScale: destination dtype must be floating");
+    case DType::kF32:
+      return CastScaleTyped<Src, float>(src, dst, n, sc);
+    case DType::kF64:
+      return CastScaleTyped<Src, double>(src, dst, n, sc);
+    case DType::kBF16:
+      return CastScaleTyped<Src, BF16>(src, dst, n, sc);
+    case DType::kF16:
+      return CastScaleTyped<Src, F16>(src, dst, n, sc);
+    default:
+      BRAID_CHECK(false && "CastScale: destination dtype must be floating");
   }
 }
 
 }  // namespace
 
-void ReduceIntoMany(const void* const* inputs, int n, void* const* outs, int n_outs,
-                    size_t count, DType dtype, const ReduceOp& op, int group_size,
-                    const double* scalars) {
+void ReduceIntoMany(const void* const* inputs, int n, void* const* outs, int n_outs, size_t count,
+                    DType dtype, const ReduceOp& op, int group_size, const double* scalars) {
   BRAID_CHECK(n >= 1 && n_outs >= 1);
   switch (dtype) {
-    case DType::kF32: return ReduceTyped<float>(inputs, n, outs, n_outs, count, op, group_size, scalars);
-    case DType::kF64: return ReduceTyped<double>(inputs, n, outs, n_outs, count, op, group_size, scalars);
-    case DType::kBF16: return ReduceTyped<BF16>(inputs, n, outs, n_outs, count, op, group_size, scalars);
-    case DType::kF16: return ReduceTyped<F16>(inputs, n, outs, n_outs, count, op, group_size, scalars);
-    case DType::kI32: return ReduceTyped<int32_t>(inputs, n, outs, n_outs, count, op, group_size, scalars);
-    case DType::kI64: return ReduceTyped<int64_t>(inputs, n, outs, n_outs, count, op, group_size, scalars);
-    case DType::kU8: return ReduceTyped<uint8_t>(inputs, n, outs, n_outs, count, op, group_size, scalars);
+    case DType::kF32:
+      return ReduceTyped<float>(inputs, n, outs, n_outs, count, op, group_size, scalars);
+    case DType::kF64:
+      return ReduceTyped<double>(inputs, n, outs, n_outs, count, op, group_size, scalars);
+    case DType::kBF16:
+      return ReduceTyped<BF16>(inputs, n, outs, n_outs, count, op, group_size, scalars);
+    case DType::kF16:
+      return ReduceTyped<F16>(inputs, n, outs, n_outs, count, op, group_size, scalars);
+    case DType::kI32:
+      return ReduceTyped<int32_t>(inputs, n, outs, n_outs, count, op, group_size, scalars);
+    case DType::kI64:
+      return ReduceTyped<int64_t>(inputs, n, outs, n_outs, count, op, group_size, scalars);
+    case DType::kU8:
+      return ReduceTyped<uint8_t>(inputs, n, outs, n_outs, count, op, group_size, scalars);
   }
 }
 
@@ -203,11 +215,16 @@ void ReduceInto(const void* const* inputs, int n, void* out, size_t count, DType
 void CastScale(const void* src, DType src_type, void* dst, DType dst_type, size_t n,
                const ScaleSpec& scale) {
   switch (src_type) {
-    case DType::kF32: return CastScaleFrom<float>(src, dst, dst_type, n, scale);
-    case DType::kF64: return CastScaleFrom<double>(src, dst, dst_type, n, scale);
-    case DType::kBF16: return CastScaleFrom<BF16>(src, dst, dst_type, n, scale);
-    case DType::kF16: return CastScaleFrom<F16>(src, dst, dst_type, n, scale);
-    default: BRAID_CHECK(false && "CastScale: source dtype must be floating");
+    case DType::kF32:
+      return CastScaleFrom<float>(src, dst, dst_type, n, scale);
+    case DType::kF64:
+      return CastScaleFrom<double>(src, dst, dst_type, n, scale);
+    case DType::kBF16:
+      return CastScaleFrom<BF16>(src, dst, dst_type, n, scale);
+    case DType::kF16:
+      return CastScaleFrom<F16>(src, dst, dst_type, n, scale);
+    default:
+      BRAID_CHECK(false && "CastScale: source dtype must be floating");
   }
 }
 

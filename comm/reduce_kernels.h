@@ -28,8 +28,8 @@ void ReduceInto(const void* const* inputs, int n, void* out, size_t count, DType
 // The same, writing the result to each of `n_outs` outputs (a shared-memory all-reduce writes
 // a reduced chunk straight into every rank's buffer). Any output may alias any input: each
 // block of every input is read before that block of any output is written.
-void ReduceIntoMany(const void* const* inputs, int n, void* const* outs, int n_outs,
-                    size_t count, DType dtype, const ReduceOp& op, int group_size,
+void ReduceIntoMany(const void* const* inputs, int n, void* const* outs, int n_outs, size_t count,
+                    DType dtype, const ReduceOp& op, int group_size,
                     const double* scalars = nullptr);
 
 // Element-wise dst = narrow(widen(src) * mul / div) between floating dtypes. The arithmetic is

@@ -8,11 +8,16 @@ namespace braid {
 
 absl::string_view ReduceKindName(ReduceKind k) {
   switch (k) {
-    case ReduceKind::kSum: return "sum";
-    case ReduceKind::kAvg: return "avg";
-    case ReduceKind::kPreMulSum: return "premul_sum";
-    case ReduceKind::kMax: return "max";
-    case ReduceKind::kMin: return "min";
+    case ReduceKind::kSum:
+      return "sum";
+    case ReduceKind::kAvg:
+      return "avg";
+    case ReduceKind::kPreMulSum:
+      return "premul_sum";
+    case ReduceKind::kMax:
+      return "max";
+    case ReduceKind::kMin:
+      return "min";
   }
   return "invalid-op";
 }

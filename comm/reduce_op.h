@@ -16,19 +16,18 @@
 #define BRAID_COMM_REDUCE_OP_H_
 
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "comm/dtype.h"
 
 namespace braid {
 
 enum class ReduceKind : int { kSum = 0, kAvg = 1, kPreMulSum = 2, kMax = 3, kMin = 4 };
 
-inline constexpr ReduceKind kAllReduceKinds[] = {ReduceKind::kSum, ReduceKind::kAvg,
-                                                 ReduceKind::kPreMulSum, ReduceKind::kMax,
-                                                 ReduceKind::kMin};
+inline constexpr ReduceKind kAllReduceKinds[] = {
+    ReduceKind::kSum, ReduceKind::kAvg, ReduceKind::kPreMulSum, ReduceKind::kMax, ReduceKind::kMin};
 
 struct ReduceOp {
   ReduceKind kind = ReduceKind::kSum;
@@ -42,7 +41,7 @@ struct ReduceOp {
 };
 
 absl::string_view ReduceKindName(ReduceKind k);  // "sum", "avg", "premul_sum", "max", "min"
-std::string ReduceOpName(const ReduceOp& op);   // e.g. "premul_sum(0.125)"
+std::string ReduceOpName(const ReduceOp& op);    // e.g. "premul_sum(0.125)"
 absl::StatusOr<ReduceKind> ParseReduceKind(absl::string_view name);
 
 // OK when `op` is meaningful for `dtype`; else InvalidArgument naming both.

@@ -35,8 +35,7 @@ namespace braid {
 
 struct AddressExchange {
   std::function<absl::Status(const std::string& key, const std::string& value)> publish;
-  std::function<absl::StatusOr<std::string>(const std::string& key, absl::Duration timeout)>
-      lookup;
+  std::function<absl::StatusOr<std::string>(const std::string& key, absl::Duration timeout)> lookup;
   bool empty() const { return !publish && !lookup; }
 };
 

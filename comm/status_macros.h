@@ -20,10 +20,10 @@
 #define BRAID_STATUS_CONCAT(a, b) BRAID_STATUS_CONCAT_INNER(a, b)
 
 // Evaluates `expr` (an absl::Status) once and returns it from the enclosing function if not OK.
-#define RETURN_IF_ERROR(expr)                                   \
-  do {                                                          \
-    ::absl::Status braid_status_tmp_ = (expr);                  \
-    if (!braid_status_tmp_.ok()) return braid_status_tmp_;      \
+#define RETURN_IF_ERROR(expr)                              \
+  do {                                                     \
+    ::absl::Status braid_status_tmp_ = (expr);             \
+    if (!braid_status_tmp_.ok()) return braid_status_tmp_; \
   } while (0)
 
 // `ASSIGN_OR_RETURN(lhs, rexpr)`: evaluates `rexpr` (an absl::StatusOr<T>); on error returns its
@@ -31,8 +31,8 @@
 #define ASSIGN_OR_RETURN(lhs, rexpr) \
   BRAID_ASSIGN_OR_RETURN_IMPL(BRAID_STATUS_CONCAT(braid_statusor_, __LINE__), lhs, rexpr)
 
-#define BRAID_ASSIGN_OR_RETURN_IMPL(statusor, lhs, rexpr) \
-  auto statusor = (rexpr);                                \
+#define BRAID_ASSIGN_OR_RETURN_IMPL(statusor, lhs, rexpr)  \
+  auto statusor = (rexpr);                                 \
   if (!statusor.ok()) return std::move(statusor).status(); \
   lhs = std::move(statusor).value()
 

@@ -95,7 +95,7 @@ class Work {
   std::atomic<bool> done_{false};
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  absl::Status status_;             // guarded by mu_; immutable once done_
+  absl::Status status_;  // guarded by mu_; immutable once done_
   // guarded by mu_; inline room for the usual one or two consumers (no allocation)
   absl::InlinedVector<Callback, 2> callbacks_;
   DeviceEvent device_event_;

@@ -43,7 +43,7 @@ struct WorkPool::Arena {
 
   const size_t max_free;
   std::mutex mu;
-  std::vector<void*> free;  // guarded by mu
+  std::vector<void*> free;   // guarded by mu
   uint64_t heap_blocks = 0;  // guarded by mu
 };
 
@@ -57,8 +57,8 @@ struct PoolAllocator {
   template <typename U>
   PoolAllocator(const PoolAllocator<U>& o) : arena(o.arena) {}
 
-  static constexpr bool kFits = sizeof(T) <= WorkPool::Arena::kBlockBytes &&
-                                alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__;
+  static constexpr bool kFits =
+      sizeof(T) <= WorkPool::Arena::kBlockBytes && alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__;
 
   T* allocate(size_t n) {
     if (kFits && n == 1) return static_cast<T*>(arena->Get());
@@ -73,9 +73,13 @@ struct PoolAllocator {
   }
 
   template <typename U>
-  bool operator==(const PoolAllocator<U>& o) const { return arena == o.arena; }
+  bool operator==(const PoolAllocator<U>& o) const {
+    return arena == o.arena;
+  }
   template <typename U>
-  bool operator!=(const PoolAllocator<U>& o) const { return arena != o.arena; }
+  bool operator!=(const PoolAllocator<U>& o) const {
+    return arena != o.arena;
+  }
 
   std::shared_ptr<WorkPool::Arena> arena;
 };

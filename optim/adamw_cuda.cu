@@ -25,8 +25,7 @@ __device__ __forceinline__ void AdamWElementDevice(const AdamWScalars& s, float 
                                                    float* m, float* v) {
   g = __fmul_rn(g, s.grad_scale);
   const float mm = __fadd_rn(__fmul_rn(s.beta1, *m), __fmul_rn(s.one_minus_beta1, g));
-  const float vv =
-      __fadd_rn(__fmul_rn(s.beta2, *v), __fmul_rn(s.one_minus_beta2, __fmul_rn(g, g)));
+  const float vv = __fadd_rn(__fmul_rn(s.beta2, *v), __fmul_rn(s.one_minus_beta2, __fmul_rn(g, g)));
   const float denom = __fadd_rn(__fmul_rn(__fsqrt_rn(vv), s.inv_sqrt_bc2), s.eps);
   const float pp = __fmul_rn(*p, s.decay);
   *p = __fsub_rn(pp, __fmul_rn(s.step_size, __fdiv_rn(mm, denom)));
@@ -110,9 +109,7 @@ struct Io<float> {
 
 template <typename H>
 struct Io16 {
-  static __device__ __forceinline__ float Load(const H* a, size_t i) {
-    return H::Widen(a[i].bits);
-  }
+  static __device__ __forceinline__ float Load(const H* a, size_t i) { return H::Widen(a[i].bits); }
   static __device__ __forceinline__ float4 Load4(const H* a, size_t i) {
     const uint2 w = *reinterpret_cast<const uint2*>(a + i);  // little-endian: low half first
     return make_float4(H::Widen(w.x & 0xffffu), H::Widen(w.x >> 16), H::Widen(w.y & 0xffffu),
@@ -197,8 +194,8 @@ struct Span {
 // One pass over [0, n): grid-stride over the aligned body, then the (short) head and tail.
 template <typename Rule, typename G, typename O>
 __global__ void __launch_bounds__(kThreads)
-    FusedStepKernel(Rule rule, float* __restrict__ p, const G* __restrict__ g,
-                    O* __restrict__ out, Span span) {
+    FusedStepKernel(Rule rule, float* __restrict__ p, const G* __restrict__ g, O* __restrict__ out,
+                    Span span) {
   const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t k = tid; k < span.n_vec; k += stride) {
@@ -232,7 +229,8 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ double lanes[kThreads];
   const size_t blocks = NormBlocks(n);
   const unsigned lane = threadIdx.x % kNormLanes;
-  const size_t block = static_cast<size_t>(blockIdx.x) * kNormBlocksPerCta + threadIdx.x / kNormLanes;
+  const size_t block =
+      static_cast<size_t>(blockIdx.x) * kNormBlocksPerCta + threadIdx.x / kNormLanes;
   double acc = 0.0;
   if (block < blocks) {
     const size_t lo = block * kNormBlock;
@@ -312,9 +310,9 @@ int Launch(const Rule& rule, const State& state, float* p, const G* g, O* out, s
            cudaStream_t stream) {
   // Every buffer the kernel touches takes part in the alignment decision (out is null, and
   // skipped, for NoOut).
-  const Span span = Plan(n, {Buffer{p, sizeof(float)}, Buffer{state.a, sizeof(float)},
-                             Buffer{state.b, sizeof(float)}, Buffer{g, sizeof(G)},
-                             Buffer{out, sizeof(O)}});
+  const Span span =
+      Plan(n, {Buffer{p, sizeof(float)}, Buffer{state.a, sizeof(float)},
+               Buffer{state.b, sizeof(float)}, Buffer{g, sizeof(G)}, Buffer{out, sizeof(O)}});
   const auto kernel = FusedStepKernel<Rule, G, O>;
   int device = 0, sms = 0, per_sm = 0;
   cudaError_t e = PrepareLaunch(stream);
@@ -337,8 +335,8 @@ int Launch(const Rule& rule, const State& state, float* p, const G* g, O* out, s
 }
 
 template <typename Rule, typename G>
-int DispatchOut(const Rule& rule, const State& state, float* p,
-                const G* g, size_t n, void* out, int out_dtype, cudaStream_t stream) {
+int DispatchOut(const Rule& rule, const State& state, float* p, const G* g, size_t n, void* out,
+                int out_dtype, cudaStream_t stream) {
   if (out == nullptr) return Launch(rule, state, p, g, static_cast<NoOut*>(nullptr), n, stream);
   switch (out_dtype) {
     case kCudaDTypeF32:
@@ -352,9 +350,8 @@ int DispatchOut(const Rule& rule, const State& state, float* p,
 }
 
 template <typename Rule>
-int Dispatch(const Rule& rule, const State& state, float* p,
-             const void* grad, int grad_dtype, size_t n, void* out, int out_dtype,
-             void* stream) {
+int Dispatch(const Rule& rule, const State& state, float* p, const void* grad, int grad_dtype,
+             size_t n, void* out, int out_dtype, void* stream) {
   const auto st = static_cast<cudaStream_t>(stream);
   switch (grad_dtype) {
     case kCudaDTypeF32:
@@ -381,9 +378,7 @@ bool ValidArgs(const void* grad, int grad_dtype, size_t n, const void* out, int 
 
 }  // namespace
 
-const char* CudaErrorString(int code) {
-  return cudaGetErrorString(static_cast<cudaError_t>(code));
-}
+const char* CudaErrorString(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
 
 int AdamWCudaLaunch(const AdamWScalars& s, float* p, float* m, float* v, const void* grad,
                     int grad_dtype, size_t n, void* param_out, int out_dtype, void* stream) {

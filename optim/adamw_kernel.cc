@@ -18,8 +18,8 @@ void StoreOut(O* out, size_t i, float x) {
 
 // Elements [i, n) one at a time: the scalar path, and the tail of the vector path.
 template <typename G, typename O>
-void AdamWTail(const AdamWScalars& s, float* p, float* m, float* v, const G* g, O* out,
-               size_t i, size_t n) {
+void AdamWTail(const AdamWScalars& s, float* p, float* m, float* v, const G* g, O* out, size_t i,
+               size_t n) {
   for (; i < n; ++i) {
     AdamWElement(s, Widen(g[i]), p + i, m + i, v + i);
     StoreOut(out, i, p[i]);
@@ -96,8 +96,8 @@ void SgdVector(const SgdScalars& s, float* p, float* buf, const G* g, O* out, si
   const bool use_buf = s.momentum != 0.0f;
   auto step8 = [&](size_t i) {
     const __m256 pv = _mm256_loadu_ps(p + i);
-    __m256 d = _mm256_add_ps(_mm256_mul_ps(internal::Load8(g + i), grad_scale),
-                             _mm256_mul_ps(wd, pv));
+    __m256 d =
+        _mm256_add_ps(_mm256_mul_ps(internal::Load8(g + i), grad_scale), _mm256_mul_ps(wd, pv));
     if (use_buf) {
       const __m256 b =
           s.first ? d : _mm256_add_ps(_mm256_mul_ps(momentum, _mm256_loadu_ps(buf + i)), d);
@@ -127,8 +127,7 @@ void SgdVector(const SgdScalars& s, float* p, float* buf, const G* g, O* out, si
 
 // Resolves the storage types, then runs the vector path (if `vector` and built) or the scalar.
 void AdamWDispatch(bool vector, const AdamWScalars& s, float* p, float* m, float* v,
-                   const void* grad, DType grad_dtype, size_t n, void* param_out,
-                   DType out_dtype) {
+                   const void* grad, DType grad_dtype, size_t n, void* param_out, DType out_dtype) {
   internal::WithGradType(grad_dtype, [&](auto gt) {
     using G = decltype(gt);
     internal::WithOutType(param_out, out_dtype, [&](auto ot) {
@@ -189,14 +188,14 @@ void SgdRange(const SgdScalars& s, float* p, float* buf, const void* grad, DType
   SgdDispatch(/*vector=*/true, s, p, buf, grad, grad_dtype, n, param_out, out_dtype);
 }
 
-void SgdRangeScalar(const SgdScalars& s, float* p, float* buf, const void* grad,
-                    DType grad_dtype, size_t n, void* param_out, DType out_dtype) {
+void SgdRangeScalar(const SgdScalars& s, float* p, float* buf, const void* grad, DType grad_dtype,
+                    size_t n, void* param_out, DType out_dtype) {
   SgdDispatch(/*vector=*/false, s, p, buf, grad, grad_dtype, n, param_out, out_dtype);
 }
 
 void AdamWParallel(KernelPool& pool, const AdamWScalars& s, float* p, float* m, float* v,
-                   const void* grad, DType grad_dtype, size_t n, void* param_out,
-                   DType out_dtype, size_t grain) {
+                   const void* grad, DType grad_dtype, size_t n, void* param_out, DType out_dtype,
+                   size_t grain) {
   pool.ParallelFor(n, grain, [&](size_t lo, size_t hi) {
     AdamWRange(s, p + lo, m + lo, v + lo, Advance(grad, lo, grad_dtype), grad_dtype, hi - lo,
                Advance(param_out, lo, out_dtype), out_dtype);

@@ -40,9 +40,8 @@ void AdamWRangeScalar(const AdamWScalars& s, float* p, float* m, float* v, const
 // One SGD step; `buf` (the momentum buffer) may be null when s.momentum == 0.
 void SgdRange(const SgdScalars& s, float* p, float* buf, const void* grad, DType grad_dtype,
               size_t n, void* param_out = nullptr, DType out_dtype = DType::kF32);
-void SgdRangeScalar(const SgdScalars& s, float* p, float* buf, const void* grad,
-                    DType grad_dtype, size_t n, void* param_out = nullptr,
-                    DType out_dtype = DType::kF32);
+void SgdRangeScalar(const SgdScalars& s, float* p, float* buf, const void* grad, DType grad_dtype,
+                    size_t n, void* param_out = nullptr, DType out_dtype = DType::kF32);
 
 // Each thread gets at least this many elements (shards under twice it run on the caller): 64K
 // elements of AdamW is ~1.8 MB of traffic, ~0.1 ms on one core, which dwarfs the hand-off

@@ -44,7 +44,7 @@ struct AdamWScalars {
   float step_size;     // lr / (1 - beta1^t)
   float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)
   float eps;
-  float grad_scale;    // 1 unless clipping / unscaling
+  float grad_scale;  // 1 unless clipping / unscaling
 };
 
 // `step` is t >= 1 (the number of this update).
@@ -91,9 +91,12 @@ struct SgdScalars {
 };
 
 inline SgdScalars SgdStepScalars(const SgdHyper& h, int64_t step, double grad_scale = 1.0) {
-  return SgdScalars{static_cast<float>(h.lr), static_cast<float>(h.momentum),
-                    static_cast<float>(h.weight_decay), static_cast<float>(grad_scale),
-                    h.nesterov, step == 1};
+  return SgdScalars{static_cast<float>(h.lr),
+                    static_cast<float>(h.momentum),
+                    static_cast<float>(h.weight_decay),
+                    static_cast<float>(grad_scale),
+                    h.nesterov,
+                    step == 1};
 }
 
 // One element of SGD; `buf` is unused when momentum == 0.

@@ -23,8 +23,8 @@ using sched::SyncMode;
 
 absl::Status ShardedOptimizer::SumStats(Group& g, absl::Time deadline) {
   if (!on_device_) {
-    absl::StatusOr<WorkPtr> w = g.AllReduce(stats_.get(), stats_.get(), 2, DType::kF64, ReduceOp::Sum(),
-                                            CollectiveOptions{});
+    absl::StatusOr<WorkPtr> w = g.AllReduce(stats_.get(), stats_.get(), 2, DType::kF64,
+                                            ReduceOp::Sum(), CollectiveOptions{});
     return w.ok() ? (*w)->WaitUntil(deadline) : w.status();
   }
   // Device collectives take device memory: in through g's stream, summed there, and back.
@@ -32,7 +32,8 @@ absl::Status ShardedOptimizer::SumStats(Group& g, absl::Time deadline) {
   auto* dev = reinterpret_cast<double*>(stats_dev_.get());
   const size_t bytes = 2 * sizeof(double);
   RETURN_IF_ERROR(mem.Copy(dev, stats_.get(), bytes));
-  ASSIGN_OR_RETURN(WorkPtr w, g.AllReduce(dev, dev, 2, DType::kF64, ReduceOp::Sum(), CollectiveOptions{}));
+  ASSIGN_OR_RETURN(WorkPtr w,
+                   g.AllReduce(dev, dev, 2, DType::kF64, ReduceOp::Sum(), CollectiveOptions{}));
   RETURN_IF_ERROR(w->WaitUntil(deadline));
   RETURN_IF_ERROR(mem.WaitFor(w->device_event()));
   RETURN_IF_ERROR(mem.Copy(stats_.get(), dev, bytes));
@@ -49,13 +50,14 @@ absl::Status ShardedOptimizer::QueueDeviceNorm(int b) {
   size_t at = s.norm_offset;
   for (size_t k = 0; k < s.segments.size() && st.ok(); ++k) {
     const Segment& seg = s.segments[k];
-    st = config_.device_kernels->NormBlockSums(grad + seg.lo * DTypeSize(bk.dtype), bk.dtype, seg.hi - seg.lo,
-                                               sums + at, mem.stream());
+    st = config_.device_kernels->NormBlockSums(grad + seg.lo * DTypeSize(bk.dtype), bk.dtype,
+                                               seg.hi - seg.lo, sums + at, mem.stream());
     at += NormBlocks(seg.hi - seg.lo);
   }
   if (!st.ok()) {
-    return absl::Status(st.code(), absl::StrCat("gradient norm of ", s.label, " on the stream of group '",
-                                                reducer_->groups().shard->name(), "': ", st.message()));
+    return absl::Status(st.code(),
+                        absl::StrCat("gradient norm of ", s.label, " on the stream of group '",
+                                     reducer_->groups().shard->name(), "': ", st.message()));
   }
   return absl::OkStatus();
 }
@@ -86,7 +88,8 @@ absl::Status ShardedOptimizer::StepBucket(int b, double grad_scale) {
     absl::Status st = on_device_ ? ops().WaitFor(g->device_event())
                                  : (g->Done() ? absl::OkStatus() : g->Wait(config_.timeout));
     if (!st.ok()) {
-      return WithContext(st, absl::StrCat("optimizer step of ", s.label, ": waiting for its previous all-gather"));
+      return WithContext(
+          st, absl::StrCat("optimizer step of ", s.label, ": waiting for its previous all-gather"));
     }
   }
   ++s.steps;
@@ -101,18 +104,21 @@ absl::Status ShardedOptimizer::StepBucket(int b, double grad_scale) {
       const GroupHyper& h = round_hyper_[seg.group];
       const size_t n = seg.hi - seg.lo;
       if (config_.kind == OptimizerKind::kAdamW) {
-        st = config_.device_kernels->AdamW(StepScalars(h.adamw, s.steps, grad_scale), s.master.get() + seg.lo,
-                                           s.m.get() + seg.lo, s.v.get() + seg.lo, grad + seg.lo * es, bk.dtype,
-                                           n, out + seg.lo * es, bk.dtype, mem.stream());
+        st = config_.device_kernels->AdamW(StepScalars(h.adamw, s.steps, grad_scale),
+                                           s.master.get() + seg.lo, s.m.get() + seg.lo,
+                                           s.v.get() + seg.lo, grad + seg.lo * es, bk.dtype, n,
+                                           out + seg.lo * es, bk.dtype, mem.stream());
       } else {
-        st = config_.device_kernels->Sgd(SgdStepScalars(h.sgd, s.steps, grad_scale), s.master.get() + seg.lo,
-                                         h.sgd.momentum != 0 ? s.m.get() + seg.lo : nullptr, grad + seg.lo * es,
-                                         bk.dtype, n, out + seg.lo * es, bk.dtype, mem.stream());
+        st = config_.device_kernels->Sgd(
+            SgdStepScalars(h.sgd, s.steps, grad_scale), s.master.get() + seg.lo,
+            h.sgd.momentum != 0 ? s.m.get() + seg.lo : nullptr, grad + seg.lo * es, bk.dtype, n,
+            out + seg.lo * es, bk.dtype, mem.stream());
       }
     }
     if (!st.ok()) {
-      return absl::Status(st.code(), absl::StrCat("optimizer step of ", s.label, " on the stream of group '",
-                                                  reducer_->groups().shard->name(), "': ", st.message()));
+      return absl::Status(st.code(),
+                          absl::StrCat("optimizer step of ", s.label, " on the stream of group '",
+                                       reducer_->groups().shard->name(), "': ", st.message()));
     }
     return absl::OkStatus();
   }
@@ -168,7 +174,8 @@ void ShardedOptimizer::Publish(int b, bool zero_grads, absl::Status stepped) {
     // The gather (another group's stream) waits for the step through this event, recorded on
     // the shard group's stream after the step's kernels; the Work keeps it valid.
     BucketState& s = *buckets_[b];
-    s.step_work = Work::Create(WorkInfo{reducer_->groups().shard->name(), "optimizer step", 0, s.label});
+    s.step_work =
+        Work::Create(WorkInfo{reducer_->groups().shard->name(), "optimizer step", 0, s.label});
     stepped = ops().CompleteAfter(s.step_work, absl::Now() + config_.timeout);
     if (stepped.ok()) ready = s.step_work->device_event();
   }
@@ -209,7 +216,8 @@ void ShardedOptimizer::FinishTrackedRound(double sumsq, bool failed, absl::Time 
     if (!st.ok() && round_report_.error.ok()) {
       round_report_.error = absl::Status(
           st.code(), absl::StrCat("the step was taken, but its gradient norm (track_grad_norm) "
-                                  "could not be summed across the shard group: ", st.message()));
+                                  "could not be summed across the shard group: ",
+                                  st.message()));
     } else if (st.ok() && stats_[1] == 0) {
       round_report_.grad_norm = std::sqrt(stats_[0]);
     }
@@ -223,9 +231,10 @@ void ShardedOptimizer::DropFrom(int b, const absl::Status& s) {
     std::lock_guard<std::mutex> lock(mu_);
     round_report_ = StepReport{};
     round_report_.error = absl::Status(
-        s.code(), absl::StrCat("optimizer step not taken from ", buckets_[b]->label, " on (",
-                               buckets_[b]->label, ": ", s.message(),
-                               "); those buckets' gradients were dropped, their parameters are unchanged"));
+        s.code(),
+        absl::StrCat("optimizer step not taken from ", buckets_[b]->label, " on (",
+                     buckets_[b]->label, ": ", s.message(),
+                     "); those buckets' gradients were dropped, their parameters are unchanged"));
   }
   for (int k = b; k < static_cast<int>(buckets_.size()); ++k) {
     // Gathered again, unchanged: every rank issues the same gathers whatever failed where. A
@@ -240,7 +249,8 @@ void ShardedOptimizer::Cancel() {
     for (auto& bs : buckets_) {
       if (bs->published) continue;
       bs->published = true;
-      bs->publish_status = absl::CancelledError(absl::StrCat("optimizer destroyed before the step of ", bs->label));
+      bs->publish_status =
+          absl::CancelledError(absl::StrCat("optimizer destroyed before the step of ", bs->label));
     }
     round_armed_ = round_running_ = false;
   }

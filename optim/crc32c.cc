@@ -43,8 +43,8 @@ uint32_t Crc32c(uint32_t crc, const void* data, size_t n) {
     std::memcpy(&w, p, 8);  // little-endian host (asserted above)
     w ^= crc;
     crc = kCrc.t[7][w & 0xff] ^ kCrc.t[6][(w >> 8) & 0xff] ^ kCrc.t[5][(w >> 16) & 0xff] ^
-          kCrc.t[4][(w >> 24) & 0xff] ^ kCrc.t[3][(w >> 32) & 0xff] ^
-          kCrc.t[2][(w >> 40) & 0xff] ^ kCrc.t[1][(w >> 48) & 0xff] ^ kCrc.t[0][w >> 56];
+          kCrc.t[4][(w >> 24) & 0xff] ^ kCrc.t[3][(w >> 32) & 0xff] ^ kCrc.t[2][(w >> 40) & 0xff] ^
+          kCrc.t[1][(w >> 48) & 0xff] ^ kCrc.t[0][w >> 56];
     p += 8;
     n -= 8;
   }

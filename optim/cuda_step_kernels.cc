@@ -8,8 +8,8 @@ namespace {
 
 absl::Status LaunchStatus(int rc, const char* kernel, size_t n, DType grad, DType out) {
   if (rc == 0) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(kernel, " (", n, " elements, grad ", DTypeName(grad), ", out ",
-                                          DTypeName(out), "): CUDA error ", rc, ": ",
+  return absl::InternalError(absl::StrCat(kernel, " (", n, " elements, grad ", DTypeName(grad),
+                                          ", out ", DTypeName(out), "): CUDA error ", rc, ": ",
                                           CudaErrorString(rc)));
 }
 
@@ -18,8 +18,8 @@ class CudaKernels final : public DeviceStepKernels {
   absl::Status AdamW(const AdamWScalars& s, float* p, float* m, float* v, const void* grad,
                      DType grad_dtype, size_t n, void* param_out, DType out_dtype,
                      DeviceStream stream) override {
-    return LaunchStatus(AdamWCudaLaunch(s, p, m, v, grad, static_cast<int>(grad_dtype), n, param_out,
-                                        static_cast<int>(out_dtype), stream.handle),
+    return LaunchStatus(AdamWCudaLaunch(s, p, m, v, grad, static_cast<int>(grad_dtype), n,
+                                        param_out, static_cast<int>(out_dtype), stream.handle),
                         "AdamWCudaLaunch", n, grad_dtype, out_dtype);
   }
   absl::Status Sgd(const SgdScalars& s, float* p, float* buf, const void* grad, DType grad_dtype,
@@ -30,9 +30,9 @@ class CudaKernels final : public DeviceStepKernels {
   }
   absl::Status NormBlockSums(const void* grad, DType grad_dtype, size_t n, double* block_sums,
                              DeviceStream stream) override {
-    return LaunchStatus(NormBlockSumsCudaLaunch(grad, static_cast<int>(grad_dtype), n, block_sums,
-                                                stream.handle),
-                        "NormBlockSumsCudaLaunch", n, grad_dtype, DType::kF64);
+    return LaunchStatus(
+        NormBlockSumsCudaLaunch(grad, static_cast<int>(grad_dtype), n, block_sums, stream.handle),
+        "NormBlockSumsCudaLaunch", n, grad_dtype, DType::kF64);
   }
 };
 

@@ -29,10 +29,9 @@ double BlockSum(const G* g, size_t len) {
                     _mm256_setzero_pd()};
   for (; i + kLanes <= len; i += kLanes) {
     const __m256 lo = internal::Load8(g + i), hi = internal::Load8(g + i + 8);
-    const __m256d d[4] = {_mm256_cvtps_pd(_mm256_castps256_ps128(lo)),
-                          _mm256_cvtps_pd(_mm256_extractf128_ps(lo, 1)),
-                          _mm256_cvtps_pd(_mm256_castps256_ps128(hi)),
-                          _mm256_cvtps_pd(_mm256_extractf128_ps(hi, 1))};
+    const __m256d d[4] = {
+        _mm256_cvtps_pd(_mm256_castps256_ps128(lo)), _mm256_cvtps_pd(_mm256_extractf128_ps(lo, 1)),
+        _mm256_cvtps_pd(_mm256_castps256_ps128(hi)), _mm256_cvtps_pd(_mm256_extractf128_ps(hi, 1))};
     for (int k = 0; k < 4; ++k) acc[k] = _mm256_add_pd(acc[k], _mm256_mul_pd(d[k], d[k]));
   }
   for (int k = 0; k < 4; ++k) _mm256_store_pd(lane + 4 * k, acc[k]);
@@ -69,16 +68,16 @@ bool AllFiniteTyped(const G* g, size_t n) {
   size_t i = 0;
 #if defined(BRAID_OPTIM_AVX2)
   constexpr size_t kPerVector = 32 / sizeof(G);
-  const __m256i mask = sizeof(G) == 4 ? _mm256_set1_epi32(0x7f800000)
+  const __m256i mask = sizeof(G) == 4            ? _mm256_set1_epi32(0x7f800000)
                        : std::is_same_v<G, BF16> ? _mm256_set1_epi16(0x7f80)
                                                  : _mm256_set1_epi16(0x7c00);
   while (i + kFiniteChunk <= n) {
     __m256i bad = _mm256_setzero_si256();
     for (const size_t end = i + kFiniteChunk; i < end; i += kPerVector) {
-      const __m256i x = _mm256_and_si256(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + i)), mask);
-      bad = _mm256_or_si256(bad, sizeof(G) == 4 ? _mm256_cmpeq_epi32(x, mask)
-                                                : _mm256_cmpeq_epi16(x, mask));
+      const __m256i x =
+          _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + i)), mask);
+      bad = _mm256_or_si256(
+          bad, sizeof(G) == 4 ? _mm256_cmpeq_epi32(x, mask) : _mm256_cmpeq_epi16(x, mask));
     }
     if (!_mm256_testz_si256(bad, bad)) return false;
   }

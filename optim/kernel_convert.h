@@ -32,10 +32,14 @@ inline void Narrow(F16* o, float x) { *o = ToF16(x); }
 template <typename F>
 void WithGradType(DType t, F&& f) {
   switch (t) {
-    case DType::kF32: return f(float{});
-    case DType::kBF16: return f(BF16{});
-    case DType::kF16: return f(F16{});
-    default: BRAID_CHECK(false && "optimizer kernels: grad dtype must be f32, bf16 or f16");
+    case DType::kF32:
+      return f(float{});
+    case DType::kBF16:
+      return f(BF16{});
+    case DType::kF16:
+      return f(F16{});
+    default:
+      BRAID_CHECK(false && "optimizer kernels: grad dtype must be f32, bf16 or f16");
   }
 }
 
@@ -44,10 +48,14 @@ template <typename F>
 void WithOutType(const void* out, DType t, F&& f) {
   if (out == nullptr) return f(NoOut{});
   switch (t) {
-    case DType::kF32: return f(float{});
-    case DType::kBF16: return f(BF16{});
-    case DType::kF16: return f(F16{});
-    default: BRAID_CHECK(false && "optimizer kernels: param_out dtype must be f32, bf16 or f16");
+    case DType::kF32:
+      return f(float{});
+    case DType::kBF16:
+      return f(BF16{});
+    case DType::kF16:
+      return f(F16{});
+    default:
+      BRAID_CHECK(false && "optimizer kernels: param_out dtype must be f32, bf16 or f16");
   }
 }
 
@@ -79,8 +87,8 @@ inline void Store8(BF16* o, __m256 x) {
   // predictable branch so the common case stays a few integer instructions.
   const __m256i u = _mm256_castps_si256(x);
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_srli_epi32(
-      _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd), 16);
+  __m256i r =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd), 16);
   const __m256 is_nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
   if (__builtin_expect(_mm256_movemask_ps(is_nan) != 0, 0)) {
     // NaN: the top half with the quiet bit set, as ToBF16 does.
@@ -97,10 +105,11 @@ inline void Store8(F16* o, __m256 x) {
   const __m256 is_nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
   if (__builtin_expect(_mm256_movemask_ps(is_nan) != 0, 0)) {
     const __m256i u = _mm256_castps_si256(x);
-    const __m256i canon = _mm256_or_si256(
-        _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x8000)),
-        _mm256_set1_epi32(0x7e00));
-    h = _mm_blendv_epi8(h, Pack16(canon), Pack16(_mm256_srli_epi32(_mm256_castps_si256(is_nan), 16)));
+    const __m256i canon =
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x8000)),
+                        _mm256_set1_epi32(0x7e00));
+    h = _mm_blendv_epi8(h, Pack16(canon),
+                        Pack16(_mm256_srli_epi32(_mm256_castps_si256(is_nan), 16)));
   }
   _mm_storeu_si128(reinterpret_cast<__m128i*>(o), h);
 }

@@ -15,8 +15,9 @@ absl::Status ShardedOptimizer::OffloadStepBucket(int b, double grad_scale) {
   const size_t bytes = s.n * DTypeSize(bk.dtype);
   BufferOps& mem = ops();
   const auto named = [&](const absl::Status& st) {
-    return absl::Status(st.code(), absl::StrCat("offloaded optimizer step of ", s.label, " (group '",
-                                                reducer_->groups().shard->name(), "'): ", st.message()));
+    return absl::Status(st.code(),
+                        absl::StrCat("offloaded optimizer step of ", s.label, " (group '",
+                                     reducer_->groups().shard->name(), "'): ", st.message()));
   };
   // Device -> host after the reduction's last device operation (hybrid: on the replica
   // group's stream). The Synchronize is the step's one host wait; it also covers the previous

@@ -33,14 +33,14 @@ struct Segment {
 };
 
 struct ShardedOptimizer::BucketState {
-  std::string label;  // "bucket 3"
-  size_t n = 0;       // shard_count
+  std::string label;         // "bucket 3"
+  size_t n = 0;              // shard_count
   FloatBuffer master, m, v;  // AdamW: exp_avg, exp_avg_sq; SGD: m = momentum buffer
   // Offload: host staging of the reduced gradient shard and of the stepped model-dtype shard
   // (bucket dtype, n elements each).
   OwnedBuffer grad_host, param_host;
   std::vector<Segment> segments;
-  int64_t steps = 0;  // updates applied (bias correction); written by the round runner only
+  int64_t steps = 0;   // updates applied (bias correction); written by the round runner only
   bool dirty = false;  // SetParam changed the shard: the next WaitParams re-gathers
   // Device: the latest step's completion on the shard group's stream (its device event is what
   // the all-gather waits on; held so the event stays valid until the gather was queued).

@@ -70,9 +70,10 @@ StateHeader ShardedOptimizer::SavedHeader() const {
   for (size_t g = 0; g < groups_.size(); ++g) {
     const std::vector<double> v = HyperValues(groups_[g], config_.kind);
     for (size_t k = 0; k < v.size(); ++k) {
-      h.scalars.emplace_back(absl::StrCat("g", g, "/",
-                                          config_.kind == OptimizerKind::kAdamW ? kAdamWNames[k] : kSgdNames[k]),
-                             v[k]);
+      h.scalars.emplace_back(
+          absl::StrCat("g", g, "/",
+                       config_.kind == OptimizerKind::kAdamW ? kAdamWNames[k] : kSgdNames[k]),
+          v[k]);
     }
   }
   return h;
@@ -117,7 +118,8 @@ absl::StatusOr<Checkpoint> ShardedOptimizer::GatherCheckpoint() {
       }
       // The bucket's full padded state: every shard rank's part, in rank order.
       const std::string what = absl::StrCat("optimizer state of ", s.label);
-      RETURN_IF_ERROR(AllGatherHostValues(shard, src, full.data(), s.n, DType::kF32, what.c_str(), deadline));
+      RETURN_IF_ERROR(
+          AllGatherHostValues(shard, src, full.data(), s.n, DType::kF32, what.c_str(), deadline));
       for (int i : buckets[b].params) {
         const size_t off = c.plan.slot(i).offset;
         std::memcpy(c.values[k][i].data(), full.data() + off, params[i].count * sizeof(float));
@@ -160,24 +162,30 @@ absl::Status ShardedOptimizer::Save(const std::string& path) {
     } else if (st.ok()) {
       st = add("momentum", s.m);
     }
-    if (st.ok() && on_device_ && b + 1 == buckets_.size()) st = ops().Synchronize(absl::Now() + config_.timeout);
+    if (st.ok() && on_device_ && b + 1 == buckets_.size())
+      st = ops().Synchronize(absl::Now() + config_.timeout);
     if (!st.ok()) {
       // Queued copies into `staged` must have run (or failed) before it goes away.
       if (on_device_) ops().Synchronize(absl::Now() + config_.timeout).IgnoreError();
-      return absl::Status(st.code(), absl::StrCat("optimizer Save(", path, "): copying the state of ", s.label,
-                                                  " to the host: ", st.message()));
+      return absl::Status(st.code(),
+                          absl::StrCat("optimizer Save(", path, "): copying the state of ", s.label,
+                                       " to the host: ", st.message()));
     }
   }
-  if (on_device_ && buckets_.empty()) RETURN_IF_ERROR(ops().Synchronize(absl::Now() + config_.timeout));
+  if (on_device_ && buckets_.empty())
+    RETURN_IF_ERROR(ops().Synchronize(absl::Now() + config_.timeout));
   // The plan itself, so that the checkpoint can be re-sharded (optim/reshard.h).
   const LayoutSections layout(reducer_->plan());
   for (const StateSection& l : layout.sections()) sections.push_back(l);
   return WriteStateFile(path, h, sections);
 }
 
-absl::Status ShardedOptimizer::Load(const std::string& path) { return LoadState(ReadStateFile(path), path); }
+absl::Status ShardedOptimizer::Load(const std::string& path) {
+  return LoadState(ReadStateFile(path), path);
+}
 
-absl::Status ShardedOptimizer::LoadState(absl::StatusOr<LoadedState> source, const std::string& path) {
+absl::Status ShardedOptimizer::LoadState(absl::StatusOr<LoadedState> source,
+                                         const std::string& path) {
   RETURN_IF_ERROR(WaitBetweenSteps("Load"));
   // Phase 1: read and validate everything; nothing changes yet.
   LoadedState file;
@@ -201,17 +209,21 @@ absl::Status ShardedOptimizer::LoadState(absl::StatusOr<LoadedState> source, con
     for (size_t g = 0; g < groups_.size(); ++g) {
       std::vector<double> v = HyperValues(groups_[g], config_.kind);
       for (size_t k = 0; k < v.size(); ++k) {
-        ASSIGN_OR_RETURN(v[k], file.Scalar(absl::StrCat(
-                                   "g", g, "/", config_.kind == OptimizerKind::kAdamW ? kAdamWNames[k] : kSgdNames[k])));
+        ASSIGN_OR_RETURN(
+            v[k], file.Scalar(absl::StrCat(
+                      "g", g, "/",
+                      config_.kind == OptimizerKind::kAdamW ? kAdamWNames[k] : kSgdNames[k])));
       }
       hyper[g] = HyperFrom(v, config_.kind, hyper[g]);
       absl::Status bad = CheckHyper(hyper[g], config_.kind, static_cast<int>(g));
-      if (!bad.ok()) return absl::DataLossError(absl::StrCat("state file ", path, ": ", bad.message()));
+      if (!bad.ok())
+        return absl::DataLossError(absl::StrCat("state file ", path, ": ", bad.message()));
     }
     ASSIGN_OR_RETURN(steps, file.Find("bucket_steps", DType::kI64, buckets_.size()));
     for (size_t b = 0; b < buckets_.size(); ++b) {
       if (static_cast<const int64_t*>(steps->data())[b] < 0) {
-        return absl::DataLossError(absl::StrCat("state file ", path, ": negative step count for bucket ", b));
+        return absl::DataLossError(
+            absl::StrCat("state file ", path, ": negative step count for bucket ", b));
       }
     }
     for (size_t b = 0; b < buckets_.size(); ++b) {
@@ -221,7 +233,8 @@ absl::Status ShardedOptimizer::LoadState(absl::StatusOr<LoadedState> source, con
               ? std::vector<std::string>{"master", "exp_avg", "exp_avg_sq"}
               : std::vector<std::string>{"master", "momentum"};
       for (const std::string& name : names) {
-        ASSIGN_OR_RETURN(const LoadedSection* sec, file.Find(absl::StrCat("bucket", b, "/", name), DType::kF32, n));
+        ASSIGN_OR_RETURN(const LoadedSection* sec,
+                         file.Find(absl::StrCat("bucket", b, "/", name), DType::kF32, n));
         found[b].push_back(sec);
       }
     }
@@ -250,13 +263,15 @@ absl::Status ShardedOptimizer::LoadState(absl::StatusOr<LoadedState> source, con
   }
   if (!mine.ok()) return mine;
   if (failed > 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "optimizer Load(", path, "): ", failed, " other rank(s) could not load their state files; nothing was loaded"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("optimizer Load(", path, "): ", failed,
+                     " other rank(s) could not load their state files; nothing was loaded"));
   }
   if (sum * sum != n * sumsq) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "optimizer Load(", path, "): the ranks' state files were saved at different steps (this one at ", step,
-        "); nothing was loaded"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("optimizer Load(", path,
+                     "): the ranks' state files were saved at different steps (this one at ", step,
+                     "); nothing was loaded"));
   }
   // Phase 2: apply, write the model-dtype shards, and gather every bucket.
   {
@@ -273,8 +288,11 @@ absl::Status ShardedOptimizer::LoadState(absl::StatusOr<LoadedState> source, con
     // before the loop below rewrites them. One host wait per Load.
     const absl::Status st = ops().Synchronize(absl::Now() + config_.timeout);
     if (!st.ok()) {
-      applied = absl::Status(st.code(), absl::StrCat("optimizer Load(", path, "): waiting for the last step's "
-                                                     "copies to the device: ", st.message(), " (no bucket state was loaded)"));
+      applied =
+          absl::Status(st.code(), absl::StrCat("optimizer Load(", path,
+                                               "): waiting for the last step's "
+                                               "copies to the device: ",
+                                               st.message(), " (no bucket state was loaded)"));
     }
   }
   for (size_t b = 0; b < buckets_.size() && applied.ok(); ++b) {
@@ -291,16 +309,17 @@ absl::Status ShardedOptimizer::LoadState(absl::StatusOr<LoadedState> source, con
       if (config_.kind == OptimizerKind::kAdamW) std::memcpy(s.v.get(), found[b][2]->data(), bytes);
       char* staged = s.param_host.get();
       for (const Segment& seg : s.segments) {
-        CastScale(s.master.get() + seg.lo, DType::kF32, staged + seg.lo * DTypeSize(bk.dtype), bk.dtype,
-                  seg.hi - seg.lo, ScaleSpec{});
+        CastScale(s.master.get() + seg.lo, DType::kF32, staged + seg.lo * DTypeSize(bk.dtype),
+                  bk.dtype, seg.hi - seg.lo, ScaleSpec{});
       }
       absl::Status st = mem.Copy(out, staged, s.n * DTypeSize(bk.dtype));
       if (st.ok() && b + 1 == buckets_.size()) st = mem.Synchronize(absl::Now() + config_.timeout);
       if (!st.ok()) {
         mem.Synchronize(absl::Now() + config_.timeout).IgnoreError();
-        applied = absl::Status(st.code(), absl::StrCat("optimizer Load(", path, "): copying ", s.label,
-                                                       "'s parameters to the device: ", st.message(),
-                                                       " (the optimizer state is now partly loaded)"));
+        applied =
+            absl::Status(st.code(), absl::StrCat("optimizer Load(", path, "): copying ", s.label,
+                                                 "'s parameters to the device: ", st.message(),
+                                                 " (the optimizer state is now partly loaded)"));
         break;
       }
     } else if (on_device_) {
@@ -309,18 +328,21 @@ absl::Status ShardedOptimizer::LoadState(absl::StatusOr<LoadedState> source, con
       BufferOps& mem = ops();
       absl::Status st = mem.Copy(s.master.get(), found[b][0]->data(), bytes);
       if (st.ok()) st = mem.Copy(s.m.get(), found[b][1]->data(), bytes);
-      if (st.ok() && config_.kind == OptimizerKind::kAdamW) st = mem.Copy(s.v.get(), found[b][2]->data(), bytes);
+      if (st.ok() && config_.kind == OptimizerKind::kAdamW)
+        st = mem.Copy(s.v.get(), found[b][2]->data(), bytes);
       for (size_t k = 0; k < s.segments.size() && st.ok(); ++k) {
         const Segment& seg = s.segments[k];
-        st = mem.CastScale(s.master.get() + seg.lo, DType::kF32, out + seg.lo * DTypeSize(bk.dtype), bk.dtype,
-                           seg.hi - seg.lo, ScaleSpec{});
+        st = mem.CastScale(s.master.get() + seg.lo, DType::kF32, out + seg.lo * DTypeSize(bk.dtype),
+                           bk.dtype, seg.hi - seg.lo, ScaleSpec{});
       }
       if (st.ok() && b + 1 == buckets_.size()) st = mem.Synchronize(absl::Now() + config_.timeout);
       if (!st.ok()) {
-        mem.Synchronize(absl::Now() + config_.timeout).IgnoreError();  // nothing reads `file` after return
-        applied = absl::Status(st.code(), absl::StrCat("optimizer Load(", path, "): copying the state of ",
-                                                       s.label, " to the device: ", st.message(),
-                                                       " (the optimizer state is now partly loaded)"));
+        mem.Synchronize(absl::Now() + config_.timeout)
+            .IgnoreError();  // nothing reads `file` after return
+        applied = absl::Status(
+            st.code(), absl::StrCat("optimizer Load(", path, "): copying the state of ", s.label,
+                                    " to the device: ", st.message(),
+                                    " (the optimizer state is now partly loaded)"));
         break;
       }
     } else {
@@ -328,8 +350,8 @@ absl::Status ShardedOptimizer::LoadState(absl::StatusOr<LoadedState> source, con
       std::memcpy(s.m.get(), found[b][1]->data(), bytes);
       if (config_.kind == OptimizerKind::kAdamW) std::memcpy(s.v.get(), found[b][2]->data(), bytes);
       for (const Segment& seg : s.segments) {
-        CastScale(s.master.get() + seg.lo, DType::kF32, out + seg.lo * DTypeSize(bk.dtype), bk.dtype,
-                  seg.hi - seg.lo, ScaleSpec{});
+        CastScale(s.master.get() + seg.lo, DType::kF32, out + seg.lo * DTypeSize(bk.dtype),
+                  bk.dtype, seg.hi - seg.lo, ScaleSpec{});
       }
     }
     s.dirty = true;  // cleared by each successful re-gather
@@ -344,9 +366,10 @@ absl::Status ShardedOptimizer::LoadState(absl::StatusOr<LoadedState> source, con
     }
     if (!applied.ok()) return applied;
     if (copy_failed > 0) {
-      return absl::AbortedError(absl::StrCat(
-          "optimizer Load(", path, "): ", copy_failed, " other rank(s) failed to copy their state to the "
-          "device (their state is partly loaded); no parameters were re-gathered"));
+      return absl::AbortedError(
+          absl::StrCat("optimizer Load(", path, "): ", copy_failed,
+                       " other rank(s) failed to copy their state to the "
+                       "device (their state is partly loaded); no parameters were re-gathered"));
     }
   }
   if (!config_.gather_after_step) return absl::OkStatus();  // each bucket's next gather reads it

@@ -29,7 +29,8 @@ KernelPool::Range KernelPool::Chunk(size_t n, size_t grain, int threads, int par
 KernelPool::KernelPool(int threads) : threads_(threads) {
   BRAID_CHECK(threads >= 1);
   workers_.reserve(static_cast<size_t>(threads - 1));
-  for (int part = 1; part < threads; ++part) workers_.emplace_back([this, part] { WorkerLoop(part); });
+  for (int part = 1; part < threads; ++part)
+    workers_.emplace_back([this, part] { WorkerLoop(part); });
 }
 
 KernelPool::~KernelPool() {

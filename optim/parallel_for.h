@@ -75,7 +75,7 @@ class KernelPool {
   std::condition_variable wake_cv_;  // workers sleep here for the next generation
   std::condition_variable done_cv_;  // the caller sleeps here for pending_ == 0
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};  // workers that have not finished the current job
+  std::atomic<int> pending_{0};    // workers that have not finished the current job
   std::atomic<bool> stop_{false};  // set before the final generation bump
 };
 

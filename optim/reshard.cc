@@ -19,20 +19,23 @@ constexpr int32_t kI64 = static_cast<int32_t>(DType::kI64);
 bool SameBits(double a, double b) { return std::memcmp(&a, &b, sizeof(a)) == 0; }
 
 absl::Status Mismatch(const std::string& path, const std::string& first, absl::string_view what) {
-  return absl::FailedPreconditionError(
-      absl::StrCat("state file ", path, " is not part of the same checkpoint as ", first, ": ", what));
+  return absl::FailedPreconditionError(absl::StrCat(
+      "state file ", path, " is not part of the same checkpoint as ", first, ": ", what));
 }
 
 // Everything but the rank must match rank 0's file.
 absl::Status CheckSameRun(const LoadedState& f, const LoadedState& first) {
   const StateHeader &a = f.header(), &b = first.header();
-  if (a.kind != b.kind) return Mismatch(f.path(), first.path(), absl::StrCat("kind ", a.kind, " vs ", b.kind));
+  if (a.kind != b.kind)
+    return Mismatch(f.path(), first.path(), absl::StrCat("kind ", a.kind, " vs ", b.kind));
   if (a.world_size != b.world_size || a.shard_group_size != b.shard_group_size ||
       a.replica_group_size != b.replica_group_size) {
-    return Mismatch(f.path(), first.path(), absl::StrCat("world ", a.replica_group_size, "x", a.shard_group_size,
-                                                         " vs ", b.replica_group_size, "x", b.shard_group_size));
+    return Mismatch(f.path(), first.path(),
+                    absl::StrCat("world ", a.replica_group_size, "x", a.shard_group_size, " vs ",
+                                 b.replica_group_size, "x", b.shard_group_size));
   }
-  if (a.step != b.step) return Mismatch(f.path(), first.path(), absl::StrCat("saved at step ", a.step, " vs ", b.step));
+  if (a.step != b.step)
+    return Mismatch(f.path(), first.path(), absl::StrCat("saved at step ", a.step, " vs ", b.step));
   if (a.plan_fingerprint != b.plan_fingerprint) {
     // Name the parameter when both layouts can be read.
     absl::StatusOr<sched::BucketPlan> pa = ReadLayout(f), pb = ReadLayout(first);
@@ -41,7 +44,8 @@ absl::Status CheckSameRun(const LoadedState& f, const LoadedState& first) {
   }
   bool same = a.scalars.size() == b.scalars.size();
   for (size_t i = 0; same && i < a.scalars.size(); ++i) {
-    same = a.scalars[i].first == b.scalars[i].first && SameBits(a.scalars[i].second, b.scalars[i].second);
+    same = a.scalars[i].first == b.scalars[i].first &&
+           SameBits(a.scalars[i].second, b.scalars[i].second);
   }
   if (!same) return Mismatch(f.path(), first.path(), "different hyper-parameters");
   return absl::OkStatus();
@@ -68,19 +72,22 @@ absl::StatusOr<Checkpoint> ReadCheckpoint(const std::vector<std::string>& paths)
     files.push_back(std::move(f));
   }
   // Order by rank: each of 0..N-1 exactly once.
-  std::sort(files.begin(), files.end(),
-            [](const LoadedState& a, const LoadedState& b) { return a.header().rank < b.header().rank; });
+  std::sort(files.begin(), files.end(), [](const LoadedState& a, const LoadedState& b) {
+    return a.header().rank < b.header().rank;
+  });
   const int n = static_cast<int>(files.size());
   for (int r = 0; r < n; ++r) {
     const StateHeader& h = files[r].header();
     if (h.world_size != n) {
-      return absl::FailedPreconditionError(absl::StrCat("state file ", files[r].path(), " belongs to a world of ",
-                                                        h.world_size, " ranks, but ", n, " files were given"));
+      return absl::FailedPreconditionError(absl::StrCat("state file ", files[r].path(),
+                                                        " belongs to a world of ", h.world_size,
+                                                        " ranks, but ", n, " files were given"));
     }
     if (h.rank != r) {
-      return absl::FailedPreconditionError(absl::StrCat("state file ", files[r].path(), " is rank ", h.rank,
-                                                        ": the files given do not hold every rank of 0..", n - 1,
-                                                        " exactly once (rank ", r, " is missing)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("state file ", files[r].path(), " is rank ", h.rank,
+                       ": the files given do not hold every rank of 0..", n - 1,
+                       " exactly once (rank ", r, " is missing)"));
     }
     if (r > 0) RETURN_IF_ERROR(CheckSameRun(files[r], files[0]));
   }
@@ -90,7 +97,8 @@ absl::StatusOr<Checkpoint> ReadCheckpoint(const std::vector<std::string>& paths)
   ASSIGN_OR_RETURN(c.plan, ReadLayout(files[0]));
   const int shards = c.header.shard_group_size;
   if (c.plan.options().shards != shards) {
-    return absl::DataLossError(absl::StrCat("state file ", files[0].path(), ": its layout has ", c.plan.options().shards,
+    return absl::DataLossError(absl::StrCat("state file ", files[0].path(), ": its layout has ",
+                                            c.plan.options().shards,
                                             " shards, its header a shard group of ", shards));
   }
   const auto& buckets = c.plan.buckets();
@@ -99,8 +107,9 @@ absl::StatusOr<Checkpoint> ReadCheckpoint(const std::vector<std::string>& paths)
     ASSIGN_OR_RETURN(const int64_t* steps, BucketSteps(f, buckets.size()));
     for (size_t b = 0; b < buckets.size(); ++b) {
       if (steps[b] != steps0[b] || steps[b] < 0) {
-        return absl::DataLossError(absl::StrCat("state file ", f.path(), ": bucket ", b, " has step count ", steps[b],
-                                                ", ", files[0].path(), " has ", steps0[b]));
+        return absl::DataLossError(absl::StrCat("state file ", f.path(), ": bucket ", b,
+                                                " has step count ", steps[b], ", ", files[0].path(),
+                                                " has ", steps0[b]));
       }
     }
   }
@@ -122,8 +131,9 @@ absl::StatusOr<Checkpoint> ReadCheckpoint(const std::vector<std::string>& paths)
         if (r < shards) {
           std::memcpy(dst, s->data(), sc * sizeof(float));
         } else if (std::memcmp(dst, s->data(), sc * sizeof(float)) != 0) {
-          return absl::DataLossError(absl::StrCat("state files ", files[r].path(), " and ", files[r % shards].path(),
-                                                  " are replicas of the same shard but their \"", name, "\" differ"));
+          return absl::DataLossError(
+              absl::StrCat("state files ", files[r].path(), " and ", files[r % shards].path(),
+                           " are replicas of the same shard but their \"", name, "\" differ"));
         }
       }
       for (int i : buckets[b].params) {
@@ -138,8 +148,9 @@ absl::StatusOr<Checkpoint> ReadCheckpoint(const std::vector<std::string>& paths)
 absl::StatusOr<std::vector<std::string>> WriteCheckpoint(const Checkpoint& c, int ranks, int shards,
                                                          const std::string& prefix) {
   if (ranks < 1 || shards < 1 || ranks % shards != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot re-shard for ", ranks, " ranks in shard groups of ", shards,
-                                                   ": the shard group size must divide the number of ranks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot re-shard for ", ranks, " ranks in shard groups of ", shards,
+                     ": the shard group size must divide the number of ranks"));
   }
   sched::PlanOptions o = c.plan.options();
   o.shards = shards;
@@ -153,8 +164,8 @@ absl::StatusOr<std::vector<std::string>> WriteCheckpoint(const Checkpoint& c, in
   return out;
 }
 
-absl::StatusOr<LoadedState> CheckpointRank(const Checkpoint& c, const sched::BucketPlan& plan, int rank, int ranks,
-                                           const std::string& name) {
+absl::StatusOr<LoadedState> CheckpointRank(const Checkpoint& c, const sched::BucketPlan& plan,
+                                           int rank, int ranks, const std::string& name) {
   const int shards = plan.options().shards;
   if (ranks < 1 || shards < 1 || ranks % shards != 0 || rank < 0 || rank >= ranks) {
     return absl::InvalidArgumentError(absl::StrCat("cannot lay out rank ", rank, " of ", ranks,
@@ -169,9 +180,9 @@ absl::StatusOr<LoadedState> CheckpointRank(const Checkpoint& c, const sched::Buc
     for (int i : buckets[b].params) {
       if (c.steps[i] != steps[b]) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "cannot re-shard: parameters ", plan.params()[first].Label(), " and ", plan.params()[i].Label(),
-            " share bucket ", b, " of the target plan but were stepped ", steps[b], " and ", c.steps[i],
-            " times (one step count per bucket)"));
+            "cannot re-shard: parameters ", plan.params()[first].Label(), " and ",
+            plan.params()[i].Label(), " share bucket ", b, " of the target plan but were stepped ",
+            steps[b], " and ", c.steps[i], " times (one step count per bucket)"));
       }
     }
   }
@@ -183,13 +194,15 @@ absl::StatusOr<LoadedState> CheckpointRank(const Checkpoint& c, const sched::Buc
   h.shard_group_size = shards;
   h.replica_group_size = ranks / shards;
   std::vector<LoadedSection> sections;
-  auto add = [&sections](std::string section, int32_t dtype, uint64_t count, size_t bytes) -> unsigned char* {
+  auto add = [&sections](std::string section, int32_t dtype, uint64_t count,
+                         size_t bytes) -> unsigned char* {
     LoadedSection& l = sections.emplace_back();
     l.name = std::move(section);
     l.dtype = dtype;
     l.count = count;
     l.bytes = bytes;
-    if (bytes > 0) l.storage = std::make_unique<unsigned char[]>(bytes);  // value-initialized: zero padding
+    if (bytes > 0)
+      l.storage = std::make_unique<unsigned char[]>(bytes);  // value-initialized: zero padding
     return l.storage.get();
   };
   if (unsigned char* d = add("bucket_steps", kI64, steps.size(), steps.size() * sizeof(int64_t))) {
@@ -203,7 +216,8 @@ absl::StatusOr<LoadedState> CheckpointRank(const Checkpoint& c, const sched::Buc
       for (int i : buckets[b].params) {
         const size_t off = plan.slot(i).offset, end = off + plan.params()[i].count;
         const size_t from = std::max(off, lo), to = std::min(end, hi);
-        if (from < to) std::memcpy(&shard[from - lo], &c.values[k][i][from - off], (to - from) * sizeof(float));
+        if (from < to)
+          std::memcpy(&shard[from - lo], &c.values[k][i][from - off], (to - from) * sizeof(float));
       }
     }
   }
@@ -214,8 +228,8 @@ absl::StatusOr<LoadedState> CheckpointRank(const Checkpoint& c, const sched::Buc
   return LoadedState(name, std::move(h), std::move(sections));
 }
 
-absl::Status WriteCheckpointRank(const Checkpoint& c, const sched::BucketPlan& plan, int rank, int ranks,
-                                 const std::string& path) {
+absl::Status WriteCheckpointRank(const Checkpoint& c, const sched::BucketPlan& plan, int rank,
+                                 int ranks, const std::string& path) {
   ASSIGN_OR_RETURN(const LoadedState state, CheckpointRank(c, plan, rank, ranks, path));
   std::vector<StateSection> sections;
   for (const LoadedSection& l : state.sections()) {

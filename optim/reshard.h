@@ -58,11 +58,11 @@ absl::StatusOr<std::vector<std::string>> WriteCheckpoint(const Checkpoint& c, in
 // for the file in errors): what ShardedOptimizer::LoadState takes when the buckets of a live
 // run are re-planned (capi). FailedPrecondition for other parameters (named) or a target bucket
 // whose parameters were stepped a different number of times.
-absl::StatusOr<LoadedState> CheckpointRank(const Checkpoint& c, const sched::BucketPlan& plan, int rank, int ranks,
-                                           const std::string& name);
+absl::StatusOr<LoadedState> CheckpointRank(const Checkpoint& c, const sched::BucketPlan& plan,
+                                           int rank, int ranks, const std::string& name);
 // CheckpointRank written to `path` (WriteCheckpoint's, for each rank).
-absl::Status WriteCheckpointRank(const Checkpoint& c, const sched::BucketPlan& plan, int rank, int ranks,
-                                 const std::string& path);
+absl::Status WriteCheckpointRank(const Checkpoint& c, const sched::BucketPlan& plan, int rank,
+                                 int ranks, const std::string& path);
 
 // The state buffers an optimizer of `kind` ("adamw" or "sgd") saves per bucket.
 absl::StatusOr<std::vector<std::string>> StateNames(const std::string& kind);

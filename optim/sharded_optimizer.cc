@@ -28,30 +28,35 @@ absl::StatusOr<FloatBuffer> ZeroedFloats(sched::MemoryStats* memory, BufferOps& 
                                          const std::string& what) {
   const size_t bytes = std::max<size_t>(64, (n * sizeof(float) + 63) / 64 * 64);
   FloatBuffer f;
-  ASSIGN_OR_RETURN(f.buf, sched::CountedAllocate(memory, ops, bytes, sched::MemoryUse::kOptimizerState, what));
+  ASSIGN_OR_RETURN(
+      f.buf, sched::CountedAllocate(memory, ops, bytes, sched::MemoryUse::kOptimizerState, what));
   RETURN_IF_ERROR(ops.Zero(f.buf.get(), bytes));
   return f;
 }
-
 
 }  // namespace
 
 absl::Status CheckHyper(const GroupHyper& h, OptimizerKind kind, int group) {
   const auto bad = [group](absl::string_view what) {
-    return absl::InvalidArgumentError(absl::StrCat("optimizer: parameter group ", group, ": ", what));
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer: parameter group ", group, ": ", what));
   };
   if (kind == OptimizerKind::kAdamW) {
     const AdamWHyper& a = h.adamw;
     if (!(a.lr >= 0)) return bad(absl::StrCat("lr must be >= 0, got ", a.lr));
-    if (!(a.beta1 >= 0 && a.beta1 < 1)) return bad(absl::StrCat("beta1 must be in [0, 1), got ", a.beta1));
-    if (!(a.beta2 >= 0 && a.beta2 < 1)) return bad(absl::StrCat("beta2 must be in [0, 1), got ", a.beta2));
+    if (!(a.beta1 >= 0 && a.beta1 < 1))
+      return bad(absl::StrCat("beta1 must be in [0, 1), got ", a.beta1));
+    if (!(a.beta2 >= 0 && a.beta2 < 1))
+      return bad(absl::StrCat("beta2 must be in [0, 1), got ", a.beta2));
     if (!(a.eps > 0)) return bad(absl::StrCat("eps must be > 0, got ", a.eps));
-    if (!(a.weight_decay >= 0)) return bad(absl::StrCat("weight_decay must be >= 0, got ", a.weight_decay));
+    if (!(a.weight_decay >= 0))
+      return bad(absl::StrCat("weight_decay must be >= 0, got ", a.weight_decay));
   } else {
     const SgdHyper& s = h.sgd;
     if (!(s.lr >= 0)) return bad(absl::StrCat("lr must be >= 0, got ", s.lr));
     if (!(s.momentum >= 0)) return bad(absl::StrCat("momentum must be >= 0, got ", s.momentum));
-    if (!(s.weight_decay >= 0)) return bad(absl::StrCat("weight_decay must be >= 0, got ", s.weight_decay));
+    if (!(s.weight_decay >= 0))
+      return bad(absl::StrCat("weight_decay must be >= 0, got ", s.weight_decay));
     if (s.nesterov && s.momentum == 0) return bad("nesterov needs momentum > 0");
   }
   return absl::OkStatus();
@@ -69,7 +74,8 @@ ShardedOptimizer::ShardedOptimizer(sched::GradientReducer* reducer, sched::Param
     : reducer_(reducer), gatherer_(gatherer), config_(config), groups_(config.groups) {}
 
 absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(
-    sched::GradientReducer* reducer, sched::ParamGatherer* gatherer, const OptimizerConfig& config) {
+    sched::GradientReducer* reducer, sched::ParamGatherer* gatherer,
+    const OptimizerConfig& config) {
   if (reducer == nullptr || gatherer == nullptr) {
     return absl::InvalidArgumentError("optimizer: needs a reducer and a gatherer");
   }
@@ -84,16 +90,19 @@ absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(
         "buckets? create the gatherer from reducer->plan() after RebuildBucketsIfPending)");
   }
   Group& shard = *reducer->groups().shard;
-  if (&gatherer->group() == reducer->groups().shard || &gatherer->group() == reducer->groups().replica) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "optimizer: the gatherer uses the reducer's group '", gatherer->group().name(),
-        "'; its all-gathers would interleave with the reductions: give it a Split of the shard group"));
+  if (&gatherer->group() == reducer->groups().shard ||
+      &gatherer->group() == reducer->groups().replica) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer: the gatherer uses the reducer's group '", gatherer->group().name(),
+                     "'; its all-gathers would interleave with the reductions: give it a Split of "
+                     "the shard group"));
   }
   if (gatherer->group().size() != shard.size() || gatherer->group().rank() != shard.rank()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "optimizer: gatherer group '", gatherer->group().name(), "' (rank ", gatherer->group().rank(),
-        " of ", gatherer->group().size(), ") does not match shard group '", shard.name(), "' (rank ",
-        shard.rank(), " of ", shard.size(), "): split the shard group with key = rank"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer: gatherer group '", gatherer->group().name(), "' (rank ",
+                     gatherer->group().rank(), " of ", gatherer->group().size(),
+                     ") does not match shard group '", shard.name(), "' (rank ", shard.rank(),
+                     " of ", shard.size(), "): split the shard group with key = rank"));
   }
   if (config.groups.empty()) return absl::InvalidArgumentError("optimizer: no parameter group");
   for (size_t g = 0; g < config.groups.size(); ++g) {
@@ -102,11 +111,13 @@ absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(
   const BucketPlan& plan = reducer->plan();
   for (const auto& [id, g] : config.group_of) {
     absl::StatusOr<int> i = plan.IndexOf(id);
-    if (!i.ok()) return absl::NotFoundError(absl::StrCat("optimizer: group_of names unknown parameter id ", id));
+    if (!i.ok())
+      return absl::NotFoundError(
+          absl::StrCat("optimizer: group_of names unknown parameter id ", id));
     if (g < 0 || g >= static_cast<int>(config.groups.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("optimizer: parameter ", plan.params()[*i].Label(),
-                                                     " is assigned to group ", g, "; there are ",
-                                                     config.groups.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer: parameter ", plan.params()[*i].Label(), " is assigned to group ",
+                       g, "; there are ", config.groups.size()));
     }
   }
   if (config.threads < 1) return absl::InvalidArgumentError("optimizer: threads must be >= 1");
@@ -114,11 +125,13 @@ absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(
   if (first != nullptr && first->device.type != DeviceType::kCpu) {
     const std::string where = absl::StrCat("the parameters are on ", first->device.ToString());
     if (config.device_kernels == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "optimizer: ", where, ": OptimizerConfig::device_kernels is required (optim::CudaStepKernels())"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer: ", where,
+                       ": OptimizerConfig::device_kernels is required (optim::CudaStepKernels())"));
     }
     if (shard.buffer_ops().synchronous() || !shard.buffer_ops().stream()) {
-      return absl::InvalidArgumentError(absl::StrCat("optimizer: ", where, " but shard group '", shard.name(),
+      return absl::InvalidArgumentError(absl::StrCat("optimizer: ", where, " but shard group '",
+                                                     shard.name(),
                                                      "' has no device stream for the step"));
     }
   }
@@ -128,7 +141,8 @@ absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(
         "max_grad_norm > 0 reports the norm, at the cost of stepping after the last reduction)");
   }
   if (!(config.max_grad_norm >= 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("optimizer: max_grad_norm must be >= 0, got ", config.max_grad_norm));
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer: max_grad_norm must be >= 0, got ", config.max_grad_norm));
   }
   auto opt = std::unique_ptr<ShardedOptimizer>(new ShardedOptimizer(reducer, gatherer, config));
   RETURN_IF_ERROR(opt->Init());
@@ -149,18 +163,25 @@ absl::Status ShardedOptimizer::Init() {
     auto s = std::make_unique<BucketState>();
     s->label = absl::StrCat("bucket ", b);
     s->n = bk.shard_count;
-    ASSIGN_OR_RETURN(s->master, ZeroedFloats(config_.memory, state_mem, s->n,
-                                             absl::StrCat("optimizer master weights of ", s->label)));
-    ASSIGN_OR_RETURN(s->m, ZeroedFloats(config_.memory, state_mem, s->n, absl::StrCat("optimizer state of ", s->label)));
+    ASSIGN_OR_RETURN(s->master,
+                     ZeroedFloats(config_.memory, state_mem, s->n,
+                                  absl::StrCat("optimizer master weights of ", s->label)));
+    ASSIGN_OR_RETURN(s->m, ZeroedFloats(config_.memory, state_mem, s->n,
+                                        absl::StrCat("optimizer state of ", s->label)));
     if (config_.kind == OptimizerKind::kAdamW) {
-      ASSIGN_OR_RETURN(s->v, ZeroedFloats(config_.memory, state_mem, s->n, absl::StrCat("optimizer state of ", s->label)));
+      ASSIGN_OR_RETURN(s->v, ZeroedFloats(config_.memory, state_mem, s->n,
+                                          absl::StrCat("optimizer state of ", s->label)));
     }
     if (offload_) {
       const size_t bytes = std::max<size_t>(1, s->n * DTypeSize(bk.dtype));
-      ASSIGN_OR_RETURN(s->grad_host, sched::CountedAllocate(config_.memory, HostBufferOps(), bytes, sched::MemoryUse::kStaging,
-                                                            absl::StrCat("offload gradient staging of ", s->label)));
-      ASSIGN_OR_RETURN(s->param_host, sched::CountedAllocate(config_.memory, HostBufferOps(), bytes, sched::MemoryUse::kStaging,
-                                                             absl::StrCat("offload parameter staging of ", s->label)));
+      ASSIGN_OR_RETURN(
+          s->grad_host,
+          sched::CountedAllocate(config_.memory, HostBufferOps(), bytes, sched::MemoryUse::kStaging,
+                                 absl::StrCat("offload gradient staging of ", s->label)));
+      ASSIGN_OR_RETURN(
+          s->param_host,
+          sched::CountedAllocate(config_.memory, HostBufferOps(), bytes, sched::MemoryUse::kStaging,
+                                 absl::StrCat("offload parameter staging of ", s->label)));
     }
     const size_t start = r * bk.shard_count, end = start + bk.shard_count;
     for (int pi : bk.params) {
@@ -169,7 +190,8 @@ absl::Status ShardedOptimizer::Init() {
       if (lo >= hi) continue;
       auto it = config_.group_of.find(plan.params()[pi].id);
       const int g = it == config_.group_of.end() ? 0 : it->second;
-      if (!s->segments.empty() && s->segments.back().hi == lo - start && s->segments.back().group == g) {
+      if (!s->segments.empty() && s->segments.back().hi == lo - start &&
+          s->segments.back().group == g) {
         s->segments.back().hi = hi - start;
       } else {
         s->segments.push_back(Segment{lo - start, hi - start, g});
@@ -185,15 +207,19 @@ absl::Status ShardedOptimizer::Init() {
       for (const Segment& seg : s->segments) blocks += NormBlocks(seg.hi - seg.lo);
     }
     norm_host_.assign(blocks, 0.0);
-    ASSIGN_OR_RETURN(norm_dev_, sched::CountedAllocate(config_.memory, mem, std::max<size_t>(1, blocks) * sizeof(double),
-                                                       sched::MemoryUse::kStaging, "gradient norm block sums"));
+    ASSIGN_OR_RETURN(
+        norm_dev_,
+        sched::CountedAllocate(config_.memory, mem, std::max<size_t>(1, blocks) * sizeof(double),
+                               sched::MemoryUse::kStaging, "gradient norm block sums"));
   }
   if (on_device_) {
     // Load's agreement all-reduces use it even without clipping.
-    ASSIGN_OR_RETURN(stats_dev_, sched::CountedAllocate(config_.memory, mem, 2 * sizeof(double), sched::MemoryUse::kStaging,
+    ASSIGN_OR_RETURN(stats_dev_, sched::CountedAllocate(config_.memory, mem, 2 * sizeof(double),
+                                                        sched::MemoryUse::kStaging,
                                                         "optimizer statistics all-reduce"));
   }
-  ASSIGN_OR_RETURN(stats_group_, shard.Split(0, shard.rank(), absl::StrCat(shard.name(), "/optim")));
+  ASSIGN_OR_RETURN(stats_group_,
+                   shard.Split(0, shard.rank(), absl::StrCat(shard.name(), "/optim")));
   pool_ = std::make_unique<KernelPool>(config_.threads);
   guard_ = std::make_shared<CallbackGuard>();
   guard_->self = this;
@@ -225,7 +251,9 @@ absl::Status ShardedOptimizer::BeginBackward(SyncMode mode) {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (in_backward_) return absl::FailedPreconditionError("optimizer: BeginBackward while a backward is in progress");
+    if (in_backward_)
+      return absl::FailedPreconditionError(
+          "optimizer: BeginBackward while a backward is in progress");
     if (stepable_) {
       return absl::FailedPreconditionError(
           "optimizer: the last synced backward was not stepped (overlap is off: call Step() "
@@ -248,8 +276,8 @@ absl::Status ShardedOptimizer::BeginBackward(SyncMode mode) {
   }
   // Each bucket's final reduction reports here (one small allocation per bucket: the guard).
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    reducer_->BucketWork(static_cast<int>(b))->OnComplete(
-        [guard = guard_, b, round](const absl::Status& st) {
+    reducer_->BucketWork(static_cast<int>(b))
+        ->OnComplete([guard = guard_, b, round](const absl::Status& st) {
           std::lock_guard<std::mutex> lock(guard->mu);
           if (guard->self != nullptr) guard->self->OnReduced(static_cast<int>(b), round, st);
         });
@@ -283,7 +311,8 @@ void ShardedOptimizer::ArmLocked() {
 absl::Status ShardedOptimizer::FinishBackward() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!in_backward_) return absl::FailedPreconditionError("optimizer: FinishBackward without BeginBackward");
+    if (!in_backward_)
+      return absl::FailedPreconditionError("optimizer: FinishBackward without BeginBackward");
   }
   absl::Status s = reducer_->FinishBackward();
   std::lock_guard<std::mutex> lock(mu_);
@@ -307,7 +336,8 @@ absl::Status ShardedOptimizer::FinishBackward() {
 
 absl::Status ShardedOptimizer::Step() {
   if (config_.overlap) {
-    return absl::FailedPreconditionError("optimizer: Step() with overlap on (steps run as reductions complete)");
+    return absl::FailedPreconditionError(
+        "optimizer: Step() with overlap on (steps run as reductions complete)");
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -396,14 +426,17 @@ void ShardedOptimizer::RunRound() {
   if (on_device_ && failed_at < 0) {
     // The one host wait of a clipped / checked device step: every block sum comes back. (Not
     // after a failure: a reduction that missed its deadline may still hold the stream.)
-    absl::Status synced = ops().Copy(norm_host_.data(), norm_dev_.get(), norm_host_.size() * sizeof(double));
+    absl::Status synced =
+        ops().Copy(norm_host_.data(), norm_dev_.get(), norm_host_.size() * sizeof(double));
     if (synced.ok()) synced = ops().Synchronize(deadline);
     if (!synced.ok() && failed_at < 0) {
       failed_at = 0;
-      failure = absl::Status(synced.code(), absl::StrCat("gradient norm on the stream of group '",
-                                                         reducer_->groups().shard->name(), "': ", synced.message()));
+      failure = absl::Status(
+          synced.code(), absl::StrCat("gradient norm on the stream of group '",
+                                      reducer_->groups().shard->name(), "': ", synced.message()));
     }
-    for (int b = 0; b < static_cast<int>(buckets_.size()) && failed_at < 0; ++b) sumsq += DeviceBucketSquaredNorm(b);
+    for (int b = 0; b < static_cast<int>(buckets_.size()) && failed_at < 0; ++b)
+      sumsq += DeviceBucketSquaredNorm(b);
   }
   // One all-reduce of {sum of squares, ranks that failed}: every rank takes the same decision,
   // a rank whose reduction failed included (it must not skip a collective its peers issue).
@@ -411,13 +444,14 @@ void ShardedOptimizer::RunRound() {
   stats_[1] = failed_at < 0 ? 0.0 : 1.0;
   const absl::Status st = SumStats(*stats_group_, deadline);
   if (!st.ok()) {
-    return DropFrom(0, absl::Status(st.code(), absl::StrCat("global gradient norm: ", st.message())));
+    return DropFrom(0,
+                    absl::Status(st.code(), absl::StrCat("global gradient norm: ", st.message())));
   }
   if (failed_at >= 0) return DropFrom(0, failure);
   if (stats_[1] > 0) {
-    return DropFrom(0, absl::AbortedError(absl::StrCat(stats_[1], " other rank(s) of group '",
-                                                       stats_group_->name(),
-                                                       "' could not reduce their gradients or take their norm")));
+    return DropFrom(0, absl::AbortedError(absl::StrCat(
+                           stats_[1], " other rank(s) of group '", stats_group_->name(),
+                           "' could not reduce their gradients or take their norm")));
   }
   StepReport report;
   report.grad_norm = std::sqrt(stats_[0]);
@@ -442,9 +476,10 @@ absl::Status ShardedOptimizer::WaitBetweenSteps(const char* caller) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (in_backward_ || stepable_ || sync_ != SyncMode::kSync) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "optimizer ", caller, ": only between steps (not inside a backward, an accumulation "
-          "window, or before Step() of a finished backward)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("optimizer ", caller,
+                       ": only between steps (not inside a backward, an accumulation "
+                       "window, or before Step() of a finished backward)"));
     }
   }
   return WaitRoundIdle(caller);
@@ -454,7 +489,8 @@ absl::Status ShardedOptimizer::WaitRoundIdle(const char* caller) {
   std::unique_lock<std::mutex> lock(mu_);
   const absl::Time deadline = absl::Now() + config_.timeout;
   if (!cv_.wait_until(lock, absl::ToChronoTime(deadline), [this] { return !round_armed_; })) {
-    return absl::DeadlineExceededError(absl::StrCat("optimizer ", caller, ": the previous step did not finish within ",
+    return absl::DeadlineExceededError(absl::StrCat("optimizer ", caller,
+                                                    ": the previous step did not finish within ",
                                                     absl::FormatDuration(config_.timeout)));
   }
   return absl::OkStatus();
@@ -462,19 +498,21 @@ absl::Status ShardedOptimizer::WaitRoundIdle(const char* caller) {
 
 absl::Status ShardedOptimizer::WaitStepped(const char* caller, int b) {
   if (b < 0 || b >= static_cast<int>(buckets_.size())) {
-    return absl::OutOfRangeError(absl::StrCat("optimizer ", caller, ": no bucket ", b, " (", buckets_.size(), " buckets)"));
+    return absl::OutOfRangeError(
+        absl::StrCat("optimizer ", caller, ": no bucket ", b, " (", buckets_.size(), " buckets)"));
   }
   BucketState& s = *buckets_[b];
   std::unique_lock<std::mutex> lock(mu_);
   if (in_backward_ && !s.published) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "optimizer ", caller, "(", b, ") during a synced backward: ", s.label,
-        " is stepped once its gradients are reduced (wait after FinishBackward)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("optimizer ", caller, "(", b, ") during a synced backward: ", s.label,
+                     " is stepped once its gradients are reduced (wait after FinishBackward)"));
   }
   const absl::Time deadline = absl::Now() + config_.timeout;
   if (!cv_.wait_until(lock, absl::ToChronoTime(deadline), [&] { return s.published; })) {
     return absl::DeadlineExceededError(absl::StrCat("optimizer ", caller, ": the step of ", s.label,
-                                                    " did not finish within ", absl::FormatDuration(config_.timeout)));
+                                                    " did not finish within ",
+                                                    absl::FormatDuration(config_.timeout)));
   }
   return s.publish_status;
 }
@@ -524,10 +562,12 @@ absl::Status ShardedOptimizer::WaitAllParams() {
 absl::Status ShardedOptimizer::SetParam(ParamId id, const void* values) {
   const BucketPlan& plan = reducer_->plan();
   absl::StatusOr<int> i = plan.IndexOf(id);
-  if (!i.ok()) return absl::NotFoundError(absl::StrCat("optimizer SetParam: unknown parameter id ", id));
+  if (!i.ok())
+    return absl::NotFoundError(absl::StrCat("optimizer SetParam: unknown parameter id ", id));
   const sched::ParamSpec& p = plan.params()[*i];
   if (values == nullptr && p.count > 0) {
-    return absl::InvalidArgumentError(absl::StrCat("optimizer SetParam(", p.Label(), "): null values"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer SetParam(", p.Label(), "): null values"));
   }
   RETURN_IF_ERROR(WaitBetweenSteps("SetParam"));
   const int b = plan.slot(*i).bucket;
@@ -547,11 +587,13 @@ absl::Status ShardedOptimizer::SetParam(ParamId id, const void* values) {
       if (st.ok() && offload_) {
         CastScale(src, p.dtype, s.master.get() + (lo - start), DType::kF32, hi - lo, ScaleSpec{});
       } else if (st.ok()) {
-        st = mem.CastScale(out, p.dtype, s.master.get() + (lo - start), DType::kF32, hi - lo, ScaleSpec{});
+        st = mem.CastScale(out, p.dtype, s.master.get() + (lo - start), DType::kF32, hi - lo,
+                           ScaleSpec{});
       }
       if (st.ok()) st = mem.Synchronize(absl::Now() + config_.timeout);
       if (!st.ok()) {
-        return absl::Status(st.code(), absl::StrCat("optimizer SetParam(", p.Label(), "): ", st.message()));
+        return absl::Status(st.code(),
+                            absl::StrCat("optimizer SetParam(", p.Label(), "): ", st.message()));
       }
     } else {
       CastScale(src, p.dtype, s.master.get() + (lo - start), DType::kF32, hi - lo, ScaleSpec{});
@@ -565,17 +607,20 @@ absl::Status ShardedOptimizer::SetParam(ParamId id, const void* values) {
 absl::Status ShardedOptimizer::AdoptParam(ParamId id) {
   const BucketPlan& plan = reducer_->plan();
   absl::StatusOr<int> i = plan.IndexOf(id);
-  if (!i.ok()) return absl::NotFoundError(absl::StrCat("optimizer AdoptParam: unknown parameter id ", id));
+  if (!i.ok())
+    return absl::NotFoundError(absl::StrCat("optimizer AdoptParam: unknown parameter id ", id));
   const sched::ParamSpec& p = plan.params()[*i];
   if (!config_.gather_after_step) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "optimizer AdoptParam(", p.Label(), "): a fully sharded optimizer's parameters are "
-        "written through SetParam (e.g. a summon with writeback)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("optimizer AdoptParam(", p.Label(),
+                     "): a fully sharded optimizer's parameters are "
+                     "written through SetParam (e.g. a summon with writeback)"));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (in_backward_) {
-      return absl::FailedPreconditionError(absl::StrCat("optimizer AdoptParam(", p.Label(), "): inside a backward"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("optimizer AdoptParam(", p.Label(), "): inside a backward"));
     }
   }
   // Between steps, before Step() of a finished backward (overlap off: the step then starts
@@ -608,7 +653,9 @@ absl::Status ShardedOptimizer::AdoptParam(ParamId id) {
     st = mem.CastScale(written, p.dtype, master, DType::kF32, hi - lo, ScaleSpec{});
     if (st.ok()) st = mem.Synchronize(absl::Now() + config_.timeout);
   }
-  if (!st.ok()) return absl::Status(st.code(), absl::StrCat("optimizer AdoptParam(", p.Label(), "): ", st.message()));
+  if (!st.ok())
+    return absl::Status(st.code(),
+                        absl::StrCat("optimizer AdoptParam(", p.Label(), "): ", st.message()));
   return absl::OkStatus();
 }
 

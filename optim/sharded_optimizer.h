@@ -112,9 +112,9 @@ struct GroupHyper {
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kAdamW;
   std::vector<GroupHyper> groups = std::vector<GroupHyper>(1);  // group 0: every unlisted parameter
-  absl::flat_hash_map<ParamId, int> group_of;    // parameter id -> index into groups
-  bool overlap = true;         // step each bucket as its reduction completes; else Step()
-  double max_grad_norm = 0.0;  // > 0: exact global-norm clipping (as torch's clip_grad_norm_)
+  absl::flat_hash_map<ParamId, int> group_of;                   // parameter id -> index into groups
+  bool overlap = true;          // step each bucket as its reduction completes; else Step()
+  double max_grad_norm = 0.0;   // > 0: exact global-norm clipping (as torch's clip_grad_norm_)
   bool skip_nonfinite = false;  // drop the whole step on every rank if any gradient is inf/NaN
   int threads = 1;              // kernel threads per step (1: the stepper thread alone)
   absl::Duration timeout = absl::Seconds(300);  // every wait
@@ -147,11 +147,11 @@ struct OptimizerConfig {
 
 // What the latest completed step did.
 struct StepReport {
-  int64_t rounds = 0;      // armed steps completed (skipped ones included)
-  bool skipped = false;    // skip_nonfinite dropped it
-  double grad_norm = -1;   // global gradient norm (clipping / skip_nonfinite /
-                           // track_grad_norm only; else -1)
-  double clip_scale = 1;   // the factor the gradients were multiplied by
+  int64_t rounds = 0;     // armed steps completed (skipped ones included)
+  bool skipped = false;   // skip_nonfinite dropped it
+  double grad_norm = -1;  // global gradient norm (clipping / skip_nonfinite /
+                          // track_grad_norm only; else -1)
+  double clip_scale = 1;  // the factor the gradients were multiplied by
   // Not OK when a reduction failed (or timed out) on any rank: from the first failed bucket on,
   // the step was dropped on every rank (gradients zeroed, parameters unchanged and gathered
   // again); earlier buckets were stepped. Names the bucket.
@@ -300,8 +300,8 @@ class ShardedOptimizer {
   sched::GradientReducer* const reducer_;
   sched::ParamGatherer* const gatherer_;
   const OptimizerConfig config_;
-  bool on_device_ = false;  // the buckets are device memory (ops() is not synchronous)
-  bool offload_ = false;    // on_device_ and config.offload: the f32 state is host memory
+  bool on_device_ = false;          // the buckets are device memory (ops() is not synchronous)
+  bool offload_ = false;            // on_device_ and config.offload: the f32 state is host memory
   std::vector<GroupHyper> groups_;  // current; snapshotted when a step is armed
   std::vector<std::unique_ptr<BucketState>> buckets_;
   // Clipping / non-finite / failure all-reduce: {sum of squares, failed ranks}. On the heap and
@@ -319,19 +319,19 @@ class ShardedOptimizer {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  bool in_backward_ = false;        // guarded by mu_
+  bool in_backward_ = false;  // guarded by mu_
   sched::SyncMode sync_ = sched::SyncMode::kSync;
-  uint64_t round_ = 0;              // guarded by mu_: synced backwards so far
-  bool round_armed_ = false;        // guarded by mu_: a step waits to run or is running
-  bool round_running_ = false;      // guarded by mu_
-  bool stepable_ = false;           // guarded by mu_: !overlap, a synced backward awaits Step()
-  bool defer_completion_ = false;   // guarded by mu_: the last Publish does not complete the step
-  absl::Time round_deadline_;       // guarded by mu_
+  uint64_t round_ = 0;             // guarded by mu_: synced backwards so far
+  bool round_armed_ = false;       // guarded by mu_: a step waits to run or is running
+  bool round_running_ = false;     // guarded by mu_
+  bool stepable_ = false;          // guarded by mu_: !overlap, a synced backward awaits Step()
+  bool defer_completion_ = false;  // guarded by mu_: the last Publish does not complete the step
+  absl::Time round_deadline_;      // guarded by mu_
   std::vector<GroupHyper> round_hyper_;  // the armed step's hyper-parameters
-  StepReport report_;               // guarded by mu_: the last completed step
-  StepReport round_report_;         // guarded by mu_: the step in flight
-  bool stop_ = false;               // guarded by mu_
-  std::thread stepper_;             // overlap only; last member
+  StepReport report_;                    // guarded by mu_: the last completed step
+  StepReport round_report_;              // guarded by mu_: the step in flight
+  bool stop_ = false;                    // guarded by mu_
+  std::thread stepper_;                  // overlap only; last member
 };
 
 }  // namespace braid::optim

@@ -104,8 +104,7 @@ class HeaderCursor {
   absl::Status Need(uint64_t n, absl::string_view what) {
     if (n > left()) {
       return Corrupt(path_, absl::StrCat(what, " at byte ", base_ + pos_, " needs ", n,
-                                         " bytes, but the header ends ", left(),
-                                         " bytes later"));
+                                         " bytes, but the header ends ", left(), " bytes later"));
     }
     return absl::OkStatus();
   }
@@ -214,8 +213,8 @@ absl::StatusOr<StateHeader> ParseHeaderBody(const std::string& body, uint64_t ba
     return Corrupt(path, absl::StrCat("header has ", in.left(), " unexpected bytes at its end"));
   }
   if (sections > max_sections) {
-    return Corrupt(path, absl::StrCat("section count ", sections,
-                                      " cannot fit in the rest of the file"));
+    return Corrupt(path,
+                   absl::StrCat("section count ", sections, " cannot fit in the rest of the file"));
   }
   std::string problem = HeaderProblem(h);
   if (!problem.empty()) return Corrupt(path, absl::StrCat("header: ", problem));
@@ -260,8 +259,7 @@ absl::StatusOr<LoadedSection> ReadSection(StreamReader& in, uint32_t index,
 
 // ---- LoadedState -----------------------------------------------------------------------------
 
-LoadedState::LoadedState(std::string path, StateHeader header,
-                         std::vector<LoadedSection> sections)
+LoadedState::LoadedState(std::string path, StateHeader header, std::vector<LoadedSection> sections)
     : path_(std::move(path)), header_(std::move(header)), sections_(std::move(sections)) {
   index_.reserve(sections_.size());
   for (size_t i = 0; i < sections_.size(); ++i) index_.emplace(sections_[i].name, i);
@@ -280,13 +278,13 @@ absl::StatusOr<const LoadedSection*> LoadedState::Find(absl::string_view name, D
                                                        uint64_t count) const {
   ASSIGN_OR_RETURN(const LoadedSection* s, Find(name));
   if (s->dtype != static_cast<int32_t>(dtype) || s->count != count) {
-    const std::string file_type =
-        IsValidDType(s->dtype) ? std::string(DTypeName(static_cast<DType>(s->dtype)))
-                               : absl::StrCat("dtype ", s->dtype);
-    return absl::FailedPreconditionError(absl::StrCat(
-        "state file ", path_, ": section \"", name, "\" holds ", s->count, " ", file_type,
-        " elements, this run expects ", count, " ", DTypeName(dtype),
-        " elements (the parameters or the bucket plan differ)"));
+    const std::string file_type = IsValidDType(s->dtype)
+                                      ? std::string(DTypeName(static_cast<DType>(s->dtype)))
+                                      : absl::StrCat("dtype ", s->dtype);
+    return absl::FailedPreconditionError(
+        absl::StrCat("state file ", path_, ": section \"", name, "\" holds ", s->count, " ",
+                     file_type, " elements, this run expects ", count, " ", DTypeName(dtype),
+                     " elements (the parameters or the bucket plan differ)"));
   }
   return s;
 }
@@ -401,8 +399,10 @@ absl::StatusOr<LoadedState> ReadStateFile(const std::string& path) {
         kStateFileVersion, " (written by a newer Braid?)"));
   }
   if (version != kStateFileVersion) {
-    return Corrupt(path, absl::StrCat("format version ", version, " is unknown (this build "
-                                      "reads version ", kStateFileVersion, ")"));
+    return Corrupt(path, absl::StrCat("format version ", version,
+                                      " is unknown (this build "
+                                      "reads version ",
+                                      kStateFileVersion, ")"));
   }
 
   if (size < kPreambleBytes) return Truncated(path, size, "inside the preamble");
@@ -412,14 +412,14 @@ absl::StatusOr<LoadedState> ReadStateFile(const std::string& path) {
     return Truncated(path, size, absl::StrCat("the file should be ", file_bytes, " bytes"));
   }
   if (size > file_bytes) {
-    return Corrupt(path, absl::StrCat("it records a length of ", file_bytes,
-                                      " bytes but holds ", size));
+    return Corrupt(path,
+                   absl::StrCat("it records a length of ", file_bytes, " bytes but holds ", size));
   }
   // From here on reads stop before the trailing checksum.
   in.set_limit(size - kTrailerBytes);
   if (size < kPreambleBytes + kTrailerBytes || header_bytes > in.remaining()) {
-    return Corrupt(path, absl::StrCat("header length ", header_bytes, " does not fit in a ",
-                                      size, "-byte file"));
+    return Corrupt(path, absl::StrCat("header length ", header_bytes, " does not fit in a ", size,
+                                      "-byte file"));
   }
   std::string body(static_cast<size_t>(header_bytes), '\0');
   RETURN_IF_ERROR(in.Read(body.data(), header_bytes, "the header"));
@@ -464,16 +464,16 @@ absl::Status CheckCompatible(const StateHeader& file, const StateHeader& expecte
                                  expected.kind, "\""));
   }
   if (file.world_size != expected.world_size) {
-    diffs.push_back(absl::StrCat("with world size ", file.world_size, ", this run has ",
-                                 expected.world_size));
+    diffs.push_back(
+        absl::StrCat("with world size ", file.world_size, ", this run has ", expected.world_size));
   }
   if (file.rank != expected.rank) {
     diffs.push_back(absl::StrCat("by rank ", file.rank, ", this is rank ", expected.rank,
                                  " (each rank must load its own file)"));
   }
   if (file.shard_group_size != expected.shard_group_size) {
-    diffs.push_back(absl::StrCat("with shard group size ", file.shard_group_size,
-                                 ", this run has ", expected.shard_group_size));
+    diffs.push_back(absl::StrCat("with shard group size ", file.shard_group_size, ", this run has ",
+                                 expected.shard_group_size));
   }
   if (file.replica_group_size != expected.replica_group_size) {
     diffs.push_back(absl::StrCat("with replica group size ", file.replica_group_size,

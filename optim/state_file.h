@@ -77,22 +77,22 @@ inline constexpr size_t kStateFileMaxNameBytes = 4096;
 // world_size, rank, group sizes) are what CheckCompatible compares; step and scalars are
 // state the optimizer restores.
 struct StateHeader {
-  std::string kind;               // e.g. "adamw"; non-empty
-  uint64_t plan_fingerprint = 0;  // e.g. BucketPlan::Fingerprint(): bucket layout + parameters
-  int32_t world_size = 0;         // >= 1
-  int32_t rank = 0;               // in [0, world_size)
-  int32_t shard_group_size = 0;   // >= 1
-  int32_t replica_group_size = 0; // >= 1
-  int64_t step = 0;               // >= 0
+  std::string kind;                // e.g. "adamw"; non-empty
+  uint64_t plan_fingerprint = 0;   // e.g. BucketPlan::Fingerprint(): bucket layout + parameters
+  int32_t world_size = 0;          // >= 1
+  int32_t rank = 0;                // in [0, world_size)
+  int32_t shard_group_size = 0;    // >= 1
+  int32_t replica_group_size = 0;  // >= 1
+  int64_t step = 0;                // >= 0
   // Hyper-parameters and other doubles, stored bit-exactly; names unique and non-empty.
   std::vector<std::pair<std::string, double>> scalars;
 };
 
 // One blob to write; the caller's memory is read in place (not copied) during WriteStateFile.
 struct StateSection {
-  std::string name;    // unique within the file, non-empty, e.g. "bucket3/master"
-  int32_t dtype = 0;   // static_cast<int32_t>(braid::DType)
-  uint64_t count = 0;  // elements
+  std::string name;            // unique within the file, non-empty, e.g. "bucket3/master"
+  int32_t dtype = 0;           // static_cast<int32_t>(braid::DType)
+  uint64_t count = 0;          // elements
   const void* data = nullptr;  // may be null only when bytes == 0
   size_t bytes = 0;            // must equal count * DTypeSize(dtype)
 };

@@ -145,16 +145,15 @@ absl::Status StreamWriter::Flush() {
 
 // ---- StreamReader --------------------------------------------------------------------------
 
-absl::Status StreamReader::Read(void* dst, uint64_t n, absl::string_view what,
-                                bool checksummed) {
+absl::Status StreamReader::Read(void* dst, uint64_t n, absl::string_view what, bool checksummed) {
   if (n > remaining()) {
     if (limit_ == size_) {
-      return Truncated(path_, size_, absl::StrCat("reading ", what, ", ", n, " bytes at byte ",
-                                                  offset_));
+      return Truncated(path_, size_,
+                       absl::StrCat("reading ", what, ", ", n, " bytes at byte ", offset_));
     }
-    return Corrupt(path_, absl::StrCat(what, " at byte ", offset_, " claims ", n,
-                                       " bytes, but only ", remaining(),
-                                       " remain before the checksum"));
+    return Corrupt(path_,
+                   absl::StrCat(what, " at byte ", offset_, " claims ", n, " bytes, but only ",
+                                remaining(), " remain before the checksum"));
   }
   char* p = static_cast<char*>(dst);
   while (n > 0) {
@@ -175,8 +174,7 @@ absl::Status StreamReader::Read(void* dst, uint64_t n, absl::string_view what,
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> StreamReader::ReadLe(int bytes, absl::string_view what,
-                                              bool checksummed) {
+absl::StatusOr<uint64_t> StreamReader::ReadLe(int bytes, absl::string_view what, bool checksummed) {
   unsigned char buf[8];
   RETURN_IF_ERROR(Read(buf, static_cast<uint64_t>(bytes), what, checksummed));
   return GetLe(buf, bytes);

@@ -42,18 +42,22 @@ int64_t ConfigHash(const AutotunerConfig& c) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Autotuner>> Autotuner::Create(Group* group, const AutotunerConfig& config) {
+absl::StatusOr<std::unique_ptr<Autotuner>> Autotuner::Create(Group* group,
+                                                             const AutotunerConfig& config) {
   if (group == nullptr) return absl::InvalidArgumentError("Autotuner: no group");
   if (config.candidates.empty() || config.candidates.size() > 64) {
-    return absl::InvalidArgumentError(absl::StrCat("Autotuner: 1 to 64 candidates, got ", config.candidates.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Autotuner: 1 to 64 candidates, got ", config.candidates.size()));
   }
-  if (config.steps_per_trial < 1) return absl::InvalidArgumentError("Autotuner: steps_per_trial must be >= 1");
+  if (config.steps_per_trial < 1)
+    return absl::InvalidArgumentError("Autotuner: steps_per_trial must be >= 1");
   if (!(config.min_gain >= 0 && config.min_gain < 1)) {
     return absl::InvalidArgumentError("Autotuner: min_gain must be in [0, 1)");
   }
   for (size_t i = 0; i < config.candidates.size(); ++i) {
     if (config.candidates[i].bucket_cap_bytes == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("Autotuner: candidate ", i, " has a zero bucket cap"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("Autotuner: candidate ", i, " has a zero bucket cap"));
     }
   }
   // Every rank the same candidates and settings (each group's ranks compare with its rank 0).
@@ -61,12 +65,13 @@ absl::StatusOr<std::unique_ptr<Autotuner>> Autotuner::Create(Group* group, const
     if (g == nullptr || g->size() == 1) continue;
     const int64_t mine = ConfigHash(config);
     std::vector<int64_t> all(g->size());
-    RETURN_IF_ERROR(AllGatherHostValues(*g, &mine, all.data(), 1, DType::kI64, "autotuner config check",
-                                        absl::Now() + config.timeout));
+    RETURN_IF_ERROR(AllGatherHostValues(*g, &mine, all.data(), 1, DType::kI64,
+                                        "autotuner config check", absl::Now() + config.timeout));
     for (int r = 1; r < g->size(); ++r) {
       if (all[r] != all[0]) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "Autotuner on group '", g->name(), "': rank ", r, " has other candidates or settings than rank 0"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("Autotuner on group '", g->name(), "': rank ", r,
+                         " has other candidates or settings than rank 0"));
       }
     }
   }
@@ -167,13 +172,15 @@ std::string Autotuner::Table() const {
   lines.push_back("round candidate bucket_cap_bytes credit_bytes steps median_ms survived");
   for (const Trial& t : trials_) {
     const TuneCandidate& c = config_.candidates[t.candidate];
-    lines.push_back(absl::StrCat(t.round, " ", t.candidate, " ", c.bucket_cap_bytes, " ", c.credit_bytes, " ",
-                                 t.steps, " ", absl::StrFormat("%.3f", t.median_ms), " ", t.survived ? "yes" : "no"));
+    lines.push_back(absl::StrCat(
+        t.round, " ", t.candidate, " ", c.bucket_cap_bytes, " ", c.credit_bytes, " ", t.steps, " ",
+        absl::StrFormat("%.3f", t.median_ms), " ", t.survived ? "yes" : "no"));
   }
   if (done_) {
     const TuneCandidate& c = config_.candidates[current_];
-    lines.push_back(absl::StrCat("adopted: candidate ", current_, " (bucket cap ", c.bucket_cap_bytes, " B, credit ",
-                                 c.credit_bytes, " B)", current_ == 0 ? ", the default" : ""));
+    lines.push_back(absl::StrCat("adopted: candidate ", current_, " (bucket cap ",
+                                 c.bucket_cap_bytes, " B, credit ", c.credit_bytes, " B)",
+                                 current_ == 0 ? ", the default" : ""));
   }
   return absl::StrJoin(lines, "\n");
 }

@@ -10,19 +10,20 @@
 //   for each step:
 //     ... run the step with tuner->current().bucket_cap_bytes / credit_bytes ...
 //     ASSIGN_OR_RETURN(bool replan, tuner->EndStep(step_time));         // collective at round ends
-//     if (replan) ... rebuild the reducer (and scheduler) for tuner->current(), at this boundary ...
+//     if (replan) ... rebuild the reducer (and scheduler) for tuner->current(), at this boundary
+//     ...
 //
 // Search: successive halving. Round r runs the surviving candidates round-robin, one step each
 // in turn (so drift in the machine's load hits them alike; the caller re-plans between steps,
 // cheaply if it keeps each candidate's reducer), for 1 + (steps_per_trial << r) passes; the
-// first pass is a warm-up and is not timed; a trial's figure is the median of its timed steps. At the end of a round one small
-// all-reduce (max over ranks, i.e. the slowest rank's median: a step is as slow as its slowest
-// rank) gives every rank the same table; the faster half survives (ties: the earlier
-// candidate). When one survives and the default did not run in that round, a confirmation
-// round runs the default and the survivor again (twice the steps); the survivor is adopted
-// only if it beat the default by min_gain in the final round, else the default is. The trial table is logged and recorded on the timeline
-// (row "autotune": a counter "trial us" per trial, and an instant "adopt" whose arg is the
-// winner's index).
+// first pass is a warm-up and is not timed; a trial's figure is the median of its timed steps. At
+// the end of a round one small all-reduce (max over ranks, i.e. the slowest rank's median: a step
+// is as slow as its slowest rank) gives every rank the same table; the faster half survives (ties:
+// the earlier candidate). When one survives and the default did not run in that round, a
+// confirmation round runs the default and the survivor again (twice the steps); the survivor is
+// adopted only if it beat the default by min_gain in the final round, else the default is. The
+// trial table is logged and recorded on the timeline (row "autotune": a counter "trial us" per
+// trial, and an instant "adopt" whose arg is the winner's index).
 //
 // RANK-ORDER CONTRACT: which candidate runs at which step depends only on the step count, and
 // every decision only on the all-reduced table, so every rank re-plans at the same step boundary
@@ -61,7 +62,7 @@ struct AutotunerConfig {
   int steps_per_trial = 2;                // timed steps per trial in round 0 (doubling per round)
   double min_gain = 0.03;                 // a winner must be this fraction faster than [0]
   absl::Duration timeout = absl::Seconds(300);
-  Timeline* timeline = nullptr;           // optional, not owned
+  Timeline* timeline = nullptr;  // optional, not owned
   // Optional, not owned: a second group the agreement also runs over (hybrid: the replica
   // group, so the slowest rank of the whole world decides). Host or device groups (the
   // all-reduces stage through the group's memory).
@@ -73,15 +74,16 @@ class Autotuner {
   struct Trial {
     int candidate = 0;
     int round = 0;
-    int steps = 0;            // timed steps
-    double median_ms = 0;     // the slowest rank's median step time
+    int steps = 0;         // timed steps
+    double median_ms = 0;  // the slowest rank's median step time
     bool survived = false;
   };
 
   // Collective over `group` (not owned; outlives the tuner): verifies every rank has the same
   // candidates. InvalidArgument for an empty list, steps_per_trial < 1 or min_gain outside
   // [0, 1); FailedPrecondition naming the ranks when the lists differ.
-  static absl::StatusOr<std::unique_ptr<Autotuner>> Create(Group* group, const AutotunerConfig& config);
+  static absl::StatusOr<std::unique_ptr<Autotuner>> Create(Group* group,
+                                                           const AutotunerConfig& config);
 
   const TuneCandidate& current() const { return config_.candidates[current_]; }
   int current_index() const { return current_; }
@@ -102,9 +104,9 @@ class Autotuner {
   const AutotunerConfig config_;
   Timeline* tl_ = nullptr;
   int tl_row_ = 0;
-  std::vector<int> alive_;     // this round's candidates, in index order
+  std::vector<int> alive_;  // this round's candidates, in index order
   int round_ = 0;
-  size_t step_in_round_ = 0;   // steps of this round so far (warm-up pass included)
+  size_t step_in_round_ = 0;  // steps of this round so far (warm-up pass included)
   std::vector<std::vector<double>> samples_ms_;  // per alive_ entry: its timed steps this round
   std::vector<Trial> trials_;
   int current_ = 0;

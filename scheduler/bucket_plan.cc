@@ -50,12 +50,14 @@ absl::StatusOr<BucketPlan> BucketPlan::Build(std::vector<ParamSpec> params, cons
 absl::StatusOr<BucketPlan> BucketPlan::BuildInOrder(std::vector<ParamSpec> params,
                                                     const std::vector<int>& order,
                                                     const PlanOptions& o) {
-  if (o.shards < 1) return absl::InvalidArgumentError(absl::StrCat("shards must be >= 1, got ", o.shards));
+  if (o.shards < 1)
+    return absl::InvalidArgumentError(absl::StrCat("shards must be >= 1, got ", o.shards));
   if (o.bucket_cap_bytes == 0 || o.first_bucket_cap_bytes == 0) {
     return absl::InvalidArgumentError("bucket caps must be > 0 bytes");
   }
   if (o.align_bytes == 0 || (o.align_bytes & (o.align_bytes - 1)) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("align_bytes must be a power of two, got ", o.align_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("align_bytes must be a power of two, got ", o.align_bytes));
   }
   BucketPlan plan;
   plan.options_ = o;
@@ -64,26 +66,29 @@ absl::StatusOr<BucketPlan> BucketPlan::BuildInOrder(std::vector<ParamSpec> param
   for (int i = 0; i < n; ++i) {
     const ParamSpec& p = plan.params_[i];
     if (!IsValidDType(static_cast<int>(p.dtype))) {
-      return absl::InvalidArgumentError(absl::StrCat("parameter ", p.Label(), ": invalid dtype value ",
-                                                     static_cast<int>(p.dtype)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter ", p.Label(), ": invalid dtype value ", static_cast<int>(p.dtype)));
     }
     if (p.unit < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("parameter ", p.Label(), ": unit must be >= 0, got ", p.unit));
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter ", p.Label(), ": unit must be >= 0, got ", p.unit));
     }
     plan.num_units_ = std::max(plan.num_units_, p.unit + 1);
     if (!plan.index_.emplace(p.id, i).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter ", p.Label(), " is registered twice (also as parameter #", plan.index_[p.id], ")"));
+      return absl::InvalidArgumentError(absl::StrCat("parameter ", p.Label(),
+                                                     " is registered twice (also as parameter #",
+                                                     plan.index_[p.id], ")"));
     }
   }
   if (static_cast<int>(order.size()) != n) {
-    return absl::InvalidArgumentError(absl::StrCat("bucket order lists ", order.size(),
-                                                   " parameters, ", n, " are registered"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bucket order lists ", order.size(), " parameters, ", n, " are registered"));
   }
   std::vector<char> seen(n, 0);
   for (int i : order) {
     if (i < 0 || i >= n || seen[i]) {
-      return absl::InvalidArgumentError(absl::StrCat("bucket order is not a permutation (index ", i, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bucket order is not a permutation (index ", i, ")"));
     }
     seen[i] = 1;
   }
@@ -94,7 +99,8 @@ absl::StatusOr<BucketPlan> BucketPlan::BuildInOrder(std::vector<ParamSpec> param
   std::map<std::tuple<int, int, int>, int> made;
   for (int i : order) {
     const ParamSpec& p = plan.params_[i];
-    const auto kind = std::make_tuple(static_cast<int>(p.dtype), static_cast<int>(p.device.type), p.device.index);
+    const auto kind =
+        std::make_tuple(static_cast<int>(p.dtype), static_cast<int>(p.device.type), p.device.index);
     const auto key = std::tuple_cat(kind, std::make_tuple(p.unit));
     const size_t es = DTypeSize(p.dtype);
     const size_t align = std::max<size_t>(1, o.align_bytes / es);

@@ -17,7 +17,7 @@
 namespace braid::sched {
 
 struct ReduceStep {
-  ReduceOp op;         // what the collective reduces with
+  ReduceOp op;          // what the collective reduces with
   int post_divide = 1;  // > 1: divide the result by this afterwards (f16)
 };
 

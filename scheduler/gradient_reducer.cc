@@ -23,9 +23,9 @@ absl::StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
   }
   for (const ParamSpec& p : params) {
     if (!IsValidDType(static_cast<int>(p.dtype)) || !IsFloating(p.dtype)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("parameter ", p.Label(), ": gradients must have a floating dtype, got ",
-                       IsValidDType(static_cast<int>(p.dtype)) ? DTypeName(p.dtype) : "an invalid one"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter ", p.Label(), ": gradients must have a floating dtype, got ",
+          IsValidDType(static_cast<int>(p.dtype)) ? DTypeName(p.dtype) : "an invalid one"));
     }
     const bool on_device = p.device.type != DeviceType::kCpu;
     for (Group* g : {groups.shard, config.mode == ReduceMode::kHybrid ? groups.replica : nullptr}) {
@@ -55,8 +55,8 @@ absl::StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
           "hold no full-size storage between backwards to move gradients through");
     }
   }
-  if (config.shared_pool != nullptr &&
-      (!config.keep_shards_only || groups.shard == nullptr || !groups.shard->buffer_ops().synchronous())) {
+  if (config.shared_pool != nullptr && (!config.keep_shards_only || groups.shard == nullptr ||
+                                        !groups.shard->buffer_ops().synchronous())) {
     return absl::InvalidArgumentError(
         "shared_pool is for keep_shards_only reducers on host groups (device groups queue their "
         "operations on different streams)");
@@ -65,7 +65,8 @@ absl::StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
       config.reduce_dtype != DType::kF32) {
     return absl::InvalidArgumentError(absl::StrCat(
         "reduce_dtype must be f32 (or bf16/f16: no staging), got ",
-        IsValidDType(static_cast<int>(config.reduce_dtype)) ? DTypeName(config.reduce_dtype) : "an invalid dtype"));
+        IsValidDType(static_cast<int>(config.reduce_dtype)) ? DTypeName(config.reduce_dtype)
+                                                            : "an invalid dtype"));
   }
   PlanOptions po;
   po.bucket_cap_bytes = config.bucket_cap_bytes;
@@ -99,7 +100,8 @@ GradientReducer::GradientReducer(BucketPlan plan, ReducerGroups groups, const Re
     tl_marks_ = tl_->Track("marks");
     tl_launches_ = tl_->Track("bucket launches");
     tl_first_ = tl_->Track(absl::StrCat("group ", groups_.shard->name()));
-    if (groups_.replica != nullptr) tl_replica_ = tl_->Track(absl::StrCat("group ", groups_.replica->name()));
+    if (groups_.replica != nullptr)
+      tl_replica_ = tl_->Track(absl::StrCat("group ", groups_.replica->name()));
     tl_waits_ = tl_->Track("waits");
   }
   if (config_.rebuild_bucket_order) {
@@ -120,25 +122,32 @@ absl::Status GradientReducer::AllocateBuckets() {
       ASSIGN_OR_RETURN(s->kept, CountedAllocate(config_.memory, ops_, kept, MemoryUse::kGradShards,
                                                 absl::StrCat(s->label, " (kept shard)")));
       RETURN_IF_ERROR(ops_.Zero(s->kept.get(), kept));
-      if (config_.mode == ReduceMode::kHybrid && config_.reduce_dtype == DType::kF32 && IsHalf(bk.dtype)) {
-        ASSIGN_OR_RETURN(s->reduced, CountedAllocate(config_.memory, ops_, bk.shard_count * DTypeSize(DType::kF32),
-                                                     MemoryUse::kGradShards, absl::StrCat(s->label, " (f32 shard)")));
+      if (config_.mode == ReduceMode::kHybrid && config_.reduce_dtype == DType::kF32 &&
+          IsHalf(bk.dtype)) {
+        ASSIGN_OR_RETURN(
+            s->reduced,
+            CountedAllocate(config_.memory, ops_, bk.shard_count * DTypeSize(DType::kF32),
+                            MemoryUse::kGradShards, absl::StrCat(s->label, " (f32 shard)")));
       }
       buckets_.push_back(std::move(s));
       continue;
     }
     const size_t bytes = (bk.bytes() + kStorageAlign - 1) / kStorageAlign * kStorageAlign;
-    ASSIGN_OR_RETURN(s->data, CountedAllocate(config_.memory, ops_, bytes, MemoryUse::kGradBuckets, s->label));
+    ASSIGN_OR_RETURN(
+        s->data, CountedAllocate(config_.memory, ops_, bytes, MemoryUse::kGradBuckets, s->label));
     RETURN_IF_ERROR(ops_.Zero(s->data.get(), bytes));
     if (config_.reduce_dtype == DType::kF32 && IsHalf(plan_.buckets()[b].dtype)) {
-      ASSIGN_OR_RETURN(s->staging,
-                       CountedAllocate(config_.memory, ops_, plan_.buckets()[b].padded_count * DTypeSize(DType::kF32),
-                                       MemoryUse::kStaging, absl::StrCat(s->label, " (f32 staging)")));
+      ASSIGN_OR_RETURN(
+          s->staging,
+          CountedAllocate(config_.memory, ops_,
+                          plan_.buckets()[b].padded_count * DTypeSize(DType::kF32),
+                          MemoryUse::kStaging, absl::StrCat(s->label, " (f32 staging)")));
     }
     buckets_.push_back(std::move(s));
   }
   if (config_.keep_shards_only) {
-    if (pool_ == nullptr) pool_ = config_.shared_pool ? config_.shared_pool : std::make_shared<BufferPool>();
+    if (pool_ == nullptr)
+      pool_ = config_.shared_pool ? config_.shared_pool : std::make_shared<BufferPool>();
     pool_->Reserve(2 * buckets_.size());
   }
   // Device storage: zeroed before the framework writes into it from its own streams.
@@ -156,7 +165,8 @@ GradientReducer::~GradientReducer() {
     if (b->work == nullptr || b->work->Done()) continue;
     if (!b->work->Wait(config_.timeout).ok() && !b->work->Done()) {
       // A collective may still write into this bucket: leak it rather than free it under one.
-      Log().error("gradient reducer destroyed with {} still in flight; leaking its storage", b->label);
+      Log().error("gradient reducer destroyed with {} still in flight; leaking its storage",
+                  b->label);
       (void)b->data.release();
       (void)b->staging.release();
       (void)b->partial.release();
@@ -197,19 +207,22 @@ char* GradientReducer::CommData(int b) const {
 char* GradientReducer::CommShard(int b) const {
   if (!buckets_[b]->staging) return StorageShard(b);
   const int shard_rank = config_.mode == ReduceMode::kAllReduce ? 0 : groups_.shard->rank();
-  return CommData(b) + static_cast<size_t>(shard_rank) * plan_.buckets()[b].shard_count * DTypeSize(DType::kF32);
+  return CommData(b) +
+         static_cast<size_t>(shard_rank) * plan_.buckets()[b].shard_count * DTypeSize(DType::kF32);
 }
 
 absl::StatusOr<TensorView> GradientReducer::GradView(ParamId id) const {
   ASSIGN_OR_RETURN(int i, plan_.IndexOf(id));
   const ParamSpec& p = plan_.params()[i];
   if (config_.keep_shards_only) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "GradView(", p.Label(), "): with keep_shards_only gradients are passed at "
-        "MarkReady(id, ready, grad); buckets hold no storage between backwards"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("GradView(", p.Label(),
+                     "): with keep_shards_only gradients are passed at "
+                     "MarkReady(id, ready, grad); buckets hold no storage between backwards"));
   }
   const ParamSlot& s = plan_.slot(i);
-  return TensorView{BucketData(s.bucket) + s.offset * DTypeSize(p.dtype), p.count, p.dtype, p.device};
+  return TensorView{BucketData(s.bucket) + s.offset * DTypeSize(p.dtype), p.count, p.dtype,
+                    p.device};
 }
 
 absl::Status GradientReducer::SetScheduler(OpScheduler* scheduler) {
@@ -227,10 +240,12 @@ absl::Status GradientReducer::SetGradBuffer(ParamId id, void* grad) {
         "): gradients are bucket views (gradient_as_bucket_view); use GradView instead"));
   }
   if (grad == nullptr && plan_.params()[i].count > 0) {
-    return absl::InvalidArgumentError(absl::StrCat("SetGradBuffer(", plan_.params()[i].Label(), "): null buffer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetGradBuffer(", plan_.params()[i].Label(), "): null buffer"));
   }
   if (in_backward_.load()) {
-    return absl::FailedPreconditionError(absl::StrCat("SetGradBuffer(", plan_.params()[i].Label(), ") during a backward"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("SetGradBuffer(", plan_.params()[i].Label(), ") during a backward"));
   }
   external_[i] = grad;
   return absl::OkStatus();
@@ -246,7 +261,8 @@ absl::Status GradientReducer::Pack(int i) {
 absl::Status GradientReducer::Unpack(int b) {
   for (int i : plan_.buckets()[b].params) {
     const ParamSpec& p = plan_.params()[i];
-    RETURN_IF_ERROR(ops_.Copy(external_[i], BucketData(b) + plan_.slot(i).offset * DTypeSize(p.dtype),
+    RETURN_IF_ERROR(ops_.Copy(external_[i],
+                              BucketData(b) + plan_.slot(i).offset * DTypeSize(p.dtype),
                               p.count * DTypeSize(p.dtype)));
   }
   return absl::OkStatus();
@@ -277,9 +293,11 @@ absl::Status GradientReducer::BeginBackward(SyncMode mode) {
     // The device add kernels take f32, bf16 and f16: refuse f64 here, not mid-window.
     for (size_t b = 0; b < plan_.buckets().size(); ++b) {
       if (plan_.buckets()[b].dtype == DType::kF64) {
-        return absl::UnimplementedError(absl::StrCat(
-            "BeginBackward(reduce_scatter_only): bucket ", b, " holds f64 gradients (first parameter ",
-            plan_.params()[plan_.buckets()[b].params[0]].Label(), "), which the device cannot add"));
+        return absl::UnimplementedError(
+            absl::StrCat("BeginBackward(reduce_scatter_only): bucket ", b,
+                         " holds f64 gradients (first parameter ",
+                         plan_.params()[plan_.buckets()[b].params[0]].Label(),
+                         "), which the device cannot add"));
       }
     }
   }
@@ -308,7 +326,8 @@ absl::Status GradientReducer::BeginBackward(SyncMode mode) {
     first_error_ = absl::OkStatus();
     for (size_t b = 0; b < buckets_.size(); ++b) {
       BucketState& s = *buckets_[b];
-      s.pending.store(static_cast<int>(plan_.buckets()[b].params.size()), std::memory_order_relaxed);
+      s.pending.store(static_cast<int>(plan_.buckets()[b].params.size()),
+                      std::memory_order_relaxed);
       s.n_events.store(0, std::memory_order_relaxed);
       s.prepare_error = absl::OkStatus();
       s.ready = s.first_done = s.failed = false;
@@ -332,32 +351,37 @@ absl::Status GradientReducer::MarkReady(ParamId id, DeviceEvent ready, const voi
   return MarkReadyImpl(id, ready, grad, true);
 }
 
-absl::Status GradientReducer::MarkReadyImpl(ParamId id, DeviceEvent ready, const void* grad, bool with_values) {
+absl::Status GradientReducer::MarkReadyImpl(ParamId id, DeviceEvent ready, const void* grad,
+                                            bool with_values) {
   if (!in_backward_.load(std::memory_order_acquire)) {
     auto i = plan_.IndexOf(id);
-    return absl::FailedPreconditionError(absl::StrCat(
-        "MarkReady(", i.ok() ? plan_.params()[*i].Label() : absl::StrCat("id ", id),
-        ") outside a backward: call BeginBackward first"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("MarkReady(", i.ok() ? plan_.params()[*i].Label() : absl::StrCat("id ", id),
+                     ") outside a backward: call BeginBackward first"));
   }
   absl::StatusOr<int> i = plan_.IndexOf(id);
   if (!i.ok()) return absl::NotFoundError(absl::StrCat("MarkReady: unknown parameter id ", id));
   const ParamSpec& p = plan_.params()[*i];
   if (!with_values && config_.keep_shards_only) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "MarkReady(", p.Label(), ") without its gradient: with keep_shards_only pass it, "
-        "MarkReady(id, ready, grad)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("MarkReady(", p.Label(),
+                     ") without its gradient: with keep_shards_only pass it, "
+                     "MarkReady(id, ready, grad)"));
   }
   if (with_values && !config_.gradient_as_bucket_view) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "MarkReady(", p.Label(), ", grad): the copy-in path (gradient_as_bucket_view = false) "
-        "packs the SetGradBuffer buffer; use MarkReady(id, ready)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("MarkReady(", p.Label(),
+                     ", grad): the copy-in path (gradient_as_bucket_view = false) "
+                     "packs the SetGradBuffer buffer; use MarkReady(id, ready)"));
   }
   if (with_values && grad == nullptr && p.count > 0) {
-    return absl::InvalidArgumentError(absl::StrCat("MarkReady(", p.Label(), ", grad): null gradient"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("MarkReady(", p.Label(), ", grad): null gradient"));
   }
   if (marked_[*i].exchange(1, std::memory_order_acq_rel) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "MarkReady: parameter ", plan_.params()[*i].Label(), " was already marked ready in this backward"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("MarkReady: parameter ", plan_.params()[*i].Label(),
+                     " was already marked ready in this backward"));
   }
   if (tl_ != nullptr) tl_->Instant(tl_marks_, "mark", *i);
   if (with_values) {
@@ -368,14 +392,17 @@ absl::Status GradientReducer::MarkReadyImpl(ParamId id, DeviceEvent ready, const
     if (st.ok()) st = ops_.WaitFor(ready);
     if (st.ok() && p.count > 0) {
       char* dst = BucketData(slot.bucket) + slot.offset * es;
-      st = accumulated_[*i].load(std::memory_order_relaxed) ? ops_.Add(dst, grad, dst, p.count, p.dtype)
-                                                            : ops_.Copy(dst, grad, p.count * es);
+      st = accumulated_[*i].load(std::memory_order_relaxed)
+               ? ops_.Add(dst, grad, dst, p.count, p.dtype)
+               : ops_.Copy(dst, grad, p.count * es);
     }
     if (!st.ok()) {
       marked_[*i].store(0, std::memory_order_release);
-      return absl::Status(st.code(), absl::StrCat("MarkReady(", p.Label(), "): ",
-                                                  accumulated_[*i].load(std::memory_order_relaxed) ? "adding" : "copying",
-                                                  " its gradient into its bucket: ", st.message()));
+      return absl::Status(
+          st.code(),
+          absl::StrCat("MarkReady(", p.Label(), "): ",
+                       accumulated_[*i].load(std::memory_order_relaxed) ? "adding" : "copying",
+                       " its gradient into its bucket: ", st.message()));
     }
     ready = {};  // waited for
   }
@@ -406,13 +433,15 @@ void GradientReducer::OnParamReady(int param_index) {
   const int bucket = plan_.slot(param_index).bucket;
   BucketState& s = *buckets_[bucket];
   if (s.pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  const bool widen = config_.keep_shards_only ? config_.reduce_dtype == DType::kF32 && IsHalf(plan_.buckets()[bucket].dtype)
+  const bool widen = config_.keep_shards_only ? config_.reduce_dtype == DType::kF32 &&
+                                                    IsHalf(plan_.buckets()[bucket].dtype)
                                               : static_cast<bool>(s.staging);
   if (widen) {  // complete: widen it now, outside the launch lock, after its producers
     const Bucket& bk = plan_.buckets()[bucket];
     absl::Status st;
     if (config_.keep_shards_only && !s.staging) {
-      absl::StatusOr<OwnedBuffer> staging = PoolAcquire(bk.padded_count * DTypeSize(DType::kF32), bucket);
+      absl::StatusOr<OwnedBuffer> staging =
+          PoolAcquire(bk.padded_count * DTypeSize(DType::kF32), bucket);
       if (staging.ok()) {
         s.staging = *std::move(staging);
       } else {
@@ -427,7 +456,8 @@ void GradientReducer::OnParamReady(int param_index) {
     }
     s.n_events.store(0, std::memory_order_relaxed);  // waited for: the launch needs none
     if (!st.ok()) {
-      s.prepare_error = absl::Status(st.code(), absl::StrCat(s.label, ": widening to f32 for the reduction: ", st.message()));
+      s.prepare_error = absl::Status(
+          st.code(), absl::StrCat(s.label, ": widening to f32 for the reduction: ", st.message()));
     }
   }
   int first, last;
@@ -449,12 +479,14 @@ void GradientReducer::LaunchStageLocked(int b, int stage) {
   CollectiveOptions opts;
   opts.label = s.label;
   if (stage == 0) {  // the group's stream waits for every producer of the bucket
-    opts.ready_events = absl::MakeConstSpan(s.events.get(), s.n_events.load(std::memory_order_relaxed));
+    opts.ready_events =
+        absl::MakeConstSpan(s.events.get(), s.n_events.load(std::memory_order_relaxed));
   }
   Group& g = stage == 0 ? *groups_.shard : *groups_.replica;
   const DType t = CommDType(b);
   const ReduceStep step = StepFor(t, g.size());
-  ReductionRequest req{&g, CollectiveKind::kAllReduce, nullptr, nullptr, bk.shard_count, t, step.op, opts, b};
+  ReductionRequest req{
+      &g, CollectiveKind::kAllReduce, nullptr, nullptr, bk.shard_count, t, step.op, opts, b};
   if (stage == 1) {
     req.send = req.recv = config_.keep_shards_only ? CommKept(b) : CommShard(b);
   } else if (config_.mode == ReduceMode::kAllReduce) {
@@ -468,8 +500,9 @@ void GradientReducer::LaunchStageLocked(int b, int stage) {
   absl::StatusOr<WorkPtr> w =
       stage == 0 && !s.prepare_error.ok() ? absl::StatusOr<WorkPtr>(s.prepare_error)
       : config_.scheduler != nullptr      ? config_.scheduler->SubmitReduction(req)
-      : req.kind == CollectiveKind::kAllReduce ? g.AllReduce(req.send, req.recv, req.count, t, step.op, opts)
-                                               : g.ReduceScatter(req.send, req.recv, req.count, t, step.op, opts);
+      : req.kind == CollectiveKind::kAllReduce
+          ? g.AllReduce(req.send, req.recv, req.count, t, step.op, opts)
+          : g.ReduceScatter(req.send, req.recv, req.count, t, step.op, opts);
   BucketState::Stage& rec = s.stage[stage];
   rec.work = w.ok() ? *std::move(w)
                     : Work::Completed(WorkInfo{g.name(), "launch", 0, s.label}, w.status());
@@ -501,7 +534,8 @@ absl::Status GradientReducer::FinishBackward() {
   const auto& params = plan_.params();
   if (sync_ == SyncMode::kNoSync) {
     for (size_t i = 0; i < params.size(); ++i) {
-      if (marked_[i].load(std::memory_order_relaxed)) accumulated_[i].store(1, std::memory_order_relaxed);
+      if (marked_[i].load(std::memory_order_relaxed))
+        accumulated_[i].store(1, std::memory_order_relaxed);
     }
     in_backward_.store(false, std::memory_order_release);
     return absl::OkStatus();
@@ -513,17 +547,19 @@ absl::Status GradientReducer::FinishBackward() {
   absl::Status unused_error;
   if (!unmarked.empty() && !config_.allow_unused) {
     std::vector<std::string> names;
-    for (size_t k = 0; k < unmarked.size() && k < 10; ++k) names.push_back(params[unmarked[k]].Label());
-    unused_error = absl::FailedPreconditionError(absl::StrCat(
-        unmarked.size(), " parameter(s) were not marked ready in this backward: ",
-        absl::StrJoin(names, ", "), unmarked.size() > 10 ? ", ..." : "",
-        " (set allow_unused to zero-fill and reduce unused parameters)"));
+    for (size_t k = 0; k < unmarked.size() && k < 10; ++k)
+      names.push_back(params[unmarked[k]].Label());
+    unused_error = absl::FailedPreconditionError(
+        absl::StrCat(unmarked.size(), " parameter(s) were not marked ready in this backward: ",
+                     absl::StrJoin(names, ", "), unmarked.size() > 10 ? ", ..." : "",
+                     " (set allow_unused to zero-fill and reduce unused parameters)"));
   } else {
     for (int i : unmarked) {
       // A parameter unused now but used in an earlier no_sync microbatch keeps that sum.
       absl::Status st;
       if (config_.keep_shards_only) {
-        st = AcquireStorage(plan_.slot(i).bucket);  // zero-filled: the slot is zero or the no_sync sum
+        st = AcquireStorage(
+            plan_.slot(i).bucket);  // zero-filled: the slot is zero or the no_sync sum
       } else if (!accumulated_[i].load(std::memory_order_relaxed)) {
         const ParamSlot& s = plan_.slot(i);
         st = ops_.Zero(BucketData(s.bucket) + s.offset * DTypeSize(params[i].dtype),
@@ -532,8 +568,9 @@ absl::Status GradientReducer::FinishBackward() {
         st = Pack(i);  // the framework's buffer holds the no_sync sum
       }
       if (!st.ok()) {
-        RecordError(absl::Status(st.code(), absl::StrCat("FinishBackward: preparing unused parameter ",
-                                                         params[i].Label(), ": ", st.message())));
+        RecordError(
+            absl::Status(st.code(), absl::StrCat("FinishBackward: preparing unused parameter ",
+                                                 params[i].Label(), ": ", st.message())));
       }
       marked_[i].store(1, std::memory_order_relaxed);
       OnParamReady(i);
@@ -552,8 +589,10 @@ absl::Status GradientReducer::FinishBackward() {
     absl::Status s = buckets_[b]->work->WaitUntil(deadline);
     if (!s.ok() && wait_error.ok()) wait_error = s;
   }
-  if (tl_ != nullptr) tl_->Complete(tl_waits_, "FinishBackward wait", wait_start, Timeline::NowNs());
-  for (size_t i = 0; i < plan_.params().size(); ++i) accumulated_[i].store(0, std::memory_order_relaxed);
+  if (tl_ != nullptr)
+    tl_->Complete(tl_waits_, "FinishBackward wait", wait_start, Timeline::NowNs());
+  for (size_t i = 0; i < plan_.params().size(); ++i)
+    accumulated_[i].store(0, std::memory_order_relaxed);
   recording_.store(false, std::memory_order_relaxed);
   in_backward_.store(false, std::memory_order_release);
   if (!unused_error.ok()) return unused_error;

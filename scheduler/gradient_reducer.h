@@ -13,9 +13,9 @@
 //   ReducerConfig cfg;
 //   cfg.mode = ReduceMode::kHybrid;
 //   ASSIGN_OR_RETURN(Mesh mesh, MakeMesh(*world, 2, 4));
-//   ASSIGN_OR_RETURN(auto reducer, GradientReducer::Create(params, {mesh.shard.get(), mesh.replica.get()}, cfg));
-//   ASSIGN_OR_RETURN(TensorView g, reducer->GradView(param_id));  // accumulate gradients here
-//   RETURN_IF_ERROR(reducer->BeginBackward(SyncMode::kSync));
+//   ASSIGN_OR_RETURN(auto reducer, GradientReducer::Create(params, {mesh.shard.get(),
+//   mesh.replica.get()}, cfg)); ASSIGN_OR_RETURN(TensorView g, reducer->GradView(param_id));  //
+//   accumulate gradients here RETURN_IF_ERROR(reducer->BeginBackward(SyncMode::kSync));
 //   ... backward hooks: RETURN_IF_ERROR(reducer->MarkReady(param_id));
 //   RETURN_IF_ERROR(reducer->FinishBackward());
 //   TensorView shard = reducer->ShardView(bucket);  // this rank's averaged gradient shard
@@ -323,7 +323,7 @@ class GradientReducer {
   // stepper resets a bucket's flags (ZeroBucket) while the framework's thread finishes the
   // backward.
   std::unique_ptr<std::atomic<uint8_t>[]> accumulated_;
-  std::vector<void*> external_;       // copy-in path: the framework's gradient buffers
+  std::vector<void*> external_;  // copy-in path: the framework's gradient buffers
   // Memory operations on the buckets (comm/buffer_ops.h): the shard group's, and where the
   // last stage runs (hybrid: the replica group's; else the same).
   BufferOps& ops_;
@@ -357,7 +357,8 @@ class GradientReducer {
   // buffers of a key never outnumber the buckets (and f32 stagings) of that size in use at
   // once, whatever the timing: the pool stays within every bucket's storage once.
   std::shared_ptr<BufferPool> pool_;
-  std::atomic<size_t> pool_buffers_{0};  // buffers this reducer allocated (Reserve: no allocation in Give)
+  std::atomic<size_t> pool_buffers_{
+      0};  // buffers this reducer allocated (Reserve: no allocation in Give)
 };
 
 }  // namespace braid::sched

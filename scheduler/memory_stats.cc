@@ -20,19 +20,27 @@ struct AtomicCounter {
   MemoryCounter Read() const {
     return {current.load(std::memory_order_relaxed), peak.load(std::memory_order_relaxed)};
   }
-  void ResetPeak() { peak.store(current.load(std::memory_order_relaxed), std::memory_order_relaxed); }
+  void ResetPeak() {
+    peak.store(current.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  }
 };
 
 }  // namespace
 
 const char* MemoryUseName(MemoryUse use) {
   switch (use) {
-    case MemoryUse::kGradBuckets: return "grad_buckets";
-    case MemoryUse::kGradShards: return "grad_shards";
-    case MemoryUse::kParamGather: return "param_gather";
-    case MemoryUse::kParamShards: return "param_shards";
-    case MemoryUse::kOptimizerState: return "optimizer_state";
-    case MemoryUse::kStaging: return "staging";
+    case MemoryUse::kGradBuckets:
+      return "grad_buckets";
+    case MemoryUse::kGradShards:
+      return "grad_shards";
+    case MemoryUse::kParamGather:
+      return "param_gather";
+    case MemoryUse::kParamShards:
+      return "param_shards";
+    case MemoryUse::kOptimizerState:
+      return "optimizer_state";
+    case MemoryUse::kStaging:
+      return "staging";
   }
   return "unknown";
 }

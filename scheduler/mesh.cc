@@ -13,7 +13,8 @@ absl::StatusOr<Mesh> MakeMesh(Group& world, int replicas, int shards) {
   }
   const int r = world.rank();
   Mesh mesh;
-  ASSIGN_OR_RETURN(mesh.shard, world.Split(r / shards, r, absl::StrCat(world.name(), "/shard", r / shards)));
+  ASSIGN_OR_RETURN(mesh.shard,
+                   world.Split(r / shards, r, absl::StrCat(world.name(), "/shard", r / shards)));
   ASSIGN_OR_RETURN(mesh.replica,
                    world.Split(r % shards, r, absl::StrCat(world.name(), "/replica", r % shards)));
   return mesh;

@@ -34,8 +34,8 @@ struct OpScheduler::Pending {
   ReductionRequest req;
   std::string label;
   std::vector<PartRange> parts;
-  int ranks = 1;       // group size for reduce-scatter, else 1
-  size_t next = 0;     // next partition to issue (parts.size(): none left)
+  int ranks = 1;        // group size for reduce-scatter, else 1
+  size_t next = 0;      // next partition to issue (parts.size(): none left)
   int outstanding = 0;  // issued, not completed
   absl::Status error;
   WorkPtr done;
@@ -72,7 +72,8 @@ absl::StatusOr<std::unique_ptr<OpScheduler>> OpScheduler::Create(const OpSchedul
     return absl::InvalidArgumentError("OpScheduler: max_hold must be positive");
   }
   if (verify != nullptr && verify->size() > 1) {
-    std::vector<int64_t> mine = {static_cast<int64_t>(config.credit_bytes), config.priorities ? 1 : 0};
+    std::vector<int64_t> mine = {static_cast<int64_t>(config.credit_bytes),
+                                 config.priorities ? 1 : 0};
     std::vector<int64_t> all(mine.size() * verify->size());
     // Host values on any group (device groups stage them through their own memory).
     RETURN_IF_ERROR(AllGatherHostValues(*verify, mine.data(), all.data(), mine.size(), DType::kI64,
@@ -81,11 +82,13 @@ absl::StatusOr<std::unique_ptr<OpScheduler>> OpScheduler::Create(const OpSchedul
       if (all[2 * r] != all[0] || all[2 * r + 1] != all[1]) {
         std::vector<std::string> each;
         for (int k = 0; k < verify->size(); ++k) {
-          each.push_back(absl::StrCat("rank ", k, ": credit_bytes=", all[2 * k], " priorities=", all[2 * k + 1]));
+          each.push_back(absl::StrCat("rank ", k, ": credit_bytes=", all[2 * k],
+                                      " priorities=", all[2 * k + 1]));
         }
-        return absl::FailedPreconditionError(absl::StrCat(
-            "OpScheduler on group '", verify->name(),
-            "': ranks were configured differently (partitions would not match): ", absl::StrJoin(each, "; ")));
+        return absl::FailedPreconditionError(
+            absl::StrCat("OpScheduler on group '", verify->name(),
+                         "': ranks were configured differently (partitions would not match): ",
+                         absl::StrJoin(each, "; ")));
       }
     }
   }
@@ -108,7 +111,9 @@ OpScheduler::~OpScheduler() {
       for (auto& p : lane->queue) {
         if (p->next >= p->parts.size()) continue;
         p->next = p->parts.size();
-        if (p->error.ok()) p->error = absl::CancelledError(absl::StrCat(p->label, ": scheduler destroyed before it was issued"));
+        if (p->error.ok())
+          p->error = absl::CancelledError(
+              absl::StrCat(p->label, ": scheduler destroyed before it was issued"));
         if (p->outstanding == 0) cancelled.emplace_back(p->done, p->error);
       }
       lane->queue.clear();
@@ -146,7 +151,8 @@ OpScheduler::Lane& OpScheduler::LaneLocked(Group* g) {
 absl::StatusOr<WorkPtr> OpScheduler::SubmitReduction(const ReductionRequest& r) {
   if (r.group == nullptr) return absl::InvalidArgumentError("SubmitReduction: no group");
   if (r.kind != CollectiveKind::kAllReduce && r.kind != CollectiveKind::kReduceScatter) {
-    return absl::InvalidArgumentError(absl::StrCat("SubmitReduction: ", CollectiveName(r.kind), " is not a reduction"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("SubmitReduction: ", CollectiveName(r.kind), " is not a reduction"));
   }
   InCall in_call;
   auto p = std::make_shared<Pending>();
@@ -164,7 +170,8 @@ absl::StatusOr<WorkPtr> OpScheduler::SubmitReduction(const ReductionRequest& r) 
   Outbox out;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return absl::FailedPreconditionError("SubmitReduction: the scheduler is being destroyed");
+    if (stopping_)
+      return absl::FailedPreconditionError("SubmitReduction: the scheduler is being destroyed");
     ++submitted_;
     LaneLocked(r.group).queue.push_back(std::move(p));
     PumpLocked(&out);
@@ -247,7 +254,8 @@ void OpScheduler::PumpLaneLocked(Lane& lane, Outbox* out) {
     }
     const size_t part = p->next;
     const size_t bytes = p->PartBytes(part);
-    if (config_.credit_bytes > 0 && lane.in_flight > 0 && lane.in_flight_bytes + bytes > config_.credit_bytes) {
+    if (config_.credit_bytes > 0 && lane.in_flight > 0 &&
+        lane.in_flight_bytes + bytes > config_.credit_bytes) {
       return;  // credit: wait for what is in flight
     }
     if (UrgentActiveLocked() && !hold_expired_) {
@@ -255,7 +263,8 @@ void OpScheduler::PumpLaneLocked(Lane& lane, Outbox* out) {
         holding_ = true;
         hold_since_ = absl::Now();
         ++holds_;
-        if (tl_ != nullptr) tl_->Instant(lane.track, "held [prio 1 behind prio 0]", p->req.bucket * 1000 + part);
+        if (tl_ != nullptr)
+          tl_->Instant(lane.track, "held [prio 1 behind prio 0]", p->req.bucket * 1000 + part);
         cv_.notify_all();  // the helper watches max_hold
       }
       return;
@@ -291,7 +300,8 @@ void OpScheduler::ArmDeviceCompletionLocked(Pending& p) {
   // Every partition is on the group's comm stream: `done` completes (with that point's event
   // as its device_event) once the stream has run past the last one. A partition that fails
   // completes it first with its error (OnPartDone): the first completion wins.
-  const absl::Status st = p.req.group->buffer_ops().CompleteAfter(p.done, absl::Now() + config_.timeout);
+  const absl::Status st =
+      p.req.group->buffer_ops().CompleteAfter(p.done, absl::Now() + config_.timeout);
   if (st.ok()) {
     p.armed = true;
   } else if (p.error.ok()) {
@@ -299,7 +309,8 @@ void OpScheduler::ArmDeviceCompletionLocked(Pending& p) {
   }
 }
 
-absl::StatusOr<OpScheduler::Issued> OpScheduler::LaunchPartLocked(Lane& lane, const std::shared_ptr<Pending>& p,
+absl::StatusOr<OpScheduler::Issued> OpScheduler::LaunchPartLocked(Lane& lane,
+                                                                  const std::shared_ptr<Pending>& p,
                                                                   int part, int slot) {
   const ReductionRequest& r = p->req;
   const PartRange pr = p->parts[part];
@@ -312,13 +323,14 @@ absl::StatusOr<OpScheduler::Issued> OpScheduler::LaunchPartLocked(Lane& lane, co
     // copies included); later partitions follow it on the same stream.
     for (const DeviceEvent& e : p->ready) {
       const absl::Status st = g.buffer_ops().WaitFor(e);
-      if (!st.ok()) return WithContext(st, absl::StrCat(p->label, ": waiting for the readiness events"));
+      if (!st.ok())
+        return WithContext(st, absl::StrCat(p->label, ": waiting for the readiness events"));
     }
   }
   absl::StatusOr<WorkPtr> w;
   if (r.kind == CollectiveKind::kAllReduce) {
-    w = g.AllReduce(static_cast<const char*>(r.send) + pr.lo * es, static_cast<char*>(r.recv) + pr.lo * es,
-                    pr.count(), r.dtype, r.op, opts);
+    w = g.AllReduce(static_cast<const char*>(r.send) + pr.lo * es,
+                    static_cast<char*>(r.recv) + pr.lo * es, pr.count(), r.dtype, r.op, opts);
   } else if (slot < 0) {
     w = g.ReduceScatter(r.send, r.recv, r.count, r.dtype, r.op, opts);
   } else {
@@ -329,21 +341,31 @@ absl::StatusOr<OpScheduler::Issued> OpScheduler::LaunchPartLocked(Lane& lane, co
     OwnedBuffer& st = lane.staging[slot];
     if (!st || st.bytes() < need) {
       st.Reset();
-      ASSIGN_OR_RETURN(st, CountedAllocate(config_.memory, ops, std::max(need, config_.credit_bytes),
-                                           MemoryUse::kStaging, "scheduler partition staging"));
+      ASSIGN_OR_RETURN(st,
+                       CountedAllocate(config_.memory, ops, std::max(need, config_.credit_bytes),
+                                       MemoryUse::kStaging, "scheduler partition staging"));
     }
     for (int k = 0; k < p->ranks; ++k) {
-      RETURN_IF_ERROR(ops.Copy(st.get() + k * block,
-                               static_cast<const char*>(r.send) + (static_cast<size_t>(k) * r.count + pr.lo) * es,
-                               block));
+      RETURN_IF_ERROR(ops.Copy(
+          st.get() + k * block,
+          static_cast<const char*>(r.send) + (static_cast<size_t>(k) * r.count + pr.lo) * es,
+          block));
     }
-    w = g.ReduceScatter(st.get(), static_cast<char*>(r.recv) + pr.lo * es, pr.count(), r.dtype, r.op, opts);
+    w = g.ReduceScatter(st.get(), static_cast<char*>(r.recv) + pr.lo * es, pr.count(), r.dtype,
+                        r.op, opts);
   }
   if (!w.ok()) {
-    return absl::Status(w.status().code(), absl::StrCat(p->label, " partition ", part, "/", p->parts.size(),
-                                                        ": ", w.status().message()));
+    return absl::Status(w.status().code(),
+                        absl::StrCat(p->label, " partition ", part, "/", p->parts.size(), ": ",
+                                     w.status().message()));
   }
-  return Issued{*std::move(w), p, &lane, part, slot, p->PartBytes(part), tl_ != nullptr ? Timeline::NowNs() : 0};
+  return Issued{*std::move(w),
+                p,
+                &lane,
+                part,
+                slot,
+                p->PartBytes(part),
+                tl_ != nullptr ? Timeline::NowNs() : 0};
 }
 
 void OpScheduler::Deliver(Outbox* out) {

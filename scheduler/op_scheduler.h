@@ -170,7 +170,7 @@ class OpScheduler {
   struct Lane;
   struct Outbox;
   struct Issued {  // a partition launched under mu_, watched after mu_ is released
-    WorkPtr work;    // null in a deferred entry: an urgent operation completed
+    WorkPtr work;  // null in a deferred entry: an urgent operation completed
     std::shared_ptr<Pending> pending;
     Lane* lane = nullptr;
     int part = 0;
@@ -188,7 +188,8 @@ class OpScheduler {
   // With mu_ held, once the last partition of a device reduction was launched.
   void ArmDeviceCompletionLocked(Pending& p);
   // With mu_ held: launches partition `part` of `p` (packed into staging block `slot` when >= 0).
-  absl::StatusOr<Issued> LaunchPartLocked(Lane& lane, const std::shared_ptr<Pending>& p, int part, int slot);
+  absl::StatusOr<Issued> LaunchPartLocked(Lane& lane, const std::shared_ptr<Pending>& p, int part,
+                                          int slot);
   // Without mu_: watches what was issued, completes what finished.
   void Deliver(Outbox* out);
   void OnPartDone(const Issued& is, const absl::Status& st);

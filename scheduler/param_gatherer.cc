@@ -40,7 +40,7 @@ struct ParamGatherer::BucketState {
   OwnedBuffer full;   // padded_count elements; null while released (free_after_use)
   OwnedBuffer shard;  // free_after_use only: this rank's shard, shard_count elements
   GatherState state = GatherState::kNotGathered;
-  WorkPtr work;       // the latest gather
+  WorkPtr work;  // the latest gather
   // Timeline only: the latest gather's issue time, completion time (written by its callback)
   // and its predecessor's on the group; whether its span is still to be recorded.
   int64_t issued_ns = 0;
@@ -54,10 +54,10 @@ absl::StatusOr<std::unique_ptr<ParamGatherer>> ParamGatherer::Create(const Bucke
                                                                      const GathererConfig& config) {
   if (shard_group == nullptr) return absl::InvalidArgumentError("param gatherer: no group given");
   if (plan.options().shards != shard_group->size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "param gatherer: the plan was built for ", plan.options().shards, " shard(s) but group '",
-        shard_group->name(), "' has ", shard_group->size(),
-        " rank(s) (build the plan with PlanOptions::shards = the group's size)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("param gatherer: the plan was built for ", plan.options().shards,
+                     " shard(s) but group '", shard_group->name(), "' has ", shard_group->size(),
+                     " rank(s) (build the plan with PlanOptions::shards = the group's size)"));
   }
   const Capabilities caps = shard_group->capabilities();
   for (size_t b = 0; b < plan.buckets().size(); ++b) {
@@ -72,11 +72,12 @@ absl::StatusOr<std::unique_ptr<ParamGatherer>> ParamGatherer::Create(const Bucke
     }
   }
   if (config.shared_pool != nullptr && !shard_group->buffer_ops().synchronous()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "param gatherer: a shared buffer pool is for host groups; group '", shard_group->name(),
-        "' queues its operations on a device stream"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("param gatherer: a shared buffer pool is for host groups; group '",
+                     shard_group->name(), "' queues its operations on a device stream"));
   }
-  if (config.verify_plan) RETURN_IF_ERROR(VerifyPlanAcrossRanks(plan, *shard_group, config.timeout));
+  if (config.verify_plan)
+    RETURN_IF_ERROR(VerifyPlanAcrossRanks(plan, *shard_group, config.timeout));
   auto g = std::unique_ptr<ParamGatherer>(new ParamGatherer(plan, shard_group, config));
   BufferOps& ops = shard_group->buffer_ops();
   for (size_t b = 0; b < g->buckets_.size(); ++b) {
@@ -84,13 +85,14 @@ absl::StatusOr<std::unique_ptr<ParamGatherer>> ParamGatherer::Create(const Bucke
     const Bucket& bk = plan.buckets()[b];
     absl::StatusOr<OwnedBuffer> buf =
         config.free_after_use
-            ? AllocateZeroed(config.memory, ops, bk.shard_count * DTypeSize(bk.dtype), MemoryUse::kParamShards,
-                             s.label + " (shard)")
+            ? AllocateZeroed(config.memory, ops, bk.shard_count * DTypeSize(bk.dtype),
+                             MemoryUse::kParamShards, s.label + " (shard)")
             : AllocateZeroed(config.memory, ops, bk.bytes(), MemoryUse::kParamGather,
                              s.label);  // lives as long as the gatherer
     if (!buf.ok()) {
-      return absl::Status(buf.status().code(), absl::StrCat("param gatherer: cannot allocate bucket ", b,
-                                                            " (", bk.bytes(), " bytes): ", buf.status().message()));
+      return absl::Status(buf.status().code(),
+                          absl::StrCat("param gatherer: cannot allocate bucket ", b, " (",
+                                       bk.bytes(), " bytes): ", buf.status().message()));
     }
     (config.free_after_use ? s.shard : s.full) = *std::move(buf);
   }
@@ -100,7 +102,11 @@ absl::StatusOr<std::unique_ptr<ParamGatherer>> ParamGatherer::Create(const Bucke
 }
 
 ParamGatherer::ParamGatherer(BucketPlan plan, Group* group, const GathererConfig& config)
-    : plan_(std::move(plan)), group_(group), config_(config), scheduler_(config.scheduler), recent_(kRecentIssues, -1) {
+    : plan_(std::move(plan)),
+      group_(group),
+      config_(config),
+      scheduler_(config.scheduler),
+      recent_(kRecentIssues, -1) {
   if (config_.timeline != nullptr && config_.timeline->enabled()) {
     tl_ = config_.timeline;
     tl_group_ = tl_->Track(absl::StrCat("group ", group_->name()));
@@ -127,8 +133,9 @@ ParamGatherer::~ParamGatherer() {
       continue;
     }
     // The all-gather may still write into this buffer: leak it rather than free it under it.
-    Log().error("param gatherer destroyed with the all-gather of {} still in flight; leaking its buffer",
-                s.label);
+    Log().error(
+        "param gatherer destroyed with the all-gather of {} still in flight; leaking its buffer",
+        s.label);
     (void)s.full.release();
   }
 }
@@ -154,9 +161,9 @@ absl::StatusOr<TensorView> ParamGatherer::ParamView(ParamId id) const {
   std::lock_guard<std::mutex> lock(mu_);
   const BucketState& s = *buckets_[slot.bucket];
   if (!s.full) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "ParamView(", p.Label(), "): ", s.label, " is released (free_after_use); call WaitParams(",
-        slot.bucket, ") first"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("ParamView(", p.Label(), "): ", s.label,
+                     " is released (free_after_use); call WaitParams(", slot.bucket, ") first"));
   }
   return TensorView{s.full.get() + slot.offset * DTypeSize(p.dtype), p.count, p.dtype, p.device};
 }
@@ -186,8 +193,9 @@ absl::Status ParamGatherer::LaunchLocked(int b, DeviceEvent ready) {
     absl::StatusOr<OwnedBuffer> full =
         AllocateZeroed(config_.memory, ops, bk.bytes(), MemoryUse::kParamGather, s.label);
     if (!full.ok()) {
-      return absl::Status(full.status().code(), absl::StrCat("gathering ", s.label, ": cannot allocate ",
-                                                             bk.bytes(), " bytes: ", full.status().message()));
+      return absl::Status(full.status().code(),
+                          absl::StrCat("gathering ", s.label, ": cannot allocate ", bk.bytes(),
+                                       " bytes: ", full.status().message()));
     }
     s.full = *std::move(full);
   }
@@ -205,7 +213,8 @@ absl::Status ParamGatherer::LaunchLocked(int b, DeviceEvent ready) {
   // In place: this rank's block is already in `full`; the backend fills in the others.
   absl::StatusOr<WorkPtr> w = group_->AllGather(mine, s.full.get(), bk.shard_count, bk.dtype, opts);
   if (!w.ok()) {
-    return WithContext(w.status(), absl::StrCat("gathering ", s.label, " on group '", group_->name(), "'"));
+    return WithContext(w.status(),
+                       absl::StrCat("gathering ", s.label, " on group '", group_->name(), "'"));
   }
   s.work = *w;
   s.state = GatherState::kInFlight;
@@ -229,9 +238,9 @@ absl::Status ParamGatherer::Prefetch(int b, DeviceEvent ready) {
   std::lock_guard<std::mutex> lock(mu_);
   const BucketState& s = *buckets_[b];
   if (s.state == GatherState::kInFlight) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "Prefetch(", s.label, "): its all-gather on group '", group_->name(),
-        "' is already in flight (Prefetch called twice without WaitParams)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("Prefetch(", s.label, "): its all-gather on group '", group_->name(),
+                     "' is already in flight (Prefetch called twice without WaitParams)"));
   }
   return LaunchLocked(b, ready);
 }
@@ -251,7 +260,8 @@ absl::Status ParamGatherer::AwaitGather(const char* caller, int b, const WorkPtr
   const int64_t wait_start = tl_ != nullptr ? Timeline::NowNs() : 0;
   absl::Status st;
   {
-    OpScheduler::WaitScope stalled(w->Done() ? nullptr : scheduler_.load());  // the model waits on it
+    OpScheduler::WaitScope stalled(w->Done() ? nullptr
+                                             : scheduler_.load());  // the model waits on it
     st = w->WaitUntil(deadline);
   }
   if (tl_ != nullptr) tl_->Complete(tl_waits_, "wait params", wait_start, Timeline::NowNs(), b);
@@ -266,7 +276,8 @@ absl::Status ParamGatherer::AwaitGather(const char* caller, int b, const WorkPtr
     }  // else merely late: still in flight, and a later wait may succeed
   }
   if (st.ok()) return st;
-  return WithContext(st, absl::StrCat(caller, ": gathering ", s.label, " on group '", group_->name(), "'"));
+  return WithContext(
+      st, absl::StrCat(caller, ": gathering ", s.label, " on group '", group_->name(), "'"));
 }
 
 absl::Status ParamGatherer::WaitParams(int b) {
@@ -287,7 +298,8 @@ absl::Status ParamGatherer::WaitAll() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (int b = 0; b < num_buckets(); ++b) {
-      if (buckets_[b]->state == GatherState::kInFlight) in_flight.emplace_back(b, buckets_[b]->work);
+      if (buckets_[b]->state == GatherState::kInFlight)
+        in_flight.emplace_back(b, buckets_[b]->work);
     }
   }
   const absl::Time deadline = absl::Now() + config_.timeout;
@@ -304,9 +316,9 @@ absl::Status ParamGatherer::Release(int b) {
   std::lock_guard<std::mutex> lock(mu_);
   BucketState& s = *buckets_[b];
   if (s.state == GatherState::kInFlight) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "Release(", s.label, "): its all-gather on group '", group_->name(),
-        "' is in flight; call WaitParams first"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("Release(", s.label, "): its all-gather on group '", group_->name(),
+                     "' is in flight; call WaitParams first"));
   }
   if (!config_.free_after_use) return absl::OkStatus();
   if (s.full && config_.shared_pool) {
@@ -346,7 +358,8 @@ absl::Status ParamGatherer::CheckIssueOrder() {
     mine[0] = static_cast<int64_t>(issued_);
     mine[1] = static_cast<int64_t>(issue_hash_);
     const uint64_t shown = std::min<uint64_t>(issued_, kRecentIssues);
-    for (uint64_t k = 0; k < shown; ++k) mine[2 + k] = recent_[(issued_ - shown + k) % kRecentIssues];
+    for (uint64_t k = 0; k < shown; ++k)
+      mine[2 + k] = recent_[(issued_ - shown + k) % kRecentIssues];
     CollectiveOptions opts;
     opts.label = "gather order check";
     absl::StatusOr<WorkPtr> launched = group_->AllGather(mine, all, kRecord, DType::kI64, opts);
@@ -375,7 +388,7 @@ absl::Status ParamGatherer::CheckIssueOrder() {
 }
 
 absl::StatusOr<std::vector<int64_t>> ParamGatherer::ExchangeInts(const std::vector<int64_t>& mine,
-                                                                   absl::string_view what) {
+                                                                 absl::string_view what) {
   const size_t k = mine.size();
   const int n = group_->size();
   // Owned by the completion callback too, so a late collective never writes freed memory.

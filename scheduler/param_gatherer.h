@@ -22,7 +22,8 @@
 // group once more) so its all-gathers never interleave with reduce-scatters.
 //
 //   ASSIGN_OR_RETURN(auto gatherer, ParamGatherer::Create(reducer->plan(), gather_group.get(),
-//                                                         {absl::Seconds(60), /*free_after_use=*/true}));
+//                                                         {absl::Seconds(60),
+//                                                         /*free_after_use=*/true}));
 //   ASSIGN_OR_RETURN(TensorView shard, gatherer->ShardView(b));  // the optimizer writes here
 //   RETURN_IF_ERROR(gatherer->Prefetch(b));                      // after the step: start early
 //   ...
@@ -70,8 +71,9 @@
 //
 // Threading: every method may be called from any thread; they serialize on an internal mutex,
 // and waits happen outside it. The timeline is written only from these calls (a gather's span
-// when a wait observes its end), never from a backend's completion thread. Destruction waits (up to the timeout) for gathers in flight and
-// leaks a buffer that a collective may still write rather than free it under it.
+// when a wait observes its end), never from a backend's completion thread. Destruction waits (up to
+// the timeout) for gathers in flight and leaks a buffer that a collective may still write rather
+// than free it under it.
 #ifndef BRAID_SCHEDULER_PARAM_GATHERER_H_
 #define BRAID_SCHEDULER_PARAM_GATHERER_H_
 
@@ -227,7 +229,7 @@ class ParamGatherer {
   static constexpr int kRecentIssues = 16;
   uint64_t issued_ = 0;
   uint64_t issue_hash_ = 14695981039346656037ull;  // FNV-1a basis
-  std::vector<int64_t> recent_;  // ring of the last kRecentIssues buckets
+  std::vector<int64_t> recent_;                    // ring of the last kRecentIssues buckets
   // free_after_use: released flat buffers by byte size (see "Buffer pool").
   std::multimap<size_t, OwnedBuffer> pool_;
   int64_t pooled_bytes_ = 0;

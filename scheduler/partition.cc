@@ -7,7 +7,8 @@ namespace braid::sched {
 std::vector<PartRange> SplitReduction(size_t count, size_t esize, int ranks, size_t credit_bytes) {
   const size_t n = static_cast<size_t>(std::max(1, ranks));
   const size_t total = count * esize * n;
-  if (credit_bytes == 0 || total <= credit_bytes || count == 0 || esize == 0) return {PartRange{0, count}};
+  if (credit_bytes == 0 || total <= credit_bytes || count == 0 || esize == 0)
+    return {PartRange{0, count}};
   const size_t align = std::max<size_t>(1, kPartitionAlignBytes / esize);
   // The largest aligned length within the credit (at least one aligned unit)...
   size_t max_len = credit_bytes / (esize * n) / align * align;
@@ -18,7 +19,8 @@ std::vector<PartRange> SplitReduction(size_t count, size_t esize, int ranks, siz
   len = (len + align - 1) / align * align;
   std::vector<PartRange> out;
   out.reserve(parts);
-  for (size_t lo = 0; lo < count; lo += len) out.push_back(PartRange{lo, std::min(count, lo + len)});
+  for (size_t lo = 0; lo < count; lo += len)
+    out.push_back(PartRange{lo, std::min(count, lo + len)});
   return out;
 }
 

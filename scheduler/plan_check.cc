@@ -16,7 +16,8 @@ absl::Status AllGatherI64(Group& g, const std::vector<int64_t>& mine, std::vecto
   opts.label = "bucket plan check";
   BufferOps& ops = g.buffer_ops();
   if (ops.synchronous()) {  // host memory: gather straight into `all`
-    ASSIGN_OR_RETURN(WorkPtr w, g.AllGather(mine.data(), all->data(), mine.size(), DType::kI64, opts));
+    ASSIGN_OR_RETURN(WorkPtr w,
+                     g.AllGather(mine.data(), all->data(), mine.size(), DType::kI64, opts));
     return w->Wait(timeout);
   }
   // Device memory: staged through a buffer of the group's, gathered in place.
@@ -35,8 +36,9 @@ absl::Status AllGatherI64(Group& g, const std::vector<int64_t>& mine, std::vecto
 
 std::string Describe(const int64_t* spec) {
   return absl::StrCat("id ", spec[0], ", ", spec[1], " x ",
-                      IsValidDType(static_cast<int>(spec[2])) ? DTypeName(static_cast<DType>(spec[2]))
-                                                              : absl::string_view("?"),
+                      IsValidDType(static_cast<int>(spec[2]))
+                          ? DTypeName(static_cast<DType>(spec[2]))
+                          : absl::string_view("?"),
                       spec[3] == 0 ? " on cpu" : absl::StrCat(" on cuda:", spec[4]));
 }
 
@@ -73,10 +75,10 @@ absl::Status VerifyPlanAcrossRanks(const BucketPlan& plan, Group& group, absl::D
       const int64_t* a = &all[i * kFields];
       const int64_t* b = &all[r * stride + i * kFields];
       if (!std::equal(a, a + kFields, b)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "bucket plans differ across ranks of group '", group.name(), "': parameter #", i,
-            " (here ", params[i].Label(), ") is ", Describe(a), " on rank 0 but ", Describe(b),
-            " on rank ", r));
+        return absl::FailedPreconditionError(
+            absl::StrCat("bucket plans differ across ranks of group '", group.name(),
+                         "': parameter #", i, " (here ", params[i].Label(), ") is ", Describe(a),
+                         " on rank 0 but ", Describe(b), " on rank ", r));
       }
     }
   }

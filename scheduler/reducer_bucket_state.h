@@ -19,18 +19,18 @@ namespace braid::sched {
 inline constexpr size_t kStorageAlign = 64;
 
 struct GradientReducer::BucketState {
-  OwnedBuffer data;                          // padded_count elements, zero-initialized
-  std::string label;                         // "bucket 3": names the bucket in errors
-  std::atomic<int> pending{0};               // parameters not yet marked this backward
+  OwnedBuffer data;             // padded_count elements, zero-initialized
+  std::string label;            // "bucket 3": names the bucket in errors
+  std::atomic<int> pending{0};  // parameters not yet marked this backward
   // The device events given to MarkReady this backward (room for one per parameter: no
   // allocation when marking); the mark that completes the bucket reads them.
   std::unique_ptr<DeviceEvent[]> events;
   std::atomic<int> n_events{0};
-  absl::Status prepare_error;                // the pre-launch cast failed (read at launch)
-  bool ready = false;                        // guarded by mu_
-  bool first_done = false;                   // guarded by mu_ (hybrid)
-  bool failed = false;                       // guarded by mu_ (hybrid)
-  WorkPtr work;                              // this backward's final result
+  absl::Status prepare_error;  // the pre-launch cast failed (read at launch)
+  bool ready = false;          // guarded by mu_
+  bool first_done = false;     // guarded by mu_ (hybrid)
+  bool failed = false;         // guarded by mu_ (hybrid)
+  WorkPtr work;                // this backward's final result
   // The collective of each stage in this backward (0: reduce-scatter or all-reduce; 1: the
   // hybrid replica all-reduce): written under mu_ at launch, watched after mu_ is released
   // (OnComplete may run the callback inline, and the callback takes mu_).

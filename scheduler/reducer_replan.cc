@@ -41,7 +41,8 @@ absl::StatusOr<bool> GradientReducer::RebuildBucketsIfPending() {
                                         "bucket order rebuild", absl::Now() + config_.timeout));
   }
   std::vector<int> new_order(order.begin(), order.end());
-  ASSIGN_OR_RETURN(BucketPlan plan, BucketPlan::BuildInOrder(plan_.params(), new_order, plan_.options()));
+  ASSIGN_OR_RETURN(BucketPlan plan,
+                   BucketPlan::BuildInOrder(plan_.params(), new_order, plan_.options()));
   RETURN_IF_ERROR(AdoptPlan(std::move(plan)));
   rebuild_pending_ = false;
   return true;
@@ -67,9 +68,10 @@ absl::Status GradientReducer::AdoptPlan(BucketPlan plan) {
   for (int i = 0; i < n; ++i) {
     const ParamSpec& p = plan_.params()[i];
     const size_t es = DTypeSize(p.dtype);
-    RETURN_IF_ERROR(ops_.Copy(BucketData(plan_.slot(i).bucket) + plan_.slot(i).offset * es,
-                              old_buckets[old_plan.slot(i).bucket]->data.get() + old_plan.slot(i).offset * es,
-                              p.count * es));
+    RETURN_IF_ERROR(
+        ops_.Copy(BucketData(plan_.slot(i).bucket) + plan_.slot(i).offset * es,
+                  old_buckets[old_plan.slot(i).bucket]->data.get() + old_plan.slot(i).offset * es,
+                  p.count * es));
   }
   // The old storage is freed on return: the copies out of it must have run.
   RETURN_IF_ERROR(ops_.Synchronize(absl::Now() + config_.timeout));
@@ -77,23 +79,27 @@ absl::Status GradientReducer::AdoptPlan(BucketPlan plan) {
   return absl::OkStatus();
 }
 
-
-absl::StatusOr<bool> GradientReducer::Replan(size_t bucket_cap_bytes, size_t first_bucket_cap_bytes) {
+absl::StatusOr<bool> GradientReducer::Replan(size_t bucket_cap_bytes,
+                                             size_t first_bucket_cap_bytes) {
   if (in_backward_.load()) return absl::FailedPreconditionError("Replan during a backward");
   if (config_.keep_shards_only) {
     return absl::FailedPreconditionError(
-        "Replan with keep_shards_only: buckets hold no full-size storage to move gradients through");
+        "Replan with keep_shards_only: buckets hold no full-size storage to move gradients "
+        "through");
   }
   if (bucket_cap_bytes == 0 || first_bucket_cap_bytes == 0) {
     return absl::InvalidArgumentError("Replan: bucket caps must be positive");
   }
   const PlanOptions& cur = plan_.options();
-  if (cur.bucket_cap_bytes == bucket_cap_bytes && cur.first_bucket_cap_bytes == first_bucket_cap_bytes) return false;
+  if (cur.bucket_cap_bytes == bucket_cap_bytes &&
+      cur.first_bucket_cap_bytes == first_bucket_cap_bytes)
+    return false;
   PlanOptions po = cur;
   po.bucket_cap_bytes = bucket_cap_bytes;
   po.first_bucket_cap_bytes = first_bucket_cap_bytes;
   std::vector<int> order;  // the current order: bucket by bucket
-  for (const Bucket& bk : plan_.buckets()) order.insert(order.end(), bk.params.begin(), bk.params.end());
+  for (const Bucket& bk : plan_.buckets())
+    order.insert(order.end(), bk.params.begin(), bk.params.end());
   ASSIGN_OR_RETURN(BucketPlan plan, BucketPlan::BuildInOrder(plan_.params(), order, po));
   if (plan.Fingerprint() == plan_.Fingerprint()) {  // the same buckets (identical on every rank)
     config_.bucket_cap_bytes = bucket_cap_bytes;

@@ -5,11 +5,10 @@
 // (LaunchReplicaStages, in bucket order); OnKeptStageDone is the shard_gradients path (the
 // reduced shard copied or added into the kept shard, the storage given back); FinishBucket
 // completes the bucket's Work, on device once the queued operations ran.
-#include "scheduler/gradient_reducer.h"
-
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "scheduler/gradient_reducer.h"
 #include "scheduler/reducer_bucket_state.h"
 
 namespace braid::sched {
@@ -17,7 +16,7 @@ namespace braid::sched {
 void GradientReducer::OnStageDone(int b, int stage, const absl::Status& done) {
   const BucketState::Stage& rec = buckets_[b]->stage[stage];
   if (tl_ != nullptr) {
-    const char* name = stage == 1 ? "allreduce (replicas)"
+    const char* name = stage == 1                               ? "allreduce (replicas)"
                        : config_.mode == ReduceMode::kAllReduce ? "allreduce"
                                                                 : "reduce_scatter";
     tl_->Complete(stage == 1 ? tl_replica_ : tl_first_, name, rec.start_ns, Timeline::NowNs(), b);
@@ -39,13 +38,14 @@ void GradientReducer::OnStageDone(int b, int stage, const absl::Status& done) {
   if (st.ok() && feeds_replicas) st = ops.WaitFor(rec.work->device_event());
   if (st.ok() && rec.post_divide > 1) {  // f16: the divide after the sum
     char* p = whole ? CommData(b) : CommShard(b);
-    st = ops.CastScale(p, t, p, t, whole ? bk.count : bk.shard_count, ScaleSpec{false, 1.0, rec.post_divide});
+    st = ops.CastScale(p, t, p, t, whole ? bk.count : bk.shard_count,
+                       ScaleSpec{false, 1.0, rec.post_divide});
   }
   if (last_stage) {
     if (st.ok() && buckets_[b]->staging) {  // round once, to the gradient dtype
-      st = ops.CastScale(whole ? CommData(b) : CommShard(b), t,
-                         whole ? BucketData(b) : ShardData(b), bk.dtype,
-                         whole ? bk.count : bk.shard_count, ScaleSpec{});
+      st =
+          ops.CastScale(whole ? CommData(b) : CommShard(b), t, whole ? BucketData(b) : ShardData(b),
+                        bk.dtype, whole ? bk.count : bk.shard_count, ScaleSpec{});
     }
     if (st.ok() && !config_.gradient_as_bucket_view && whole) st = Unpack(b);
     FinishBucket(b, OpError(b, done, st), ops);
@@ -92,16 +92,19 @@ void GradientReducer::OnKeptStageDone(int b, int stage, const absl::Status& done
   absl::Status st = done;
   if (stage == 1) {  // the replica all-reduce ran in place on the kept (or f32) shard
     if (st.ok() && rec.post_divide > 1) {
-      st = final_ops_.CastScale(CommKept(b), t, CommKept(b), t, n, ScaleSpec{false, 1.0, rec.post_divide});
+      st = final_ops_.CastScale(CommKept(b), t, CommKept(b), t, n,
+                                ScaleSpec{false, 1.0, rec.post_divide});
     }
-    if (st.ok() && s.reduced) st = final_ops_.CastScale(s.reduced.get(), t, s.kept.get(), bk.dtype, n, ScaleSpec{});
+    if (st.ok() && s.reduced)
+      st = final_ops_.CastScale(s.reduced.get(), t, s.kept.get(), bk.dtype, n, ScaleSpec{});
     FinishBucket(b, OpError(b, done, st), final_ops_);
     return;
   }
   // The reduce-scatter: everything that reads the storage is queued on the shard stream.
   const bool hybrid = config_.mode == ReduceMode::kHybrid;
   if (st.ok() && rec.post_divide > 1) {
-    st = ops_.CastScale(CommShard(b), t, CommShard(b), t, n, ScaleSpec{false, 1.0, rec.post_divide});
+    st =
+        ops_.CastScale(CommShard(b), t, CommShard(b), t, n, ScaleSpec{false, 1.0, rec.post_divide});
   }
   if (st.ok() && !hybrid) {
     st = s.staging ? ops_.CastScale(CommShard(b), t, s.kept.get(), bk.dtype, n, ScaleSpec{})
@@ -119,7 +122,8 @@ void GradientReducer::OnKeptStageDone(int b, int stage, const absl::Status& done
     return;
   }
   if (st.ok() && !ops_.synchronous()) {  // the replica stream waits for the copy into the shard
-    s.handoff = works_.Create(WorkInfo{groups_.shard->name(), "shard handoff", static_cast<uint64_t>(b), s.label});
+    s.handoff = works_.Create(
+        WorkInfo{groups_.shard->name(), "shard handoff", static_cast<uint64_t>(b), s.label});
     st = ops_.CompleteAfter(s.handoff, absl::Now() + config_.timeout);
     if (st.ok()) st = final_ops_.WaitFor(s.handoff->device_event());
   }
@@ -127,7 +131,6 @@ void GradientReducer::OnKeptStageDone(int b, int stage, const absl::Status& done
   if (!st.ok()) FinishBucket(b, st, ops_);
   LaunchReplicaStages(b, st);
 }
-
 
 void GradientReducer::FinishBucket(int b, absl::Status s, BufferOps& ops) {
   WorkPtr w = buckets_[b]->work;  // keeps the Work alive while its callbacks run

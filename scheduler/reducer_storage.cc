@@ -74,7 +74,8 @@ absl::Status GradientReducer::AccumulatePartial(int b) {
                                                 absl::StrCat(s.label, " (partial sum)")));
   }
   if (!s.has_partial) {
-    RETURN_IF_ERROR(ops_.Copy(s.partial.get(), CommShard(b), bytes));  // a copy, not 0 + x: keeps -0.0
+    RETURN_IF_ERROR(
+        ops_.Copy(s.partial.get(), CommShard(b), bytes));  // a copy, not 0 + x: keeps -0.0
     s.has_partial = true;
     return absl::OkStatus();
   }
@@ -105,7 +106,8 @@ absl::Status GradientReducer::ZeroBucket(int b) {
 
 absl::StatusOr<WorkPtr> GradientReducer::ZeroGradsAsync(DeviceEvent after) {
   RETURN_IF_ERROR(ops_.WaitFor(after));
-  for (size_t b = 0; b < buckets_.size(); ++b) RETURN_IF_ERROR(ZeroBucketQueued(static_cast<int>(b)));
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    RETURN_IF_ERROR(ZeroBucketQueued(static_cast<int>(b)));
   WorkPtr w = works_.Create(WorkInfo{groups_.shard->name(), "zero_grads", 0, "every bucket"});
   if (ops_.synchronous()) {  // host memory: the zeroes are there now
     w->Complete(absl::OkStatus());
@@ -125,7 +127,8 @@ absl::Status GradientReducer::ZeroBucketQueued(int b) {
   if (config_.keep_shards_only) {
     ReleaseStorage(b);  // a window dropped before its synced backward: storage goes back
     const absl::Status st = ops_.Zero(buckets_[b]->kept.get(), buckets_[b]->kept.bytes());
-    if (!st.ok()) return WithContext(st, absl::StrCat("zeroing the kept shard of ", buckets_[b]->label));
+    if (!st.ok())
+      return WithContext(st, absl::StrCat("zeroing the kept shard of ", buckets_[b]->label));
     buckets_[b]->has_partial = false;
     return absl::OkStatus();
   }
@@ -146,7 +149,8 @@ absl::Status GradientReducer::SyncZeroing() {
   // writes the gradients from its own streams, which nothing orders with the comm stream:
   // without an event to hand out, the host waits (deadline-bounded) here. ZeroGradsAsync hands
   // out that event instead (the Work's device_event()) and never waits.
-  if (ops_.synchronous() || !config_.gradient_as_bucket_view || config_.keep_shards_only) return absl::OkStatus();
+  if (ops_.synchronous() || !config_.gradient_as_bucket_view || config_.keep_shards_only)
+    return absl::OkStatus();
   return WithContext(ops_.Synchronize(absl::Now() + config_.timeout), "zeroing gradients");
 }
 

@@ -24,11 +24,21 @@ void AppendJsonString(absl::string_view s, std::string* out) {
   out->push_back('"');
   for (const char c : s) {
     switch (c) {
-      case '"': out->append("\\\""); break;
-      case '\\': out->append("\\\\"); break;
-      case '\n': out->append("\\n"); break;
-      case '\r': out->append("\\r"); break;
-      case '\t': out->append("\\t"); break;
+      case '"':
+        out->append("\\\"");
+        break;
+      case '\\':
+        out->append("\\\\");
+        break;
+      case '\n':
+        out->append("\\n");
+        break;
+      case '\r':
+        out->append("\\r");
+        break;
+      case '\t':
+        out->append("\\t");
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           absl::StrAppendFormat(out, "\\u%04x", static_cast<unsigned char>(c));
@@ -77,8 +87,8 @@ absl::StatusOr<std::unique_ptr<Timeline>> Timeline::Create(std::string path_pref
   if (file == nullptr) {
     const int err = errno;
     return absl::ErrnoToStatus(
-        err, absl::StrCat("timeline: cannot open '", path, "' for writing (prefix '",
-                          path_prefix, "', from BRAID_TIMELINE or Timeline::Create)"));
+        err, absl::StrCat("timeline: cannot open '", path, "' for writing (prefix '", path_prefix,
+                          "', from BRAID_TIMELINE or Timeline::Create)"));
   }
   // The header: the opening of the event array and this rank's process row.
   std::string header = "{\"traceEvents\":[\n";
@@ -185,7 +195,7 @@ void Timeline::WriteOut(std::string* buf) {
 void Timeline::AppendEvent(const Event& e, std::string* out) const {
   out->append(",\n{\"name\":");
   AppendJsonString(e.name == nullptr ? absl::string_view() : absl::string_view(e.name), out);
-  out->append(e.dur_ns == kInstantDuration  ? ",\"ph\":\"i\",\"s\":\"t\""
+  out->append(e.dur_ns == kInstantDuration ? ",\"ph\":\"i\",\"s\":\"t\""
               : e.dur_ns == kCounterSample ? ",\"ph\":\"C\""
                                            : ",\"ph\":\"X\"");
   absl::StrAppend(out, ",\"pid\":", rank_ + 1, ",\"tid\":", int64_t{e.track} + 1, ",\"ts\":");
@@ -212,8 +222,8 @@ void Timeline::AppendTrailer(std::string* out) const {
       absl::StrAppend(out, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":", rank_ + 1,
                       ",\"tid\":", i + 1, ",\"args\":{\"name\":");
       AppendJsonString(tracks_[i], out);
-      absl::StrAppend(out, "}},\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":",
-                      rank_ + 1, ",\"tid\":", i + 1, ",\"args\":{\"sort_index\":", i, "}}");
+      absl::StrAppend(out, "}},\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":", rank_ + 1,
+                      ",\"tid\":", i + 1, ",\"args\":{\"sort_index\":", i, "}}");
     }
   }
   absl::StrAppend(out, "\n],\n\"displayTimeUnit\":\"ms\",\n\"otherData\":{\"braid_rank\":", rank_,

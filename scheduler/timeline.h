@@ -98,8 +98,7 @@ class Timeline {
   }
   // A span ("ph":"X") from `start_ns` to `end_ns` (NowNs() readings). A negative duration is
   // written as 0; a start before the Timeline's creation is written at 0.
-  void Complete(int track, const char* name, int64_t start_ns, int64_t end_ns,
-                int64_t arg = -1) {
+  void Complete(int track, const char* name, int64_t start_ns, int64_t end_ns, int64_t arg = -1) {
     if (enabled_) Push(track, name, start_ns, end_ns > start_ns ? end_ns - start_ns : 0, arg);
   }
 
@@ -165,17 +164,17 @@ class Timeline {
   std::atomic<uint64_t> written_{0};
 
   mutable std::mutex mu_;
-  std::condition_variable wake_writer_;   // stop_ or a flush request
-  std::condition_variable flushed_cv_;    // flushed_upto_ advanced or the writer exited
-  bool stop_ = false;                     // guarded by mu_
-  bool writer_exited_ = false;            // guarded by mu_
-  uint64_t flush_target_ = 0;             // guarded by mu_: pushes to write before Flush returns
-  uint64_t flushed_upto_ = 0;             // guarded by mu_: pushes written and fflush'ed
-  absl::Status published_status_;         // guarded by mu_: write_status_ as of the last round
-  std::vector<std::string> tracks_;       // guarded by mu_
+  std::condition_variable wake_writer_;  // stop_ or a flush request
+  std::condition_variable flushed_cv_;   // flushed_upto_ advanced or the writer exited
+  bool stop_ = false;                    // guarded by mu_
+  bool writer_exited_ = false;           // guarded by mu_
+  uint64_t flush_target_ = 0;            // guarded by mu_: pushes to write before Flush returns
+  uint64_t flushed_upto_ = 0;            // guarded by mu_: pushes written and fflush'ed
+  absl::Status published_status_;        // guarded by mu_: write_status_ as of the last round
+  std::vector<std::string> tracks_;      // guarded by mu_
 
-  std::mutex close_mu_;  // serializes Close()
-  bool closed_ = false;  // guarded by close_mu_
+  std::mutex close_mu_;        // serializes Close()
+  bool closed_ = false;        // guarded by close_mu_
   absl::Status close_status_;  // guarded by close_mu_
   std::thread writer_;
 };

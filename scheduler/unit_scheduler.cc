@@ -36,7 +36,7 @@ std::string OrderString(const std::vector<int>& order) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<UnitScheduler>> UnitScheduler::Create(ParamGatherer* gatherer,
-                                                                      const UnitConfig& config) {
+                                                                     const UnitConfig& config) {
   if (gatherer == nullptr) return absl::InvalidArgumentError("unit scheduler: no gatherer given");
   if (!gatherer->config().free_after_use) {
     return absl::InvalidArgumentError(
@@ -52,16 +52,17 @@ absl::StatusOr<std::unique_ptr<UnitScheduler>> UnitScheduler::Create(ParamGather
   int largest = -1;
   for (int u = 0; u < plan.num_units(); ++u) {
     units[u].buckets = plan.UnitBuckets(u);
-    for (int b : units[u].buckets) units[u].bytes += static_cast<int64_t>(plan.buckets()[b].bytes());
+    for (int b : units[u].buckets)
+      units[u].bytes += static_cast<int64_t>(plan.buckets()[b].bytes());
     if (largest < 0 || units[u].bytes > units[largest].bytes) largest = u;
   }
   const int64_t largest_bytes = largest < 0 ? 0 : units[largest].bytes;
   const int64_t limit =
       config.max_live_bytes != 0 ? static_cast<int64_t>(config.max_live_bytes) : 2 * largest_bytes;
   if (limit < largest_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unit scheduler: max_live_bytes = ", limit, " is below the ", largest_bytes,
-        " bytes of unit ", largest, " (the largest unit; a unit is gathered whole)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unit scheduler: max_live_bytes = ", limit, " is below the ", largest_bytes,
+                     " bytes of unit ", largest, " (the largest unit; a unit is gathered whole)"));
   }
   return std::unique_ptr<UnitScheduler>(
       new UnitScheduler(gatherer, config, std::move(units), limit));
@@ -86,12 +87,12 @@ const std::vector<int>& UnitScheduler::forward_order() const { return order_; }
 
 absl::Status UnitScheduler::CheckUnit(const char* what, int unit) const {
   if (unit < 0 || unit >= static_cast<int>(units_.size())) {
-    return absl::InvalidArgumentError(absl::StrCat(what, "(unit ", unit, "): no such unit (the plan has ",
-                                                   units_.size(), " units)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, "(unit ", unit, "): no such unit (the plan has ", units_.size(), " units)"));
   }
   if (units_[unit].buckets.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, "(unit ", unit, "): unit ", unit, " has no bucket (no parameter names it)"));
+    return absl::InvalidArgumentError(absl::StrCat(what, "(unit ", unit, "): unit ", unit,
+                                                   " has no bucket (no parameter names it)"));
   }
   return absl::OkStatus();
 }
@@ -159,15 +160,17 @@ absl::Status UnitScheduler::LaunchLocked(std::unique_lock<std::mutex>& lock,
   // kept, since the ranks' collective sequences may differ from here on.
   for (int u : units) units_[u].state = UnitState::kLaunched;
   if (!st.ok() && broken_.ok()) {
-    broken_ = WithContext(st, "unit scheduler: a gather failed to launch (the ranks' gather "
-                              "sequences may differ from here on)");
+    broken_ = WithContext(st,
+                          "unit scheduler: a gather failed to launch (the ranks' gather "
+                          "sequences may differ from here on)");
   }
   ++serving_ticket_;
   cv_.notify_all();
   return st.ok() ? st : broken_;
 }
 
-absl::Status UnitScheduler::DecideAndLaunchLocked(std::unique_lock<std::mutex>& lock, int required) {
+absl::Status UnitScheduler::DecideAndLaunchLocked(std::unique_lock<std::mutex>& lock,
+                                                  int required) {
   std::vector<int> launch;
   if (required >= 0) launch.push_back(required);
   if (!recording_ && phase_ != Phase::kIdle && config_.prefetch > 0 && !gathered_all_) {
@@ -224,18 +227,21 @@ absl::Status UnitScheduler::Begin(int unit, bool forward) {
              (skipped_[p] || units_[sched_[p]].entered_in_phase > occurrence_[p])) {
         ++p;
       }
-      const char* sched_name = forward ? "forward order recorded in the first step"
-                                       : "backward order (the reverse of the recorded forward order)";
+      const char* sched_name = forward
+                                   ? "forward order recorded in the first step"
+                                   : "backward order (the reverse of the recorded forward order)";
       if (p == sched_.size()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            what, "(unit ", unit, "): unit ", unit, " is not gathered and no unit is expected any "
-            "more in this phase (the ", sched_name, " is ", OrderString(sched_), ")"));
+        return absl::FailedPreconditionError(
+            absl::StrCat(what, "(unit ", unit, "): unit ", unit,
+                         " is not gathered and no unit is expected any "
+                         "more in this phase (the ",
+                         sched_name, " is ", OrderString(sched_), ")"));
       }
       if (sched_[p] != unit) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            what, "(unit ", unit, "): expected unit ", sched_[p], " next, got unit ", unit,
-            " (not gathered; the ", sched_name, " is ", OrderString(sched_),
-            "; every rank must follow it)"));
+        return absl::FailedPreconditionError(
+            absl::StrCat(what, "(unit ", unit, "): expected unit ", sched_[p], " next, got unit ",
+                         unit, " (not gathered; the ", sched_name, " is ", OrderString(sched_),
+                         "; every rank must follow it)"));
       }
       // The launch cursor is at p: positions before it were launched, entered or skipped.
       while (launch_pos_ < p && SkippableLocked(launch_pos_)) skipped_[launch_pos_++] = true;
@@ -253,9 +259,9 @@ absl::Status UnitScheduler::Begin(int unit, bool forward) {
   if (!st.ok()) return st;
   if (!cv_.wait_for(lock, absl::ToChronoSeconds(config_.timeout),
                     [&] { return un.state != UnitState::kLaunching; })) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        what, "(unit ", unit, "): its launch on another thread did not finish within ",
-        absl::FormatDuration(config_.timeout)));
+    return absl::DeadlineExceededError(
+        absl::StrCat(what, "(unit ", unit, "): its launch on another thread did not finish within ",
+                     absl::FormatDuration(config_.timeout)));
   }
   lock.unlock();
   for (int b : un.buckets) {
@@ -325,8 +331,9 @@ absl::Status UnitScheduler::EndStep() {
   // Every launch has run (the collective below is ordered after them).
   if (!cv_.wait_for(lock, absl::ToChronoSeconds(config_.timeout),
                     [&] { return serving_ticket_ == next_ticket_; })) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "EndStep: launches on other threads did not finish within ", absl::FormatDuration(config_.timeout)));
+    return absl::DeadlineExceededError(
+        absl::StrCat("EndStep: launches on other threads did not finish within ",
+                     absl::FormatDuration(config_.timeout)));
   }
   std::vector<std::string> held;
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -363,19 +370,22 @@ absl::Status UnitScheduler::EndStep() {
       }
       std::vector<int64_t> shown;
       for (size_t k = 0; k < kShownUnits && rec[3 + k] >= 0; ++k) shown.push_back(rec[3 + k]);
-      per_rank.push_back(absl::StrCat("rank ", r, ": ", rec[1], " unit(s) [", absl::StrJoin(shown, ", "),
-                                      rec[1] > static_cast<int64_t>(kShownUnits) ? ", ..." : "", "]"));
+      per_rank.push_back(
+          absl::StrCat("rank ", r, ": ", rec[1], " unit(s) [", absl::StrJoin(shown, ", "),
+                       rec[1] > static_cast<int64_t>(kShownUnits) ? ", ..." : "", "]"));
     }
     if (!same) {
       broken_ = absl::FailedPreconditionError(absl::StrCat(
-          "EndStep: the forward order recorded in the first step differs across the ranks of group '",
+          "EndStep: the forward order recorded in the first step differs across the ranks of group "
+          "'",
           gatherer_->group().name(), "' (every rank must enter the units in the same order): ",
           absl::StrJoin(per_rank, "; ")));
       return broken_;
     }
     if (any_held) {
       return absl::FailedPreconditionError(
-          held.empty() ? absl::StrCat("EndStep: other ranks still hold units: ", absl::StrJoin(holders, "; "))
+          held.empty() ? absl::StrCat("EndStep: other ranks still hold units: ",
+                                      absl::StrJoin(holders, "; "))
                        : held_msg);
     }
     recording_ = false;
@@ -390,13 +400,15 @@ absl::Status UnitScheduler::EndStep() {
 absl::Status UnitScheduler::GatherAll() {
   std::unique_lock<std::mutex> lock(mu_);
   if (!broken_.ok()) return broken_;
-  if (gathered_all_) return absl::FailedPreconditionError("GatherAll: already gathered (call ReleaseAll)");
+  if (gathered_all_)
+    return absl::FailedPreconditionError("GatherAll: already gathered (call ReleaseAll)");
   std::vector<int> launch;
   for (size_t u = 0; u < units_.size(); ++u) {
     const Unit& un = units_[u];
     if (un.fwd_active > 0 || un.bwd_active > 0 || un.state != UnitState::kReleased) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "GatherAll: unit ", u, " is entered or gathered (call it outside a step, after EndStep)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("GatherAll: unit ", u,
+                       " is entered or gathered (call it outside a step, after EndStep)"));
     }
     if (!un.buckets.empty()) launch.push_back(static_cast<int>(u));
   }

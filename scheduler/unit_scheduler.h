@@ -104,13 +104,14 @@
 namespace braid::sched {
 
 struct UnitConfig {
-  size_t max_live_bytes = 0;          // 0: 2 x the largest unit's bytes
-  int prefetch = 1;                   // units ahead (0: none)
-  bool reshard_after_forward = true;  // false: a unit stays gathered from its forward until EndBackward
+  size_t max_live_bytes = 0;  // 0: 2 x the largest unit's bytes
+  int prefetch = 1;           // units ahead (0: none)
+  bool reshard_after_forward =
+      true;  // false: a unit stays gathered from its forward until EndBackward
   // Bounds waits for a launch running on another thread (BeginX of a unit being launched there,
   // EndStep): DeadlineExceeded. Gathers themselves wait up to the gatherer's own timeout.
   absl::Duration timeout = absl::Seconds(300);
-  Timeline* timeline = nullptr;       // optional: "gather unit" / "release unit" instants on "units"
+  Timeline* timeline = nullptr;  // optional: "gather unit" / "release unit" instants on "units"
   // Optional. The scheduler allocates no memory of its own (the gatherer counts its buffers into
   // its own GathererConfig::memory); accepted for symmetry with the other components.
   MemoryStats* memory = nullptr;
@@ -136,8 +137,9 @@ class UnitScheduler {
 
   // Unknown unit / unit with no bucket: InvalidArgument naming it. After recording, a unit that
   // is neither gathered nor the next of the schedule: FailedPrecondition naming both.
-  absl::Status BeginForward(int unit);   // gather (launch what is not in flight), prefetch ahead, wait
-  absl::Status EndForward(int unit);     // release (unless !reshard_after_forward)
+  absl::Status BeginForward(
+      int unit);                      // gather (launch what is not in flight), prefetch ahead, wait
+  absl::Status EndForward(int unit);  // release (unless !reshard_after_forward)
   absl::Status BeginBackward(int unit);  // gather, prefetch the next units in backward order, wait
   absl::Status EndBackward(int unit);    // release; any thread
   absl::Status EndStep();                // see above
@@ -192,13 +194,13 @@ class UnitScheduler {
   bool recording_ = true;
   std::vector<int> order_;  // the recorded forward order
   Phase phase_ = Phase::kIdle;
-  std::vector<int> sched_;        // current phase's schedule (after recording)
-  std::vector<int> occurrence_;   // occurrence_[p]: earlier positions of sched_[p]'s unit
-  std::vector<bool> skipped_;     // positions the launch cursor skipped
-  size_t launch_pos_ = 0;         // next schedule position not yet launched / skipped
+  std::vector<int> sched_;       // current phase's schedule (after recording)
+  std::vector<int> occurrence_;  // occurrence_[p]: earlier positions of sched_[p]'s unit
+  std::vector<bool> skipped_;    // positions the launch cursor skipped
+  size_t launch_pos_ = 0;        // next schedule position not yet launched / skipped
   bool gathered_all_ = false;
   uint64_t next_ticket_ = 0, serving_ticket_ = 0;
-  absl::Status broken_;           // sticky launch error
+  absl::Status broken_;  // sticky launch error
 
   std::atomic<int64_t> live_{0}, peak_{0}, issued_{0};
 };

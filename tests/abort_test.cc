@@ -29,12 +29,10 @@ TEST(AbortDomain, FirstCauseWinsAndEveryListenerRunsOnce) {
     EXPECT_EQ(rank, 3);
     EXPECT_EQ(s.message(), "step 7 failed");
   });
-  AbortDomain::Subscription a = d->Subscribe([&](const absl::Status& s) {
-    seen.push_back(absl::StrCat("a:", s.message()));
-  });
-  AbortDomain::Subscription b = d->Subscribe([&](const absl::Status& s) {
-    seen.push_back(absl::StrCat("b:", s.message()));
-  });
+  AbortDomain::Subscription a =
+      d->Subscribe([&](const absl::Status& s) { seen.push_back(absl::StrCat("a:", s.message())); });
+  AbortDomain::Subscription b =
+      d->Subscribe([&](const absl::Status& s) { seen.push_back(absl::StrCat("b:", s.message())); });
   b.Reset();  // unsubscribed: never called
   EXPECT_TRUE(d->status().ok());
   EXPECT_EQ(d->aborting_rank(), -1);
@@ -160,8 +158,8 @@ TEST(LocalAbort, AbortJobReleasesRanksBlockedInACollective) {
       return;
     }
     const absl::Time start = absl::Now();
-    absl::Status s = Outcome(world.AllReduce(buf, buf, 8, DType::kF32, ReduceOp::Sum()),
-                             absl::Seconds(120));
+    absl::Status s =
+        Outcome(world.AllReduce(buf, buf, 8, DType::kF32, ReduceOp::Sum()), absl::Seconds(120));
     EXPECT_LT(absl::Now() - start, kPrompt);
     ExpectError(s, absl::StatusCode::kAborted,
                 {"job aborted: rank 3 reported INTERNAL", "step 7: loss is NaN"});

@@ -121,13 +121,16 @@ TEST(Autotuner, BadConfigsAndRanksThatDisagree) {
   RunRanks(2, [](Group& g) {
     AutotunerConfig c = FourCandidates();
     c.candidates.clear();
-    ExpectError(Autotuner::Create(&g, c).status(), absl::StatusCode::kInvalidArgument, {"candidates"});
+    ExpectError(Autotuner::Create(&g, c).status(), absl::StatusCode::kInvalidArgument,
+                {"candidates"});
     c = FourCandidates();
     c.steps_per_trial = 0;
-    ExpectError(Autotuner::Create(&g, c).status(), absl::StatusCode::kInvalidArgument, {"steps_per_trial"});
+    ExpectError(Autotuner::Create(&g, c).status(), absl::StatusCode::kInvalidArgument,
+                {"steps_per_trial"});
     c = FourCandidates();
     if (g.rank() == 1) c.candidates[2].credit_bytes = 7;
-    ExpectError(Autotuner::Create(&g, c).status(), absl::StatusCode::kFailedPrecondition, {"rank 1"});
+    ExpectError(Autotuner::Create(&g, c).status(), absl::StatusCode::kFailedPrecondition,
+                {"rank 1"});
   });
 }
 
@@ -150,7 +153,8 @@ TEST(ReducerReplan, CarriesAccumulatedGradientsOver) {
           auto v = r.GradView(params[p].id);
           ASSERT_TRUE(v.ok());
           for (size_t i = 0; i < v->count; ++i) {
-            const double x = LoadElement(v->data, v->dtype, i) + 0.37 * g.rank() + 0.011 * i - 0.5 * micro + 0.1 * p;
+            const double x = LoadElement(v->data, v->dtype, i) + 0.37 * g.rank() + 0.011 * i -
+                             0.5 * micro + 0.1 * p;
             StoreElement(v->data, v->dtype, i, x);
           }
           ASSERT_OK(r.MarkReady(params[p].id));
@@ -193,7 +197,8 @@ TEST(ReducerReplan, CarriesAccumulatedGradientsOver) {
         };
         for (size_t i = 0; i < va->count; ++i) {
           if (!in_shard(**a, i) || !in_shard(**b, i)) continue;
-          EXPECT_EQ(LoadElement(va->data, va->dtype, i), LoadElement(vb->data, vb->dtype, i)) << p << " " << i;
+          EXPECT_EQ(LoadElement(va->data, va->dtype, i), LoadElement(vb->data, vb->dtype, i))
+              << p << " " << i;
         }
       }
     });

@@ -27,7 +27,10 @@ TEST(BucketPlan, UnitsNeverShareABucket) {
   o.bucket_cap_bytes = 1 << 20;
   o.align_bytes = 4;
   o.shards = 2;
-  auto params = Params({{10, DType::kF32}, {20, DType::kF32}, {30, DType::kF32}, {40, DType::kF32},
+  auto params = Params({{10, DType::kF32},
+                        {20, DType::kF32},
+                        {30, DType::kF32},
+                        {40, DType::kF32},
                         {50, DType::kBF16}});
   const int units[] = {0, 0, 1, 1, 1};
   for (int i = 0; i < 5; ++i) params[i].unit = units[i];
@@ -54,7 +57,8 @@ TEST(BucketPlan, UnitsNeverShareABucket) {
   params[0].unit = -1;
   auto bad = BucketPlan::Build(params, o);
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("'p0' (id 100): unit must be >= 0"), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("'p0' (id 100): unit must be >= 0"), std::string::npos)
+      << bad.status();
 }
 
 TEST(BucketPlan, ReverseOrderCapsAndFirstBucket) {
@@ -62,8 +66,12 @@ TEST(BucketPlan, ReverseOrderCapsAndFirstBucket) {
   o.first_bucket_cap_bytes = 1024;  // 256 f32
   o.bucket_cap_bytes = 4096;        // 1024 f32
   o.align_bytes = 4;
-  auto plan = BucketPlan::Build(Params({{100, DType::kF32}, {200, DType::kF32}, {900, DType::kF32},
-                                        {150, DType::kF32}, {100, DType::kF32}}), o);
+  auto plan = BucketPlan::Build(Params({{100, DType::kF32},
+                                        {200, DType::kF32},
+                                        {900, DType::kF32},
+                                        {150, DType::kF32},
+                                        {100, DType::kF32}}),
+                                o);
   ASSERT_TRUE(plan.ok()) << plan.status();
   // Reverse registration order: p4 (100) + p3 (150) fit the 256-element first bucket; p2 (900)
   // does not, so it opens bucket 1; p1 (200) no longer fits there (1100 > 1024) -> bucket 2.
@@ -95,7 +103,8 @@ TEST(BucketPlan, ShardsAreEqualAlignedAndParamsMayStraddle) {
   PlanOptions o;
   o.shards = 3;
   o.align_bytes = 64;
-  auto plan = BucketPlan::Build(Params({{37, DType::kF32}, {101, DType::kBF16}, {50, DType::kF32}}), o);
+  auto plan =
+      BucketPlan::Build(Params({{37, DType::kF32}, {101, DType::kBF16}, {50, DType::kF32}}), o);
   ASSERT_TRUE(plan.ok());
   for (const Bucket& b : plan->buckets()) {
     const size_t align = 64 / DTypeSize(b.dtype);
@@ -153,7 +162,8 @@ TEST(BucketPlan, FingerprintOnIgnoresTheDeviceOnly) {
   EXPECT_EQ(cuda->FingerprintOn(Device::Cpu()), cpu->Fingerprint());
   EXPECT_EQ(cpu->FingerprintOn(Device::Cuda(1)), cuda->Fingerprint());
   params[1].count = 21;
-  EXPECT_NE(BucketPlan::Build(params, PlanOptions{})->FingerprintOn(Device::Cpu()), cpu->Fingerprint());
+  EXPECT_NE(BucketPlan::Build(params, PlanOptions{})->FingerprintOn(Device::Cpu()),
+            cpu->Fingerprint());
 }
 
 TEST(PlanCheck, IdenticalPlansPassAndADifferentParameterIsNamedOnEveryRank) {

@@ -163,21 +163,33 @@ void ReduceRefDispatch(DType t, const std::vector<std::vector<uint8_t>>& in, siz
                        size_t count, ReduceKind op, int n, bool exact, void* out, bool nccl) {
   if (nccl) {
     switch (t) {
-      case DType::kF32: return NcclReduceRef(in, off, count, op, n, exact, static_cast<float*>(out));
-      case DType::kF64: return NcclReduceRef(in, off, count, op, n, exact, static_cast<double*>(out));
-      case DType::kBF16: return NcclReduceRef(in, off, count, op, n, exact, static_cast<BF16*>(out));
-      case DType::kF16: return NcclReduceRef(in, off, count, op, n, exact, static_cast<F16*>(out));
-      default: break;  // integers: sum, max, min as below (avg and premul are refused)
+      case DType::kF32:
+        return NcclReduceRef(in, off, count, op, n, exact, static_cast<float*>(out));
+      case DType::kF64:
+        return NcclReduceRef(in, off, count, op, n, exact, static_cast<double*>(out));
+      case DType::kBF16:
+        return NcclReduceRef(in, off, count, op, n, exact, static_cast<BF16*>(out));
+      case DType::kF16:
+        return NcclReduceRef(in, off, count, op, n, exact, static_cast<F16*>(out));
+      default:
+        break;  // integers: sum, max, min as below (avg and premul are refused)
     }
   }
   switch (t) {
-    case DType::kF32: return ReduceRef(in, off, count, op, n, exact, static_cast<float*>(out));
-    case DType::kF64: return ReduceRef(in, off, count, op, n, exact, static_cast<double*>(out));
-    case DType::kBF16: return ReduceRef(in, off, count, op, n, exact, static_cast<BF16*>(out));
-    case DType::kF16: return ReduceRef(in, off, count, op, n, exact, static_cast<F16*>(out));
-    case DType::kI32: return ReduceRef(in, off, count, op, n, exact, static_cast<int32_t*>(out));
-    case DType::kI64: return ReduceRef(in, off, count, op, n, exact, static_cast<int64_t*>(out));
-    case DType::kU8: return ReduceRef(in, off, count, op, n, exact, static_cast<uint8_t*>(out));
+    case DType::kF32:
+      return ReduceRef(in, off, count, op, n, exact, static_cast<float*>(out));
+    case DType::kF64:
+      return ReduceRef(in, off, count, op, n, exact, static_cast<double*>(out));
+    case DType::kBF16:
+      return ReduceRef(in, off, count, op, n, exact, static_cast<BF16*>(out));
+    case DType::kF16:
+      return ReduceRef(in, off, count, op, n, exact, static_cast<F16*>(out));
+    case DType::kI32:
+      return ReduceRef(in, off, count, op, n, exact, static_cast<int32_t*>(out));
+    case DType::kI64:
+      return ReduceRef(in, off, count, op, n, exact, static_cast<int64_t*>(out));
+    case DType::kU8:
+      return ReduceRef(in, off, count, op, n, exact, static_cast<uint8_t*>(out));
   }
 }
 
@@ -187,13 +199,38 @@ size_t InputElems(const CollectiveCase& c, int n) {
 
 std::string ElementText(DType t, const uint8_t* p) {
   switch (t) {
-    case DType::kF32: { float v; std::memcpy(&v, p, 4); return absl::StrCat(v); }
-    case DType::kF64: { double v; std::memcpy(&v, p, 8); return absl::StrCat(v); }
-    case DType::kBF16: { BF16 v; std::memcpy(&v, p, 2); return absl::StrCat(ToFloat(v), " (bf16 0x", absl::Hex(v.bits), ")"); }
-    case DType::kF16: { F16 v; std::memcpy(&v, p, 2); return absl::StrCat(ToFloat(v), " (f16 0x", absl::Hex(v.bits), ")"); }
-    case DType::kI32: { int32_t v; std::memcpy(&v, p, 4); return absl::StrCat(v); }
-    case DType::kI64: { int64_t v; std::memcpy(&v, p, 8); return absl::StrCat(v); }
-    case DType::kU8: return absl::StrCat(static_cast<int>(*p));
+    case DType::kF32: {
+      float v;
+      std::memcpy(&v, p, 4);
+      return absl::StrCat(v);
+    }
+    case DType::kF64: {
+      double v;
+      std::memcpy(&v, p, 8);
+      return absl::StrCat(v);
+    }
+    case DType::kBF16: {
+      BF16 v;
+      std::memcpy(&v, p, 2);
+      return absl::StrCat(ToFloat(v), " (bf16 0x", absl::Hex(v.bits), ")");
+    }
+    case DType::kF16: {
+      F16 v;
+      std::memcpy(&v, p, 2);
+      return absl::StrCat(ToFloat(v), " (f16 0x", absl::Hex(v.bits), ")");
+    }
+    case DType::kI32: {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      return absl::StrCat(v);
+    }
+    case DType::kI64: {
+      int64_t v;
+      std::memcpy(&v, p, 8);
+      return absl::StrCat(v);
+    }
+    case DType::kU8:
+      return absl::StrCat(static_cast<int>(*p));
   }
   return "?";
 }
@@ -204,10 +241,9 @@ absl::Status Compare(const CollectiveCase& c, int rank, const uint8_t* got,
   const size_t es = DTypeSize(c.dtype);
   size_t i = 0;
   while (std::memcmp(got + i * es, want.data() + i * es, es) == 0) ++i;
-  return absl::InternalError(absl::StrCat(CaseName(c), " rank ", rank, ": ", what,
-                                          " differs at element ", i, ": got ",
-                                          ElementText(c.dtype, got + i * es), ", want ",
-                                          ElementText(c.dtype, want.data() + i * es)));
+  return absl::InternalError(absl::StrCat(
+      CaseName(c), " rank ", rank, ": ", what, " differs at element ", i, ": got ",
+      ElementText(c.dtype, got + i * es), ", want ", ElementText(c.dtype, want.data() + i * es)));
 }
 
 }  // namespace
@@ -228,13 +264,20 @@ double PremulScalar(int rank, bool exact) {
 
 std::vector<uint8_t> MakeInput(DType dtype, size_t elems, int rank, uint64_t seed, bool exact) {
   switch (dtype) {
-    case DType::kF32: return FillTyped<float>(elems, rank, seed, exact);
-    case DType::kF64: return FillTyped<double>(elems, rank, seed, exact);
-    case DType::kBF16: return FillTyped<BF16>(elems, rank, seed, exact);
-    case DType::kF16: return FillTyped<F16>(elems, rank, seed, exact);
-    case DType::kI32: return FillTyped<int32_t>(elems, rank, seed, exact);
-    case DType::kI64: return FillTyped<int64_t>(elems, rank, seed, exact);
-    case DType::kU8: return FillTyped<uint8_t>(elems, rank, seed, exact);
+    case DType::kF32:
+      return FillTyped<float>(elems, rank, seed, exact);
+    case DType::kF64:
+      return FillTyped<double>(elems, rank, seed, exact);
+    case DType::kBF16:
+      return FillTyped<BF16>(elems, rank, seed, exact);
+    case DType::kF16:
+      return FillTyped<F16>(elems, rank, seed, exact);
+    case DType::kI32:
+      return FillTyped<int32_t>(elems, rank, seed, exact);
+    case DType::kI64:
+      return FillTyped<int64_t>(elems, rank, seed, exact);
+    case DType::kU8:
+      return FillTyped<uint8_t>(elems, rank, seed, exact);
   }
   return {};
 }
@@ -242,7 +285,8 @@ std::vector<uint8_t> MakeInput(DType dtype, size_t elems, int rank, uint64_t see
 std::vector<uint8_t> ReferenceOutput(const CollectiveCase& c, int n, int rank) {
   const size_t es = DTypeSize(c.dtype);
   std::vector<std::vector<uint8_t>> in;
-  for (int k = 0; k < n; ++k) in.push_back(MakeInput(c.dtype, InputElems(c, n), k, c.seed, c.exact_data));
+  for (int k = 0; k < n; ++k)
+    in.push_back(MakeInput(c.dtype, InputElems(c, n), k, c.seed, c.exact_data));
   switch (c.kind) {
     case CollectiveKind::kAllReduce: {
       std::vector<uint8_t> out(c.count * es);
@@ -303,11 +347,21 @@ absl::Status LaunchStatus(Group& g, CollectiveKind kind, DType dtype, ReduceKind
   const ReduceOp rop{op, 0.5};
   absl::StatusOr<WorkPtr> w;
   switch (kind) {
-    case CollectiveKind::kAllReduce: w = g.AllReduce(buf.data(), buf.data(), 4, dtype, rop); break;
-    case CollectiveKind::kReduceScatter: w = g.ReduceScatter(buf.data(), buf.data(), 1, dtype, rop); break;
-    case CollectiveKind::kAllGather: w = g.AllGather(buf.data(), buf.data(), 1, dtype); break;
-    case CollectiveKind::kBroadcast: w = g.Broadcast(buf.data(), 4, dtype, 0); break;
-    case CollectiveKind::kBarrier: w = g.Barrier(); break;
+    case CollectiveKind::kAllReduce:
+      w = g.AllReduce(buf.data(), buf.data(), 4, dtype, rop);
+      break;
+    case CollectiveKind::kReduceScatter:
+      w = g.ReduceScatter(buf.data(), buf.data(), 1, dtype, rop);
+      break;
+    case CollectiveKind::kAllGather:
+      w = g.AllGather(buf.data(), buf.data(), 1, dtype);
+      break;
+    case CollectiveKind::kBroadcast:
+      w = g.Broadcast(buf.data(), 4, dtype, 0);
+      break;
+    case CollectiveKind::kBarrier:
+      w = g.Barrier();
+      break;
   }
   if (w.ok()) RETURN_IF_ERROR((*w)->Wait(absl::Seconds(60)));  // don't leave it in flight
   return w.status();
@@ -370,7 +424,8 @@ absl::Status RunAndCheck(Group& g, const CollectiveCase& c, absl::Duration timeo
   if (!(*w)->Done()) return absl::InternalError("Wait returned OK but the work is not done");
   RETURN_IF_ERROR(Compare(c, r, out, want, "output"));
   const bool send_is_separate = !c.in_place && c.kind != CollectiveKind::kBroadcast;
-  if (send_is_separate) RETURN_IF_ERROR(Compare(c, r, send.data(), input, "send buffer (must be unchanged)"));
+  if (send_is_separate)
+    RETURN_IF_ERROR(Compare(c, r, send.data(), input, "send buffer (must be unchanged)"));
   return absl::OkStatus();
 }
 

@@ -1,10 +1,11 @@
 // dtype names, sizes, parsing, and the bf16/f16 conversions against the compiler's own
 // _Float16 (IEEE binary16) and exhaustive round trips.
+#include "comm/dtype.h"
+
 #include <cmath>
 #include <cstring>
 #include <random>
 
-#include "comm/dtype.h"
 #include "comm/half.h"
 #include "comm/reduce_op.h"
 #include "gtest/gtest.h"

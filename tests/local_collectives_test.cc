@@ -11,7 +11,6 @@
 namespace braid::testing {
 namespace {
 
-
 using Param = std::tuple<int /*kind index*/, DType, int /*ranks*/, bool /*in_place*/>;
 
 class LocalCollectives : public ::testing::TestWithParam<Param> {};
@@ -30,9 +29,7 @@ TEST_P(LocalCollectives, MatchesSerialReference) {
     });
     return;
   }
-  RunRanks(ranks, [&](Group& g) {
-    EXPECT_OK(CheckAllSizes(g, k, dtype, in_place));
-  });
+  RunRanks(ranks, [&](Group& g) { EXPECT_OK(CheckAllSizes(g, k, dtype, in_place)); });
 }
 
 std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
@@ -40,19 +37,19 @@ std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
   return MatrixCaseName(kCollectiveVariants[ki], dtype, ranks, in_place);
 }
 
-INSTANTIATE_TEST_SUITE_P(All, LocalCollectives,
-                         ::testing::Combine(::testing::Range(0, static_cast<int>(std::size(kCollectiveVariants))),
-                                            ::testing::ValuesIn(kAllDTypes),
-                                            ::testing::Values(1, 2, 3, 4, 8),
-                                            ::testing::Bool()),
-                         ParamName);
+INSTANTIATE_TEST_SUITE_P(
+    All, LocalCollectives,
+    ::testing::Combine(::testing::Range(0, static_cast<int>(std::size(kCollectiveVariants))),
+                       ::testing::ValuesIn(kAllDTypes), ::testing::Values(1, 2, 3, 4, 8),
+                       ::testing::Bool()),
+    ParamName);
 
 // The same collective repeated with different thread timings gives the same bits.
 TEST(LocalDeterminism, RepeatedRunsAreBitIdentical) {
   for (int trial = 0; trial < 5; ++trial) {
     RunRanks(4, [&](Group& g) {
-      CollectiveCase c{CollectiveKind::kAllReduce, ReduceKind::kSum, DType::kF32, 4099, false,
-                       false, 77, 0};
+      CollectiveCase c{
+          CollectiveKind::kAllReduce, ReduceKind::kSum, DType::kF32, 4099, false, false, 77, 0};
       if (g.rank() == trial % 4) absl::SleepFor(absl::Milliseconds(2));  // perturb arrival order
       EXPECT_OK(RunAndCheck(g, c));
     });
@@ -67,8 +64,8 @@ TEST(LocalAsync, ManyInFlightThenWaitAll) {
     std::vector<WorkPtr> works;
     for (int i = 0; i < kOps; ++i) {
       for (size_t j = 0; j < bufs[i].size(); ++j) bufs[i][j] = static_cast<float>(i + g.rank() + j);
-      auto w = g.AllReduce(bufs[i].data(), bufs[i].data(), bufs[i].size(), DType::kF32,
-                           ReduceOp::Sum());
+      auto w =
+          g.AllReduce(bufs[i].data(), bufs[i].data(), bufs[i].size(), DType::kF32, ReduceOp::Sum());
       ASSERT_TRUE(w.ok()) << w.status().ToString();
       works.push_back(*w);
     }

@@ -4,7 +4,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-
 #include "backends/local/local_backend.h"
 #include "gtest/gtest.h"
 #include "tests/collective_check.h"
@@ -74,13 +73,14 @@ TEST(LocalErrors, ReduceScatterCountMismatchNamesEveryRanksCall) {
     auto w = g.ReduceScatter(send.data(), recv.data(), count, DType::kF32, ReduceOp::Sum());
     ASSERT_TRUE(w.ok());
     absl::Status s = (*w)->Wait(absl::Seconds(30));
-    ExpectError(s, absl::StatusCode::kInvalidArgument,
-                {"reduce_scatter", "rank 1: reduce_scatter count=7", "rank 0: reduce_scatter count=8"});
+    ExpectError(
+        s, absl::StatusCode::kInvalidArgument,
+        {"reduce_scatter", "rank 1: reduce_scatter count=7", "rank 0: reduce_scatter count=8"});
     // A failed collective aborts the job (BRAID_ABORT_ON_FAILURE=1, the default): the next call
     // is refused with the cause.
-    ExpectError(g.Barrier().status(), absl::StatusCode::kAborted,
-                {"refuses new calls", "job aborted", "INVALID_ARGUMENT",
-                 "rank 1: reduce_scatter count=7"});
+    ExpectError(
+        g.Barrier().status(), absl::StatusCode::kAborted,
+        {"refuses new calls", "job aborted", "INVALID_ARGUMENT", "rank 1: reduce_scatter count=7"});
   });
 }
 
@@ -97,8 +97,8 @@ TEST(LocalErrors, WithoutAbortOnFailureAMismatchLeavesTheGroupUsable) {
     ExpectError((*w)->Wait(absl::Seconds(30)), absl::StatusCode::kInvalidArgument,
                 {"rank 1: reduce_scatter count=7"});
     // Every rank saw the mismatch at the same point, so the group can go on.
-    EXPECT_OK(RunAndCheck(g, CollectiveCase{CollectiveKind::kAllReduce, ReduceKind::kSum,
-                                            DType::kF32, 10}));
+    EXPECT_OK(RunAndCheck(
+        g, CollectiveCase{CollectiveKind::kAllReduce, ReduceKind::kSum, DType::kF32, 10}));
   });
 }
 
@@ -146,12 +146,12 @@ TEST(LocalSplit, MeshOfShardsAndReplicasComputesCorrectly) {
     EXPECT_EQ((*replica)->name(), absl::StrCat("world/", r % 4));
     // HSDP shape: reduce-scatter in the shard group, then all-reduce in the replica group,
     // with both groups' collectives in flight at once.
-    EXPECT_OK(RunAndCheck(**shard, CollectiveCase{CollectiveKind::kReduceScatter,
-                                                  ReduceKind::kAvg, DType::kBF16, 1001}));
-    EXPECT_OK(RunAndCheck(**replica, CollectiveCase{CollectiveKind::kAllReduce, ReduceKind::kSum,
-                                                    DType::kF32, 333}));
-    EXPECT_OK(RunAndCheck(world, CollectiveCase{CollectiveKind::kAllGather, ReduceKind::kSum,
-                                                DType::kI64, 5}));
+    EXPECT_OK(RunAndCheck(**shard, CollectiveCase{CollectiveKind::kReduceScatter, ReduceKind::kAvg,
+                                                  DType::kBF16, 1001}));
+    EXPECT_OK(RunAndCheck(
+        **replica, CollectiveCase{CollectiveKind::kAllReduce, ReduceKind::kSum, DType::kF32, 333}));
+    EXPECT_OK(RunAndCheck(
+        world, CollectiveCase{CollectiveKind::kAllGather, ReduceKind::kSum, DType::kI64, 5}));
   });
 }
 
@@ -282,4 +282,3 @@ TEST(LocalFaults, NoPeerWritesIntoABufferAfterItsWorkCompleted) {
 
 }  // namespace
 }  // namespace braid::testing
-

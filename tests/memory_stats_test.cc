@@ -25,7 +25,9 @@ class AsyncHostOps : public BufferOps {
   absl::Status CastScale(const void*, DType, void*, DType, size_t, const ScaleSpec&) override {
     return absl::OkStatus();
   }
-  absl::Status Add(const void*, const void*, void*, size_t, DType) override { return absl::OkStatus(); }
+  absl::Status Add(const void*, const void*, void*, size_t, DType) override {
+    return absl::OkStatus();
+  }
   bool can_add() const override { return true; }
   absl::Status WaitFor(DeviceEvent) override { return absl::OkStatus(); }
   absl::Status Synchronize(absl::Time) override { return absl::OkStatus(); }

@@ -4,6 +4,8 @@
 // this binary's), and every way loading fails, each naming the module, the system library and
 // its Debian package: no module, a missing system library, a file that is not a module, a
 // module of another backend, a module built from other headers (interface stamp).
+#include "backends/module/module_loader.h"
+
 #include <sys/stat.h>
 
 #include <cstdint>
@@ -18,7 +20,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "backends/module/backend_module.h"
-#include "backends/module/module_loader.h"
 #include "comm/backend.h"
 #include "gtest/gtest.h"
 #include "tests/multirank.h"
@@ -129,8 +130,8 @@ TEST(ModuleLoader, DefaultDirectoryIsThatOfTheObjectHoldingTheLoader) {
 TEST(ModuleLoader, MissingSystemLibraryIsNamedWithItsPackage) {
   const std::string dir = PatchedCopy("nolib", "libgloo.so.0", "lbxgloo.so.0");
   ExpectError(LoadModule(Gloo(), dir).status(), absl::StatusCode::kFailedPrecondition,
-              {"backend 'gloo' is not available", "lbxgloo.so.0", "cannot open",
-               "libgloo.so.0", "apt install libgloo0"});
+              {"backend 'gloo' is not available", "lbxgloo.so.0", "cannot open", "libgloo.so.0",
+               "apt install libgloo0"});
   // When dlerror names the spec's library itself, the message says it is not installed.
   ModuleSpec renamed = Gloo();
   renamed.system_library = "lbxgloo.so.0";

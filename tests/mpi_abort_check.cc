@@ -38,8 +38,9 @@ constexpr absl::Duration kPrompt = absl::Seconds(2);
 // rank's verdict is written (bounded): the first process to exit without MPI_Finalize makes
 // mpirun kill the others, which could cut a slower rank's report.
 void Report(int rank, bool ok, absl::Duration took, const std::string& what) {
-  const std::string line = absl::StrCat("ABORT-CHECK rank=", rank, " ok=", ok ? 1 : 0, " ms=",
-                                        absl::ToInt64Milliseconds(took), " what=", what, "\n");
+  const std::string line =
+      absl::StrCat("ABORT-CHECK rank=", rank, " ok=", ok ? 1 : 0,
+                   " ms=", absl::ToInt64Milliseconds(took), " what=", what, "\n");
   std::fputs(line.c_str(), stdout);
   std::fflush(stdout);
   const char* dir = std::getenv("ABORT_CHECK_DIR");
@@ -146,8 +147,7 @@ int Run(const std::string& scenario) {
       const absl::Status a = world->AbortJob(absl::InternalError("step 7: loss is NaN"));
       Report(rank, a.ok() && domain->aborted(), absl::Now() - start, a.ToString());
     } else {
-      const absl::Status s =
-          Outcome(world->AllReduce(buf, buf, 64, DType::kF32, ReduceOp::Sum()));
+      const absl::Status s = Outcome(world->AllReduce(buf, buf, 64, DType::kF32, ReduceOp::Sum()));
       const absl::Duration took = absl::Now() - start;
       Report(rank,
              Has(s, {"job aborted: rank 3 reported", "step 7: loss is NaN"}) &&
@@ -164,7 +164,8 @@ int Run(const std::string& scenario) {
     }
     const absl::Status s = Outcome(world->AllReduce(buf, buf, 64, DType::kF32, ReduceOp::Sum()));
     // Only reached if mpirun did not kill this process: that is the failure.
-    Report(rank, false, absl::Now() - start, absl::StrCat("survived the peer's death: ", s.ToString()));
+    Report(rank, false, absl::Now() - start,
+           absl::StrCat("survived the peer's death: ", s.ToString()));
   } else {
     std::fprintf(stderr, "unknown scenario '%s' (deadline, abort_job, die)\n", scenario.c_str());
     return 2;

@@ -55,8 +55,6 @@ Worlds& TheWorlds() {
 Group& World() { return *TheWorlds().world; }
 Group& ValidatingWorld() { return *TheWorlds().validating; }
 
-
-
 using Param = std::tuple<int /*kind index*/, DType, bool /*in_place*/>;
 
 class MpiCollectives : public ::testing::TestWithParam<Param> {};
@@ -90,10 +88,11 @@ std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
   return s;
 }
 
-INSTANTIATE_TEST_SUITE_P(All, MpiCollectives,
-                         ::testing::Combine(::testing::Range(0, static_cast<int>(std::size(kCollectiveVariants))),
-                                            ::testing::ValuesIn(kAllDTypes), ::testing::Bool()),
-                         ParamName);
+INSTANTIATE_TEST_SUITE_P(
+    All, MpiCollectives,
+    ::testing::Combine(::testing::Range(0, static_cast<int>(std::size(kCollectiveVariants))),
+                       ::testing::ValuesIn(kAllDTypes), ::testing::Bool()),
+    ParamName);
 
 // With validation on, matching calls still give exact results (record exchange, then turn).
 TEST(MpiValidated, MatchingCallsPass) {
@@ -125,7 +124,8 @@ TEST(MpiValidated, CountMismatchFailsOnEveryRank) {
   EXPECT_TRUE(absl::StrContains(s.message(), "rank 1: reduce_scatter count=9")) << s.ToString();
   EXPECT_TRUE(absl::StrContains(s.message(), "on group 'world'")) << s.ToString();
   // Nothing was issued on the data communicator: the next call matches normally.
-  CollectiveCase c{CollectiveKind::kAllReduce, ReduceKind::kSum, DType::kF32, 37, false, true, 7, 0};
+  CollectiveCase c{
+      CollectiveKind::kAllReduce, ReduceKind::kSum, DType::kF32, 37, false, true, 7, 0};
   EXPECT_OK(RunAndCheck(g, c, kTimeout));
 }
 
@@ -152,8 +152,8 @@ TEST(MpiValidated, ManyInFlight) {
   std::vector<WorkPtr> works;
   for (int i = 0; i < kOps; ++i) {
     std::iota(bufs[i].begin(), bufs[i].end(), i + g.rank());
-    auto w = g.AllReduce(bufs[i].data(), bufs[i].data(), bufs[i].size(), DType::kI32,
-                         ReduceOp::Sum());
+    auto w =
+        g.AllReduce(bufs[i].data(), bufs[i].data(), bufs[i].size(), DType::kI32, ReduceOp::Sum());
     ASSERT_TRUE(w.ok()) << w.status().ToString();
     works.push_back(*w);
   }
@@ -266,7 +266,8 @@ TEST(MpiSplit, EvenOddWithReversedKeys) {
     EXPECT_OK(RunAndCheck(c, cc, kTimeout));
   }
   // The parent still works after the split, and a grandchild can be split off the child.
-  CollectiveCase wc{CollectiveKind::kAllReduce, ReduceKind::kSum, DType::kF32, 37, true, true, 12, 0};
+  CollectiveCase wc{
+      CollectiveKind::kAllReduce, ReduceKind::kSum, DType::kF32, 37, true, true, 12, 0};
   EXPECT_OK(RunAndCheck(g, wc, kTimeout));
   auto grandchild = c.Split(0, 0, "grandchild");
   ASSERT_TRUE(grandchild.ok()) << grandchild.status().ToString();
@@ -287,7 +288,8 @@ TEST(MpiSplit, NoColorGetsNullGroup) {
   ASSERT_NE(*child, nullptr);
   EXPECT_EQ((*child)->size(), g.size() - 1);
   EXPECT_EQ((*child)->rank(), g.rank() - 1);
-  CollectiveCase c{CollectiveKind::kAllReduce, ReduceKind::kAvg, DType::kF32, 65536 + 13, true, true, 13, 0};
+  CollectiveCase c{
+      CollectiveKind::kAllReduce, ReduceKind::kAvg, DType::kF32, 65536 + 13, true, true, 13, 0};
   EXPECT_OK(RunAndCheck(**child, c, kTimeout));
 }
 
@@ -301,7 +303,8 @@ TEST(MpiSplit, InvalidColorFailsOnEveryRankNamingIt) {
                                 absl::StrCat("rank ", bad_rank, " passed color -5")))
       << child.status().ToString();
   // Every rank saw the same error, so the group is still in step.
-  CollectiveCase c{CollectiveKind::kBroadcast, ReduceKind::kSum, DType::kU8, 37, false, true, 14, 1};
+  CollectiveCase c{
+      CollectiveKind::kBroadcast, ReduceKind::kSum, DType::kU8, 37, false, true, 14, 1};
   EXPECT_OK(RunAndCheck(g, c, kTimeout));
 }
 
@@ -326,8 +329,10 @@ TEST(MpiDeadline, MissedDeadlineFailsTheGroup) {
     EXPECT_TRUE(absl::StrContains(s.message(), "allreduce #0 on group 'world/deadline' (bucket 7)"))
         << s.ToString();
     auto again = c.Barrier();
-    EXPECT_EQ(again.status().code(), absl::StatusCode::kDeadlineExceeded) << again.status().ToString();
-    EXPECT_TRUE(absl::StrContains(again.status().message(), "has failed")) << again.status().ToString();
+    EXPECT_EQ(again.status().code(), absl::StatusCode::kDeadlineExceeded)
+        << again.status().ToString();
+    EXPECT_TRUE(absl::StrContains(again.status().message(), "has failed"))
+        << again.status().ToString();
   }
   auto b1 = g.Barrier();
   ASSERT_TRUE(b1.ok());
@@ -398,7 +403,8 @@ TEST(MpiErrors, CountMismatchWithoutValidationFailsTheCall) {
   ASSERT_TRUE(tally.ok()) << tally.status().ToString();
   ASSERT_OK((*tally)->Wait(kTimeout));
   EXPECT_GE(seen[0], 1) << "no rank saw the mismatch";
-  EXPECT_EQ(seen[1], seen[0]) << "a rank failed with something other than MPI's answer to the mismatch";
+  EXPECT_EQ(seen[1], seen[0])
+      << "a rank failed with something other than MPI's answer to the mismatch";
 }
 
 // Two groups over the same ranks, used at the same time from two threads: under the default
@@ -456,8 +462,8 @@ TEST(MpiCommThread, DestroyedGroupRunsQueuedCalls) {
     for (int i = 0; i < kCalls; ++i) bufs.emplace_back(i % 3 == 2 ? kSmall : kLarge, value);
     std::vector<WorkPtr> works;
     for (auto& buf : bufs) {
-      auto w = (*child)->AllReduce(buf.data(), buf.data(), buf.size(), DType::kF32,
-                                   ReduceOp::Sum());
+      auto w =
+          (*child)->AllReduce(buf.data(), buf.data(), buf.size(), DType::kF32, ReduceOp::Sum());
       ASSERT_TRUE(w.ok()) << w.status();
       works.push_back(*w);
     }
@@ -498,8 +504,8 @@ TEST(MpiDestroy, FailedCallLeaksTheCommunicator) {
   if (g.rank() == 0) {
     CollectiveOptions opts;
     opts.timeout = absl::Milliseconds(300);
-    auto w = (*child)->AllReduce(buf.data(), buf.data(), kCount, DType::kBF16, ReduceOp::Sum(),
-                                 opts);
+    auto w =
+        (*child)->AllReduce(buf.data(), buf.data(), kCount, DType::kBF16, ReduceOp::Sum(), opts);
     ASSERT_TRUE(w.ok()) << w.status();
     const absl::Time start = absl::Now();
     child->reset();  // returns at the call's deadline
@@ -538,7 +544,6 @@ TEST(MpiBackend, DescribesItself) {
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   EXPECT_EQ(g.size(), world_size);
 }
-
 
 // `--host_init=serialized|multiple`: instead of the suite, checks how the backend joins an MPI
 // that the host application initialized itself (the mpi_host_init_* targets):

@@ -66,7 +66,8 @@ Group& World() { return *the_world; }
 //    exact arithmetic does not depend on the order.
 // A group size that is not a power of two (an average over 3 ranks) would break this.
 double ExactGrad(int r, int p, int m, int s, size_t i) {
-  uint64_t z = ((((static_cast<uint64_t>(r) * 131 + p) * 17 + m) * 7 + s) << 32) + i + 0x9e3779b97f4a7c15ull;
+  uint64_t z =
+      ((((static_cast<uint64_t>(r) * 131 + p) * 17 + m) * 7 + s) << 32) + i + 0x9e3779b97f4a7c15ull;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;  // splitmix64
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   z ^= z >> 31;
@@ -129,7 +130,8 @@ TEST(MpiPartitions, MatchUnpartitionedOnNoise) {
   for (ReduceMode mode : modes) {
     for (int dtypes : {0, 1, 2, 3}) {
       SCOPED_TRACE(absl::StrCat("mode ", static_cast<int>(mode), " dtypes ", dtypes));
-      EXPECT_OK(testing::CheckPartitionedMatchesUnpartitioned(World(), mode, dtypes, 256, false, kTimeout));
+      EXPECT_OK(testing::CheckPartitionedMatchesUnpartitioned(World(), mode, dtypes, 256, false,
+                                                              kTimeout));
     }
   }
 }
@@ -165,7 +167,8 @@ TEST(MpiReducerErrors, PlanThatDiffersOnOneRankFailsCreateEverywhere) {
   auto params = TwoParams();
   if (g.rank() == odd_rank) params[0].count = 9;
   ExpectError(GradientReducer::Create(params, {&g, nullptr}, TestConfig()).status(),
-              absl::StatusCode::kFailedPrecondition, {"'fc.weight'", absl::StrCat("rank ", odd_rank)});
+              absl::StatusCode::kFailedPrecondition,
+              {"'fc.weight'", absl::StrCat("rank ", odd_rank)});
   // Every rank took part in the same checks, so the world is still in step.
   auto red = GradientReducer::Create(TwoParams(), {&g, nullptr}, TestConfig());
   EXPECT_TRUE(red.ok()) << red.status();
@@ -184,5 +187,6 @@ TEST(MpiReducerUnused, ZeroFilledAndReducedWhenAllowedButNoSyncSumsAreKept) {
 
 int main(int argc, char** argv) {
   // The parameterized suites call ScenariosForWorld() at InitGoogleTest, once the world exists.
-  return braid::testing::RunTestsOnMpiWorld(argc, argv, braid::sched::kTimeout, &braid::sched::the_world);
+  return braid::testing::RunTestsOnMpiWorld(argc, argv, braid::sched::kTimeout,
+                                            &braid::sched::the_world);
 }

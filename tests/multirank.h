@@ -40,15 +40,15 @@ namespace absl {
 inline void PrintTo(const Status& s, std::ostream* os) { *os << s.ToString(); }
 }  // namespace absl
 
-#define EXPECT_OK(expr)                                   \
-  do {                                                    \
-    const ::absl::Status braid_s_ = (expr);               \
-    EXPECT_TRUE(braid_s_.ok()) << braid_s_.ToString();    \
+#define EXPECT_OK(expr)                                \
+  do {                                                 \
+    const ::absl::Status braid_s_ = (expr);            \
+    EXPECT_TRUE(braid_s_.ok()) << braid_s_.ToString(); \
   } while (0)
-#define ASSERT_OK(expr)                                   \
-  do {                                                    \
-    const ::absl::Status braid_s_ = (expr);               \
-    ASSERT_TRUE(braid_s_.ok()) << braid_s_.ToString();    \
+#define ASSERT_OK(expr)                                \
+  do {                                                 \
+    const ::absl::Status braid_s_ = (expr);            \
+    ASSERT_TRUE(braid_s_.ok()) << braid_s_.ToString(); \
   } while (0)
 
 #endif  // BRAID_TESTS_MULTIRANK_H_

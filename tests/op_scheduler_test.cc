@@ -40,7 +40,8 @@ using reference::Scenario;
 constexpr absl::Duration kTimeout = absl::Seconds(60);
 
 TEST(SplitReduction, CoversExactlyAlignedWithinCredit) {
-  for (size_t count : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{1000}, size_t{4097}, size_t{100003}}) {
+  for (size_t count :
+       {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{1000}, size_t{4097}, size_t{100003}}) {
     for (size_t es : {size_t{2}, size_t{4}, size_t{8}}) {
       for (int ranks : {1, 2, 3, 4}) {
         for (size_t credit : {size_t{0}, size_t{64}, size_t{256}, size_t{1000}, size_t{1} << 16}) {
@@ -126,7 +127,8 @@ TEST(OpScheduler, PartitionedCollectivesMatchDirectCalls) {
 class PartitionedReducerVsReference : public ::testing::TestWithParam<Scenario> {};
 
 double Grad(int r, int p, int m, int s, size_t i) {
-  uint64_t z = ((((static_cast<uint64_t>(r) * 131 + p) * 17 + m) * 7 + s) << 32) + i + 0x9e3779b97f4a7c15ull;
+  uint64_t z =
+      ((((static_cast<uint64_t>(r) * 131 + p) * 17 + m) * 7 + s) << 32) + i + 0x9e3779b97f4a7c15ull;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   z ^= z >> 31;
@@ -142,7 +144,8 @@ double BF16Grad(int r, int p, int m, int s, size_t i) {
 TEST_P(PartitionedReducerVsReference, BitExact) {
   const Scenario sc = GetParam();
   RunRanks(sc.replicas * sc.shards, [&](Group& g) {
-    EXPECT_OK(reference::RunScenario(g, sc, sc.values || sc.keep_shards ? BF16Grad : Grad, kTimeout));
+    EXPECT_OK(
+        reference::RunScenario(g, sc, sc.values || sc.keep_shards ? BF16Grad : Grad, kTimeout));
   });
 }
 
@@ -156,7 +159,8 @@ std::vector<Scenario> PartitionScenarios() {
           out.push_back({ReduceMode::kReduceScatter, 1, w, dt, sched});
         }
       }
-      for (const char* sched : {"S", "RRS", "NRNS"}) out.push_back({ReduceMode::kHybrid, 2, 2, dt, sched});
+      for (const char* sched : {"S", "RRS", "NRNS"})
+        out.push_back({ReduceMode::kHybrid, 2, 2, dt, sched});
       if (dt == 1 || dt == 2) {
         out.push_back({ReduceMode::kReduceScatter, 1, 4, dt, "NNS", false, true});  // f32 staging
         out.push_back({ReduceMode::kHybrid, 2, 2, dt, "RRS", false, true});
@@ -179,16 +183,19 @@ std::vector<Scenario> PartitionScenarios() {
   return out;
 }
 
-INSTANTIATE_TEST_SUITE_P(All, PartitionedReducerVsReference, ::testing::ValuesIn(PartitionScenarios()),
+INSTANTIATE_TEST_SUITE_P(All, PartitionedReducerVsReference,
+                         ::testing::ValuesIn(PartitionScenarios()),
                          [](const ::testing::TestParamInfo<Scenario>& i) {
                            return reference::ScenarioName(i.param);
                          });
 
 TEST(OpScheduler, PartitionedReducerMatchesUnpartitionedOnNoise) {
-  for (ReduceMode mode : {ReduceMode::kAllReduce, ReduceMode::kReduceScatter, ReduceMode::kHybrid}) {
+  for (ReduceMode mode :
+       {ReduceMode::kAllReduce, ReduceMode::kReduceScatter, ReduceMode::kHybrid}) {
     for (int dtypes : {0, 1, 2, 3}) {
       RunRanks(4, [&](Group& g) {
-        EXPECT_OK(testing::CheckPartitionedMatchesUnpartitioned(g, mode, dtypes, 256, false, kTimeout));
+        EXPECT_OK(
+            testing::CheckPartitionedMatchesUnpartitioned(g, mode, dtypes, 256, false, kTimeout));
       });
     }
   }
@@ -207,7 +214,15 @@ TEST(OpScheduler, UrgentWorkHoldsReductionsUntilItCompletes) {
     std::vector<float> x(1000);
     for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(Noise(g.rank(), i));
     std::vector<float> want = x;
-    ReductionRequest r{&g, CollectiveKind::kAllReduce, x.data(), x.data(), x.size(), DType::kF32, ReduceOp::Sum(), {}, 0};
+    ReductionRequest r{&g,
+                       CollectiveKind::kAllReduce,
+                       x.data(),
+                       x.data(),
+                       x.size(),
+                       DType::kF32,
+                       ReduceOp::Sum(),
+                       {},
+                       0};
     auto w = (*sch)->SubmitReduction(r);
     ASSERT_TRUE(w.ok()) << w.status();
     absl::SleepFor(absl::Milliseconds(100));
@@ -236,7 +251,15 @@ TEST(OpScheduler, WaitedPolicyHoldsOnlyWhileSomeoneWaits) {
     WorkPtr urgent = Work::Create(WorkInfo{"test", "urgent", 0, "gather"});
     (*sch)->TrackUrgent(urgent);
     std::vector<float> x(1000, 1.0f);
-    ReductionRequest r{&g, CollectiveKind::kAllReduce, x.data(), x.data(), x.size(), DType::kF32, ReduceOp::Sum(), {}, 0};
+    ReductionRequest r{&g,
+                       CollectiveKind::kAllReduce,
+                       x.data(),
+                       x.data(),
+                       x.size(),
+                       DType::kF32,
+                       ReduceOp::Sum(),
+                       {},
+                       0};
     auto w = (*sch)->SubmitReduction(r);  // nobody waits: not held
     ASSERT_TRUE(w.ok()) << w.status();
     ASSERT_OK((*w)->Wait(kTimeout));
@@ -270,7 +293,15 @@ TEST(OpScheduler, HoldEndsAfterMaxHold) {
     WorkPtr urgent = Work::Create(WorkInfo{"test", "urgent", 0, "gather"});
     (*sch)->TrackUrgent(urgent);
     std::vector<float> x(1000, 1.0f);
-    ReductionRequest r{&g, CollectiveKind::kAllReduce, x.data(), x.data(), x.size(), DType::kF32, ReduceOp::Sum(), {}, 0};
+    ReductionRequest r{&g,
+                       CollectiveKind::kAllReduce,
+                       x.data(),
+                       x.data(),
+                       x.size(),
+                       DType::kF32,
+                       ReduceOp::Sum(),
+                       {},
+                       0};
     auto w = (*sch)->SubmitReduction(r);
     ASSERT_TRUE(w.ok()) << w.status();
     ASSERT_OK((*w)->Wait(kTimeout));
@@ -320,7 +351,8 @@ TEST(OpScheduler, GathererAndReducerShareAScheduler) {
     for (int b = 0; b < nb; ++b) {  // shard values: rank * 1000 + element
       auto shard = (*gat)->ShardView(b);
       ASSERT_TRUE(shard.ok());
-      for (size_t i = 0; i < shard->count; ++i) StoreElement(shard->data, DType::kF32, i, world.rank() * 1000.0 + i);
+      for (size_t i = 0; i < shard->count; ++i)
+        StoreElement(shard->data, DType::kF32, i, world.rank() * 1000.0 + i);
     }
     for (int step = 0; step < 3; ++step) {
       ASSERT_OK((*red)->ZeroGrads());
@@ -336,12 +368,15 @@ TEST(OpScheduler, GathererAndReducerShareAScheduler) {
           const size_t off = plan.slot(p).offset;
           for (size_t i = 0; i < pv->count; ++i) {
             const size_t pos = off + i;
-            const double want = static_cast<double>(pos / bk.shard_count) * 1000.0 + pos % bk.shard_count;
-            ASSERT_EQ(LoadElement(pv->data, DType::kF32, i), want) << "bucket " << b << " step " << step;
+            const double want =
+                static_cast<double>(pos / bk.shard_count) * 1000.0 + pos % bk.shard_count;
+            ASSERT_EQ(LoadElement(pv->data, DType::kF32, i), want)
+                << "bucket " << b << " step " << step;
           }
           auto gv = (*red)->GradView(params[p].id);
           ASSERT_TRUE(gv.ok());
-          for (size_t i = 0; i < gv->count; ++i) StoreElement(gv->data, DType::kF32, i, world.rank() + step + 0.25 * (i % 8));
+          for (size_t i = 0; i < gv->count; ++i)
+            StoreElement(gv->data, DType::kF32, i, world.rank() + step + 0.25 * (i % 8));
           ASSERT_OK((*red)->MarkReady(params[p].id));
         }
         ASSERT_OK((*gat)->Release(b));
@@ -357,8 +392,10 @@ TEST(OpScheduler, GathererAndReducerShareAScheduler) {
           for (int p : bk.params) {
             if (pos >= plan.slot(p).offset && pos < plan.slot(p).offset + params[p].count) p_of = p;
           }
-          const double want = p_of < 0 ? 0.0 : 0.5 + step + 0.25 * ((pos - plan.slot(p_of).offset) % 8);
-          ASSERT_EQ(LoadElement(s.data, DType::kF32, i), want) << "bucket " << b << " step " << step;
+          const double want =
+              p_of < 0 ? 0.0 : 0.5 + step + 0.25 * ((pos - plan.slot(p_of).offset) % 8);
+          ASSERT_EQ(LoadElement(s.data, DType::kF32, i), want)
+              << "bucket " << b << " step " << step;
         }
       }
     }
@@ -381,8 +418,15 @@ TEST(OpScheduler, TimelineShowsPartitionsAndPriorities) {
       WorkPtr urgent = Work::Create(WorkInfo{"test", "urgent", 0, "gather"});
       (*sch)->TrackUrgent(urgent, 3);
       std::vector<float> x(4 * 200, 1.0f);
-      ReductionRequest r{&g, CollectiveKind::kReduceScatter, x.data(), x.data() + g.rank() * 400, 400,
-                         DType::kF32, ReduceOp::Sum(), {}, 5};
+      ReductionRequest r{&g,
+                         CollectiveKind::kReduceScatter,
+                         x.data(),
+                         x.data() + g.rank() * 400,
+                         400,
+                         DType::kF32,
+                         ReduceOp::Sum(),
+                         {},
+                         5};
       auto w = (*sch)->SubmitReduction(r);
       ASSERT_TRUE(w.ok());
       absl::SleepFor(absl::Milliseconds(20));

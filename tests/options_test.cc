@@ -28,12 +28,12 @@ TEST(Options, DefaultsAndParsing) {
 }
 
 TEST(Options, BadValuesNameTheVariable) {
-  for (const auto& [k, v] : std::vector<std::pair<std::string, std::string>>{
-           {"BRAID_TIMEOUT_MS", "soon"},
-           {"BRAID_TIMEOUT_MS", "0"},
-           {"BRAID_LOCAL_RANKS", "-2"},
-           {"BRAID_LOG_LEVEL", "loud"},
-           {"BRAID_VALIDATE_COLLECTIVES", "yes"}}) {
+  for (const auto& [k, v] :
+       std::vector<std::pair<std::string, std::string>>{{"BRAID_TIMEOUT_MS", "soon"},
+                                                        {"BRAID_TIMEOUT_MS", "0"},
+                                                        {"BRAID_LOCAL_RANKS", "-2"},
+                                                        {"BRAID_LOG_LEVEL", "loud"},
+                                                        {"BRAID_VALIDATE_COLLECTIVES", "yes"}}) {
     auto o = Options::FromMap({{k, v}});
     ASSERT_FALSE(o.ok()) << k << "=" << v;
     EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);

@@ -95,9 +95,9 @@ void ExpectBucketMatches(const ParamGatherer& pg, int b, int ranks, int k, int m
     const uint8_t* got = static_cast<const uint8_t*>(v->data);
     const uint8_t* ref = want.data() + plan.slot(p).offset * es;
     for (size_t j = 0; j < v->bytes(); ++j) {
-      ASSERT_EQ(got[j], ref[j]) << "rank " << me << " of " << ranks << ", round " << k << ", bucket "
-                                << b << " (" << DTypeName(ps.dtype) << "), parameter "
-                                << ps.Label() << ", element " << j / es;
+      ASSERT_EQ(got[j], ref[j]) << "rank " << me << " of " << ranks << ", round " << k
+                                << ", bucket " << b << " (" << DTypeName(ps.dtype)
+                                << "), parameter " << ps.Label() << ", element " << j / es;
     }
   }
 }
@@ -125,7 +125,8 @@ TEST_P(GatherVsReference, BitExact) {
   const Scenario sc = GetParam();
   RunRanks(sc.ranks, [&](Group& g) {
     const int r = g.rank();
-    auto made = ParamGatherer::Create(MakePlan(MixedParams(), sc.ranks), &g, Config(sc.free_after_use));
+    auto made =
+        ParamGatherer::Create(MakePlan(MixedParams(), sc.ranks), &g, Config(sc.free_after_use));
     ASSERT_TRUE(made.ok()) << made.status();
     ParamGatherer& pg = **made;
     const BucketPlan& plan = pg.plan();
@@ -198,13 +199,15 @@ TEST_P(GatherVsReference, BitExact) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    RanksAndRelease, GatherVsReference,
-    ::testing::Values(Scenario{1, false}, Scenario{2, false}, Scenario{3, false}, Scenario{4, false},
-                      Scenario{1, true}, Scenario{2, true}, Scenario{3, true}, Scenario{4, true}),
-    [](const ::testing::TestParamInfo<Scenario>& i) {
-      return absl::StrCat(i.param.ranks, "ranks", i.param.free_after_use ? "_free_after_use" : "");
-    });
+INSTANTIATE_TEST_SUITE_P(RanksAndRelease, GatherVsReference,
+                         ::testing::Values(Scenario{1, false}, Scenario{2, false},
+                                           Scenario{3, false}, Scenario{4, false},
+                                           Scenario{1, true}, Scenario{2, true}, Scenario{3, true},
+                                           Scenario{4, true}),
+                         [](const ::testing::TestParamInfo<Scenario>& i) {
+                           return absl::StrCat(i.param.ranks, "ranks",
+                                               i.param.free_after_use ? "_free_after_use" : "");
+                         });
 
 // ---- prefetch is asynchronous ------------------------------------------------------------
 
@@ -214,7 +217,9 @@ TEST(ParamGatherer, PrefetchOverlapsUseOfPreviousBucket) {
   auto backend = CreateBackend(LocalOptions(2, absl::Seconds(30)));
   ASSERT_TRUE(backend.ok());
   // Without the plan check, the group's sequence numbers are the gathers: bucket 1's is #1.
-  static_cast<local::LocalBackend*>(backend->get())->faults().StallRank(1, 1, absl::Milliseconds(400), "world");
+  static_cast<local::LocalBackend*>(backend->get())
+      ->faults()
+      .StallRank(1, 1, absl::Milliseconds(400), "world");
   RunRanks(**backend, [](Group& g) {
     GathererConfig cfg = Config(/*free_after_use=*/true);
     cfg.verify_plan = false;
@@ -242,7 +247,8 @@ TEST(ParamGatherer, PrefetchOverlapsUseOfPreviousBucket) {
 
 TEST(ParamGathererErrors, DoublePrefetchUnknownIdsAndBucketsReleaseInFlight) {
   RunRanks(2, [](Group& g) {
-    auto made = ParamGatherer::Create(MakePlan(MixedParams(), 2), &g, Config(/*free_after_use=*/true));
+    auto made =
+        ParamGatherer::Create(MakePlan(MixedParams(), 2), &g, Config(/*free_after_use=*/true));
     ASSERT_TRUE(made.ok()) << made.status();
     ParamGatherer& pg = **made;
     WriteShards(pg, g.rank(), 0);
@@ -352,9 +358,10 @@ TEST(ParamGathererErrors, CheckIssueOrderCatchesSameSizeBucketsSwapped) {
     ASSERT_EQ(pg.num_buckets(), 2);
     ASSERT_EQ(pg.plan().buckets()[0].padded_count, pg.plan().buckets()[1].padded_count);
     for (int k : {0, 1}) ASSERT_OK(pg.WaitParams(g.rank() == 0 ? k : 1 - k));  // contract broken
-    ExpectError(pg.CheckIssueOrder(), absl::StatusCode::kFailedPrecondition,
-                {"group 'world'", "rank-order contract", "rank 0 issued 2 gather(s), latest buckets [0, 1]",
-                 "rank 1 issued 2 gather(s), latest buckets [1, 0]"});
+    ExpectError(
+        pg.CheckIssueOrder(), absl::StatusCode::kFailedPrecondition,
+        {"group 'world'", "rank-order contract", "rank 0 issued 2 gather(s), latest buckets [0, 1]",
+         "rank 1 issued 2 gather(s), latest buckets [1, 0]"});
   });
 }
 

@@ -26,7 +26,8 @@ double Noise(int rank, int param, size_t i) {
 }
 
 // One synced backward; returns the result bytes (see the header).
-absl::StatusOr<std::vector<std::vector<char>>> Reduce(GradientReducer& red, int rank, absl::Duration timeout) {
+absl::StatusOr<std::vector<std::vector<char>>> Reduce(GradientReducer& red, int rank,
+                                                      absl::Duration timeout) {
   const BucketPlan& plan = red.plan();
   RETURN_IF_ERROR(red.ZeroGrads());
   RETURN_IF_ERROR(red.BeginBackward(SyncMode::kSync));
@@ -60,8 +61,9 @@ absl::StatusOr<std::vector<std::vector<char>>> Reduce(GradientReducer& red, int 
 
 }  // namespace
 
-absl::Status CheckPartitionedMatchesUnpartitioned(Group& world, ReduceMode mode, int dtypes, size_t credit,
-                                                  bool reduce_f32, absl::Duration timeout) {
+absl::Status CheckPartitionedMatchesUnpartitioned(Group& world, ReduceMode mode, int dtypes,
+                                                  size_t credit, bool reduce_f32,
+                                                  absl::Duration timeout) {
   Mesh mesh;
   ReducerGroups groups{&world, nullptr};
   if (mode == ReduceMode::kHybrid) {
@@ -79,26 +81,28 @@ absl::Status CheckPartitionedMatchesUnpartitioned(Group& world, ReduceMode mode,
   cfg.timeout = timeout;
   if (reduce_f32) cfg.reduce_dtype = DType::kF32;
   const std::vector<ParamSpec> params = reference::MakeParams(dtypes);
-  ASSIGN_OR_RETURN(std::unique_ptr<GradientReducer> plain, GradientReducer::Create(params, groups, cfg));
+  ASSIGN_OR_RETURN(std::unique_ptr<GradientReducer> plain,
+                   GradientReducer::Create(params, groups, cfg));
   cfg.scheduler = scheduler.get();
-  ASSIGN_OR_RETURN(std::unique_ptr<GradientReducer> parted, GradientReducer::Create(params, groups, cfg));
+  ASSIGN_OR_RETURN(std::unique_ptr<GradientReducer> parted,
+                   GradientReducer::Create(params, groups, cfg));
   ASSIGN_OR_RETURN(auto want, Reduce(*plain, world.rank(), timeout));
   const int64_t before = scheduler->partitions_issued();
   ASSIGN_OR_RETURN(auto got, Reduce(*parted, world.rank(), timeout));
   const int64_t parts = scheduler->partitions_issued() - before;
   const int64_t calls = scheduler->reductions_submitted();
   if (parts <= calls) {
-    return absl::InternalError(absl::StrCat("credit ", credit, ": ", parts, " partitions for ", calls,
-                                            " reductions: nothing was partitioned, the test tests nothing"));
+    return absl::InternalError(
+        absl::StrCat("credit ", credit, ": ", parts, " partitions for ", calls,
+                     " reductions: nothing was partitioned, the test tests nothing"));
   }
   for (size_t k = 0; k < want.size(); ++k) {
     if (want[k] == got[k]) continue;
     size_t i = 0;
     while (i < want[k].size() && want[k][i] == got[k][i]) ++i;
-    return absl::InternalError(absl::StrCat("rank ", world.rank(), ", ",
-                                            mode == ReduceMode::kAllReduce ? "parameter " : "bucket ", k,
-                                            ": partitioned result differs from unpartitioned at byte ", i,
-                                            " (credit ", credit, ")"));
+    return absl::InternalError(absl::StrCat(
+        "rank ", world.rank(), ", ", mode == ReduceMode::kAllReduce ? "parameter " : "bucket ", k,
+        ": partitioned result differs from unpartitioned at byte ", i, " (credit ", credit, ")"));
   }
   return absl::OkStatus();
 }

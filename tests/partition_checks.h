@@ -1,7 +1,8 @@
 // Partitioned reductions against unpartitioned ones, on any backend: shared by the local test
 // (tests/op_scheduler_test.cc) and the mpirun one (tests/mpi_reducer_test.cc).
 //
-//   EXPECT_OK(CheckPartitionedMatchesUnpartitioned(world, ReduceMode::kReduceScatter, 1, 256, kTimeout));
+//   EXPECT_OK(CheckPartitionedMatchesUnpartitioned(world, ReduceMode::kReduceScatter, 1, 256,
+//   kTimeout));
 //
 // Collective over `world`. Two reducers over reference::MakeParams(dtypes) on the same groups
 // (hybrid: a replicas x shards = 2 x (size / 2) mesh), one plain and one through an
@@ -22,8 +23,9 @@
 
 namespace braid::sched::testing {
 
-absl::Status CheckPartitionedMatchesUnpartitioned(Group& world, ReduceMode mode, int dtypes, size_t credit,
-                                                  bool reduce_f32, absl::Duration timeout);
+absl::Status CheckPartitionedMatchesUnpartitioned(Group& world, ReduceMode mode, int dtypes,
+                                                  size_t credit, bool reduce_f32,
+                                                  absl::Duration timeout);
 
 }  // namespace braid::sched::testing
 

@@ -75,8 +75,8 @@ TEST(PluginLoad, FileThatIsNotALibraryIsFailedPrecondition) {
 TEST(PluginLoad, WrongAbiVersionNamesBothVersions) {
   const absl::Status s = CreateError(kAbi99Plugin);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_TRUE(StrContains(s.message(), absl::StrCat("plugin '", kAbi99Plugin,
-                                                    "' has ABI version 99")))
+  EXPECT_TRUE(
+      StrContains(s.message(), absl::StrCat("plugin '", kAbi99Plugin, "' has ABI version 99")))
       << s;
   EXPECT_TRUE(StrContains(s.message(), "this Braid supports 1")) << s;
 }
@@ -154,8 +154,7 @@ TEST(PluginTable, NullNameIsRefused) {
 TEST(PluginStatus, CodesRoundTrip) {
   const absl::StatusCode codes[] = {
       absl::StatusCode::kInvalidArgument, absl::StatusCode::kUnimplemented,
-      absl::StatusCode::kDeadlineExceeded, absl::StatusCode::kAborted,
-      absl::StatusCode::kInternal};
+      absl::StatusCode::kDeadlineExceeded, absl::StatusCode::kAborted, absl::StatusCode::kInternal};
   for (absl::StatusCode c : codes) {
     const absl::Status in(c, "why");
     const absl::Status out = plugin::FromAbiStatus(plugin::ToAbiStatus(in), "why");
@@ -211,8 +210,9 @@ TEST(PluginErrors, CallbackErrorBeforeLaunchReturns) {
     EXPECT_TRUE((*w)->Done());  // the plugin called back inside the launch
     const absl::Status s = (*w)->Wait(absl::Seconds(5));
     EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
-    EXPECT_TRUE(StrContains(s.message(), "plugin 'braid_test_faulty': barrier #0 on group "
-                                         "'world': faulty test plugin: barrier timed out"))
+    EXPECT_TRUE(StrContains(s.message(),
+                            "plugin 'braid_test_faulty': barrier #0 on group "
+                            "'world': faulty test plugin: barrier timed out"))
         << s;
   });
 }
@@ -222,16 +222,18 @@ TEST(PluginErrors, PeerFailureReachesEveryRankThroughTheCallback) {
   ASSERT_NE(backend, nullptr);
   RunRanks(*backend, [](Group& g) {
     // Collective #0 of the wrapped world works; at #1 the plugin makes world rank 1 fail.
-    EXPECT_OK(RunAndCheck(g, {CollectiveKind::kAllReduce, ReduceKind::kSum, DType::kF32, 64,
-                              false, false, 5}));
+    EXPECT_OK(RunAndCheck(
+        g, {CollectiveKind::kAllReduce, ReduceKind::kSum, DType::kF32, 64, false, false, 5}));
     std::vector<float> buf(64, 1.0f);
     auto w = g.AllReduce(buf.data(), buf.data(), buf.size(), DType::kF32, ReduceOp::Sum());
     // Launched fine and failed asynchronously, or, on a rank that launched after rank 1 had
     // failed, refused by the wrapped local world's job abort (comm/abort_domain.h).
     const absl::Status s = w.ok() ? (*w)->Wait(absl::Seconds(30)) : w.status();
     ASSERT_FALSE(s.ok());
-    EXPECT_TRUE(StrContains(s.message(), "plugin 'braid_test_faulty': allreduce #1 on group "
-                                         "'world'")) << s;
+    EXPECT_TRUE(StrContains(s.message(),
+                            "plugin 'braid_test_faulty': allreduce #1 on group "
+                            "'world'"))
+        << s;
     EXPECT_TRUE(StrContains(s.message(), "rank 1 failed: injected by the test plugin")) << s;
   });
 }

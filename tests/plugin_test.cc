@@ -120,16 +120,16 @@ TEST(PluginSplit, ChildGroupsRunCollectives) {
       EXPECT_EQ(g.backend_name(), "plugin");
       EXPECT_EQ(g.size(), color == 0 ? 2 : 1);
       EXPECT_EQ(g.rank(), r == 0 ? 1 : 0);  // color 0 is ordered (rank 2, rank 0)
-      EXPECT_OK(RunAndCheck(g, {CollectiveKind::kAllReduce, ReduceKind::kSum, DType::kF32, 1000,
-                                false, false, 11}));
-      EXPECT_OK(RunAndCheck(g, {CollectiveKind::kReduceScatter, ReduceKind::kAvg, DType::kBF16,
-                                37, true, false, 12}));
-      EXPECT_OK(RunAndCheck(g, {CollectiveKind::kAllGather, ReduceKind::kSum, DType::kI32, 37,
-                                false, false, 13}));
+      EXPECT_OK(RunAndCheck(
+          g, {CollectiveKind::kAllReduce, ReduceKind::kSum, DType::kF32, 1000, false, false, 11}));
+      EXPECT_OK(RunAndCheck(g, {CollectiveKind::kReduceScatter, ReduceKind::kAvg, DType::kBF16, 37,
+                                true, false, 12}));
+      EXPECT_OK(RunAndCheck(
+          g, {CollectiveKind::kAllGather, ReduceKind::kSum, DType::kI32, 37, false, false, 13}));
     }
     // The parent keeps working after the split.
-    EXPECT_OK(RunAndCheck(world, {CollectiveKind::kAllReduce, ReduceKind::kMax, DType::kI32, 37,
-                                  false, false, 14}));
+    EXPECT_OK(RunAndCheck(
+        world, {CollectiveKind::kAllReduce, ReduceKind::kMax, DType::kI32, 37, false, false, 14}));
   });
 }
 
@@ -191,8 +191,8 @@ TEST(PluginLifetime, GroupsOutliveTheBackend) {
   std::vector<std::thread> threads;
   for (auto& g : groups) {
     threads.emplace_back([group = g.get()] {
-      EXPECT_OK(RunAndCheck(*group, {CollectiveKind::kAllReduce, ReduceKind::kSum, DType::kF32,
-                                     100, true, false, 3}));
+      EXPECT_OK(RunAndCheck(*group, {CollectiveKind::kAllReduce, ReduceKind::kSum, DType::kF32, 100,
+                                     true, false, 3}));
     });
   }
   for (auto& t : threads) t.join();
@@ -213,8 +213,10 @@ TEST(PluginLifetime, DestroyingAGroupCompletesItsWorkFirst) {
   ASSERT_TRUE((*w)->Done());
   const absl::Status s = (*w)->status();
   EXPECT_FALSE(s.ok());
-  EXPECT_TRUE(absl::StrContains(s.message(), "plugin 'braid_test_local': allreduce #0 on group "
-                                             "'world'")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(),
+                                "plugin 'braid_test_local': allreduce #0 on group "
+                                "'world'"))
+      << s;
 }
 
 // ---- logging ----------------------------------------------------------------------------

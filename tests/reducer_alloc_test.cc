@@ -11,8 +11,8 @@
 #include <ostream>
 #include <vector>
 
-#include "comm/status_macros.h"
 #include "bench/alloc_counter.h"
+#include "comm/status_macros.h"
 #include "gtest/gtest.h"
 #include "scheduler/gradient_reducer.h"
 #include "scheduler/mesh.h"
@@ -43,12 +43,14 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 std::vector<ParamSpec> Params(DType t) {
   std::vector<ParamSpec> p;
   // Odd sizes that straddle shards; ~5 buckets with the caps below.
-  for (int i = 0; i < 24; ++i) p.push_back(ParamSpec{i, static_cast<size_t>(37 + 13 * i), t, Device::Cpu(), ""});
+  for (int i = 0; i < 24; ++i)
+    p.push_back(ParamSpec{i, static_cast<size_t>(37 + 13 * i), t, Device::Cpu(), ""});
   return p;
 }
 
 // One accumulation window of `c`: backwards in its schedule, every parameter marked.
-absl::Status Window(GradientReducer& r, const Case& c, const std::vector<std::vector<char>>& grads) {
+absl::Status Window(GradientReducer& r, const Case& c,
+                    const std::vector<std::vector<char>>& grads) {
   for (SyncMode m : c.schedule) {
     RETURN_IF_ERROR(r.BeginBackward(m));
     for (int id = static_cast<int>(r.plan().params().size()) - 1; id >= 0; --id) {
@@ -90,7 +92,8 @@ TEST_P(ReducerAlloc, SteadyStateMakesNoHeapAllocation) {
     ASSERT_TRUE(red.ok()) << red.status();
     GradientReducer& r = **red;
     std::vector<std::vector<char>> ext, grads;
-    for (const ParamSpec& p : r.plan().params()) grads.emplace_back(p.count * DTypeSize(p.dtype), 0);
+    for (const ParamSpec& p : r.plan().params())
+      grads.emplace_back(p.count * DTypeSize(p.dtype), 0);
     if (!c.views) {
       for (const ParamSpec& p : r.plan().params()) {
         ext.emplace_back(p.count * DTypeSize(p.dtype), 1);
@@ -117,23 +120,81 @@ TEST_P(ReducerAlloc, SteadyStateMakesNoHeapAllocation) {
 
 INSTANTIATE_TEST_SUITE_P(
     Modes, ReducerAlloc,
-    ::testing::Values(
-        Case{"allreduce_f32", ReduceMode::kAllReduce, 1, 2, DType::kF32, DType::kBF16, true, {SyncMode::kSync}},
-        Case{"allreduce_nosync_f16", ReduceMode::kAllReduce, 1, 2, DType::kF16, DType::kF16, true,
-             {SyncMode::kNoSync, SyncMode::kSync}},
-        Case{"allreduce_copyin_bf16_in_f32", ReduceMode::kAllReduce, 1, 2, DType::kBF16, DType::kF32, false,
-             {SyncMode::kSync}},
-        Case{"reduce_scatter_f32", ReduceMode::kReduceScatter, 1, 4, DType::kF32, DType::kBF16, true,
-             {SyncMode::kSync}},
-        Case{"hybrid_rsonly_f32", ReduceMode::kHybrid, 2, 2, DType::kF32, DType::kBF16, true,
-             {SyncMode::kReduceScatterOnly, SyncMode::kSync}},
-        Case{"hybrid_bf16", ReduceMode::kHybrid, 2, 2, DType::kBF16, DType::kBF16, true, {SyncMode::kSync}},
-        Case{"reduce_scatter_kept_nosync_bf16_in_f32", ReduceMode::kReduceScatter, 1, 4, DType::kBF16,
-             DType::kF32, true, {SyncMode::kNoSync, SyncMode::kSync}, true},
-        Case{"hybrid_kept_rsonly_f32", ReduceMode::kHybrid, 2, 2, DType::kF32, DType::kBF16, true,
-             {SyncMode::kReduceScatterOnly, SyncMode::kSync}, true},
-        Case{"hybrid_kept_bf16_in_f32", ReduceMode::kHybrid, 2, 2, DType::kBF16, DType::kF32, true,
-             {SyncMode::kReduceScatterOnly, SyncMode::kNoSync, SyncMode::kSync}, true}),
+    ::testing::Values(Case{"allreduce_f32",
+                           ReduceMode::kAllReduce,
+                           1,
+                           2,
+                           DType::kF32,
+                           DType::kBF16,
+                           true,
+                           {SyncMode::kSync}},
+                      Case{"allreduce_nosync_f16",
+                           ReduceMode::kAllReduce,
+                           1,
+                           2,
+                           DType::kF16,
+                           DType::kF16,
+                           true,
+                           {SyncMode::kNoSync, SyncMode::kSync}},
+                      Case{"allreduce_copyin_bf16_in_f32",
+                           ReduceMode::kAllReduce,
+                           1,
+                           2,
+                           DType::kBF16,
+                           DType::kF32,
+                           false,
+                           {SyncMode::kSync}},
+                      Case{"reduce_scatter_f32",
+                           ReduceMode::kReduceScatter,
+                           1,
+                           4,
+                           DType::kF32,
+                           DType::kBF16,
+                           true,
+                           {SyncMode::kSync}},
+                      Case{"hybrid_rsonly_f32",
+                           ReduceMode::kHybrid,
+                           2,
+                           2,
+                           DType::kF32,
+                           DType::kBF16,
+                           true,
+                           {SyncMode::kReduceScatterOnly, SyncMode::kSync}},
+                      Case{"hybrid_bf16",
+                           ReduceMode::kHybrid,
+                           2,
+                           2,
+                           DType::kBF16,
+                           DType::kBF16,
+                           true,
+                           {SyncMode::kSync}},
+                      Case{"reduce_scatter_kept_nosync_bf16_in_f32",
+                           ReduceMode::kReduceScatter,
+                           1,
+                           4,
+                           DType::kBF16,
+                           DType::kF32,
+                           true,
+                           {SyncMode::kNoSync, SyncMode::kSync},
+                           true},
+                      Case{"hybrid_kept_rsonly_f32",
+                           ReduceMode::kHybrid,
+                           2,
+                           2,
+                           DType::kF32,
+                           DType::kBF16,
+                           true,
+                           {SyncMode::kReduceScatterOnly, SyncMode::kSync},
+                           true},
+                      Case{"hybrid_kept_bf16_in_f32",
+                           ReduceMode::kHybrid,
+                           2,
+                           2,
+                           DType::kBF16,
+                           DType::kF32,
+                           true,
+                           {SyncMode::kReduceScatterOnly, SyncMode::kNoSync, SyncMode::kSync},
+                           true}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 }  // namespace

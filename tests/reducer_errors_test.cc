@@ -2,12 +2,11 @@
 // nothing hangs; unused parameters are zero-filled and reduced only when allowed.
 #include <algorithm>
 #include <fstream>
-#include <random>
 #include <iterator>
+#include <random>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-
 #include "backends/local/local_backend.h"
 #include "gtest/gtest.h"
 #include "scheduler/gradient_reducer.h"
@@ -31,7 +30,8 @@ TEST(ReducerErrors, MarksOutsideBackwardUnknownAndTwice) {
     ASSERT_TRUE(red.ok()) << red.status();
     ExpectError((*red)->MarkReady(1), absl::StatusCode::kFailedPrecondition,
                 {"'fc.weight' (id 1)", "outside a backward"});
-    ExpectError((*red)->FinishBackward(), absl::StatusCode::kFailedPrecondition, {"without BeginBackward"});
+    ExpectError((*red)->FinishBackward(), absl::StatusCode::kFailedPrecondition,
+                {"without BeginBackward"});
     ASSERT_OK((*red)->BeginBackward(SyncMode::kSync));
     ExpectError((*red)->BeginBackward(SyncMode::kSync), absl::StatusCode::kFailedPrecondition,
                 {"not finished"});
@@ -41,8 +41,8 @@ TEST(ReducerErrors, MarksOutsideBackwardUnknownAndTwice) {
                 {"'fc.bias' (id 2)", "already marked"});
     ASSERT_OK((*red)->MarkReady(1));
     ASSERT_OK((*red)->FinishBackward());
-    ExpectError((*red)->BeginBackward(SyncMode::kReduceScatterOnly), absl::StatusCode::kInvalidArgument,
-                {"reduce_scatter_only", "hybrid"});
+    ExpectError((*red)->BeginBackward(SyncMode::kReduceScatterOnly),
+                absl::StatusCode::kInvalidArgument, {"reduce_scatter_only", "hybrid"});
   });
 }
 
@@ -75,7 +75,8 @@ TEST(ReducerErrors, CopyInPathMisuse) {
     auto copy = GradientReducer::Create(TwoParams(), {&g, nullptr}, cfg);
     ASSERT_TRUE(copy.ok());
     ASSERT_OK((*copy)->SetGradBuffer(1, buf));
-    ExpectError((*copy)->SetGradBuffer(2, nullptr), absl::StatusCode::kInvalidArgument, {"'fc.bias'", "null"});
+    ExpectError((*copy)->SetGradBuffer(2, nullptr), absl::StatusCode::kInvalidArgument,
+                {"'fc.bias'", "null"});
     ExpectError((*copy)->BeginBackward(SyncMode::kSync), absl::StatusCode::kFailedPrecondition,
                 {"'fc.bias' (id 2)", "SetGradBuffer"});
     ExpectError((*copy)->SetGradBuffer(7, buf), absl::StatusCode::kNotFound, {"id 7"});
@@ -96,7 +97,8 @@ TEST(ReducerUnused, ReportedByNameUnlessAllowed) {
 }
 
 TEST(ReducerUnused, ZeroFilledAndReducedWhenAllowedButNoSyncSumsAreKept) {
-  RunRanks(2, [](Group& g) { testing::CheckUnusedZeroFilledButNoSyncSumsKept(g, ReducerConfig{}); });
+  RunRanks(2,
+           [](Group& g) { testing::CheckUnusedZeroFilledButNoSyncSumsKept(g, ReducerConfig{}); });
 }
 
 TEST(ReducerErrors, StalledPeerFailsFinishBackwardNamingBucketAndGroup) {
@@ -139,9 +141,9 @@ TEST(ReducerTimeline, TraceShowsMarksLaunchesCollectivesAndWaits) {
     ASSERT_OK((*tl)->Close());
     std::ifstream in((*tl)->path());
     const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    for (const char* part : {"\"mark\"", "\"launch\"", "\"reduce_scatter\"", "\"allreduce (replicas)\"",
-                             "\"FinishBackward wait\"", "group world/shard", "group world/replica",
-                             "bucket launches"}) {
+    for (const char* part : {"\"mark\"", "\"launch\"", "\"reduce_scatter\"",
+                             "\"allreduce (replicas)\"", "\"FinishBackward wait\"",
+                             "group world/shard", "group world/replica", "bucket launches"}) {
       EXPECT_NE(json.find(part), std::string::npos) << part << " missing from " << (*tl)->path();
     }
   });
@@ -154,8 +156,8 @@ TEST(ReducerRebuild, AdoptsRankZerosOrderAndKeepsGradients) {
     RunRanks(4, [mode](Group& g) {
       std::vector<ParamSpec> params;
       for (int i = 0; i < 6; ++i) {
-        params.push_back(ParamSpec{10 + i, static_cast<size_t>(5 + 7 * i), DType::kF32, Device::Cpu(),
-                                   absl::StrCat("p", i)});
+        params.push_back(ParamSpec{10 + i, static_cast<size_t>(5 + 7 * i), DType::kF32,
+                                   Device::Cpu(), absl::StrCat("p", i)});
       }
       Mesh mesh;
       ReducerGroups groups{&g, nullptr};
@@ -178,7 +180,8 @@ TEST(ReducerRebuild, AdoptsRankZerosOrderAndKeepsGradients) {
         ASSERT_OK(r.BeginBackward(SyncMode::kSync));
         for (int p : order) {
           TensorView v = *r.GradView(params[p].id);
-          for (size_t e = 0; e < v.count; ++e) static_cast<float*>(v.data)[e] = (g.rank() + 1.0f) * (p + 1);
+          for (size_t e = 0; e < v.count; ++e)
+            static_cast<float*>(v.data)[e] = (g.rank() + 1.0f) * (p + 1);
           ASSERT_OK(r.MarkReady(params[p].id));
         }
         ASSERT_OK(r.FinishBackward());
@@ -198,7 +201,8 @@ TEST(ReducerRebuild, AdoptsRankZerosOrderAndKeepsGradients) {
       EXPECT_EQ(r.plan().buckets()[0].params.front(), 0);  // rank 0 marked parameter 0 first
       for (size_t p = 0; p < params.size(); ++p) {
         TensorView v = *r.GradView(params[p].id);
-        EXPECT_TRUE(std::equal(before[p].begin(), before[p].end(), static_cast<float*>(v.data))) << p;
+        EXPECT_TRUE(std::equal(before[p].begin(), before[p].end(), static_cast<float*>(v.data)))
+            << p;
       }
       EXPECT_FALSE(*r.RebuildBucketsIfPending());  // one time only
       ASSERT_OK(r.ZeroGrads());
@@ -207,7 +211,8 @@ TEST(ReducerRebuild, AdoptsRankZerosOrderAndKeepsGradients) {
         for (size_t p = 0; p < params.size(); ++p) {
           TensorView v = *r.GradView(params[p].id);
           for (size_t e = 0; e < v.count; ++e) {
-            ASSERT_EQ(static_cast<float*>(v.data)[e], 2.5f * (p + 1)) << p;  // avg of 1..4 times p+1
+            ASSERT_EQ(static_cast<float*>(v.data)[e], 2.5f * (p + 1))
+                << p;  // avg of 1..4 times p+1
           }
         }
       }
@@ -217,4 +222,3 @@ TEST(ReducerRebuild, AdoptsRankZerosOrderAndKeepsGradients) {
 
 }  // namespace
 }  // namespace braid::sched
-

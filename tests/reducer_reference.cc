@@ -1,12 +1,11 @@
 #include "tests/reducer_reference.h"
 
 #include <algorithm>
+#include <cstring>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <thread>
-
-#include <cstring>
-#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "comm/element.h"
@@ -26,13 +25,16 @@ double Round(DType t, double v) {
 }
 // Arithmetic in the accumulation type: f64 for f64, else f32.
 double Add(DType t, double a, double b) {
-  return t == DType::kF64 ? a + b : static_cast<double>(static_cast<float>(a) + static_cast<float>(b));
+  return t == DType::kF64 ? a + b
+                          : static_cast<double>(static_cast<float>(a) + static_cast<float>(b));
 }
 double Mul(DType t, double s, double x) {
-  return t == DType::kF64 ? s * x : static_cast<double>(static_cast<float>(s) * static_cast<float>(x));
+  return t == DType::kF64 ? s * x
+                          : static_cast<double>(static_cast<float>(s) * static_cast<float>(x));
 }
 double Div(DType t, double a, int n) {
-  return t == DType::kF64 ? a / n : static_cast<double>(static_cast<float>(a) / static_cast<float>(n));
+  return t == DType::kF64 ? a / n
+                          : static_cast<double>(static_cast<float>(a) / static_cast<float>(n));
 }
 
 // The divide rule, written out independently of scheduler/divide.cc: average over the group
@@ -48,10 +50,14 @@ Rule RuleFor(DType t, int n) {
   if (n == 1) return {};
   if (t != DType::kF16) return {0, n, 1};
   switch (n) {
-    case 2: return {1.0 / 2, 1, 1};
-    case 3: return {0, 1, 3};  // no power of two divides 3: plain sum, then divide by 3
-    case 4: return {1.0 / 2, 1, 2};
-    default: return {1.0 / 4, 1, 2};  // 8
+    case 2:
+      return {1.0 / 2, 1, 1};
+    case 3:
+      return {0, 1, 3};  // no power of two divides 3: plain sum, then divide by 3
+    case 4:
+      return {1.0 / 2, 1, 2};
+    default:
+      return {1.0 / 4, 1, 2};  // 8
   }
 }
 
@@ -70,12 +76,14 @@ double ReduceStage(DType t, const std::vector<double>& inputs) {
 }
 
 // Rank r's local contents of bucket b holding microbatches [m0, m1) of step s (padding zero).
-std::vector<char> LocalBucket(const BucketPlan& plan, int b, int r, int m0, int m1, int s, GradFn grad) {
+std::vector<char> LocalBucket(const BucketPlan& plan, int b, int r, int m0, int m1, int s,
+                              GradFn grad) {
   const Bucket& bk = plan.buckets()[b];
   std::vector<char> buf(bk.bytes(), 0);
   for (int p : bk.params) {
     const ParamSpec& ps = plan.params()[p];
-    TensorView v{buf.data() + plan.slot(p).offset * DTypeSize(ps.dtype), ps.count, ps.dtype, ps.device};
+    TensorView v{buf.data() + plan.slot(p).offset * DTypeSize(ps.dtype), ps.count, ps.dtype,
+                 ps.device};
     for (int m = m0; m < m1; ++m) Accumulate(v, grad, r, p, m, s);
   }
   return buf;
@@ -100,7 +108,8 @@ double ReferenceElement(const Scenario& sc, DType t, DType a, size_t e,
     std::vector<double> stage1(reps);
     for (int rep = 0; rep < reps; ++rep) {
       std::vector<double> in;
-      for (int k = 0; k < per_rep; ++k) in.push_back(LoadElement(windows[w][rep * per_rep + k].data(), t, e));
+      for (int k = 0; k < per_rep; ++k)
+        in.push_back(LoadElement(windows[w][rep * per_rep + k].data(), t, e));
       stage1[rep] = ReduceStage(a, in);
       if (has[rep]) stage1[rep] = Round(a, Add(a, partial[rep], stage1[rep]));
     }
@@ -122,14 +131,18 @@ std::string ScenarioName(const Scenario& sc) {
                      : sc.mode == ReduceMode::kReduceScatter ? "reducescatter"
                                                              : "hybrid";
   const char* dtypes[] = {"f32", "bf16", "f16", "mixed"};
-  return absl::StrCat(mode, "_", sc.replicas, "x", sc.shards, "_", dtypes[sc.dtypes], "_", sc.schedule,
-                      sc.copy_in ? "_copyin" : "", sc.reduce_f32 ? "_f32reduce" : "",
-                      sc.keep_shards ? "_kept" : sc.values ? "_values" : "",
+  return absl::StrCat(mode, "_", sc.replicas, "x", sc.shards, "_", dtypes[sc.dtypes], "_",
+                      sc.schedule, sc.copy_in ? "_copyin" : "", sc.reduce_f32 ? "_f32reduce" : "",
+                      sc.keep_shards ? "_kept"
+                      : sc.values    ? "_values"
+                                     : "",
                       sc.credit > 0 ? absl::StrCat("_credit", sc.credit) : "");
 }
 
 SyncMode SyncModeOf(char letter) {
-  return letter == 'N' ? SyncMode::kNoSync : letter == 'R' ? SyncMode::kReduceScatterOnly : SyncMode::kSync;
+  return letter == 'N'   ? SyncMode::kNoSync
+         : letter == 'R' ? SyncMode::kReduceScatterOnly
+                         : SyncMode::kSync;
 }
 
 std::vector<ParamSpec> MakeParams(int dtypes) {
@@ -144,11 +157,13 @@ std::vector<ParamSpec> MakeParams(int dtypes) {
   return ps;
 }
 
-void Accumulate(const TensorView& view, GradFn grad, int rank, int param, int microbatch, int step) {
+void Accumulate(const TensorView& view, GradFn grad, int rank, int param, int microbatch,
+                int step) {
   char* base = static_cast<char*>(view.data);
   for (size_t i = 0; i < view.count; ++i) {
-    StoreElement(base, view.dtype, i,
-                 Add(view.dtype, LoadElement(base, view.dtype, i), grad(rank, param, microbatch, step, i)));
+    StoreElement(
+        base, view.dtype, i,
+        Add(view.dtype, LoadElement(base, view.dtype, i), grad(rank, param, microbatch, step, i)));
   }
 }
 
@@ -157,11 +172,13 @@ absl::Status CheckStep(const Scenario& sc, const GradientReducer& reducer, int r
                        const std::vector<std::vector<char>>* bucket_copies) {
   const std::string schedule = sc.schedule;
   if (schedule.empty() || schedule.back() != 'S' || schedule.find('S') != schedule.size() - 1) {
-    return absl::InvalidArgumentError(absl::StrCat("schedule ", schedule, " must end with its only S"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule ", schedule, " must end with its only S"));
   }
   const int world = sc.replicas * sc.shards;
   if (!HasRule(world) || !HasRule(sc.replicas) || !HasRule(sc.shards)) {
-    return absl::InvalidArgumentError(absl::StrCat("no reference divide rule for ", ScenarioName(sc)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("no reference divide rule for ", ScenarioName(sc)));
   }
   const BucketPlan& plan = reducer.plan();
   const int mbs = static_cast<int>(schedule.size());
@@ -173,7 +190,8 @@ absl::Status CheckStep(const Scenario& sc, const GradientReducer& reducer, int r
       if (schedule[m] == 'N') continue;
       windows.emplace_back();
       for (int k = 0; k < world; ++k) {
-        windows.back().push_back(LocalBucket(plan, static_cast<int>(b), k, start, m + 1, step, grad));
+        windows.back().push_back(
+            LocalBucket(plan, static_cast<int>(b), k, start, m + 1, step, grad));
       }
       start = m + 1;
     }
@@ -210,9 +228,10 @@ absl::Status CheckStep(const Scenario& sc, const GradientReducer& reducer, int r
       char want_bytes[8];
       StoreElement(want_bytes, bk.dtype, 0, want);
       if (std::memcmp(got + e * es, want_bytes, es) != 0) {
-        return absl::InternalError(absl::StrCat(
-            ScenarioName(sc), ": rank ", rank, " step ", step, " bucket ", b, " (",
-            DTypeName(bk.dtype), ") element ", e, ": got ", LoadElement(got, bk.dtype, e), " want ", want));
+        return absl::InternalError(absl::StrCat(ScenarioName(sc), ": rank ", rank, " step ", step,
+                                                " bucket ", b, " (", DTypeName(bk.dtype),
+                                                ") element ", e, ": got ",
+                                                LoadElement(got, bk.dtype, e), " want ", want));
       }
     }
   }
@@ -221,7 +240,8 @@ absl::Status CheckStep(const Scenario& sc, const GradientReducer& reducer, int r
 
 absl::Status RunScenario(Group& world, const Scenario& sc, GradFn grad, absl::Duration timeout) {
   if (world.size() != sc.replicas * sc.shards) {
-    return absl::InvalidArgumentError(absl::StrCat(ScenarioName(sc), " needs ", sc.replicas * sc.shards,
+    return absl::InvalidArgumentError(absl::StrCat(ScenarioName(sc), " needs ",
+                                                   sc.replicas * sc.shards,
                                                    " ranks, the group has ", world.size()));
   }
   const int r = world.rank();
@@ -251,7 +271,8 @@ absl::Status RunScenario(Group& world, const Scenario& sc, GradFn grad, absl::Du
     ASSIGN_OR_RETURN(scheduler, OpScheduler::Create(oc, &world));
     cfg.scheduler = scheduler.get();
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<GradientReducer> red, GradientReducer::Create(params, groups, cfg));
+  ASSIGN_OR_RETURN(std::unique_ptr<GradientReducer> red,
+                   GradientReducer::Create(params, groups, cfg));
   // Copy-in path: the framework's own gradient buffers.
   std::vector<std::vector<char>> own(params.size());
   for (size_t p = 0; p < params.size(); ++p) {
@@ -259,7 +280,8 @@ absl::Status RunScenario(Group& world, const Scenario& sc, GradFn grad, absl::Du
     if (sc.copy_in) RETURN_IF_ERROR(red->SetGradBuffer(params[p].id, own[p].data()));
   }
   auto grad_of = [&](int p) -> absl::StatusOr<TensorView> {
-    if (sc.copy_in || values) return TensorView{own[p].data(), params[p].count, params[p].dtype, params[p].device};
+    if (sc.copy_in || values)
+      return TensorView{own[p].data(), params[p].count, params[p].dtype, params[p].device};
     return red->GradView(params[p].id);
   };
   std::mt19937 order_rng(1234 + 77 * r);
@@ -269,7 +291,8 @@ absl::Status RunScenario(Group& world, const Scenario& sc, GradFn grad, absl::Du
     for (auto& o : own) std::fill(o.begin(), o.end(), 0);  // the framework's zero_grad
     for (int m = 0; m < mbs; ++m) {
       // values: each microbatch's own gradient (the framework's fresh .grad), passed at the mark.
-      if (values) for (auto& o : own) std::fill(o.begin(), o.end(), 0);
+      if (values)
+        for (auto& o : own) std::fill(o.begin(), o.end(), 0);
       RETURN_IF_ERROR(red->BeginBackward(SyncModeOf(sc.schedule[m])));
       std::vector<int> order(params.size());
       std::iota(order.begin(), order.end(), 0);
@@ -302,7 +325,8 @@ absl::Status RunScenario(Group& world, const Scenario& sc, GradFn grad, absl::Du
       for (const Bucket& bk : red->plan().buckets()) {
         const bool staged = sc.reduce_f32 && IsHalf(bk.dtype);
         shards += static_cast<int64_t>(bk.shard_count * DTypeSize(bk.dtype));
-        if (staged && sc.mode == ReduceMode::kHybrid) shards += static_cast<int64_t>(bk.shard_count * 4);
+        if (staged && sc.mode == ReduceMode::kHybrid)
+          shards += static_cast<int64_t>(bk.shard_count * 4);
         storage += static_cast<int64_t>((bk.bytes() + 63) / 64 * 64);
         if (staged) storage += static_cast<int64_t>(bk.padded_count * 4 + 63) / 64 * 64;
       }
@@ -310,9 +334,9 @@ absl::Status RunScenario(Group& world, const Scenario& sc, GradFn grad, absl::Du
       const MemoryCounter& kept = mem.by_use[static_cast<int>(MemoryUse::kGradShards)];
       const MemoryCounter& pool = mem.by_use[static_cast<int>(MemoryUse::kGradBuckets)];
       if (kept.current != shards || pool.current > storage || pool.current <= 0) {
-        return absl::InternalError(absl::StrCat(ScenarioName(sc), ": rank ", r, " step ", step,
-                                                ": kGradShards ", kept.current, " (want ", shards,
-                                                "), kGradBuckets ", pool.current, " (want 1..", storage, ")"));
+        return absl::InternalError(absl::StrCat(
+            ScenarioName(sc), ": rank ", r, " step ", step, ": kGradShards ", kept.current,
+            " (want ", shards, "), kGradBuckets ", pool.current, " (want 1..", storage, ")"));
       }
     }
   }

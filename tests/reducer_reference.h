@@ -21,8 +21,8 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "comm/group.h"
 #include "comm/dtype.h"
+#include "comm/group.h"
 #include "comm/tensor.h"
 #include "scheduler/bucket_plan.h"
 #include "scheduler/gradient_reducer.h"
@@ -32,10 +32,10 @@ namespace braid::sched::reference {
 
 struct Scenario {
   ReduceMode mode;
-  int replicas, shards;  // world = replicas * shards; all-reduce/reduce-scatter use replicas = 1
-  int dtypes;            // 0 f32, 1 bf16, 2 f16, 3 mixed (parameter i gets dtype i % 3)
-  const char* schedule;  // one letter per microbatch: N no_sync, R reduce_scatter_only, S sync
-  bool copy_in = false;  // framework-owned gradient buffers (gradient_as_bucket_view = false)
+  int replicas, shards;     // world = replicas * shards; all-reduce/reduce-scatter use replicas = 1
+  int dtypes;               // 0 f32, 1 bf16, 2 f16, 3 mixed (parameter i gets dtype i % 3)
+  const char* schedule;     // one letter per microbatch: N no_sync, R reduce_scatter_only, S sync
+  bool copy_in = false;     // framework-owned gradient buffers (gradient_as_bucket_view = false)
   bool reduce_f32 = false;  // bf16/f16 gradients reduced in f32 (ReducerConfig::reduce_dtype)
   // The framework keeps each microbatch's gradient and passes it at MarkReady(id, ready, grad)
   // (the reducer copies / adds it into the slot). Bit-exact with the reference when grad()
@@ -74,8 +74,7 @@ void Accumulate(const TensorView& view, GradFn grad, int rank, int param, int mi
 // (host copies of each bucket's bytes, e.g. read back from a device), the reducer's results are
 // read from those instead of its own memory.
 absl::Status CheckStep(const Scenario& sc, const GradientReducer& reducer, int rank, int step,
-                       GradFn grad,
-                       const std::vector<std::vector<char>>* copy_in_grads = nullptr,
+                       GradFn grad, const std::vector<std::vector<char>>* copy_in_grads = nullptr,
                        const std::vector<std::vector<char>>* bucket_copies = nullptr);
 
 // Runs sc on `world` as rank world.rank(): builds the mesh (hybrid) and a reducer with small

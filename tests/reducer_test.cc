@@ -4,8 +4,6 @@
 // schedules (no_sync, reduce_scatter_only, sync) x zero-copy views or the copy-in path, with odd
 // parameter sizes that straddle shards and several buckets per dtype. Bit-exact: the local
 // backend reduces in group-rank order, and the reference replays each stage in that order.
-#include "scheduler/gradient_reducer.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -13,10 +11,11 @@
 #include <random>
 #include <thread>
 
-#include "gtest/gtest.h"
 #include "comm/element.h"
-#include "scheduler/memory_stats.h"
+#include "gtest/gtest.h"
 #include "scheduler/divide.h"
+#include "scheduler/gradient_reducer.h"
+#include "scheduler/memory_stats.h"
 #include "scheduler/mesh.h"
 #include "tests/multirank.h"
 #include "tests/reducer_reference.h"
@@ -43,7 +42,8 @@ TEST(DivideRule, PreDivideFactorsAreFsdps) {
 
 // Gradient element i of parameter p on rank r in microbatch m of step s: any value in [-1, 1).
 double Grad(int r, int p, int m, int s, size_t i) {
-  uint64_t z = ((((static_cast<uint64_t>(r) * 131 + p) * 17 + m) * 7 + s) << 32) + i + 0x9e3779b97f4a7c15ull;
+  uint64_t z =
+      ((((static_cast<uint64_t>(r) * 131 + p) * 17 + m) * 7 + s) << 32) + i + 0x9e3779b97f4a7c15ull;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;  // splitmix64
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   z ^= z >> 31;
@@ -54,9 +54,8 @@ class ReducerVsReference : public ::testing::TestWithParam<Scenario> {};
 
 TEST_P(ReducerVsReference, BitExact) {
   const Scenario sc = GetParam();
-  RunRanks(sc.replicas * sc.shards, [&](Group& g) {
-    EXPECT_OK(reference::RunScenario(g, sc, Grad, absl::Seconds(60)));
-  });
+  RunRanks(sc.replicas * sc.shards,
+           [&](Group& g) { EXPECT_OK(reference::RunScenario(g, sc, Grad, absl::Seconds(60))); });
 }
 
 std::vector<Scenario> AllScenarios() {
@@ -77,7 +76,8 @@ std::vector<Scenario> AllScenarios() {
         out.push_back({ReduceMode::kAllReduce, 1, 4, dt, sched, false, true});
         out.push_back({ReduceMode::kReduceScatter, 1, 3, dt, sched, true, true});
       }
-      for (const char* sched : {"S", "RRS", "NRNS"}) out.push_back({ReduceMode::kHybrid, 2, 2, dt, sched, false, true});
+      for (const char* sched : {"S", "RRS", "NRNS"})
+        out.push_back({ReduceMode::kHybrid, 2, 2, dt, sched, false, true});
     }
     for (const char* sched : {"S", "NNS"}) {  // copy-in path
       out.push_back({ReduceMode::kAllReduce, 1, 3, dt, sched, true});
@@ -163,8 +163,10 @@ TEST(MarkReadyValues, EqualsWritingIntoGradView) {
       for (size_t p = 0; p < params.size(); ++p) {
         std::vector<char> g(params[p].count * 2);
         TensorView gv{g.data(), params[p].count, DType::kBF16, Device::Cpu()};
-        for (size_t i = 0; i < gv.count; ++i) StoreElement(g.data(), DType::kBF16, i, BF16Grad(r, p, m, 0, i));
-        if (p == 2 && m == 0) StoreElement(g.data(), DType::kBF16, 5, -0.0);  // every rank, first mark
+        for (size_t i = 0; i < gv.count; ++i)
+          StoreElement(g.data(), DType::kBF16, i, BF16Grad(r, p, m, 0, i));
+        if (p == 2 && m == 0)
+          StoreElement(g.data(), DType::kBF16, 5, -0.0);  // every rank, first mark
         TensorView v = *(*viewed)->GradView(params[p].id);
         for (size_t i = 0; i < gv.count; ++i) {
           StoreElement(v.data, DType::kBF16, i,
@@ -181,7 +183,8 @@ TEST(MarkReadyValues, EqualsWritingIntoGradView) {
     // it, so only check every other element bit for bit, and the -0.0 case separately below.
     const BucketPlan& plan = (*viewed)->plan();
     for (size_t b = 0; b < plan.buckets().size(); ++b) {
-      TensorView a = (*viewed)->ShardView(static_cast<int>(b)), c = (*passed)->ShardView(static_cast<int>(b));
+      TensorView a = (*viewed)->ShardView(static_cast<int>(b)),
+                 c = (*passed)->ShardView(static_cast<int>(b));
       ASSERT_EQ(0, std::memcmp(a.data, c.data, a.count * 2)) << "bucket " << b << " rank " << r;
     }
     // A window of one synced microbatch where every rank passes -0.0.
@@ -211,9 +214,11 @@ TEST(MarkReadyValues, EqualsWritingIntoGradView) {
       for (size_t e = 0; e < bk.shard_count; ++e) {
         if (!in_param[lo + e]) continue;
         const double got = LoadElement(c.data, DType::kBF16, e);
-        EXPECT_TRUE(got == 0 && std::signbit(got)) << "bucket " << b << " element " << lo + e << " got " << got;
+        EXPECT_TRUE(got == 0 && std::signbit(got))
+            << "bucket " << b << " element " << lo + e << " got " << got;
         negative_zeros += std::signbit(got) ? 1 : 0;
-        EXPECT_FALSE(std::signbit(LoadElement((*viewed)->ShardView(static_cast<int>(b)).data, DType::kBF16, e)));
+        EXPECT_FALSE(std::signbit(
+            LoadElement((*viewed)->ShardView(static_cast<int>(b)).data, DType::kBF16, e)));
       }
     }
     EXPECT_GT(negative_zeros, 0);
@@ -237,7 +242,8 @@ TEST(KeepShardsOnly, PoolHoldsOneBucketWhenFilledOneAtATime) {
     cfg.bucket_cap_bytes = 2048;
     cfg.memory = &memory;
     std::vector<ParamSpec> params;
-    for (int i = 0; i < 4; ++i) params.push_back(ParamSpec{i, 1024, DType::kBF16, Device::Cpu(), ""});
+    for (int i = 0; i < 4; ++i)
+      params.push_back(ParamSpec{i, 1024, DType::kBF16, Device::Cpu(), ""});
     auto red = GradientReducer::Create(params, {&world, nullptr}, cfg);
     ASSERT_TRUE(red.ok()) << red.status();
     GradientReducer& rd = **red;
@@ -248,13 +254,16 @@ TEST(KeepShardsOnly, PoolHoldsOneBucketWhenFilledOneAtATime) {
     EXPECT_EQ(use(MemoryUse::kGradShards).current, 4 * 512 * 2);  // 4 kept bf16 shards of 512
     EXPECT_EQ(use(MemoryUse::kGradBuckets).current, 0);
     std::vector<char> g(2048);
-    for (size_t i = 0; i < 1024; ++i) StoreElement(g.data(), DType::kBF16, i, 0.25 * (world.rank() + 1));
+    for (size_t i = 0; i < 1024; ++i)
+      StoreElement(g.data(), DType::kBF16, i, 0.25 * (world.rank() + 1));
     for (int step = 0; step < 3; ++step) {
       ASSERT_OK(rd.BeginBackward(SyncMode::kSync));
       for (size_t b = 0; b < plan.buckets().size(); ++b) {
-        for (int p : plan.buckets()[b].params) ASSERT_OK(rd.MarkReady(params[p].id, DeviceEvent{}, g.data()));
+        for (int p : plan.buckets()[b].params)
+          ASSERT_OK(rd.MarkReady(params[p].id, DeviceEvent{}, g.data()));
         ASSERT_OK(rd.BucketWork(static_cast<int>(b))->Wait(absl::Seconds(60)));
-        EXPECT_EQ(use(MemoryUse::kGradBuckets).current, 2048 + 4096) << "step " << step << " bucket " << b;
+        EXPECT_EQ(use(MemoryUse::kGradBuckets).current, 2048 + 4096)
+            << "step " << step << " bucket " << b;
       }
       ASSERT_OK(rd.FinishBackward());
       EXPECT_EQ(use(MemoryUse::kGradBuckets).peak, 2048 + 4096);
@@ -290,7 +299,8 @@ TEST(KeepShardsOnly, RefusesWhatItCannotDo) {
     cfg.keep_shards_only = true;
     auto ar = GradientReducer::Create(params, {&world, nullptr}, cfg);  // all-reduce
     EXPECT_EQ(ar.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(ar.status().message().find("reduce-scatter or hybrid"), std::string::npos) << ar.status();
+    EXPECT_NE(ar.status().message().find("reduce-scatter or hybrid"), std::string::npos)
+        << ar.status();
     cfg.mode = ReduceMode::kReduceScatter;
     cfg.rebuild_bucket_order = true;
     EXPECT_EQ(GradientReducer::Create(params, {&world, nullptr}, cfg).status().code(),
@@ -305,7 +315,8 @@ TEST(KeepShardsOnly, RefusesWhatItCannotDo) {
     ASSERT_TRUE(red.ok()) << red.status();
     auto view = (*red)->GradView(params[1].id);
     EXPECT_EQ(view.status().code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_NE(view.status().message().find("passed at MarkReady"), std::string::npos) << view.status();
+    EXPECT_NE(view.status().message().find("passed at MarkReady"), std::string::npos)
+        << view.status();
     ASSERT_OK((*red)->BeginBackward(SyncMode::kSync));
     const absl::Status plain = (*red)->MarkReady(params[1].id);
     EXPECT_EQ(plain.code(), absl::StatusCode::kFailedPrecondition);

@@ -47,7 +47,8 @@ SoakFlags ParseFlags() {
 }
 
 double Grad(int r, int p, int m, int s, size_t i) {
-  uint64_t z = ((((static_cast<uint64_t>(r) * 131 + p) * 17 + m) * 7 + s) << 32) + i + 0x9e3779b97f4a7c15ull;
+  uint64_t z =
+      ((((static_cast<uint64_t>(r) * 131 + p) * 17 + m) * 7 + s) << 32) + i + 0x9e3779b97f4a7c15ull;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   z ^= z >> 31;
@@ -66,8 +67,9 @@ int ReducerRound(uint64_t seed) {
   std::string schedule;  // sc.schedule points into it; RunScenario returns before it goes
   sched::reference::Scenario sc{};
   const int mode = static_cast<int>(rng() % 3);
-  sc.mode = mode == 0 ? sched::ReduceMode::kAllReduce
-                      : mode == 1 ? sched::ReduceMode::kReduceScatter : sched::ReduceMode::kHybrid;
+  sc.mode = mode == 0   ? sched::ReduceMode::kAllReduce
+            : mode == 1 ? sched::ReduceMode::kReduceScatter
+                        : sched::ReduceMode::kHybrid;
   if (mode == 2) {
     sc.replicas = 2;
     sc.shards = rng() % 2 ? 2 : 4;
@@ -108,12 +110,13 @@ int OptimizerRound(uint64_t seed) {
   }
   s.schedule.clear();
   for (char c : Schedule(rng, s.replicas > 1)) {
-    s.schedule.push_back(c == 'S' ? optim::testing::SyncMode::kSync
-                                  : c == 'R' ? optim::testing::SyncMode::kReduceScatterOnly
-                                             : optim::testing::SyncMode::kNoSync);
+    s.schedule.push_back(c == 'S'   ? optim::testing::SyncMode::kSync
+                         : c == 'R' ? optim::testing::SyncMode::kReduceScatterOnly
+                                    : optim::testing::SyncMode::kNoSync);
   }
   SCOPED_TRACE(absl::StrCat("optimizer round seed ", seed));
-  RunRanks(s.replicas * s.shards, [&](Group& world) { EXPECT_OK(optim::testing::CheckAgainstReference(world, s)); });
+  RunRanks(s.replicas * s.shards,
+           [&](Group& world) { EXPECT_OK(optim::testing::CheckAgainstReference(world, s)); });
   return s.steps;
 }
 
@@ -130,10 +133,10 @@ TEST(Soak, RandomScenariosMatchTheSerialReferences) {
     steps += rounds % 2 == 0 ? ReducerRound(seed) : OptimizerRound(seed);
     ++rounds;
   }
-  std::printf("soak: seed %llu: %d rounds, %lld steps checked in %s\n", static_cast<unsigned long long>(flags.seed),
-              rounds, static_cast<long long>(steps), absl::FormatDuration(absl::Now() - start).c_str());
+  std::printf("soak: seed %llu: %d rounds, %lld steps checked in %s\n",
+              static_cast<unsigned long long>(flags.seed), rounds, static_cast<long long>(steps),
+              absl::FormatDuration(absl::Now() - start).c_str());
 }
 
 }  // namespace
 }  // namespace braid::testing
-

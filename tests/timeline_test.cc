@@ -68,8 +68,8 @@ class JsonParser {
     return false;
   }
   void SkipSpace() {
-    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\n' || s_[pos_] == '\r' ||
-                                s_[pos_] == '\t')) {
+    while (pos_ < s_.size() &&
+           (s_[pos_] == ' ' || s_[pos_] == '\n' || s_[pos_] == '\r' || s_[pos_] == '\t')) {
       ++pos_;
     }
   }
@@ -134,14 +134,30 @@ class JsonParser {
       if (pos_ >= s_.size()) break;
       const char e = s_[pos_++];
       switch (e) {
-        case '"': out->push_back('"'); break;
-        case '\\': out->push_back('\\'); break;
-        case '/': out->push_back('/'); break;
-        case 'b': out->push_back('\b'); break;
-        case 'f': out->push_back('\f'); break;
-        case 'n': out->push_back('\n'); break;
-        case 'r': out->push_back('\r'); break;
-        case 't': out->push_back('\t'); break;
+        case '"':
+          out->push_back('"');
+          break;
+        case '\\':
+          out->push_back('\\');
+          break;
+        case '/':
+          out->push_back('/');
+          break;
+        case 'b':
+          out->push_back('\b');
+          break;
+        case 'f':
+          out->push_back('\f');
+          break;
+        case 'n':
+          out->push_back('\n');
+          break;
+        case 'r':
+          out->push_back('\r');
+          break;
+        case 't':
+          out->push_back('\t');
+          break;
         case 'u': {
           if (pos_ + 4 > s_.size()) return Fail("short \\u escape");
           const long code = std::strtol(s_.substr(pos_, 4).c_str(), nullptr, 16);
@@ -150,7 +166,8 @@ class JsonParser {
           pos_ += 4;
           break;
         }
-        default: return Fail("bad escape");
+        default:
+          return Fail("bad escape");
       }
     }
     return Fail("unterminated string");
@@ -227,8 +244,8 @@ std::string FreshDir() {
 // rank+1, and an "otherData" with the counts.
 struct Trace {
   Json root;
-  std::vector<const Json*> events;           // X and i, in file order
-  std::map<int, std::string> thread_names;   // tid -> row name
+  std::vector<const Json*> events;          // X and i, in file order
+  std::map<int, std::string> thread_names;  // tid -> row name
   std::string process_name;
 
   const Json& other() const { return root["otherData"]; }
@@ -313,7 +330,7 @@ TEST(TimelineTest, WritesChromeTraceWithEventsRowsAndArgs) {
   const int64_t t1 = t0 + 12345678;  // 12345.678 us
   tl.Complete(world, "allreduce", t0, t1, 0);
   tl.Complete(shard, "reduce_scatter", t0 + 1000, t0 + 3000);  // no arg
-  tl.Complete(shard, "backwards", t0 + 5000, t0 + 4000, 9);     // negative: written as 0
+  tl.Complete(shard, "backwards", t0 + 5000, t0 + 4000, 9);    // negative: written as 0
   {
     TimelineSpan span(tl, waits, "wait", 1);
     span.set_arg(5);
@@ -328,21 +345,21 @@ TEST(TimelineTest, WritesChromeTraceWithEventsRowsAndArgs) {
   Trace trace;
   ASSERT_NO_FATAL_FAILURE(ParseTrace(ReadFile(prefix + ".rank2.json"), 2, &trace));
   EXPECT_EQ(trace.process_name, "rank 2");
-  EXPECT_EQ(trace.thread_names,
-            (std::map<int, std::string>{{marks + 1, "marks"},
-                                        {launches + 1, "bucket launches"},
-                                        {world + 1, "group world"},
-                                        {shard + 1, "group shard"},
-                                        {waits + 1, "waits"}}));
+  EXPECT_EQ(trace.thread_names, (std::map<int, std::string>{{marks + 1, "marks"},
+                                                            {launches + 1, "bucket launches"},
+                                                            {world + 1, "group world"},
+                                                            {shard + 1, "group shard"},
+                                                            {waits + 1, "waits"}}));
   ASSERT_EQ(trace.events.size(), 9u);
   EXPECT_EQ(trace.Count("X"), 4);
   EXPECT_EQ(trace.Count("i"), 5);
   EXPECT_EQ(trace.other()["events_dropped"].number, 0);
 
   // One recording thread: file order is record order.
-  const std::vector<std::string> names = {"mark", "mark", "mark", "launch", "allreduce",
-                                          "reduce_scatter", "backwards", "wait",
-                                          "escape \"quoted\" \\ and\nnewline"};
+  const std::vector<std::string> names = {
+      "mark",      "mark",      "mark",
+      "launch",    "allreduce", "reduce_scatter",
+      "backwards", "wait",      "escape \"quoted\" \\ and\nnewline"};
   const std::vector<int> tids = {marks, marks, marks, launches, world, shard, shard, waits, marks};
   const std::vector<int64_t> args = {0, 1, 2, 0, 0, -1, 9, 5, -1};
   const double max_ts_us = (after_records - before_create) / 1000.0;

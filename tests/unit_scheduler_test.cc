@@ -124,7 +124,8 @@ struct Rig {
   std::unique_ptr<UnitScheduler> us;
 };
 
-void MakeRig(Rig& rig, Group& g, BucketPlan plan, const UnitConfig& uc, bool free_after_use = true) {
+void MakeRig(Rig& rig, Group& g, BucketPlan plan, const UnitConfig& uc,
+             bool free_after_use = true) {
   GathererConfig gc;
   gc.timeout = absl::Seconds(30);
   gc.free_after_use = free_after_use;
@@ -152,8 +153,8 @@ void ExpectMemoryConsistent(const Rig& rig, int64_t limit) {
   EXPECT_LE(rig.us->live_bytes(), limit);
   EXPECT_LE(rig.us->peak_live_bytes(), limit);
   const int64_t held = rig.pg->held_bytes();
-  EXPECT_GE(held, rig.us->live_bytes());          // a held buffer may be a larger pooled one
-  EXPECT_LE(held, 2 * rig.us->live_bytes());      // best fit wastes at most half
+  EXPECT_GE(held, rig.us->live_bytes());      // a held buffer may be a larger pooled one
+  EXPECT_LE(held, 2 * rig.us->live_bytes());  // best fit wastes at most half
   EXPECT_EQ(GatherCurrent(rig.memory), held + rig.pg->pooled_bytes());  // pooled are counted
 }
 
@@ -388,8 +389,9 @@ TEST(UnitSchedulerErrors, OrderDifferingBetweenRanksIsCaughtAtTheFirstEndStep) {
       ASSERT_OK(rig.us->BeginForward(u));  // same shapes: the transport cannot tell
       ASSERT_OK(rig.us->EndForward(u));
     }
-    ExpectError(rig.us->EndStep(), absl::StatusCode::kFailedPrecondition,
-                {"forward order", "rank 0: 4 unit(s) [0, 1, 2, 3]", "rank 1: 4 unit(s) [1, 0, 2, 3]"});
+    ExpectError(
+        rig.us->EndStep(), absl::StatusCode::kFailedPrecondition,
+        {"forward order", "rank 0: 4 unit(s) [0, 1, 2, 3]", "rank 1: 4 unit(s) [1, 0, 2, 3]"});
   });
 }
 
@@ -507,7 +509,8 @@ TEST(UnitScheduler, GatherAllKeepsEverythingUntilReleaseAll) {
     WriteShards(*rig.pg, g.rank(), 7);
     ASSERT_OK(us.GatherAll());
     for (int u = 0; u < kUnits; ++u) ExpectUnitMatches(*rig.pg, u, 4, 7);
-    ExpectError(us.BeginForward(0), absl::StatusCode::kFailedPrecondition, {"unit 0", "ReleaseAll"});
+    ExpectError(us.BeginForward(0), absl::StatusCode::kFailedPrecondition,
+                {"unit 0", "ReleaseAll"});
     ASSERT_OK(us.ReleaseAll());
     EXPECT_EQ(us.live_bytes(), 0);
     EXPECT_EQ(rig.pg->held_bytes(), 0);

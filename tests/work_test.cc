@@ -155,9 +155,11 @@ TEST(StatusMacros, PropagateAndAssign) {
 
 TEST(Registry, UnknownBackendListsRegisteredOnes) {
   BackendRegistry reg;
-  ASSERT_TRUE(reg.Register("alpha", "test", [](const Options&) -> absl::StatusOr<std::unique_ptr<Backend>> {
-                   return absl::UnimplementedError("no");
-                 }).ok());
+  ASSERT_TRUE(reg.Register("alpha", "test",
+                           [](const Options&) -> absl::StatusOr<std::unique_ptr<Backend>> {
+                             return absl::UnimplementedError("no");
+                           })
+                  .ok());
   EXPECT_EQ(reg.Register("alpha", "dup", nullptr).code(), absl::StatusCode::kAlreadyExists);
   auto b = reg.Create("beta", Options());
   EXPECT_EQ(b.status().code(), absl::StatusCode::kNotFound);

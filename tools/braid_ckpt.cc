@@ -45,15 +45,20 @@ int Info(const std::string& path) {
   absl::StatusOr<LoadedState> f = ReadStateFile(path);
   if (!f.ok()) return Fail(f.status());
   const StateHeader& h = f->header();
-  std::printf("file: %s\nkind: %s\nstep: %lld\nrank: %d of %d (%d replicas x %d shards)\n"
-              "plan fingerprint: %016llx\n",
-              path.c_str(), h.kind.c_str(), static_cast<long long>(h.step), h.rank, h.world_size,
-              h.replica_group_size, h.shard_group_size, static_cast<unsigned long long>(h.plan_fingerprint));
-  for (const auto& [name, value] : h.scalars) std::printf("scalar %s = %.17g\n", name.c_str(), value);
+  std::printf(
+      "file: %s\nkind: %s\nstep: %lld\nrank: %d of %d (%d replicas x %d shards)\n"
+      "plan fingerprint: %016llx\n",
+      path.c_str(), h.kind.c_str(), static_cast<long long>(h.step), h.rank, h.world_size,
+      h.replica_group_size, h.shard_group_size,
+      static_cast<unsigned long long>(h.plan_fingerprint));
+  for (const auto& [name, value] : h.scalars)
+    std::printf("scalar %s = %.17g\n", name.c_str(), value);
   for (const LoadedSection& s : f->sections()) {
-    std::printf("section %s: %llu x %s (%zu bytes)\n", s.name.c_str(), static_cast<unsigned long long>(s.count),
-                IsValidDType(s.dtype) ? std::string(DTypeName(static_cast<DType>(s.dtype))).c_str() : "?",
-                s.bytes);
+    std::printf(
+        "section %s: %llu x %s (%zu bytes)\n", s.name.c_str(),
+        static_cast<unsigned long long>(s.count),
+        IsValidDType(s.dtype) ? std::string(DTypeName(static_cast<DType>(s.dtype))).c_str() : "?",
+        s.bytes);
   }
   if (!HasLayout(*f)) {
     std::printf("layout: none (saved before layouts were recorded: cannot be re-sharded)\n");
@@ -61,9 +66,9 @@ int Info(const std::string& path) {
   }
   absl::StatusOr<sched::BucketPlan> plan = ReadLayout(*f);
   if (!plan.ok()) return Fail(plan.status());
-  std::printf("layout: %zu parameters in %zu buckets (caps %zu / %zu bytes, align %zu)\n", plan->params().size(),
-              plan->buckets().size(), plan->options().bucket_cap_bytes, plan->options().first_bucket_cap_bytes,
-              plan->options().align_bytes);
+  std::printf("layout: %zu parameters in %zu buckets (caps %zu / %zu bytes, align %zu)\n",
+              plan->params().size(), plan->buckets().size(), plan->options().bucket_cap_bytes,
+              plan->options().first_bucket_cap_bytes, plan->options().align_bytes);
   for (size_t i = 0; i < plan->params().size(); ++i) {
     const sched::ParamSpec& p = plan->params()[i];
     const sched::ParamSlot& slot = plan->slot(static_cast<int>(i));
@@ -78,8 +83,8 @@ int Verify(const std::vector<std::string>& paths) {
   for (const std::string& p : paths) {
     absl::StatusOr<LoadedState> f = ReadStateFile(p);
     if (f.ok()) {
-      std::printf("ok: %s (rank %d of %d, step %lld)\n", p.c_str(), f->header().rank, f->header().world_size,
-                  static_cast<long long>(f->header().step));
+      std::printf("ok: %s (rank %d of %d, step %lld)\n", p.c_str(), f->header().rank,
+                  f->header().world_size, static_cast<long long>(f->header().step));
     } else {
       std::printf("BAD: %s\n", f.status().ToString().c_str());
       ++bad;
@@ -117,7 +122,8 @@ int Convert(const std::vector<std::string>& args) {
   files.pop_back();
   absl::StatusOr<Checkpoint> c = ReadCheckpoint(files);
   if (!c.ok()) return Fail(c.status());
-  absl::StatusOr<std::vector<std::string>> out = WriteCheckpoint(*c, ranks, shards == 0 ? ranks : shards, prefix);
+  absl::StatusOr<std::vector<std::string>> out =
+      WriteCheckpoint(*c, ranks, shards == 0 ? ranks : shards, prefix);
   if (!out.ok()) return Fail(out.status());
   for (const std::string& p : *out) std::printf("wrote %s\n", p.c_str());
   return 0;

@@ -19,8 +19,8 @@ std::shared_ptr<GlooAbortLink> GlooAbortLink::Start(rendezvous::TcpStore* store,
   // The notifier and listener run under the domain's lock; the link outlives neither (they
   // are removed in the destructor before anything they touch goes).
   link->domain_->SetNotifier([raw](int rank, const absl::Status& cause) {
-    const std::string value = absl::StrCat(rank, "\n", static_cast<int>(cause.code()), "\n",
-                                           cause.message());
+    const std::string value =
+        absl::StrCat(rank, "\n", static_cast<int>(cause.code()), "\n", cause.message());
     const absl::Status s = raw->store_->Set(kKey, value);
     if (!s.ok()) Log().warn("gloo backend: could not publish the job abort: {}", s.ToString());
   });

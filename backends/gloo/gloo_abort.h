@@ -72,7 +72,7 @@ class GlooAbortLink {
   const std::shared_ptr<AbortDomain> domain_ = AbortDomain::Create();
   std::mutex mu_;
   std::condition_variable cv_;
-  bool stopping_ = false;                                    // guarded by mu_
+  bool stopping_ = false;  // guarded by mu_
   struct Entry {
     std::weak_ptr<::gloo::Context> context;
     std::shared_ptr<std::atomic<bool>> busy;

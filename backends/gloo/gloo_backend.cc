@@ -48,7 +48,8 @@ absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::CreateFromLauncher(
                    rendezvous::LauncherRendezvous::Join(env, kPrefix, config.timeout));
   absl::StatusOr<std::string> local =
       rendezvous::LocalAddressToward(env.master_addr, env.master_port);
-  if (!local.ok()) return WithContext(local.status(), absl::StrCat("gloo backend, ", env.Describe()));
+  if (!local.ok())
+    return WithContext(local.status(), absl::StrCat("gloo backend, ", env.Describe()));
   auto world = std::make_shared<GlooWorld>();
   ASSIGN_OR_RETURN(world->device, MakeDevice(*local));
   world->store = &rv->store();
@@ -113,8 +114,8 @@ absl::StatusOr<std::unique_ptr<Group>> GlooBackend::WorldGroup(int rank) {
   const std::string prefix = absl::StrCat(kPrefix, "/world");
   ASSIGN_OR_RETURN(std::shared_ptr<::gloo::Context> ctx,
                    ConnectContext(*world_, prefix, rank_, world_size_));
-  return std::unique_ptr<Group>(std::make_unique<GlooGroup>(world_, std::move(ctx), "world", prefix));
+  return std::unique_ptr<Group>(
+      std::make_unique<GlooGroup>(world_, std::move(ctx), "world", prefix));
 }
-
 
 }  // namespace braid::gloo_backend

@@ -51,7 +51,7 @@
 namespace braid::gloo_backend {
 
 struct GlooBackendConfig {
-  absl::Duration timeout = absl::Seconds(300);  // BRAID_TIMEOUT_MS: every call's deadline
+  absl::Duration timeout = absl::Seconds(300);   // BRAID_TIMEOUT_MS: every call's deadline
   absl::Duration spin = absl::Microseconds(20);  // BRAID_SPIN_US
   bool abort_on_failure = true;  // BRAID_ABORT_ON_FAILURE (comm/abort_domain.h, gloo_abort.h)
 };

@@ -49,9 +49,15 @@ void GlooAllreduce(const std::shared_ptr<::gloo::Context>& ctx, void* buf, size_
   ::gloo::AllreduceOptions o(ctx);
   o.setOutput<T>(static_cast<T*>(buf), count);  // no input: in place
   switch (kind) {
-    case ReduceKind::kMax: o.setReduceFunction(&MaxFn<T>); break;
-    case ReduceKind::kMin: o.setReduceFunction(&MinFn<T>); break;
-    default: o.setReduceFunction(&SumFn<T>); break;  // sum, avg, premul_sum
+    case ReduceKind::kMax:
+      o.setReduceFunction(&MaxFn<T>);
+      break;
+    case ReduceKind::kMin:
+      o.setReduceFunction(&MinFn<T>);
+      break;
+    default:
+      o.setReduceFunction(&SumFn<T>);
+      break;  // sum, avg, premul_sum
   }
   o.setTag(tag);
   o.setTimeout(timeout);
@@ -65,19 +71,25 @@ absl::Status AllreduceWire(const std::shared_ptr<::gloo::Context>& ctx, void* bu
   const auto ms = Millis(timeout);
   return GlooCall(what, [&] {
     switch (wire) {
-      case DType::kF32: return GlooAllreduce<float>(ctx, buf, count, kind, tag, ms);
-      case DType::kF64: return GlooAllreduce<double>(ctx, buf, count, kind, tag, ms);
-      case DType::kI32: return GlooAllreduce<int32_t>(ctx, buf, count, kind, tag, ms);
-      case DType::kI64: return GlooAllreduce<int64_t>(ctx, buf, count, kind, tag, ms);
-      case DType::kU8: return GlooAllreduce<uint8_t>(ctx, buf, count, kind, tag, ms);
-      default: throw std::logic_error("half dtypes are reduced through f32");
+      case DType::kF32:
+        return GlooAllreduce<float>(ctx, buf, count, kind, tag, ms);
+      case DType::kF64:
+        return GlooAllreduce<double>(ctx, buf, count, kind, tag, ms);
+      case DType::kI32:
+        return GlooAllreduce<int32_t>(ctx, buf, count, kind, tag, ms);
+      case DType::kI64:
+        return GlooAllreduce<int64_t>(ctx, buf, count, kind, tag, ms);
+      case DType::kU8:
+        return GlooAllreduce<uint8_t>(ctx, buf, count, kind, tag, ms);
+      default:
+        throw std::logic_error("half dtypes are reduced through f32");
     }
   });
 }
 
 // All-reduce (`rs` false) or reduce-scatter (`rs` true) per the table in the header.
-absl::Status Reduce(const std::shared_ptr<::gloo::Context>& ctx, const CollectiveArgs& a,
-                    bool rs, uint32_t tag, absl::Duration timeout, absl::string_view what) {
+absl::Status Reduce(const std::shared_ptr<::gloo::Context>& ctx, const CollectiveArgs& a, bool rs,
+                    uint32_t tag, absl::Duration timeout, absl::string_view what) {
   const int n = ctx->size;
   const size_t total = rs ? a.count * static_cast<size_t>(n) : a.count;
   const DType dtype = a.dtype;
@@ -165,7 +177,8 @@ absl::Status RunCollective(const std::shared_ptr<::gloo::Context>& ctx, const Co
       return GlooCall(what, [&] {
         ::gloo::AllgatherOptions o(ctx);
         // In place (send == recv + rank * count): no input; Gloo sends the block in place.
-        if (!a.in_place) o.setInput<uint8_t>(static_cast<uint8_t*>(const_cast<void*>(a.send)), bytes);
+        if (!a.in_place)
+          o.setInput<uint8_t>(static_cast<uint8_t*>(const_cast<void*>(a.send)), bytes);
         o.setOutput<uint8_t>(static_cast<uint8_t*>(a.recv), bytes * static_cast<size_t>(ctx->size));
         o.setTag(tag);
         o.setTimeout(ms);

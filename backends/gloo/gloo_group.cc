@@ -15,16 +15,16 @@
 namespace braid::gloo_backend {
 
 absl::StatusOr<std::shared_ptr<::gloo::Context>> ConnectContext(GlooWorld& world,
-                                                                const std::string& prefix,
-                                                                int rank, int size) {
+                                                                const std::string& prefix, int rank,
+                                                                int size) {
   auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, size);
-  ctx->setTimeout(std::chrono::milliseconds(
-      std::max<int64_t>(1, absl::ToInt64Milliseconds(world.timeout))));
+  ctx->setTimeout(
+      std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(world.timeout))));
   StoreAdapter store(*world.store, prefix);
-  RETURN_IF_ERROR(GlooCall(absl::StrCat("gloo backend: connecting '", prefix, "' as rank ", rank,
-                                        " of ", size, " through the store at ",
-                                        world.store->address()),
-                           [&] { ctx->connectFullMesh(store, world.device); }));
+  RETURN_IF_ERROR(
+      GlooCall(absl::StrCat("gloo backend: connecting '", prefix, "' as rank ", rank, " of ", size,
+                            " through the store at ", world.store->address()),
+               [&] { ctx->connectFullMesh(store, world.device); }));
   return std::shared_ptr<::gloo::Context>(std::move(ctx));
 }
 
@@ -87,9 +87,9 @@ WorkPtr Enqueue(SerialWorker& worker, const std::shared_ptr<::gloo::Context>& ct
     {
       std::lock_guard<std::mutex> lock(failure->mu);
       if (!failure->cause.ok()) {
-        work->Complete(absl::Status(failure->cause.code(),
-                                    absl::StrCat(what, ": the group failed earlier: ",
-                                                 failure->cause.message())));
+        work->Complete(absl::Status(
+            failure->cause.code(),
+            absl::StrCat(what, ": the group failed earlier: ", failure->cause.message())));
         return;
       }
     }
@@ -141,8 +141,8 @@ absl::StatusOr<WorkPtr> GlooGroup::Launch(const CollectiveArgs& args) {
 
 absl::StatusOr<std::unique_ptr<Group>> GlooGroup::DoSplit(int color, int key, std::string name) {
   const uint64_t seq = next_seq_++;
-  const std::string what = absl::StrCat("split #", seq, " of group '", name_, "' into '", name,
-                                        "'");
+  const std::string what =
+      absl::StrCat("split #", seq, " of group '", name_, "' into '", name, "'");
   const absl::Time deadline = absl::Now() + world_->timeout;
   // Step 1: every rank's (color, key), on the worker behind queued collectives.
   auto table = std::make_shared<std::vector<int64_t>>(2 * static_cast<size_t>(size()) + 2);
@@ -163,8 +163,8 @@ absl::StatusOr<std::unique_ptr<Group>> GlooGroup::DoSplit(int color, int key, st
   for (int r = 0; r < size(); ++r) {
     const int64_t c = (*table)[2 * r];
     if (c < 0 && c != kNoColor) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": rank ", r, " passed color ", c,
-                                                     " (colors are >= 0, or kNoColor)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": rank ", r, " passed color ", c, " (colors are >= 0, or kNoColor)"));
     }
   }
   if (color == kNoColor) return std::unique_ptr<Group>();

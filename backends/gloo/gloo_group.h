@@ -60,8 +60,8 @@ struct GlooWorld {
 // A Gloo context of `size` ranks as `rank`, its peers found through the store under `prefix`.
 // Collective over those ranks; bounded by world.timeout. Errors name the prefix.
 absl::StatusOr<std::shared_ptr<::gloo::Context>> ConnectContext(GlooWorld& world,
-                                                                const std::string& prefix,
-                                                                int rank, int size);
+                                                                const std::string& prefix, int rank,
+                                                                int size);
 
 // A group's first failure; later calls fail with it. Shared with its queued tasks.
 struct GroupFailure {

@@ -8,7 +8,8 @@ namespace braid::gloo_backend {
 namespace {
 const module::ModuleRegistration kGlooModule(module::ModuleSpec{
     /*backend=*/"gloo",
-    /*description=*/"Gloo over TCP on CPU buffers, one rank per process (module "
+    /*description=*/
+    "Gloo over TCP on CPU buffers, one rank per process (module "
     "libbraid-gloo.so, loaded on first use)",
     /*file=*/"libbraid-gloo.so",
     /*system_library=*/"libgloo.so.0",

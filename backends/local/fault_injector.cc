@@ -4,8 +4,7 @@
 
 namespace braid::local {
 
-void FaultInjector::FailRank(int world_rank, uint64_t seq, std::string group,
-                             std::string message) {
+void FaultInjector::FailRank(int world_rank, uint64_t seq, std::string group, std::string message) {
   std::lock_guard<std::mutex> lock(mu_);
   faults_.push_back(Fault{Fault::Kind::kFail, world_rank, seq, std::move(group),
                           absl::ZeroDuration(), std::move(message)});

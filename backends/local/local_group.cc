@@ -31,8 +31,8 @@ class LocalComm {
     if (world_.domain != nullptr) {
       // The job aborted: waiters at this group's barrier stop, later ops fail at once.
       abort_sub_ = world_.domain->Subscribe([this](const absl::Status& cause) {
-        barrier_.Fail(absl::Status(cause.code(),
-                                   absl::StrCat("group '", name_, "': ", cause.message())));
+        barrier_.Fail(
+            absl::Status(cause.code(), absl::StrCat("group '", name_, "': ", cause.message())));
       });
     }
   }
@@ -90,8 +90,7 @@ class LocalComm {
 std::shared_ptr<LocalComm> MakeLocalComm(std::string name, std::vector<int> world_ranks,
                                          absl::Duration timeout, absl::Duration spin,
                                          const LocalWorld& world) {
-  return std::make_shared<LocalComm>(std::move(name), std::move(world_ranks), timeout, spin,
-                                     world);
+  return std::make_shared<LocalComm>(std::move(name), std::move(world_ranks), timeout, spin, world);
 }
 
 namespace {
@@ -145,9 +144,9 @@ LocalGroup::~LocalGroup() {
     // Whatever happens next, peers must not wait for this rank: with work in flight they
     // fail now; otherwise any later collective of theirs fails fast instead of timing out.
     const bool busy = running_op_ || !queue_.empty();
-    const absl::Status cause = absl::CancelledError(absl::StrCat(
-        "rank ", comm_->world_ranks_[rank_], " destroyed its handle of group '", comm_->name_,
-        "'", busy ? " with work in flight" : ""));
+    const absl::Status cause = absl::CancelledError(
+        absl::StrCat("rank ", comm_->world_ranks_[rank_], " destroyed its handle of group '",
+                     comm_->name_, "'", busy ? " with work in flight" : ""));
     comm_->barrier_.Fail(cause);
     // Peers waiting on other groups for this rank would wait out their deadlines.
     if (busy) comm_->ReportFailure(comm_->world_ranks_[rank_], cause);
@@ -175,8 +174,8 @@ WorkPtr LocalGroup::Enqueue(Op op, std::string label) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     const uint64_t seq = next_seq_++;
-    std::string op_name = op.posted.split ? std::string("split")
-                                          : std::string(CollectiveName(op.posted.args.kind));
+    std::string op_name =
+        op.posted.split ? std::string("split") : std::string(CollectiveName(op.posted.args.kind));
     work = works_.Create(WorkInfo{comm_->name_, std::move(op_name), seq, std::move(label)},
                          comm_->spin_);
     op.work = work;
@@ -260,7 +259,8 @@ absl::Status LocalGroup::Execute(Op& op) {
         return s;
       }
       const absl::Time until = absl::Now() + fault->stall;
-      while (absl::Now() < until && !comm_->barrier_.failed()) absl::SleepFor(absl::Milliseconds(1));
+      while (absl::Now() < until && !comm_->barrier_.failed())
+        absl::SleepFor(absl::Milliseconds(1));
     }
   }
   // A failed group takes no more calls: nothing is posted into slots peers may still read.
@@ -292,12 +292,13 @@ absl::Status LocalGroup::CheckSameCall(const std::vector<Posted>& posted,
     if (!SameCall(posted[0], posted[r])) {
       std::vector<std::string> calls;
       for (int k = 0; k < comm_->size(); ++k) {
-        calls.push_back(absl::StrCat("rank ", comm_->world_ranks_[k], ": ",
-                                     DescribePosted(posted[k])));
+        calls.push_back(
+            absl::StrCat("rank ", comm_->world_ranks_[k], ": ", DescribePosted(posted[k])));
       }
       return absl::InvalidArgumentError(
-          absl::StrCat(info.Describe(), ": ranks called different collectives (the rank-order contract "
-                             "was broken or arguments differ): ",
+          absl::StrCat(info.Describe(),
+                       ": ranks called different collectives (the rank-order contract "
+                       "was broken or arguments differ): ",
                        absl::StrJoin(calls, "; ")));
     }
   }
@@ -336,7 +337,8 @@ absl::Status LocalGroup::RunCollective(const CollectiveArgs& a, const std::vecto
       std::vector<const void*>& in = in_;
       std::vector<double>& scalars = scalars_;
       for (int k = 0; k < n; ++k) {
-        in[k] = static_cast<const char*>(posted[k].args.send) + static_cast<size_t>(rank_) * a.count * es;
+        in[k] = static_cast<const char*>(posted[k].args.send) +
+                static_cast<size_t>(rank_) * a.count * es;
         scalars[k] = posted[k].args.op.scalar;
       }
       if (a.count > 0) ReduceInto(in.data(), n, recv, a.count, a.dtype, a.op, n, scalars.data());
@@ -383,8 +385,8 @@ absl::Status LocalGroup::RunSplit(const Op& op, const std::vector<Posted>& poste
     if (members.front() == rank_) {
       std::vector<int> world;
       for (int r : members) world.push_back(comm_->world_ranks_[r]);
-      comm_->split_children_[rank_] = MakeLocalComm(
-          posted[rank_].split_name, std::move(world), comm_->timeout_, comm_->spin_, comm_->world_);
+      comm_->split_children_[rank_] = MakeLocalComm(posted[rank_].split_name, std::move(world),
+                                                    comm_->timeout_, comm_->spin_, comm_->world_);
     }
     RETURN_IF_ERROR(comm_->barrier_.Arrive(rank_, deadline, info, comm_->world_ranks_));
     *op.split_result = comm_->split_children_[members.front()];

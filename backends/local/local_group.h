@@ -89,11 +89,11 @@ class LocalGroup final : public Group {
   const int rank_;
   std::mutex mu_;
   std::condition_variable cv_;
-  RingQueue<Op> queue_;  // guarded by mu_
+  RingQueue<Op> queue_;      // guarded by mu_
   bool running_op_ = false;  // guarded by mu_
   bool stopping_ = false;    // guarded by mu_
   uint64_t next_seq_ = 0;    // guarded by mu_
-  WorkPool works_;  // steady state: no allocation per collective
+  WorkPool works_;           // steady state: no allocation per collective
   // The worker's scratch for reductions (one entry per rank), sized once.
   std::vector<const void*> in_;
   std::vector<void*> out_;

@@ -54,8 +54,9 @@ absl::Status RankBarrier::Arrive(int rank, absl::Time deadline, const WorkInfo& 
   for (int r = 0; r < n_; ++r) {
     if (!arrived_[r]) missing.push_back(rank_names[r]);
   }
-  failure_ = absl::DeadlineExceededError(absl::StrCat(
-      info.Describe(), ": rank(s) ", absl::StrJoin(missing, ", "), " did not arrive before the deadline"));
+  failure_ = absl::DeadlineExceededError(absl::StrCat(info.Describe(), ": rank(s) ",
+                                                      absl::StrJoin(missing, ", "),
+                                                      " did not arrive before the deadline"));
   failed_.store(true, std::memory_order_release);
   cv_.notify_all();
   return failure_;

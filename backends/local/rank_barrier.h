@@ -42,9 +42,9 @@ class RankBarrier {
   const int64_t spin_ns_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  int count_ = 0;                  // guarded by mu_
-  std::vector<char> arrived_;      // guarded by mu_
-  absl::Status failure_;           // guarded by mu_
+  int count_ = 0;              // guarded by mu_
+  std::vector<char> arrived_;  // guarded by mu_
+  absl::Status failure_;       // guarded by mu_
   std::atomic<uint64_t> generation_{0};
   std::atomic<bool> failed_{false};
 };

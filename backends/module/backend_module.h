@@ -67,8 +67,8 @@ struct BackendModuleV1 {
 // A filled-in V1 description for braidBackendModule_v1 to return.
 constexpr BackendModuleV1 MakeBackendModuleV1(
     const char* name, absl::StatusOr<std::unique_ptr<Backend>> (*create)(const Options&)) {
-  return BackendModuleV1{sizeof(BackendModuleV1), kBackendModuleAbiVersion, kInterfaceStamp,
-                         name, create};
+  return BackendModuleV1{sizeof(BackendModuleV1), kBackendModuleAbiVersion, kInterfaceStamp, name,
+                         create};
 }
 
 }  // namespace braid::module
@@ -81,16 +81,17 @@ constexpr BackendModuleV1 MakeBackendModuleV1(
 // options' log level to the module's own logger (contract 2), then creates the backend.
 // Needs comm/logging.h. Used once per module, at namespace scope:
 //   BRAID_DEFINE_BACKEND_MODULE("mpi", braid::mpi::MpiBackend)
-#define BRAID_DEFINE_BACKEND_MODULE(name, BackendClass)                                    \
-  BRAID_MODULE_EXPORT const ::braid::module::BackendModuleV1* braidBackendModule_v1() {     \
-    static constexpr ::braid::module::BackendModuleV1 kModule =                             \
-        ::braid::module::MakeBackendModuleV1(                                               \
-            name, [](const ::braid::Options& options)                                       \
-                      -> absl::StatusOr<std::unique_ptr<::braid::Backend>> {                \
-              ::braid::SetLogLevel(options.log_level);                                      \
-              return BackendClass::Create(options);                                         \
-            });                                                                             \
-    return &kModule;                                                                        \
+#define BRAID_DEFINE_BACKEND_MODULE(name, BackendClass)                                 \
+  BRAID_MODULE_EXPORT const ::braid::module::BackendModuleV1* braidBackendModule_v1() { \
+    static constexpr ::braid::module::BackendModuleV1 kModule =                         \
+        ::braid::module::MakeBackendModuleV1(                                           \
+            name,                                                                       \
+            [](const ::braid::Options& options)                                         \
+                -> absl::StatusOr<std::unique_ptr<::braid::Backend>> {                  \
+              ::braid::SetLogLevel(options.log_level);                                  \
+              return BackendClass::Create(options);                                     \
+            });                                                                         \
+    return &kModule;                                                                    \
   }
 using BraidBackendModuleV1Fn = const braid::module::BackendModuleV1* (*)();
 

@@ -27,8 +27,8 @@ std::string DlError() {
 // "libmpi.so.40 (Open MPI 4; Debian/Ubuntu: apt install libopenmpi3)": every error names the
 // system library and its package, so a user always learns what to install.
 std::string SystemLibrary(const ModuleSpec& spec) {
-  return absl::StrCat(spec.system_library, " (", spec.provider,
-                      "; Debian/Ubuntu: apt install ", spec.debian_package, ")");
+  return absl::StrCat(spec.system_library, " (", spec.provider, "; Debian/Ubuntu: apt install ",
+                      spec.debian_package, ")");
 }
 
 // Where the module directory came from, for messages.
@@ -94,15 +94,15 @@ absl::StatusOr<std::string> ModuleDirectory(const Options& options) {
 
 absl::StatusOr<const BackendModuleV1*> LoadModule(const ModuleSpec& spec, const std::string& dir,
                                                   absl::string_view dir_origin) {
-  const std::string path = absl::StrCat(dir, dir.empty() || dir.back() == '/' ? "" : "/", spec.file);
+  const std::string path =
+      absl::StrCat(dir, dir.empty() || dir.back() == '/' ? "" : "/", spec.file);
   const std::string where =
       dir_origin.empty() ? std::string() : absl::StrCat(" (", dir_origin, ")");
   struct stat st;
   if (stat(path.c_str(), &st) != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "backend '", spec.backend, "' is not available: its module ", spec.file,
-        " is not in ", dir, where, ". It needs that module (installed beside libbraid.so) and ",
-        SystemLibrary(spec)));
+        "backend '", spec.backend, "' is not available: its module ", spec.file, " is not in ", dir,
+        where, ". It needs that module (installed beside libbraid.so) and ", SystemLibrary(spec)));
   }
   dlerror();
   // Contract 3: RTLD_NODELETE, never dlclose. dlopen of a path already loaded returns the
@@ -113,12 +113,11 @@ absl::StatusOr<const BackendModuleV1*> LoadModule(const ModuleSpec& spec, const 
     if (absl::StrContains(why, spec.system_library)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "backend '", spec.backend, "' is not available: it needs ", SystemLibrary(spec),
-          ", which is not installed or not on the library path (loading ", path, ": ", why,
-          ")"));
+          ", which is not installed or not on the library path (loading ", path, ": ", why, ")"));
     }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "backend '", spec.backend, "' is not available: loading its module ", path, where,
-        " failed: ", why, ". The module needs ", SystemLibrary(spec)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("backend '", spec.backend, "' is not available: loading its module ", path,
+                     where, " failed: ", why, ". The module needs ", SystemLibrary(spec)));
   }
   return CheckModule(spec, path, handle);
 }

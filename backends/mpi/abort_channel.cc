@@ -32,8 +32,8 @@ void AbortChannel::Send(const absl::Status& cause) {
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     MPI_Request req = MPI_REQUEST_NULL;
-    const int rc = MPI_Isend(out_.data(), static_cast<int>(out_.size()), MPI_CHAR, r, kTag, comm_,
-                             &req);
+    const int rc =
+        MPI_Isend(out_.data(), static_cast<int>(out_.size()), MPI_CHAR, r, kTag, comm_, &req);
     if (rc != MPI_SUCCESS) {
       Log().warn("mpi backend: could not tell rank {} of the abort: {}", r,
                  MpiStatus(rc, "MPI_Isend").ToString());
@@ -47,8 +47,9 @@ std::optional<PeerAbort> AbortChannel::Poll() {
   if (!sends_.empty()) {
     int done = 0;
     // Completed sends become MPI_REQUEST_NULL; drop them.
-    if (MPI_Testall(static_cast<int>(sends_.size()), sends_.data(), &done,
-                    MPI_STATUSES_IGNORE) == MPI_SUCCESS && done) {
+    if (MPI_Testall(static_cast<int>(sends_.size()), sends_.data(), &done, MPI_STATUSES_IGNORE) ==
+            MPI_SUCCESS &&
+        done) {
       sends_.clear();
     }
   }

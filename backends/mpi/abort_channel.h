@@ -65,7 +65,7 @@ class AbortChannel {
   int size_ = 0;
   MPI_Request recv_ = MPI_REQUEST_NULL;
   std::array<char, kMessageBytes> in_{};
-  std::vector<char> out_;                 // the one message this process sends
+  std::vector<char> out_;  // the one message this process sends
   std::vector<MPI_Request> sends_;
   bool sent_ = false;
 };

@@ -68,18 +68,19 @@ absl::Status CheckSameCall(const std::vector<CallRecord>& table, absl::string_vi
   for (const CallRecord& r : table) {
     calls.push_back(absl::StrCat("rank ", r.world_rank, ": ", DescribeRecord(r)));
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      what, ": ranks called different collectives (the rank-order contract was broken or "
-            "arguments differ): ",
-      absl::StrJoin(calls, "; ")));
+  return absl::InvalidArgumentError(
+      absl::StrCat(what,
+                   ": ranks called different collectives (the rank-order contract was broken or "
+                   "arguments differ): ",
+                   absl::StrJoin(calls, "; ")));
 }
 
 absl::Status CheckSplitColors(const std::vector<CallRecord>& table, absl::string_view group) {
   for (const CallRecord& r : table) {
     if (r.color < kNoColor) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "split of group '", group, "': rank ", r.world_rank, " passed color ", r.color,
-          "; a color must be >= 0, or kNoColor (-1) to join no group"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("split of group '", group, "': rank ", r.world_rank, " passed color ",
+                       r.color, "; a color must be >= 0, or kNoColor (-1) to join no group"));
     }
   }
   return absl::OkStatus();

@@ -33,8 +33,8 @@ struct CallRecord {
   int64_t kind = 0;   // CollectiveKind
   int64_t count = 0;  // CollectiveArgs::count
   int64_t dtype = 0;
-  int64_t op = -1;  // ReduceKind for all-reduce / reduce-scatter
-  int64_t root = 0;  // broadcast
+  int64_t op = -1;    // ReduceKind for all-reduce / reduce-scatter
+  int64_t root = 0;   // broadcast
   int64_t color = 0;  // split
   int64_t key = 0;    // split
 };

@@ -123,8 +123,8 @@ absl::Status CollectiveOp::IssueData() {
       break;
     case CollectiveKind::kAllGather:
       if (args_.in_place) {
-        RETURN_IF_MPI_ERROR(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, mpi_recv_, count,
-                                           type, comm, req));
+        RETURN_IF_MPI_ERROR(
+            MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, mpi_recv_, count, type, comm, req));
       } else {
         RETURN_IF_MPI_ERROR(
             MPI_Iallgather(mpi_send_, count, type, mpi_recv_, count, type, comm, req));
@@ -146,11 +146,11 @@ absl::Status CollectiveOp::RunBlocking(MPI_Comm comm, bool* fails_group) {
   if (group()->validate) {
     mine_ = CollectiveRecord(args_, world_rank_);
     table_.assign(static_cast<size_t>(group()->size), CallRecord{});
-    RETURN_IF_ERROR(WithContext(
-        MpiStatus(MPI_Allgather(&mine_, CallRecord::kWords, MPI_INT64_T, table_.data(),
-                                CallRecord::kWords, MPI_INT64_T, comm),
-                  "MPI_Allgather (call records)"),
-        what));
+    RETURN_IF_ERROR(
+        WithContext(MpiStatus(MPI_Allgather(&mine_, CallRecord::kWords, MPI_INT64_T, table_.data(),
+                                            CallRecord::kWords, MPI_INT64_T, comm),
+                              "MPI_Allgather (call records)"),
+                    what));
     absl::Status same = CheckSameCall(table_, what);
     if (!same.ok()) {
       *fails_group = false;  // every rank holds the same table: all fail this call alike
@@ -174,9 +174,9 @@ absl::Status CollectiveOp::RunBlocking(MPI_Comm comm, bool* fails_group) {
       break;
     case CollectiveKind::kAllGather:
       call = "MPI_Allgather";
-      rc = args_.in_place ? MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, mpi_recv_, count,
-                                          type, comm)
-                          : MPI_Allgather(mpi_send_, count, type, mpi_recv_, count, type, comm);
+      rc = args_.in_place
+               ? MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, mpi_recv_, count, type, comm)
+               : MPI_Allgather(mpi_send_, count, type, mpi_recv_, count, type, comm);
       break;
     case CollectiveKind::kBroadcast:
       call = "MPI_Bcast";

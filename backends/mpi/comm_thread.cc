@@ -164,7 +164,6 @@ void WorkerMain(const std::shared_ptr<Shared>& sp) {
   s.idle_cv.notify_all();
 }
 
-
 void WatchdogMain(const std::shared_ptr<Shared>& sp) {
   Shared& s = *sp;
   std::unique_lock<std::mutex> lock(s.mu);
@@ -184,8 +183,8 @@ void WatchdogMain(const std::shared_ptr<Shared>& sp) {
       lock.unlock();
       FailGroup(s, cause);
       for (const WorkPtr& w : works) {
-        w->Complete(absl::Status(cause.code(),
-                                 absl::StrCat(w->info().Describe(), ": ", cause.message())));
+        w->Complete(
+            absl::Status(cause.code(), absl::StrCat(w->info().Describe(), ": ", cause.message())));
       }
       queued.clear();
       lock.lock();
@@ -289,9 +288,8 @@ CommThread::~CommThread() {
     if (!on_worker) {
       // Calls already issued on this rank go to MPI (the peers issue them too); a failed group
       // fails them at once. A running call that was abandoned in MPI may never return.
-      s.idle_cv.wait(lock, [&] {
-        return s.queue.empty() && (s.running == nullptr || s.running_abandoned);
-      });
+      s.idle_cv.wait(
+          lock, [&] { return s.queue.empty() && (s.running == nullptr || s.running_abandoned); });
       s.idle_cv.wait_for(lock, kStuckGrace, [&] { return s.running == nullptr; });
       stuck = s.running != nullptr;
     } else {
@@ -322,9 +320,10 @@ CommThread::~CommThread() {
   s.worker.detach();  // holds `shared_`: the state lives until the call returns, if ever
   if (!on_worker) {
     s.config.engine->NoteStuckThread();
-    Log().error("mpi backend: group '{}' destroyed while its communication thread is inside a "
-                "blocking MPI call that failed; the thread and its communicator are leaked",
-                s.config.state->name);
+    Log().error(
+        "mpi backend: group '{}' destroyed while its communication thread is inside a "
+        "blocking MPI call that failed; the thread and its communicator are leaked",
+        s.config.state->name);
   }
 }
 

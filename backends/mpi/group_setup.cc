@@ -15,7 +15,9 @@ class DupOp final : public Operation {
  public:
   DupOp(WorkPtr work, absl::Time deadline, absl::Duration timeout, MPI_Comm parent,
         std::shared_ptr<MPI_Comm> out)
-      : Operation(nullptr, std::move(work), deadline, timeout), parent_(parent), out_(std::move(out)) {}
+      : Operation(nullptr, std::move(work), deadline, timeout),
+        parent_(parent),
+        out_(std::move(out)) {}
 
   absl::Status Start() override {
     RETURN_IF_MPI_ERROR(MPI_Comm_idup(parent_, &dup_, &request()));

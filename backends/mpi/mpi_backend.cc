@@ -15,9 +15,11 @@ namespace {
 
 // Processes of this job on this node, as the launcher says (1 when it does not).
 int LocalRanks() {
-  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
+  for (const char* var :
+       {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
     int n = 0;
-    if (const char* v = std::getenv(var); v != nullptr && absl::SimpleAtoi(v, &n) && n > 0) return n;
+    if (const char* v = std::getenv(var); v != nullptr && absl::SimpleAtoi(v, &n) && n > 0)
+      return n;
   }
   return 1;
 }
@@ -36,18 +38,19 @@ absl::StatusOr<std::unique_ptr<Backend>> MpiBackend::Create(const Options& optio
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   config.engine = ResolveAuto(engine, local, cores);
   if (engine == MpiEngine::kAuto && config.engine == MpiEngine::kNonblocking) {
-    Log().debug("mpi backend: BRAID_MPI_ENGINE=auto -> nonblocking ({} ranks on {} cores: no spare core "
-                "per rank for a comm thread; BRAID_MPI_ENGINE=sized forces the comm threads)",
-                local, cores);
+    Log().debug(
+        "mpi backend: BRAID_MPI_ENGINE=auto -> nonblocking ({} ranks on {} cores: no spare core "
+        "per rank for a comm thread; BRAID_MPI_ENGINE=sized forces the comm threads)",
+        local, cores);
   }
   return std::unique_ptr<Backend>(new MpiBackend(std::move(runtime), config));
 }
 
 absl::StatusOr<std::unique_ptr<Group>> MpiBackend::WorldGroup(int rank) {
   if (rank != runtime_->world_rank()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "mpi backend: this process is world rank ", runtime_->world_rank(),
-        "; it cannot create the world group of rank ", rank, " (see local_ranks())"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("mpi backend: this process is world rank ", runtime_->world_rank(),
+                     "; it cannot create the world group of rank ", rank, " (see local_ranks())"));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -62,9 +65,9 @@ absl::StatusOr<std::unique_ptr<Group>> MpiBackend::WorldGroup(int rank) {
   if (!runtime_->engine().has_abort_channel()) {
     // The first world group of this process (every process makes one: collective) opens the
     // side channel on which the processes tell each other of a job abort.
-    ASSIGN_OR_RETURN(MpiComm side, DupComm(runtime_, MPI_COMM_WORLD,
-                                           WorkInfo{"world", "abort channel", 0, ""},
-                                           config_.timeout));
+    ASSIGN_OR_RETURN(MpiComm side,
+                     DupComm(runtime_, MPI_COMM_WORLD, WorkInfo{"world", "abort channel", 0, ""},
+                             config_.timeout));
     absl::StatusOr<std::unique_ptr<AbortChannel>> channel;
     {
       std::lock_guard<std::mutex> lock(runtime_->mu());
@@ -76,6 +79,5 @@ absl::StatusOr<std::unique_ptr<Group>> MpiBackend::WorldGroup(int rank) {
   }
   return MpiGroup::Create(runtime_, std::move(data), "world", config_);
 }
-
 
 }  // namespace braid::mpi

@@ -41,8 +41,9 @@ absl::Status MpiStatus(int rc, absl::string_view call) {
   // as OMPI_ERROR (-1), which has no text: say so, rather than print an empty reason.
   const absl::string_view reason =
       len > 0 ? absl::string_view(text, len)
-              : absl::string_view("MPI gave no text for this code (Open MPI's libnbc returns -1 "
-                                  "when it aborts a collective's schedule; its cause is on stderr)");
+              : absl::string_view(
+                    "MPI gave no text for this code (Open MPI's libnbc returns -1 "
+                    "when it aborts a collective's schedule; its cause is on stderr)");
   return absl::Status(CodeForClass(error_class),
                       absl::StrCat(call, " failed: ", reason, " (MPI error ", rc, ")"));
 }

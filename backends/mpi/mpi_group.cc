@@ -18,15 +18,15 @@ absl::StatusOr<std::unique_ptr<Group>> MpiGroup::Create(std::shared_ptr<MpiRunti
                                                         const Config& config) {
   ASSIGN_OR_RETURN(MpiComm control,
                    DupComm(runtime, data.get(), WorkInfo{name, "create", 0, ""}, config.timeout));
-  auto state = std::make_shared<GroupState>(std::move(name), data.rank(), data.size(),
-                                            config.validate);
+  auto state =
+      std::make_shared<GroupState>(std::move(name), data.rank(), data.size(), config.validate);
   state->data = data.get();
   state->control = control.get();
   std::unique_ptr<CommThread> comm_thread;
   if (runtime->thread_multiple() && config.engine != MpiEngine::kNonblocking) {
-    ASSIGN_OR_RETURN(MpiComm serial, DupComm(runtime, data.get(),
-                                             WorkInfo{state->name, "create", 0, "comm thread"},
-                                             config.timeout));
+    ASSIGN_OR_RETURN(MpiComm serial,
+                     DupComm(runtime, data.get(), WorkInfo{state->name, "create", 0, "comm thread"},
+                             config.timeout));
     CommThread::Config tc;
     tc.state = state;
     tc.comm = serial.Release();
@@ -65,9 +65,10 @@ MpiGroup::~MpiGroup() {
     state_->control = MPI_COMM_NULL;
   }
   if (live > 0) {
-    Log().error("mpi backend: group '{}' destroyed with {} nonblocking call(s) that failed but "
-                "that MPI still runs; its communicators are leaked instead of freed under them",
-                state_->name, live);
+    Log().error(
+        "mpi backend: group '{}' destroyed with {} nonblocking call(s) that failed but "
+        "that MPI still runs; its communicators are leaked instead of freed under them",
+        state_->name, live);
     // Deliberate leak: MPI may still progress those calls' schedules on these communicators.
     static_cast<void>(control_.Release());
     static_cast<void>(data_.Release());
@@ -154,9 +155,9 @@ absl::StatusOr<std::unique_ptr<Group>> MpiGroup::DoSplit(int color, int key, std
     // Nothing else is issued on `control` meanwhile: calls on a group are serialized.
     std::unique_lock<std::mutex> serialized(runtime_->mu(), std::defer_lock);
     if (!runtime_->thread_multiple()) serialized.lock();
-    split = MpiStatus(
-        MPI_Comm_split(control, color == kNoColor ? MPI_UNDEFINED : color, key, &child),
-        "MPI_Comm_split");
+    split =
+        MpiStatus(MPI_Comm_split(control, color == kNoColor ? MPI_UNDEFINED : color, key, &child),
+                  "MPI_Comm_split");
   }
   if (!split.ok()) {
     std::lock_guard<std::mutex> lock(runtime_->mu());

@@ -19,10 +19,10 @@
 // communication thread with a third communicator: calls that UsesCommThread() picks (by
 // kind and size, the same on every rank) run there as blocking MPI calls, in issue order
 // (comm_thread.h); the others go to the nonblocking engine. Each communicator sees its own
-// calls in issue order on every rank, so the two paths never reorder each other's calls. Every collective has a
-// deadline (CollectiveOptions::timeout, else Options::timeout); one that misses it fails with
-// DeadlineExceeded and fails the group: later calls return that cause at once. A call the
-// backend refuses up front (e.g. Unimplemented for a count above INT_MAX) consumes no sequence
+// calls in issue order on every rank, so the two paths never reorder each other's calls. Every
+// collective has a deadline (CollectiveOptions::timeout, else Options::timeout); one that misses it
+// fails with DeadlineExceeded and fails the group: later calls return that cause at once. A call
+// the backend refuses up front (e.g. Unimplemented for a count above INT_MAX) consumes no sequence
 // number and no turn, so the next call matches its peers as if it had not been made.
 //
 // SPLIT is collective and blocks its caller, in two steps:
@@ -78,8 +78,8 @@ class MpiGroup final : public Group {
   struct Config {
     absl::Duration timeout = absl::Seconds(300);  // default deadline of every call
     absl::Duration spin = absl::Microseconds(20);
-    bool validate = false;  // BRAID_VALIDATE_COLLECTIVES
-    bool abort_on_failure = true;  // BRAID_ABORT_ON_FAILURE (comm/abort_domain.h)
+    bool validate = false;                // BRAID_VALIDATE_COLLECTIVES
+    bool abort_on_failure = true;         // BRAID_ABORT_ON_FAILURE (comm/abort_domain.h)
     MpiEngine engine = MpiEngine::kAuto;  // BRAID_MPI_ENGINE (comm_thread.h)
   };
 

@@ -7,7 +7,8 @@ namespace braid::mpi {
 namespace {
 const module::ModuleRegistration kMpiModule(module::ModuleSpec{
     /*backend=*/"mpi",
-    /*description=*/"OpenMPI: one process per rank, CPU buffers (module libbraid-mpi.so, "
+    /*description=*/
+    "OpenMPI: one process per rank, CPU buffers (module libbraid-mpi.so, "
     "loaded on first use)",
     /*file=*/"libbraid-mpi.so",
     /*system_library=*/"libmpi.so.40",

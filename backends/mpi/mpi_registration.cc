@@ -6,7 +6,8 @@
 namespace braid::mpi {
 namespace {
 const BackendRegistration kRegistration(
-    "mpi", "OpenMPI: one process per rank, CPU buffers, blocking collectives on a thread per group "
+    "mpi",
+    "OpenMPI: one process per rank, CPU buffers, blocking collectives on a thread per group "
     "(large calls) and nonblocking ones (small calls)",
     &MpiBackend::Create);
 }  // namespace

@@ -13,10 +13,14 @@ namespace {
 
 absl::string_view ThreadLevelName(int level) {
   switch (level) {
-    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
-    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
-    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
-    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE:
+      return "MPI_THREAD_MULTIPLE";
   }
   return "unknown thread level";
 }
@@ -52,8 +56,7 @@ absl::StatusOr<MpiInit> InitMpi() {
     }
     return init;
   }
-  RETURN_IF_MPI_ERROR(
-      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &init.thread_level));
+  RETURN_IF_MPI_ERROR(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &init.thread_level));
   init.owns = true;
   absl::Status s;
   if (init.thread_level < MPI_THREAD_SERIALIZED) {
@@ -77,10 +80,11 @@ absl::StatusOr<MpiInit> InitMpi() {
     return s;
   }
   if (init.thread_level < MPI_THREAD_MULTIPLE) {
-    Log().warn("mpi backend: MPI provides only {}: the backend serializes its own MPI calls, "
-               "so it must be this process's only MPI user (no MPI calls from the "
-               "application)",
-               std::string(ThreadLevelName(init.thread_level)));
+    Log().warn(
+        "mpi backend: MPI provides only {}: the backend serializes its own MPI calls, "
+        "so it must be this process's only MPI user (no MPI calls from the "
+        "application)",
+        std::string(ThreadLevelName(init.thread_level)));
   }
   return init;
 }
@@ -155,8 +159,9 @@ MpiRuntime::~MpiRuntime() {
   std::lock_guard<std::mutex> lock(Live().mu);
   // Stays set: MPI cannot be initialized again after MPI_Finalize (or when it was skipped).
   if (!quiescent) {
-    Log().error("mpi backend: not calling MPI_Finalize: MPI still owns buffers of operations "
-                "that missed their deadline");
+    Log().error(
+        "mpi backend: not calling MPI_Finalize: MPI still owns buffers of operations "
+        "that missed their deadline");
     return;
   }
   const absl::Status s = MpiStatus(MPI_Finalize(), "MPI_Finalize");

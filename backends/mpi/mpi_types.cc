@@ -19,13 +19,20 @@ void WrappingU8Sum(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
 
 MPI_Datatype MpiDatatype(DType t) {
   switch (t) {
-    case DType::kF32: return MPI_FLOAT;
-    case DType::kF64: return MPI_DOUBLE;
-    case DType::kBF16: return MPI_UINT16_T;
-    case DType::kF16: return MPI_UINT16_T;
-    case DType::kI32: return MPI_INT32_T;
-    case DType::kI64: return MPI_INT64_T;
-    case DType::kU8: return MPI_UINT8_T;
+    case DType::kF32:
+      return MPI_FLOAT;
+    case DType::kF64:
+      return MPI_DOUBLE;
+    case DType::kBF16:
+      return MPI_UINT16_T;
+    case DType::kF16:
+      return MPI_UINT16_T;
+    case DType::kI32:
+      return MPI_INT32_T;
+    case DType::kI64:
+      return MPI_INT64_T;
+    case DType::kU8:
+      return MPI_UINT8_T;
   }
   BRAID_CHECK(false && "MpiDatatype: invalid dtype");
   return MPI_DATATYPE_NULL;
@@ -43,10 +50,14 @@ MpiOps::~MpiOps() {
 
 MPI_Op MpiOps::For(ReduceKind k, DType wire) const {
   switch (k) {
-    case ReduceKind::kMax: return MPI_MAX;
-    case ReduceKind::kMin: return MPI_MIN;
-    case ReduceKind::kSum: return wire == DType::kU8 ? wrapping_u8_sum_ : MPI_SUM;
-    default: break;
+    case ReduceKind::kMax:
+      return MPI_MAX;
+    case ReduceKind::kMin:
+      return MPI_MIN;
+    case ReduceKind::kSum:
+      return wire == DType::kU8 ? wrapping_u8_sum_ : MPI_SUM;
+    default:
+      break;
   }
   BRAID_CHECK(false && "MpiOps::For: only sum, max and min are MPI ops here");
   return MPI_OP_NULL;

@@ -33,7 +33,8 @@ absl::Status DeadlineStatus(const Operation& op) {
       op.work()->info().Describe(), ": not complete at its deadline (timeout ",
       absl::FormatDuration(op.timeout()),
       "); a rank may have stopped or called a different collective. MPI cannot cancel it, so "
-      "group '", group, "' is now failed and every later call on it fails"));
+      "group '",
+      group, "' is now failed and every later call on it fails"));
 }
 
 absl::Status AbortedByGroup(const Operation& op, const absl::Status& cause) {
@@ -62,12 +63,12 @@ WorkPtr ProgressEngine::NewWork(WorkInfo info, absl::Duration spin) {
 absl::Status ProgressEngine::Submit(std::unique_ptr<Operation> op) {
   std::unique_lock<std::mutex> lock(mu_);
   if (shut_down_ || stopping_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        op->work()->info().Describe(), ": the MPI runtime is shutting down"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(op->work()->info().Describe(), ": the MPI runtime is shutting down"));
   }
   if (!abort_cause_.ok()) {
-    return absl::Status(abort_cause_.code(), absl::StrCat(op->work()->info().Describe(), ": ",
-                                                          abort_cause_.message()));
+    return absl::Status(abort_cause_.code(),
+                        absl::StrCat(op->work()->info().Describe(), ": ", abort_cause_.message()));
   }
   if (op->group() != nullptr) RETURN_IF_ERROR(op->group()->CheckUsableLocked());
   absl::Status started = op->Start();
@@ -421,15 +422,17 @@ bool ProgressEngine::Shutdown() {
   if (channel_ != nullptr) channel_->Close();
   shut_down_ = true;
   if (!zombies_.empty()) {
-    Log().error("mpi backend: {} operation(s) never completed after failing their deadline; "
-                "their buffers are leaked and MPI will not be finalized",
-                zombies_.size());
+    Log().error(
+        "mpi backend: {} operation(s) never completed after failing their deadline; "
+        "their buffers are leaked and MPI will not be finalized",
+        zombies_.size());
   }
   const int stuck = stuck_threads_.load();
   if (stuck > 0) {
-    Log().error("mpi backend: {} communication thread(s) are still inside a blocking MPI call "
-                "that failed its deadline; MPI will not be finalized",
-                stuck);
+    Log().error(
+        "mpi backend: {} communication thread(s) are still inside a blocking MPI call "
+        "that failed its deadline; MPI will not be finalized",
+        stuck);
   }
   return zombies_.empty() && stuck == 0;
 }

@@ -4,7 +4,8 @@
 // MPI_THREAD_SERIALIZED, and one lock also orders the calls on each communicator. (The
 // exceptions, both only under MPI_THREAD_MULTIPLE: the blocking MPI_Comm_split of a Split, see
 // mpi_group.h, and the blocking collectives of the groups' communication threads, each on a
-// communicator of its own, see comm_thread.h.) Operations complete without the caller polling, two ways:
+// communicator of its own, see comm_thread.h.) Operations complete without the caller polling, two
+// ways:
 //   - a thread blocked in Work::Wait drives progress itself through the Work's poller (as
 //     MPI_Wait would): this keeps small-message latency near raw MPI;
 //   - the progress thread polls whenever nobody waits, yielding between polls and backing off
@@ -97,8 +98,8 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
 
   // See the header comment. `report`: a group's own failure aborts the job
   // (BRAID_ABORT_ON_FAILURE). Once per engine: later calls are ignored (the channel closed).
-  void AttachAbortDomain(std::shared_ptr<AbortDomain> domain,
-                         std::unique_ptr<AbortChannel> channel, int world_rank, bool report);
+  void AttachAbortDomain(std::shared_ptr<AbortDomain> domain, std::unique_ptr<AbortChannel> channel,
+                         int world_rank, bool report);
   bool has_abort_channel();
 
   // For work run outside the engine (comm_thread.h): a group failed by its own call; reported
@@ -142,7 +143,7 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
   std::vector<int> indices_;
   std::vector<MPI_Status> statuses_;
   std::vector<absl::Status> errors_;
-  bool asleep_ = false;     // the thread waits on cv_ with nothing in flight
+  bool asleep_ = false;  // the thread waits on cv_ with nothing in flight
   bool stopping_ = false;
   bool shut_down_ = false;
   // When a waiter last polled (absl::GetCurrentTimeNanos); the thread keeps out of its way.
@@ -154,9 +155,9 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
   AbortDomain::Subscription abort_sub_;
   int world_rank_ = -1;
   bool report_failures_ = false;
-  absl::Status to_report_;                // this process's first group failure, not yet told
-  std::optional<PeerAbort> peer_abort_;   // a peer's abort, not yet handed to the domain
-  absl::Status abort_cause_;              // the domain's cause once it aborted
+  absl::Status to_report_;                  // this process's first group failure, not yet told
+  std::optional<PeerAbort> peer_abort_;     // a peer's abort, not yet handed to the domain
+  absl::Status abort_cause_;                // the domain's cause once it aborted
   std::atomic<bool> abort_pending_{false};  // abort_cause_ set; ops in flight not yet failed
 
   std::atomic<int> stuck_threads_{0};

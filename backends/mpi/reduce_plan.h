@@ -24,12 +24,12 @@
 namespace braid::mpi {
 
 struct ReducePlan {
-  DType wire = DType::kF32;                // what MPI reduces
-  ReduceKind mpi_op = ReduceKind::kSum;    // kSum, kMax or kMin: an MPI built-in op
-  bool stage_input = false;                // convert / scale the input into an owned buffer
-  ScaleSpec input_scale;                   // applied while staging (premul: own scalar)
-  bool narrow_output = false;              // result is in wire-typed staging, narrowed to recv
-  int divide_by = 0;                       // > 0: divide the result by this (avg)
+  DType wire = DType::kF32;              // what MPI reduces
+  ReduceKind mpi_op = ReduceKind::kSum;  // kSum, kMax or kMin: an MPI built-in op
+  bool stage_input = false;              // convert / scale the input into an owned buffer
+  ScaleSpec input_scale;                 // applied while staging (premul: own scalar)
+  bool narrow_output = false;            // result is in wire-typed staging, narrowed to recv
+  int divide_by = 0;                     // > 0: divide the result by this (avg)
 };
 
 ReducePlan PlanReduce(DType dtype, const ReduceOp& op, int group_size);

@@ -31,8 +31,8 @@ class CommAbortHub {
  public:
   // `domain`: the job's (null: a domain of this rank alone). `report`: a communicator's own
   // failure aborts the job (BRAID_ABORT_ON_FAILURE).
-  static std::shared_ptr<CommAbortHub> Create(std::shared_ptr<AbortDomain> domain,
-                                              int world_rank, bool report);
+  static std::shared_ptr<CommAbortHub> Create(std::shared_ptr<AbortDomain> domain, int world_rank,
+                                              bool report);
   CommAbortHub(const CommAbortHub&) = delete;
   CommAbortHub& operator=(const CommAbortHub&) = delete;
 

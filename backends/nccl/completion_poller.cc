@@ -54,9 +54,9 @@ struct CompletionPoller::Core {
   const int device;  // the thread's current device: its queries, destroys and frees go there
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<Tracked> entries;   // guarded by mu, in issue order
-  std::vector<Retired> retired;  // guarded by mu
-  bool stopping = false;         // guarded by mu
+  std::deque<Tracked> entries;                          // guarded by mu, in issue order
+  std::vector<Retired> retired;                         // guarded by mu
+  bool stopping = false;                                // guarded by mu
   std::function<void(const absl::Status&)> on_failure;  // guarded by mu
 };
 
@@ -166,8 +166,8 @@ CompletionPoller::Core::Aborts CompletionPoller::Core::PollLocked(absl::Time now
   // Entries issued earlier on a communicator that failed during this pass end with it too.
   for (size_t i = 0; i < entries.size();) {
     if (const absl::Status* cause = aborting(entries[i].comm.get())) {
-      absl::Status fail = absl::AbortedError(
-          absl::StrCat("aborted with its communicator: ", cause->message()));
+      absl::Status fail =
+          absl::AbortedError(absl::StrCat("aborted with its communicator: ", cause->message()));
       out->push_back(Finished{std::move(entries[i]), std::move(fail)});
       entries.erase(entries.begin() + static_cast<std::ptrdiff_t>(i));
     } else {
@@ -195,13 +195,13 @@ void CompletionPoller::Core::Finish(std::vector<Finished>& finished) {
 
 void CompletionPoller::Core::SweepRetiredLocked() {
   retired.erase(std::remove_if(retired.begin(), retired.end(),
-                                [](const Retired& r) {
-                                  for (const auto& u : r.users) {
-                                    if (!u.expired()) return false;
-                                  }
-                                  return true;
-                                }),
-                 retired.end());
+                               [](const Retired& r) {
+                                 for (const auto& u : r.users) {
+                                   if (!u.expired()) return false;
+                                 }
+                                 return true;
+                               }),
+                retired.end());
 }
 
 void CompletionPoller::Core::ThreadMain() {

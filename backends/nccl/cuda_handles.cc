@@ -64,10 +64,10 @@ absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(std::shared_ptr<CudaApi> cud
                                                     absl::string_view what, bool pinned_host) {
   DeviceBuffer b;
   const size_t n = bytes == 0 ? 1 : bytes;
-  RETURN_IF_ERROR(CudaStatus(
-      *cuda, pinned_host ? cuda->MallocHost(&b.ptr_, n) : cuda->Malloc(&b.ptr_, n),
-      absl::StrCat(pinned_host ? "cudaMallocHost" : "cudaMalloc", " of ", bytes, " bytes for ",
-                   what)));
+  RETURN_IF_ERROR(CudaStatus(*cuda,
+                             pinned_host ? cuda->MallocHost(&b.ptr_, n) : cuda->Malloc(&b.ptr_, n),
+                             absl::StrCat(pinned_host ? "cudaMallocHost" : "cudaMalloc", " of ",
+                                          bytes, " bytes for ", what)));
   b.pinned_host_ = pinned_host;
   b.bytes_ = bytes;
   b.cuda_ = std::move(cuda);

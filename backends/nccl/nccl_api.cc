@@ -77,8 +77,7 @@ class RealNccl final : public NcclApi {
   ncclResult_t AllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
                          ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) override {
     const NcclFunctions* f = Fn();
-    return f != nullptr ? f->AllReduce(send, recv, count, type, op, comm, stream)
-                        : ncclSystemError;
+    return f != nullptr ? f->AllReduce(send, recv, count, type, op, comm, stream) : ncclSystemError;
   }
   ncclResult_t ReduceScatter(const void* send, void* recv, size_t recvcount, ncclDataType_t type,
                              ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) override {
@@ -89,11 +88,10 @@ class RealNccl final : public NcclApi {
   ncclResult_t AllGather(const void* send, void* recv, size_t sendcount, ncclDataType_t type,
                          ncclComm_t comm, cudaStream_t stream) override {
     const NcclFunctions* f = Fn();
-    return f != nullptr ? f->AllGather(send, recv, sendcount, type, comm, stream)
-                        : ncclSystemError;
+    return f != nullptr ? f->AllGather(send, recv, sendcount, type, comm, stream) : ncclSystemError;
   }
-  ncclResult_t Broadcast(const void* send, void* recv, size_t count, ncclDataType_t type,
-                         int root, ncclComm_t comm, cudaStream_t stream) override {
+  ncclResult_t Broadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
+                         ncclComm_t comm, cudaStream_t stream) override {
     const NcclFunctions* f = Fn();
     return f != nullptr ? f->Broadcast(send, recv, count, type, root, comm, stream)
                         : ncclSystemError;

@@ -25,7 +25,6 @@
 #include <string>
 
 #include "absl/status/status.h"
-
 #include "backends/nccl/cuda_api.h"
 #include "backends/nccl/kernel_api.h"
 
@@ -67,8 +66,7 @@ class NcclApi {
   virtual ncclResult_t Broadcast(const void* send, void* recv, size_t count, ncclDataType_t type,
                                  int root, ncclComm_t comm, cudaStream_t stream) = 0;
   virtual ncclResult_t RedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t type,
-                                            ncclScalarResidence_t residence,
-                                            ncclComm_t comm) = 0;
+                                            ncclScalarResidence_t residence, ncclComm_t comm) = 0;
   virtual ncclResult_t RedOpDestroy(ncclRedOp_t op, ncclComm_t comm) = 0;
 };
 

@@ -78,15 +78,15 @@ absl::StatusOr<std::unique_ptr<NcclBackend>> NcclBackend::CreateFromUniqueId(
     return absl::InvalidArgumentError("nccl backend: CUDA and NCCL APIs must both be given");
   }
   if (world_size < 1 || rank < 0 || rank >= world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("nccl backend: rank ", rank,
-                                                   " is outside the world of size ", world_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("nccl backend: rank ", rank, " is outside the world of size ", world_size));
   }
   if (config.timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("nccl backend: the timeout must be positive");
   }
   if (config.device < -1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "nccl backend: CUDA device ", config.device, " is not valid (-1: rank modulo devices)"));
+    return absl::InvalidArgumentError(absl::StrCat("nccl backend: CUDA device ", config.device,
+                                                   " is not valid (-1: rank modulo devices)"));
   }
   ASSIGN_OR_RETURN(const ncclUniqueId id, UniqueIdFromBytes(unique_id));
   RETURN_IF_ERROR(apis.nccl->Ready());
@@ -111,8 +111,8 @@ absl::StatusOr<std::unique_ptr<NcclBackend>> NcclBackend::CreateWithBootstrap(
                             bootstrap.size(), bootstrap.rank(), shared);
 }
 
-absl::StatusOr<std::unique_ptr<NcclBackend>> NcclBackend::CreateSingleRank(
-    NcclApis apis, const Options& options) {
+absl::StatusOr<std::unique_ptr<NcclBackend>> NcclBackend::CreateSingleRank(NcclApis apis,
+                                                                           const Options& options) {
   if (apis.nccl == nullptr) return absl::InvalidArgumentError("nccl backend: no NCCL API given");
   ASSIGN_OR_RETURN(const std::string id, NewUniqueIdBytes(*apis.nccl));
   return CreateFromUniqueId(std::move(apis), id, 1, 0, NcclConfigFromOptions(options));
@@ -133,10 +133,10 @@ absl::StatusOr<std::unique_ptr<NcclBackend>> NcclBackend::CreateFromLauncher(
   absl::StatusOr<ncclUniqueId> id =
       ExchangeUniqueId(rv->store(), rv->prefix(), env.rank, env.world_size, *apis.nccl);
   if (!id.ok()) return WithContext(id.status(), absl::StrCat("nccl backend, ", env.Describe()));
-  ASSIGN_OR_RETURN(std::unique_ptr<NcclBackend> b,
-                   CreateFromUniqueId(std::move(apis),
-                                      absl::string_view(id->internal, kUniqueIdBytes),
-                                      env.world_size, env.rank, resolved));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<NcclBackend> b,
+      CreateFromUniqueId(std::move(apis), absl::string_view(id->internal, kUniqueIdBytes),
+                         env.world_size, env.rank, resolved));
   b->rendezvous_ = std::move(rv);
   return b;
 }
@@ -159,8 +159,8 @@ absl::StatusOr<std::unique_ptr<Backend>> NcclBackend::Create(const Options& opti
   }
   Options mpi_options = options;
   mpi_options.backend = "mpi";
-  ASSIGN_OR_RETURN(std::unique_ptr<Backend> mpi, BackendRegistry::Global().Create("mpi",
-                                                                                 mpi_options));
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> mpi,
+                   BackendRegistry::Global().Create("mpi", mpi_options));
   const int rank = mpi->local_ranks().front();
   ASSIGN_OR_RETURN(std::unique_ptr<Group> world, mpi->WorldGroup(rank));
   NcclBackendConfig config = NcclConfigFromOptions(options);

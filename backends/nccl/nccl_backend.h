@@ -102,7 +102,7 @@
 namespace braid::nccl {
 
 struct NcclBackendConfig {
-  bool blocking = true;  // NCCL communicator mode (BRAID_NCCL_BLOCKING)
+  bool blocking = true;                         // NCCL communicator mode (BRAID_NCCL_BLOCKING)
   absl::Duration timeout = absl::Seconds(300);  // every call's default deadline
   absl::Duration spin = absl::Microseconds(20);
   // This rank's CUDA device; -1: the rank modulo the number of visible devices.

@@ -50,19 +50,19 @@ absl::Status NcclBufferOps::Copy(void* dst, const void* src, size_t bytes) {
 }
 
 absl::Status NcclBufferOps::KernelError(int rc, absl::string_view what) const {
-  return absl::InternalError(absl::StrCat(What(what), ": CUDA error ", rc, ": ",
-                                          c_.apis.kernels->ErrorString(rc)));
+  return absl::InternalError(
+      absl::StrCat(What(what), ": CUDA error ", rc, ": ", c_.apis.kernels->ErrorString(rc)));
 }
 
-absl::Status NcclBufferOps::CastScale(const void* src, DType src_type, void* dst,
-                                      DType dst_type, size_t n, const ScaleSpec& scale) {
+absl::Status NcclBufferOps::CastScale(const void* src, DType src_type, void* dst, DType dst_type,
+                                      size_t n, const ScaleSpec& scale) {
   if (n == 0) return absl::OkStatus();
   const bool scaled = scale.apply_mul || scale.div > 0;
   if (src_type == dst_type && !scaled) return Copy(dst, src, n * DTypeSize(src_type));
   const int st = static_cast<int>(src_type), dt = static_cast<int>(dst_type);
   auto what = [&] {  // built only for an error: no allocation per bucket
-    return absl::StrCat("cast kernel (", DTypeName(src_type), " -> ", DTypeName(dst_type), ", ",
-                        n, " elements", scale.apply_mul ? absl::StrCat(", * ", scale.mul) : "",
+    return absl::StrCat("cast kernel (", DTypeName(src_type), " -> ", DTypeName(dst_type), ", ", n,
+                        " elements", scale.apply_mul ? absl::StrCat(", * ", scale.mul) : "",
                         scale.div > 0 ? absl::StrCat(", / ", scale.div) : "", ")");
   };
   if (!kernels::ValidDType(st) || !kernels::ValidDType(dt)) {
@@ -101,7 +101,8 @@ absl::Status NcclBufferOps::WaitFor(DeviceEvent event) {
   if (!event) return absl::OkStatus();
   RETURN_IF_ERROR(SetDevice());
   CudaApi& cuda = *c_.apis.cuda;
-  return CudaStatus(cuda, cuda.StreamWaitEvent(stream_.load(), static_cast<cudaEvent_t>(event.handle)),
+  return CudaStatus(cuda,
+                    cuda.StreamWaitEvent(stream_.load(), static_cast<cudaEvent_t>(event.handle)),
                     What("cudaStreamWaitEvent"));
 }
 

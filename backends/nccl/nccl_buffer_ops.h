@@ -35,17 +35,16 @@ namespace braid::nccl {
 struct NcclBufferOpsConfig {
   NcclApis apis;
   std::shared_ptr<CompletionPoller> poller;
-  std::shared_ptr<NcclComm> comm;       // whose stream failure aborts, as a collective's would
-  cudaStream_t stream = nullptr;        // the group's comm stream (SetStream may replace it)
-  std::shared_ptr<void> keep_alive;     // the stream's owner, held by tracked completions
+  std::shared_ptr<NcclComm> comm;    // whose stream failure aborts, as a collective's would
+  cudaStream_t stream = nullptr;     // the group's comm stream (SetStream may replace it)
+  std::shared_ptr<void> keep_alive;  // the stream's owner, held by tracked completions
   int device = 0;
-  std::string group_name;               // names the group in errors
+  std::string group_name;  // names the group in errors
 };
 
 class NcclBufferOps final : public BufferOps {
  public:
-  explicit NcclBufferOps(NcclBufferOpsConfig config)
-      : c_(std::move(config)), stream_(c_.stream) {}
+  explicit NcclBufferOps(NcclBufferOpsConfig config) : c_(std::move(config)), stream_(c_.stream) {}
 
   bool synchronous() const override { return false; }
   absl::StatusOr<OwnedBuffer> Allocate(size_t bytes, absl::string_view what) override;

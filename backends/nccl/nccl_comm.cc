@@ -22,15 +22,17 @@ ncclConfig_t MakeConfig(const NcclComm::Config& c) {
 }  // namespace
 
 NcclComm::NcclComm(NcclApis apis, ncclComm_t handle, Config config, bool in_progress)
-    : apis_(std::move(apis)), config_(std::move(config)), handle_(handle),
+    : apis_(std::move(apis)),
+      config_(std::move(config)),
+      handle_(handle),
       in_progress_(in_progress) {}
 
 absl::StatusOr<std::shared_ptr<NcclComm>> NcclComm::Init(NcclApis apis, const ncclUniqueId& id,
                                                          int nranks, int rank, Config config,
                                                          absl::Time deadline) {
-  const std::string what = absl::StrCat("creating the NCCL communicator of group '", config.name,
-                                        "' (rank ", rank, " of ", nranks, ", device ",
-                                        config.device, ")");
+  const std::string what =
+      absl::StrCat("creating the NCCL communicator of group '", config.name, "' (rank ", rank,
+                   " of ", nranks, ", device ", config.device, ")");
   if (nranks < 1 || rank < 0 || rank >= nranks) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": rank out of range"));
   }
@@ -70,8 +72,8 @@ NcclComm::~NcclComm() {
 }
 
 absl::Status NcclComm::ReadRankAndSize() {
-  RETURN_IF_ERROR(NcclStatus(*apis_.nccl, apis_.nccl->CommCount(handle_, &size_), "ncclCommCount",
-                             handle_));
+  RETURN_IF_ERROR(
+      NcclStatus(*apis_.nccl, apis_.nccl->CommCount(handle_, &size_), "ncclCommCount", handle_));
   return NcclStatus(*apis_.nccl, apis_.nccl->CommUserRank(handle_, &rank_), "ncclCommUserRank",
                     handle_);
 }
@@ -96,9 +98,9 @@ absl::Status NcclComm::ReadyLocked(absl::Time deadline) {
     return NcclStatus(*apis_.nccl, async, "asynchronous NCCL operation", handle_);
   });
   if (absl::IsDeadlineExceeded(s) && s.message().empty()) {
-    s = absl::DeadlineExceededError(absl::StrCat(
-        "the NCCL communicator of group '", config_.name,
-        "' was still in progress (ncclInProgress) at the deadline"));
+    s = absl::DeadlineExceededError(
+        absl::StrCat("the NCCL communicator of group '", config_.name,
+                     "' was still in progress (ncclInProgress) at the deadline"));
   }
   if (s.ok()) in_progress_ = false;
   return s;
@@ -130,9 +132,8 @@ absl::Status NcclComm::ProbeAsyncError() {
 
 absl::StatusOr<std::shared_ptr<NcclComm>> NcclComm::Split(int color, int key, Config child_config,
                                                           absl::Time deadline) {
-  const std::string what =
-      absl::StrCat("ncclCommSplit of group '", config_.name, "' into '", child_config.name,
-                   "' (color ", color, ", key ", key, ")");
+  const std::string what = absl::StrCat("ncclCommSplit of group '", config_.name, "' into '",
+                                        child_config.name, "' (color ", color, ", key ", key, ")");
   child_config.blocking = config_.blocking;
   std::shared_ptr<NcclComm> child(new NcclComm(apis_, nullptr, std::move(child_config), false));
   std::unique_lock<std::mutex> lock(mu_);
@@ -153,7 +154,8 @@ absl::StatusOr<std::shared_ptr<NcclComm>> NcclComm::Split(int color, int key, Co
     // pointer into `handle` on its way out (also on failure); a child seen then is aborted
     // too. `handle` stays in this frame until that join is over.
     AbortLocked(s);
-    if (ncclComm_t child_handle = __atomic_load_n(&handle, __ATOMIC_ACQUIRE); child_handle != nullptr) {
+    if (ncclComm_t child_handle = __atomic_load_n(&handle, __ATOMIC_ACQUIRE);
+        child_handle != nullptr) {
       apis_.nccl->CommAbort(child_handle);
     }
     return s;

@@ -52,9 +52,9 @@ namespace braid::nccl {
 class NcclComm : public std::enable_shared_from_this<NcclComm> {
  public:
   struct Config {
-    std::string name;        // group name: in errors, and NCCL's commName
+    std::string name;  // group name: in errors, and NCCL's commName
     bool blocking = true;
-    int device = 0;          // CUDA device of this rank
+    int device = 0;                               // CUDA device of this rank
     absl::Duration timeout = absl::Seconds(300);  // for the destructor's finalize
   };
 

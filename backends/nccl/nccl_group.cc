@@ -26,26 +26,30 @@ Capabilities NcclGroup::NcclCapabilities() {
   return c;
 }
 
-absl::StatusOr<std::unique_ptr<NcclGroup>> NcclGroup::Create(
-    std::shared_ptr<const NcclContext> ctx, std::shared_ptr<NcclComm> comm, std::string name) {
+absl::StatusOr<std::unique_ptr<NcclGroup>> NcclGroup::Create(std::shared_ptr<const NcclContext> ctx,
+                                                             std::shared_ptr<NcclComm> comm,
+                                                             std::string name) {
   const std::string what = absl::StrCat("group '", name, "'");
   CudaApi& cuda = *ctx->apis.cuda;
-  RETURN_IF_ERROR(WithContext(CudaStatus(cuda, cuda.SetDevice(ctx->device), "cudaSetDevice"), what));
+  RETURN_IF_ERROR(
+      WithContext(CudaStatus(cuda, cuda.SetDevice(ctx->device), "cudaSetDevice"), what));
   auto res = std::make_shared<Resources>();
   const size_t n = static_cast<size_t>(comm->size());
   ASSIGN_OR_RETURN(res->stream, CudaStream::Create(ctx->apis.cuda, what));
-  ASSIGN_OR_RETURN(res->scratch, DeviceBuffer::Allocate(ctx->apis.cuda, 8 * n,
-                                                        absl::StrCat(what, " (scratch)")));
-  ASSIGN_OR_RETURN(res->pinned,
-                   DeviceBuffer::Allocate(ctx->apis.cuda, 4 * n,
-                                          absl::StrCat(what, " (split exchange)"), true));
+  ASSIGN_OR_RETURN(res->scratch,
+                   DeviceBuffer::Allocate(ctx->apis.cuda, 8 * n, absl::StrCat(what, " (scratch)")));
+  ASSIGN_OR_RETURN(
+      res->pinned,
+      DeviceBuffer::Allocate(ctx->apis.cuda, 4 * n, absl::StrCat(what, " (split exchange)"), true));
   return std::unique_ptr<NcclGroup>(
       new NcclGroup(std::move(ctx), std::move(comm), std::move(name), std::move(res)));
 }
 
 NcclGroup::NcclGroup(std::shared_ptr<const NcclContext> ctx, std::shared_ptr<NcclComm> comm,
                      std::string name, std::shared_ptr<Resources> resources)
-    : ctx_(std::move(ctx)), comm_(std::move(comm)), name_(std::move(name)),
+    : ctx_(std::move(ctx)),
+      comm_(std::move(comm)),
+      name_(std::move(name)),
       resources_(std::move(resources)) {
   NcclBufferOpsConfig c;
   c.apis = ctx_->apis;
@@ -97,9 +101,9 @@ WorkPtr NcclGroup::NewWork(CollectiveKind kind, absl::string_view label) {
 
 absl::StatusOr<WorkPtr> NcclGroup::Launch(const CollectiveArgs& args) {
   if (comm_->failed()) {
-    return absl::FailedPreconditionError(absl::StrCat(CollectiveName(args.kind), " on group '",
-                                                      name_, "': the group failed earlier: ",
-                                                      comm_->failure().message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat(CollectiveName(args.kind), " on group '", name_,
+                     "': the group failed earlier: ", comm_->failure().message()));
   }
   if (coalescing_) {
     if (args.kind == CollectiveKind::kBarrier) {
@@ -139,15 +143,15 @@ absl::StatusOr<WorkPtr> NcclGroup::EndCoalescing(absl::string_view label) {
   }
   absl::Duration timeout = absl::ZeroDuration();
   for (const Call& c : calls) timeout = std::max(timeout, TimeoutOf(c.args.options));
-  WorkPtr launch = works_.Create(
-      WorkInfo{name_, absl::StrCat("coalesced(", calls.size(), " calls)"),
-               calls.front().work->info().seq, std::string(label)},
-      ctx_->spin);
+  WorkPtr launch =
+      works_.Create(WorkInfo{name_, absl::StrCat("coalesced(", calls.size(), " calls)"),
+                             calls.front().work->info().seq, std::string(label)},
+                    ctx_->spin);
   const absl::Status s = Issue(calls, launch, timeout);
   if (!s.ok()) {
     for (Call& c : calls) {
-      c.work->Complete(absl::Status(s.code(), absl::StrCat(c.work->info().Describe(), ": ",
-                                                           s.message())));
+      c.work->Complete(
+          absl::Status(s.code(), absl::StrCat(c.work->info().Describe(), ": ", s.message())));
     }
     return s;
   }
@@ -158,8 +162,8 @@ absl::Status NcclGroup::Issue(const std::vector<Call>& calls, const WorkPtr& lau
                               absl::Duration timeout) {
   const std::string what = launch->info().Describe();
   if (comm_->failed()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, ": the group failed earlier: ", comm_->failure().message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": the group failed earlier: ", comm_->failure().message()));
   }
   absl::Status s;
   {
@@ -168,8 +172,10 @@ absl::Status NcclGroup::Issue(const std::vector<Call>& calls, const WorkPtr& lau
   }
   if (!s.ok()) {
     // Peers may have issued these calls: this communicator's order can no longer be trusted.
-    s = absl::Status(s.code(), absl::StrCat(what, ": ", s.message(), "; the NCCL communicator was "
-                                            "aborted, so group '", name_, "' is failed"));
+    s = absl::Status(s.code(), absl::StrCat(what, ": ", s.message(),
+                                            "; the NCCL communicator was "
+                                            "aborted, so group '",
+                                            name_, "' is failed"));
     comm_->Abort(s);
   }
   return s;
@@ -284,17 +290,15 @@ absl::StatusOr<std::vector<int32_t>> NcclGroup::ExchangeColors(int color, absl::
     RETURN_IF_ERROR(CudaStatus(cuda, cuda.SetDevice(ctx_->device), "cudaSetDevice"));
     RETURN_IF_ERROR(comm_->ReadyLocked(deadline));
     host[r] = color;
-    RETURN_IF_ERROR(CudaStatus(cuda,
-                               cuda.MemcpyAsync(dev + r, host + r, sizeof(int32_t),
-                                                cudaMemcpyHostToDevice, stream),
-                               "cudaMemcpyAsync (color to device)"));
+    RETURN_IF_ERROR(CudaStatus(
+        cuda, cuda.MemcpyAsync(dev + r, host + r, sizeof(int32_t), cudaMemcpyHostToDevice, stream),
+        "cudaMemcpyAsync (color to device)"));
     RETURN_IF_ERROR(comm_->AfterCallLocked(
         nccl.AllGather(dev + r, dev, 1, ncclInt32, comm_->handle(), stream), "ncclAllGather"));
     RETURN_IF_ERROR(comm_->ReadyLocked(deadline));
-    RETURN_IF_ERROR(CudaStatus(cuda,
-                               cuda.MemcpyAsync(host, dev, sizeof(int32_t) * n,
-                                                cudaMemcpyDeviceToHost, stream),
-                               "cudaMemcpyAsync (colors to host)"));
+    RETURN_IF_ERROR(CudaStatus(
+        cuda, cuda.MemcpyAsync(host, dev, sizeof(int32_t) * n, cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync (colors to host)"));
     ASSIGN_OR_RETURN(done, CudaEvent::Create(ctx_->apis.cuda));
     RETURN_IF_ERROR(CudaStatus(cuda, cuda.EventRecord(done.get(), stream), "cudaEventRecord"));
   }

@@ -40,20 +40,20 @@
 #ifndef BRAID_BACKENDS_NCCL_NCCL_GROUP_H_
 #define BRAID_BACKENDS_NCCL_NCCL_GROUP_H_
 
-#include <cstdint>
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "backends/nccl/abort_hub.h"
 #include "backends/nccl/completion_poller.h"
-#include "absl/container/inlined_vector.h"
 #include "backends/nccl/cuda_handles.h"
-#include "backends/nccl/nccl_buffer_ops.h"
 #include "backends/nccl/nccl_api.h"
+#include "backends/nccl/nccl_buffer_ops.h"
 #include "backends/nccl/nccl_comm.h"
 #include "comm/group.h"
 #include "comm/work_pool.h"
@@ -66,8 +66,8 @@ struct NcclContext {
   std::shared_ptr<CompletionPoller> poller;
   absl::Duration timeout = absl::Seconds(300);  // default deadline of every call
   absl::Duration spin = absl::Microseconds(20);
-  bool blocking = true;  // communicator mode (children inherit it)
-  int device = 0;        // this rank's CUDA device
+  bool blocking = true;                  // communicator mode (children inherit it)
+  int device = 0;                        // this rank's CUDA device
   std::shared_ptr<CommAbortHub> aborts;  // the job's abort domain, every communicator in it
 };
 
@@ -110,7 +110,7 @@ class NcclGroup final : public Group {
 
  private:
   struct Resources {
-    CudaStream stream;  // the group's own
+    CudaStream stream;                            // the group's own
     std::atomic<cudaStream_t> external{nullptr};  // UseStream's, not owned
     cudaStream_t Stream() const {
       cudaStream_t e = external.load();
@@ -132,8 +132,7 @@ class NcclGroup final : public Group {
   absl::Duration TimeoutOf(const CollectiveOptions& o) const;
   // Issues `calls` in one group bracket; `launch` is the Work the poller completes (calls'
   // own Works complete with it).
-  absl::Status Issue(const std::vector<Call>& calls, const WorkPtr& launch,
-                     absl::Duration timeout);
+  absl::Status Issue(const std::vector<Call>& calls, const WorkPtr& launch, absl::Duration timeout);
   absl::Status IssueLocked(const std::vector<Call>& calls, const WorkPtr& launch,
                            absl::Time deadline, absl::Duration timeout);
   absl::Status EnqueueLocked(const CollectiveArgs& a, ncclRedOp_t op);
@@ -145,7 +144,7 @@ class NcclGroup final : public Group {
   const std::shared_ptr<Resources> resources_;  // in-flight entries keep it alive
   WorkPool works_;
   std::unique_ptr<NcclBufferOps> ops_;  // on resources_->stream
-  uint64_t next_seq_ = 0;  // collectives and splits; identical on every rank
+  uint64_t next_seq_ = 0;               // collectives and splits; identical on every rank
   bool coalescing_ = false;
   std::vector<Call> coalesced_;
 };

@@ -57,9 +57,9 @@ absl::StatusOr<std::unique_ptr<NcclLibrary>> NcclLibrary::Open(const std::string
   // root waits for the ranks of an id that may never be used).
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
   if (handle == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cannot load the NCCL library '", path, "': dlopen failed: ", DlError(),
-        " (install NCCL 2.28 or point BRAID_NCCL_LIBRARY at its libnccl.so.2)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot load the NCCL library '", path, "': dlopen failed: ", DlError(),
+                     " (install NCCL 2.28 or point BRAID_NCCL_LIBRARY at its libnccl.so.2)"));
   }
   std::unique_ptr<NcclLibrary> lib(new NcclLibrary(path, handle));
   std::string missing;
@@ -77,17 +77,16 @@ absl::StatusOr<std::unique_ptr<NcclLibrary>> NcclLibrary::Open(const std::string
   if (!missing.empty()) return absl::FailedPreconditionError(missing);
   const ncclResult_t rc = lib->fn_.GetVersion(&lib->version_);
   if (rc != ncclSuccess) {
-    return absl::FailedPreconditionError(absl::StrCat("the NCCL library '", path,
-                                                      "': ncclGetVersion failed: ",
-                                                      lib->fn_.GetErrorString(rc)));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the NCCL library '", path, "': ncclGetVersion failed: ", lib->fn_.GetErrorString(rc)));
   }
   // The headers Braid is built with are 2.28's (ncclConfig_t, ncclCommSplit, ...); an older
   // library may accept the symbols and still misread them.
   if (lib->version_ < kMinNcclVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the NCCL library '", path, "' is version ", lib->version_ / 10000, ".",
-        (lib->version_ / 100) % 100, ".", lib->version_ % 100,
-        "; Braid needs NCCL 2.28 or newer (point BRAID_NCCL_LIBRARY at one)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the NCCL library '", path, "' is version ", lib->version_ / 10000, ".",
+                     (lib->version_ / 100) % 100, ".", lib->version_ % 100,
+                     "; Braid needs NCCL 2.28 or newer (point BRAID_NCCL_LIBRARY at one)"));
   }
   return lib;
 }

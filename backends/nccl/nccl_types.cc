@@ -10,13 +10,20 @@ namespace braid::nccl {
 
 ncclDataType_t ToNcclType(DType t) {
   switch (t) {
-    case DType::kF32: return ncclFloat32;
-    case DType::kF64: return ncclFloat64;
-    case DType::kBF16: return ncclBfloat16;
-    case DType::kF16: return ncclFloat16;
-    case DType::kI32: return ncclInt32;
-    case DType::kI64: return ncclInt64;
-    case DType::kU8: return ncclUint8;
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kF64:
+      return ncclFloat64;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kF16:
+      return ncclFloat16;
+    case DType::kI32:
+      return ncclInt32;
+    case DType::kI64:
+      return ncclInt64;
+    case DType::kU8:
+      return ncclUint8;
   }
   return ncclNumTypes;  // unreachable for validated dtypes; NCCL rejects it
 }
@@ -25,10 +32,18 @@ absl::StatusOr<ReductionChoice> ChooseReduction(const ReduceOp& op, DType dtype,
   RETURN_IF_ERROR(ValidateReduceOp(op, dtype));
   ReductionChoice c;
   switch (op.kind) {
-    case ReduceKind::kSum: c.builtin = ncclSum; break;
-    case ReduceKind::kMax: c.builtin = ncclMax; break;
-    case ReduceKind::kMin: c.builtin = ncclMin; break;
-    case ReduceKind::kAvg: c.builtin = nranks == 1 ? ncclSum : ncclAvg; break;
+    case ReduceKind::kSum:
+      c.builtin = ncclSum;
+      break;
+    case ReduceKind::kMax:
+      c.builtin = ncclMax;
+      break;
+    case ReduceKind::kMin:
+      c.builtin = ncclMin;
+      break;
+    case ReduceKind::kAvg:
+      c.builtin = nranks == 1 ? ncclSum : ncclAvg;
+      break;
     case ReduceKind::kPreMulSum:
       c.premul = true;
       c.scalar = op.scalar;

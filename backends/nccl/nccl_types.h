@@ -33,7 +33,7 @@ ncclDataType_t ToNcclType(DType t);
 
 struct ReductionChoice {
   ncclRedOp_t builtin = ncclSum;  // used when !premul
-  bool premul = false;             // create a pre-mul-sum op with `scalar`
+  bool premul = false;            // create a pre-mul-sum op with `scalar`
   double scalar = 1.0;
 };
 // InvalidArgument naming op and dtype when NCCL cannot express it (avg/premul on integers).

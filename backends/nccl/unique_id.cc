@@ -50,13 +50,12 @@ absl::StatusOr<ncclUniqueId> BroadcastUniqueId(Group& group, NcclApi& nccl,
     return absl::UnavailableError(absl::StrCat(
         "rank 0 of group '", group.name(), "' could not create the NCCL unique id (see its log)"));
   }
-  return UniqueIdFromBytes(absl::string_view(reinterpret_cast<const char*>(buf.data() + 1),
-                                             kUniqueIdBytes));
+  return UniqueIdFromBytes(
+      absl::string_view(reinterpret_cast<const char*>(buf.data() + 1), kUniqueIdBytes));
 }
 
-absl::StatusOr<ncclUniqueId> ExchangeUniqueId(rendezvous::TcpStore& store,
-                                              absl::string_view prefix, int rank,
-                                              int world_size, NcclApi& nccl) {
+absl::StatusOr<ncclUniqueId> ExchangeUniqueId(rendezvous::TcpStore& store, absl::string_view prefix,
+                                              int rank, int world_size, NcclApi& nccl) {
   // Byte 0: 1 and the id, or 0 and rank 0's error message.
   const std::string key = absl::StrCat(prefix, "/unique_id");
   const auto read_key = [&](int r) { return absl::StrCat(prefix, "/unique_id_read/", r); };
@@ -77,9 +76,9 @@ absl::StatusOr<ncclUniqueId> ExchangeUniqueId(rendezvous::TcpStore& store,
   ASSIGN_OR_RETURN(const std::string value, store.Get(key));
   RETURN_IF_ERROR(store.Set(read_key(rank), ""));
   if (value.empty() || value[0] != 1) {
-    return absl::UnavailableError(absl::StrCat(
-        "rank 0 could not create the NCCL unique id (store key '", key, "' at ", store.address(),
-        "): ", value.empty() ? "" : value.substr(1)));
+    return absl::UnavailableError(
+        absl::StrCat("rank 0 could not create the NCCL unique id (store key '", key, "' at ",
+                     store.address(), "): ", value.empty() ? "" : value.substr(1)));
   }
   return UniqueIdFromBytes(absl::string_view(value).substr(1));
 }

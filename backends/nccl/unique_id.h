@@ -40,16 +40,14 @@ absl::StatusOr<std::string> NewUniqueIdBytes(NcclApi& nccl);
 // InvalidArgument naming both lengths unless `bytes` holds exactly kUniqueIdBytes.
 absl::StatusOr<ncclUniqueId> UniqueIdFromBytes(absl::string_view bytes);
 // Collective over `group` (host buffers): its rank 0 makes the id, every rank returns it.
-absl::StatusOr<ncclUniqueId> BroadcastUniqueId(Group& group, NcclApi& nccl,
-                                               absl::Duration timeout);
+absl::StatusOr<ncclUniqueId> BroadcastUniqueId(Group& group, NcclApi& nccl, absl::Duration timeout);
 
 // Through `store` (every rank of `world_size` calls it with the same prefix): rank 0 makes the
 // id and sets it, every rank returns it; rank 0 returns once every other rank has read it (it
 // serves the store). DeadlineExceeded naming the keys when rank 0 never published or a rank
 // never read; Unavailable carrying rank 0's error when it could not make one.
-absl::StatusOr<ncclUniqueId> ExchangeUniqueId(rendezvous::TcpStore& store,
-                                              absl::string_view prefix, int rank,
-                                              int world_size, NcclApi& nccl);
+absl::StatusOr<ncclUniqueId> ExchangeUniqueId(rendezvous::TcpStore& store, absl::string_view prefix,
+                                              int rank, int world_size, NcclApi& nccl);
 
 }  // namespace braid::nccl
 

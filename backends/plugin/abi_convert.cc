@@ -88,7 +88,8 @@ int ReportAbiError(const absl::Status& s, braid_backend_error_v1* error) {
   if (s.ok()) return BRAID_BACKEND_OK;
   if (error != nullptr) {
     const size_t n = std::min(s.message().size(), sizeof(error->message) - 1);
-    if (n > 0) std::memcpy(error->message, s.message().data(), n);  // an empty message's data() may be null
+    if (n > 0)
+      std::memcpy(error->message, s.message().data(), n);  // an empty message's data() may be null
     error->message[n] = '\0';
   }
   return ToAbiStatus(s);

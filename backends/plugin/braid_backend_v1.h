@@ -128,8 +128,9 @@ enum {
 #define BRAID_BACKEND_ERROR_MESSAGE_SIZE 1024
 
 /* Where a failing entry explains itself. Owned by the caller (Braid), who always passes one
- * (never NULL) and clears `message` before the call; the plugin writes a NUL-terminated message (truncated to fit) only when it
- * returns nonzero. Say what failed and why, e.g. "rank 3 is outside the world of size 2". */
+ * (never NULL) and clears `message` before the call; the plugin writes a NUL-terminated message
+ * (truncated to fit) only when it returns nonzero. Say what failed and why, e.g. "rank 3 is outside
+ * the world of size 2". */
 typedef struct braid_backend_error_v1 {
   char message[BRAID_BACKEND_ERROR_MESSAGE_SIZE];
 } braid_backend_error_v1;
@@ -212,8 +213,7 @@ typedef struct braid_backend_v1 {
    *  out: *child: the new comm (owned as from comm_create_world), or NULL for color -1.
    *  fail: nonzero + message; no child was created on this rank. NULL entry: Braid reports
    *       Unimplemented ("does not implement comm_split"). */
-  int (*comm_split)(void* comm, int color, int key, void** child,
-                    braid_backend_error_v1* error);
+  int (*comm_split)(void* comm, int color, int key, void** child, braid_backend_error_v1* error);
 
   /* (required) Releases a comm. Every launch on it that returned BRAID_BACKEND_OK has its
    * callback called before comm_destroy returns (with an error if it had to be abandoned);
@@ -253,14 +253,12 @@ typedef struct braid_backend_v1 {
   /* recv block r (sendcount elements) = send of rank r. In place when
    * send == recv + rank * sendcount. */
   int (*all_gather)(void* comm, const void* send, void* recv, size_t sendcount, int dtype,
-                    braid_backend_done_fn_v1 done, void* done_arg,
-                    braid_backend_error_v1* error);
+                    braid_backend_done_fn_v1 done, void* done_arg, braid_backend_error_v1* error);
 
   /* recv = send of rank `root`; only the root reads `send`. Braid always passes
    * send == recv (its broadcast is in place). */
   int (*broadcast)(void* comm, const void* send, void* recv, size_t count, int dtype, int root,
-                   braid_backend_done_fn_v1 done, void* done_arg,
-                   braid_backend_error_v1* error);
+                   braid_backend_done_fn_v1 done, void* done_arg, braid_backend_error_v1* error);
 
   /* Completes once every rank of the comm has entered it. */
   int (*barrier)(void* comm, braid_backend_done_fn_v1 done, void* done_arg,

@@ -42,8 +42,8 @@ absl::StatusOr<std::vector<int>> QueryLocalRanks(const PluginContext& ctx, int w
   for (int i = 0; i < count; ++i) {
     if (ranks[i] < 0 || ranks[i] >= world_size || (i > 0 && ranks[i] <= ranks[i - 1])) {
       return absl::InternalError(absl::StrCat(
-          "plugin '", ctx.library().name(), "': local_ranks reported [",
-          absl::StrJoin(ranks, ", "), "], not ascending ranks of a world of ", world_size));
+          "plugin '", ctx.library().name(), "': local_ranks reported [", absl::StrJoin(ranks, ", "),
+          "], not ascending ranks of a world of ", world_size));
     }
   }
   return ranks;
@@ -55,8 +55,8 @@ absl::StatusOr<std::unique_ptr<Backend>> PluginBackend::Create(const Options& op
   if (options.plugin_path.empty()) {
     return absl::InvalidArgumentError(
         "backend 'plugin' needs a plugin library: set BRAID_BACKEND_PLUGIN "
-        "(Options::plugin_path) to the path of a shared library exporting "
-        BRAID_BACKEND_PLUGIN_SYMBOL_V1);
+        "(Options::plugin_path) to the path of a shared library "
+        "exporting " BRAID_BACKEND_PLUGIN_SYMBOL_V1);
   }
   ASSIGN_OR_RETURN(std::shared_ptr<const PluginLibrary> lib,
                    PluginLibrary::Load(options.plugin_path));
@@ -75,8 +75,7 @@ absl::StatusOr<std::unique_ptr<Backend>> PluginBackend::Create(const Options& op
 }
 
 PluginBackend::PluginBackend(std::shared_ptr<PluginContext> ctx, int world_size,
-                             std::vector<int> local_ranks, Capabilities caps,
-                             absl::Duration spin)
+                             std::vector<int> local_ranks, Capabilities caps, absl::Duration spin)
     : ctx_(std::move(ctx)),
       world_size_(world_size),
       local_ranks_(std::move(local_ranks)),
@@ -85,16 +84,17 @@ PluginBackend::PluginBackend(std::shared_ptr<PluginContext> ctx, int world_size,
 
 absl::StatusOr<std::unique_ptr<Group>> PluginBackend::WorldGroup(int rank) {
   if (std::find(local_ranks_.begin(), local_ranks_.end(), rank) == local_ranks_.end()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "plugin '", library().name(), "': rank ", rank, " is not hosted by this process (local "
-        "ranks: ", absl::StrJoin(local_ranks_, ", "), ")"));
+    return absl::InvalidArgumentError(absl::StrCat("plugin '", library().name(), "': rank ", rank,
+                                                   " is not hosted by this process (local "
+                                                   "ranks: ",
+                                                   absl::StrJoin(local_ranks_, ", "), ")"));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!handed_out_.insert(rank).second) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "plugin '", library().name(), "': the world group of rank ", rank,
-          " was already created"));
+      return absl::FailedPreconditionError(absl::StrCat("plugin '", library().name(),
+                                                        "': the world group of rank ", rank,
+                                                        " was already created"));
     }
   }
   ASSIGN_OR_RETURN(PluginComm comm, PluginComm::CreateWorld(ctx_, rank));

@@ -52,11 +52,10 @@ absl::StatusOr<std::shared_ptr<PluginContext>> PluginContext::Create(
   const int64_t timeout_ms = std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout));
   braid_backend_error_v1 err = NoError();
   void* handle = nullptr;
-  const int rc = ctx->table().init(&BraidPluginHostLog, &ctx->log_prefix_, world_size,
-                                   timeout_ms, &handle, &err);
+  const int rc = ctx->table().init(&BraidPluginHostLog, &ctx->log_prefix_, world_size, timeout_ms,
+                                   &handle, &err);
   if (rc != BRAID_BACKEND_OK) {
-    return PluginError(*ctx->lib_, absl::StrCat("init (world size ", world_size, ")"), rc,
-                       err);
+    return PluginError(*ctx->lib_, absl::StrCat("init (world size ", world_size, ")"), rc, err);
   }
   ctx->handle_ = handle;
   return ctx;
@@ -71,8 +70,7 @@ PluginContext::~PluginContext() {
   }
 }
 
-absl::StatusOr<PluginComm> PluginComm::CreateWorld(std::shared_ptr<PluginContext> ctx,
-                                                   int rank) {
+absl::StatusOr<PluginComm> PluginComm::CreateWorld(std::shared_ptr<PluginContext> ctx, int rank) {
   braid_backend_error_v1 err = NoError();
   void* handle = nullptr;
   const int rc = ctx->table().comm_create_world(ctx->handle(), rank, &handle, &err);

@@ -29,22 +29,32 @@ extern "C" void BraidPluginDone(void* arg, int status, const char* message) {
 // The table entry that runs `k`, by its field name.
 const char* EntryName(CollectiveKind k) {
   switch (k) {
-    case CollectiveKind::kAllReduce: return "all_reduce";
-    case CollectiveKind::kReduceScatter: return "reduce_scatter";
-    case CollectiveKind::kAllGather: return "all_gather";
-    case CollectiveKind::kBroadcast: return "broadcast";
-    case CollectiveKind::kBarrier: return "barrier";
+    case CollectiveKind::kAllReduce:
+      return "all_reduce";
+    case CollectiveKind::kReduceScatter:
+      return "reduce_scatter";
+    case CollectiveKind::kAllGather:
+      return "all_gather";
+    case CollectiveKind::kBroadcast:
+      return "broadcast";
+    case CollectiveKind::kBarrier:
+      return "barrier";
   }
   return "?";
 }
 
 bool HasEntry(const braid_backend_v1& t, CollectiveKind k) {
   switch (k) {
-    case CollectiveKind::kAllReduce: return t.all_reduce != nullptr;
-    case CollectiveKind::kReduceScatter: return t.reduce_scatter != nullptr;
-    case CollectiveKind::kAllGather: return t.all_gather != nullptr;
-    case CollectiveKind::kBroadcast: return t.broadcast != nullptr;
-    case CollectiveKind::kBarrier: return t.barrier != nullptr;
+    case CollectiveKind::kAllReduce:
+      return t.all_reduce != nullptr;
+    case CollectiveKind::kReduceScatter:
+      return t.reduce_scatter != nullptr;
+    case CollectiveKind::kAllGather:
+      return t.all_gather != nullptr;
+    case CollectiveKind::kBroadcast:
+      return t.broadcast != nullptr;
+    case CollectiveKind::kBarrier:
+      return t.barrier != nullptr;
   }
   return false;
 }
@@ -58,8 +68,7 @@ absl::Status MissingEntry(const PluginLibrary& lib, const char* entry, absl::str
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Group>> PluginGroup::Create(PluginComm comm, std::string name,
-                                                           Capabilities caps,
-                                                           absl::Duration spin) {
+                                                           Capabilities caps, absl::Duration spin) {
   const PluginLibrary& lib = comm.context().library();
   braid_backend_error_v1 err;
   err.message[0] = '\0';
@@ -70,15 +79,15 @@ absl::StatusOr<std::unique_ptr<Group>> PluginGroup::Create(PluginComm comm, std:
     return PluginError(lib, absl::StrCat("comm_info of group '", name, "'"), rc, err);
   }
   if (size < 1 || rank < 0 || rank >= size) {
-    return absl::InternalError(absl::StrCat("plugin '", lib.name(), "': comm_info of group '",
-                                            name, "' reported rank ", rank, " of size ", size));
+    return absl::InternalError(absl::StrCat("plugin '", lib.name(), "': comm_info of group '", name,
+                                            "' reported rank ", rank, " of size ", size));
   }
   return std::unique_ptr<Group>(
       new PluginGroup(std::move(comm), std::move(name), rank, size, caps, spin));
 }
 
-PluginGroup::PluginGroup(PluginComm comm, std::string name, int rank, int size,
-                         Capabilities caps, absl::Duration spin)
+PluginGroup::PluginGroup(PluginComm comm, std::string name, int rank, int size, Capabilities caps,
+                         absl::Duration spin)
     : comm_(std::move(comm)),
       name_(std::move(name)),
       rank_(rank),
@@ -88,9 +97,9 @@ PluginGroup::PluginGroup(PluginComm comm, std::string name, int rank, int size,
 
 absl::StatusOr<WorkPtr> PluginGroup::Launch(const CollectiveArgs& a) {
   const braid_backend_v1& t = table();
-  WorkPtr work = Work::Create(WorkInfo{name_, std::string(CollectiveName(a.kind)), next_seq_,
-                                       std::string(a.options.label)},
-                              spin_);
+  WorkPtr work = Work::Create(
+      WorkInfo{name_, std::string(CollectiveName(a.kind)), next_seq_, std::string(a.options.label)},
+      spin_);
   if (!HasEntry(t, a.kind)) {
     return MissingEntry(library(), EntryName(a.kind), work->info().Describe());
   }
@@ -107,12 +116,12 @@ absl::StatusOr<WorkPtr> PluginGroup::Launch(const CollectiveArgs& a) {
                         pending.get(), &err);
       break;
     case CollectiveKind::kReduceScatter:
-      rc = t.reduce_scatter(comm, a.send, a.recv, a.count, dtype, op, a.op.scalar,
-                            &BraidPluginDone, pending.get(), &err);
+      rc = t.reduce_scatter(comm, a.send, a.recv, a.count, dtype, op, a.op.scalar, &BraidPluginDone,
+                            pending.get(), &err);
       break;
     case CollectiveKind::kAllGather:
-      rc = t.all_gather(comm, a.send, a.recv, a.count, dtype, &BraidPluginDone, pending.get(),
-                        &err);
+      rc =
+          t.all_gather(comm, a.send, a.recv, a.count, dtype, &BraidPluginDone, pending.get(), &err);
       break;
     case CollectiveKind::kBroadcast:
       rc = t.broadcast(comm, a.send, a.recv, a.count, dtype, a.root, &BraidPluginDone,
@@ -131,8 +140,7 @@ absl::StatusOr<WorkPtr> PluginGroup::Launch(const CollectiveArgs& a) {
   return work;
 }
 
-absl::StatusOr<std::unique_ptr<Group>> PluginGroup::DoSplit(int color, int key,
-                                                            std::string name) {
+absl::StatusOr<std::unique_ptr<Group>> PluginGroup::DoSplit(int color, int key, std::string name) {
   const std::string what =
       absl::StrCat("split of group '", name_, "' (color ", color, ", key ", key, ")");
   if (table().comm_split == nullptr) return MissingEntry(library(), "comm_split", what);
@@ -143,8 +151,8 @@ absl::StatusOr<std::unique_ptr<Group>> PluginGroup::DoSplit(int color, int key,
   if (rc != BRAID_BACKEND_OK) return PluginError(library(), what, rc, err);
   if (child == nullptr) {
     if (color == kNoColor) return std::unique_ptr<Group>();
-    return absl::InternalError(absl::StrCat("plugin '", library().name(), "': ", what,
-                                            " succeeded but returned no comm"));
+    return absl::InternalError(
+        absl::StrCat("plugin '", library().name(), "': ", what, " succeeded but returned no comm"));
   }
   PluginComm owned(comm_.shared_context(), child);
   if (color == kNoColor) {

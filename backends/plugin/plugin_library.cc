@@ -11,10 +11,10 @@ namespace {
 
 // A released table never changes (new entries go into the next version): catch an edit of
 // braid_backend_v1.h that would move a field of plugins already built (LP64 layout).
-static_assert(sizeof(void*) != 8 || (sizeof(braid_backend_v1) == 128 &&
-                                      offsetof(braid_backend_v1, name) == 8 &&
-                                      offsetof(braid_backend_v1, init) == 16 &&
-                                      offsetof(braid_backend_v1, barrier) == 120),
+static_assert(sizeof(void*) != 8 ||
+                  (sizeof(braid_backend_v1) == 128 && offsetof(braid_backend_v1, name) == 8 &&
+                   offsetof(braid_backend_v1, init) == 16 &&
+                   offsetof(braid_backend_v1, barrier) == 120),
               "braid_backend_v1 is frozen: add new entries to a braid_backend_v2");
 
 // Table versions this Braid can load, newest first. A v2 would be listed first, with an
@@ -47,13 +47,14 @@ absl::Status NoKnownSymbol(const SharedLibrary& lib) {
       return absl::FailedPreconditionError(absl::StrCat(
           "plugin '", lib.path(), "' exports ", symbol, " (ABI version ", v,
           ") but not " BRAID_BACKEND_PLUGIN_SYMBOL_V1 ": this Braid supports ABI version ",
-          BRAID_BACKEND_ABI_VERSION, "; rebuild the plugin against this Braid's "
+          BRAID_BACKEND_ABI_VERSION,
+          "; rebuild the plugin against this Braid's "
           "braid_backend_v1.h"));
     }
   }
-  return absl::NotFoundError(absl::StrCat(
-      "'", lib.path(), "' is not a Braid backend plugin: it exports no ",
-      BRAID_BACKEND_PLUGIN_SYMBOL_V1, " symbol"));
+  return absl::NotFoundError(absl::StrCat("'", lib.path(),
+                                          "' is not a Braid backend plugin: it exports no ",
+                                          BRAID_BACKEND_PLUGIN_SYMBOL_V1, " symbol"));
 }
 
 }  // namespace
@@ -65,10 +66,10 @@ absl::Status ValidateTableV1(absl::string_view path, const braid_backend_v1& t) 
         BRAID_BACKEND_PLUGIN_SYMBOL_V1, " table, this Braid supports ", BRAID_BACKEND_ABI_VERSION));
   }
   if (t.struct_size < sizeof(braid_backend_v1)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "plugin '", path, "' declares struct_size ", t.struct_size,
-        ", smaller than braid_backend_v1 (", sizeof(braid_backend_v1),
-        " bytes): it was built against a different braid_backend_v1.h"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("plugin '", path, "' declares struct_size ", t.struct_size,
+                     ", smaller than braid_backend_v1 (", sizeof(braid_backend_v1),
+                     " bytes): it was built against a different braid_backend_v1.h"));
   }
   if (t.name == nullptr) {
     return absl::FailedPreconditionError(
@@ -89,9 +90,8 @@ absl::Status ValidateTableV1(absl::string_view path, const braid_backend_v1& t) 
   };
   for (const Required& r : required) {
     if (!r.present) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("plugin '", path, "' (", t.name, ") leaves the required entry ",
-                       r.entry, " NULL"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "plugin '", path, "' (", t.name, ") leaves the required entry ", r.entry, " NULL"));
     }
   }
   return absl::OkStatus();

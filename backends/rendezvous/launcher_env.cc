@@ -10,9 +10,9 @@ namespace braid::rendezvous {
 namespace {
 
 constexpr const char* kVariables[] = {
-    "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-    "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-    "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "TORCHELASTIC_USE_AGENT_STORE",
+    "MASTER_ADDR",          "MASTER_PORT",  "RANK",         "WORLD_SIZE",
+    "LOCAL_RANK",           "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+    "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",     "PMIX_RANK",    "TORCHELASTIC_USE_AGENT_STORE",
 };
 
 const std::string* Find(const std::map<std::string, std::string>& vars, const char* name) {
@@ -26,8 +26,8 @@ absl::StatusOr<int> ParseInt(const std::map<std::string, std::string>& vars, con
   int out = 0;
   if (v == nullptr || !absl::SimpleAtoi(*v, &out) || out < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        launcher, " environment: ", name, "=", v == nullptr ? "(unset)" : absl::StrCat("'", *v, "'"),
-        " is not a non-negative integer"));
+        launcher, " environment: ", name, "=",
+        v == nullptr ? "(unset)" : absl::StrCat("'", *v, "'"), " is not a non-negative integer"));
   }
   return out;
 }
@@ -42,9 +42,9 @@ std::string LauncherEnv::Describe() const {
   } else if (!exchange.empty()) {
     absl::StrAppend(&out, ", store address exchanged by the embedder");
   } else if (master_port > 0) {
-    absl::StrAppend(&out, ":", master_port,
-                    agent_store ? " (MASTER_PORT + 1: torchrun's agent store holds MASTER_PORT)"
-                                : "");
+    absl::StrAppend(
+        &out, ":", master_port,
+        agent_store ? " (MASTER_PORT + 1: torchrun's agent store holds MASTER_PORT)" : "");
   }
   return out;
 }
@@ -64,9 +64,9 @@ absl::StatusOr<std::optional<LauncherEnv>> LauncherEnvFromMap(
     const bool has_rank = Find(vars, n->rank) != nullptr;
     const bool has_size = Find(vars, n->size) != nullptr;
     if (has_rank != has_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          n->launcher, " environment: ", has_rank ? n->rank : n->size, " is set but ",
-          has_rank ? n->size : n->rank, " is not (a launcher sets both)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(n->launcher, " environment: ", has_rank ? n->rank : n->size, " is set but ",
+                       has_rank ? n->size : n->rank, " is not (a launcher sets both)"));
     }
     if (has_rank) {
       names = n;
@@ -84,17 +84,17 @@ absl::StatusOr<std::optional<LauncherEnv>> LauncherEnvFromMap(
         absl::StrCat(env.launcher, " environment: ", names->size, "=0 (no ranks)"));
   }
   if (env.rank >= env.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(env.launcher, " environment: ", names->rank,
-                                                   "=", env.rank, " is not below ", names->size,
-                                                   "=", env.world_size));
+    return absl::InvalidArgumentError(absl::StrCat(env.launcher, " environment: ", names->rank, "=",
+                                                   env.rank, " is not below ", names->size, "=",
+                                                   env.world_size));
   }
   env.local_rank = env.rank;
   if (Find(vars, names->local) != nullptr) {
     ASSIGN_OR_RETURN(env.local_rank, ParseInt(vars, names->local, env.launcher));
     if (env.local_rank >= env.world_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          env.launcher, " environment: ", names->local, "=", env.local_rank, " is not below ",
-          names->size, "=", env.world_size));
+      return absl::InvalidArgumentError(absl::StrCat(env.launcher, " environment: ", names->local,
+                                                     "=", env.local_rank, " is not below ",
+                                                     names->size, "=", env.world_size));
     }
   }
   const std::string* addr = Find(vars, "MASTER_ADDR");
@@ -158,9 +158,9 @@ absl::StatusOr<std::optional<LauncherEnv>> LauncherEnvFor(
   if (options.rendezvous.has_value()) {
     const RendezvousSpec& spec = *options.rendezvous;
     if (spec.world_size < 1 || spec.rank < 0 || spec.rank >= spec.world_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "explicit rendezvous: rank ", spec.rank, " of world_size ", spec.world_size,
-          " (want world_size >= 1 and rank in [0, world_size))"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("explicit rendezvous: rank ", spec.rank, " of world_size ", spec.world_size,
+                       " (want world_size >= 1 and rank in [0, world_size))"));
     }
     if (static_cast<bool>(spec.exchange.publish) != static_cast<bool>(spec.exchange.lookup)) {
       return absl::InvalidArgumentError(

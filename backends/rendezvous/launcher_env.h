@@ -41,16 +41,16 @@
 namespace braid::rendezvous {
 
 struct LauncherEnv {
-  std::string launcher;     // "torchrun", "srun", or "explicit" (Options::rendezvous)
-  std::string master_addr;  // rank 0's host: its store listens there
-  int master_port = 0;      // bootstrap port: MASTER_PORT, or MASTER_PORT + 1 (agent_store);
-                            // 0: none (an explicit rendezvous without a launcher)
-  bool agent_store = false; // torchrun's agent holds MASTER_PORT
-  int store_port = 0;       // BRAID_STORE_PORT: the store's own port; 0: the OS picks one
-  AddressExchange exchange; // the embedder's channel for the store's address (may be empty)
+  std::string launcher;      // "torchrun", "srun", or "explicit" (Options::rendezvous)
+  std::string master_addr;   // rank 0's host: its store listens there
+  int master_port = 0;       // bootstrap port: MASTER_PORT, or MASTER_PORT + 1 (agent_store);
+                             // 0: none (an explicit rendezvous without a launcher)
+  bool agent_store = false;  // torchrun's agent holds MASTER_PORT
+  int store_port = 0;        // BRAID_STORE_PORT: the store's own port; 0: the OS picks one
+  AddressExchange exchange;  // the embedder's channel for the store's address (may be empty)
   int rank = 0;
   int world_size = 1;
-  int local_rank = 0;       // rank among this node's processes: picks the GPU
+  int local_rank = 0;  // rank among this node's processes: picks the GPU
   // "torchrun rank 1 of 4 (local 1), master 10.0.0.1:29500"
   std::string Describe() const;
 };

@@ -37,9 +37,9 @@ absl::Status CheckIn(TcpStore& store, absl::string_view prefix, int rank, int wo
   const absl::Time deadline = absl::Now() + timeout;
   ASSIGN_OR_RETURN(const int64_t claims, store.Add(RankKey(prefix, rank), 1));
   if (claims > 1) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "rendezvous '", prefix, "' at ", store.address(), ": rank ", rank,
-        " checked in by ", claims, " processes (two were given the same rank)"));
+    return absl::AlreadyExistsError(absl::StrCat("rendezvous '", prefix, "' at ", store.address(),
+                                                 ": rank ", rank, " checked in by ", claims,
+                                                 " processes (two were given the same rank)"));
   }
   RETURN_IF_ERROR(store.Add(absl::StrCat(prefix, "/arrived"), 1).status());
   std::vector<std::string> keys;
@@ -113,10 +113,10 @@ absl::StatusOr<std::string> LauncherRendezvous::Serve() {
       listen.ok() ? StoreServer::Start(*listen, env_.store_port)
                   : absl::StatusOr<std::unique_ptr<StoreServer>>(listen.status());
   if (!server.ok()) {
-    return WithContext(server.status(),
-                       absl::StrCat(env_.Describe(), ": rank 0 serves the rendezvous store",
-                                    env_.store_port > 0 ? " at MASTER_ADDR:BRAID_STORE_PORT"
-                                                        : " on MASTER_ADDR"));
+    return WithContext(
+        server.status(),
+        absl::StrCat(env_.Describe(), ": rank 0 serves the rendezvous store",
+                     env_.store_port > 0 ? " at MASTER_ADDR:BRAID_STORE_PORT" : " on MASTER_ADDR"));
   }
   server_ = *std::move(server);
   return HostPort(env_.master_addr, server_->port());
@@ -137,9 +137,10 @@ absl::Status LauncherRendezvous::HandOff(absl::Time deadline, absl::Duration tim
                     : absl::StatusOr<std::unique_ptr<StoreServer>>(listen.status());
     if (!started.ok()) {
       return WithContext(started.status(),
-                         absl::StrCat(where, " (is torch.distributed's or another job's store "
-                                             "there? initialize torch.distributed first, or set "
-                                             "BRAID_STORE_PORT)"));
+                         absl::StrCat(where,
+                                      " (is torch.distributed's or another job's store "
+                                      "there? initialize torch.distributed first, or set "
+                                      "BRAID_STORE_PORT)"));
     }
     bootstrap = *std::move(started);
     ASSIGN_OR_RETURN(address, Serve());
@@ -177,9 +178,10 @@ absl::Status LauncherRendezvous::HandOff(absl::Time deadline, absl::Duration tim
     pause = std::min(pause * 2, absl::Milliseconds(20));
   }
   if (bootstrap->open_connections() > 0) {
-    Log().warn("{}: {} bootstrap connection(s) still open at the deadline; closing them from "
-               "this side may hold the port in TIME_WAIT", where,
-               bootstrap->open_connections());
+    Log().warn(
+        "{}: {} bootstrap connection(s) still open at the deadline; closing them from "
+        "this side may hold the port in TIME_WAIT",
+        where, bootstrap->open_connections());
   }
   bootstrap.reset();
   return WithContext(client_->Set(closed_key, "1"), where);
@@ -211,13 +213,17 @@ absl::StatusOr<std::unique_ptr<LauncherRendezvous>> LauncherRendezvous::Join(
     const std::string key = absl::StrCat(prefix, "/store");
     if (env.rank == 0) {
       RETURN_IF_ERROR(WithContext(env.exchange.publish(key, address),
-                                  absl::StrCat(env.Describe(), ": publishing the store's address "
-                                                               "under '", key, "'")));
+                                  absl::StrCat(env.Describe(),
+                                               ": publishing the store's address "
+                                               "under '",
+                                               key, "'")));
     } else {
       absl::StatusOr<std::string> got = env.exchange.lookup(key, Left(deadline));
       if (!got.ok()) {
-        return WithContext(got.status(), absl::StrCat(env.Describe(), ": looking up rank 0's "
-                                                      "store address under '", key, "'"));
+        return WithContext(got.status(), absl::StrCat(env.Describe(),
+                                                      ": looking up rank 0's "
+                                                      "store address under '",
+                                                      key, "'"));
       }
       address = *std::move(got);
     }

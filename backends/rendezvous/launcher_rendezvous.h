@@ -70,8 +70,8 @@ class LauncherRendezvous {
   const std::string& prefix() const { return prefix_; }
 
  private:
-  LauncherRendezvous(LauncherEnv env, std::string prefix) : env_(std::move(env)),
-                                                            prefix_(std::move(prefix)) {}
+  LauncherRendezvous(LauncherEnv env, std::string prefix)
+      : env_(std::move(env)), prefix_(std::move(prefix)) {}
   // Rank 0: starts the server on a port the OS picks (or env_.store_port); its address.
   absl::StatusOr<std::string> Serve();
   // Case 3 of Join: the store's address through a bootstrap store at master_port, and the

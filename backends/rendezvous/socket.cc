@@ -58,8 +58,8 @@ absl::StatusOr<AddrInfoPtr> Resolve(const std::string& host, int port, bool pass
   const std::string service = std::to_string(port);
   const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &out);
   if (rc != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot resolve ", HostPort(host, port), ": ",
-                                                   gai_strerror(rc)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot resolve ", HostPort(host, port), ": ", gai_strerror(rc)));
   }
   return AddrInfoPtr(out);
 }
@@ -100,7 +100,8 @@ void Socket::Close() {
 absl::StatusOr<Socket> Socket::Listen(const std::string& host, int port) {
   const std::string where = HostPort(host, port);
   if (port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("port ", port, " is out of range (", where, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("port ", port, " is out of range (", where, ")"));
   }
   auto addrs = Resolve(host, port, /*passive=*/true);
   if (!addrs.ok()) return addrs.status();
@@ -136,9 +137,9 @@ absl::StatusOr<Socket> Socket::Connect(const std::string& host, int port, absl::
   for (;;) {
     for (addrinfo* a = addrs->get(); a != nullptr; a = a->ai_next) {
       ++attempts;
-      Socket s(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                        a->ai_protocol),
-               where);
+      Socket s(
+          ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol),
+          where);
       if (!s.valid()) {
         last = absl::StrCat("socket: ", Errno(errno));
         continue;
@@ -169,8 +170,8 @@ absl::StatusOr<Socket> Socket::Connect(const std::string& host, int port, absl::
     pause = std::min(pause * 2, absl::Milliseconds(200));
   }
   return absl::DeadlineExceededError(absl::StrCat("could not connect to ", where, " before the ",
-                                                  "deadline (", attempts, " attempts; last: ",
-                                                  last, ")"));
+                                                  "deadline (", attempts, " attempts; last: ", last,
+                                                  ")"));
 }
 
 absl::StatusOr<Socket> Socket::Accept(absl::Time deadline) {
@@ -200,8 +201,8 @@ absl::Status Socket::SendAll(absl::string_view data, absl::Time deadline) {
       return absl::DeadlineExceededError(absl::StrCat("sending to ", peer_, ": ", done, " of ",
                                                       data.size(), " bytes sent by the deadline"));
     }
-    const ssize_t n = ::send(fd_, data.data() + done, data.size() - done,
-                             MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t n =
+        ::send(fd_, data.data() + done, data.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
       return absl::UnavailableError(absl::StrCat("sending to ", peer_, ": ", Errno(errno)));
@@ -217,8 +218,8 @@ absl::Status Socket::RecvAll(char* out, size_t n, absl::Time deadline) {
     auto ready = PollFor(fd_, POLLIN, deadline, peer_, "recv");
     if (!ready.ok()) return ready.status();
     if (!*ready) {
-      return absl::DeadlineExceededError(absl::StrCat("receiving from ", peer_, ": ", done,
-                                                      " of ", n, " bytes by the deadline"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("receiving from ", peer_, ": ", done, " of ", n, " bytes by the deadline"));
     }
     const ssize_t got = ::recv(fd_, out + done, n - done, MSG_DONTWAIT);
     if (got == 0) {

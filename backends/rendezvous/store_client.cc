@@ -39,8 +39,8 @@ absl::StatusOr<Reply> TcpStore::RoundTrip(const Request& request, absl::Time dea
   absl::StatusOr<Reply> reply =
       payload.ok() ? DecodeReply(*payload) : absl::StatusOr<Reply>(payload.status());
   if (!reply.ok()) {
-    broken_ = absl::UnavailableError(absl::StrCat("rendezvous store at ", address_,
-                                                  " is unusable: ", reply.status().message()));
+    broken_ = absl::UnavailableError(
+        absl::StrCat("rendezvous store at ", address_, " is unusable: ", reply.status().message()));
     socket_.Close();
     return broken_;
   }
@@ -78,9 +78,9 @@ absl::Status TcpStore::Wait(absl::Span<const std::string> keys, absl::Duration t
     if (missing.empty()) return absl::OkStatus();
     const absl::Time now = absl::Now();
     if (now >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "rendezvous store at ", address_, ": key", missing.size() > 1 ? "s " : " ",
-          QuotedKeys(missing), " not set within ", absl::FormatDuration(limit)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("rendezvous store at ", address_, ": key", missing.size() > 1 ? "s " : " ",
+                       QuotedKeys(missing), " not set within ", absl::FormatDuration(limit)));
     }
     absl::SleepFor(std::min(pause, deadline - now));
     pause = std::min(pause * 2, absl::Milliseconds(50));

@@ -70,8 +70,8 @@ class TcpStore {
   }
 
   std::mutex mu_;
-  Socket socket_;           // guarded by mu_
-  absl::Status broken_;     // guarded by mu_: the first transport failure
+  Socket socket_;        // guarded by mu_
+  absl::Status broken_;  // guarded by mu_: the first transport failure
   const std::string address_;
   const absl::Duration timeout_;
 };

@@ -9,8 +9,7 @@
 
 namespace braid::rendezvous {
 
-absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::string& host,
-                                                                 int port) {
+absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::string& host, int port) {
   absl::StatusOr<Socket> listener = Socket::Listen(host, port);
   if (!listener.ok()) {
     return absl::Status(listener.status().code(),
@@ -80,8 +79,8 @@ Reply StoreServer::Apply(const Request& r) {
   Reply reply;
   if (r.keys.empty() || (r.op != StoreOp::kCheck && r.keys.size() != 1)) {
     reply.code = Reply::kError;
-    reply.value = absl::StrCat("store operation ", static_cast<int>(r.op), " with ",
-                               r.keys.size(), " keys");
+    reply.value =
+        absl::StrCat("store operation ", static_cast<int>(r.op), " with ", r.keys.size(), " keys");
     return reply;
   }
   const std::string& key = r.keys.front();

@@ -63,8 +63,8 @@ class Reader {
   }
   absl::Status Done() const {
     if (!in_.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("malformed frame: ", in_.size(),
-                                                     " trailing bytes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("malformed frame: ", in_.size(), " trailing bytes"));
     }
     return absl::OkStatus();
   }
@@ -143,7 +143,8 @@ absl::StatusOr<std::string> ReadFrame(Socket& socket, absl::Time deadline) {
   char len_bytes[4];
   RETURN_IF_ERROR(socket.RecvAll(len_bytes, 4, deadline));
   uint32_t n = 0;
-  for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(static_cast<uint8_t>(len_bytes[i])) << (8 * i);
+  for (int i = 0; i < 4; ++i)
+    n |= static_cast<uint32_t>(static_cast<uint8_t>(len_bytes[i])) << (8 * i);
   if (n > kMaxFrameBytes) {
     return absl::InvalidArgumentError(absl::StrCat("frame of ", n, " bytes from ", socket.peer(),
                                                    " exceeds the limit of ", kMaxFrameBytes));

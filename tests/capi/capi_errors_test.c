@@ -53,11 +53,10 @@ static void test_handles(void) {
 
   /* bad enum values */
   EXPECT_ERROR(inval, "dtype 42 is not a braid_dtype_t",
-               braid_allreduce(g[0], &x, &x, 1, (braid_dtype_t)42, BRAID_OP_SUM, NULL,
-                               &work));
-  EXPECT_ERROR(inval, "op 9 is not a braid_reduce_op_t",
-               braid_allreduce(g[0], &x, &x, 1, BRAID_DTYPE_I32, (braid_reduce_op_t)9, NULL,
-                               &work));
+               braid_allreduce(g[0], &x, &x, 1, (braid_dtype_t)42, BRAID_OP_SUM, NULL, &work));
+  EXPECT_ERROR(
+      inval, "op 9 is not a braid_reduce_op_t",
+      braid_allreduce(g[0], &x, &x, 1, BRAID_DTYPE_I32, (braid_reduce_op_t)9, NULL, &work));
 
   /* destroy order: the world has a live group */
   EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "1 braid_group_t", braid_world_destroy(w));
@@ -76,7 +75,8 @@ static void test_options(void) {
 
   braid_world_options_init(&o);
   o.struct_size = 0;
-  EXPECT_ERROR(inval, "braid_world_options_t.struct_size is 0: not set", braid_world_create(&o, &w));
+  EXPECT_ERROR(inval, "braid_world_options_t.struct_size is 0: not set",
+               braid_world_create(&o, &w));
   braid_world_options_init(&o);
   o.struct_size = offsetof(braid_world_options_t, timeout_ms); /* before 0.5's end */
   EXPECT_ERROR(inval, "smaller than any known version", braid_world_create(&o, &w));
@@ -91,7 +91,7 @@ static void test_options(void) {
   big.opts.read_env = 0;
   big.newer[3] = 1;
   EXPECT_ERROR(inval, "newer Braid", braid_world_create(&big.opts, &w));
-  big.newer[3] = 0;  /* a newer caller that leaves the new fields at zero: accepted */
+  big.newer[3] = 0; /* a newer caller that leaves the new fields at zero: accepted */
   EXPECT_OK(braid_world_create(&big.opts, &w));
   EXPECT_OK(braid_world_destroy(w));
 
@@ -129,9 +129,11 @@ static void test_reducer(void) {
                braid_reducer_create(g[0], NULL, params, 2, NULL, &red));
   params[0].dtype = BRAID_DTYPE_F32;
   EXPECT_OK(braid_reducer_create(g[0], NULL, params, 2, NULL, &red));
-  EXPECT_ERROR(pre, "MarkReady('w' (id 7)) outside a backward", braid_reducer_mark_ready(red, 7, NULL));
+  EXPECT_ERROR(pre, "MarkReady('w' (id 7)) outside a backward",
+               braid_reducer_mark_ready(red, 7, NULL));
   EXPECT_OK(braid_reducer_begin_backward(red, BRAID_SYNC));
-  EXPECT_ERROR(pre, "previous backward is not finished", braid_reducer_begin_backward(red, BRAID_SYNC));
+  EXPECT_ERROR(pre, "previous backward is not finished",
+               braid_reducer_begin_backward(red, BRAID_SYNC));
   EXPECT_ERROR(pre, "in progress", braid_reducer_zero_grads(red));
   EXPECT_OK(braid_reducer_mark_ready(red, 7, NULL));
   EXPECT_ERROR(pre, "braid_reducer_mark_ready: MarkReady: parameter 'w' (id 7) was already marked",
@@ -147,7 +149,7 @@ static void test_reducer(void) {
   EXPECT_ERROR(BRAID_OUT_OF_RANGE, "bucket 3", braid_reducer_shard(red, 3, &data, &count));
   EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "is not a braid_sync_mode_t",
                braid_reducer_begin_backward(red, (braid_sync_mode_t)7));
-  EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "all-reduce",  /* the optimizer needs reduce-scatter */
+  EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "all-reduce", /* the optimizer needs reduce-scatter */
                braid_optimizer_create(red, NULL, &opt));
   EXPECT_ERROR(pre, "1 braid_reducer_t", braid_group_destroy(g[0]));
   EXPECT_OK(braid_reducer_destroy(red));
@@ -157,10 +159,12 @@ static void test_reducer(void) {
   ro.mode = BRAID_MODE_REDUCE_SCATTER;
   EXPECT_OK(braid_reducer_create(g[0], NULL, params, 2, &ro, &red));
   EXPECT_OK(braid_optimizer_create(red, NULL, &opt));
-  EXPECT_ERROR(pre, "braid_optimizer_begin_backward", braid_reducer_begin_backward(red, BRAID_SYNC));
+  EXPECT_ERROR(pre, "braid_optimizer_begin_backward",
+               braid_reducer_begin_backward(red, BRAID_SYNC));
   EXPECT_ERROR(pre, "1 braid_optimizer_t", braid_reducer_destroy(red));
   EXPECT_ERROR(BRAID_OUT_OF_RANGE, "bucket 9", braid_optimizer_wait_params(opt, 9));
-  EXPECT_ERROR(BRAID_NOT_FOUND, "/nonexistent/state", braid_optimizer_load(opt, "/nonexistent/state"));
+  EXPECT_ERROR(BRAID_NOT_FOUND, "/nonexistent/state",
+               braid_optimizer_load(opt, "/nonexistent/state"));
   EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "lr must be", braid_optimizer_set_lr(opt, -1.0));
   EXPECT_OK(braid_optimizer_destroy(opt));
   EXPECT_OK(braid_reducer_destroy(red));
@@ -216,7 +220,8 @@ static void test_in_flight(void) {
   int done = -1;
 
   EXPECT_OK(braid_allreduce(g[0], a, a, 4, BRAID_DTYPE_F32, BRAID_OP_SUM, NULL, &w0));
-  EXPECT_ERROR(BRAID_TIMEOUT, "timed out waiting for allreduce #0 on group 'world'", braid_work_wait(w0, 10));
+  EXPECT_ERROR(BRAID_TIMEOUT, "timed out waiting for allreduce #0 on group 'world'",
+               braid_work_wait(w0, 10));
   braid_clear_error();
   EXPECT_TRUE(braid_work_test(w0, &done) == BRAID_IN_PROGRESS && done == 0);
   EXPECT_TRUE(strcmp(braid_last_error(), "") == 0);

@@ -130,9 +130,11 @@ static void* rank_main(void* arg) {
   EXPECT_TRUE(n_units == UNITS && buckets >= 4);
   EXPECT_OK(braid_reducer_unit_buckets(red, 1, NULL, 0, &count));
   EXPECT_TRUE(count >= 1);
-  EXPECT_ERROR(BRAID_OUT_OF_RANGE, "capacity", braid_reducer_unit_buckets(red, 1, unit_buckets, 0, &count));
+  EXPECT_ERROR(BRAID_OUT_OF_RANGE, "capacity",
+               braid_reducer_unit_buckets(red, 1, unit_buckets, 0, &count));
   EXPECT_OK(braid_reducer_unit_buckets(red, 1, unit_buckets, 8, &count));
-  EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "unit", braid_reducer_unit_buckets(red, -1, NULL, 0, &count));
+  EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "unit",
+               braid_reducer_unit_buckets(red, -1, NULL, 0, &count));
   {
     float* view = NULL;
     size_t c = 0;
@@ -160,7 +162,8 @@ static void* rank_main(void* arg) {
     free(init);
   }
   /* Released between uses: no parameter to read; bad phases named. */
-  EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "released", braid_optimizer_param(opt, 0, (void**)&p, &pcount));
+  EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "released",
+               braid_optimizer_param(opt, 0, (void**)&p, &pcount));
   EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "phase", braid_unit_enter(opt, 0, (braid_phase_t)7));
   EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "", braid_unit_exit(opt, 0, BRAID_PHASE_FORWARD));
 
@@ -187,7 +190,8 @@ static void* rank_main(void* arg) {
   EXPECT_OK(braid_optimizer_summon_params(opt, 1));
   for (i = 0; i < P; ++i) EXPECT_TRUE(param_ok(opt, i, STEPS, rank));
   EXPECT_OK(braid_optimizer_summon_params(opt, 0));
-  EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "released", braid_optimizer_param(opt, 3, (void**)&p, &pcount));
+  EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "released",
+               braid_optimizer_param(opt, 3, (void**)&p, &pcount));
 
   /* Shards only: one parameter shard and one kept gradient shard per bucket (f32 here). */
   m.struct_size = sizeof m;
@@ -206,7 +210,8 @@ static void* rank_main(void* arg) {
   /* A ZeRO-2 optimizer has no units. */
   oo.fully_sharded = 0;
   EXPECT_OK(braid_optimizer_create(red, &oo, &zero2));
-  EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "fully_sharded", braid_unit_enter(zero2, 0, BRAID_PHASE_FORWARD));
+  EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "fully_sharded",
+               braid_unit_enter(zero2, 0, BRAID_PHASE_FORWARD));
   EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "fully_sharded", braid_optimizer_end_step(zero2));
   EXPECT_OK(braid_optimizer_destroy(zero2));
   EXPECT_OK(braid_reducer_destroy(red));

@@ -41,10 +41,10 @@ static void run_rank(const braid_world_options_t* given) {
   const char* backend = NULL;
   int size = 0, count = 0, rank = -1, i;
   /* torchrun's variables, else srun's (tests/gloo/run_ranks.sh sets one set or the other). */
-  const int want_size = given != NULL        ? given->world_size
+  const int want_size = given != NULL          ? given->world_size
                         : getenv("WORLD_SIZE") ? env_int("WORLD_SIZE")
                                                : env_int("SLURM_NTASKS");
-  const int want_rank = given != NULL  ? given->rank
+  const int want_rank = given != NULL    ? given->rank
                         : getenv("RANK") ? env_int("RANK")
                                          : env_int("SLURM_PROCID");
   int64_t x[5];
@@ -109,8 +109,8 @@ static braid_status_t file_publish(const char* key, const char* value, void* dir
   return rename(tmp, path) == 0 ? BRAID_OK : BRAID_INTERNAL;
 }
 
-static braid_status_t file_lookup(const char* key, int64_t timeout_ms, char* value,
-                                  size_t capacity, void* dir) {
+static braid_status_t file_lookup(const char* key, int64_t timeout_ms, char* value, size_t capacity,
+                                  void* dir) {
   char path[512];
   const struct timespec pause = {0, 10 * 1000 * 1000};
   int64_t waited = 0;
@@ -128,8 +128,8 @@ static braid_status_t file_lookup(const char* key, int64_t timeout_ms, char* val
   return BRAID_OK;
 }
 
-static const char* const kLauncherVars[] = {"MASTER_ADDR",  "MASTER_PORT",  "RANK",
-                                            "WORLD_SIZE",   "LOCAL_RANK",   "SLURM_PROCID",
+static const char* const kLauncherVars[] = {"MASTER_ADDR",  "MASTER_PORT",   "RANK",
+                                            "WORLD_SIZE",   "LOCAL_RANK",    "SLURM_PROCID",
                                             "SLURM_NTASKS", "SLURM_LOCALID", "BRAID_BACKEND"};
 
 /* The explicit rendezvous fields (0.10), no launcher variable set: errors name the field; an
@@ -164,8 +164,7 @@ static void check_explicit_fields(void) {
   wo.world_size = 2;
   EXPECT_ERROR(inval, "no master address", braid_world_create(&wo, &world));
   wo.master_addr = "127.0.0.1";
-  EXPECT_ERROR(inval, "cannot learn where rank 0's store listens",
-               braid_world_create(&wo, &world));
+  EXPECT_ERROR(inval, "cannot learn where rank 0's store listens", braid_world_create(&wo, &world));
   /* A named backend that makes another world than the rendezvous says. */
   wo.backend = "local";
   EXPECT_ERROR(BRAID_FAILED_PRECONDITION,

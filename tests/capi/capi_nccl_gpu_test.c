@@ -22,9 +22,9 @@
 
 #define N 4099 /* not a multiple of anything NCCL likes */
 
-#define CUDA_OK(call)                                                                  \
-  do {                                                                                 \
-    cudaError_t e_ = (call);                                                           \
+#define CUDA_OK(call)                                                                    \
+  do {                                                                                   \
+    cudaError_t e_ = (call);                                                             \
     if (e_ != cudaSuccess) test_fail(__FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
   } while (0)
 
@@ -106,8 +106,8 @@ static void test_reducer_on_device(braid_group_t* g) {
     for (i = 0; i < counts[p]; ++i) grads[p][i] = (float)((int)(i % 13) - 6) * 0.5f + (float)p;
     EXPECT_OK(braid_reducer_grad(r, params[p].id, &d, &count));
     EXPECT_TRUE(count == counts[p]);
-    CUDA_OK(cudaMemcpyAsync(d, grads[p], counts[p] * sizeof(float), cudaMemcpyHostToDevice,
-                            producer));
+    CUDA_OK(
+        cudaMemcpyAsync(d, grads[p], counts[p] * sizeof(float), cudaMemcpyHostToDevice, producer));
     CUDA_OK(cudaEventRecord(ready, producer));
     EXPECT_OK(braid_reducer_mark_ready(r, params[p].id, ready));
   }
@@ -184,8 +184,8 @@ int main(void) {
   braid_world_t* w;
   int devices = 0;
   const cudaError_t rc = cudaGetDeviceCount(&devices);
-  if (rc == cudaErrorInsufficientDriver || rc == cudaErrorNoDevice || (rc == cudaSuccess &&
-                                                                      devices == 0)) {
+  if (rc == cudaErrorInsufficientDriver || rc == cudaErrorNoDevice ||
+      (rc == cudaSuccess && devices == 0)) {
     printf("capi_nccl_gpu_test: skipped, no GPU: %s (CUDA error %d)\n", cudaGetErrorString(rc),
            (int)rc);
     return 0;

@@ -56,7 +56,7 @@ static void run_step(braid_reducer_t* red, braid_optimizer_t* opt, int rank, int
   for (n = 0; n < P; ++n) {
     float* g = NULL;
     size_t count = 0, j;
-    i = (n * (rank == 0 ? 2 : 3) + t) % P;  /* a permutation of 0..P-1 (P is prime) */
+    i = (n * (rank == 0 ? 2 : 3) + t) % P; /* a permutation of 0..P-1 (P is prime) */
     EXPECT_OK(braid_reducer_grad(red, i, (void**)&g, &count));
     EXPECT_TRUE(count == kCounts[i]);
     for (j = 0; j < count; ++j) g[j] += grad(rank, t, i, j);

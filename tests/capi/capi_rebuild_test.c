@@ -123,8 +123,8 @@ static void autotune(int rank) {
   /* Round-robin trials re-plan between steps (8 and 16 KiB give the 4 KiB plan: no re-plan). */
   EXPECT_TRUE(replans >= 2);
   EXPECT_OK(braid_reducer_num_buckets(red, &buckets));
-  EXPECT_TRUE(buckets == P);  /* the fastest simulated configuration */
-  EXPECT_OK(braid_reducer_autotune(red, 1.0, &replanned, &done));  /* settled: local, no-op */
+  EXPECT_TRUE(buckets == P); /* the fastest simulated configuration */
+  EXPECT_OK(braid_reducer_autotune(red, 1.0, &replanned, &done)); /* settled: local, no-op */
   EXPECT_TRUE(replanned == 0 && done == 1);
   EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "backward is in progress",
                (braid_reducer_begin_backward(red, BRAID_NO_SYNC),
@@ -165,7 +165,8 @@ static void opt_run(int rank, int how, int* steps, float* out[P]) {
   EXPECT_OK(braid_optimizer_create(red, NULL, &opt));
   for (i = 0; i < P; ++i) {
     float* init = malloc(kOptCounts[i] * sizeof(float));
-    for (k = 0; k < kOptCounts[i]; ++k) init[k] = (float)((int)((i * 31 + (int)k * 7) % 23) - 11) / 16.0f;
+    for (k = 0; k < kOptCounts[i]; ++k)
+      init[k] = (float)((int)((i * 31 + (int)k * 7) % 23) - 11) / 16.0f;
     EXPECT_OK(braid_optimizer_set_param(opt, 100 + i, init));
     free(init);
   }
@@ -182,7 +183,7 @@ static void opt_run(int rank, int how, int* steps, float* out[P]) {
       EXPECT_OK(braid_reducer_rebuild_buckets(red, &rebuilt));
       EXPECT_TRUE(rebuilt == 1);
       EXPECT_OK(braid_reducer_param_bucket(red, 100 + kOrder[0][0], &i));
-      EXPECT_TRUE(i == 0);  /* world rank 0's first mark leads the new plan */
+      EXPECT_TRUE(i == 0); /* world rank 0's first mark leads the new plan */
     }
     if (how == kAutotune) {
       void* before = NULL;
@@ -224,7 +225,8 @@ static void optimizer_carried(int rank) {
     for (i = 0; i < P; ++i) {
       if (memcmp(got[i], want[i], kOptCounts[i] * sizeof(float)) != 0) {
         char d[96];
-        snprintf(d, sizeof d, "%s, %d steps: parameter %d", how == kRebuild ? "rebuild" : "autotune", steps, i);
+        snprintf(d, sizeof d, "%s, %d steps: parameter %d",
+                 how == kRebuild ? "rebuild" : "autotune", steps, i);
         test_fail(__FILE__, __LINE__, "parameters differ from a run without re-plans", d);
       }
     }
@@ -244,7 +246,7 @@ static void* rank_main(void* arg) {
 
   make_params(params);
   braid_reducer_options_init(&ro);
-  ro.bucket_cap_bytes = 1;  /* one parameter per bucket */
+  ro.bucket_cap_bytes = 1; /* one parameter per bucket */
   ro.first_bucket_cap_bytes = 1;
   ro.timeout_ms = 20000;
   EXPECT_OK(braid_reducer_create(world_groups[rank], NULL, params, P, &ro, &red));
@@ -262,20 +264,20 @@ static void* rank_main(void* arg) {
   EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "backward is in progress",
                braid_reducer_rebuild_buckets(red, &rebuilt));
   for (i = 0; i < P; ++i) EXPECT_OK(braid_reducer_mark_ready(red, 100 + i, NULL));
-  EXPECT_OK(braid_reducer_finish_backward(red));  /* no_sync: marks nothing, reduces nothing */
+  EXPECT_OK(braid_reducer_finish_backward(red)); /* no_sync: marks nothing, reduces nothing */
   check_grads(red, 0);
 
   EXPECT_OK(braid_reducer_rebuild_buckets(red, &rebuilt));
   EXPECT_TRUE(rebuilt == 1);
   for (i = 0; i < P; ++i) {
     EXPECT_OK(braid_reducer_param_bucket(red, 100 + kOrder[0][i], &b));
-    EXPECT_TRUE(b == i);  /* world rank 0's readiness order, on both ranks */
+    EXPECT_TRUE(b == i); /* world rank 0's readiness order, on both ranks */
   }
-  check_grads(red, 0);  /* the values moved with their parameters */
+  check_grads(red, 0); /* the values moved with their parameters */
   step(red, rank, 1, kOrder[rank]);
   check_grads(red, 1);
   EXPECT_OK(braid_reducer_rebuild_buckets(red, &rebuilt));
-  EXPECT_TRUE(rebuilt == 0);  /* once per reducer */
+  EXPECT_TRUE(rebuilt == 0); /* once per reducer */
   EXPECT_OK(braid_reducer_destroy(red));
 
   /* A fully sharded optimizer's state does not follow a re-plan (yet): refused, named. */

@@ -109,8 +109,7 @@ static int same(float* const a[B * P], float* const b[B * P], int rank, const ch
   int k;
   for (k = 0; k < B * P; ++k) {
     if (memcmp(a[k], b[k], kCounts[k % P] * sizeof(float)) != 0) {
-      fprintf(stderr, "rank %d, %s: buffer %d of parameter %d differs\n", rank, when, k / P,
-              k % P);
+      fprintf(stderr, "rank %d, %s: buffer %d of parameter %d differs\n", rank, when, k / P, k % P);
       return 0;
     }
   }
@@ -142,8 +141,10 @@ static void run(int rank) {
   EXPECT_TRUE(same(got, ref, rank, "get_state after 3 steps"));
   for (i = 0; i < P; ++i) EXPECT_TRUE(steps[i] == STEPS);
   EXPECT_TRUE(count == STEPS);
-  EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "num_values is 2; this optimizer has 3 state buffers x 3 "
-               "parameters = 9", braid_optimizer_get_state(opt, got, 2, NULL, NULL));
+  EXPECT_ERROR(BRAID_INVALID_ARGUMENT,
+               "num_values is 2; this optimizer has 3 state buffers x 3 "
+               "parameters = 9",
+               braid_optimizer_get_state(opt, got, 2, NULL, NULL));
   EXPECT_OK(braid_optimizer_destroy(opt));
   EXPECT_OK(braid_reducer_destroy(red));
 
@@ -153,7 +154,7 @@ static void run(int rank) {
   EXPECT_TRUE(buckets == 1);
   EXPECT_OK(braid_optimizer_get_state(opt, fresh, B * P, NULL, NULL));
   for (k = 0; k < B * P; ++k) in[k] = got[k];
-  in[4] = rank == 0 ? NULL : got[4];  /* only rank 0's input is bad: rank 1 fails with it */
+  in[4] = rank == 0 ? NULL : got[4]; /* only rank 0's input is bad: rank 1 fails with it */
   if (rank == 0) {
     EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "values[4] (exp_avg of id 1) is NULL",
                  braid_optimizer_set_state(opt, in, B * P, steps, STEPS));
@@ -162,8 +163,10 @@ static void run(int rank) {
                  braid_optimizer_set_state(opt, in, B * P, steps, STEPS));
   }
   in[4] = got[4];
-  EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "share bucket 0 of the target plan but were stepped 3 "
-               "and 2 times", braid_optimizer_set_state(opt, in, B * P, bad_steps, STEPS));
+  EXPECT_ERROR(BRAID_FAILED_PRECONDITION,
+               "share bucket 0 of the target plan but were stepped 3 "
+               "and 2 times",
+               braid_optimizer_set_state(opt, in, B * P, bad_steps, STEPS));
   EXPECT_ERROR(BRAID_FAILED_PRECONDITION, rank == 1 ? "values is NULL" : "1 other rank(s)",
                braid_optimizer_set_state(opt, rank == 1 ? NULL : in, B * P, steps, STEPS));
   {

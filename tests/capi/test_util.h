@@ -21,34 +21,33 @@ static inline void test_fail(const char* file, int line, const char* what, const
 }
 
 /* The call must return BRAID_OK. */
-#define EXPECT_OK(call)                                                                  \
-  do {                                                                                   \
-    braid_status_t s_ = (call);                                                          \
-    if (s_ != BRAID_OK) {                                                                \
-      char d_[1024];                                                                     \
-      snprintf(d_, sizeof d_, "%s: %s", braid_status_name(s_), braid_last_error());      \
-      test_fail(__FILE__, __LINE__, #call, d_);                                          \
-    }                                                                                    \
+#define EXPECT_OK(call)                                                             \
+  do {                                                                              \
+    braid_status_t s_ = (call);                                                     \
+    if (s_ != BRAID_OK) {                                                           \
+      char d_[1024];                                                                \
+      snprintf(d_, sizeof d_, "%s: %s", braid_status_name(s_), braid_last_error()); \
+      test_fail(__FILE__, __LINE__, #call, d_);                                     \
+    }                                                                               \
   } while (0)
 
 /* The call must return `want` and braid_last_error() must contain `substr`. */
-#define EXPECT_ERROR(want, substr, call)                                                  \
-  do {                                                                                   \
-    braid_status_t s_;                                                                   \
-    braid_clear_error();                                                                 \
-    s_ = (call);                                                                         \
-    if (s_ != (want) || strstr(braid_last_error(), (substr)) == NULL) {                  \
-      char d_[1024];                                                                     \
-      snprintf(d_, sizeof d_, "got %s \"%s\", want %s containing \"%s\"",                \
-               braid_status_name(s_), braid_last_error(), braid_status_name(want),       \
-               (substr));                                                                \
-      test_fail(__FILE__, __LINE__, #call, d_);                                          \
-    }                                                                                    \
+#define EXPECT_ERROR(want, substr, call)                                                         \
+  do {                                                                                           \
+    braid_status_t s_;                                                                           \
+    braid_clear_error();                                                                         \
+    s_ = (call);                                                                                 \
+    if (s_ != (want) || strstr(braid_last_error(), (substr)) == NULL) {                          \
+      char d_[1024];                                                                             \
+      snprintf(d_, sizeof d_, "got %s \"%s\", want %s containing \"%s\"", braid_status_name(s_), \
+               braid_last_error(), braid_status_name(want), (substr));                           \
+      test_fail(__FILE__, __LINE__, #call, d_);                                                  \
+    }                                                                                            \
   } while (0)
 
-#define EXPECT_TRUE(cond)                                                                \
-  do {                                                                                   \
-    if (!(cond)) test_fail(__FILE__, __LINE__, #cond, "is false");                       \
+#define EXPECT_TRUE(cond)                                          \
+  do {                                                             \
+    if (!(cond)) test_fail(__FILE__, __LINE__, #cond, "is false"); \
   } while (0)
 
 /* A local world of `ranks` ranks (environment ignored) and the world group of each rank. */

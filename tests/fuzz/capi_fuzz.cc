@@ -46,7 +46,8 @@ struct Padded {
 
 class Session {
  public:
-  explicit Session(FuzzInput& in) : in_(in), arena_(kArenaBytes, 0), grads_(kMaxIds * kMaxCount * 8, 0) {}
+  explicit Session(FuzzInput& in)
+      : in_(in), arena_(kArenaBytes, 0), grads_(kMaxIds * kMaxCount * 8, 0) {}
 
   void Run() {
     for (int ops = 0; !in_.empty() && ops < 64; ++ops) Step(in_.Byte() % 24);
@@ -64,25 +65,31 @@ class Session {
       }
     }
     switch (b % 5) {
-      case 0: return nullptr;
-      case 1: return &arena_;  // an address that is no handle
-      case 2: return reinterpret_cast<void*>(uintptr_t{b});
+      case 0:
+        return nullptr;
+      case 1:
+        return &arena_;  // an address that is no handle
+      case 2:
+        return reinterpret_cast<void*>(uintptr_t{b});
       default:
         return handles_.empty() ? nullptr : handles_[in_.Byte() % handles_.size()].ptr;
     }
   }
   void Add(Kind kind, void* p) { handles_.push_back(Handle{kind, p, true}); }
   void Destroyed(void* p) {
-    for (Handle& h : handles_) if (h.ptr == p) h.live = false;
+    for (Handle& h : handles_)
+      if (h.ptr == p) h.live = false;
   }
   // What a call must do with a handle that is not a live one of the expected kind.
   void Check(braid_status_t st, void* h, Kind want) {
     if (st != BRAID_OK && st != BRAID_IN_PROGRESS) {
-      FUZZ_CHECK(braid_last_error()[0] != '\0', "status %s without a message", braid_status_name(st));
+      FUZZ_CHECK(braid_last_error()[0] != '\0', "status %s without a message",
+                 braid_status_name(st));
     }
     bool valid = false;
     for (const Handle& x : handles_) valid = valid || (x.ptr == h && x.live && x.kind == want);
-    if (!valid) FUZZ_CHECK(st == BRAID_INVALID_ARGUMENT, "bad handle accepted: %s", braid_status_name(st));
+    if (!valid)
+      FUZZ_CHECK(st == BRAID_INVALID_ARGUMENT, "bad handle accepted: %s", braid_status_name(st));
   }
   size_t Count() { return in_.Byte() % 8 == 0 ? 0 : 1 + in_.Le(2) % kMaxCount; }
   // Enum arguments stay inside the range of their C++ enum type (0..7 here; a value outside it
@@ -93,17 +100,27 @@ class Session {
     const int64_t id = in_.Byte() % (kMaxIds + 1);
     return in_.Byte() % 16 == 0 ? -1 : id;
   }
-  void* Grad(int64_t id) { return grads_.data() + static_cast<size_t>(id < 0 ? 0 : id % kMaxIds) * kMaxCount * 8; }
+  void* Grad(int64_t id) {
+    return grads_.data() + static_cast<size_t>(id < 0 ? 0 : id % kMaxIds) * kMaxCount * 8;
+  }
 
   // 0, too small, an older size, this size, or larger with a zero or non-zero tail.
   template <typename T>
   void FuzzSize(Padded<T>& p) {
     const uint8_t b = in_.Byte();
     switch (b % 5) {
-      case 0: p.o.struct_size = 0; break;
-      case 1: p.o.struct_size = b % 40; break;
-      case 2: p.o.struct_size = sizeof(T) - 8 * (1 + b % 3); break;
-      case 3: p.o.struct_size = sizeof(T); break;
+      case 0:
+        p.o.struct_size = 0;
+        break;
+      case 1:
+        p.o.struct_size = b % 40;
+        break;
+      case 2:
+        p.o.struct_size = sizeof(T) - 8 * (1 + b % 3);
+        break;
+      case 3:
+        p.o.struct_size = sizeof(T);
+        break;
       default:
         p.o.struct_size = sizeof(T) + 1 + b % sizeof(p.tail);
         if (b & 0x80) p.tail[b % (p.o.struct_size - sizeof(T))] = 1;
@@ -139,7 +156,8 @@ class Session {
         if (b % 8 == 0) FuzzSize(padded);
         if (b % 8 == 1) o.backend = "no such backend";
         if (b % 8 == 2) o.world_size = 2;
-        st = braid_world_create(b % 16 == 3 ? nullptr : &o, reinterpret_cast<braid_world_t**>(&out));
+        st =
+            braid_world_create(b % 16 == 3 ? nullptr : &o, reinterpret_cast<braid_world_t**>(&out));
         if (st == BRAID_OK) Add(kWorld, out);
         FUZZ_CHECK(st == BRAID_OK || braid_last_error()[0] != '\0', "world_create");
         return;
@@ -164,7 +182,8 @@ class Session {
       case 3: {
         void* w = Pick(kWorld);
         const int rank = static_cast<int>(in_.Byte() % 3) - 1;
-        st = braid_world_group(static_cast<braid_world_t*>(w), rank, reinterpret_cast<braid_group_t**>(&out));
+        st = braid_world_group(static_cast<braid_world_t*>(w), rank,
+                               reinterpret_cast<braid_group_t**>(&out));
         Check(st, w, kWorld);
         if (st == BRAID_OK) Add(kGroup, out);
         return;
@@ -204,7 +223,11 @@ class Session {
         }
         return;
       }
-      case 7: case 8: case 9: case 10: case 11: {  // collectives
+      case 7:
+      case 8:
+      case 9:
+      case 10:
+      case 11: {  // collectives
         void* g = Pick(kGroup);
         Padded<braid_collective_options_t> co;
         braid_collective_options_t* opts = CollOpts(&co);
@@ -258,12 +281,16 @@ class Session {
         if ((b >> 4) % 8 == 1) FuzzSize(padded);
         if ((b >> 4) % 8 == 2) o.device = in_.Byte() % 3 - 1;
         const braid_reducer_options_t* opts = in_.Byte() % 8 == 0 ? nullptr : &o;
-        st = braid_reducer_create(static_cast<braid_group_t*>(shard), static_cast<braid_group_t*>(replica),
-                                  b % 32 == 31 ? nullptr : params, n, opts, reinterpret_cast<braid_reducer_t**>(&out));
+        st = braid_reducer_create(
+            static_cast<braid_group_t*>(shard), static_cast<braid_group_t*>(replica),
+            b % 32 == 31 ? nullptr : params, n, opts, reinterpret_cast<braid_reducer_t**>(&out));
         if (st == BRAID_OK) Add(kReducer, out);
         return;
       }
-      case 14: case 15: case 16: case 17: {  // reducer calls
+      case 14:
+      case 15:
+      case 16:
+      case 17: {  // reducer calls
         void* r = Pick(kReducer);
         auto* red = static_cast<braid_reducer_t*>(r);
         const int64_t id = Id();
@@ -273,19 +300,30 @@ class Session {
             st = braid_reducer_begin_backward(red, mode);
             break;
           }
-          case 1: case 2: case 3: case 4: case 5:
+          case 1:
+          case 2:
+          case 3:
+          case 4:
+          case 5:
             st = braid_reducer_mark_ready(red, id, nullptr);
             break;
-          case 6: st = braid_reducer_finish_backward(red); break;
-          case 7: st = braid_reducer_zero_grads(red); break;
+          case 6:
+            st = braid_reducer_finish_backward(red);
+            break;
+          case 7:
+            st = braid_reducer_zero_grads(red);
+            break;
           case 8: {
             void* data = nullptr;
             size_t count = 0;
             st = braid_reducer_grad(red, id, &data, &count);
-            if (st == BRAID_OK && data != nullptr && count > 0) std::memset(data, in_.Byte(), count);  // >= 1 byte/elem
+            if (st == BRAID_OK && data != nullptr && count > 0)
+              std::memset(data, in_.Byte(), count);  // >= 1 byte/elem
             break;
           }
-          case 9: st = braid_reducer_set_grad_buffer(red, id, Grad(id)); break;
+          case 9:
+            st = braid_reducer_set_grad_buffer(red, id, Grad(id));
+            break;
           case 10: {
             int n = 0, bucket = 0;
             st = braid_reducer_num_buckets(red, &n);
@@ -306,7 +344,8 @@ class Session {
             return;
           }
         }
-        if (st != BRAID_OK) FUZZ_CHECK(braid_last_error()[0] != '\0', "reducer call without a message");
+        if (st != BRAID_OK)
+          FUZZ_CHECK(braid_last_error()[0] != '\0', "reducer call without a message");
         return;
       }
       case 18: {  // optimizer_create
@@ -329,7 +368,8 @@ class Session {
         if (st == BRAID_OK) Add(kOptimizer, out);
         return;
       }
-      case 19: case 20: {  // optimizer calls
+      case 19:
+      case 20: {  // optimizer calls
         void* p = Pick(kOptimizer);
         auto* opt = static_cast<braid_optimizer_t*>(p);
         const int64_t id = Id();
@@ -339,15 +379,23 @@ class Session {
             st = braid_optimizer_begin_backward(opt, mode);
             break;
           }
-          case 1: st = braid_optimizer_finish_backward(opt); break;
-          case 2: st = braid_optimizer_step(opt); break;
+          case 1:
+            st = braid_optimizer_finish_backward(opt);
+            break;
+          case 2:
+            st = braid_optimizer_step(opt);
+            break;
           case 3: {
             const int bucket = static_cast<int>(in_.Byte() % 6) - 1;
             st = braid_optimizer_wait_params(opt, bucket);
             break;
           }
-          case 4: st = braid_optimizer_wait_all_params(opt); break;
-          case 5: st = braid_optimizer_set_param(opt, id, Grad(id)); break;
+          case 4:
+            st = braid_optimizer_wait_all_params(opt);
+            break;
+          case 5:
+            st = braid_optimizer_set_param(opt, id, Grad(id));
+            break;
           case 6: {
             void* data = nullptr;
             size_t count = 0;
@@ -368,7 +416,8 @@ class Session {
             return;
           }
         }
-        if (st != BRAID_OK) FUZZ_CHECK(braid_last_error()[0] != '\0', "optimizer call without a message");
+        if (st != BRAID_OK)
+          FUZZ_CHECK(braid_last_error()[0] != '\0', "optimizer call without a message");
         return;
       }
       default: {  // destroy anything, in any order
@@ -384,11 +433,16 @@ class Session {
 
   braid_status_t DestroyAs(Kind k, void* h) {
     switch (k) {
-      case kWorld: return braid_world_destroy(static_cast<braid_world_t*>(h));
-      case kGroup: return braid_group_destroy(static_cast<braid_group_t*>(h));
-      case kWork: return braid_work_destroy(static_cast<braid_work_t*>(h));
-      case kReducer: return braid_reducer_destroy(static_cast<braid_reducer_t*>(h));
-      default: return braid_optimizer_destroy(static_cast<braid_optimizer_t*>(h));
+      case kWorld:
+        return braid_world_destroy(static_cast<braid_world_t*>(h));
+      case kGroup:
+        return braid_group_destroy(static_cast<braid_group_t*>(h));
+      case kWork:
+        return braid_work_destroy(static_cast<braid_work_t*>(h));
+      case kReducer:
+        return braid_reducer_destroy(static_cast<braid_reducer_t*>(h));
+      default:
+        return braid_optimizer_destroy(static_cast<braid_optimizer_t*>(h));
     }
   }
 

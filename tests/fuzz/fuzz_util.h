@@ -83,14 +83,14 @@ class MemFile {
 };
 
 // A failed expectation inside a target: print and abort, which libFuzzer reports as a crash.
-#define FUZZ_CHECK(cond, ...)                                         \
-  do {                                                                \
-    if (!(cond)) {                                                    \
-      std::fprintf(stderr, "FUZZ_CHECK failed: %s: ", #cond);         \
-      std::fprintf(stderr, __VA_ARGS__);                              \
-      std::fprintf(stderr, "\n");                                     \
-      std::abort();                                                   \
-    }                                                                 \
+#define FUZZ_CHECK(cond, ...)                                 \
+  do {                                                        \
+    if (!(cond)) {                                            \
+      std::fprintf(stderr, "FUZZ_CHECK failed: %s: ", #cond); \
+      std::fprintf(stderr, __VA_ARGS__);                      \
+      std::fprintf(stderr, "\n");                             \
+      std::abort();                                           \
+    }                                                         \
   } while (0)
 
 }  // namespace braid::fuzz

@@ -19,9 +19,27 @@
 namespace braid::fuzz {
 namespace {
 
-const char* const kValues[] = {"0", "1", "-1", "4096", "4097", "1099511627776", "1099511627777",
-                               "10000000", "10000001", "65536", "65537", " 1", "1 ", "+1", "0x10",
-                               "", "warn", "off", "trace", "WARN", "9223372036854775808"};
+const char* const kValues[] = {"0",
+                               "1",
+                               "-1",
+                               "4096",
+                               "4097",
+                               "1099511627776",
+                               "1099511627777",
+                               "10000000",
+                               "10000001",
+                               "65536",
+                               "65537",
+                               " 1",
+                               "1 ",
+                               "+1",
+                               "0x10",
+                               "",
+                               "warn",
+                               "off",
+                               "trace",
+                               "WARN",
+                               "9223372036854775808"};
 
 bool Declared(const std::string& name) {
   for (const OptionSpec& s : OptionSpecs()) {
@@ -54,16 +72,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         name = in.Str(16);
         break;
     }
-    std::string value = (how & 0x10) != 0
-                            ? std::string(fuzz::kValues[in.Byte() % (sizeof(fuzz::kValues) / sizeof(*fuzz::kValues))])
-                            : in.Str(24);
+    std::string value =
+        (how & 0x10) != 0
+            ? std::string(
+                  fuzz::kValues[in.Byte() % (sizeof(fuzz::kValues) / sizeof(*fuzz::kValues))])
+            : in.Str(24);
     vars[name] = value;
   }
   absl::StatusOr<Options> o = Options::FromMap(vars);
   if (!o.ok()) {
     bool named = false;
     for (const auto& [name, value] : vars) {
-      if (fuzz::Declared(name) && absl::StrContains(o.status().message(), name + "='")) named = true;
+      if (fuzz::Declared(name) && absl::StrContains(o.status().message(), name + "='"))
+        named = true;
     }
     FUZZ_CHECK(named, "error names no declared input variable: %s", o.status().ToString().c_str());
     FUZZ_CHECK(o.status().code() == absl::StatusCode::kInvalidArgument, "code %s",
@@ -75,7 +96,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(o->spin >= absl::ZeroDuration() && o->spin <= absl::Seconds(10), "spin");
   FUZZ_CHECK(o->cuda_device >= -1, "cuda_device %d", o->cuda_device);
   FUZZ_CHECK(!o->nccl_library.empty(), "empty nccl library");
-  const std::set<std::string> levels = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+  const std::set<std::string> levels = {"trace", "debug",    "info", "warn",
+                                        "error", "critical", "off"};
   FUZZ_CHECK(levels.count(o->log_level) == 1, "log level %s", o->log_level.c_str());
   std::set<std::string> unknown;
   for (const auto& [name, value] : vars) {

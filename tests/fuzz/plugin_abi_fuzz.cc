@@ -25,7 +25,9 @@ namespace braid::fuzz {
 namespace {
 
 // Stand-ins for the entries: never called, only told apart from NULL.
-int Init(braid_backend_log_fn_v1, void*, int, int64_t, void**, braid_backend_error_v1*) { return 0; }
+int Init(braid_backend_log_fn_v1, void*, int, int64_t, void**, braid_backend_error_v1*) {
+  return 0;
+}
 int Finalize(void*, braid_backend_error_v1*) { return 0; }
 int WorldSize(void*, int*, braid_backend_error_v1*) { return 0; }
 int LocalRanks(void*, int*, int, int*, braid_backend_error_v1*) { return 0; }
@@ -38,8 +40,9 @@ void CheckTable(FuzzInput& in) {
   std::memset(&t, 0, sizeof(t));
   const uint8_t how = in.Byte();
   t.abi_version = (how & 1) != 0 ? static_cast<int>(in.Le(4)) : 1 - static_cast<int>(how >> 4) % 3;
-  t.struct_size = (how & 2) != 0 ? static_cast<uint32_t>(in.Le(4))
-                                 : static_cast<uint32_t>(sizeof(braid_backend_v1) - 8 + 8 * ((how >> 2) % 3));
+  t.struct_size = (how & 2) != 0
+                      ? static_cast<uint32_t>(in.Le(4))
+                      : static_cast<uint32_t>(sizeof(braid_backend_v1) - 8 + 8 * ((how >> 2) % 3));
   const uint8_t present = in.Byte();
   const std::string name = in.Str(32);
   if ((how & 0x80) == 0) t.name = name.c_str();
@@ -72,14 +75,17 @@ void CheckValues(FuzzInput& in) {
         for (DType d : kAllDTypes) defined = defined || plugin::ToAbiDType(d) == raw;
         FUZZ_CHECK(t.ok() == defined, "dtype %d", raw);
         if (t.ok()) FUZZ_CHECK(plugin::ToAbiDType(*t) == raw, "dtype round trip %d", raw);
-        if (!t.ok()) FUZZ_CHECK(absl::StrContains(t.status().message(), std::to_string(raw)), "names %d", raw);
+        if (!t.ok())
+          FUZZ_CHECK(absl::StrContains(t.status().message(), std::to_string(raw)), "names %d", raw);
         break;
       }
       case 1: {
         const int raw = static_cast<int>(in.Le(4));
         absl::StatusOr<ReduceKind> k = plugin::FromAbiReduceKind(raw);
-        if (k.ok()) FUZZ_CHECK(plugin::ToAbiReduceKind(*k) == raw, "reduce kind round trip %d", raw);
-        if (!k.ok()) FUZZ_CHECK(absl::StrContains(k.status().message(), std::to_string(raw)), "names %d", raw);
+        if (k.ok())
+          FUZZ_CHECK(plugin::ToAbiReduceKind(*k) == raw, "reduce kind round trip %d", raw);
+        if (!k.ok())
+          FUZZ_CHECK(absl::StrContains(k.status().message(), std::to_string(raw)), "names %d", raw);
         break;
       }
       case 2: {  // an error buffer as a plugin may leave it
@@ -93,7 +99,8 @@ void CheckValues(FuzzInput& in) {
         FUZZ_CHECK(seen.size() <= sizeof(err.message), "text longer than the buffer");
         const int code = static_cast<int>(in.Le(1)) - 8;
         const absl::Status s = plugin::FromAbiStatus(code, std::string(seen).c_str());
-        FUZZ_CHECK(s.ok() == (code == BRAID_BACKEND_OK), "code %d gave %s", code, s.ToString().c_str());
+        FUZZ_CHECK(s.ok() == (code == BRAID_BACKEND_OK), "code %d gave %s", code,
+                   s.ToString().c_str());
         break;
       }
       case 3: {  // plugin side: any status becomes a code and a terminated, truncated message
@@ -107,8 +114,10 @@ void CheckValues(FuzzInput& in) {
         if (!s.ok()) {
           const size_t n = strnlen(err.message, sizeof(err.message));
           FUZZ_CHECK(n < sizeof(err.message), "unterminated message");
-          FUZZ_CHECK(absl::StartsWith(s.message(), absl::string_view(err.message, n)), "not a prefix");
-          FUZZ_CHECK(plugin::ToAbiStatus(plugin::FromAbiStatus(rc, err.message)) == rc, "code round trip");
+          FUZZ_CHECK(absl::StartsWith(s.message(), absl::string_view(err.message, n)),
+                     "not a prefix");
+          FUZZ_CHECK(plugin::ToAbiStatus(plugin::FromAbiStatus(rc, err.message)) == rc,
+                     "code round trip");
         }
         FUZZ_CHECK(plugin::ReportAbiError(s, nullptr) == rc, "rc without a buffer");
         break;

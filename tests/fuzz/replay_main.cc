@@ -50,10 +50,11 @@ std::vector<Bytes> ReadCorpus(const std::string& dir) {
 // Remembers the input under test, so a crash can be reproduced from the file it leaves.
 void SaveInput(const Bytes& input, int n) {
   const char* dir = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR");
-  const std::string path = std::string(dir != nullptr ? dir : ".") + "/last-input-" +
-                           std::to_string(n);
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(input.data()),
-                                              static_cast<std::streamsize>(input.size()));
+  const std::string path =
+      std::string(dir != nullptr ? dir : ".") + "/last-input-" + std::to_string(n);
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(input.data()),
+             static_cast<std::streamsize>(input.size()));
 }
 
 Bytes Mutate(const std::vector<Bytes>& corpus, std::mt19937_64& rng) {

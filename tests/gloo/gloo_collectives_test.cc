@@ -98,8 +98,8 @@ TEST(GlooSplit, ColorsKeysAndNoColor) {
   ASSERT_TRUE(work.ok()) << work.status();
   ASSERT_OK((*work)->Wait(kTimeout));
   EXPECT_EQ(x, std::vector<int64_t>(3, expect));
-  CollectiveCase c{CollectiveKind::kReduceScatter, ReduceKind::kAvg, DType::kBF16, 37, false, true,
-                   7, 0};
+  CollectiveCase c{
+      CollectiveKind::kReduceScatter, ReduceKind::kAvg, DType::kBF16, 37, false, true, 7, 0};
   EXPECT_OK(RunAndCheck(**half, c, kTimeout));
 
   auto some = w.Split(r == 0 ? kNoColor : 5, r);
@@ -110,8 +110,9 @@ TEST(GlooSplit, ColorsKeysAndNoColor) {
     ASSERT_NE(*some, nullptr);
     EXPECT_EQ((*some)->size(), n - 1);
     EXPECT_EQ((*some)->rank(), r - 1);
-    EXPECT_OK(RunAndCheck(**some, CollectiveCase{CollectiveKind::kAllGather, ReduceKind::kSum,
-                                                 DType::kF16, 37, true, true, 3, 0},
+    EXPECT_OK(RunAndCheck(**some,
+                          CollectiveCase{CollectiveKind::kAllGather, ReduceKind::kSum, DType::kF16,
+                                         37, true, true, 3, 0},
                           kTimeout));
   }
 }
@@ -123,8 +124,9 @@ TEST(GlooSplit, ABadColorFailsEveryRankNamingIt) {
   ExpectError(g.status(), absl::StatusCode::kInvalidArgument,
               {absl::StrCat("rank ", last, " passed color -5")});
   // The world is still usable.
-  EXPECT_OK(RunAndCheck(w, CollectiveCase{CollectiveKind::kAllReduce, ReduceKind::kSum,
-                                          DType::kF32, 5, false, true, 9, 0},
+  EXPECT_OK(RunAndCheck(w,
+                        CollectiveCase{CollectiveKind::kAllReduce, ReduceKind::kSum, DType::kF32, 5,
+                                       false, true, 9, 0},
                         kTimeout));
 }
 

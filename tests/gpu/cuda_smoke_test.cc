@@ -67,8 +67,7 @@ TEST(CudaSmoke, KernelAndSingleRankAllReduceOnDevice) {
   ASSERT_EQ(nccl->fn().CommInitAll(&raw_comm, 1, &dev), ncclSuccess);
   const std::unique_ptr<ncclComm, std::function<void(ncclComm_t)>> comm(
       raw_comm, [&](ncclComm_t c) { nccl->fn().CommDestroy(c); });
-  ASSERT_EQ(nccl->fn().AllReduce(d, d, kN, ncclFloat32, ncclSum, comm.get(), nullptr),
-            ncclSuccess);
+  ASSERT_EQ(nccl->fn().AllReduce(d, d, kN, ncclFloat32, ncclSum, comm.get(), nullptr), ncclSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(host.data(), d, kN * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
   for (int i = 0; i < kN; ++i) ASSERT_EQ(host[i], 0.5f * i) << i;

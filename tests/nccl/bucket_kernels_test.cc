@@ -3,6 +3,8 @@
 // unpacks what a plain loop would, and bad segments are refused naming the segment, before any
 // CUDA call. On a GPU: every kernel against the reference, bit for bit, over dtypes, sizes,
 // scales and more segments than one launch takes; skipped without a device (CUDA 35 / 100).
+#include "backends/nccl/kernels/bucket_kernels.h"
+
 #include <cuda_runtime.h>
 
 #include <cstring>
@@ -10,10 +12,9 @@
 #include <random>
 #include <vector>
 
-#include "backends/nccl/kernels/bucket_kernels.h"
 #include "backends/nccl/kernels/bucket_reference.h"
-#include "comm/dtype.h"
 #include "comm/cuda_device.h"
+#include "comm/dtype.h"
 #include "comm/half.h"
 #include "comm/reduce_kernels.h"
 #include "gtest/gtest.h"
@@ -142,8 +143,8 @@ std::vector<uint8_t> AwkwardElems(int dtype) {
     }
   }
   if (es == 2) {
-    for (uint16_t h : {0x0001, 0x03ff, 0x8001, 0x7c00, 0xfc00, 0x7e01, 0x7c01, 0x0400, 0x7bff,
-                       0x3c01, 0x3555}) {
+    for (uint16_t h :
+         {0x0001, 0x03ff, 0x8001, 0x7c00, 0xfc00, 0x7e01, 0x7c01, 0x0400, 0x7bff, 0x3c01, 0x3555}) {
       push16(h);
     }
   }
@@ -154,9 +155,9 @@ ScaleArgs ArgsOf(const ScaleSpec& s) {
   return ScaleArgs{s.apply_mul ? 1 : 0, static_cast<float>(s.mul), s.div};
 }
 
-const ScaleSpec kSpecs[] = {{false, 1.0, 0}, {false, 1.0, 2}, {false, 1.0, 3}, {false, 1.0, 6},
-                            {true, 0.5, 0},  {true, 1.0 / 3, 0}, {true, 0.1, 4}, {true, 0.0, 0},
-                            {true, 3.0e38, 0}};
+const ScaleSpec kSpecs[] = {{false, 1.0, 0}, {false, 1.0, 2}, {false, 1.0, 3},
+                            {false, 1.0, 6}, {true, 0.5, 0},  {true, 1.0 / 3, 0},
+                            {true, 0.1, 4},  {true, 0.0, 0},  {true, 3.0e38, 0}};
 
 TEST(BucketReference, ScaledCastMatchesTheHostBitForBit) {
   const int dtypes[] = {kF32, kBF16, kF16};
@@ -166,13 +167,13 @@ TEST(BucketReference, ScaledCastMatchesTheHostBitForBit) {
     for (int d : dtypes) {
       for (const ScaleSpec& spec : kSpecs) {
         std::vector<uint8_t> want(n * ElemSize(d), 0xab), got(n * ElemSize(d), 0xcd);
-        braid::CastScale(src.data(), static_cast<DType>(s), want.data(), static_cast<DType>(d),
-                         n, spec);
+        braid::CastScale(src.data(), static_cast<DType>(s), want.data(), static_cast<DType>(d), n,
+                         spec);
         CastScaleReference(src.data(), s, got.data(), d, n, ArgsOf(spec));
         for (size_t i = 0; i < n; ++i) {
-          ASSERT_EQ(std::memcmp(got.data() + i * ElemSize(d), want.data() + i * ElemSize(d),
-                                ElemSize(d)),
-                    0)
+          ASSERT_EQ(
+              std::memcmp(got.data() + i * ElemSize(d), want.data() + i * ElemSize(d), ElemSize(d)),
+              0)
               << s << " -> " << d << " mul " << spec.apply_mul << "/" << spec.mul << " div "
               << spec.div << " element " << i;
         }
@@ -289,9 +290,8 @@ TEST_F(BucketKernelsGpu, PackAndUnpackMatchTheReferenceBitForBit) {
       ASSERT_EQ(BucketPackLaunch(dev_segs.data(), 70, d_bucket, bdt, offset, scale, stream_), 0);
       ASSERT_EQ(Host(d_bucket, bytes), want) << "pack: bucket dtype " << bdt << " scale " << scale;
       UnpackReference(host_segs.data(), 70, want.data(), bdt, 1.0f / scale);
-      ASSERT_EQ(BucketUnpackLaunch(dev_segs.data(), 70, d_bucket, bdt, offset, 1.0f / scale,
-                                   stream_),
-                0);
+      ASSERT_EQ(
+          BucketUnpackLaunch(dev_segs.data(), 70, d_bucket, bdt, offset, 1.0f / scale, stream_), 0);
       for (size_t k = 0; k < 70; ++k) {
         ASSERT_EQ(Host(dev_segs[k].grad, grads[k].size()), grads[k]) << "unpack segment " << k;
       }
@@ -333,9 +333,8 @@ TEST_F(BucketKernelsGpu, ScaledCastMatchesTheReferenceOnAwkwardValues) {
         void* d_src = Device(src.data(), src.size());
         void* d_dst = s == d ? d_src : Device(want.data(), want.size());  // in place
         ASSERT_EQ(CastScaleLaunch(d_src, s, d_dst, d, n, ArgsOf(spec), stream_), 0);
-        ASSERT_EQ(Host(d_dst, want.size()), want)
-            << s << " -> " << d << " mul " << spec.apply_mul << "/" << spec.mul << " div "
-            << spec.div;
+        ASSERT_EQ(Host(d_dst, want.size()), want) << s << " -> " << d << " mul " << spec.apply_mul
+                                                  << "/" << spec.mul << " div " << spec.div;
       }
     }
   }

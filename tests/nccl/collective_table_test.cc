@@ -2,10 +2,11 @@
 // every collective, in and out of place, on 1, 2 and 4 fake ranks, with the bench's own exact
 // check. On a device group the bench's buffers are device allocations filled and read back
 // through host staging; a row with #wrong != 0 means data did not make the round trip.
+#include "bench/collective_table.h"
+
 #include <string>
 #include <vector>
 
-#include "bench/collective_table.h"
 #include "gtest/gtest.h"
 #include "tests/multirank.h"
 #include "tests/nccl/fake_gpu.h"
@@ -72,15 +73,14 @@ std::string Name(const ::testing::TestParamInfo<Case>& info) {
          std::to_string(k.ranks) + "ranks" + (k.in_place ? "_inplace" : "");
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Sweep, CollectiveTableOnFakeDevice,
-    ::testing::Values(Case{1, DType::kF32, ReduceKind::kSum, false},
-                      Case{2, DType::kF32, ReduceKind::kSum, false},
-                      Case{4, DType::kF32, ReduceKind::kSum, true},
-                      Case{2, DType::kBF16, ReduceKind::kPreMulSum, false},
-                      Case{4, DType::kF16, ReduceKind::kMax, true},
-                      Case{4, DType::kF64, ReduceKind::kAvg, false}),
-    Name);
+INSTANTIATE_TEST_SUITE_P(Sweep, CollectiveTableOnFakeDevice,
+                         ::testing::Values(Case{1, DType::kF32, ReduceKind::kSum, false},
+                                           Case{2, DType::kF32, ReduceKind::kSum, false},
+                                           Case{4, DType::kF32, ReduceKind::kSum, true},
+                                           Case{2, DType::kBF16, ReduceKind::kPreMulSum, false},
+                                           Case{4, DType::kF16, ReduceKind::kMax, true},
+                                           Case{4, DType::kF64, ReduceKind::kAvg, false}),
+                         Name);
 
 }  // namespace
 }  // namespace braid::nccl::testing

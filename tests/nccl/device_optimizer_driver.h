@@ -31,8 +31,8 @@ namespace braid::nccl::testing {
 // The stack of tests/optim/optimizer_harness.h on device parameters (collective over `world`,
 // an nccl group of s.replicas * s.shards ranks), initial values set and gathered.
 absl::StatusOr<std::unique_ptr<optim::testing::RankStack>> BuildDeviceStack(
-    Group& world, std::shared_ptr<optim::DeviceStepKernels> kernels, const optim::testing::OptScenario& s,
-    absl::Duration timeout = absl::Seconds(60));
+    Group& world, std::shared_ptr<optim::DeviceStepKernels> kernels,
+    const optim::testing::OptScenario& s, absl::Duration timeout = absl::Seconds(60));
 
 // Steps [first, last) of `s` on `st` (gradients written on a compute stream, the last rank's
 // bad value at s.inf_step as in RunSteps); with `compare`, the parameters after each step are
@@ -43,10 +43,9 @@ absl::Status RunDeviceSteps(optim::testing::RankStack& st, std::shared_ptr<CudaA
                             bool compare = true);
 
 // Every parameter's model-dtype bytes, copied to the host.
-absl::StatusOr<std::vector<std::vector<uint8_t>>> DeviceParams(optim::testing::RankStack& st,
-                                                               std::shared_ptr<CudaApi> cuda,
-                                                               const optim::testing::OptScenario& s,
-                                                               absl::Duration timeout = absl::Seconds(60));
+absl::StatusOr<std::vector<std::vector<uint8_t>>> DeviceParams(
+    optim::testing::RankStack& st, std::shared_ptr<CudaApi> cuda,
+    const optim::testing::OptScenario& s, absl::Duration timeout = absl::Seconds(60));
 
 // BuildDeviceStack, RunDeviceSteps over every step of `s`, then CheckReport (tests/optim).
 // Collective over `world`. The error names the rank, step and parameter that differ.

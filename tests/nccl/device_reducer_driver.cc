@@ -27,8 +27,8 @@ using sched::ReducerGroups;
 using sched::reference::Scenario;
 
 double ExactGrad(int r, int p, int m, int s, size_t i) {
-  uint64_t z = ((((static_cast<uint64_t>(r) * 131 + p) * 17 + m) * 7 + s) << 32) + i +
-               0x9e3779b97f4a7c15ull;
+  uint64_t z =
+      ((((static_cast<uint64_t>(r) * 131 + p) * 17 + m) * 7 + s) << 32) + i + 0x9e3779b97f4a7c15ull;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;  // splitmix64
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   z ^= z >> 31;
@@ -38,7 +38,8 @@ double ExactGrad(int r, int p, int m, int s, size_t i) {
 namespace {
 
 // Waits (deadline-bounded) for everything queued on `stream` so far.
-absl::Status SyncStream(const std::shared_ptr<CudaApi>& cuda, cudaStream_t stream, absl::Duration timeout) {
+absl::Status SyncStream(const std::shared_ptr<CudaApi>& cuda, cudaStream_t stream,
+                        absl::Duration timeout) {
   absl::Status s = WaitForStream(cuda, stream, absl::Now() + timeout);
   if (absl::IsDeadlineExceeded(s)) return absl::DeadlineExceededError("compute stream sync");
   return s;
@@ -118,20 +119,20 @@ absl::Status RunDeviceScenario(Group& world, std::shared_ptr<CudaApi> cuda, cons
       // wait: ZeroGradsAsync's event).
       ASSIGN_OR_RETURN(WorkPtr zeroed, red->ZeroGradsAsync());
       if (zeroed->device_event()) {
-        RETURN_IF_ERROR(CudaStatus(
-            *cuda,
-            cuda->StreamWaitEvent(compute.get(),
-                                  static_cast<cudaEvent_t>(zeroed->device_event().handle)),
-            "cudaStreamWaitEvent (zeroed gradients)"));
+        RETURN_IF_ERROR(
+            CudaStatus(*cuda,
+                       cuda->StreamWaitEvent(
+                           compute.get(), static_cast<cudaEvent_t>(zeroed->device_event().handle)),
+                       "cudaStreamWaitEvent (zeroed gradients)"));
       }
       zero_works.push_back(std::move(zeroed));  // keeps its event valid while waited on
     }
     for (size_t p = 0; p < n; ++p) {
       std::fill(mirror[p].begin(), mirror[p].end(), 0);  // the framework's zero_grad
       if (sc.copy_in) {
-        RETURN_IF_ERROR(CudaStatus(*cuda, cuda->MemsetAsync(own[p].get(), 0, mirror[p].size(),
-                                                            compute.get()),
-                                   "cudaMemsetAsync"));
+        RETURN_IF_ERROR(
+            CudaStatus(*cuda, cuda->MemsetAsync(own[p].get(), 0, mirror[p].size(), compute.get()),
+                       "cudaMemsetAsync"));
       }
     }
     for (int m = 0; m < mbs; ++m) {
@@ -149,22 +150,23 @@ absl::Status RunDeviceScenario(Group& world, std::shared_ptr<CudaApi> cuda, cons
           void* target = own[p].get();
           const size_t at = (static_cast<size_t>(step) * mbs + m) * n + p;
           if (values) {
-            ASSIGN_OR_RETURN(passed[at], DeviceBuffer::Allocate(cuda, mirror[p].size(), params[p].Label()));
+            ASSIGN_OR_RETURN(passed[at],
+                             DeviceBuffer::Allocate(cuda, mirror[p].size(), params[p].Label()));
             target = passed[at].get();
             std::fill(mirror[p].begin(), mirror[p].end(), 0);  // this microbatch's gradient only
           } else if (!sc.copy_in) {
             ASSIGN_OR_RETURN(TensorView v, red->GradView(params[p].id));
             target = v.data;
           }
-          Accumulate(TensorView{mirror[p].data(), params[p].count, params[p].dtype, Device{}},
-                     grad, r, p, m, step);
+          Accumulate(TensorView{mirror[p].data(), params[p].count, params[p].dtype, Device{}}, grad,
+                     r, p, m, step);
           // The producer: its write is queued on the compute stream, the event after it.
           std::vector<char>& snap = snapshots[(static_cast<size_t>(step) * mbs + m) * n + p];
           snap = mirror[p];
-          RETURN_IF_ERROR(CudaStatus(
-              *cuda, cuda->MemcpyAsync(target, snap.data(), snap.size(),
-                                       cudaMemcpyHostToDevice, compute.get()),
-              "cudaMemcpyAsync (gradient)"));
+          RETURN_IF_ERROR(CudaStatus(*cuda,
+                                     cuda->MemcpyAsync(target, snap.data(), snap.size(),
+                                                       cudaMemcpyHostToDevice, compute.get()),
+                                     "cudaMemcpyAsync (gradient)"));
           RETURN_IF_ERROR(CudaStatus(*cuda, cuda->EventRecord(events[p].get(), compute.get()),
                                      "cudaEventRecord"));
           const DeviceEvent ready = pass_events ? DeviceEvent{events[p].get()} : DeviceEvent{};
@@ -200,25 +202,27 @@ absl::Status RunDeviceScenario(Group& world, std::shared_ptr<CudaApi> cuda, cons
         const size_t lo = static_cast<size_t>(r % sc.shards) * bk.shard_count;
         buckets[b].assign(bk.bytes(), 0);
         RETURN_IF_ERROR(CudaStatus(
-            *cuda, cuda->MemcpyAsync(buckets[b].data() + lo * es, red->ShardView(static_cast<int>(b)).data,
-                                     bk.shard_count * es, cudaMemcpyDeviceToHost, compute.get()),
+            *cuda,
+            cuda->MemcpyAsync(buckets[b].data() + lo * es, red->ShardView(static_cast<int>(b)).data,
+                              bk.shard_count * es, cudaMemcpyDeviceToHost, compute.get()),
             "cudaMemcpyAsync (kept shard to host)"));
         continue;
       }
       ASSIGN_OR_RETURN(TensorView v, red->GradView(plan.params()[first].id));
-      const char* base = static_cast<const char*>(v.data) -
-                         plan.slot(first).offset * DTypeSize(bk.dtype);
+      const char* base =
+          static_cast<const char*>(v.data) - plan.slot(first).offset * DTypeSize(bk.dtype);
       buckets[b].assign(bk.bytes(), 0);
-      RETURN_IF_ERROR(CudaStatus(*cuda, cuda->MemcpyAsync(buckets[b].data(), base, bk.bytes(),
-                                                          cudaMemcpyDeviceToHost, compute.get()),
+      RETURN_IF_ERROR(CudaStatus(*cuda,
+                                 cuda->MemcpyAsync(buckets[b].data(), base, bk.bytes(),
+                                                   cudaMemcpyDeviceToHost, compute.get()),
                                  "cudaMemcpyAsync (bucket to host)"));
     }
     std::vector<std::vector<char>> grads(n);
     for (size_t p = 0; sc.copy_in && p < n; ++p) {
       grads[p].assign(mirror[p].size(), 0);
-      RETURN_IF_ERROR(CudaStatus(*cuda, cuda->MemcpyAsync(grads[p].data(), own[p].get(),
-                                                          grads[p].size(),
-                                                          cudaMemcpyDeviceToHost, compute.get()),
+      RETURN_IF_ERROR(CudaStatus(*cuda,
+                                 cuda->MemcpyAsync(grads[p].data(), own[p].get(), grads[p].size(),
+                                                   cudaMemcpyDeviceToHost, compute.get()),
                                  "cudaMemcpyAsync (gradient to host)"));
     }
     RETURN_IF_ERROR(SyncStream(cuda, compute.get(), timeout));

@@ -179,8 +179,8 @@ cudaError_t FakeCudaApi::Free(void* ptr) {
 cudaError_t FakeCudaApi::MallocHost(void** ptr, size_t bytes) { return Malloc(ptr, bytes); }
 cudaError_t FakeCudaApi::FreeHost(void* ptr) { return Free(ptr); }
 
-cudaError_t FakeCudaApi::MemcpyAsync(void* dst, const void* src, size_t bytes,
-                                     cudaMemcpyKind kind, cudaStream_t stream) {
+cudaError_t FakeCudaApi::MemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                                     cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
   if (StreamLocked(stream) == nullptr) return cudaErrorInvalidResourceHandle;
   LogLocked(absl::StrCat("MemcpyAsync(", bytes, ",", Name(stream), ")"));
@@ -204,14 +204,20 @@ cudaError_t FakeCudaApi::MemsetAsync(void* dst, int value, size_t bytes, cudaStr
 
 const char* FakeCudaApi::ErrorString(cudaError_t error) {
   switch (error) {
-    case cudaSuccess: return "no error";
-    case cudaErrorNotReady: return "device not ready";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorNotReady:
+      return "device not ready";
     case cudaErrorInsufficientDriver:
       return "CUDA driver version is insufficient for CUDA runtime version";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorLaunchFailure: return "unspecified launch failure";
-    default: return "fake CUDA error";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device is detected";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorLaunchFailure:
+      return "unspecified launch failure";
+    default:
+      return "fake CUDA error";
   }
 }
 

@@ -70,7 +70,7 @@ class FakeCudaApi : public CudaApi {
   std::string Name(cudaEvent_t e) const;
 
   // Knobs.
-  void SetDeviceCountResult(cudaError_t rc, int count);  // default: cudaSuccess, 1 device
+  void SetDeviceCountResult(cudaError_t rc, int count);   // default: cudaSuccess, 1 device
   void StallEvents(bool stall);                           // EventQuery -> cudaErrorNotReady
   void StallEventsLocked(bool stall) { stall_ = stall; }  // the same, under mu()
   void FailEventQueries(cudaError_t rc);                  // EventQuery -> rc (cudaSuccess: off)

@@ -24,7 +24,7 @@ class FakeKernelApi : public KernelApi {
           cudaStream_t stream) override;
   const char* ErrorString(int code) override;
 
-  int launches() const { return launches_.load(); }  // every kernel
+  int launches() const { return launches_.load(); }          // every kernel
   int scaled_casts() const { return scaled_casts_.load(); }  // casts with a mul or a div
   int adds() const { return adds_.load(); }
 

@@ -29,7 +29,8 @@ struct FakeNcclApi::Op {
 };
 
 struct FakeNcclApi::SplitSlot {
-  explicit SplitSlot(int n) : color(n), key(n), out(n, nullptr), posted(n, false), child_blocking(n) {}
+  explicit SplitSlot(int n)
+      : color(n), key(n), out(n, nullptr), posted(n, false), child_blocking(n) {}
   std::vector<int> color, key;
   std::vector<ncclComm_t*> out;
   std::vector<bool> posted;
@@ -50,8 +51,8 @@ struct FakeNcclApi::Clique {
   std::map<uint64_t, Slot> ops;
   std::map<uint64_t, std::unique_ptr<SplitSlot>> splits;
   int joined() const {
-    return static_cast<int>(std::count_if(members.begin(), members.end(),
-                                          [](Comm* c) { return c != nullptr; }));
+    return static_cast<int>(
+        std::count_if(members.begin(), members.end(), [](Comm* c) { return c != nullptr; }));
   }
 };
 
@@ -80,13 +81,20 @@ namespace {
 
 DType FromNccl(ncclDataType_t t) {
   switch (t) {
-    case ncclFloat64: return DType::kF64;
-    case ncclBfloat16: return DType::kBF16;
-    case ncclFloat16: return DType::kF16;
-    case ncclInt32: return DType::kI32;
-    case ncclInt64: return DType::kI64;
-    case ncclUint8: return DType::kU8;
-    default: return DType::kF32;
+    case ncclFloat64:
+      return DType::kF64;
+    case ncclBfloat16:
+      return DType::kBF16;
+    case ncclFloat16:
+      return DType::kF16;
+    case ncclInt32:
+      return DType::kI32;
+    case ncclInt64:
+      return DType::kI64;
+    case ncclUint8:
+      return DType::kU8;
+    default:
+      return DType::kF32;
   }
 }
 
@@ -97,10 +105,14 @@ bool KnownType(ncclDataType_t t) {
 
 const char* KindName(Kind k) {
   switch (k) {
-    case Kind::kAllReduce: return "AllReduce";
-    case Kind::kReduceScatter: return "ReduceScatter";
-    case Kind::kAllGather: return "AllGather";
-    case Kind::kBroadcast: return "Broadcast";
+    case Kind::kAllReduce:
+      return "AllReduce";
+    case Kind::kReduceScatter:
+      return "ReduceScatter";
+    case Kind::kAllGather:
+      return "AllGather";
+    case Kind::kBroadcast:
+      return "Broadcast";
   }
   return "?";
 }
@@ -208,8 +220,8 @@ ncclResult_t FakeNcclApi::CommInitRankConfig(ncclComm_t* comm, int nranks, const
     return ncclInvalidArgument;
   }
   const bool blocking = config->blocking != 0;  // NCCL_CONFIG_UNDEF_INT counts as blocking
-  Comm* c = NewCommLocked(clique, rank, blocking,
-                          config->commName != nullptr ? config->commName : "");
+  Comm* c =
+      NewCommLocked(clique, rank, blocking, config->commName != nullptr ? config->commName : "");
   *comm = reinterpret_cast<ncclComm_t>(c);
   cv_.notify_all();
   if (!blocking) {
@@ -375,15 +387,24 @@ ncclResult_t FakeNcclApi::CommUserRank(ncclComm_t comm, int* rank) {
 
 const char* FakeNcclApi::GetErrorString(ncclResult_t result) {
   switch (result) {
-    case ncclSuccess: return "no error";
-    case ncclUnhandledCudaError: return "unhandled cuda error (fake)";
-    case ncclSystemError: return "unhandled system error (fake)";
-    case ncclInternalError: return "internal error (fake)";
-    case ncclInvalidArgument: return "invalid argument (fake)";
-    case ncclInvalidUsage: return "invalid usage (fake)";
-    case ncclRemoteError: return "remote process exited or there was a network error (fake)";
-    case ncclInProgress: return "NCCL operation in progress (fake)";
-    default: return "unknown result code (fake)";
+    case ncclSuccess:
+      return "no error";
+    case ncclUnhandledCudaError:
+      return "unhandled cuda error (fake)";
+    case ncclSystemError:
+      return "unhandled system error (fake)";
+    case ncclInternalError:
+      return "internal error (fake)";
+    case ncclInvalidArgument:
+      return "invalid argument (fake)";
+    case ncclInvalidUsage:
+      return "invalid usage (fake)";
+    case ncclRemoteError:
+      return "remote process exited or there was a network error (fake)";
+    case ncclInProgress:
+      return "NCCL operation in progress (fake)";
+    default:
+      return "unknown result code (fake)";
   }
 }
 
@@ -442,8 +463,7 @@ ncclResult_t FakeNcclApi::GroupEnd() {
 
 ncclResult_t FakeNcclApi::CollectiveLocked(Op op, const char* name) {
   Comm* c = nullptr;
-  if (const ncclResult_t rc =
-          CheckCallLocked(reinterpret_cast<ncclComm_t>(op.comm), name, &c);
+  if (const ncclResult_t rc = CheckCallLocked(reinterpret_cast<ncclComm_t>(op.comm), name, &c);
       rc != ncclSuccess) {
     return rc;
   }
@@ -511,10 +531,9 @@ void FakeNcclApi::ExecuteLocked(Clique* clique, uint64_t index) {
     if (o.kind != first.kind || o.count != first.count || o.type != first.type ||
         (o.op >= ncclNumOps) != (first.op >= ncclNumOps) ||
         (first.op < ncclNumOps && o.op != first.op) || o.root != first.root) {
-      const std::string text =
-          absl::StrCat("mismatched collective #", index, ": rank 0 called ", KindName(first.kind),
-                       " count ", first.count, ", rank ", r, " called ", KindName(o.kind),
-                       " count ", o.count);
+      const std::string text = absl::StrCat("mismatched collective #", index, ": rank 0 called ",
+                                            KindName(first.kind), " count ", first.count, ", rank ",
+                                            r, " called ", KindName(o.kind), " count ", o.count);
       for (const Op& p : slot.posted) {
         p.comm->async = ncclInvalidUsage;
         p.comm->last_error = text;
@@ -578,9 +597,8 @@ void FakeNcclApi::ExecuteLocked(Clique* clique, uint64_t index) {
   }
 }
 
-ncclResult_t FakeNcclApi::AllReduce(const void* send, void* recv, size_t count,
-                                    ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
-                                    cudaStream_t stream) {
+ncclResult_t FakeNcclApi::AllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
+                                    ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(cuda_->mu());
   return CollectiveLocked(Op{Kind::kAllReduce, send, recv, count, type, op, 1.0, 0,
                              reinterpret_cast<Comm*>(comm), stream},
@@ -604,9 +622,8 @@ ncclResult_t FakeNcclApi::AllGather(const void* send, void* recv, size_t sendcou
                           "AllGather");
 }
 
-ncclResult_t FakeNcclApi::Broadcast(const void* send, void* recv, size_t count,
-                                    ncclDataType_t type, int root, ncclComm_t comm,
-                                    cudaStream_t stream) {
+ncclResult_t FakeNcclApi::Broadcast(const void* send, void* recv, size_t count, ncclDataType_t type,
+                                    int root, ncclComm_t comm, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(cuda_->mu());
   return CollectiveLocked(Op{Kind::kBroadcast, send, recv, count, type, ncclSum, 1.0, root,
                              reinterpret_cast<Comm*>(comm), stream},
@@ -614,8 +631,7 @@ ncclResult_t FakeNcclApi::Broadcast(const void* send, void* recv, size_t count,
 }
 
 ncclResult_t FakeNcclApi::RedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t type,
-                                               ncclScalarResidence_t residence,
-                                               ncclComm_t comm) {
+                                               ncclScalarResidence_t residence, ncclComm_t comm) {
   std::lock_guard<std::mutex> lock(cuda_->mu());
   Comm* c = nullptr;
   if (const ncclResult_t rc = CheckCallLocked(comm, "RedOpCreatePreMulSum", &c);

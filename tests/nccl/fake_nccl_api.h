@@ -65,8 +65,8 @@ class FakeNcclApi : public NcclApi {
                              ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) override;
   ncclResult_t AllGather(const void* send, void* recv, size_t sendcount, ncclDataType_t type,
                          ncclComm_t comm, cudaStream_t stream) override;
-  ncclResult_t Broadcast(const void* send, void* recv, size_t count, ncclDataType_t type,
-                         int root, ncclComm_t comm, cudaStream_t stream) override;
+  ncclResult_t Broadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
+                         ncclComm_t comm, cudaStream_t stream) override;
   ncclResult_t RedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t type,
                                     ncclScalarResidence_t residence, ncclComm_t comm) override;
   ncclResult_t RedOpDestroy(ncclRedOp_t op, ncclComm_t comm) override;
@@ -81,17 +81,17 @@ class FakeNcclApi : public NcclApi {
 
   // Observations ------------------------------------------------------------------------------
   std::vector<std::string> violations() const;
-  int group_ends() const;             // outermost ncclGroupEnd calls
+  int group_ends() const;                  // outermost ncclGroupEnd calls
   std::vector<int> ops_per_group() const;  // collectives in each outermost bracket
   int premul_created() const;
   int premul_destroyed() const;
   std::vector<double> premul_scalars() const;  // as NCCL decodes them, in creation order
-  int live_premul_ops() const;        // on communicators not yet freed
+  int live_premul_ops() const;                 // on communicators not yet freed
   int comms_created() const;
-  int comms_finalized() const;        // destroyed after a completed finalize
+  int comms_finalized() const;  // destroyed after a completed finalize
   int comms_aborted() const;
-  int live_comms() const;             // neither destroyed nor aborted
-  int executed_collectives() const;   // cross-rank executions (one per matched call)
+  int live_comms() const;            // neither destroyed nor aborted
+  int executed_collectives() const;  // cross-rank executions (one per matched call)
 
  private:
   struct Comm;

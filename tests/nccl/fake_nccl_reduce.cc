@@ -90,11 +90,16 @@ void Reduce(const void* const* inputs, int n, void* const* outs, int n_outs, siz
 double NcclAvgScalar(DType dtype, int nranks) {
   const double inv = 1.0 / nranks;  // enqueue.cc: 1.0/comm->nRanks, in double
   switch (dtype) {
-    case DType::kF64: return inv;
-    case DType::kF32: return static_cast<float>(inv);
-    case DType::kBF16: return ToFloat(ToBF16(static_cast<float>(inv)));
-    case DType::kF16: return ToFloat(ToF16(static_cast<float>(inv)));
-    default: return inv;  // integers: no scalar (SumPostDiv)
+    case DType::kF64:
+      return inv;
+    case DType::kF32:
+      return static_cast<float>(inv);
+    case DType::kBF16:
+      return ToFloat(ToBF16(static_cast<float>(inv)));
+    case DType::kF16:
+      return ToFloat(ToF16(static_cast<float>(inv)));
+    default:
+      return inv;  // integers: no scalar (SumPostDiv)
   }
 }
 
@@ -107,13 +112,20 @@ void FakeNcclReduce(const void* const* inputs, int n, void* const* outs, int n_o
     return;
   }
   switch (dtype) {
-    case DType::kF32: return Reduce<float>(inputs, n, outs, n_outs, count, dtype, op, scalars);
-    case DType::kF64: return Reduce<double>(inputs, n, outs, n_outs, count, dtype, op, scalars);
-    case DType::kBF16: return Reduce<BF16>(inputs, n, outs, n_outs, count, dtype, op, scalars);
-    case DType::kF16: return Reduce<F16>(inputs, n, outs, n_outs, count, dtype, op, scalars);
-    case DType::kI32: return Reduce<int32_t>(inputs, n, outs, n_outs, count, dtype, op, scalars);
-    case DType::kI64: return Reduce<int64_t>(inputs, n, outs, n_outs, count, dtype, op, scalars);
-    case DType::kU8: return Reduce<uint8_t>(inputs, n, outs, n_outs, count, dtype, op, scalars);
+    case DType::kF32:
+      return Reduce<float>(inputs, n, outs, n_outs, count, dtype, op, scalars);
+    case DType::kF64:
+      return Reduce<double>(inputs, n, outs, n_outs, count, dtype, op, scalars);
+    case DType::kBF16:
+      return Reduce<BF16>(inputs, n, outs, n_outs, count, dtype, op, scalars);
+    case DType::kF16:
+      return Reduce<F16>(inputs, n, outs, n_outs, count, dtype, op, scalars);
+    case DType::kI32:
+      return Reduce<int32_t>(inputs, n, outs, n_outs, count, dtype, op, scalars);
+    case DType::kI64:
+      return Reduce<int64_t>(inputs, n, outs, n_outs, count, dtype, op, scalars);
+    case DType::kU8:
+      return Reduce<uint8_t>(inputs, n, outs, n_outs, count, dtype, op, scalars);
   }
 }
 

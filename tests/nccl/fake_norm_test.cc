@@ -37,15 +37,16 @@ TEST(FakeNormKernelTest, BlockSumsMatchHostGradStatsBitForBit) {
       const size_t blocks = optim::NormBlocks(c.n);
       auto sums = DeviceBuffer::Allocate(gpu.cuda, blocks * sizeof(double), "block sums");
       ASSERT_TRUE(grad.ok() && sums.ok());
-      ASSERT_EQ(gpu.cuda->MemcpyAsync(grad->get(), c.raw.data(), c.raw.size(), cudaMemcpyHostToDevice,
-                                      stream->get()),
+      ASSERT_EQ(gpu.cuda->MemcpyAsync(grad->get(), c.raw.data(), c.raw.size(),
+                                      cudaMemcpyHostToDevice, stream->get()),
                 cudaSuccess);
-      ASSERT_TRUE(kernels.NormBlockSums(grad->get(), c.dtype, c.n, static_cast<double*>(sums->get()),
-                                        DeviceStream{stream->get()})
+      ASSERT_TRUE(kernels
+                      .NormBlockSums(grad->get(), c.dtype, c.n, static_cast<double*>(sums->get()),
+                                     DeviceStream{stream->get()})
                       .ok());
       std::vector<double> host(blocks, -1.0);
-      ASSERT_EQ(gpu.cuda->MemcpyAsync(host.data(), sums->get(), blocks * sizeof(double), cudaMemcpyDeviceToHost,
-                                      stream->get()),
+      ASSERT_EQ(gpu.cuda->MemcpyAsync(host.data(), sums->get(), blocks * sizeof(double),
+                                      cudaMemcpyDeviceToHost, stream->get()),
                 cudaSuccess);
       ASSERT_TRUE(WaitForStream(gpu.cuda, stream->get(), absl::Now() + absl::Seconds(30)).ok());
       const double want = HostNorm(c), got = optim::NormSumBlocks(host.data(), blocks);
@@ -76,7 +77,8 @@ TEST(FakeNormKernelTest, CasesAreOrderSensitive) {
       const double x = LoadElement(c.raw.data(), c.dtype, i);
       serial += x * x;
     }
-    EXPECT_NE(serial, HostNorm(c)) << "a plain serial sum gives the blocked value: the cases cannot tell orders apart";
+    EXPECT_NE(serial, HostNorm(c))
+        << "a plain serial sum gives the blocked value: the cases cannot tell orders apart";
     return;
   }
   FAIL() << "no f32_n300007 case";

@@ -1,12 +1,13 @@
 // comm/host_values.h on both kinds of group: host groups (`local` ranks, the caller's memory)
 // and device groups (the nccl backend on the fake device: staged through the group's memory,
 // MemcpyAsync in and out). Results against values computed here; errors name the label.
+#include "comm/host_values.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_join.h"
-#include "comm/host_values.h"
 #include "gtest/gtest.h"
 #include "tests/multirank.h"
 #include "tests/nccl/fake_gpu.h"

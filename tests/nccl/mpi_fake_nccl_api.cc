@@ -46,14 +46,29 @@ namespace {
 
 bool ToDType(ncclDataType_t t, DType* out) {
   switch (t) {
-    case ncclFloat32: *out = DType::kF32; return true;
-    case ncclFloat64: *out = DType::kF64; return true;
-    case ncclBfloat16: *out = DType::kBF16; return true;
-    case ncclFloat16: *out = DType::kF16; return true;
-    case ncclInt32: *out = DType::kI32; return true;
-    case ncclInt64: *out = DType::kI64; return true;
-    case ncclUint8: *out = DType::kU8; return true;
-    default: return false;
+    case ncclFloat32:
+      *out = DType::kF32;
+      return true;
+    case ncclFloat64:
+      *out = DType::kF64;
+      return true;
+    case ncclBfloat16:
+      *out = DType::kBF16;
+      return true;
+    case ncclFloat16:
+      *out = DType::kF16;
+      return true;
+    case ncclInt32:
+      *out = DType::kI32;
+      return true;
+    case ncclInt64:
+      *out = DType::kI64;
+      return true;
+    case ncclUint8:
+      *out = DType::kU8;
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -100,8 +115,8 @@ ncclResult_t MpiFakeNcclApi::GetUniqueId(ncclUniqueId* id) {
   return ncclSuccess;
 }
 
-ncclResult_t MpiFakeNcclApi::CommInitRankConfig(ncclComm_t* comm, int nranks, const ncclUniqueId& id,
-                                                int rank, ncclConfig_t*) {
+ncclResult_t MpiFakeNcclApi::CommInitRankConfig(ncclComm_t* comm, int nranks,
+                                                const ncclUniqueId& id, int rank, ncclConfig_t*) {
   MPI_Comm mpi = MPI_COMM_NULL;  // collective over MPI_COMM_WORLD; without the device lock
   if (MPI_Comm_split(MPI_COMM_WORLD, static_cast<int>(IdColor(id)), rank, &mpi) != MPI_SUCCESS) {
     return ncclSystemError;
@@ -210,14 +225,17 @@ bool MpiFakeNcclApi::StepLocked(Comm* c, Op* op) {
       }
       case Op::Kind::kAllGather: {
         const size_t in = op->count * es;
-        op->mine.assign(static_cast<const char*>(op->send), static_cast<const char*>(op->send) + in);
+        op->mine.assign(static_cast<const char*>(op->send),
+                        static_cast<const char*>(op->send) + in);
         MPI_Iallgather(op->mine.data(), static_cast<int>(in), MPI_BYTE, op->recv,
                        static_cast<int>(in), MPI_BYTE, c->mpi, &op->req);
         break;
       }
       case Op::Kind::kBroadcast:
-        if (c->rank == op->root && op->send != op->recv) std::memmove(op->recv, op->send, op->count * es);
-        MPI_Ibcast(op->recv, static_cast<int>(op->count * es), MPI_BYTE, op->root, c->mpi, &op->req);
+        if (c->rank == op->root && op->send != op->recv)
+          std::memmove(op->recv, op->send, op->count * es);
+        MPI_Ibcast(op->recv, static_cast<int>(op->count * es), MPI_BYTE, op->root, c->mpi,
+                   &op->req);
         break;
     }
     op->started = true;
@@ -247,7 +265,8 @@ bool MpiFakeNcclApi::StepLocked(Comm* c, Op* op) {
 namespace {
 
 // The op and its scalar for a reduction; false for an unknown op.
-bool ReductionOf(ncclRedOp_t op, const std::map<int, double>& premul, FakeRedOp* rop, double* scalar) {
+bool ReductionOf(ncclRedOp_t op, const std::map<int, double>& premul, FakeRedOp* rop,
+                 double* scalar) {
   *scalar = 1.0;
   if (op >= ncclNumOps) {
     auto it = premul.find(static_cast<int>(op));
@@ -257,22 +276,32 @@ bool ReductionOf(ncclRedOp_t op, const std::map<int, double>& premul, FakeRedOp*
     return true;
   }
   switch (op) {
-    case ncclSum: *rop = FakeRedOp::kSum; return true;
-    case ncclAvg: *rop = FakeRedOp::kAvg; return true;
-    case ncclMax: *rop = FakeRedOp::kMax; return true;
-    case ncclMin: *rop = FakeRedOp::kMin; return true;
-    default: return false;
+    case ncclSum:
+      *rop = FakeRedOp::kSum;
+      return true;
+    case ncclAvg:
+      *rop = FakeRedOp::kAvg;
+      return true;
+    case ncclMax:
+      *rop = FakeRedOp::kMax;
+      return true;
+    case ncclMin:
+      *rop = FakeRedOp::kMin;
+      return true;
+    default:
+      return false;
   }
 }
 
 }  // namespace
 
-ncclResult_t MpiFakeNcclApi::ReductionLocked(bool scatter, const void* send, void* recv, size_t count,
-                                             ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
-                                             cudaStream_t stream) {
+ncclResult_t MpiFakeNcclApi::ReductionLocked(bool scatter, const void* send, void* recv,
+                                             size_t count, ncclDataType_t type, ncclRedOp_t op,
+                                             ncclComm_t comm, cudaStream_t stream) {
   Comm* c = FindLocked(comm);
   auto o = std::make_shared<Op>();
-  if (c == nullptr || !ToDType(type, &o->dtype) || !ReductionOf(op, c->premul, &o->rop, &o->scalar)) {
+  if (c == nullptr || !ToDType(type, &o->dtype) ||
+      !ReductionOf(op, c->premul, &o->rop, &o->scalar)) {
     return ncclInvalidArgument;
   }
   o->kind = scatter ? Op::Kind::kReduceScatter : Op::Kind::kAllReduce;
@@ -283,8 +312,9 @@ ncclResult_t MpiFakeNcclApi::ReductionLocked(bool scatter, const void* send, voi
   return EnqueueLocked(c, std::move(o), stream);
 }
 
-ncclResult_t MpiFakeNcclApi::AllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
-                                       ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+ncclResult_t MpiFakeNcclApi::AllReduce(const void* send, void* recv, size_t count,
+                                       ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
+                                       cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(cuda_->mu());
   return ReductionLocked(false, send, recv, count, type, op, comm, stream);
 }
@@ -312,8 +342,9 @@ ncclResult_t MpiFakeNcclApi::AllGather(const void* send, void* recv, size_t send
   return EnqueueLocked(c, std::move(o), stream);
 }
 
-ncclResult_t MpiFakeNcclApi::Broadcast(const void* send, void* recv, size_t count, ncclDataType_t type,
-                                       int root, ncclComm_t comm, cudaStream_t stream) {
+ncclResult_t MpiFakeNcclApi::Broadcast(const void* send, void* recv, size_t count,
+                                       ncclDataType_t type, int root, ncclComm_t comm,
+                                       cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(cuda_->mu());
   Comm* c = FindLocked(comm);
   auto o = std::make_shared<Op>();
@@ -330,18 +361,28 @@ ncclResult_t MpiFakeNcclApi::Broadcast(const void* send, void* recv, size_t coun
   return EnqueueLocked(c, std::move(o), stream);
 }
 
-ncclResult_t MpiFakeNcclApi::RedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t type,
-                                                  ncclScalarResidence_t, ncclComm_t comm) {
+ncclResult_t MpiFakeNcclApi::RedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar,
+                                                  ncclDataType_t type, ncclScalarResidence_t,
+                                                  ncclComm_t comm) {
   std::lock_guard<std::mutex> lock(cuda_->mu());
   Comm* c = FindLocked(comm);
   if (c == nullptr) return ncclInvalidArgument;
   double value = 0;  // fake device memory is host memory: both residences read the same
   switch (type) {
-    case ncclFloat32: value = *static_cast<const float*>(scalar); break;
-    case ncclFloat64: value = *static_cast<const double*>(scalar); break;
-    case ncclBfloat16: value = ToFloat(*static_cast<const BF16*>(scalar)); break;
-    case ncclFloat16: value = ToFloat(*static_cast<const F16*>(scalar)); break;
-    default: return ncclInvalidArgument;
+    case ncclFloat32:
+      value = *static_cast<const float*>(scalar);
+      break;
+    case ncclFloat64:
+      value = *static_cast<const double*>(scalar);
+      break;
+    case ncclBfloat16:
+      value = ToFloat(*static_cast<const BF16*>(scalar));
+      break;
+    case ncclFloat16:
+      value = ToFloat(*static_cast<const F16*>(scalar));
+      break;
+    default:
+      return ncclInvalidArgument;
   }
   const int id = static_cast<int>(ncclNumOps) + c->next_premul++;
   c->premul[id] = value;

@@ -66,8 +66,8 @@ class MpiFakeNcclApi : public NcclApi {
                              ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) override;
   ncclResult_t AllGather(const void* send, void* recv, size_t sendcount, ncclDataType_t type,
                          ncclComm_t comm, cudaStream_t stream) override;
-  ncclResult_t Broadcast(const void* send, void* recv, size_t count, ncclDataType_t type,
-                         int root, ncclComm_t comm, cudaStream_t stream) override;
+  ncclResult_t Broadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
+                         ncclComm_t comm, cudaStream_t stream) override;
   ncclResult_t RedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t type,
                                     ncclScalarResidence_t residence, ncclComm_t comm) override;
   ncclResult_t RedOpDestroy(ncclRedOp_t op, ncclComm_t comm) override;

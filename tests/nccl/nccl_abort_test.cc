@@ -71,8 +71,8 @@ TEST(NcclAbort, AbortJobReleasesRanksInsideAnNcclCollective) {
       return;
     }
     const absl::Time start = absl::Now();
-    const absl::Status s = Outcome(g.AllReduce(x.data(), x.data(), x.size(), DType::kF32,
-                                               ReduceOp::Sum()));
+    const absl::Status s =
+        Outcome(g.AllReduce(x.data(), x.data(), x.size(), DType::kF32, ReduceOp::Sum()));
     EXPECT_LT(absl::Now() - start, absl::Milliseconds(100) + kPrompt);
     ExpectError(s, absl::StatusCode::kAborted,
                 {"allreduce #0 on group 'world'", "job aborted: rank 2 reported",
@@ -94,8 +94,8 @@ TEST(NcclAbort, AnNcclDeadlineStopsRanksWaitingOnTheCpuGroup) {
       CollectiveOptions o;
       o.timeout = absl::Milliseconds(300);
       o.label = "bucket 3";
-      const absl::Status s = Outcome(g.AllReduce(x.data(), x.data(), x.size(), DType::kF32,
-                                                 ReduceOp::Sum(), o));
+      const absl::Status s =
+          Outcome(g.AllReduce(x.data(), x.data(), x.size(), DType::kF32, ReduceOp::Sum(), o));
       ExpectError(s, absl::StatusCode::kDeadlineExceeded, {"bucket 3", "deadline"});
       EXPECT_TRUE(g.comm().failed());
       return;
@@ -127,13 +127,13 @@ TEST(NcclAbort, ACpuGroupFailureAbortsTheNcclCommunicators) {
         absl::SleepFor(absl::Milliseconds(1));
       }
     } else {
-      const absl::Status s = Outcome(g.AllReduce(x.data(), x.data(), x.size(), DType::kF32,
-                                                 ReduceOp::Sum()));
+      const absl::Status s =
+          Outcome(g.AllReduce(x.data(), x.data(), x.size(), DType::kF32, ReduceOp::Sum()));
       EXPECT_LT(absl::Now() - start, absl::Milliseconds(300) + kPrompt);
       // Barrier #0 of the CPU world carried the NCCL unique id.
-      ExpectError(s, absl::StatusCode::kAborted,
-                  {"job aborted: rank 0 reported", "barrier #1 on group 'world'",
-                   "did not arrive"});
+      ExpectError(
+          s, absl::StatusCode::kAborted,
+          {"job aborted: rank 0 reported", "barrier #1 on group 'world'", "did not arrive"});
     }
     EXPECT_TRUE(CommAborted(g)) << "rank " << g.rank();
   });

@@ -32,9 +32,8 @@ TEST(NcclBackend, RegisteredAsNccl) {
 }
 
 TEST(NcclBackend, OptionsSelectModeAndDevice) {
-  auto o = Options::FromMap({{"BRAID_BACKEND", "nccl"},
-                             {"BRAID_NCCL_BLOCKING", "0"},
-                             {"BRAID_CUDA_DEVICE", "3"}});
+  auto o = Options::FromMap(
+      {{"BRAID_BACKEND", "nccl"}, {"BRAID_NCCL_BLOCKING", "0"}, {"BRAID_CUDA_DEVICE", "3"}});
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->backend, "nccl");
   EXPECT_FALSE(o->nccl_blocking);
@@ -186,10 +185,9 @@ rendezvous::LauncherEnv TorchrunEnv(int port, int rank, int world) {
 
 // Runs `ranks` (of a torchrun world of `world`) as threads through CreateFromLauncher on the
 // shared fake device; body(rank, backend or error) on each.
-void RunLauncherRanks(FakeGpu& gpu, int world, const std::vector<int>& ranks,
-                      const NcclBackendConfig& config,
-                      const std::function<void(int, absl::StatusOr<std::unique_ptr<NcclBackend>>)>&
-                          body) {
+void RunLauncherRanks(
+    FakeGpu& gpu, int world, const std::vector<int>& ranks, const NcclBackendConfig& config,
+    const std::function<void(int, absl::StatusOr<std::unique_ptr<NcclBackend>>)>& body) {
   const int port = FreePort();
   std::vector<std::thread> threads;
   for (int r : ranks) {
@@ -227,8 +225,8 @@ TEST(NcclLauncher, ExchangeUniqueIdGivesEveryRankRankZerosId) {
   ASSERT_TRUE(other.ok());
   EXPECT_NE(std::string(other->internal, kUniqueIdBytes), ids[0]);
   // A rank other than 0 with nobody publishing: the deadline names the key.
-  auto short_store = rendezvous::TcpStore::Connect("127.0.0.1", (*server)->port(),
-                                                   absl::Milliseconds(200));
+  auto short_store =
+      rendezvous::TcpStore::Connect("127.0.0.1", (*server)->port(), absl::Milliseconds(200));
   ExpectError(ExchangeUniqueId(**short_store, "nobody", 1, 2, *gpu.nccl).status(),
               absl::StatusCode::kDeadlineExceeded, {"'nobody/unique_id'"});
   // Rank 0 whose peer never reads the id: the deadline names the peer's key.
@@ -283,11 +281,10 @@ TEST(NcclLauncher, IdFailureOnRankZeroReachesEveryRankBeforeTheDeadline) {
 // A rank that never starts: the others fail at the deadline, naming it.
 TEST(NcclLauncher, AMissingRankFailsEveryoneNamingIt) {
   FakeGpu gpu;
-  RunLauncherRanks(gpu, 4, {0, 1, 3}, FakeConfig(true, absl::Milliseconds(600)),
-                   [&](int, auto b) {
-                     ExpectError(b.status(), absl::StatusCode::kDeadlineExceeded,
-                                 {"rank 2 of a world of 4 did not arrive", "braid/nccl"});
-                   });
+  RunLauncherRanks(gpu, 4, {0, 1, 3}, FakeConfig(true, absl::Milliseconds(600)), [&](int, auto b) {
+    ExpectError(b.status(), absl::StatusCode::kDeadlineExceeded,
+                {"rank 2 of a world of 4 did not arrive", "braid/nccl"});
+  });
   ExpectClean(gpu);
 }
 

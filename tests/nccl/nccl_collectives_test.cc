@@ -23,8 +23,7 @@ using braid::testing::CollectiveVariant;
 using braid::testing::kCheckSizes;
 using braid::testing::kCollectiveVariants;
 
-absl::Status CheckAllSizesOnNccl(Group& g, const CollectiveVariant& k, DType dtype,
-                                 bool in_place) {
+absl::Status CheckAllSizesOnNccl(Group& g, const CollectiveVariant& k, DType dtype, bool in_place) {
   uint64_t seed = 1;
   for (size_t count : kCheckSizes) {
     CollectiveCase c{k.kind, k.op, dtype, count, in_place, false, seed++, g.size() - 1};
@@ -78,9 +77,8 @@ TEST_P(NcclNonblockingCollectives, MatchesSerialReference) {
   if (const char* why = braid::testing::MatrixSkipReason(k, dtype, in_place)) GTEST_SKIP() << why;
   FakeGpu gpu;
   gpu.nccl->SetInProgressPolls(3);
-  RunFakeRanks(gpu, ranks, FakeConfig(/*blocking=*/false), [&](NcclGroup& g) {
-    EXPECT_OK(CheckAllSizesOnNccl(g, k, dtype, in_place));
-  });
+  RunFakeRanks(gpu, ranks, FakeConfig(/*blocking=*/false),
+               [&](NcclGroup& g) { EXPECT_OK(CheckAllSizesOnNccl(g, k, dtype, in_place)); });
   ExpectClean(gpu);
   EXPECT_EQ(gpu.nccl->comms_finalized(), ranks);
 }
@@ -96,7 +94,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(FakeNcclArithmetic, AvgScalarIsNcclsRoundedReciprocal) {
   EXPECT_EQ(NcclAvgScalar(DType::kF64, 3), 1.0 / 3);
   EXPECT_EQ(NcclAvgScalar(DType::kF32, 3), static_cast<double>(static_cast<float>(1.0 / 3)));
-  EXPECT_EQ(NcclAvgScalar(DType::kBF16, 3), 0.333984375);  // bf16 0x3eab
+  EXPECT_EQ(NcclAvgScalar(DType::kBF16, 3), 0.333984375);    // bf16 0x3eab
   EXPECT_EQ(NcclAvgScalar(DType::kF16, 3), 0.333251953125);  // f16 0x3555
   EXPECT_EQ(NcclAvgScalar(DType::kBF16, 6), 0.1669921875);
   EXPECT_EQ(NcclAvgScalar(DType::kF16, 8), 0.125);

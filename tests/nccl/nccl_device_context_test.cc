@@ -65,13 +65,18 @@ class DeviceTrackingCuda final : public ForwardingCudaApi {
   cudaError_t StreamWaitEvent(cudaStream_t s, cudaEvent_t e) override {
     return Check("StreamWaitEvent"), ForwardingCudaApi::StreamWaitEvent(s, e);
   }
-  cudaError_t Malloc(void** p, size_t n) override { return Check("Malloc"), ForwardingCudaApi::Malloc(p, n); }
+  cudaError_t Malloc(void** p, size_t n) override {
+    return Check("Malloc"), ForwardingCudaApi::Malloc(p, n);
+  }
   cudaError_t Free(void* p) override { return Check("Free"), ForwardingCudaApi::Free(p); }
   cudaError_t MallocHost(void** p, size_t n) override {
     return Check("MallocHost"), ForwardingCudaApi::MallocHost(p, n);
   }
-  cudaError_t FreeHost(void* p) override { return Check("FreeHost"), ForwardingCudaApi::FreeHost(p); }
-  cudaError_t MemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind k, cudaStream_t st) override {
+  cudaError_t FreeHost(void* p) override {
+    return Check("FreeHost"), ForwardingCudaApi::FreeHost(p);
+  }
+  cudaError_t MemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind k,
+                          cudaStream_t st) override {
     return Check("MemcpyAsync"), ForwardingCudaApi::MemcpyAsync(d, s, n, k, st);
   }
   cudaError_t MemsetAsync(void* d, int v, size_t n, cudaStream_t st) override {
@@ -84,7 +89,8 @@ class DeviceTrackingCuda final : public ForwardingCudaApi {
     auto it = current_.find(std::this_thread::get_id());
     const int current = it == current_.end() ? 0 : it->second;  // CUDA: a new thread is on 0
     if (current != expected_) {
-      wrong_.push_back(absl::StrCat(call, " with device ", current, " current (expected ", expected_, ")"));
+      wrong_.push_back(
+          absl::StrCat(call, " with device ", current, " current (expected ", expected_, ")"));
     }
   }
 
@@ -98,7 +104,8 @@ absl::Status Exercise(Group& world) {
   using braid::testing::CollectiveCase;
   for (CollectiveKind k : {CollectiveKind::kAllReduce, CollectiveKind::kReduceScatter,
                            CollectiveKind::kAllGather, CollectiveKind::kBroadcast}) {
-    RETURN_IF_ERROR(braid::testing::RunAndCheck(world, CollectiveCase{k, ReduceKind::kSum, DType::kF32, 100}));
+    RETURN_IF_ERROR(
+        braid::testing::RunAndCheck(world, CollectiveCase{k, ReduceKind::kSum, DType::kF32, 100}));
   }
   RETURN_IF_ERROR(braid::testing::RunAndCheck(
       world, CollectiveCase{CollectiveKind::kAllReduce, ReduceKind::kPreMulSum, DType::kF32, 33}));
@@ -118,7 +125,8 @@ TEST(NcclDeviceContext, EveryCallRunsOnTheRanksDevice) {
   absl::StatusOr<std::string> id = NewUniqueIdBytes(*gpu.nccl);
   ASSERT_TRUE(id.ok()) << id.status();
   std::vector<std::shared_ptr<DeviceTrackingCuda>> tracking;
-  for (int r = 0; r < kRanks; ++r) tracking.push_back(std::make_shared<DeviceTrackingCuda>(gpu.cuda, r));
+  for (int r = 0; r < kRanks; ++r)
+    tracking.push_back(std::make_shared<DeviceTrackingCuda>(gpu.cuda, r));
   std::vector<std::thread> threads;
   for (int r = 0; r < kRanks; ++r) {
     threads.emplace_back([&, r] {
@@ -136,8 +144,11 @@ TEST(NcclDeviceContext, EveryCallRunsOnTheRanksDevice) {
   ExpectClean(gpu);
   for (int r = 0; r < kRanks; ++r) {
     const std::vector<std::string> wrong = tracking[r]->wrong_device_calls();
-    EXPECT_TRUE(wrong.empty()) << "rank " << r << ": " << wrong.size() << " calls on the wrong device, e.g.\n"
-                               << absl::StrJoin(wrong.begin(), wrong.begin() + std::min<size_t>(wrong.size(), 8), "\n");
+    EXPECT_TRUE(wrong.empty()) << "rank " << r << ": " << wrong.size()
+                               << " calls on the wrong device, e.g.\n"
+                               << absl::StrJoin(wrong.begin(),
+                                                wrong.begin() + std::min<size_t>(wrong.size(), 8),
+                                                "\n");
   }
 }
 

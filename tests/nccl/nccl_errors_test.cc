@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "backends/nccl/unique_id.h"
 #include "gtest/gtest.h"
 #include "tests/multirank.h"
-#include "backends/nccl/unique_id.h"
 #include "tests/nccl/fake_gpu.h"
 
 namespace braid::nccl::testing {
@@ -42,17 +42,16 @@ TEST(NcclErrors, MissingPeerHitsDeadlineAndAborts) {
     const absl::Time start = absl::Now();
     const absl::Status s = (*w)->Wait(kWait);
     EXPECT_LT(absl::Now() - start, absl::Seconds(10));
-    ExpectError(s, absl::StatusCode::kDeadlineExceeded,
-                {"allreduce #0 on group 'world' (bucket 7)", "deadline", "timeout 300ms",
-                 "aborted"});
+    ExpectError(
+        s, absl::StatusCode::kDeadlineExceeded,
+        {"allreduce #0 on group 'world' (bucket 7)", "deadline", "timeout 300ms", "aborted"});
     EXPECT_TRUE(g.comm().failed());
     // The failure aborted this rank's job (its own abort domain here: the ranks' worlds were
     // made from a unique id, with no shared domain): later calls are refused with the cause.
     ExpectError(g.AllReduce(x.data(), x.data(), 1, DType::kF32, ReduceOp::Sum()).status(),
-                absl::StatusCode::kAborted, {"group 'world' refuses new calls",
-                                                      "job aborted: rank 0", "bucket 7"});
-    ExpectError(g.Split(0, 0).status(), absl::StatusCode::kAborted,
-                {"world", "refuses new calls"});
+                absl::StatusCode::kAborted,
+                {"group 'world' refuses new calls", "job aborted: rank 0", "bucket 7"});
+    ExpectError(g.Split(0, 0).status(), absl::StatusCode::kAborted, {"world", "refuses new calls"});
     rank0_done = true;
   });
   EXPECT_EQ(gpu.nccl->comms_aborted(), 1);
@@ -127,14 +126,14 @@ TEST(NcclErrors, LaunchFailureClosesBracketAndAborts) {
     FakeGpu gpu;
     RunFakeRanks(gpu, 1, FakeConfig(), [&](NcclGroup& g) {
       std::vector<float> x(2, 1.0f);
-      gpu.nccl->FailNextCall(call, std::string(call) == "GroupEnd" ? ncclInternalError
-                                                                    : ncclInvalidArgument);
+      gpu.nccl->FailNextCall(
+          call, std::string(call) == "GroupEnd" ? ncclInternalError : ncclInvalidArgument);
       auto w = g.AllReduce(x.data(), x.data(), 2, DType::kF32, ReduceOp::PreMulSum(0.5));
       ExpectError(w.status(),
                   std::string(call) == "GroupEnd" ? absl::StatusCode::kInternal
                                                   : absl::StatusCode::kInvalidArgument,
-                  {"allreduce #0 on group 'world'", std::string("nccl") + call,
-                   "injected failure", "aborted"});
+                  {"allreduce #0 on group 'world'", std::string("nccl") + call, "injected failure",
+                   "aborted"});
       ExpectError(g.Barrier().status(), absl::StatusCode::kFailedPrecondition,
                   {"barrier", "world", "failed earlier"});
     });
@@ -168,9 +167,8 @@ TEST(NcclErrors, FailedBucketFailsItsMembers) {
 // Finalize that fails falls back to abort; nothing leaks.
 TEST(NcclErrors, FailedFinalizeFallsBackToAbort) {
   FakeGpu gpu;
-  RunFakeRanks(gpu, 1, FakeConfig(/*blocking=*/false), [&](NcclGroup& g) {
-    gpu.nccl->FailNextCall("CommFinalize", ncclInternalError);
-  });
+  RunFakeRanks(gpu, 1, FakeConfig(/*blocking=*/false),
+               [&](NcclGroup& g) { gpu.nccl->FailNextCall("CommFinalize", ncclInternalError); });
   EXPECT_EQ(gpu.nccl->comms_finalized(), 0);
   EXPECT_EQ(gpu.nccl->comms_aborted(), 1);
   ExpectClean(gpu);

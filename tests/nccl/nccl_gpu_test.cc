@@ -121,8 +121,7 @@ TEST_P(NcclGpu, ReadyEventFromComputeStreamAndCompletionEvent) {
   o.label = "bucket 0";
   auto w = world_->AllReduce(d, d, ones.size(), DType::kF32, ReduceOp::Sum(), o);
   ASSERT_TRUE(w.ok()) << w.status();
-  ASSERT_EQ(cudaStreamWaitEvent(consumer, static_cast<cudaEvent_t>((*w)->device_event().handle),
-                                0),
+  ASSERT_EQ(cudaStreamWaitEvent(consumer, static_cast<cudaEvent_t>((*w)->device_event().handle), 0),
             cudaSuccess);
   std::vector<float> back(ones.size());
   ASSERT_EQ(cudaMemcpyAsync(back.data(), d, back.size() * 4, cudaMemcpyDeviceToHost, consumer),
@@ -188,7 +187,8 @@ TEST(NcclGpuRuntime, NotReadyQueryLeavesNoLastError) {
   ASSERT_EQ(event.Create(), cudaSuccess);
   ASSERT_EQ(buf.Allocate(kBytes), cudaSuccess);
   const auto busy_then_record = [&] {
-    for (int i = 0; i < 40; ++i) ASSERT_EQ(cudaMemsetAsync(buf.get(), i, kBytes, stream.get()), cudaSuccess);
+    for (int i = 0; i < 40; ++i)
+      ASSERT_EQ(cudaMemsetAsync(buf.get(), i, kBytes, stream.get()), cudaSuccess);
     ASSERT_EQ(cudaEventRecord(event.get(), stream.get()), cudaSuccess);
   };
   busy_then_record();

@@ -10,9 +10,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backends/nccl/unique_id.h"
 #include "gtest/gtest.h"
 #include "tests/multirank.h"
-#include "backends/nccl/unique_id.h"
 #include "tests/nccl/fake_gpu.h"
 
 namespace braid::nccl::testing {
@@ -180,7 +180,8 @@ TEST(NcclGroup, UseStreamQueuesOnTheCallersStream) {
     for (int r = 0; r < 2; ++r) {
       const bool prefetch = line.find("," + names[r] + ")") != std::string::npos;
       if (line.rfind("AllGather(", 0) == 0 && prefetch) ++on_prefetch;
-      if (line.rfind("AllGather(", 0) == 0 && line.find("," + own[r] + ")") != std::string::npos) ++on_own;
+      if (line.rfind("AllGather(", 0) == 0 && line.find("," + own[r] + ")") != std::string::npos)
+        ++on_own;
       if (line.rfind("MemsetAsync(", 0) == 0 && prefetch) ++memsets;
       if (line.rfind("EventRecord(", 0) == 0 && prefetch) ++records;
     }
@@ -260,8 +261,8 @@ TEST(NcclGroup, PreMulSumOpCreatedPerLaunchAndDestroyed) {
   RunFakeRanks(gpu, 2, FakeConfig(), [&](NcclGroup& g) {
     std::vector<uint16_t> bf(4, 0x3f80);  // bf16 1.0
     const double scalar = g.rank() == 0 ? 0.1 : 0.25;
-    auto w = g.AllReduce(bf.data(), bf.data(), bf.size(), DType::kBF16,
-                         ReduceOp::PreMulSum(scalar));
+    auto w =
+        g.AllReduce(bf.data(), bf.data(), bf.size(), DType::kBF16, ReduceOp::PreMulSum(scalar));
     ASSERT_TRUE(w.ok()) << w.status();
     ASSERT_OK((*w)->Wait(kWait));
     // bf16(0.1) = 0.10009765625, plus 0.25 -> 0.35009765625 -> bf16 0.349609375 (0x3eb3)

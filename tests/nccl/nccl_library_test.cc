@@ -2,6 +2,8 @@
 // no GPU needed: it opens, every symbol resolves, the version is NCCL 2.28.9's, a unique id can
 // be made; a bad library path or a library without NCCL's symbols is a FailedPrecondition naming
 // the path (and the symbol) with dlerror()'s text; BRAID_NCCL_LIBRARY selects the path.
+#include "backends/nccl/nccl_library.h"
+
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -9,7 +11,6 @@
 
 #include "backends/nccl/nccl_api.h"
 #include "backends/nccl/nccl_backend.h"
-#include "backends/nccl/nccl_library.h"
 #include "backends/nccl/unique_id.h"
 #include "comm/options.h"
 #include "gtest/gtest.h"
@@ -78,8 +79,7 @@ TEST(RealNcclApi, BadLibraryFailsEveryEntryPointNamingThePath) {
   EXPECT_EQ(nccl->GetUniqueId(&id), ncclSystemError);
   EXPECT_NE(std::string(nccl->GetErrorString(ncclSystemError)).find(kMissing), std::string::npos);
   EXPECT_STREQ(nccl->GetLastError(nullptr), "");
-  ExpectError(NewUniqueIdBytes(*nccl).status(), absl::StatusCode::kFailedPrecondition,
-              {kMissing});
+  ExpectError(NewUniqueIdBytes(*nccl).status(), absl::StatusCode::kFailedPrecondition, {kMissing});
   // The backend reports the library before looking for a GPU.
   NcclBackendConfig config;
   config.device = -1;

@@ -67,8 +67,8 @@ TEST(NcclAcrossProcesses, CollectiveMatrixMatchesSerialReference) {
         }
         uint64_t seed = 1;
         for (size_t count : braid::testing::kCheckSizes) {
-          braid::testing::CollectiveCase c{k.kind, k.op, dtype, count, in_place, false, seed++,
-                                           g.size() - 1};
+          braid::testing::CollectiveCase c{k.kind,   k.op,  dtype,  count,
+                                           in_place, false, seed++, g.size() - 1};
           c.nccl_arithmetic = true;
           const absl::Status s = braid::testing::RunAndCheck(g, c, kTimeout);
           EXPECT_TRUE(s.ok()) << braid::testing::CaseName(c) << ": " << s;

@@ -54,14 +54,15 @@ std::vector<NamedScenario> Matrix() {
   for (OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kSgd}) {
     for (Mesh m : {Mesh{"RS2", 1, 2}, Mesh{"RS4", 1, 4}, Mesh{"Hybrid2x2", 2, 2}}) {
       for (DType dt : {DType::kF32, DType::kBF16}) {
-        const std::string name = absl::StrCat(kind == OptimizerKind::kAdamW ? "AdamW_" : "Sgd_", m.name, "_",
-                                              dt == DType::kF32 ? "f32" : "bf16");
+        const std::string name = absl::StrCat(kind == OptimizerKind::kAdamW ? "AdamW_" : "Sgd_",
+                                              m.name, "_", dt == DType::kF32 ? "f32" : "bf16");
         out.push_back({name, Offloaded(m.replicas, m.shards, kind, dt)});
       }
     }
   }
   // Step() instead of the stepper thread, and a no_sync window before the synced backward.
-  NamedScenario no_overlap{"AdamW_Hybrid2x2_f32_NoOverlap", Offloaded(2, 2, OptimizerKind::kAdamW, DType::kF32)};
+  NamedScenario no_overlap{"AdamW_Hybrid2x2_f32_NoOverlap",
+                           Offloaded(2, 2, OptimizerKind::kAdamW, DType::kF32)};
   no_overlap.s.opt.overlap = false;
   out.push_back(no_overlap);
   NamedScenario no_sync{"Sgd_RS4_bf16_NoSync", Offloaded(1, 4, OptimizerKind::kSgd, DType::kBF16)};
@@ -85,9 +86,13 @@ TEST_P(NcclOffloadTest, MatchesSerialReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, NcclOffloadTest, ::testing::ValuesIn(Matrix()),
-                         [](const ::testing::TestParamInfo<NamedScenario>& i) { return i.param.name; });
+                         [](const ::testing::TestParamInfo<NamedScenario>& i) {
+                           return i.param.name;
+                         });
 
-int64_t Rounded(size_t bytes) { return static_cast<int64_t>(std::max<size_t>(64, (bytes + 63) / 64 * 64)); }
+int64_t Rounded(size_t bytes) {
+  return static_cast<int64_t>(std::max<size_t>(64, (bytes + 63) / 64 * 64));
+}
 
 // Device optimizer state 0 (the device holds only the statistics all-reduce's 2 doubles: the
 // stack's reducer and gatherer count nothing); host: master + moments of every bucket's shard
@@ -113,8 +118,10 @@ TEST_P(NcclOffloadMemoryTest, StateOnTheHost) {
     const int64_t stats = 2 * sizeof(double);
     auto check = [&](const char* when) {
       const sched::MemorySnapshot m = memory.Snapshot();
-      EXPECT_EQ(m.by_use[static_cast<int>(sched::MemoryUse::kOptimizerState)].current, state) << when;
-      EXPECT_EQ(m.by_use[static_cast<int>(sched::MemoryUse::kStaging)].current, staging + stats) << when;
+      EXPECT_EQ(m.by_use[static_cast<int>(sched::MemoryUse::kOptimizerState)].current, state)
+          << when;
+      EXPECT_EQ(m.by_use[static_cast<int>(sched::MemoryUse::kStaging)].current, staging + stats)
+          << when;
       EXPECT_EQ(m.host.current, state + staging) << when;
       EXPECT_EQ(m.device.current, stats) << when << ": optimizer state on the device";
     };
@@ -127,10 +134,11 @@ TEST_P(NcclOffloadMemoryTest, StateOnTheHost) {
 
 INSTANTIATE_TEST_SUITE_P(
     Kinds, NcclOffloadMemoryTest,
-    ::testing::Values(NamedScenario{"AdamW_RS2_bf16", Offloaded(1, 2, OptimizerKind::kAdamW, DType::kBF16)},
-                      NamedScenario{"Sgd_RS4_f32", Offloaded(1, 4, OptimizerKind::kSgd, DType::kF32)},
-                      NamedScenario{"AdamW_Hybrid2x2_f32", Offloaded(2, 2, OptimizerKind::kAdamW, DType::kF32)},
-                      NamedScenario{"Sgd_Hybrid2x2_bf16", Offloaded(2, 2, OptimizerKind::kSgd, DType::kBF16)}),
+    ::testing::Values(
+        NamedScenario{"AdamW_RS2_bf16", Offloaded(1, 2, OptimizerKind::kAdamW, DType::kBF16)},
+        NamedScenario{"Sgd_RS4_f32", Offloaded(1, 4, OptimizerKind::kSgd, DType::kF32)},
+        NamedScenario{"AdamW_Hybrid2x2_f32", Offloaded(2, 2, OptimizerKind::kAdamW, DType::kF32)},
+        NamedScenario{"Sgd_Hybrid2x2_bf16", Offloaded(2, 2, OptimizerKind::kSgd, DType::kBF16)}),
     [](const ::testing::TestParamInfo<NamedScenario>& i) { return i.param.name; });
 
 std::string FileBytes(const std::string& path) {
@@ -177,7 +185,8 @@ TEST_P(NcclOffloadStateTest, SameFileFormatBothWays) {
       ASSERT_TRUE(st.ok()) << st.status();
       ASSERT_OK((*st)->opt->Load(off_file));
       ASSERT_OK((*st)->opt->Save(again));
-      EXPECT_TRUE(off_bytes == FileBytes(again)) << "offloaded file -> device optimizer -> another file";
+      EXPECT_TRUE(off_bytes == FileBytes(again))
+          << "offloaded file -> device optimizer -> another file";
       ASSERT_OK(RunDeviceSteps(**st, gpu.cuda, dev, 2, 3));
     }
     {  // device file -> offloaded optimizer: same file back, resumes; then a Load after steps
@@ -185,7 +194,8 @@ TEST_P(NcclOffloadStateTest, SameFileFormatBothWays) {
       ASSERT_TRUE(st.ok()) << st.status();
       ASSERT_OK((*st)->opt->Load(dev_file));
       ASSERT_OK((*st)->opt->Save(again));
-      EXPECT_TRUE(off_bytes == FileBytes(again)) << "device file -> offloaded optimizer -> another file";
+      EXPECT_TRUE(off_bytes == FileBytes(again))
+          << "device file -> offloaded optimizer -> another file";
       ASSERT_OK((*st)->opt->WaitAllParams());
       auto p = DeviceParams(**st, gpu.cuda, off);
       ASSERT_TRUE(p.ok()) << p.status();
@@ -204,8 +214,9 @@ TEST_P(NcclOffloadStateTest, SameFileFormatBothWays) {
 
 INSTANTIATE_TEST_SUITE_P(
     Kinds, NcclOffloadStateTest,
-    ::testing::Values(NamedScenario{"AdamW_RS2_bf16", Offloaded(1, 2, OptimizerKind::kAdamW, DType::kBF16)},
-                      NamedScenario{"Sgd_Hybrid2x2_f32", Offloaded(2, 2, OptimizerKind::kSgd, DType::kF32)}),
+    ::testing::Values(
+        NamedScenario{"AdamW_RS2_bf16", Offloaded(1, 2, OptimizerKind::kAdamW, DType::kBF16)},
+        NamedScenario{"Sgd_Hybrid2x2_f32", Offloaded(2, 2, OptimizerKind::kSgd, DType::kF32)}),
     [](const ::testing::TestParamInfo<NamedScenario>& i) { return i.param.name; });
 
 // Fully sharded (gather_after_step off) with offload: the step only writes each bucket's shard
@@ -224,18 +235,21 @@ TEST(NcclOffloadFullyShardedTest, WaitShardThenGather) {
       ASSERT_TRUE(st.ok()) << st.status();
       auto& stack = **st;
       for (int t = 0; t < s.steps; ++t) {
-        ASSERT_OK(RunDeviceSteps(stack, gpu.cuda, s, t, t + 1, absl::Seconds(60), true, /*compare=*/false));
+        ASSERT_OK(RunDeviceSteps(stack, gpu.cuda, s, t, t + 1, absl::Seconds(60), true,
+                                 /*compare=*/false));
         const int buckets = static_cast<int>(stack.reducer->plan().buckets().size());
         for (int b = 0; b < buckets; ++b) {
           DeviceEvent ready;
           ASSERT_OK(stack.opt->WaitShard(b, &ready));
-          EXPECT_TRUE(static_cast<bool>(ready.handle)) << "bucket " << b << ": no step event on the device";
+          EXPECT_TRUE(static_cast<bool>(ready.handle))
+              << "bucket " << b << ": no step event on the device";
           ASSERT_OK(stack.gatherer->Prefetch(b, ready));
         }
         for (int b = 0; b < buckets; ++b) ASSERT_OK(stack.gatherer->WaitParams(b));
         auto p = DeviceParams(stack, gpu.cuda, s);
         ASSERT_TRUE(p.ok()) << p.status();
-        EXPECT_EQ(*p, optim::testing::ReferenceParams(s, t + 1)) << "rank " << world.rank() << ", step " << t;
+        EXPECT_EQ(*p, optim::testing::ReferenceParams(s, t + 1))
+            << "rank " << world.rank() << ", step " << t;
       }
     });
     ExpectClean(gpu);

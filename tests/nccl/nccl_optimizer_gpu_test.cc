@@ -10,7 +10,6 @@
 #include <cuda_runtime.h>
 
 #include <memory>
-
 #include <string>
 
 #include "gtest/gtest.h"
@@ -55,14 +54,15 @@ TEST_P(NcclOptimizerGpuTest, MatchesSerialReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, NcclOptimizerGpuTest,
-    ::testing::Values(GpuCase{"AdamW_RS_f32", 1, OptimizerKind::kAdamW, DType::kF32},
-                      GpuCase{"AdamW_RS_bf16", 1, OptimizerKind::kAdamW, DType::kBF16},
-                      GpuCase{"Sgd_RS_f32", 1, OptimizerKind::kSgd, DType::kF32},
-                      GpuCase{"Sgd_RS_bf16", 1, OptimizerKind::kSgd, DType::kBF16},
-                      GpuCase{"AdamW_RS_f32_Clip", 1, OptimizerKind::kAdamW, DType::kF32, 0.5},
-                      GpuCase{"AdamW_RS_bf16_ClipInactive", 1, OptimizerKind::kAdamW, DType::kBF16, 1e6},
-                      GpuCase{"Sgd_RS_bf16_Clip_SkipInf", 1, OptimizerKind::kSgd, DType::kBF16, 0.5, true},
-                      GpuCase{"AdamW_RS_f32_SkipInf", 1, OptimizerKind::kAdamW, DType::kF32, 0, true}),
+    ::testing::Values(
+        GpuCase{"AdamW_RS_f32", 1, OptimizerKind::kAdamW, DType::kF32},
+        GpuCase{"AdamW_RS_bf16", 1, OptimizerKind::kAdamW, DType::kBF16},
+        GpuCase{"Sgd_RS_f32", 1, OptimizerKind::kSgd, DType::kF32},
+        GpuCase{"Sgd_RS_bf16", 1, OptimizerKind::kSgd, DType::kBF16},
+        GpuCase{"AdamW_RS_f32_Clip", 1, OptimizerKind::kAdamW, DType::kF32, 0.5},
+        GpuCase{"AdamW_RS_bf16_ClipInactive", 1, OptimizerKind::kAdamW, DType::kBF16, 1e6},
+        GpuCase{"Sgd_RS_bf16_Clip_SkipInf", 1, OptimizerKind::kSgd, DType::kBF16, 0.5, true},
+        GpuCase{"AdamW_RS_f32_SkipInf", 1, OptimizerKind::kAdamW, DType::kF32, 0, true}),
     [](const ::testing::TestParamInfo<GpuCase>& i) { return std::string(i.param.name); });
 
 // Save after 2 steps (device -> host copies), Load into a fresh stack (host -> device), 2 more

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backends/nccl/unique_id.h"
 #include "gtest/gtest.h"
 #include "optim/sharded_optimizer.h"
 #include "tests/multirank.h"
@@ -16,7 +17,6 @@
 #include "tests/nccl/fake_gpu.h"
 #include "tests/nccl/fake_step_kernels.h"
 #include "tests/nccl/forwarding_cuda_api.h"
-#include "backends/nccl/unique_id.h"
 
 namespace braid::nccl::testing {
 namespace {
@@ -31,8 +31,8 @@ std::string StatePath(const std::string& tag, int rank) {
   return absl::StrCat(::testing::TempDir(), "/", tag, "_rank", rank, ".braid");
 }
 
-NamedScenario Make(const std::string& name, int replicas, int shards, OptimizerKind kind, DType dtype,
-                   double max_norm = 0) {
+NamedScenario Make(const std::string& name, int replicas, int shards, OptimizerKind kind,
+                   DType dtype, double max_norm = 0) {
   OptScenario s = TwoGroupScenario(replicas, shards);
   s.opt.kind = kind;
   s.dtype = dtype;
@@ -68,7 +68,8 @@ TEST_P(NcclResumeTest, ResumeOnDeviceIsBitExact) {
     ASSERT_OK((*st)->opt->WaitAllParams());
     auto loaded = DeviceParams(**st, gpu.cuda, s);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
-    EXPECT_EQ(*loaded, ReferenceParams(s, 2)) << "rank " << world.rank() << ": parameters right after Load";
+    EXPECT_EQ(*loaded, ReferenceParams(s, 2))
+        << "rank " << world.rank() << ": parameters right after Load";
     ASSERT_OK(RunDeviceSteps(**st, gpu.cuda, s, 2, 4));  // compares with the reference each step
     auto resumed = DeviceParams(**st, gpu.cuda, s);
     ASSERT_TRUE(resumed.ok()) << resumed.status();
@@ -82,7 +83,8 @@ TEST_P(NcclResumeTest, ResumeOnDeviceIsBitExact) {
 INSTANTIATE_TEST_SUITE_P(
     Scenarios, NcclResumeTest,
     ::testing::Values(Make("AdamW_RS2_f32", 1, 2, OptimizerKind::kAdamW, DType::kF32),
-                      Make("AdamW_Hybrid2x2_bf16_Clip", 2, 2, OptimizerKind::kAdamW, DType::kBF16, 0.5),
+                      Make("AdamW_Hybrid2x2_bf16_Clip", 2, 2, OptimizerKind::kAdamW, DType::kBF16,
+                           0.5),
                       Make("Sgd_RS4_bf16", 1, 4, OptimizerKind::kSgd, DType::kBF16)),
     [](const ::testing::TestParamInfo<NamedScenario>& i) { return i.param.name; });
 
@@ -104,7 +106,8 @@ TEST(NcclStateCrossTest, DeviceFilesLoadOnHostAndHostFilesOnDevice) {
     ASSERT_TRUE(st.ok()) << st.status();
     ASSERT_OK((*st)->opt->Load(StatePath("device_saved", world.rank())));
     ASSERT_OK((*st)->opt->WaitAllParams());
-    EXPECT_EQ(optim::testing::Params(**st, s).value(), ReferenceParams(s, 1)) << "host after device file";
+    EXPECT_EQ(optim::testing::Params(**st, s).value(), ReferenceParams(s, 1))
+        << "host after device file";
     ASSERT_OK(optim::testing::RunSteps(**st, s, 1, 2));
     EXPECT_EQ(optim::testing::Params(**st, s).value(), ReferenceParams(s, 2));
     ASSERT_OK((*st)->opt->Save(StatePath("host_saved", world.rank())));
@@ -159,14 +162,18 @@ TEST(NcclStateErrorsTest, LoadRefusesCorruptFilesAndOtherWorldsChangingNothing) 
     if (world.rank() == 1) {
       braid::testing::ExpectError(bad, absl::StatusCode::kDataLoss, {good});
     } else {
-      braid::testing::ExpectError(bad, absl::StatusCode::kFailedPrecondition, {"other rank", "nothing was loaded"});
+      braid::testing::ExpectError(bad, absl::StatusCode::kFailedPrecondition,
+                                  {"other rank", "nothing was loaded"});
     }
     const absl::Status other = (*st)->opt->Load(StatePath("world1", 0));
-    braid::testing::ExpectError(other, absl::StatusCode::kFailedPrecondition, {"world size 1", "has 2"});
+    braid::testing::ExpectError(other, absl::StatusCode::kFailedPrecondition,
+                                {"world size 1", "has 2"});
     auto p = DeviceParams(**st, gpu.cuda, s);
     ASSERT_TRUE(p.ok()) << p.status();
-    EXPECT_EQ(*p, ReferenceParams(s, 2)) << "rank " << world.rank() << ": a failed Load changed parameters";
-    ASSERT_OK(RunDeviceSteps(**st, gpu.cuda, s, 2, 3));  // the state is intact: still on the reference
+    EXPECT_EQ(*p, ReferenceParams(s, 2))
+        << "rank " << world.rank() << ": a failed Load changed parameters";
+    ASSERT_OK(
+        RunDeviceSteps(**st, gpu.cuda, s, 2, 3));  // the state is intact: still on the reference
   });
   ExpectClean(gpu);
 }
@@ -176,7 +183,8 @@ TEST(NcclStateErrorsTest, LoadRefusesCorruptFilesAndOtherWorldsChangingNothing) 
 class FailingCopyCuda final : public ForwardingCudaApi {
  public:
   using ForwardingCudaApi::ForwardingCudaApi;
-  cudaError_t MemcpyAsync(void* d, const void* src, size_t n, cudaMemcpyKind k, cudaStream_t st) override {
+  cudaError_t MemcpyAsync(void* d, const void* src, size_t n, cudaMemcpyKind k,
+                          cudaStream_t st) override {
     if (armed.load() && n > 64) return cudaErrorInvalidValue;
     return ForwardingCudaApi::MemcpyAsync(d, src, n, k, st);
   }
@@ -199,8 +207,8 @@ TEST(NcclStateErrorsTest, AFailedDeviceCopyOnOneRankFailsLoadOnEveryRank) {
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
-      auto backend = NcclBackend::CreateFromUniqueId(NcclApis{cuda[r], gpu.nccl, gpu.kernels}, *id, 2, r,
-                                                     FakeConfig(true, absl::Seconds(20)));
+      auto backend = NcclBackend::CreateFromUniqueId(NcclApis{cuda[r], gpu.nccl, gpu.kernels}, *id,
+                                                     2, r, FakeConfig(true, absl::Seconds(20)));
       ASSERT_TRUE(backend.ok()) << backend.status();
       auto world = (*backend)->WorldGroup(r);
       ASSERT_TRUE(world.ok()) << world.status();
@@ -217,7 +225,8 @@ TEST(NcclStateErrorsTest, AFailedDeviceCopyOnOneRankFailsLoadOnEveryRank) {
   for (auto& t : threads) t.join();
   EXPECT_NE(loaded[1].message().find("copying the state of"), absl::string_view::npos) << loaded[1];
   EXPECT_EQ(loaded[0].code(), absl::StatusCode::kAborted) << loaded[0];
-  EXPECT_NE(loaded[0].message().find("1 other rank(s) failed to copy"), absl::string_view::npos) << loaded[0];
+  EXPECT_NE(loaded[0].message().find("1 other rank(s) failed to copy"), absl::string_view::npos)
+      << loaded[0];
   ExpectClean(gpu);
 }
 

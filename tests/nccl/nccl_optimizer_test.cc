@@ -13,10 +13,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "scheduler/memory_stats.h"
 #include "optim/sharded_optimizer.h"
-#include "tests/nccl/device_optimizer_driver.h"
+#include "scheduler/memory_stats.h"
 #include "tests/multirank.h"
+#include "tests/nccl/device_optimizer_driver.h"
 #include "tests/nccl/fake_gpu.h"
 #include "tests/nccl/fake_step_kernels.h"
 
@@ -29,8 +29,8 @@ using optim::testing::OptScenario;
 using optim::testing::SyncMode;
 using optim::testing::TwoGroupScenario;
 
-NamedScenario Make(const std::string& name, int replicas, int shards, OptimizerKind kind, DType dtype,
-                   std::vector<SyncMode> schedule, bool overlap = true) {
+NamedScenario Make(const std::string& name, int replicas, int shards, OptimizerKind kind,
+                   DType dtype, std::vector<SyncMode> schedule, bool overlap = true) {
   OptScenario s = TwoGroupScenario(replicas, shards);
   s.opt.kind = kind;
   s.dtype = dtype;
@@ -83,37 +83,46 @@ TEST_P(NcclOptimizerTest, MatchesSerialReference) {
 const SyncMode kS = SyncMode::kSync, kN = SyncMode::kNoSync;
 INSTANTIATE_TEST_SUITE_P(
     Scenarios, NcclOptimizerTest,
-    ::testing::Values(Make("AdamW_RS2_f32", 1, 2, OptimizerKind::kAdamW, DType::kF32, {kS}),
-                      Make("AdamW_RS4_bf16_NoSync", 1, 4, OptimizerKind::kAdamW, DType::kBF16, {kN, kS}),
-                      Make("AdamW_Hybrid2x2_f32_NoSync", 2, 2, OptimizerKind::kAdamW, DType::kF32, {kN, kS}),
-                      Make("AdamW_Hybrid2x2_bf16", 2, 2, OptimizerKind::kAdamW, DType::kBF16, {kS}),
-                      Make("Sgd_RS4_f32_NoSync", 1, 4, OptimizerKind::kSgd, DType::kF32, {kN, kS}),
-                      Make("Sgd_RS2_bf16", 1, 2, OptimizerKind::kSgd, DType::kBF16, {kS}),
-                      Make("Sgd_Hybrid2x2_bf16_NoSync", 2, 2, OptimizerKind::kSgd, DType::kBF16, {kN, kS}),
-                      Make("AdamW_RS2_f32_NoOverlap", 1, 2, OptimizerKind::kAdamW, DType::kF32, {kS}, false),
-                      // Global-norm clipping and skip_nonfinite on device (the norm's block sums
-                      // on the stream, the agreement all-reduce in device memory).
-                      Clip(Make("Clip_RS2_f32", 1, 2, OptimizerKind::kAdamW, DType::kF32, {kS}), 0.5),
-                      Clip(Make("Clip_RS4_bf16_NoSync", 1, 4, OptimizerKind::kAdamW, DType::kBF16, {kN, kS}), 0.5),
-                      Clip(Make("Clip_Hybrid2x2_f32", 2, 2, OptimizerKind::kAdamW, DType::kF32, {kS}), 0.5),
-                      Clip(Make("Clip_Hybrid2x2_bf16_Sgd", 2, 2, OptimizerKind::kSgd, DType::kBF16, {kS}), 0.5),
-                      Clip(Make("ClipInactive_RS2_bf16", 1, 2, OptimizerKind::kAdamW, DType::kBF16, {kS}), 1e6),
-                      Clip(Make("ClipInactive_Hybrid2x2_f32", 2, 2, OptimizerKind::kAdamW, DType::kF32, {kS}), 1e6),
-                      Skip(Make("SkipInf_RS2_f32", 1, 2, OptimizerKind::kAdamW, DType::kF32, {kS}), kInf, 1),
-                      Skip(Make("SkipNaN_RS4_bf16_LastStep", 1, 4, OptimizerKind::kAdamW, DType::kBF16, {kS}), kNaN, 2),
-                      Skip(Clip(Make("SkipInf_Clip_Hybrid2x2_bf16", 2, 2, OptimizerKind::kAdamW, DType::kBF16,
-                                     {kN, kS}), 0.5), kInf, 1),
-                      Skip(Make("SkipNaN_Hybrid2x2_f32_NoOverlap", 2, 2, OptimizerKind::kAdamW, DType::kF32, {kS},
-                                false), kNaN, 0),
-                      Skip(Make("SkipInf_RS2_bf16_Sgd", 1, 2, OptimizerKind::kSgd, DType::kBF16, {kS}), kInf, 1),
-                      // Offload: host state, device norms, the same bits.
-                      Offload(Make("AdamW_RS2_f32", 1, 2, OptimizerKind::kAdamW, DType::kF32, {kS})),
-                      Offload(Make("AdamW_RS4_bf16_NoSync", 1, 4, OptimizerKind::kAdamW, DType::kBF16, {kN, kS})),
-                      Offload(Make("AdamW_Hybrid2x2_bf16", 2, 2, OptimizerKind::kAdamW, DType::kBF16, {kS})),
-                      Offload(Make("Sgd_Hybrid2x2_f32_NoSync", 2, 2, OptimizerKind::kSgd, DType::kF32, {kN, kS})),
-                      Offload(Make("Sgd_RS2_bf16", 1, 2, OptimizerKind::kSgd, DType::kBF16, {kS})),
-                      Offload(Clip(Make("Clip_Hybrid2x2_f32", 2, 2, OptimizerKind::kAdamW, DType::kF32, {kS}), 0.5)),
-                      Offload(Skip(Make("SkipNaN_RS2_bf16", 1, 2, OptimizerKind::kAdamW, DType::kBF16, {kS}), kNaN, 1))),
+    ::testing::Values(
+        Make("AdamW_RS2_f32", 1, 2, OptimizerKind::kAdamW, DType::kF32, {kS}),
+        Make("AdamW_RS4_bf16_NoSync", 1, 4, OptimizerKind::kAdamW, DType::kBF16, {kN, kS}),
+        Make("AdamW_Hybrid2x2_f32_NoSync", 2, 2, OptimizerKind::kAdamW, DType::kF32, {kN, kS}),
+        Make("AdamW_Hybrid2x2_bf16", 2, 2, OptimizerKind::kAdamW, DType::kBF16, {kS}),
+        Make("Sgd_RS4_f32_NoSync", 1, 4, OptimizerKind::kSgd, DType::kF32, {kN, kS}),
+        Make("Sgd_RS2_bf16", 1, 2, OptimizerKind::kSgd, DType::kBF16, {kS}),
+        Make("Sgd_Hybrid2x2_bf16_NoSync", 2, 2, OptimizerKind::kSgd, DType::kBF16, {kN, kS}),
+        Make("AdamW_RS2_f32_NoOverlap", 1, 2, OptimizerKind::kAdamW, DType::kF32, {kS}, false),
+        // Global-norm clipping and skip_nonfinite on device (the norm's block sums
+        // on the stream, the agreement all-reduce in device memory).
+        Clip(Make("Clip_RS2_f32", 1, 2, OptimizerKind::kAdamW, DType::kF32, {kS}), 0.5),
+        Clip(Make("Clip_RS4_bf16_NoSync", 1, 4, OptimizerKind::kAdamW, DType::kBF16, {kN, kS}),
+             0.5),
+        Clip(Make("Clip_Hybrid2x2_f32", 2, 2, OptimizerKind::kAdamW, DType::kF32, {kS}), 0.5),
+        Clip(Make("Clip_Hybrid2x2_bf16_Sgd", 2, 2, OptimizerKind::kSgd, DType::kBF16, {kS}), 0.5),
+        Clip(Make("ClipInactive_RS2_bf16", 1, 2, OptimizerKind::kAdamW, DType::kBF16, {kS}), 1e6),
+        Clip(Make("ClipInactive_Hybrid2x2_f32", 2, 2, OptimizerKind::kAdamW, DType::kF32, {kS}),
+             1e6),
+        Skip(Make("SkipInf_RS2_f32", 1, 2, OptimizerKind::kAdamW, DType::kF32, {kS}), kInf, 1),
+        Skip(Make("SkipNaN_RS4_bf16_LastStep", 1, 4, OptimizerKind::kAdamW, DType::kBF16, {kS}),
+             kNaN, 2),
+        Skip(Clip(Make("SkipInf_Clip_Hybrid2x2_bf16", 2, 2, OptimizerKind::kAdamW, DType::kBF16,
+                       {kN, kS}),
+                  0.5),
+             kInf, 1),
+        Skip(Make("SkipNaN_Hybrid2x2_f32_NoOverlap", 2, 2, OptimizerKind::kAdamW, DType::kF32, {kS},
+                  false),
+             kNaN, 0),
+        Skip(Make("SkipInf_RS2_bf16_Sgd", 1, 2, OptimizerKind::kSgd, DType::kBF16, {kS}), kInf, 1),
+        // Offload: host state, device norms, the same bits.
+        Offload(Make("AdamW_RS2_f32", 1, 2, OptimizerKind::kAdamW, DType::kF32, {kS})),
+        Offload(Make("AdamW_RS4_bf16_NoSync", 1, 4, OptimizerKind::kAdamW, DType::kBF16, {kN, kS})),
+        Offload(Make("AdamW_Hybrid2x2_bf16", 2, 2, OptimizerKind::kAdamW, DType::kBF16, {kS})),
+        Offload(Make("Sgd_Hybrid2x2_f32_NoSync", 2, 2, OptimizerKind::kSgd, DType::kF32, {kN, kS})),
+        Offload(Make("Sgd_RS2_bf16", 1, 2, OptimizerKind::kSgd, DType::kBF16, {kS})),
+        Offload(Clip(Make("Clip_Hybrid2x2_f32", 2, 2, OptimizerKind::kAdamW, DType::kF32, {kS}),
+                     0.5)),
+        Offload(Skip(Make("SkipNaN_RS2_bf16", 1, 2, OptimizerKind::kAdamW, DType::kBF16, {kS}),
+                     kNaN, 1))),
     [](const ::testing::TestParamInfo<NamedScenario>& i) { return i.param.name; });
 
 // Offload's memory is the host's (device optimizer state 0; host: master, m and v of every
@@ -180,7 +189,9 @@ TEST(NcclOptimizerControlTest, NoReadyEventsIsStale) {
   auto kernels = std::make_shared<FakeStepKernels>(gpu.cuda);
   std::atomic<int> stale{0};
   RunFakeRanks(gpu, 4, FakeConfig(), [&](NcclGroup& world) {
-    if (!RunDeviceOptimizer(world, gpu.cuda, kernels, c.s, absl::Seconds(60), /*pass_events=*/false).ok()) ++stale;
+    if (!RunDeviceOptimizer(world, gpu.cuda, kernels, c.s, absl::Seconds(60), /*pass_events=*/false)
+             .ok())
+      ++stale;
   });
   EXPECT_EQ(stale.load(), 4);
 }
@@ -199,12 +210,12 @@ TEST(NcclOptimizerErrorsTest, DeviceKernelsRequired) {
 class NoNormKernels final : public optim::DeviceStepKernels {
  public:
   explicit NoNormKernels(std::shared_ptr<FakeStepKernels> k) : k_(std::move(k)) {}
-  absl::Status AdamW(const optim::AdamWScalars& s, float* p, float* m, float* v, const void* grad, DType gt,
-                     size_t n, void* out, DType ot, DeviceStream stream) override {
+  absl::Status AdamW(const optim::AdamWScalars& s, float* p, float* m, float* v, const void* grad,
+                     DType gt, size_t n, void* out, DType ot, DeviceStream stream) override {
     return k_->AdamW(s, p, m, v, grad, gt, n, out, ot, stream);
   }
-  absl::Status Sgd(const optim::SgdScalars& s, float* p, float* buf, const void* grad, DType gt, size_t n,
-                   void* out, DType ot, DeviceStream stream) override {
+  absl::Status Sgd(const optim::SgdScalars& s, float* p, float* buf, const void* grad, DType gt,
+                   size_t n, void* out, DType ot, DeviceStream stream) override {
     return k_->Sgd(s, p, buf, grad, gt, n, out, ot, stream);
   }
 
@@ -229,12 +240,14 @@ TEST(NcclOptimizerErrorsTest, OneRanksNormFailureDropsTheStepOnEveryRank) {
     if (failing) kernels = bad;
     auto st = BuildDeviceStack(world, kernels, s);
     ASSERT_TRUE(st.ok()) << st.status();
-    ASSERT_TRUE(RunDeviceSteps(**st, gpu.cuda, s, 0, 2, absl::Seconds(60), true, /*compare=*/false).ok());
+    ASSERT_TRUE(
+        RunDeviceSteps(**st, gpu.cuda, s, 0, 2, absl::Seconds(60), true, /*compare=*/false).ok());
     const absl::Status err = (*st)->opt->last_step().error;
     if (failing) {
       EXPECT_TRUE(absl::IsUnimplemented(err)) << err;
       for (const char* want : {"NormBlockSums", "gradient norm of bucket 0", "dropped"}) {
-        EXPECT_NE(std::string(err.message()).find(want), std::string::npos) << want << " in " << err;
+        EXPECT_NE(std::string(err.message()).find(want), std::string::npos)
+            << want << " in " << err;
       }
     } else {
       EXPECT_TRUE(absl::IsAborted(err)) << err;

@@ -21,7 +21,6 @@
 #include <vector>
 
 #include "comm/buffer_ops.h"
-
 #include "gtest/gtest.h"
 #include "tests/nccl/device_reducer_driver.h"
 #include "tests/nccl/real_gpu_world.h"
@@ -39,7 +38,8 @@ TEST_P(NcclReducerGpuTest, MatchesSerialReference) {
   BRAID_SKIP_WITHOUT_GPU();
   auto w = MakeRealSingleRankWorld();
   ASSERT_TRUE(w.ok()) << w.status();
-  const absl::Status s = RunDeviceScenario(*w->world, w->apis.cuda, GetParam(), ExactGrad, absl::Seconds(60));
+  const absl::Status s =
+      RunDeviceScenario(*w->world, w->apis.cuda, GetParam(), ExactGrad, absl::Seconds(60));
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -65,7 +65,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Scenario{ReduceMode::kHybrid, 1, 1, 2, "RRS"},
                       Scenario{ReduceMode::kHybrid, 1, 1, 1, "RRS", false, true},
                       WithCredit(Scenario{ReduceMode::kAllReduce, 1, 1, 0, "NS"}, 256),
-                      WithCredit(Scenario{ReduceMode::kReduceScatter, 1, 1, 1, "NS", false, true}, 256)),
+                      WithCredit(Scenario{ReduceMode::kReduceScatter, 1, 1, 1, "NS", false, true},
+                                 256)),
     [](const ::testing::TestParamInfo<Scenario>& i) { return ScenarioName(i.param); });
 
 // NcclBufferOps' scaled cast (the f16 post-divide, a premultiply) and add on the real device
@@ -77,8 +78,8 @@ std::vector<uint8_t> StressElems(DType t, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     z = z * 1664525u + 1013904223u;
     uint32_t bits = z;
-    if (i % 7 == 0) bits &= 0x807fffffu;           // subnormals (and zeros)
-    if (i % 11 == 0) bits |= 0x7f800000u;          // infinities and NaNs
+    if (i % 7 == 0) bits &= 0x807fffffu;   // subnormals (and zeros)
+    if (i % 11 == 0) bits |= 0x7f800000u;  // infinities and NaNs
     if (t == DType::kF32) {
       std::memcpy(out.data() + 4 * i, &bits, 4);
     } else {

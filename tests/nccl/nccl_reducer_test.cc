@@ -83,16 +83,17 @@ Scenario Values(Scenario sc, bool kept) {
 
 INSTANTIATE_TEST_SUITE_P(
     Values, NcclReducerValuesTest,
-    ::testing::Values(Values(Scenario{ReduceMode::kAllReduce, 1, 2, 0, "NS"}, false),
-                      Values(Scenario{ReduceMode::kReduceScatter, 1, 4, 1, "NS", false, true}, false),
-                      Values(Scenario{ReduceMode::kHybrid, 2, 2, 0, "RNS"}, false),
-                      Values(Scenario{ReduceMode::kReduceScatter, 1, 2, 0, "S"}, true),
-                      Values(Scenario{ReduceMode::kReduceScatter, 1, 4, 1, "NNS", false, true}, true),
-                      Values(Scenario{ReduceMode::kReduceScatter, 1, 4, 2, "NS"}, true),
-                      Values(Scenario{ReduceMode::kHybrid, 2, 2, 0, "NS"}, true),
-                      Values(Scenario{ReduceMode::kHybrid, 2, 2, 0, "RRS"}, true),
-                      Values(Scenario{ReduceMode::kHybrid, 2, 2, 1, "NRNS", false, true}, true),
-                      Values(Scenario{ReduceMode::kHybrid, 2, 4, 2, "RNS"}, true)),
+    ::testing::Values(
+        Values(Scenario{ReduceMode::kAllReduce, 1, 2, 0, "NS"}, false),
+        Values(Scenario{ReduceMode::kReduceScatter, 1, 4, 1, "NS", false, true}, false),
+        Values(Scenario{ReduceMode::kHybrid, 2, 2, 0, "RNS"}, false),
+        Values(Scenario{ReduceMode::kReduceScatter, 1, 2, 0, "S"}, true),
+        Values(Scenario{ReduceMode::kReduceScatter, 1, 4, 1, "NNS", false, true}, true),
+        Values(Scenario{ReduceMode::kReduceScatter, 1, 4, 2, "NS"}, true),
+        Values(Scenario{ReduceMode::kHybrid, 2, 2, 0, "NS"}, true),
+        Values(Scenario{ReduceMode::kHybrid, 2, 2, 0, "RRS"}, true),
+        Values(Scenario{ReduceMode::kHybrid, 2, 2, 1, "NRNS", false, true}, true),
+        Values(Scenario{ReduceMode::kHybrid, 2, 4, 2, "RNS"}, true)),
     [](const ::testing::TestParamInfo<Scenario>& i) { return ScenarioName(i.param); });
 
 // dtypes 0 f32, 1 bf16, 2 f16, 3 mixed; "NS": a no_sync microbatch, then a synced one; "R": a
@@ -153,14 +154,16 @@ Scenario Credit(Scenario sc, size_t credit) {
 
 INSTANTIATE_TEST_SUITE_P(
     Partitions, NcclPartitionTest,
-    ::testing::Values(Credit(Scenario{ReduceMode::kAllReduce, 1, 2, 0, "NS"}, 256),
-                      Credit(Scenario{ReduceMode::kAllReduce, 1, 4, 3, "NS", true}, 1024),
-                      Credit(Scenario{ReduceMode::kReduceScatter, 1, 4, 0, "NS"}, 256),
-                      Credit(Scenario{ReduceMode::kReduceScatter, 1, 2, 2, "NS"}, 1024),
-                      Credit(Scenario{ReduceMode::kReduceScatter, 1, 4, 1, "NS", false, true}, 256),
-                      Credit(Values(Scenario{ReduceMode::kReduceScatter, 1, 4, 1, "NNS", false, true}, true), 256),
-                      Credit(Scenario{ReduceMode::kHybrid, 2, 2, 0, "RNS"}, 256),
-                      Credit(Scenario{ReduceMode::kHybrid, 2, 2, 1, "RRS", false, true}, 1024)),
+    ::testing::Values(
+        Credit(Scenario{ReduceMode::kAllReduce, 1, 2, 0, "NS"}, 256),
+        Credit(Scenario{ReduceMode::kAllReduce, 1, 4, 3, "NS", true}, 1024),
+        Credit(Scenario{ReduceMode::kReduceScatter, 1, 4, 0, "NS"}, 256),
+        Credit(Scenario{ReduceMode::kReduceScatter, 1, 2, 2, "NS"}, 1024),
+        Credit(Scenario{ReduceMode::kReduceScatter, 1, 4, 1, "NS", false, true}, 256),
+        Credit(Values(Scenario{ReduceMode::kReduceScatter, 1, 4, 1, "NNS", false, true}, true),
+               256),
+        Credit(Scenario{ReduceMode::kHybrid, 2, 2, 0, "RNS"}, 256),
+        Credit(Scenario{ReduceMode::kHybrid, 2, 2, 1, "RRS", false, true}, 1024)),
     [](const ::testing::TestParamInfo<Scenario>& i) { return ScenarioName(i.param); });
 
 // The scheduler's own contract on a device group: a partitioned reduction's Work carries a
@@ -175,7 +178,8 @@ TEST(NcclSchedulerTest, PartitionedWorkCarriesADeviceEvent) {
     ASSERT_TRUE(sch.ok()) << sch.status();
     constexpr size_t kCount = 1000;  // 4000 bytes: 16 partitions
     std::vector<float> host(kCount);
-    for (size_t i = 0; i < kCount; ++i) host[i] = static_cast<float>(world.rank() + 1) * static_cast<float>(i % 17);
+    for (size_t i = 0; i < kCount; ++i)
+      host[i] = static_cast<float>(world.rank() + 1) * static_cast<float>(i % 17);
     BufferOps& ops = world.buffer_ops();
     auto buf = ops.Allocate(kCount * sizeof(float), "test buffer");
     ASSERT_TRUE(buf.ok()) << buf.status();
@@ -251,7 +255,8 @@ TEST(NcclReducerRebuildTest, GradientsMoveWithTheirParameters) {
       auto v = r.GradView(params[p].id);
       ASSERT_TRUE(v.ok());
       for (size_t i = 0; i < v->count; ++i) {
-        ASSERT_EQ(static_cast<float*>(v->data)[i], 1000.0f * p + i) << params[p].Label() << " [" << i << "]";
+        ASSERT_EQ(static_cast<float*>(v->data)[i], 1000.0f * p + i)
+            << params[p].Label() << " [" << i << "]";
       }
     }
   });
@@ -261,7 +266,8 @@ TEST(NcclReducerRebuildTest, GradientsMoveWithTheirParameters) {
 TEST(NcclReducerErrorsTest, HostParametersRejectedOnDeviceGroup) {
   FakeGpu gpu;
   RunFakeRanks(gpu, 2, FakeConfig(), [&](NcclGroup& world) {
-    auto red = sched::GradientReducer::Create(sched::reference::MakeParams(0), {&world, nullptr}, {});
+    auto red =
+        sched::GradientReducer::Create(sched::reference::MakeParams(0), {&world, nullptr}, {});
     ASSERT_FALSE(red.ok());
     EXPECT_TRUE(absl::IsUnimplemented(red.status())) << red.status();
     EXPECT_NE(std::string(red.status().message()).find("layer"), std::string::npos) << red.status();

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "backends/nccl/cuda_handles.h"
 #include "backends/nccl/errors.h"
+#include "backends/nccl/unique_id.h"
 #include "comm/status_macros.h"
 #include "gtest/gtest.h"
 #include "scheduler/gradient_reducer.h"
@@ -20,7 +21,6 @@
 #include "tests/nccl/device_reducer_driver.h"
 #include "tests/nccl/fake_gpu.h"
 #include "tests/nccl/forwarding_cuda_api.h"
-#include "backends/nccl/unique_id.h"
 #include "tests/reducer_reference.h"
 
 namespace braid::nccl::testing {
@@ -65,8 +65,8 @@ absl::StatusOr<size_t> RunZeroing(NcclGroup& world, FakeGpu& gpu, Zeroing how) {
                                  cuda->MemcpyAsync(v.data, g[p].data(), g[p].size() * 4,
                                                    cudaMemcpyHostToDevice, compute.get()),
                                  "cudaMemcpyAsync"));
-      RETURN_IF_ERROR(CudaStatus(*cuda, cuda->EventRecord(events[p].get(), compute.get()),
-                                 "cudaEventRecord"));
+      RETURN_IF_ERROR(
+          CudaStatus(*cuda, cuda->EventRecord(events[p].get(), compute.get()), "cudaEventRecord"));
     }
     return absl::OkStatus();
   };
@@ -80,17 +80,18 @@ absl::StatusOr<size_t> RunZeroing(NcclGroup& world, FakeGpu& gpu, Zeroing how) {
   RETURN_IF_ERROR(write(g1));
   RETURN_IF_ERROR(backward());  // the buckets now hold g1
 
-  if (how == Zeroing::kHostWait) RETURN_IF_ERROR(red->ZeroGrads());  // returns after the memsets ran
-  gpu.cuda->StallEvents(true);  // from here the comm stream only runs when let go
+  if (how == Zeroing::kHostWait)
+    RETURN_IF_ERROR(red->ZeroGrads());  // returns after the memsets ran
+  gpu.cuda->StallEvents(true);          // from here the comm stream only runs when let go
   if (how != Zeroing::kHostWait) {
     ASSIGN_OR_RETURN(WorkPtr zeroed, red->ZeroGradsAsync());
     if (!zeroed->device_event()) return absl::InternalError("ZeroGradsAsync gave no event");
     if (how == Zeroing::kAsyncAndWait) {
-      RETURN_IF_ERROR(CudaStatus(
-          *cuda,
-          cuda->StreamWaitEvent(compute.get(),
-                                static_cast<cudaEvent_t>(zeroed->device_event().handle)),
-          "cudaStreamWaitEvent"));
+      RETURN_IF_ERROR(
+          CudaStatus(*cuda,
+                     cuda->StreamWaitEvent(compute.get(),
+                                           static_cast<cudaEvent_t>(zeroed->device_event().handle)),
+                     "cudaStreamWaitEvent"));
     }
     zero_works.push_back(std::move(zeroed));
   }
@@ -164,7 +165,8 @@ TEST(NcclReducerZeroTest, FailedMemsetIsReturnedNamingTheBucket) {
   ASSERT_TRUE(world.ok()) << world.status();
   std::vector<sched::ParamSpec> params = sched::reference::MakeParams(0);
   for (auto& p : params) p.device = Device{DeviceType::kCuda, 0};
-  auto red = sched::GradientReducer::Create(params, {world->get(), nullptr}, sched::ReducerConfig{});
+  auto red =
+      sched::GradientReducer::Create(params, {world->get(), nullptr}, sched::ReducerConfig{});
   ASSERT_TRUE(red.ok()) << red.status();
   cuda->fail = true;
   const absl::Status sync = (*red)->ZeroGrads();
@@ -172,7 +174,8 @@ TEST(NcclReducerZeroTest, FailedMemsetIsReturnedNamingTheBucket) {
   EXPECT_NE(sync.message().find("zeroing bucket"), absl::string_view::npos) << sync;
   const absl::StatusOr<WorkPtr> async = (*red)->ZeroGradsAsync();
   EXPECT_FALSE(async.ok());
-  EXPECT_NE(async.status().message().find("zeroing bucket"), absl::string_view::npos) << async.status();
+  EXPECT_NE(async.status().message().find("zeroing bucket"), absl::string_view::npos)
+      << async.status();
   cuda->fail = false;
   EXPECT_TRUE((*red)->ZeroGrads().ok());
   red->reset();

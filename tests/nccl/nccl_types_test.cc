@@ -1,9 +1,10 @@
 // Mappings at the edge of the nccl backend: dtypes, FSDP2's reduce-op choices, pre-mul-sum
 // scalar encoding, unique-id bytes, and CUDA/NCCL results turned into statuses.
+#include "backends/nccl/nccl_types.h"
+
 #include <cstring>
 
 #include "backends/nccl/errors.h"
-#include "backends/nccl/nccl_types.h"
 #include "backends/nccl/unique_id.h"
 #include "gtest/gtest.h"
 #include "tests/multirank.h"
@@ -54,11 +55,20 @@ TEST(NcclTypes, PreMulSumScalarIsEncodedInTheDataType) {
     ASSERT_TRUE(b.ok()) << DTypeName(t);
     const double back = DecodeScalar(b->bytes.data(), ToNcclType(t));
     switch (t) {
-      case DType::kF64: EXPECT_EQ(back, 0.1); break;
-      case DType::kF32: EXPECT_EQ(back, static_cast<double>(0.1f)); break;
-      case DType::kBF16: EXPECT_EQ(back, 0.10009765625); break;   // bf16 0x3dcd
-      case DType::kF16: EXPECT_EQ(back, 0.0999755859375); break;  // f16 0x2e66
-      default: break;
+      case DType::kF64:
+        EXPECT_EQ(back, 0.1);
+        break;
+      case DType::kF32:
+        EXPECT_EQ(back, static_cast<double>(0.1f));
+        break;
+      case DType::kBF16:
+        EXPECT_EQ(back, 0.10009765625);
+        break;  // bf16 0x3dcd
+      case DType::kF16:
+        EXPECT_EQ(back, 0.0999755859375);
+        break;  // f16 0x2e66
+      default:
+        break;
     }
   }
   uint16_t bits;
@@ -101,11 +111,12 @@ TEST(NcclErrorsMapping, CudaAndNcclResultsBecomeStatuses) {
   EXPECT_FALSE(IsNoDevice(cudaErrorInvalidValue));
   EXPECT_TRUE(NcclStatus(*gpu.nccl, ncclSuccess, "x").ok());
   ExpectError(NcclStatus(*gpu.nccl, ncclInvalidUsage, "ncclAllReduce"),
-              absl::StatusCode::kInvalidArgument, {"ncclAllReduce", "invalid usage", "NCCL error 5"});
+              absl::StatusCode::kInvalidArgument,
+              {"ncclAllReduce", "invalid usage", "NCCL error 5"});
   ExpectError(NcclStatus(*gpu.nccl, ncclRemoteError, "ncclAllReduce"),
               absl::StatusCode::kUnavailable, {"NCCL error 6"});
-  ExpectError(NcclStatus(*gpu.nccl, ncclInProgress, "ncclAllReduce"),
-              absl::StatusCode::kInternal, {"NCCL error 7"});
+  ExpectError(NcclStatus(*gpu.nccl, ncclInProgress, "ncclAllReduce"), absl::StatusCode::kInternal,
+              {"NCCL error 7"});
 }
 
 }  // namespace

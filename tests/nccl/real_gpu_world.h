@@ -36,12 +36,12 @@ absl::StatusOr<RealSingleRankWorld> MakeRealSingleRankWorld(bool blocking = true
 
 // First statement of a GPU test body (or SetUp): skips, naming CUDA's error, on a machine
 // without a GPU; fails on any other CUDA error.
-#define BRAID_SKIP_WITHOUT_GPU()                                                        \
-  do {                                                                                  \
-    std::string braid_no_gpu_;                                                          \
+#define BRAID_SKIP_WITHOUT_GPU()                                                         \
+  do {                                                                                   \
+    std::string braid_no_gpu_;                                                           \
     const absl::Status braid_gpu_ = ::braid::nccl::testing::NoGpuReason(&braid_no_gpu_); \
-    ASSERT_TRUE(braid_gpu_.ok()) << braid_gpu_;                                         \
-    if (!braid_no_gpu_.empty()) GTEST_SKIP() << braid_no_gpu_;                          \
+    ASSERT_TRUE(braid_gpu_.ok()) << braid_gpu_;                                          \
+    if (!braid_no_gpu_.empty()) GTEST_SKIP() << braid_no_gpu_;                           \
   } while (0)
 
 #endif  // BRAID_TESTS_NCCL_REAL_GPU_WORLD_H_

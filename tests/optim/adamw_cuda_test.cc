@@ -3,6 +3,8 @@
 // the scalar head, the float4 body and the tail, misaligned buffers, every grad / out dtype and
 // several steps. Argument errors are checked everywhere; the device tests skip without a GPU
 // (CUDA error 35 or 100).
+#include "optim/adamw_cuda.h"
+
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -13,13 +15,12 @@
 #include <string>
 #include <vector>
 
-#include "comm/dtype.h"
 #include "comm/cuda_device.h"
+#include "comm/dtype.h"
 #include "comm/half.h"
 #include "gtest/gtest.h"
-#include "optim/adamw_cuda.h"
-#include "optim/cuda_owners.h"
 #include "optim/adamw_math.h"
+#include "optim/cuda_owners.h"
 
 namespace braid::optim {
 namespace {
@@ -50,9 +51,12 @@ size_t ElemSize(int dtype) { return dtype == kCudaDTypeF32 ? 4 : 2; }
 
 const char* DTypeLabel(int dtype) {
   switch (dtype) {
-    case kCudaDTypeF32: return "f32";
-    case kCudaDTypeBF16: return "bf16";
-    case kCudaDTypeF16: return "f16";
+    case kCudaDTypeF32:
+      return "f32";
+    case kCudaDTypeBF16:
+      return "bf16";
+    case kCudaDTypeF16:
+      return "f16";
   }
   return "none";
 }
@@ -110,8 +114,8 @@ std::vector<uint8_t> Narrowed(const std::vector<float>& p, int dtype) {
 }
 
 // memcmp, and on a difference the first differing element with both bit patterns.
-::testing::AssertionResult SameBits(const char* what, const void* want, const void* got,
-                                    size_t n, size_t elem) {
+::testing::AssertionResult SameBits(const char* what, const void* want, const void* got, size_t n,
+                                    size_t elem) {
   if (n == 0 || std::memcmp(want, got, n * elem) == 0) return ::testing::AssertionSuccess();
   const auto* w = static_cast<const uint8_t*>(want);
   const auto* g = static_cast<const uint8_t*>(got);
@@ -160,10 +164,9 @@ struct Layout {
 };
 
 const Layout kLayouts[] = {
-    {1, 0, 0, 0, 0},       {3, 0, 0, 0, 0},        {4, 0, 0, 0, 0},
-    {1000, 0, 0, 0, 0},    {1u << 20, 0, 0, 0, 0}, {5, 2, 2, 2, 2},
-    {1001, 1, 1, 1, 1},    {4099, 3, 3, 3, 3},     {1001, 1, 2, 3, 0},
-    {65537, 0, 0, 0, 1},
+    {1, 0, 0, 0, 0},        {3, 0, 0, 0, 0},     {4, 0, 0, 0, 0},    {1000, 0, 0, 0, 0},
+    {1u << 20, 0, 0, 0, 0}, {5, 2, 2, 2, 2},     {1001, 1, 1, 1, 1}, {4099, 3, 3, 3, 3},
+    {1001, 1, 2, 3, 0},     {65537, 0, 0, 0, 1},
 };
 
 using AdamWCase = std::tuple<Layout, int, int>;  // layout, grad dtype, out dtype (or kNoOut)
@@ -331,8 +334,8 @@ TEST_F(AdamWCudaDeviceTest, NarrowingEdgeCasesMatchHalfH) {
     ASSERT_EQ(dv.Upload(v.data(), 4 * n), cudaSuccess);
     ASSERT_EQ(dg.Upload(g.data(), 4 * n), cudaSuccess);
     ASSERT_EQ(AdamWCudaLaunch(s, static_cast<float*>(dp.get()), static_cast<float*>(dm.get()),
-                              static_cast<float*>(dv.get()), dg.get(), kCudaDTypeF32, n,
-                              dout.get(), out_dtype, nullptr),
+                              static_cast<float*>(dv.get()), dg.get(), kCudaDTypeF32, n, dout.get(),
+                              out_dtype, nullptr),
               cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<float> hp = p, hm = m, hv = v;
@@ -373,8 +376,8 @@ TEST_P(SgdCudaMatchTest, MatchesHostLoopBitForBit) {
     const HostGrad g = MakeGrad(rng, kN, grad_dtype);
     const SgdScalars s = SgdStepScalars(hyper, step, step == 3 ? 0.5 : 1.0);
     ASSERT_EQ(dg.Upload(g.raw.data(), g.raw.size()), cudaSuccess);
-    ASSERT_EQ(SgdCudaLaunch(s, static_cast<float*>(dp.get()), dbuf_arg, dg.get(), grad_dtype,
-                            kN, dout.get(), kCudaDTypeF16, nullptr),
+    ASSERT_EQ(SgdCudaLaunch(s, static_cast<float*>(dp.get()), dbuf_arg, dg.get(), grad_dtype, kN,
+                            dout.get(), kCudaDTypeF16, nullptr),
               cudaSuccess);
     for (size_t i = 0; i < kN; ++i) SgdElement(s, g.wide[i], &p[i], &buf[i]);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -392,11 +395,11 @@ TEST_P(SgdCudaMatchTest, MatchesHostLoopBitForBit) {
   EXPECT_TRUE(SameBits("param_out", want.data(), got_out.data(), kN, 2));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    MomentumAndDTypes, SgdCudaMatchTest,
-    ::testing::Combine(::testing::Values(0.0, 0.9), ::testing::Bool(),
-                       ::testing::Values(kCudaDTypeF32, kCudaDTypeBF16, kCudaDTypeF16),
-                       ::testing::Values(size_t{0}, size_t{1})));
+INSTANTIATE_TEST_SUITE_P(MomentumAndDTypes, SgdCudaMatchTest,
+                         ::testing::Combine(::testing::Values(0.0, 0.9), ::testing::Bool(),
+                                            ::testing::Values(kCudaDTypeF32, kCudaDTypeBF16,
+                                                              kCudaDTypeF16),
+                                            ::testing::Values(size_t{0}, size_t{1})));
 
 // ---- Argument errors: rejected before any CUDA call, so these run everywhere ------------------
 
@@ -414,9 +417,9 @@ TEST(AdamWCudaArgs, NullOrBadArgumentsAreInvalidValue) {
   EXPECT_EQ(AdamWCudaLaunch(s, p, p, p, p, static_cast<int>(DType::kF64), 4, nullptr, 0, nullptr),
             kInvalid);
   EXPECT_EQ(AdamWCudaLaunch(s, p, p, p, p, 99, 0, nullptr, 0, nullptr), kInvalid);
-  EXPECT_EQ(AdamWCudaLaunch(s, p, p, p, p, kCudaDTypeF32, 4, p, static_cast<int>(DType::kI32),
-                            nullptr),
-            kInvalid);
+  EXPECT_EQ(
+      AdamWCudaLaunch(s, p, p, p, p, kCudaDTypeF32, 4, p, static_cast<int>(DType::kI32), nullptr),
+      kInvalid);
   // n == 0 is a no-op that needs no buffers (and no device).
   EXPECT_EQ(AdamWCudaLaunch(s, nullptr, nullptr, nullptr, nullptr, kCudaDTypeBF16, 0, nullptr, 0,
                             nullptr),

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "gtest/gtest.h"
 #include "comm/element.h"
 #include "comm/status_macros.h"
+#include "gtest/gtest.h"
 #include "scheduler/memory_stats.h"
 #include "scheduler/unit_scheduler.h"
 #include "tests/multirank.h"
@@ -89,7 +89,8 @@ absl::StatusOr<std::unique_ptr<FsdpStack>> Build(Group& world, const FsdpCase& c
   gc.free_after_use = true;
   gc.memory = &st->memory;
   gc.shared_pool = st->pool;
-  ASSIGN_OR_RETURN(st->gatherer, sched::ParamGatherer::Create(st->reducer->plan(), st->gather_group.get(), gc));
+  ASSIGN_OR_RETURN(st->gatherer,
+                   sched::ParamGatherer::Create(st->reducer->plan(), st->gather_group.get(), gc));
   OptimizerConfig oc = s.opt;
   oc.timeout = absl::Seconds(60);
   oc.memory = &st->memory;
@@ -97,7 +98,8 @@ absl::StatusOr<std::unique_ptr<FsdpStack>> Build(Group& world, const FsdpCase& c
   ASSIGN_OR_RETURN(st->opt, ShardedOptimizer::Create(st->reducer.get(), st->gatherer.get(), oc));
   for (int i = 0; i < P; ++i) {
     std::vector<uint8_t> init(s.counts[i] * DTypeSize(s.dtype));
-    for (size_t j = 0; j < s.counts[i]; ++j) StoreElement(init.data(), s.dtype, j, InitialValue(i, j));
+    for (size_t j = 0; j < s.counts[i]; ++j)
+      StoreElement(init.data(), s.dtype, j, InitialValue(i, j));
     RETURN_IF_ERROR(st->opt->SetParam(i, init.data()));
   }
   sched::UnitConfig uc;
@@ -122,7 +124,8 @@ absl::Status Forward(FsdpStack& st, const OptScenario& s, int t, int rank) {
       ASSIGN_OR_RETURN(TensorView v, st.gatherer->ParamView(i));
       if (std::memcmp(v.data, want[i].data(), want[i].size()) != 0) {
         return absl::InternalError(absl::StrCat("rank ", rank, ": parameter ", i, " (unit ", u,
-                                                ") differs from the reference after ", t, " steps"));
+                                                ") differs from the reference after ", t,
+                                                " steps"));
       }
     }
     RETURN_IF_ERROR(st.units->EndForward(u));
@@ -146,9 +149,11 @@ absl::Status Backward(FsdpStack& st, const OptScenario& s, int t, int mb, int ra
     std::shuffle(ids.begin(), ids.end(), rng);
     for (int i : ids) {
       grad.assign(s.counts[i] * DTypeSize(s.dtype), 0);
-      for (size_t j = 0; j < s.counts[i]; ++j) StoreElement(grad.data(), s.dtype, j, Grad(rank, t, mb, i, j, s));
+      for (size_t j = 0; j < s.counts[i]; ++j)
+        StoreElement(grad.data(), s.dtype, j, Grad(rank, t, mb, i, j, s));
       RETURN_IF_ERROR(st.reducer->MarkReady(i, DeviceEvent{}, grad.data()));
-      std::fill(grad.begin(), grad.end(), 0xff);  // the reducer copied it: scribbling must not matter
+      std::fill(grad.begin(), grad.end(),
+                0xff);  // the reducer copied it: scribbling must not matter
     }
     RETURN_IF_ERROR(st.units->EndBackward(u));
   }
@@ -164,7 +169,8 @@ absl::Status CheckMemory(FsdpStack& st, const FsdpCase& c, int rank, int t) {
   const auto current = [&](MemoryUse u) { return m.by_use[static_cast<int>(u)].current; };
   const sched::BucketPlan& plan = st.reducer->plan();
   int64_t shards = 0, largest_unit = 0;
-  for (const sched::Bucket& b : plan.buckets()) shards += static_cast<int64_t>(b.shard_count * DTypeSize(b.dtype));
+  for (const sched::Bucket& b : plan.buckets())
+    shards += static_cast<int64_t>(b.shard_count * DTypeSize(b.dtype));
   for (int u = 0; u < plan.num_units(); ++u) {
     int64_t bytes = 0;
     for (int b : plan.UnitBuckets(u)) bytes += static_cast<int64_t>(plan.buckets()[b].bytes());
@@ -172,18 +178,22 @@ absl::Status CheckMemory(FsdpStack& st, const FsdpCase& c, int rank, int t) {
   }
   const std::string at = absl::StrCat("rank ", rank, " step ", t, ": ");
   if (st.units->live_bytes() != 0 || st.gatherer->held_bytes() != 0) {
-    return absl::InternalError(absl::StrCat(at, st.units->live_bytes(), " gathered bytes not released (",
+    return absl::InternalError(absl::StrCat(at, st.units->live_bytes(),
+                                            " gathered bytes not released (",
                                             st.gatherer->held_bytes(), " held)"));
   }
-  if (st.pool != nullptr) {  // every free full-size buffer, gathered or gradient, is in the shared pool
+  if (st.pool !=
+      nullptr) {  // every free full-size buffer, gathered or gradient, is in the shared pool
     const int64_t full = current(MemoryUse::kParamGather) + current(MemoryUse::kGradBuckets);
     if (full != st.pool->free_bytes()) {
-      return absl::InternalError(absl::StrCat(at, full, " full-size bytes counted, ", st.pool->free_bytes(),
-                                              " free in the shared pool"));
+      return absl::InternalError(absl::StrCat(at, full, " full-size bytes counted, ",
+                                              st.pool->free_bytes(), " free in the shared pool"));
     }
-  } else if (current(MemoryUse::kParamGather) != static_cast<int64_t>(st.gatherer->pooled_bytes())) {
-    return absl::InternalError(absl::StrCat(at, current(MemoryUse::kParamGather), " gather bytes counted, ",
-                                            st.gatherer->pooled_bytes(), " pooled"));
+  } else if (current(MemoryUse::kParamGather) !=
+             static_cast<int64_t>(st.gatherer->pooled_bytes())) {
+    return absl::InternalError(absl::StrCat(at, current(MemoryUse::kParamGather),
+                                            " gather bytes counted, ", st.gatherer->pooled_bytes(),
+                                            " pooled"));
   }
   // Kept from forward to backward, every unit is gathered at the end of the forward: the
   // limit holds only for prefetches then.
@@ -191,14 +201,17 @@ absl::Status CheckMemory(FsdpStack& st, const FsdpCase& c, int rank, int t) {
   for (const sched::Bucket& b : plan.buckets()) all += static_cast<int64_t>(b.bytes());
   const int64_t bound = c.reshard_after_forward ? 2 * largest_unit : all;
   if (st.units->peak_live_bytes() > bound) {
-    return absl::InternalError(absl::StrCat(at, "peak live gathered bytes ", st.units->peak_live_bytes(),
-                                            " above ", bound));
+    return absl::InternalError(absl::StrCat(at, "peak live gathered bytes ",
+                                            st.units->peak_live_bytes(), " above ", bound));
   }
   if (current(MemoryUse::kParamShards) != shards) {
-    return absl::InternalError(absl::StrCat(at, current(MemoryUse::kParamShards), " parameter shard bytes, want ", shards));
+    return absl::InternalError(absl::StrCat(at, current(MemoryUse::kParamShards),
+                                            " parameter shard bytes, want ", shards));
   }
-  if (current(MemoryUse::kGradShards) < shards) {  // hybrid with an f32 reduce dtype keeps an f32 one too
-    return absl::InternalError(absl::StrCat(at, current(MemoryUse::kGradShards), " gradient shard bytes, want >= ", shards));
+  if (current(MemoryUse::kGradShards) <
+      shards) {  // hybrid with an f32 reduce dtype keeps an f32 one too
+    return absl::InternalError(absl::StrCat(at, current(MemoryUse::kGradShards),
+                                            " gradient shard bytes, want >= ", shards));
   }
   return absl::OkStatus();
 }
@@ -280,7 +293,8 @@ std::vector<FsdpCase> Cases() {
   noprefetch.s.steps = 3;
   out.push_back(noprefetch);
   for (int replicas : {1, 2}) {
-    FsdpCase shared{replicas > 1 ? "hybrid2x2_bf16_shared_pool" : "rs2_f32_shared_pool", OptScenario{}, true, 1, true};
+    FsdpCase shared{replicas > 1 ? "hybrid2x2_bf16_shared_pool" : "rs2_f32_shared_pool",
+                    OptScenario{}, true, 1, true};
     shared.s.replicas = replicas;
     shared.s.steps = 3;
     if (replicas > 1) {

@@ -4,8 +4,6 @@
 // correction), weight decay, grad scale, every SGD variant, and 1/2/3 threads. Also: the f32
 // rule against an f64 textbook AdamW, exact conversions (exhaustive over 16-bit inputs), the
 // gradient norm's documented order, and inf/NaN detection at every position class.
-#include "optim/adamw_kernel.h"
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -22,6 +20,7 @@
 
 #include "comm/half.h"
 #include "gtest/gtest.h"
+#include "optim/adamw_kernel.h"
 #include "optim/adamw_math.h"
 #include "optim/parallel_for.h"
 
@@ -56,7 +55,10 @@ Grad RandomGrad(size_t n, DType dtype, uint32_t seed, size_t misalign = 0) {
     float x = std::pow(10.0f, e(rng)) * ((rng() & 1) ? -1.0f : 1.0f);
     if (rng() % 97 == 0) x = 0.0f;
     switch (dtype) {
-      case DType::kF32: std::memcpy(base + 4 * i, &x, 4); g.wide[i] = x; break;
+      case DType::kF32:
+        std::memcpy(base + 4 * i, &x, 4);
+        g.wide[i] = x;
+        break;
       case DType::kBF16: {
         const BF16 h = ToBF16(x);
         std::memcpy(base + 2 * i, &h, 2);
@@ -90,10 +92,21 @@ std::vector<uint8_t> OutBuffer(size_t n, DType t) {
 // What the kernel must write at out[i] for master weight `x`.
 void NarrowRef(std::vector<uint8_t>& out, DType t, size_t i, float x) {
   switch (t) {
-    case DType::kF32: std::memcpy(out.data() + 4 * i, &x, 4); break;
-    case DType::kBF16: { const BF16 h = ToBF16(x); std::memcpy(out.data() + 2 * i, &h, 2); break; }
-    case DType::kF16: { const F16 h = ToF16(x); std::memcpy(out.data() + 2 * i, &h, 2); break; }
-    default: break;
+    case DType::kF32:
+      std::memcpy(out.data() + 4 * i, &x, 4);
+      break;
+    case DType::kBF16: {
+      const BF16 h = ToBF16(x);
+      std::memcpy(out.data() + 2 * i, &h, 2);
+      break;
+    }
+    case DType::kF16: {
+      const F16 h = ToF16(x);
+      std::memcpy(out.data() + 2 * i, &h, 2);
+      break;
+    }
+    default:
+      break;
   }
 }
 
@@ -101,9 +114,9 @@ void NarrowRef(std::vector<uint8_t>& out, DType t, size_t i, float x) {
                                     size_t n, const char* what) {
   for (size_t i = 0; i < n; ++i) {
     if (FloatBits(got[i]) != FloatBits(want[i])) {
-      return ::testing::AssertionFailure() << what << "[" << i << "] = " << got[i] << " (0x"
-                                           << std::hex << FloatBits(got[i]) << "), want "
-                                           << want[i] << " (0x" << FloatBits(want[i]) << ")";
+      return ::testing::AssertionFailure()
+             << what << "[" << i << "] = " << got[i] << " (0x" << std::hex << FloatBits(got[i])
+             << "), want " << want[i] << " (0x" << FloatBits(want[i]) << ")";
     }
   }
   return ::testing::AssertionSuccess();
@@ -113,8 +126,8 @@ void NarrowRef(std::vector<uint8_t>& out, DType t, size_t i, float x) {
                                      const std::vector<uint8_t>& want, const char* what) {
   for (size_t i = 0; i < got.size(); ++i) {
     if (got[i] != want[i]) {
-      return ::testing::AssertionFailure() << what << " byte " << i << " = " << int{got[i]}
-                                           << ", want " << int{want[i]};
+      return ::testing::AssertionFailure()
+             << what << " byte " << i << " = " << int{got[i]} << ", want " << int{want[i]};
     }
   }
   return ::testing::AssertionSuccess();
@@ -144,7 +157,8 @@ TEST_P(AdamWKernel, MatchesElementRuleBitForBitOverSteps) {
         // Vector path (v_), scalar path (s_) and the reference loop (r_) on identical state; m
         // and v start non-zero so step 1 is not a special case by accident.
         const size_t cap = n + misalign;
-        std::vector<float> vp = RandomVec(cap, 1, 0.01f, 2.0f, true), vm = RandomVec(cap, 2, 0, 1e-3f, true),
+        std::vector<float> vp = RandomVec(cap, 1, 0.01f, 2.0f, true),
+                           vm = RandomVec(cap, 2, 0, 1e-3f, true),
                            vv = RandomVec(cap, 3, 0, 1e-5f, false);
         std::vector<float> sp = vp, sm = vm, sv = vv, rp = vp, rm = vm, rv = vv;
         for (const int64_t step : {1, 2, 3, 4, 1000}) {
@@ -196,10 +210,11 @@ TEST_P(SgdKernel, MatchesElementRuleBitForBit) {
   for (const double momentum : {0.0, 0.9}) {
     for (const bool nesterov : {false, true}) {
       for (const double wd : {0.0, 1e-4}) {
-        SCOPED_TRACE("momentum=" + std::to_string(momentum) + " nesterov=" +
-                     std::to_string(nesterov) + " wd=" + std::to_string(wd));
+        SCOPED_TRACE("momentum=" + std::to_string(momentum) +
+                     " nesterov=" + std::to_string(nesterov) + " wd=" + std::to_string(wd));
         const SgdHyper h{/*lr=*/0.05, momentum, wd, nesterov};
-        std::vector<float> vp = RandomVec(n + 1, 4, 0.01f, 2.0f, true), vb = RandomVec(n + 1, 5, 0, 1, true);
+        std::vector<float> vp = RandomVec(n + 1, 4, 0.01f, 2.0f, true),
+                           vb = RandomVec(n + 1, 5, 0, 1, true);
         std::vector<float> sp = vp, sb = vb, rp = vp, rb = vb;
         for (const int64_t step : {1, 2, 3}) {
           const SgdScalars s = SgdStepScalars(h, step, /*grad_scale=*/0.5);
@@ -263,9 +278,9 @@ TEST(KernelConversions, NarrowingMatchesHalfH) {
   // (almost) arbitrary f32 bit patterns: every 251st pattern, plus the rounding boundaries.
   std::vector<float> p;
   for (uint64_t u = 0; u <= 0xffffffffu; u += 251) p.push_back(BitsFloat(static_cast<uint32_t>(u)));
-  for (const uint32_t u : {0x477fefffu, 0x477ff000u, 0x38800000u, 0x387fffffu, 0x33000000u,
-                           0x33000001u, 0x7f800000u, 0x7fc00000u, 0x7f800001u, 0xff800000u,
-                           0x3f808000u, 0x3f818000u, 0x7f7fffffu}) {
+  for (const uint32_t u :
+       {0x477fefffu, 0x477ff000u, 0x38800000u, 0x387fffffu, 0x33000000u, 0x33000001u, 0x7f800000u,
+        0x7fc00000u, 0x7f800001u, 0xff800000u, 0x3f808000u, 0x3f818000u, 0x7f7fffffu}) {
     p.push_back(BitsFloat(u));
     p.push_back(BitsFloat(u | 0x80000000u));
   }
@@ -356,8 +371,8 @@ TEST(KernelPool, AdamWAndSgdIdenticalForOneTwoThreeThreads) {
         std::vector<uint16_t> out(n);
         for (int64_t step = 1; step <= 3; ++step) {
           // A small grain so even n = 1000 is split.
-          AdamWParallel(pool, StepScalars(h, step, 0.5), p.data(), m.data(), v.data(),
-                        g.data(0), gt, n, out.data(), DType::kBF16, /*grain=*/100);
+          AdamWParallel(pool, StepScalars(h, step, 0.5), p.data(), m.data(), v.data(), g.data(0),
+                        gt, n, out.data(), DType::kBF16, /*grain=*/100);
         }
         ASSERT_TRUE(SameBits(p, want_p, n, "p"));
         ASSERT_TRUE(SameBits(m, want_m, n, "m"));
@@ -416,8 +431,9 @@ TEST(AdamWMath, TracksFloat64TextbookAdamWWithinTolerance) {
       }
       EXPECT_LE(worst_p, 2e-6) << "wd " << wd << " scale " << grad_scale;
       EXPECT_LE(worst_update, 1.0) << "wd " << wd << " scale " << grad_scale;
-      std::printf("wd %g scale %g: worst relative p error %.3g, worst update error / allowed %.3g\n",
-                  wd, grad_scale, worst_p, worst_update);
+      std::printf(
+          "wd %g scale %g: worst relative p error %.3g, worst update error / allowed %.3g\n", wd,
+          grad_scale, worst_p, worst_update);
     }
   }
 }
@@ -479,9 +495,19 @@ TEST(SquaredNormF64, NonFiniteGradientGivesNonFiniteNorm) {
 // Writes `value` (given as f32) at element i of a `t` array.
 void Put(std::vector<uint8_t>& buf, DType t, size_t i, float value) {
   switch (t) {
-    case DType::kF32: std::memcpy(buf.data() + 4 * i, &value, 4); break;
-    case DType::kBF16: { const BF16 h = ToBF16(value); std::memcpy(buf.data() + 2 * i, &h, 2); break; }
-    default: { const F16 h = ToF16(value); std::memcpy(buf.data() + 2 * i, &h, 2); break; }
+    case DType::kF32:
+      std::memcpy(buf.data() + 4 * i, &value, 4);
+      break;
+    case DType::kBF16: {
+      const BF16 h = ToBF16(value);
+      std::memcpy(buf.data() + 2 * i, &h, 2);
+      break;
+    }
+    default: {
+      const F16 h = ToF16(value);
+      std::memcpy(buf.data() + 2 * i, &h, 2);
+      break;
+    }
   }
 }
 

@@ -70,7 +70,8 @@ TEST(MpiOptimizer, ResumeFromCheckpointIsBitExact) {
   OptScenario s = Base(1, the_world->size());
   s.dtype = DType::kBF16;
   s.steps = 4;
-  const std::string path = absl::StrCat(::testing::TempDir(), "/mpi_resume_rank", the_world->rank(), ".braid");
+  const std::string path =
+      absl::StrCat(::testing::TempDir(), "/mpi_resume_rank", the_world->rank(), ".braid");
   std::vector<std::vector<uint8_t>> uninterrupted;
   {
     auto st = BuildStack(*the_world, s);
@@ -92,5 +93,6 @@ TEST(MpiOptimizer, ResumeFromCheckpointIsBitExact) {
 }  // namespace braid::optim::testing
 
 int main(int argc, char** argv) {
-  return braid::testing::RunTestsOnMpiWorld(argc, argv, absl::Seconds(60), &braid::optim::testing::the_world);
+  return braid::testing::RunTestsOnMpiWorld(argc, argv, absl::Seconds(60),
+                                            &braid::optim::testing::the_world);
 }

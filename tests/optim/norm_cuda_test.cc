@@ -31,14 +31,17 @@ TEST(NormCudaTest, BlockSumsMatchTheHostBitForBit) {
     DeviceBuffer grad, sums;
     ASSERT_EQ(grad.Allocate(c.raw.size()), cudaSuccess);
     const size_t blocks = NormBlocks(c.n);
-    ASSERT_EQ(sums.Allocate(blocks * sizeof(double), 0xff), cudaSuccess);  // NaN-filled: every block written
-    ASSERT_EQ(cudaMemcpy(grad.get(), c.raw.data(), c.raw.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(sums.Allocate(blocks * sizeof(double), 0xff),
+              cudaSuccess);  // NaN-filled: every block written
+    ASSERT_EQ(cudaMemcpy(grad.get(), c.raw.data(), c.raw.size(), cudaMemcpyHostToDevice),
+              cudaSuccess);
     ASSERT_EQ(NormBlockSumsCudaLaunch(grad.get(), static_cast<int>(c.dtype), c.n,
                                       reinterpret_cast<double*>(sums.get()), stream.get()),
               cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
     std::vector<double> host(blocks);
-    ASSERT_EQ(cudaMemcpy(host.data(), sums.get(), blocks * sizeof(double), cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(host.data(), sums.get(), blocks * sizeof(double), cudaMemcpyDeviceToHost),
+              cudaSuccess);
     const double want = HostNorm(c), got = NormSumBlocks(host.data(), blocks);
     EXPECT_TRUE(SameNorm(want, got)) << "host " << want << ", device " << got;
     ++checked;
@@ -52,8 +55,10 @@ TEST(NormCudaArgs, BadArgumentsAreInvalidValue) {
   float grad[4] = {};
   EXPECT_EQ(NormBlockSumsCudaLaunch(grad, 99, 4, sums, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(NormBlockSumsCudaLaunch(grad, 1 /* f64 */, 4, sums, nullptr), cudaErrorInvalidValue);
-  EXPECT_EQ(NormBlockSumsCudaLaunch(nullptr, kCudaDTypeF32, 4, sums, nullptr), cudaErrorInvalidValue);
-  EXPECT_EQ(NormBlockSumsCudaLaunch(grad, kCudaDTypeF32, 4, nullptr, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(NormBlockSumsCudaLaunch(nullptr, kCudaDTypeF32, 4, sums, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(NormBlockSumsCudaLaunch(grad, kCudaDTypeF32, 4, nullptr, nullptr),
+            cudaErrorInvalidValue);
   EXPECT_EQ(NormBlockSumsCudaLaunch(nullptr, kCudaDTypeBF16, 0, nullptr, nullptr), cudaSuccess);
 }
 

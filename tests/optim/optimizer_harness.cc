@@ -50,12 +50,15 @@ OptScenario TwoGroupScenario(int replicas, int shards) {
 
 float Grad(int rank, int t, int u, int i, size_t j, const OptScenario& s) {
   (void)s;
-  const int k = static_cast<int>((rank * 7 + t * 3 + u * 5 + i * 11 + static_cast<int>(j % 1000) * 13) % 17) - 8;
+  const int k =
+      static_cast<int>((rank * 7 + t * 3 + u * 5 + i * 11 + static_cast<int>(j % 1000) * 13) % 17) -
+      8;
   return static_cast<float>(k) / 8.0f;
 }
 
 float InitialValue(int i, size_t j) {
-  return static_cast<float>(static_cast<int>((i * 31 + static_cast<int>(j % 1000) * 7) % 23) - 11) / 16.0f;
+  return static_cast<float>(static_cast<int>((i * 31 + static_cast<int>(j % 1000) * 7) % 23) - 11) /
+         16.0f;
 }
 
 absl::StatusOr<std::unique_ptr<RankStack>> BuildStack(Group& world, const OptScenario& s,
@@ -78,21 +81,23 @@ absl::StatusOr<std::unique_ptr<RankStack>> BuildStack(Group& world, const OptSce
   }
   std::vector<sched::ParamSpec> specs;
   for (size_t i = 0; i < s.counts.size(); ++i) {
-    specs.push_back(sched::ParamSpec{static_cast<sched::ParamId>(i), s.counts[i], s.dtype, where.device,
-                                     absl::StrCat("p", i)});
+    specs.push_back(sched::ParamSpec{static_cast<sched::ParamId>(i), s.counts[i], s.dtype,
+                                     where.device, absl::StrCat("p", i)});
   }
   ASSIGN_OR_RETURN(st->reducer, sched::GradientReducer::Create(specs, groups, rc));
   ASSIGN_OR_RETURN(st->gather_group, groups.shard->Split(0, groups.shard->rank(), "gather"));
   sched::GathererConfig gc;
   gc.timeout = where.timeout;
-  ASSIGN_OR_RETURN(st->gatherer, sched::ParamGatherer::Create(st->reducer->plan(), st->gather_group.get(), gc));
+  ASSIGN_OR_RETURN(st->gatherer,
+                   sched::ParamGatherer::Create(st->reducer->plan(), st->gather_group.get(), gc));
   OptimizerConfig oc = s.opt;
   oc.timeout = where.timeout;
   oc.device_kernels = where.kernels;
   ASSIGN_OR_RETURN(st->opt, ShardedOptimizer::Create(st->reducer.get(), st->gatherer.get(), oc));
   for (size_t i = 0; i < s.counts.size(); ++i) {
     std::vector<uint8_t> init(s.counts[i] * DTypeSize(s.dtype));
-    for (size_t j = 0; j < s.counts[i]; ++j) StoreElement(init.data(), s.dtype, j, InitialValue(static_cast<int>(i), j));
+    for (size_t j = 0; j < s.counts[i]; ++j)
+      StoreElement(init.data(), s.dtype, j, InitialValue(static_cast<int>(i), j));
     RETURN_IF_ERROR(st->opt->SetParam(static_cast<sched::ParamId>(i), init.data()));
   }
   RETURN_IF_ERROR(st->opt->WaitAllParams());
@@ -112,10 +117,11 @@ absl::Status RunSteps(RankStack& st, const OptScenario& s, int first, int last) 
       for (int i : order) {
         ASSIGN_OR_RETURN(TensorView g, st.reducer->GradView(i));
         for (size_t j = 0; j < g.count; ++j) {
-          StoreElement(g.data, s.dtype, j, Widen(s.dtype, g.data, j) + Grad(st.world_rank, t, u, i, j, s));
+          StoreElement(g.data, s.dtype, j,
+                       Widen(s.dtype, g.data, j) + Grad(st.world_rank, t, u, i, j, s));
         }
-        if (t == s.inf_step && st.world_rank == st.world_size - 1 && u + 1 == static_cast<int>(s.schedule.size()) &&
-            i == 0) {
+        if (t == s.inf_step && st.world_rank == st.world_size - 1 &&
+            u + 1 == static_cast<int>(s.schedule.size()) && i == 0) {
           StoreElement(g.data, s.dtype, 0, s.bad_value);
         }
         RETURN_IF_ERROR(st.reducer->MarkReady(i));
@@ -149,10 +155,10 @@ absl::Status CheckAgainstReference(Group& world, const OptScenario& s) {
         size_t j = 0;
         const size_t es = DTypeSize(s.dtype);
         while (j + 1 < s.counts[i] && std::memcmp(&got[i][j * es], &want[i][j * es], es) == 0) ++j;
-        return absl::InternalError(absl::StrCat("rank ", world.rank(), ": parameter ", i, " differs from the reference after ",
-                                                t, " steps, first at element ", j, ": got ",
-                                                Widen(s.dtype, got[i].data(), j), ", want ",
-                                                Widen(s.dtype, want[i].data(), j)));
+        return absl::InternalError(absl::StrCat(
+            "rank ", world.rank(), ": parameter ", i, " differs from the reference after ", t,
+            " steps, first at element ", j, ": got ", Widen(s.dtype, got[i].data(), j), ", want ",
+            Widen(s.dtype, want[i].data(), j)));
       }
     }
   }
@@ -162,23 +168,28 @@ absl::Status CheckAgainstReference(Group& world, const OptScenario& s) {
 absl::Status CheckReport(RankStack& st, const OptScenario& s) {
   const StepReport r = st.opt->last_step();
   const bool skipped_one = s.inf_step >= 0 && s.opt.skip_nonfinite;
-  if (r.rounds != s.steps) return absl::InternalError(absl::StrCat("rounds ", r.rounds, ", want ", s.steps));
+  if (r.rounds != s.steps)
+    return absl::InternalError(absl::StrCat("rounds ", r.rounds, ", want ", s.steps));
   RETURN_IF_ERROR(r.error);
-  if (r.skipped != (skipped_one && s.inf_step == s.steps - 1)) return absl::InternalError("wrong skipped flag");
+  if (r.skipped != (skipped_one && s.inf_step == s.steps - 1))
+    return absl::InternalError("wrong skipped flag");
   if (s.opt.max_grad_norm > 0 || s.opt.skip_nonfinite || s.opt.track_grad_norm) {
     const double want = ReferenceNorm(s, s.steps - 1);
     const bool same = std::isnan(want) ? std::isnan(r.grad_norm) : r.grad_norm == want;
-    if (!same) return absl::InternalError(absl::StrCat("gradient norm ", r.grad_norm, ", reference ", want));
+    if (!same)
+      return absl::InternalError(absl::StrCat("gradient norm ", r.grad_norm, ", reference ", want));
   }
   if (s.opt.max_grad_norm > 0 && !r.skipped && std::isfinite(r.grad_norm)) {
     const double want = std::min(1.0, s.opt.max_grad_norm / (r.grad_norm + 1e-6));
     if (r.clip_scale != want) {
-      return absl::InternalError(absl::StrCat("clip factor ", r.clip_scale, " for norm ", r.grad_norm, ", want ", want));
+      return absl::InternalError(
+          absl::StrCat("clip factor ", r.clip_scale, " for norm ", r.grad_norm, ", want ", want));
     }
   }
   for (int b = 0; b < static_cast<int>(st.reducer->plan().buckets().size()); ++b) {
     if (st.opt->bucket_steps(b) != s.steps - (skipped_one ? 1 : 0)) {
-      return absl::InternalError(absl::StrCat("bucket ", b, " took ", st.opt->bucket_steps(b), " steps"));
+      return absl::InternalError(
+          absl::StrCat("bucket ", b, " took ", st.opt->bucket_steps(b), " steps"));
     }
   }
   return absl::OkStatus();
@@ -235,14 +246,16 @@ std::vector<std::vector<uint8_t>> ReferenceParams(const OptScenario& s, int last
     const double norm = std::sqrt(AveragedGrad(s, t, &g));
     if (s.opt.skip_nonfinite && !std::isfinite(norm)) continue;  // dropped on every rank
     double scale = 1.0;
-    if (s.opt.max_grad_norm > 0 && std::isfinite(norm)) scale = std::min(1.0, s.opt.max_grad_norm / (norm + 1e-6));
+    if (s.opt.max_grad_norm > 0 && std::isfinite(norm))
+      scale = std::min(1.0, s.opt.max_grad_norm / (norm + 1e-6));
     ++steps;
     const std::vector<GroupHyper> hyper = HyperAt(s, t);
     for (int i = 0; i < P; ++i) {
       const GroupHyper& h = hyper[GroupOf(s, i)];
       for (size_t j = 0; j < s.counts[i]; ++j) {
         if (s.opt.kind == OptimizerKind::kAdamW) {
-          AdamWElement(StepScalars(h.adamw, steps, scale), g[i][j], &master[i][j], &m[i][j], &v[i][j]);
+          AdamWElement(StepScalars(h.adamw, steps, scale), g[i][j], &master[i][j], &m[i][j],
+                       &v[i][j]);
         } else {
           SgdElement(SgdStepScalars(h.sgd, steps, scale), g[i][j], &master[i][j], &m[i][j]);
         }

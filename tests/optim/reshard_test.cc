@@ -3,6 +3,8 @@
 // and read back: master weights, moments and step counts bit for bit those of the source, and
 // the gathered parameters those of the serial reference. Files of other parameters, of mixed
 // runs and without a recorded layout are refused, naming the parameter or the file.
+#include "optim/reshard.h"
+
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -11,7 +13,6 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "optim/checkpoint_layout.h"
-#include "optim/reshard.h"
 #include "optim/state_file.h"
 #include "tests/multirank.h"
 #include "tests/optim/optimizer_harness.h"
@@ -45,14 +46,17 @@ void ExpectSameState(const Checkpoint& a, const Checkpoint& b) {
   ASSERT_EQ(a.header.scalars.size(), b.header.scalars.size());
   for (size_t i = 0; i < a.header.scalars.size(); ++i) {
     EXPECT_EQ(a.header.scalars[i].first, b.header.scalars[i].first);
-    EXPECT_EQ(std::memcmp(&a.header.scalars[i].second, &b.header.scalars[i].second, sizeof(double)), 0);
+    EXPECT_EQ(std::memcmp(&a.header.scalars[i].second, &b.header.scalars[i].second, sizeof(double)),
+              0);
   }
   ASSERT_EQ(a.values.size(), b.values.size());
   for (size_t k = 0; k < a.values.size(); ++k) {
     ASSERT_EQ(a.values[k].size(), b.values[k].size());
     for (size_t i = 0; i < a.values[k].size(); ++i) {
       ASSERT_EQ(a.values[k][i].size(), b.values[k][i].size());
-      EXPECT_EQ(std::memcmp(a.values[k][i].data(), b.values[k][i].data(), a.values[k][i].size() * sizeof(float)), 0)
+      EXPECT_EQ(std::memcmp(a.values[k][i].data(), b.values[k][i].data(),
+                            a.values[k][i].size() * sizeof(float)),
+                0)
           << a.state_names[k] << " of parameter #" << i << " differs";
     }
   }
@@ -71,7 +75,8 @@ TEST_P(ReshardTest, TwoRanksToFourOneAndAMeshBitExact) {
   src.steps = 2;
   const std::string tag = std::string(DTypeName(src.dtype));
   SaveRun(src, 2, absl::StrCat(dir, "/src_", tag, "_rank"));
-  absl::StatusOr<Checkpoint> c = ReadCheckpoint(RankFiles(absl::StrCat(dir, "/src_", tag, "_rank"), 2));
+  absl::StatusOr<Checkpoint> c =
+      ReadCheckpoint(RankFiles(absl::StrCat(dir, "/src_", tag, "_rank"), 2));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->header.step, 2);
   const auto expected_params = ReferenceParams(src, 2);
@@ -79,7 +84,8 @@ TEST_P(ReshardTest, TwoRanksToFourOneAndAMeshBitExact) {
     SCOPED_TRACE(absl::StrCat(t.replicas, "x", t.shards));
     const int m = t.replicas * t.shards;
     const std::string to = absl::StrCat(dir, "/to", t.replicas, "x", t.shards, "_", tag, "_rank");
-    const std::string back = absl::StrCat(dir, "/back", t.replicas, "x", t.shards, "_", tag, "_rank");
+    const std::string back =
+        absl::StrCat(dir, "/back", t.replicas, "x", t.shards, "_", tag, "_rank");
     absl::StatusOr<std::vector<std::string>> files = WriteCheckpoint(*c, m, t.shards, to);
     ASSERT_TRUE(files.ok()) << files.status();
     ASSERT_EQ(*files, RankFiles(to, m));
@@ -103,7 +109,9 @@ TEST_P(ReshardTest, TwoRanksToFourOneAndAMeshBitExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, ReshardTest, ::testing::Values(DType::kF32, DType::kBF16),
-                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(DTypeName(i.param)); });
+                         [](const ::testing::TestParamInfo<DType>& i) {
+                           return std::string(DTypeName(i.param));
+                         });
 
 TEST(ReshardErrors, OtherParametersAreRefusedNamingTheParameter) {
   const std::string dir = ::testing::TempDir();
@@ -114,7 +122,8 @@ TEST(ReshardErrors, OtherParametersAreRefusedNamingTheParameter) {
   SaveRun(other, 1, dir + "/b_rank");
   // Mixed runs: the first parameter that differs is named.
   ExpectError(ReadCheckpoint({dir + "/a_rank0.braid", dir + "/b_rank1.braid"}).status(),
-              absl::StatusCode::kFailedPrecondition, {"b_rank1.braid", "parameter #3", "'p3'", "300", "301"});
+              absl::StatusCode::kFailedPrecondition,
+              {"b_rank1.braid", "parameter #3", "'p3'", "300", "301"});
   // A converted checkpoint loaded where a parameter has another size.
   absl::StatusOr<Checkpoint> c = ReadCheckpoint(RankFiles(dir + "/a_rank", 2));
   ASSERT_TRUE(c.ok()) << c.status();
@@ -128,11 +137,12 @@ TEST(ReshardErrors, OtherParametersAreRefusedNamingTheParameter) {
                 {"a1_rank0.braid", "'p3'", "301"});
   });
   // Not every rank, or a rank twice.
-  ExpectError(ReadCheckpoint({dir + "/a_rank0.braid"}).status(), absl::StatusCode::kFailedPrecondition,
-              {"a_rank0.braid", "world of 2 ranks"});
+  ExpectError(ReadCheckpoint({dir + "/a_rank0.braid"}).status(),
+              absl::StatusCode::kFailedPrecondition, {"a_rank0.braid", "world of 2 ranks"});
   ExpectError(ReadCheckpoint({dir + "/a_rank0.braid", dir + "/a_rank0.braid"}).status(),
               absl::StatusCode::kFailedPrecondition, {"rank 1 is missing"});
-  ExpectError(WriteCheckpoint(*c, 6, 4, dir + "/x").status(), absl::StatusCode::kInvalidArgument, {"6", "4"});
+  ExpectError(WriteCheckpoint(*c, 6, 4, dir + "/x").status(), absl::StatusCode::kInvalidArgument,
+              {"6", "4"});
 }
 
 // A file written before layouts were recorded (no layout/ sections) still loads on its own

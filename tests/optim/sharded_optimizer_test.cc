@@ -118,7 +118,8 @@ class OptimizerVsReference : public ::testing::TestWithParam<Case> {};
 
 TEST_P(OptimizerVsReference, BitExact) {
   const OptScenario& s = GetParam().s;
-  RunRanks(s.replicas * s.shards, [&](Group& world) { EXPECT_OK(CheckAgainstReference(world, s)); });
+  RunRanks(s.replicas * s.shards,
+           [&](Group& world) { EXPECT_OK(CheckAgainstReference(world, s)); });
 }
 
 INSTANTIATE_TEST_SUITE_P(All, OptimizerVsReference, ::testing::ValuesIn(Cases()),
@@ -143,8 +144,10 @@ TEST(ShardedOptimizer, StepsBucketZeroBeforeTheBackwardEnds) {
     const auto& plan = k.reducer->plan();
     for (int pi : plan.buckets()[0].params) ASSERT_OK(k.reducer->MarkReady(plan.params()[pi].id));
     const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    while (k.gatherer->GatherWork(0) == before && absl::Now() < deadline) absl::SleepFor(absl::Microseconds(100));
-    EXPECT_NE(k.gatherer->GatherWork(0), before) << "bucket 0 was not stepped and gathered during backward";
+    while (k.gatherer->GatherWork(0) == before && absl::Now() < deadline)
+      absl::SleepFor(absl::Microseconds(100));
+    EXPECT_NE(k.gatherer->GatherWork(0), before)
+        << "bucket 0 was not stepped and gathered during backward";
     for (size_t b = 1; b < plan.buckets().size(); ++b) {
       for (int pi : plan.buckets()[b].params) ASSERT_OK(k.reducer->MarkReady(plan.params()[pi].id));
     }
@@ -184,12 +187,14 @@ TEST(ShardedOptimizer, FailedReductionDropsTheRestOfTheStepOnEveryRank) {
     for (int i = static_cast<int>(s.counts.size()) - 1; i >= 0; --i) {
       auto g = k.reducer->GradView(i);
       ASSERT_TRUE(g.ok());
-      for (size_t j = 0; j < g->count; ++j) static_cast<float*>(g->data)[j] = Grad(world.rank(), 0, 0, i, j, s);
+      for (size_t j = 0; j < g->count; ++j)
+        static_cast<float*>(g->data)[j] = Grad(world.rank(), 0, 0, i, j, s);
       ASSERT_OK(k.reducer->MarkReady(i));
     }
     EXPECT_FALSE(k.opt->FinishBackward().ok());
     ASSERT_OK(k.opt->WaitAllParams());
-    ExpectError(k.opt->last_step().error, absl::StatusCode::kInternal, {"bucket 1", "simulated link loss", "dropped"});
+    ExpectError(k.opt->last_step().error, absl::StatusCode::kInternal,
+                {"bucket 1", "simulated link loss", "dropped"});
     auto got = Params(k, s);
     ASSERT_TRUE(got.ok());
     const auto& plan = k.reducer->plan();
@@ -224,7 +229,8 @@ TEST(ShardedOptimizer, NoGatherAfterStepLeavesGatheringToTheCaller) {
           ASSERT_OK(g.WaitParams(b));
         }
       };
-      for (int b = 0; b < g.num_buckets(); ++b) EXPECT_EQ(g.GatherWork(b), nullptr) << "bucket " << b;
+      for (int b = 0; b < g.num_buckets(); ++b)
+        EXPECT_EQ(g.GatherWork(b), nullptr) << "bucket " << b;
       const std::string path = absl::StrCat(dir, "/nogather_rank", world.rank(), ".braid");
       for (int t = 0; t < s.steps; ++t) {
         std::vector<WorkPtr> before;
@@ -242,7 +248,8 @@ TEST(ShardedOptimizer, NoGatherAfterStepLeavesGatheringToTheCaller) {
       std::vector<WorkPtr> before;
       for (int b = 0; b < g.num_buckets(); ++b) before.push_back(g.GatherWork(b));
       ASSERT_OK((*st)->opt->Load(path));
-      for (int b = 0; b < g.num_buckets(); ++b) EXPECT_EQ(g.GatherWork(b), before[b]) << "Load gathered " << b;
+      for (int b = 0; b < g.num_buckets(); ++b)
+        EXPECT_EQ(g.GatherWork(b), before[b]) << "Load gathered " << b;
       gather_all();
       auto p = Params(**st, s);
       ASSERT_TRUE(p.ok());
@@ -297,8 +304,10 @@ TEST(ShardedOptimizerErrors, LoadRefusesOtherWorldsCorruptFilesAndKinds) {
     auto st = BuildStack(world, s1);
     ASSERT_TRUE(st.ok()) << st.status();
     const auto before = Params(**st, s1);
-    ExpectError((*st)->opt->Load(path2), absl::StatusCode::kFailedPrecondition, {path2, "world size 2", "has 1"});
-    ExpectError((*st)->opt->Load(dir + "/missing.braid"), absl::StatusCode::kNotFound, {"missing.braid"});
+    ExpectError((*st)->opt->Load(path2), absl::StatusCode::kFailedPrecondition,
+                {path2, "world size 2", "has 1"});
+    ExpectError((*st)->opt->Load(dir + "/missing.braid"), absl::StatusCode::kNotFound,
+                {"missing.braid"});
     // A file of the right world, then corrupted.
     const std::string good = dir + "/world1.braid";
     ASSERT_OK((*st)->opt->Save(good));
@@ -321,7 +330,8 @@ TEST(ShardedOptimizerErrors, LoadRefusesOtherWorldsCorruptFilesAndKinds) {
     ASSERT_OK((*st)->opt->Save(dir + "/adamw1.braid"));
     auto sg = BuildStack(world, sgd);
     ASSERT_TRUE(sg.ok());
-    ExpectError((*sg)->opt->Load(dir + "/adamw1.braid"), absl::StatusCode::kFailedPrecondition, {"adamw", "sgd"});
+    ExpectError((*sg)->opt->Load(dir + "/adamw1.braid"), absl::StatusCode::kFailedPrecondition,
+                {"adamw", "sgd"});
   });
 }
 
@@ -337,15 +347,18 @@ TEST(ShardedOptimizerErrors, LoadRefusesFilesSavedAtDifferentStepsOnEveryRank) {
     ASSERT_OK(RunSteps(**st, s, 1, 2));
     if (world.rank() == 1) ASSERT_OK((*st)->opt->Save(path));
     const auto before = Params(**st, s).value();
-    ExpectError((*st)->opt->Load(path), absl::StatusCode::kFailedPrecondition, {"different steps", "nothing was loaded"});
+    ExpectError((*st)->opt->Load(path), absl::StatusCode::kFailedPrecondition,
+                {"different steps", "nothing was loaded"});
     EXPECT_EQ((*st)->opt->bucket_steps(0), 2);
     ASSERT_OK((*st)->opt->WaitAllParams());
     EXPECT_EQ(Params(**st, s).value(), before);
     // Inside a backward, state changes are refused at once.
     ASSERT_OK((*st)->opt->BeginBackward(SyncMode::kSync));
     ExpectError((*st)->opt->Save(path), absl::StatusCode::kFailedPrecondition, {"between steps"});
-    ExpectError((*st)->opt->WaitParams(0), absl::StatusCode::kFailedPrecondition, {"during a synced backward"});
-    for (int i = 0; i < static_cast<int>(s.counts.size()); ++i) ASSERT_OK((*st)->reducer->MarkReady(i));
+    ExpectError((*st)->opt->WaitParams(0), absl::StatusCode::kFailedPrecondition,
+                {"during a synced backward"});
+    for (int i = 0; i < static_cast<int>(s.counts.size()); ++i)
+      ASSERT_OK((*st)->reducer->MarkReady(i));
     ASSERT_OK((*st)->opt->FinishBackward());
     ASSERT_OK((*st)->opt->WaitAllParams());
   });
@@ -359,7 +372,8 @@ TEST(ShardedOptimizerErrors, MisuseIsNamed) {
     ASSERT_TRUE(st.ok()) << st.status();
     ShardedOptimizer& opt = *(*st)->opt;
     ExpectError(opt.Step(), absl::StatusCode::kFailedPrecondition, {"Step()", "without gradients"});
-    ExpectError(opt.FinishBackward(), absl::StatusCode::kFailedPrecondition, {"without BeginBackward"});
+    ExpectError(opt.FinishBackward(), absl::StatusCode::kFailedPrecondition,
+                {"without BeginBackward"});
     ExpectError(opt.WaitParams(99), absl::StatusCode::kOutOfRange, {"bucket 99"});
     ExpectError(opt.SetParam(1234, nullptr), absl::StatusCode::kNotFound, {"1234"});
     ExpectError(opt.SetParam(0, nullptr), absl::StatusCode::kInvalidArgument, {"'p0'", "null"});
@@ -370,9 +384,11 @@ TEST(ShardedOptimizerErrors, MisuseIsNamed) {
     // A synced backward not stepped must not be mixed into the next one.
     ASSERT_OK(RunSteps(**st, s, 0, 1));
     ASSERT_OK(opt.BeginBackward(SyncMode::kSync));
-    for (int i = 0; i < static_cast<int>(s.counts.size()); ++i) ASSERT_OK((*st)->reducer->MarkReady(i));
+    for (int i = 0; i < static_cast<int>(s.counts.size()); ++i)
+      ASSERT_OK((*st)->reducer->MarkReady(i));
     ASSERT_OK(opt.FinishBackward());
-    ExpectError(opt.BeginBackward(SyncMode::kSync), absl::StatusCode::kFailedPrecondition, {"not stepped"});
+    ExpectError(opt.BeginBackward(SyncMode::kSync), absl::StatusCode::kFailedPrecondition,
+                {"not stepped"});
     ASSERT_OK(opt.Step());
     ExpectError(opt.Step(), absl::StatusCode::kFailedPrecondition, {"without gradients"});
     ASSERT_OK(opt.WaitAllParams());

@@ -190,8 +190,8 @@ TEST(StateFileTest, RoundTripIsBitExact) {
                {"max", std::numeric_limits<double>::max()}};
   for (int i = 0; i < 200; ++i) h.scalars.emplace_back(absl::StrCat("s", i), i * 0.1);
 
-  std::vector<uint32_t> f32_bits = {F32Bits(-0.0f), 0x7fc01234u, 0x7f800001u, 0xffc00000u,
-                                    F32Bits(1.0f), 0x00000001u, F32Bits(-1e30f)};
+  std::vector<uint32_t> f32_bits = {F32Bits(-0.0f), 0x7fc01234u, 0x7f800001u,    0xffc00000u,
+                                    F32Bits(1.0f),  0x00000001u, F32Bits(-1e30f)};
   std::vector<double> f64 = {-0.0, BitsF64(0x7ff4000000000042ull), 1.0 / 3.0};
   std::vector<uint16_t> bf16 = {0x3f80, 0x8000, 0x7fc1};
   std::vector<int64_t> i64 = {std::numeric_limits<int64_t>::min(), -1, 0};
@@ -274,9 +274,8 @@ TEST(StateFileTest, ManySmallSections) {
   std::vector<StateSection> sections;
   for (size_t i = 0; i < data.size(); ++i) {
     data[i].assign(i % 7, static_cast<float>(i));
-    sections.push_back({absl::StrCat("bucket", i, "/exp_avg_sq"),
-                        static_cast<int32_t>(DType::kF32), data[i].size(), data[i].data(),
-                        data[i].size() * 4});
+    sections.push_back({absl::StrCat("bucket", i, "/exp_avg_sq"), static_cast<int32_t>(DType::kF32),
+                        data[i].size(), data[i].data(), data[i].size() * 4});
   }
   ASSERT_TRUE(WriteStateFile(path, SampleHeader(), sections).ok());
   absl::StatusOr<LoadedState> loaded = ReadStateFile(path);
@@ -376,9 +375,9 @@ TEST(StateFileTest, EveryTruncationIsReported) {
   }
   // Trailing garbage is not silently ignored either.
   WriteBytes(path, bytes + "x");
-  ExpectError(ReadStateFile(path).status(), absl::StatusCode::kDataLoss, path,
-              {"records a length of ", absl::StrCat(bytes.size(), " bytes but holds ",
-                                                    bytes.size() + 1)});
+  ExpectError(
+      ReadStateFile(path).status(), absl::StatusCode::kDataLoss, path,
+      {"records a length of ", absl::StrCat(bytes.size(), " bytes but holds ", bytes.size() + 1)});
 }
 
 TEST(StateFileTest, EveryBitFlipIsCaught) {
@@ -510,7 +509,8 @@ TEST(StateFileTest, CheckCompatibleNamesEachDifferingField) {
   expected.world_size = 2;
   absl::Status s = CheckCompatible(file, expected, path);
   ExpectError(s, absl::StatusCode::kFailedPrecondition, path);
-  EXPECT_EQ(s.message(), "state file /ckpt/rank1.braid was written with world size 4, this run has 2");
+  EXPECT_EQ(s.message(),
+            "state file /ckpt/rank1.braid was written with world size 4, this run has 2");
 
   expected = file;
   expected.rank = 3;

@@ -4,7 +4,7 @@
 #include "backends/plugin/braid_backend_v1.h"
 
 const braid_backend_v1 braidBackendPlugin_v1 = {
-    99,                      /* abi_version */
+    99,                       /* abi_version */
     sizeof(braid_backend_v1), /* struct_size */
-    "braid_test_abi99",      /* name; every entry left NULL */
+    "braid_test_abi99",       /* name; every entry left NULL */
 };

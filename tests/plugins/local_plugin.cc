@@ -70,8 +70,8 @@ void FailWorldRankAt(void* ctx, int world_rank, uint64_t seq) {
                                             "injected by the test plugin");
 }
 
-int Init(braid_backend_log_fn_v1 log, void* log_arg, int world_size, int64_t timeout_ms,
-         void** ctx, braid_backend_error_v1* error) {
+int Init(braid_backend_log_fn_v1 log, void* log_arg, int world_size, int64_t timeout_ms, void** ctx,
+         braid_backend_error_v1* error) {
   return Guarded(error, [&]() -> int {
     Options o;
     o.backend = "local";
@@ -200,9 +200,8 @@ int Broadcast(void* comm, const void* send, void* recv, size_t count, int dtype,
 
 int Barrier(void* comm, braid_backend_done_fn_v1 done, void* done_arg,
             braid_backend_error_v1* error) {
-  return Guarded(error, [&]() -> int {
-    return Forward(AsGroup(comm).Barrier(), done, done_arg, error);
-  });
+  return Guarded(error,
+                 [&]() -> int { return Forward(AsGroup(comm).Barrier(), done, done_arg, error); });
 }
 
 }  // namespace braid::test_plugin

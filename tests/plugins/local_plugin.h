@@ -23,8 +23,8 @@ void HostLog(void* ctx, int level, const char* message);
 // of the wrapped local backend).
 void FailWorldRankAt(void* ctx, int world_rank, uint64_t seq);
 
-int Init(braid_backend_log_fn_v1 log, void* log_arg, int world_size, int64_t timeout_ms,
-         void** ctx, braid_backend_error_v1* error);
+int Init(braid_backend_log_fn_v1 log, void* log_arg, int world_size, int64_t timeout_ms, void** ctx,
+         braid_backend_error_v1* error);
 int Finalize(void* ctx, braid_backend_error_v1* error);
 int WorldSize(void* ctx, int* world_size, braid_backend_error_v1* error);
 int LocalRanks(void* ctx, int* ranks, int capacity, int* count, braid_backend_error_v1* error);

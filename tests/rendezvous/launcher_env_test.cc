@@ -13,8 +13,11 @@ using ::testing::HasSubstr;
 using Vars = std::map<std::string, std::string>;
 
 Vars Torchrun() {
-  return {{"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}, {"RANK", "3"},
-          {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}};
+  return {{"MASTER_ADDR", "10.0.0.1"},
+          {"MASTER_PORT", "29500"},
+          {"RANK", "3"},
+          {"WORLD_SIZE", "8"},
+          {"LOCAL_RANK", "1"}};
 }
 
 LauncherEnv Parse(const Vars& v) {
@@ -68,8 +71,10 @@ TEST(LauncherEnvTest, TorchrunAgentStoreMovesBraidsStoreToTheNextPort) {
 }
 
 TEST(LauncherEnvTest, SrunWithTheMasterFromTheEnvironment) {
-  const LauncherEnv e = Parse({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"},
-                               {"SLURM_LOCALID", "2"}, {"MASTER_ADDR", "node01"},
+  const LauncherEnv e = Parse({{"SLURM_PROCID", "5"},
+                               {"SLURM_NTASKS", "6"},
+                               {"SLURM_LOCALID", "2"},
+                               {"MASTER_ADDR", "node01"},
                                {"MASTER_PORT", "1234"}});
   EXPECT_EQ(e.launcher, "srun");
   EXPECT_EQ(e.rank, 5);

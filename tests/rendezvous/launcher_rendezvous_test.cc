@@ -51,8 +51,8 @@ bool PlainListenerCanBind(int port) {
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-                  ::listen(fd, 1) == 0;
+  const bool ok =
+      ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 && ::listen(fd, 1) == 0;
   ::close(fd);
   return ok;
 }
@@ -125,8 +125,8 @@ TEST(LauncherRendezvousTest, CompleteWorldsCheckIn) {
   for (int world : {1, 2, 4}) {
     std::vector<int> ranks;
     for (int r = 0; r < world; ++r) ranks.push_back(r);
-    for (absl::Status s : RunRanks(world, ranks, absl::Seconds(20),
-                                   [](int) { return absl::ZeroDuration(); })) {
+    for (absl::Status s :
+         RunRanks(world, ranks, absl::Seconds(20), [](int) { return absl::ZeroDuration(); })) {
       EXPECT_TRUE(s.ok()) << "world " << world << ": " << s;
     }
   }
@@ -142,8 +142,8 @@ TEST(LauncherRendezvousTest, RankZeroLastStillWorks) {
 
 TEST(LauncherRendezvousTest, AMissingRankFailsEveryoneNamingIt) {
   const absl::Time start = absl::Now();
-  std::vector<absl::Status> statuses = RunRanks(4, {0, 1, 3}, absl::Milliseconds(800),
-                                                [](int) { return absl::ZeroDuration(); });
+  std::vector<absl::Status> statuses =
+      RunRanks(4, {0, 1, 3}, absl::Milliseconds(800), [](int) { return absl::ZeroDuration(); });
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   for (size_t i = 0; i < statuses.size(); ++i) {
     const absl::Status& s = statuses[i];
@@ -152,26 +152,23 @@ TEST(LauncherRendezvousTest, AMissingRankFailsEveryoneNamingIt) {
     EXPECT_THAT(s.message(), HasSubstr("3 arrived"));
     EXPECT_THAT(s.message(), HasSubstr("127.0.0.1:"));
   }
-  statuses = RunRanks(5, {0, 2}, absl::Milliseconds(500), [](int) {
-    return absl::ZeroDuration();
-  });
+  statuses = RunRanks(5, {0, 2}, absl::Milliseconds(500), [](int) { return absl::ZeroDuration(); });
   for (const absl::Status& s : statuses) {
     EXPECT_THAT(s.message(), HasSubstr("ranks 1, 3, 4 of a world of 5")) << s;
   }
 }
 
 TEST(LauncherRendezvousTest, MissingRankZeroFailsAtConnectNamingTheMaster) {
-  std::vector<absl::Status> statuses = RunRanks(2, {1}, absl::Milliseconds(400),
-                                                [](int) { return absl::ZeroDuration(); });
+  std::vector<absl::Status> statuses =
+      RunRanks(2, {1}, absl::Milliseconds(400), [](int) { return absl::ZeroDuration(); });
   EXPECT_EQ(statuses[0].code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(statuses[0].message(), HasSubstr("torchrun rank 1 of 2"));
   EXPECT_THAT(statuses[0].message(), HasSubstr("could not connect to 127.0.0.1:"));
 }
 
 TEST(LauncherRendezvousTest, ARankClaimedTwiceIsRefused) {
-  std::vector<absl::Status> statuses = RunRanks(2, {0, 1, 1}, absl::Milliseconds(800), [](int) {
-    return absl::ZeroDuration();
-  });
+  std::vector<absl::Status> statuses =
+      RunRanks(2, {0, 1, 1}, absl::Milliseconds(800), [](int) { return absl::ZeroDuration(); });
   int refused = 0;
   for (const absl::Status& s : statuses) {
     if (s.code() == absl::StatusCode::kAlreadyExists) {
@@ -191,8 +188,8 @@ TEST(LauncherRendezvousTest, MasterPortIsFreeAgainWhenJoinReturns) {
     const int master_port = FreePort();
     std::vector<int> ranks;
     for (int r = 0; r < world; ++r) ranks.push_back(r);
-    const std::vector<absl::Status> statuses = RunRanks(
-        world, ranks, absl::Seconds(20), NoDelay, master_port, nullptr, [&](auto& joined) {
+    const std::vector<absl::Status> statuses =
+        RunRanks(world, ranks, absl::Seconds(20), NoDelay, master_port, nullptr, [&](auto& joined) {
           EXPECT_TRUE(PlainListenerCanBind(master_port)) << "world " << world;
           for (auto& rv : joined) {
             ASSERT_NE(rv, nullptr);
@@ -209,8 +206,7 @@ TEST(LauncherRendezvousTest, MasterPortHeldByAnotherStoreIsNamed) {
   auto other = Socket::Listen("127.0.0.1", 0);  // e.g. torch.distributed's env:// store
   ASSERT_TRUE(other.ok());
   const int held = *other->LocalPort();
-  std::vector<absl::Status> statuses =
-      RunRanks(2, {0}, absl::Seconds(5), NoDelay, held);
+  std::vector<absl::Status> statuses = RunRanks(2, {0}, absl::Seconds(5), NoDelay, held);
   EXPECT_EQ(statuses[0].code(), absl::StatusCode::kUnavailable) << statuses[0];
   EXPECT_THAT(statuses[0].message(), HasSubstr("MASTER_ADDR:MASTER_PORT while the world is"));
   EXPECT_THAT(statuses[0].message(), HasSubstr("initialize torch.distributed first"));
@@ -249,9 +245,9 @@ TEST(LauncherRendezvousTest, AnExchangeCarriesTheStoresAddressWithoutMasterPort)
   }
   // An exchange that never delivers fails the rank naming the key, within the deadline.
   Table empty;
-  std::vector<absl::Status> statuses = RunRanks(
-      2, {1}, absl::Milliseconds(300), NoDelay, 0,
-      [&](LauncherEnv& e) { e.exchange = empty.Exchange(); });
+  std::vector<absl::Status> statuses =
+      RunRanks(2, {1}, absl::Milliseconds(300), NoDelay, 0,
+               [&](LauncherEnv& e) { e.exchange = empty.Exchange(); });
   EXPECT_EQ(statuses[0].code(), absl::StatusCode::kDeadlineExceeded) << statuses[0];
   EXPECT_THAT(statuses[0].message(), HasSubstr("looking up rank 0's store address under "
                                                "'test/store'"));

@@ -78,8 +78,8 @@ TEST(StoreTest, AddIsAtomicAcrossClients) {
         auto v = store->Add("counter", 1);
         ASSERT_TRUE(v.ok()) << v.status();
         std::lock_guard<std::mutex> lock(mu);
-        EXPECT_TRUE(seen.insert(*v).second) << "value " << *v << " returned twice (client " << c
-                                            << ")";
+        EXPECT_TRUE(seen.insert(*v).second)
+            << "value " << *v << " returned twice (client " << c << ")";
       }
     });
   }
@@ -202,7 +202,8 @@ TEST(StoreTest, AMalformedFrameDropsOnlyItsConnection) {
   EXPECT_THAT(decoded->value, HasSubstr("unknown operation"));
   // An oversized length: the server drops the connection without reading 4 GiB.
   auto raw2 = Socket::Connect(kHost, server->port(), absl::Now() + absl::Seconds(5));
-  ASSERT_TRUE(raw2->SendAll(std::string("\xff\xff\xff\xff", 4), absl::Now() + absl::Seconds(5)).ok());
+  ASSERT_TRUE(
+      raw2->SendAll(std::string("\xff\xff\xff\xff", 4), absl::Now() + absl::Seconds(5)).ok());
   char byte;
   EXPECT_EQ(raw2->RecvAll(&byte, 1, absl::Now() + absl::Seconds(5)).code(),
             absl::StatusCode::kUnavailable);

@@ -147,7 +147,8 @@ BRAID_HD void ConvertElement(const void* src, size_t si, int src_dtype, void* ds
 
 // The scaling of braid::CastScale (comm/reduce_kernels.h, f32 arithmetic) for the kernels:
 // v = widen(src); if (apply_mul) v = mul * v; if (div > 0) v = v / div; dst = narrow(v).
-// `mul` is ScaleSpec::mul rounded to f32; `div` is converted to f32 here, as the host does. A plain cast: ScaleArgs{} (no operation at all).
+// `mul` is ScaleSpec::mul rounded to f32; `div` is converted to f32 here, as the host does. A plain
+// cast: ScaleArgs{} (no operation at all).
 struct ScaleArgs {
   int apply_mul = 0;
   float mul = 1.0f;

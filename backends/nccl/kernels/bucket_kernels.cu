@@ -35,19 +35,17 @@ __global__ void UnpackKernel(SegmentTable t, const void* bucket, int bucket_dtyp
   }
 }
 
-__global__ void CastScaleKernel(const void* src, int src_dtype, void* dst, int dst_dtype,
-                                size_t n, ScaleArgs scale) {
+__global__ void CastScaleKernel(const void* src, int src_dtype, void* dst, int dst_dtype, size_t n,
+                                ScaleArgs scale) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     CastScaleElement(src, i, src_dtype, dst, dst_dtype, scale);
   }
 }
 
 __global__ void AddKernel(const void* a, const void* b, void* dst, size_t n, int dtype) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     AddElement(a, b, dst, i, dtype);
   }
 }

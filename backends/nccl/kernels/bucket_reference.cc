@@ -4,11 +4,11 @@
 
 namespace braid::nccl::kernels {
 
-absl::Status CheckSegments(const BucketSegment* segs, int n, const void* bucket,
-                           int bucket_dtype, size_t bucket_count) {
+absl::Status CheckSegments(const BucketSegment* segs, int n, const void* bucket, int bucket_dtype,
+                           size_t bucket_count) {
   if (!ValidDType(bucket_dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "bucket dtype ", bucket_dtype, " is not f32 (0), bf16 (2) or f16 (3)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bucket dtype ", bucket_dtype, " is not f32 (0), bf16 (2) or f16 (3)"));
   }
   if (n < 0 || (n > 0 && segs == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat("bad segment table (n = ", n, ")"));
@@ -19,8 +19,8 @@ absl::Status CheckSegments(const BucketSegment* segs, int n, const void* bucket,
   }
   for (int i = 0; i < n; ++i) {
     const BucketSegment& s = segs[i];
-    const std::string what = absl::StrCat("segment ", i, " (offset ", s.offset, ", count ",
-                                          s.count, ", dtype ", s.dtype, ")");
+    const std::string what = absl::StrCat("segment ", i, " (offset ", s.offset, ", count ", s.count,
+                                          ", dtype ", s.dtype, ")");
     if (!ValidDType(s.dtype)) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": dtype is not f32 (0), bf16 (2) or f16 (3)"));
@@ -52,8 +52,7 @@ int FirstBadSegment(const BucketSegment* segs, int n, const void* bucket, int bu
   return -1;
 }
 
-void PackReference(const BucketSegment* segs, int n, void* bucket, int bucket_dtype,
-                   float scale) {
+void PackReference(const BucketSegment* segs, int n, void* bucket, int bucket_dtype, float scale) {
   for (int k = 0; k < n; ++k) {
     for (size_t i = 0; i < segs[k].count; ++i) {
       ConvertElement(segs[k].grad, i, segs[k].dtype, bucket, segs[k].offset + i, bucket_dtype,

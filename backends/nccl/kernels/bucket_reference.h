@@ -16,8 +16,8 @@
 namespace braid::nccl::kernels {
 
 // OK, or InvalidArgument naming the bad segment (index, offset, count, dtype) or the bucket.
-absl::Status CheckSegments(const BucketSegment* segs, int n, const void* bucket,
-                           int bucket_dtype, size_t bucket_count);
+absl::Status CheckSegments(const BucketSegment* segs, int n, const void* bucket, int bucket_dtype,
+                           size_t bucket_count);
 
 // Preconditions: CheckSegments is OK.
 void PackReference(const BucketSegment* segs, int n, void* bucket, int bucket_dtype, float scale);
