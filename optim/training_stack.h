@@ -140,6 +140,7 @@ class TrainingStack {
     bool done = false;
   };
   absl::StatusOr<TuneStep> Autotune(absl::Duration step_time);
+  const sched::Autotuner* tuner() const { return tuner_.get(); }  // null before Autotune
 
  private:
   TrainingStack() = default;
