@@ -103,12 +103,11 @@
 #include "bench/overlap_steps.h"
 #include "comm/backend.h"
 #include "comm/status_macros.h"
-#include "optim/sharded_optimizer.h"
+#include "optim/training_stack.h"
 #include "scheduler/autotuner.h"
 #include "scheduler/gradient_reducer.h"
 #include "scheduler/mesh.h"
 #include "scheduler/op_scheduler.h"
-#include "scheduler/param_gatherer.h"
 
 namespace braid::bench {
 namespace {
@@ -214,15 +213,18 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
   // One reducer (fully sharded: one stack) for every mode: the priority mode attaches the
   // scheduler for its steps only, so both modes run on the same buffers (separately allocated
   // reducers differ by up to ~20% on their own: an A/A check, --aa, shows it).
-  std::unique_ptr<ShardedStack> stack;
-  std::unique_ptr<GradientReducer> owned;
-  if (c.fully_sharded) {
-    ASSIGN_OR_RETURN(stack, ShardedStack::Create(world, model, nullptr, absl::Seconds(120),
-                                                 rc.bucket_cap_bytes, rc.first_bucket_cap_bytes));
-  } else {
-    ASSIGN_OR_RETURN(owned, GradientReducer::Create(model.params, groups, rc));
-  }
-  GradientReducer* reducer = c.fully_sharded ? &stack->reducer() : owned.get();
+  // Built by the assembler (optim/training_stack.h), as a framework's would be.
+  auto make_stack = [&](size_t cap) -> absl::StatusOr<std::unique_ptr<optim::TrainingStack>> {
+    if (c.fully_sharded) {
+      return MakeShardedStack(world, model, absl::Seconds(120), cap, rc.first_bucket_cap_bytes);
+    }
+    optim::StackOptions so;
+    so.reducer = rc;
+    so.reducer.bucket_cap_bytes = cap;
+    return optim::TrainingStack::Create(model.params, groups, so);
+  };
+  ASSIGN_OR_RETURN(std::unique_ptr<optim::TrainingStack> stack, make_stack(rc.bucket_cap_bytes));
+  GradientReducer* reducer = &stack->reducer();
   sched::OpScheduler* const prio_sched = c.aa ? nullptr : scheduler.get();
   if (rank == 0) shared->buckets = static_cast<int>(reducer->plan().buckets().size());
   RankOptimizers opts;
@@ -230,24 +232,15 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
     optim::OptimizerConfig ocfg;
     ocfg.threads = c.optimizer_threads;
     ocfg.timeout = absl::Seconds(120);
-    Group& shard = *groups.shard;
-    ASSIGN_OR_RETURN(opts.gather_after, shard.Split(0, shard.rank(), "gather_after"));
-    ASSIGN_OR_RETURN(opts.gather_overlapped, shard.Split(0, shard.rank(), "gather_overlapped"));
-    sched::GathererConfig gc;
-    gc.timeout = absl::Seconds(120);
-    ASSIGN_OR_RETURN(opts.gatherer_after,
-                     sched::ParamGatherer::Create(reducer->plan(), opts.gather_after.get(), gc));
-    ASSIGN_OR_RETURN(
-        opts.gatherer_overlapped,
-        sched::ParamGatherer::Create(reducer->plan(), opts.gather_overlapped.get(), gc));
+    optim::ParamOptions po;
+    po.timeout = absl::Seconds(120);
     ocfg.overlap = false;
-    ASSIGN_OR_RETURN(opts.after,
-                     optim::ShardedOptimizer::Create(reducer, opts.gatherer_after.get(), ocfg));
-    ocfg.overlap = true;
-    ASSIGN_OR_RETURN(opts.overlapped, optim::ShardedOptimizer::Create(
-                                          reducer, opts.gatherer_overlapped.get(), ocfg));
-    RETURN_IF_ERROR(opts.after->WaitAllParams());
-    RETURN_IF_ERROR(opts.overlapped->WaitAllParams());
+    po.optimizer = ocfg;
+    ASSIGN_OR_RETURN(opts.after, stack->BuildParamSide(po));
+    po.optimizer->overlap = true;
+    ASSIGN_OR_RETURN(opts.overlapped, stack->BuildParamSide(po));
+    RETURN_IF_ERROR(opts.after->optimizer->WaitAllParams());
+    RETURN_IF_ERROR(opts.overlapped->optimizer->WaitAllParams());
   }
 
   auto layers_of = [&](GradientReducer& red) -> absl::StatusOr<std::vector<RankLayer>> {
@@ -268,18 +261,16 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
     return backward;
   };
   ASSIGN_OR_RETURN(const std::vector<RankLayer> backward, layers_of(*reducer));
-  // The autotuned mode's stack: candidates with the default bucket cap run on the same reducer
-  // (stack) with a scheduler of their credit attached; others on a reducer (stack) of their
-  // own. Every reducer and scheduler a candidate used is kept (the tuner switches candidates
-  // every step), and dropped once the tuner is done.
+  // The autotuned mode's stack: candidates with the default bucket cap run on the same stack
+  // with a scheduler of their credit attached; others on a stack of their own. Every stack and
+  // scheduler a candidate used is kept (the tuner switches candidates every step), and dropped
+  // once the tuner is done.
   struct Tuned {
     std::map<size_t, std::unique_ptr<sched::OpScheduler>> schedulers;  // by credit
-    std::map<size_t, std::unique_ptr<GradientReducer>> reducers;       // by bucket cap
-    std::map<size_t, std::unique_ptr<ShardedStack>> stacks;            // by bucket cap
+    std::map<size_t, std::unique_ptr<optim::TrainingStack>> stacks;    // by bucket cap
     std::map<size_t, std::vector<RankLayer>> layers;                   // by bucket cap
     sched::OpScheduler* scheduler = nullptr;
-    GradientReducer* reducer = nullptr;
-    ShardedStack* stack = nullptr;
+    optim::TrainingStack* stack = nullptr;
     const std::vector<RankLayer>* backward = nullptr;
   } tuned;
   auto build_tuned = [&](const sched::TuneCandidate& cand) -> absl::Status {
@@ -294,39 +285,25 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
       tuned.scheduler = sch.get();
     }
     if (cand.bucket_cap_bytes == rc.bucket_cap_bytes) {
-      tuned.reducer = reducer;
       tuned.stack = stack.get();
       tuned.backward = &backward;
       return absl::OkStatus();
     }
     const size_t cap = cand.bucket_cap_bytes;
     if (tuned.layers.count(cap) == 0) {
-      if (c.fully_sharded) {
-        ASSIGN_OR_RETURN(tuned.stacks[cap],
-                         ShardedStack::Create(world, model, nullptr, absl::Seconds(120), cap,
-                                              rc.first_bucket_cap_bytes));
-        ASSIGN_OR_RETURN(tuned.layers[cap], layers_of(tuned.stacks[cap]->reducer()));
-      } else {
-        sched::ReducerConfig trc = rc;
-        trc.scheduler = nullptr;
-        trc.bucket_cap_bytes = cap;
-        ASSIGN_OR_RETURN(tuned.reducers[cap], GradientReducer::Create(model.params, groups, trc));
-        ASSIGN_OR_RETURN(tuned.layers[cap], layers_of(*tuned.reducers[cap]));
-      }
+      ASSIGN_OR_RETURN(tuned.stacks[cap], make_stack(cap));
+      ASSIGN_OR_RETURN(tuned.layers[cap], layers_of(tuned.stacks[cap]->reducer()));
     }
-    tuned.stack = c.fully_sharded ? tuned.stacks[cap].get() : nullptr;
-    tuned.reducer = c.fully_sharded ? &tuned.stack->reducer() : tuned.reducers[cap].get();
+    tuned.stack = tuned.stacks[cap].get();
     tuned.backward = &tuned.layers[cap];
     return absl::OkStatus();
   };
   auto run = [&](StepMode mode, StepTimes* t) -> absl::Status {
     const bool prio = mode == StepMode::kPriority;
     const bool tune = mode == StepMode::kAutotuned;
-    GradientReducer* red = tune ? tuned.reducer : reducer;
-    ShardedStack* stk = tune ? tuned.stack : stack.get();
-    auto attach_to = [&](sched::OpScheduler* s) -> absl::Status {
-      return c.fully_sharded ? stk->SetScheduler(s) : red->SetScheduler(s);
-    };
+    optim::TrainingStack* stk = tune ? tuned.stack : stack.get();
+    GradientReducer* red = &stk->reducer();
+    auto attach_to = [&](sched::OpScheduler* s) { return stk->SetScheduler(s); };
     if (prio || tune) RETURN_IF_ERROR(attach_to(prio ? prio_sched : tuned.scheduler));
     const StepMode as = prio || tune ? StepMode::kOverlapped : mode;
     const absl::Status st =
@@ -353,12 +330,9 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
       if (replan) RETURN_IF_ERROR(build_tuned(tuner->current()));
     }
     if (rank == 0) shared->tune_table = tuner->Table();
-    // Keep only what the adopted candidate uses (in destruction order: reducers, schedulers).
+    // Keep only what the adopted candidate uses (in destruction order: stacks, schedulers).
     for (auto it = tuned.stacks.begin(); it != tuned.stacks.end();) {
       it = it->second.get() == tuned.stack ? std::next(it) : tuned.stacks.erase(it);
-    }
-    for (auto it = tuned.reducers.begin(); it != tuned.reducers.end();) {
-      it = it->second.get() == tuned.reducer ? std::next(it) : tuned.reducers.erase(it);
     }
     for (auto it = tuned.layers.begin(); it != tuned.layers.end();) {
       it = &it->second == tuned.backward ? std::next(it) : tuned.layers.erase(it);
@@ -403,7 +377,7 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
     if (!shared->Wait()) return absl::AbortedError("another rank failed");
     RETURN_IF_ERROR(run(StepMode::kAutotuned, &unused));
     wrong_tuned = wrong_priority +
-                  CountWrong(*tuned.reducer, c.reduce,
+                  CountWrong(tuned.stack->reducer(), c.reduce,
                              c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank(), n);
   }
   const int shard_rank = c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank();
