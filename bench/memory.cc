@@ -5,10 +5,9 @@
 //   tools/bazelw run //bench:memory -- --csv
 //   bazel-bin/bench/memory --ranks=2,4 --scale=1 --iters=3 --layer_compute_us=20000
 //
-// Flags (defaults): --ranks=2,4  --scale=1 (124M parameters; smaller for a quick run)
-// --blocks=12  --iters=3  --warmup=1  --layer_compute_us=20000 (each layer's forward sleeps
-// this long and its backward twice as long: an accelerator's host thread waiting on its
-// device, so the cores stay free for the communication threads)  --csv.
+// Flags: kUsage below (--help). Each layer's forward sleeps --layer_compute_us and its backward
+// twice as long: an accelerator's host thread waiting on its device, so the cores stay free
+// for the communication threads.
 //
 // Ranks are threads on the `local` backend, so "host" memory here plays the device's part;
 // peak_device_bytes is 0 on this machine. Parameters are f32 (the master weights of the
@@ -353,8 +352,23 @@ absl::Status ParseRanks(const std::string& s, std::vector<int>* out) {
   return absl::OkStatus();
 }
 
+constexpr char kUsage[] =
+    R"(memory: per-rank memory (every byte counted) and step time of DDP, ZeRO-2 and fully
+sharded training on the GPT-2-small shapes; ranks are threads on the local backend.
+
+usage: memory [flags]
+  --ranks=2,4               rank counts to run
+  --scale=1                 fraction of the 124M parameters (smaller for a quick run)
+  --blocks=12               transformer blocks
+  --iters=3                 timed steps (the median is reported)
+  --warmup=1                untimed steps first
+  --layer_compute_us=20000  each layer's forward sleep (its backward sleeps twice as long)
+  --csv                     CSV only
+)";
+
 absl::Status Main(int argc, char** argv) {
   ASSIGN_OR_RETURN(Flags f, Flags::Parse(argc, argv));
+  if (PrintHelp(f, kUsage)) return absl::OkStatus();
   Config c;
   RETURN_IF_ERROR(ParseRanks(f.Str("ranks", "2,4"), &c.ranks));
   if (!absl::SimpleAtod(f.Str("scale", "1"), &c.scale) || !(c.scale > 0)) {

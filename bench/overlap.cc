@@ -4,14 +4,7 @@
 //   tools/bazelw run //bench:overlap                                   # 2 and 4 ranks, all-reduce
 //   bazel-bin/bench/overlap --csv --ranks=2,4 --mode=reduce_scatter --iters=31
 //
-// Flags (defaults): --ranks=2,4  --mode=all_reduce|reduce_scatter|hybrid|fully_sharded  --shards
-// (hybrid: ranks per shard group, ranks/2)  --scale=0.25  --blocks=12  --layer_compute_us=2000
-// --compute=busy|sleep  --iters=21  --warmup=2  --bucket_cap / --first_bucket_cap (bytes;
-// 25 MiB / 1 MiB x scale)  --csv  --optimizer=none|adamw (reduce_scatter / hybrid only)
-// --optimizer_threads=1  --credit (bytes; 4 MiB x scale)  --priorities=true --hold=in_flight|waited
-// --autotune=true  --aa=false  --timeline=PREFIX (PREFIX.<n>ranks.rank<r>.json: the priority
-// mode's partitions, holds and gathers, scheduler/op_scheduler.h). The default run takes about a
-// minute on 2 vCPUs.
+// Flags: kUsage below (--help). The default run takes about a minute on 2 vCPUs.
 //
 // Ranks are threads on the `local` backend, or with --backend=mpi processes of mpirun on the
 // `mpi` backend (one rank count per run; start line and results over raw MPI, overlap_mpi.h;
@@ -483,8 +476,37 @@ absl::Status MeasureRanks(int ranks, const Config& c, const OverlapModel& model,
   return absl::OkStatus();
 }
 
+constexpr char kUsage[] =
+    R"(overlap: how much of the gradient communication Braid hides behind the backward, on a
+simulated step with GPT-2-small shapes (ranks as threads on local, or --backend=mpi).
+
+usage: overlap [flags]
+  --ranks=2,4              rank counts to run (one with --backend=mpi)
+  --backend=local          local | mpi (relaunches itself under mpirun)
+  --mode=all_reduce        all_reduce | reduce_scatter | hybrid | fully_sharded
+  --shards=0               hybrid: ranks per shard group (0: ranks/2)
+  --scale=0.25             fraction of the 124M parameters
+  --blocks=12              transformer blocks
+  --layer_compute_us=2000  one layer's backward compute
+  --compute=busy           busy (real CPU work) | sleep (an accelerator's host thread)
+  --iters=21               timed iterations (medians reported)
+  --warmup=2               untimed iterations first
+  --bucket_cap=0           bytes (0: 25 MiB x scale)
+  --first_bucket_cap=0     bytes (0: 1 MiB x scale)
+  --optimizer=none         none | adamw (reduce_scatter / hybrid: two more modes)
+  --optimizer_threads=1    the optimizer's kernel threads
+  --credit=0               priority mode's partition bytes (0: 4 MiB x scale)
+  --priorities=true        urgent gathers hold reductions back
+  --hold=in_flight         in_flight | waited
+  --autotune=true          run the autotuned mode
+  --aa=false               priority mode without its scheduler (an A/A noise check)
+  --timeline=              PREFIX: the priority mode's trace, PREFIX.<n>ranks.rank<r>.json
+  --csv                    CSV only
+)";
+
 absl::Status Main(int argc, char** argv) {
   ASSIGN_OR_RETURN(Flags flags, Flags::Parse(argc, argv));
+  if (PrintHelp(flags, kUsage)) return absl::OkStatus();
   ASSIGN_OR_RETURN(Config c, ParseConfig(flags));
   const OverlapModel model = Gpt2LikeModel(c.blocks, c.scale);
   const bool mpi = c.backend == "mpi";
