@@ -142,12 +142,21 @@ int Main(int trials) {
 }  // namespace
 }  // namespace braid
 
+constexpr char kUsage[] =
+    R"(abort_latency: time from a failure on one rank to the error on every other rank
+(abort_job, collective, deadline scenarios on a 2x2 mesh of the local backend).
+
+usage: abort_latency [--trials=N]
+  --trials=30   trials per scenario (>= 1)
+)";
+
 int main(int argc, char** argv) {
   auto flags = braid::bench::Flags::Parse(argc, argv);
   if (!flags.ok()) {
     std::fprintf(stderr, "%s\n", flags.status().ToString().c_str());
     return 2;
   }
+  if (braid::bench::PrintHelp(*flags, kUsage)) return 0;
   auto trials = flags->Int("trials", 30);
   if (!trials.ok() || *trials < 1 || !flags->Unused().empty()) {
     std::fprintf(stderr, "usage: abort_latency [--trials=N (>= 1)]\n");

@@ -1,5 +1,7 @@
 #include "bench/bench_flags.h"
 
+#include <cstdio>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -9,6 +11,10 @@ absl::StatusOr<Flags> Flags::Parse(int argc, char** argv) {
   Flags f;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      f.help_ = true;
+      continue;
+    }
     if (a.rfind("--", 0) != 0)
       return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", a, "'"));
     a = a.substr(2);
@@ -68,6 +74,12 @@ bool Flags::Bool(const std::string& name, bool def) const {
   auto it = values_.find(name);
   if (it == values_.end()) return def;
   return it->second == "1" || it->second == "true" || it->second == "yes";
+}
+
+bool PrintHelp(const Flags& f, const char* usage) {
+  if (!f.help()) return false;
+  std::fputs(usage, stdout);
+  return true;
 }
 
 absl::StatusOr<KernelBenchFlags> ParseKernelBenchFlags(const Flags& f) {

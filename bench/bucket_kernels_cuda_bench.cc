@@ -86,12 +86,26 @@ cudaError_t Measure(const Config& c, size_t n, int segments, int warmup, int ite
   return TimeAgainstCopy(kernel, BytesMoved(c, n), warmup, iters, row);
 }
 
+constexpr char kUsage[] =
+    R"(bucket_kernels_cuda_bench: memory bandwidth of the bucket kernels (pack with the
+divide fused, unpack, reduce-dtype casts, f16 post-divide, partial-sum add) against a
+device-to-device cudaMemcpy of the same bytes, in the same run.
+
+usage: bucket_kernels_cuda_bench [--segments=N] [--iters=N] [--warmup=N] [--n=ELEMENTS]
+  --segments=64 gradients packed into one bucket (>= 1)
+  --iters=20    timed iterations per size (>= 1)
+  --warmup=5    untimed iterations first (>= 0)
+  --n=0         elements (0: the sizes 10M and 100M)
+Without a GPU it prints "no CUDA device: skipped" and exits 0.
+)";
+
 int Run(int argc, char** argv) {
   absl::StatusOr<Flags> flags = Flags::Parse(argc, argv);
   if (!flags.ok()) {
     std::fprintf(stderr, "%s\n", flags.status().ToString().c_str());
     return 2;
   }
+  if (PrintHelp(*flags, kUsage)) return 0;
   const absl::StatusOr<int64_t> segments = flags->Int("segments", 64);
   const absl::StatusOr<KernelBenchFlags> k = ParseKernelBenchFlags(*flags);
   absl::Status bad = segments.status();

@@ -102,8 +102,30 @@ void RelaunchUnderMpirunIfNeeded(const Config& c, int argc, char** argv) {
   if (needs_mpirun) RelaunchUnderMpirun("collective_latency", c.ranks, argc, argv);
 }
 
+constexpr char kUsage[] =
+    R"(collective_latency: an nccl-tests-style table (time, algbw, busbw, #wrong) of every
+collective on any Braid backend, with same-run memcpy and raw-MPI baselines.
+
+usage: collective_latency [flags]
+  --backend=$BRAID_BACKEND  local | mpi | nccl | gloo | a plugin (mpi relaunches under mpirun)
+  --ranks=4                 ranks (nccl: 1)
+  --minbytes=8              smallest size (K/M/G suffixes)
+  --maxbytes=64M            largest size
+  --stepfactor=2            size multiplier between rows
+  --iters=20                timed iterations per size (fewer above 1 MiB, never below 3)
+  --warmup=5                untimed iterations first
+  --dtype=f32               element type
+  --redop=sum               sum | avg | premul_sum | max | min
+  --ops=allreduce,reduce_scatter,allgather,broadcast,barrier
+  --check=true              check each op once on exact data (#wrong)
+  --inplace=false           in-place buffers
+  --compare_rounds=9        rounds of the raw-MPI comparison (mpi)
+  --csv                     CSV only
+)";
+
 absl::Status Main(int argc, char** argv) {
   ASSIGN_OR_RETURN(Flags flags, Flags::Parse(argc, argv));
+  if (PrintHelp(flags, kUsage)) return absl::OkStatus();
   ASSIGN_OR_RETURN(Options env, Options::FromEnv());
   ASSIGN_OR_RETURN(Config c, ParseConfig(flags, env));
   RelaunchUnderMpirunIfNeeded(c, argc, argv);

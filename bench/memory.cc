@@ -5,10 +5,9 @@
 //   tools/bazelw run //bench:memory -- --csv
 //   bazel-bin/bench/memory --ranks=2,4 --scale=1 --iters=3 --layer_compute_us=20000
 //
-// Flags (defaults): --ranks=2,4  --scale=1 (124M parameters; smaller for a quick run)
-// --blocks=12  --iters=3  --warmup=1  --layer_compute_us=20000 (each layer's forward sleeps
-// this long and its backward twice as long: an accelerator's host thread waiting on its
-// device, so the cores stay free for the communication threads)  --csv.
+// Flags: kUsage below (--help). Each layer's forward sleeps --layer_compute_us and its backward
+// twice as long: an accelerator's host thread waiting on its device, so the cores stay free
+// for the communication threads.
 //
 // Ranks are threads on the `local` backend, so "host" memory here plays the device's part;
 // peak_device_bytes is 0 on this machine. Parameters are f32 (the master weights of the
@@ -59,10 +58,7 @@
 #include "comm/status_macros.h"
 #include "optim/adamw_kernel.h"
 #include "optim/sharded_optimizer.h"
-#include "scheduler/gradient_reducer.h"
-#include "scheduler/memory_stats.h"
-#include "scheduler/param_gatherer.h"
-#include "scheduler/unit_scheduler.h"
+#include "optim/training_stack.h"
 
 namespace braid::bench {
 namespace {
@@ -122,36 +118,31 @@ struct Measured {
 absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapModel& model,
                      int64_t largest_unit, Measured* out) {
   const int rank = world.rank(), n = world.size();
-  MemoryStats mem;
   std::vector<sched::ParamSpec> params = model.params;
   for (size_t l = 0; l < model.layers.size(); ++l) {
     for (int i : model.layers[l].params) params[i].unit = static_cast<int>(l);
   }
   const bool fsdp = mode == Mode::kFullySharded || mode == Mode::kFullyShardedNoPrefetch;
-  sched::ReducerConfig rc;
-  rc.mode = mode == Mode::kDdp ? sched::ReduceMode::kAllReduce : sched::ReduceMode::kReduceScatter;
-  rc.timeout = kTimeout;
-  rc.memory = &mem;
-  rc.keep_shards_only = fsdp;
-  // Fully sharded: one pool for gathered parameters and gradient storage (a unit's released
-  // parameter buffer becomes its gradient bucket, as PyTorch's caching allocator does for FSDP).
-  std::shared_ptr<sched::BufferPool> pool = fsdp ? std::make_shared<sched::BufferPool>() : nullptr;
-  rc.shared_pool = pool;
-  if (fsdp) {  // one bucket per unit (FSDP's flat parameter per wrapping unit)
-    rc.bucket_cap_bytes = size_t{1} << 40;
-    rc.first_bucket_cap_bytes = size_t{1} << 40;
+  // The stack, as the assembler builds it (optim/training_stack.h). Fully sharded: one pool for
+  // gathered parameters and gradient storage (a unit's released parameter buffer becomes its
+  // gradient bucket, as PyTorch's caching allocator does for FSDP), one bucket per unit (FSDP's
+  // flat parameter per wrapping unit).
+  optim::StackOptions so;
+  so.reducer.mode =
+      mode == Mode::kDdp ? sched::ReduceMode::kAllReduce : sched::ReduceMode::kReduceScatter;
+  so.reducer.timeout = kTimeout;
+  so.reducer.keep_shards_only = fsdp;
+  if (fsdp) {
+    so.reducer.bucket_cap_bytes = size_t{1} << 40;
+    so.reducer.first_bucket_cap_bytes = size_t{1} << 40;
   }
-  ASSIGN_OR_RETURN(auto reducer, sched::GradientReducer::Create(params, {&world, nullptr}, rc));
-  const sched::BucketPlan& plan = reducer->plan();
+  ASSIGN_OR_RETURN(auto stack, optim::TrainingStack::Create(params, {&world, nullptr}, so));
+  MemoryStats& mem = stack->memory();  // the rank's one count: Braid's buffers and the bench's
+  sched::GradientReducer* reducer = &stack->reducer();
   BufferOps& host = HostBufferOps();
 
   // ddp: the framework's full parameters and AdamW state.
   std::vector<OwnedBuffer> ddp_p, ddp_m, ddp_v;
-  // zero2 / fully sharded: Braid's gatherer and sharded optimizer.
-  std::unique_ptr<Group> gather_group;
-  std::unique_ptr<sched::ParamGatherer> gatherer;
-  std::unique_ptr<optim::ShardedOptimizer> opt;
-  std::unique_ptr<sched::UnitScheduler> units;
   OwnedBuffer scratch;  // fully sharded: one layer's gradients, as autograd would produce them
   if (mode == Mode::kDdp) {
     for (const sched::ParamSpec& p : params) {
@@ -171,39 +162,33 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
       ddp_v.push_back(std::move(v));
     }
   } else {
-    ASSIGN_OR_RETURN(gather_group, world.Split(0, rank, "gather"));
-    sched::GathererConfig gc;
-    gc.timeout = kTimeout;
-    gc.free_after_use = fsdp;
-    gc.memory = &mem;
-    gc.shared_pool = pool;
-    ASSIGN_OR_RETURN(gatherer, sched::ParamGatherer::Create(plan, gather_group.get(), gc));
-    optim::OptimizerConfig oc;
-    oc.groups[0].adamw.lr = kLr;
-    oc.timeout = kTimeout;
-    oc.memory = &mem;
-    oc.gather_after_step = !fsdp;
-    ASSIGN_OR_RETURN(opt, optim::ShardedOptimizer::Create(reducer.get(), gatherer.get(), oc));
+    // zero2 / fully sharded: Braid's gatherer and sharded optimizer (and units).
+    optim::ParamOptions po;
+    po.timeout = kTimeout;
+    po.optimizer = optim::OptimizerConfig{};
+    po.optimizer->groups[0].adamw.lr = kLr;
+    po.optimizer->timeout = kTimeout;
+    po.fully_sharded = fsdp;
+    po.units.timeout = kTimeout;
+    po.units.prefetch = mode == Mode::kFullySharded ? 1 : 0;
+    po.units.max_live_bytes = 0;  // 2 x the largest unit
+    RETURN_IF_ERROR(stack->AddParamSide(po));
     std::vector<float> init;
     for (const sched::ParamSpec& p : params) {
       init.resize(p.count);
       for (size_t j = 0; j < p.count; ++j) init[j] = InitValue(p.id, j);
-      RETURN_IF_ERROR(opt->SetParam(p.id, init.data()));
+      RETURN_IF_ERROR(stack->optimizer()->SetParam(p.id, init.data()));
     }
     if (fsdp) {
-      sched::UnitConfig uc;
-      uc.timeout = kTimeout;
-      uc.prefetch = mode == Mode::kFullySharded ? 1 : 0;
-      uc.max_live_bytes = 0;  // 2 x the largest unit
-      optim::ShardedOptimizer* o = opt.get();
-      uc.before_gather = [o](int b, DeviceEvent* ready) { return o->WaitShard(b, ready); };
-      ASSIGN_OR_RETURN(units, sched::UnitScheduler::Create(gatherer.get(), uc));
       ASSIGN_OR_RETURN(scratch, mem.Allocate(host, static_cast<size_t>(largest_unit),
                                              MemoryUse::kStaging, "backward gradient scratch"));
     } else {
-      RETURN_IF_ERROR(opt->WaitAllParams());
+      RETURN_IF_ERROR(stack->optimizer()->WaitAllParams());
     }
   }
+  optim::ShardedOptimizer* opt = stack->optimizer();
+  sched::UnitScheduler* units = stack->units();
+  sched::ParamGatherer* gatherer = stack->gatherer();
 
   const int num_layers = static_cast<int>(model.layers.size());
   int64_t adamw_steps = 0;
@@ -221,11 +206,7 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
       if (units) RETURN_IF_ERROR(units->EndForward(l));
     }
     // Backward.
-    if (opt) {
-      RETURN_IF_ERROR(opt->BeginBackward(sched::SyncMode::kSync));
-    } else {
-      RETURN_IF_ERROR(reducer->BeginBackward(sched::SyncMode::kSync));
-    }
+    RETURN_IF_ERROR(stack->BeginBackward(sched::SyncMode::kSync));
     for (int l = num_layers - 1; l >= 0; --l) {
       if (units) RETURN_IF_ERROR(units->BeginBackward(l));
       const auto end = Clock::now() + std::chrono::microseconds(2 * c.layer_compute_us);
@@ -258,12 +239,11 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
         }
       }
     }
+    RETURN_IF_ERROR(stack->FinishBackward());
     if (opt) {
-      RETURN_IF_ERROR(opt->FinishBackward());
       RETURN_IF_ERROR(opt->WaitAllParams());
       if (units) RETURN_IF_ERROR(units->EndStep());  // after every forward + backward pass
     } else {
-      RETURN_IF_ERROR(reducer->FinishBackward());
       const optim::AdamWScalars s = optim::StepScalars(optim::AdamWHyper{kLr}, ++adamw_steps);
       for (size_t i = 0; i < params.size(); ++i) {
         ASSIGN_OR_RETURN(TensorView g, reducer->GradView(params[i].id));
@@ -372,8 +352,23 @@ absl::Status ParseRanks(const std::string& s, std::vector<int>* out) {
   return absl::OkStatus();
 }
 
+constexpr char kUsage[] =
+    R"(memory: per-rank memory (every byte counted) and step time of DDP, ZeRO-2 and fully
+sharded training on the GPT-2-small shapes; ranks are threads on the local backend.
+
+usage: memory [flags]
+  --ranks=2,4               rank counts to run
+  --scale=1                 fraction of the 124M parameters (smaller for a quick run)
+  --blocks=12               transformer blocks
+  --iters=3                 timed steps (the median is reported)
+  --warmup=1                untimed steps first
+  --layer_compute_us=20000  each layer's forward sleep (its backward sleeps twice as long)
+  --csv                     CSV only
+)";
+
 absl::Status Main(int argc, char** argv) {
   ASSIGN_OR_RETURN(Flags f, Flags::Parse(argc, argv));
+  if (PrintHelp(f, kUsage)) return absl::OkStatus();
   Config c;
   RETURN_IF_ERROR(ParseRanks(f.Str("ranks", "2,4"), &c.ranks));
   if (!absl::SimpleAtod(f.Str("scale", "1"), &c.scale) || !(c.scale > 0)) {

@@ -4,14 +4,7 @@
 //   tools/bazelw run //bench:overlap                                   # 2 and 4 ranks, all-reduce
 //   bazel-bin/bench/overlap --csv --ranks=2,4 --mode=reduce_scatter --iters=31
 //
-// Flags (defaults): --ranks=2,4  --mode=all_reduce|reduce_scatter|hybrid|fully_sharded  --shards
-// (hybrid: ranks per shard group, ranks/2)  --scale=0.25  --blocks=12  --layer_compute_us=2000
-// --compute=busy|sleep  --iters=21  --warmup=2  --bucket_cap / --first_bucket_cap (bytes;
-// 25 MiB / 1 MiB x scale)  --csv  --optimizer=none|adamw (reduce_scatter / hybrid only)
-// --optimizer_threads=1  --credit (bytes; 4 MiB x scale)  --priorities=true --hold=in_flight|waited
-// --autotune=true  --aa=false  --timeline=PREFIX (PREFIX.<n>ranks.rank<r>.json: the priority
-// mode's partitions, holds and gathers, scheduler/op_scheduler.h). The default run takes about a
-// minute on 2 vCPUs.
+// Flags: kUsage below (--help). The default run takes about a minute on 2 vCPUs.
 //
 // Ranks are threads on the `local` backend, or with --backend=mpi processes of mpirun on the
 // `mpi` backend (one rank count per run; start line and results over raw MPI, overlap_mpi.h;
@@ -103,12 +96,11 @@
 #include "bench/overlap_steps.h"
 #include "comm/backend.h"
 #include "comm/status_macros.h"
-#include "optim/sharded_optimizer.h"
+#include "optim/training_stack.h"
 #include "scheduler/autotuner.h"
 #include "scheduler/gradient_reducer.h"
 #include "scheduler/mesh.h"
 #include "scheduler/op_scheduler.h"
-#include "scheduler/param_gatherer.h"
 
 namespace braid::bench {
 namespace {
@@ -214,15 +206,18 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
   // One reducer (fully sharded: one stack) for every mode: the priority mode attaches the
   // scheduler for its steps only, so both modes run on the same buffers (separately allocated
   // reducers differ by up to ~20% on their own: an A/A check, --aa, shows it).
-  std::unique_ptr<ShardedStack> stack;
-  std::unique_ptr<GradientReducer> owned;
-  if (c.fully_sharded) {
-    ASSIGN_OR_RETURN(stack, ShardedStack::Create(world, model, nullptr, absl::Seconds(120),
-                                                 rc.bucket_cap_bytes, rc.first_bucket_cap_bytes));
-  } else {
-    ASSIGN_OR_RETURN(owned, GradientReducer::Create(model.params, groups, rc));
-  }
-  GradientReducer* reducer = c.fully_sharded ? &stack->reducer() : owned.get();
+  // Built by the assembler (optim/training_stack.h), as a framework's would be.
+  auto make_stack = [&](size_t cap) -> absl::StatusOr<std::unique_ptr<optim::TrainingStack>> {
+    if (c.fully_sharded) {
+      return MakeShardedStack(world, model, absl::Seconds(120), cap, rc.first_bucket_cap_bytes);
+    }
+    optim::StackOptions so;
+    so.reducer = rc;
+    so.reducer.bucket_cap_bytes = cap;
+    return optim::TrainingStack::Create(model.params, groups, so);
+  };
+  ASSIGN_OR_RETURN(std::unique_ptr<optim::TrainingStack> stack, make_stack(rc.bucket_cap_bytes));
+  GradientReducer* reducer = &stack->reducer();
   sched::OpScheduler* const prio_sched = c.aa ? nullptr : scheduler.get();
   if (rank == 0) shared->buckets = static_cast<int>(reducer->plan().buckets().size());
   RankOptimizers opts;
@@ -230,24 +225,15 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
     optim::OptimizerConfig ocfg;
     ocfg.threads = c.optimizer_threads;
     ocfg.timeout = absl::Seconds(120);
-    Group& shard = *groups.shard;
-    ASSIGN_OR_RETURN(opts.gather_after, shard.Split(0, shard.rank(), "gather_after"));
-    ASSIGN_OR_RETURN(opts.gather_overlapped, shard.Split(0, shard.rank(), "gather_overlapped"));
-    sched::GathererConfig gc;
-    gc.timeout = absl::Seconds(120);
-    ASSIGN_OR_RETURN(opts.gatherer_after,
-                     sched::ParamGatherer::Create(reducer->plan(), opts.gather_after.get(), gc));
-    ASSIGN_OR_RETURN(
-        opts.gatherer_overlapped,
-        sched::ParamGatherer::Create(reducer->plan(), opts.gather_overlapped.get(), gc));
+    optim::ParamOptions po;
+    po.timeout = absl::Seconds(120);
     ocfg.overlap = false;
-    ASSIGN_OR_RETURN(opts.after,
-                     optim::ShardedOptimizer::Create(reducer, opts.gatherer_after.get(), ocfg));
-    ocfg.overlap = true;
-    ASSIGN_OR_RETURN(opts.overlapped, optim::ShardedOptimizer::Create(
-                                          reducer, opts.gatherer_overlapped.get(), ocfg));
-    RETURN_IF_ERROR(opts.after->WaitAllParams());
-    RETURN_IF_ERROR(opts.overlapped->WaitAllParams());
+    po.optimizer = ocfg;
+    ASSIGN_OR_RETURN(opts.after, stack->BuildParamSide(po));
+    po.optimizer->overlap = true;
+    ASSIGN_OR_RETURN(opts.overlapped, stack->BuildParamSide(po));
+    RETURN_IF_ERROR(opts.after->optimizer->WaitAllParams());
+    RETURN_IF_ERROR(opts.overlapped->optimizer->WaitAllParams());
   }
 
   auto layers_of = [&](GradientReducer& red) -> absl::StatusOr<std::vector<RankLayer>> {
@@ -268,18 +254,16 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
     return backward;
   };
   ASSIGN_OR_RETURN(const std::vector<RankLayer> backward, layers_of(*reducer));
-  // The autotuned mode's stack: candidates with the default bucket cap run on the same reducer
-  // (stack) with a scheduler of their credit attached; others on a reducer (stack) of their
-  // own. Every reducer and scheduler a candidate used is kept (the tuner switches candidates
-  // every step), and dropped once the tuner is done.
+  // The autotuned mode's stack: candidates with the default bucket cap run on the same stack
+  // with a scheduler of their credit attached; others on a stack of their own. Every stack and
+  // scheduler a candidate used is kept (the tuner switches candidates every step), and dropped
+  // once the tuner is done.
   struct Tuned {
     std::map<size_t, std::unique_ptr<sched::OpScheduler>> schedulers;  // by credit
-    std::map<size_t, std::unique_ptr<GradientReducer>> reducers;       // by bucket cap
-    std::map<size_t, std::unique_ptr<ShardedStack>> stacks;            // by bucket cap
+    std::map<size_t, std::unique_ptr<optim::TrainingStack>> stacks;    // by bucket cap
     std::map<size_t, std::vector<RankLayer>> layers;                   // by bucket cap
     sched::OpScheduler* scheduler = nullptr;
-    GradientReducer* reducer = nullptr;
-    ShardedStack* stack = nullptr;
+    optim::TrainingStack* stack = nullptr;
     const std::vector<RankLayer>* backward = nullptr;
   } tuned;
   auto build_tuned = [&](const sched::TuneCandidate& cand) -> absl::Status {
@@ -294,39 +278,25 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
       tuned.scheduler = sch.get();
     }
     if (cand.bucket_cap_bytes == rc.bucket_cap_bytes) {
-      tuned.reducer = reducer;
       tuned.stack = stack.get();
       tuned.backward = &backward;
       return absl::OkStatus();
     }
     const size_t cap = cand.bucket_cap_bytes;
     if (tuned.layers.count(cap) == 0) {
-      if (c.fully_sharded) {
-        ASSIGN_OR_RETURN(tuned.stacks[cap],
-                         ShardedStack::Create(world, model, nullptr, absl::Seconds(120), cap,
-                                              rc.first_bucket_cap_bytes));
-        ASSIGN_OR_RETURN(tuned.layers[cap], layers_of(tuned.stacks[cap]->reducer()));
-      } else {
-        sched::ReducerConfig trc = rc;
-        trc.scheduler = nullptr;
-        trc.bucket_cap_bytes = cap;
-        ASSIGN_OR_RETURN(tuned.reducers[cap], GradientReducer::Create(model.params, groups, trc));
-        ASSIGN_OR_RETURN(tuned.layers[cap], layers_of(*tuned.reducers[cap]));
-      }
+      ASSIGN_OR_RETURN(tuned.stacks[cap], make_stack(cap));
+      ASSIGN_OR_RETURN(tuned.layers[cap], layers_of(tuned.stacks[cap]->reducer()));
     }
-    tuned.stack = c.fully_sharded ? tuned.stacks[cap].get() : nullptr;
-    tuned.reducer = c.fully_sharded ? &tuned.stack->reducer() : tuned.reducers[cap].get();
+    tuned.stack = tuned.stacks[cap].get();
     tuned.backward = &tuned.layers[cap];
     return absl::OkStatus();
   };
   auto run = [&](StepMode mode, StepTimes* t) -> absl::Status {
     const bool prio = mode == StepMode::kPriority;
     const bool tune = mode == StepMode::kAutotuned;
-    GradientReducer* red = tune ? tuned.reducer : reducer;
-    ShardedStack* stk = tune ? tuned.stack : stack.get();
-    auto attach_to = [&](sched::OpScheduler* s) -> absl::Status {
-      return c.fully_sharded ? stk->SetScheduler(s) : red->SetScheduler(s);
-    };
+    optim::TrainingStack* stk = tune ? tuned.stack : stack.get();
+    GradientReducer* red = &stk->reducer();
+    auto attach_to = [&](sched::OpScheduler* s) { return stk->SetScheduler(s); };
     if (prio || tune) RETURN_IF_ERROR(attach_to(prio ? prio_sched : tuned.scheduler));
     const StepMode as = prio || tune ? StepMode::kOverlapped : mode;
     const absl::Status st =
@@ -353,12 +323,9 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
       if (replan) RETURN_IF_ERROR(build_tuned(tuner->current()));
     }
     if (rank == 0) shared->tune_table = tuner->Table();
-    // Keep only what the adopted candidate uses (in destruction order: reducers, schedulers).
+    // Keep only what the adopted candidate uses (in destruction order: stacks, schedulers).
     for (auto it = tuned.stacks.begin(); it != tuned.stacks.end();) {
       it = it->second.get() == tuned.stack ? std::next(it) : tuned.stacks.erase(it);
-    }
-    for (auto it = tuned.reducers.begin(); it != tuned.reducers.end();) {
-      it = it->second.get() == tuned.reducer ? std::next(it) : tuned.reducers.erase(it);
     }
     for (auto it = tuned.layers.begin(); it != tuned.layers.end();) {
       it = &it->second == tuned.backward ? std::next(it) : tuned.layers.erase(it);
@@ -403,7 +370,7 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
     if (!shared->Wait()) return absl::AbortedError("another rank failed");
     RETURN_IF_ERROR(run(StepMode::kAutotuned, &unused));
     wrong_tuned = wrong_priority +
-                  CountWrong(*tuned.reducer, c.reduce,
+                  CountWrong(tuned.stack->reducer(), c.reduce,
                              c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank(), n);
   }
   const int shard_rank = c.reduce == ReduceMode::kAllReduce ? 0 : groups.shard->rank();
@@ -509,8 +476,37 @@ absl::Status MeasureRanks(int ranks, const Config& c, const OverlapModel& model,
   return absl::OkStatus();
 }
 
+constexpr char kUsage[] =
+    R"(overlap: how much of the gradient communication Braid hides behind the backward, on a
+simulated step with GPT-2-small shapes (ranks as threads on local, or --backend=mpi).
+
+usage: overlap [flags]
+  --ranks=2,4              rank counts to run (one with --backend=mpi)
+  --backend=local          local | mpi (relaunches itself under mpirun)
+  --mode=all_reduce        all_reduce | reduce_scatter | hybrid | fully_sharded
+  --shards=0               hybrid: ranks per shard group (0: ranks/2)
+  --scale=0.25             fraction of the 124M parameters
+  --blocks=12              transformer blocks
+  --layer_compute_us=2000  one layer's backward compute
+  --compute=busy           busy (real CPU work) | sleep (an accelerator's host thread)
+  --iters=21               timed iterations (medians reported)
+  --warmup=2               untimed iterations first
+  --bucket_cap=0           bytes (0: 25 MiB x scale)
+  --first_bucket_cap=0     bytes (0: 1 MiB x scale)
+  --optimizer=none         none | adamw (reduce_scatter / hybrid: two more modes)
+  --optimizer_threads=1    the optimizer's kernel threads
+  --credit=0               priority mode's partition bytes (0: 4 MiB x scale)
+  --priorities=true        urgent gathers hold reductions back
+  --hold=in_flight         in_flight | waited
+  --autotune=true          run the autotuned mode
+  --aa=false               priority mode without its scheduler (an A/A noise check)
+  --timeline=              PREFIX: the priority mode's trace, PREFIX.<n>ranks.rank<r>.json
+  --csv                    CSV only
+)";
+
 absl::Status Main(int argc, char** argv) {
   ASSIGN_OR_RETURN(Flags flags, Flags::Parse(argc, argv));
+  if (PrintHelp(flags, kUsage)) return absl::OkStatus();
   ASSIGN_OR_RETURN(Config c, ParseConfig(flags));
   const OverlapModel model = Gpt2LikeModel(c.blocks, c.scale);
   const bool mpi = c.backend == "mpi";

@@ -54,29 +54,48 @@ void ComputeForward(const RankLayer& l, const Config& c, int rank) {
 
 }  // namespace
 
-absl::Status RunShardedStep(StepMode mode, ShardedStack* stack,
+absl::Status RunShardedStep(StepMode mode, optim::TrainingStack* stack,
                             const std::vector<RankLayer>& backward, const Config& c, int rank,
                             StepTimes* t) {
   const int layers = static_cast<int>(backward.size());
   // backward[] runs last layer first: layer l is backward[layers - 1 - l].
-  auto compute = [&](int l, bool forward) {
-    const RankLayer& rl = backward[layers - 1 - l];
-    if (forward) {
-      ComputeForward(rl, c, rank);
-    } else {
-      Compute(rl, c, rank);
-    }
-  };
+  auto layer = [&](int l) -> const RankLayer& { return backward[layers - 1 - l]; };
   if (mode == StepMode::kComputeOnly) {
-    for (int l = 0; l < layers; ++l) compute(l, true);
-    for (int l = layers - 1; l >= 0; --l) compute(l, false);
+    for (int l = 0; l < layers; ++l) ComputeForward(layer(l), c, rank);
+    for (int l = layers - 1; l >= 0; --l) Compute(layer(l), c, rank);
     t->backward_end = t->end = Clock::now();
     return absl::OkStatus();
   }
-  const ShardedStep kind = mode == StepMode::kCommOnly            ? ShardedStep::kCommOnly
-                           : mode == StepMode::kSyncAfterBackward ? ShardedStep::kSyncAfterBackward
-                                                                  : ShardedStep::kOverlapped;
-  RETURN_IF_ERROR(stack->Step(kind, compute, &t->backward_end));
+  // Forward over the units in order, then backward in reverse with each layer's marks (after
+  // the backward loop for sync_after_backward: the gathers stay where the model needs them).
+  // The first step is the UnitScheduler's recording step; later ones prefetch the next unit.
+  sched::UnitScheduler& units = *stack->units();
+  sched::GradientReducer& reducer = stack->reducer();
+  const bool with_compute = mode != StepMode::kCommOnly;
+  for (int l = 0; l < layers; ++l) {
+    RETURN_IF_ERROR(units.BeginForward(l));
+    if (with_compute) ComputeForward(layer(l), c, rank);
+    RETURN_IF_ERROR(units.EndForward(l));
+  }
+  const bool marks_inline = mode != StepMode::kSyncAfterBackward;
+  if (marks_inline) RETURN_IF_ERROR(stack->BeginBackward(SyncMode::kSync));
+  for (int l = layers - 1; l >= 0; --l) {
+    RETURN_IF_ERROR(units.BeginBackward(l));
+    if (with_compute) Compute(layer(l), c, rank);
+    if (marks_inline) {
+      for (sched::ParamId id : layer(l).ids) RETURN_IF_ERROR(reducer.MarkReady(id));
+    }
+    RETURN_IF_ERROR(units.EndBackward(l));
+  }
+  t->backward_end = Clock::now();
+  if (!marks_inline) {
+    RETURN_IF_ERROR(stack->BeginBackward(SyncMode::kSync));
+    for (int l = layers - 1; l >= 0; --l) {
+      for (sched::ParamId id : layer(l).ids) RETURN_IF_ERROR(reducer.MarkReady(id));
+    }
+  }
+  RETURN_IF_ERROR(stack->FinishBackward());
+  RETURN_IF_ERROR(units.EndStep());
   t->end = Clock::now();
   return absl::OkStatus();
 }
@@ -85,9 +104,9 @@ absl::Status RunStep(StepMode mode, GradientReducer& r, RankOptimizers* opts,
                      const std::vector<RankLayer>& backward, const Config& c, int rank,
                      StepTimes* t) {
   if (mode == StepMode::kOptimAfterBackward)
-    return RunOptimizerStep(*opts->after, true, r, backward, c, rank, t);
+    return RunOptimizerStep(*opts->after->optimizer, true, r, backward, c, rank, t);
   if (mode == StepMode::kOptimOverlapped)
-    return RunOptimizerStep(*opts->overlapped, false, r, backward, c, rank, t);
+    return RunOptimizerStep(*opts->overlapped->optimizer, false, r, backward, c, rank, t);
   if (mode == StepMode::kPriority)
     mode = StepMode::kOverlapped;  // the caller passed the scheduled reducer
   if (mode == StepMode::kOverlapped) RETURN_IF_ERROR(r.BeginBackward(SyncMode::kSync));

@@ -22,11 +22,9 @@
 #include "bench/overlap_compute.h"
 #include "bench/overlap_config.h"
 #include "bench/overlap_report.h"
-#include "bench/overlap_sharded.h"
 #include "comm/group.h"
-#include "optim/sharded_optimizer.h"
+#include "optim/training_stack.h"
 #include "scheduler/gradient_reducer.h"
-#include "scheduler/param_gatherer.h"
 
 namespace braid::bench {
 
@@ -39,16 +37,16 @@ struct RankLayer {
   size_t writes = 0;  // --compute=busy: the calibrated work (>= elems)
 };
 
-// The two sharded optimizers of --optimizer (each with its own gatherer and gather group):
-// `after` steps when told (Step()), `overlapped` as reductions complete.
+// The two sharded optimizers of --optimizer, each a parameter side (own gather group, gatherer
+// and optimizer) over the stack's one reducer (optim::TrainingStack::BuildParamSide): `after`
+// steps when told (Step()), `overlapped` as reductions complete.
 struct RankOptimizers {
-  std::unique_ptr<Group> gather_after, gather_overlapped;
-  std::unique_ptr<sched::ParamGatherer> gatherer_after, gatherer_overlapped;
-  std::unique_ptr<optim::ShardedOptimizer> after, overlapped;
+  std::unique_ptr<optim::ParamSide> after, overlapped;
 };
 
-// One fully sharded step (ZeRO-3); fills `t` except t->start.
-absl::Status RunShardedStep(StepMode mode, ShardedStack* stack,
+// One fully sharded step (ZeRO-3) on a stack of bench/overlap_sharded.h; fills `t` except
+// t->start.
+absl::Status RunShardedStep(StepMode mode, optim::TrainingStack* stack,
                             const std::vector<RankLayer>& backward, const Config& c, int rank,
                             StepTimes* t);
 

@@ -4,6 +4,12 @@
 #
 #   tools/bazelw run //bench:train_gpt -- [--np N] [train_gpt.py flags: --steps 600 ...]
 set -euo pipefail
+if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then
+  echo "usage: $(basename "$0") [--np N (default 2)] [train_gpt.py flags]"
+  echo "  A small GPT trained as torch DDP and as Braid sharded, 2 ranks under mpirun by default."
+  echo
+  exec tests/python/run_python.sh bench/train_gpt.py --help  # its flags, printed once (no mpirun)
+fi
 np=2
 if [[ "${1:-}" == "--np" ]]; then
   np="$2"

@@ -68,7 +68,7 @@ def build(variant, kind, width, group, lr, credit_mb):
 
 
 def main():
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.strip().split("\n")[0])
     parser.add_argument("--model", default="mlp", choices=["mlp", "transformer"])
     parser.add_argument("--width", type=int, default=2, help="model width multiplier")
     parser.add_argument("--steps", type=int, default=20)

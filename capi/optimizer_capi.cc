@@ -1,4 +1,5 @@
-// C API: the sharded optimizer (with the gather group and parameter gatherer it needs).
+// C API: the sharded optimizer: the parameter side of its reducer's training stack
+// (optim/training_stack.h), with the gather group, gatherer and units it needs.
 #include <cmath>
 #include <memory>
 #include <mutex>
@@ -77,47 +78,6 @@ absl::StatusOr<optim::OptimizerConfig> ToConfig(const braid_optimizer_options_t&
 
 }  // namespace
 
-absl::Status BuildOptimizer(OptimizerImpl& impl, const braid_optimizer_options_t& o,
-                            const optim::OptimizerConfig& config) {
-  GroupImpl& shard = *impl.reducer->shard;
-  const bool fully_sharded = o.fully_sharded == 1;
-  {
-    std::lock_guard<std::mutex> lock(shard.mu);
-    ASSIGN_OR_RETURN(impl.gather_group,
-                     shard.group->Split(0, shard.group->rank(), shard.group->name() + "/gather"));
-  }
-  if (o.gather_stream != nullptr) {
-    absl::Status s = impl.gather_group->UseStream(DeviceStream{o.gather_stream});
-    if (!s.ok()) return WithContext(s, "opts->gather_stream");
-  }
-  sched::GathererConfig gc;
-  gc.timeout = config.timeout;
-  gc.timeline = impl.reducer->timeline.get();
-  gc.memory = impl.reducer->memory.get();
-  gc.free_after_use = fully_sharded;
-  gc.scheduler = impl.reducer->scheduler.get();  // 0.9: its gathers are the urgent operations
-  if (fully_sharded) gc.shared_pool = impl.reducer->pool;  // host: one pool with the gradients
-  ASSIGN_OR_RETURN(impl.gatherer, sched::ParamGatherer::Create(impl.reducer->reducer->plan(),
-                                                               impl.gather_group.get(), gc));
-  {
-    std::lock_guard<std::mutex> lock(shard.mu);  // Create splits the shard group once more
-    ASSIGN_OR_RETURN(impl.opt, optim::ShardedOptimizer::Create(impl.reducer->reducer.get(),
-                                                               impl.gatherer.get(), config));
-  }
-  if (!fully_sharded) return absl::OkStatus();
-  sched::UnitConfig uc;
-  uc.timeout = config.timeout;
-  uc.prefetch = o.prefetch;
-  uc.reshard_after_forward = o.reshard_after_forward == 1;
-  uc.max_live_bytes = static_cast<size_t>(o.max_live_bytes);
-  uc.timeline = impl.reducer->timeline.get();
-  uc.memory = impl.reducer->memory.get();
-  optim::ShardedOptimizer* opt = impl.opt.get();
-  uc.before_gather = [opt](int b, DeviceEvent* ready) { return opt->WaitShard(b, ready); };
-  ASSIGN_OR_RETURN(impl.units, sched::UnitScheduler::Create(impl.gatherer.get(), uc));
-  return absl::OkStatus();
-}
-
 }  // namespace braid::capi
 
 extern "C" {
@@ -163,10 +123,11 @@ braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
     if (braid::capi::HandleRegistry::Get().Children(reducer, Tag::kOptimizer) > 0) {
       return absl::FailedPreconditionError("this reducer already has an optimizer");
     }
-    if (impl->reducer->in_backward) {
+    braid::optim::TrainingStack& stack = impl->stack();
+    if (stack.in_backward()) {
       return absl::FailedPreconditionError("the reducer is inside a backward (finish it first)");
     }
-    if (impl->reducer->reducer->mode() == braid::sched::ReduceMode::kAllReduce) {
+    if (stack.reducer().mode() == braid::sched::ReduceMode::kAllReduce) {
       return absl::InvalidArgumentError(
           "the reducer is in all-reduce mode; the sharded optimizer needs reduce-scatter or "
           "hybrid mode (each rank steps only its shard)");
@@ -183,7 +144,7 @@ braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
                                           "braid_optimizer_options_t", &o));
     ASSIGN_OR_RETURN(braid::optim::OptimizerConfig config, braid::capi::ToConfig(o));
     if (o.param_groups != nullptr) {
-      const auto& params = impl->reducer->reducer->plan().params();  // registration order
+      const auto& params = stack.reducer().plan().params();  // registration order
       for (size_t i = 0; i < params.size(); ++i) {
         const int g = o.param_groups[i];
         if (g < 0 || g >= o.num_groups) {
@@ -195,23 +156,27 @@ braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
       }
     }
     // Device parameters: the fused CUDA kernels, queued on the shard group's comm stream.
-    if (impl->reducer->device != BRAID_DEVICE_HOST) {
-      config.device_kernels = braid::optim::CudaStepKernels();
-    }
-    config.memory = impl->reducer->memory.get();
-    config.gather_after_step = o.fully_sharded == 0;
+    if (stack.on_device()) config.device_kernels = braid::optim::CudaStepKernels();
     config.offload = o.offload == 1;
-    if (impl->reducer->device == BRAID_DEVICE_HOST &&
-        (o.offload == 1 || o.gather_stream != nullptr)) {
+    if (!stack.on_device() && (o.offload == 1 || o.gather_stream != nullptr)) {
       return absl::InvalidArgumentError(
           absl::StrCat("opts->", o.offload == 1 ? "offload" : "gather_stream",
                        " is for device reducers (this reducer's parameters are in host memory)"));
     }
-    impl->options = o;
-    impl->options.param_groups = nullptr;  // the caller's array: read above (config.group_of)
-    impl->config = config;
-    RETURN_IF_ERROR(braid::capi::BuildOptimizer(*impl, o, config));
-    impl->reducer->optimizer = impl;
+    braid::optim::ParamOptions po;
+    po.optimizer = config;
+    po.fully_sharded = o.fully_sharded == 1;
+    po.timeout = config.timeout;
+    po.gather_stream = braid::DeviceStream{o.gather_stream};
+    po.units.timeout = config.timeout;
+    po.units.prefetch = o.prefetch;
+    po.units.reshard_after_forward = o.reshard_after_forward == 1;
+    po.units.max_live_bytes = static_cast<size_t>(o.max_live_bytes);
+    {
+      braid::capi::GroupLocks locks(*impl->reducer);  // collective over the shard group
+      RETURN_IF_ERROR(stack.AddParamSide(po));
+    }
+    impl->attached = true;
     ASSIGN_OR_RETURN(*out, braid::capi::Register(std::move(impl), {reducer}));
     return absl::OkStatus();
   });
@@ -221,7 +186,7 @@ braid_status_t braid_optimizer_set_param(braid_optimizer_t* opt, int64_t id, con
   return Guard("braid_optimizer_set_param", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
     RETURN_IF_ERROR(CheckNotNull(values, "values"));
-    return o->opt->SetParam(id, values);
+    return o->opt().SetParam(id, values);
   });
 }
 
@@ -231,7 +196,7 @@ braid_status_t braid_optimizer_param(braid_optimizer_t* opt, int64_t id, void** 
     ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
     RETURN_IF_ERROR(CheckNotNull(data, "data"));
     RETURN_IF_ERROR(CheckNotNull(count, "count"));
-    ASSIGN_OR_RETURN(braid::TensorView v, o->gatherer->ParamView(id));
+    ASSIGN_OR_RETURN(braid::TensorView v, o->stack().gatherer()->ParamView(id));
     *data = v.data;
     *count = v.count;
     return absl::OkStatus();
@@ -242,39 +207,35 @@ braid_status_t braid_optimizer_begin_backward(braid_optimizer_t* opt, braid_sync
   return Guard("braid_optimizer_begin_backward", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
     ASSIGN_OR_RETURN(auto m, braid::capi::ToSyncMode(braid::capi::RawEnum(mode)));
-    RETURN_IF_ERROR(o->opt->BeginBackward(m));
-    o->reducer->in_backward = true;
-    return absl::OkStatus();
+    return o->stack().BeginBackward(m);
   });
 }
 
 braid_status_t braid_optimizer_finish_backward(braid_optimizer_t* opt) {
   return Guard("braid_optimizer_finish_backward", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
-    absl::Status s = o->opt->FinishBackward();
-    o->reducer->in_backward = false;
-    return s;
+    return o->stack().FinishBackward();
   });
 }
 
 braid_status_t braid_optimizer_step(braid_optimizer_t* opt) {
   return Guard("braid_optimizer_step", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
-    return o->opt->Step();
+    return o->opt().Step();
   });
 }
 
 braid_status_t braid_optimizer_wait_params(braid_optimizer_t* opt, int bucket) {
   return Guard("braid_optimizer_wait_params", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
-    return o->opt->WaitParams(bucket);
+    return o->opt().WaitParams(bucket);
   });
 }
 
 braid_status_t braid_optimizer_wait_all_params(braid_optimizer_t* opt) {
   return Guard("braid_optimizer_wait_all_params", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
-    return o->opt->WaitAllParams();
+    return o->opt().WaitAllParams();
   });
 }
 
@@ -284,10 +245,10 @@ braid_status_t braid_optimizer_set_lr(braid_optimizer_t* opt, double lr) {
     if (!(lr >= 0) || !std::isfinite(lr)) {
       return absl::InvalidArgumentError(absl::StrCat("lr must be finite and >= 0, got ", lr));
     }
-    braid::optim::GroupHyper h = o->opt->hyper(0);
+    braid::optim::GroupHyper h = o->opt().hyper(0);
     h.adamw.lr = lr;
     h.sgd.lr = lr;
-    return o->opt->SetHyper(0, h);
+    return o->opt().SetHyper(0, h);
   });
 }
 
@@ -305,7 +266,7 @@ braid_status_t braid_optimizer_set_hyper(braid_optimizer_t* opt, int group,
     braid::optim::GroupHyper h;
     h.adamw = braid::optim::AdamWHyper{in.lr, in.beta1, in.beta2, in.eps, in.weight_decay};
     h.sgd = braid::optim::SgdHyper{in.lr, in.momentum, in.weight_decay, in.nesterov != 0};
-    return o->opt->SetHyper(group, h);  // OutOfRange / InvalidArgument naming the group
+    return o->opt().SetHyper(group, h);  // OutOfRange / InvalidArgument naming the group
   });
 }
 
@@ -313,7 +274,7 @@ braid_status_t braid_optimizer_save(braid_optimizer_t* opt, const char* path) {
   return Guard("braid_optimizer_save", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
     RETURN_IF_ERROR(CheckNotNull(path, "path"));
-    return o->opt->Save(path);
+    return o->opt().Save(path);
   });
 }
 
@@ -321,7 +282,7 @@ braid_status_t braid_optimizer_load(braid_optimizer_t* opt, const char* path) {
   return Guard("braid_optimizer_load", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
     RETURN_IF_ERROR(CheckNotNull(path, "path"));
-    return o->opt->Load(path);
+    return o->opt().Load(path);
   });
 }
 
@@ -329,7 +290,7 @@ braid_status_t braid_optimizer_last_step(braid_optimizer_t* opt, int64_t* rounds
                                          double* grad_norm) {
   return Guard("braid_optimizer_last_step", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
-    const braid::optim::StepReport r = o->opt->last_step();
+    const braid::optim::StepReport r = o->opt().last_step();
     if (rounds != nullptr) *rounds = r.rounds;
     if (skipped != nullptr) *skipped = r.skipped ? 1 : 0;
     if (grad_norm != nullptr) *grad_norm = r.grad_norm;
@@ -342,7 +303,7 @@ braid_status_t braid_optimizer_last_step(braid_optimizer_t* opt, int64_t* rounds
 braid_status_t braid_optimizer_adopt_param(braid_optimizer_t* opt, int64_t id) {
   return Guard("braid_optimizer_adopt_param", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
-    return o->opt->AdoptParam(id);
+    return o->opt().AdoptParam(id);
   });
 }
 
@@ -350,11 +311,11 @@ braid_status_t braid_optimizer_gather_event(braid_optimizer_t* opt, int bucket, 
   return Guard("braid_optimizer_gather_event", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
     RETURN_IF_ERROR(CheckNotNull(event, "event"));
-    if (bucket < 0 || bucket >= o->gatherer->num_buckets()) {
-      return absl::OutOfRangeError(
-          absl::StrCat("bucket ", bucket, " is outside [0, ", o->gatherer->num_buckets(), ")"));
+    if (bucket < 0 || bucket >= o->stack().gatherer()->num_buckets()) {
+      return absl::OutOfRangeError(absl::StrCat("bucket ", bucket, " is outside [0, ",
+                                                o->stack().gatherer()->num_buckets(), ")"));
     }
-    braid::WorkPtr w = o->gatherer->GatherWork(bucket);
+    braid::WorkPtr w = o->stack().gatherer()->GatherWork(bucket);
     *event = w != nullptr ? w->device_event().handle : nullptr;
     return absl::OkStatus();
   });

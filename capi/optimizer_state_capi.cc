@@ -38,7 +38,7 @@ absl::StatusOr<optim::LoadedState> StateFromCaller(const OptimizerImpl& o,
   if (values == nullptr) {
     return absl::FailedPreconditionError("values is NULL: the caller refused this rank's state");
   }
-  optim::Checkpoint c = o.opt->EmptyCheckpoint();
+  optim::Checkpoint c = o.opt().EmptyCheckpoint();
   const auto& params = c.plan.params();
   RETURN_IF_ERROR(CheckNumValues(num_values, c.state_names.size(), params.size()));
   if (param_steps == nullptr) return absl::InvalidArgumentError("param_steps is NULL");
@@ -62,7 +62,7 @@ absl::StatusOr<optim::LoadedState> StateFromCaller(const OptimizerImpl& o,
   }
   c.header.step = step;
   const optim::StateHeader& h = c.header;
-  return optim::CheckpointRank(c, o.reducer->reducer->plan(), h.rank, h.world_size, kSetState);
+  return optim::CheckpointRank(c, o.stack().reducer().plan(), h.rank, h.world_size, kSetState);
 }
 
 }  // namespace
@@ -75,13 +75,14 @@ braid_status_t braid_optimizer_get_state(braid_optimizer_t* opt, float* const* v
   return Guard("braid_optimizer_get_state", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
     RETURN_IF_ERROR(braid::capi::CheckNotNull(values, "values"));
-    const auto& params = o->reducer->reducer->plan().params();
-    const size_t buffers = o->config.kind == braid::optim::OptimizerKind::kAdamW ? 3 : 2;
+    const auto& params = o->stack().reducer().plan().params();
+    const size_t buffers =
+        o->stack().param_options()->optimizer->kind == braid::optim::OptimizerKind::kAdamW ? 3 : 2;
     RETURN_IF_ERROR(braid::capi::CheckNumValues(num_values, buffers, params.size()));
     braid::optim::Checkpoint c;
     {
       braid::capi::GroupLocks locks(*o->reducer);  // all-gathers on the reducer's shard group
-      ASSIGN_OR_RETURN(c, o->opt->GatherCheckpoint());
+      ASSIGN_OR_RETURN(c, o->opt().GatherCheckpoint());
     }
     for (size_t k = 0; k < buffers; ++k) {
       for (size_t i = 0; i < params.size(); ++i) {
@@ -102,7 +103,7 @@ braid_status_t braid_optimizer_set_state(braid_optimizer_t* opt, const float* co
                                          int64_t step) {
   return Guard(braid::capi::kSetState, [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
-    return o->opt->LoadState(
+    return o->opt().LoadState(
         braid::capi::StateFromCaller(*o, values, num_values, param_steps, step),
         braid::capi::kSetState);
   });

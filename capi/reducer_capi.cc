@@ -166,47 +166,22 @@ braid_status_t braid_reducer_create(braid_group_t* shard, braid_group_t* replica
       return absl::InvalidArgumentError(
           "a 'replica' group is used by BRAID_MODE_HYBRID only: pass NULL in this mode");
     }
-    impl->device = o.device;
-    impl->shard_gradients = config.keep_shards_only;
     const braid::Device device =
         o.device == BRAID_DEVICE_HOST ? braid::Device::Cpu() : braid::Device::Cuda(o.device);
     ASSIGN_OR_RETURN(auto specs, braid::capi::ToSpecs(params, n, device, o.param_units));
-    if (o.timeline_prefix != nullptr && o.timeline_prefix[0] != '\0') {
-      ASSIGN_OR_RETURN(impl->timeline,
-                       braid::sched::Timeline::Create(o.timeline_prefix, impl->shard->world_rank));
-      config.timeline = impl->timeline.get();
-      impl->memory->SetTimeline(impl->timeline.get());
-    }
-    config.memory = impl->memory.get();
-    if (config.keep_shards_only && o.device == BRAID_DEVICE_HOST) {
-      impl->pool = std::make_shared<braid::sched::BufferPool>();
-      config.shared_pool = impl->pool;
-    }
+    braid::optim::StackOptions so;
+    so.reducer = config;
+    if (o.timeline_prefix != nullptr) so.timeline_prefix = o.timeline_prefix;
+    so.timeline_rank = impl->shard->world_rank;
+    so.launch_scheduler = o.credit_bytes > 0 || o.priorities != 0;  // 0.9
+    so.scheduler.credit_bytes = o.credit_bytes;
+    so.scheduler.priorities = o.priorities != 0;
     braid::sched::ReducerGroups groups{impl->shard->group.get(),
                                        impl->replica ? impl->replica->group.get() : nullptr};
     {
-      // Create is collective over the groups: keep other calls on them out meanwhile.
-      std::unique_lock<std::mutex> l1(impl->shard->mu, std::defer_lock);
-      std::unique_lock<std::mutex> l2;
-      if (impl->replica) {
-        l2 = std::unique_lock<std::mutex>(impl->replica->mu, std::defer_lock);
-        std::lock(l1, l2);
-      } else {
-        l1.lock();
-      }
-      if (o.credit_bytes > 0 || o.priorities != 0) {
-        braid::sched::OpSchedulerConfig sc;
-        sc.credit_bytes = o.credit_bytes;
-        sc.priorities = o.priorities != 0;
-        sc.timeout = config.timeout;
-        sc.timeline = impl->timeline.get();
-        sc.memory = impl->memory.get();
-        ASSIGN_OR_RETURN(impl->scheduler,
-                         braid::sched::OpScheduler::Create(sc, impl->shard->group.get()));
-        config.scheduler = impl->scheduler.get();
-      }
-      ASSIGN_OR_RETURN(impl->reducer,
-                       braid::sched::GradientReducer::Create(std::move(specs), groups, config));
+      braid::capi::GroupLocks locks(*impl);  // Create is collective over the groups
+      ASSIGN_OR_RETURN(impl->stack,
+                       braid::optim::TrainingStack::Create(std::move(specs), groups, so));
     }
     ASSIGN_OR_RETURN(*out, braid::capi::Register(std::move(impl), {shard, replica}));
     return absl::OkStatus();
@@ -219,7 +194,7 @@ braid_status_t braid_reducer_grad(braid_reducer_t* reducer, int64_t id, void** d
     ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
     RETURN_IF_ERROR(CheckNotNull(data, "data"));
     RETURN_IF_ERROR(CheckNotNull(count, "count"));
-    ASSIGN_OR_RETURN(braid::TensorView v, r->reducer->GradView(id));
+    ASSIGN_OR_RETURN(braid::TensorView v, r->stack->reducer().GradView(id));
     *data = v.data;
     *count = v.count;
     return absl::OkStatus();
@@ -229,7 +204,7 @@ braid_status_t braid_reducer_grad(braid_reducer_t* reducer, int64_t id, void** d
 braid_status_t braid_reducer_set_grad_buffer(braid_reducer_t* reducer, int64_t id, void* grad) {
   return Guard("braid_reducer_set_grad_buffer", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
-    return r->reducer->SetGradBuffer(id, grad);
+    return r->stack->reducer().SetGradBuffer(id, grad);
   });
 }
 
@@ -238,16 +213,14 @@ braid_status_t braid_reducer_begin_backward(braid_reducer_t* reducer, braid_sync
     ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
     ASSIGN_OR_RETURN(auto m, braid::capi::ToSyncMode(braid::capi::RawEnum(mode)));
     RETURN_IF_ERROR(braid::capi::NoOptimizer(reducer, "braid_optimizer_begin_backward"));
-    RETURN_IF_ERROR(r->reducer->BeginBackward(m));
-    r->in_backward = true;
-    return absl::OkStatus();
+    return r->stack->BeginBackward(m);
   });
 }
 
 braid_status_t braid_reducer_mark_ready(braid_reducer_t* reducer, int64_t id, void* device_event) {
   return Guard("braid_reducer_mark_ready", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
-    return r->reducer->MarkReady(id, braid::DeviceEvent{device_event});
+    return r->stack->reducer().MarkReady(id, braid::DeviceEvent{device_event});
   });
 }
 
@@ -256,7 +229,7 @@ braid_status_t braid_reducer_mark_ready_grad(braid_reducer_t* reducer, int64_t i
   return Guard("braid_reducer_mark_ready_grad", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
     RETURN_IF_ERROR(CheckNotNull(grad, "grad"));
-    return r->reducer->MarkReady(id, braid::DeviceEvent{device_event}, grad);
+    return r->stack->reducer().MarkReady(id, braid::DeviceEvent{device_event}, grad);
   });
 }
 
@@ -264,9 +237,7 @@ braid_status_t braid_reducer_finish_backward(braid_reducer_t* reducer) {
   return Guard("braid_reducer_finish_backward", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
     RETURN_IF_ERROR(braid::capi::NoOptimizer(reducer, "braid_optimizer_finish_backward"));
-    absl::Status s = r->reducer->FinishBackward();
-    r->in_backward = false;
-    return s;
+    return r->stack->FinishBackward();
   });
 }
 
@@ -274,10 +245,7 @@ braid_status_t braid_reducer_zero_grads(braid_reducer_t* reducer) {
   return Guard("braid_reducer_zero_grads", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
     RETURN_IF_ERROR(braid::capi::NoOptimizer(reducer, "nothing: the optimizer zeroes gradients"));
-    if (r->in_backward) {
-      return absl::FailedPreconditionError("a backward is in progress (finish it first)");
-    }
-    return r->reducer->ZeroGrads();
+    return r->stack->ZeroGrads();
   });
 }
 
@@ -285,7 +253,7 @@ braid_status_t braid_reducer_num_buckets(braid_reducer_t* reducer, int* count) {
   return Guard("braid_reducer_num_buckets", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
     RETURN_IF_ERROR(CheckNotNull(count, "count"));
-    *count = static_cast<int>(r->reducer->plan().buckets().size());
+    *count = static_cast<int>(r->stack->reducer().plan().buckets().size());
     return absl::OkStatus();
   });
 }
@@ -295,11 +263,8 @@ braid_status_t braid_reducer_rebuild_buckets(braid_reducer_t* reducer, int* rebu
     ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
     RETURN_IF_ERROR(CheckNotNull(rebuilt, "rebuilt"));
     *rebuilt = 0;
-    RETURN_IF_ERROR(braid::capi::CheckReplannable(reducer, *r));
-    if (!r->reducer->RebuildPending()) return absl::OkStatus();  // local: nothing to rebuild
-    braid::sched::GradientReducer& red = *r->reducer;
-    ASSIGN_OR_RETURN(bool done, braid::capi::ReplanCarryingOptimizer(
-                                    *r, [&red] { return red.RebuildBucketsIfPending(); }));
+    braid::capi::GroupLocks locks(*r);  // collective on the reducer's groups
+    ASSIGN_OR_RETURN(bool done, r->stack->RebuildBuckets());
     *rebuilt = done ? 1 : 0;
     return absl::OkStatus();
   });
@@ -309,7 +274,7 @@ braid_status_t braid_reducer_param_bucket(braid_reducer_t* reducer, int64_t id, 
   return Guard("braid_reducer_param_bucket", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
     RETURN_IF_ERROR(CheckNotNull(bucket, "bucket"));
-    const braid::sched::BucketPlan& plan = r->reducer->plan();
+    const braid::sched::BucketPlan& plan = r->stack->reducer().plan();
     ASSIGN_OR_RETURN(int index, plan.IndexOf(id));
     *bucket = plan.slot(index).bucket;
     return absl::OkStatus();
@@ -322,12 +287,12 @@ braid_status_t braid_reducer_shard(braid_reducer_t* reducer, int bucket, void** 
     ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
     RETURN_IF_ERROR(CheckNotNull(data, "data"));
     RETURN_IF_ERROR(CheckNotNull(count, "count"));
-    const int n = static_cast<int>(r->reducer->plan().buckets().size());
+    const int n = static_cast<int>(r->stack->reducer().plan().buckets().size());
     if (bucket < 0 || bucket >= n) {
       return absl::OutOfRangeError(
           absl::StrCat("bucket ", bucket, " is outside [0, ", n, ") (the reducer's buckets)"));
     }
-    const braid::TensorView v = r->reducer->ShardView(bucket);
+    const braid::TensorView v = r->stack->reducer().ShardView(bucket);
     *data = v.data;
     *count = v.count;
     return absl::OkStatus();
@@ -345,7 +310,7 @@ braid_status_t braid_reducer_unit_buckets(braid_reducer_t* reducer, int unit, in
     ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
     RETURN_IF_ERROR(CheckNotNull(count, "count"));
     if (unit < 0) return absl::InvalidArgumentError(absl::StrCat("unit must be >= 0, got ", unit));
-    const std::vector<int> mine = r->reducer->plan().UnitBuckets(unit);
+    const std::vector<int> mine = r->stack->reducer().plan().UnitBuckets(unit);
     *count = static_cast<int>(mine.size());
     if (buckets == nullptr) return absl::OkStatus();
     if (capacity < *count) {
@@ -361,7 +326,7 @@ braid_status_t braid_reducer_num_units(braid_reducer_t* reducer, int* units) {
   return Guard("braid_reducer_num_units", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
     RETURN_IF_ERROR(CheckNotNull(units, "units"));
-    *units = r->reducer->plan().num_units();
+    *units = r->stack->reducer().plan().num_units();
     return absl::OkStatus();
   });
 }
@@ -376,7 +341,7 @@ braid_status_t braid_memory_stats(braid_reducer_t* reducer, braid_memory_stats_t
                        " is too small (set it to sizeof(braid_memory_stats_t), ",
                        sizeof(braid_memory_stats_t), ")"));
     }
-    const braid::sched::MemorySnapshot s = r->memory->Snapshot();
+    const braid::sched::MemorySnapshot s = r->stack->memory().Snapshot();
     braid_memory_stats_t m;
     std::memset(&m, 0, sizeof m);
     m.struct_size = std::min(out->struct_size, sizeof m);
@@ -395,7 +360,7 @@ braid_status_t braid_memory_stats(braid_reducer_t* reducer, braid_memory_stats_t
 braid_status_t braid_memory_reset_peaks(braid_reducer_t* reducer) {
   return Guard("braid_memory_reset_peaks", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
-    r->memory->ResetPeaks();
+    r->stack->memory().ResetPeaks();
     return absl::OkStatus();
   });
 }

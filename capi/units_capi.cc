@@ -19,7 +19,7 @@ namespace {
 
 // The optimizer's unit scheduler; FailedPrecondition naming `fn` when it has none.
 absl::StatusOr<sched::UnitScheduler*> Units(OptimizerImpl& o, const char* fn) {
-  if (o.units != nullptr) return o.units.get();
+  if (sched::UnitScheduler* u = o.stack().units()) return u;
   return absl::FailedPreconditionError(absl::StrCat(
       fn, " needs an optimizer created with fully_sharded = 1 (this one gathers after its step)"));
 }
@@ -67,8 +67,9 @@ braid_status_t braid_optimizer_summon_params(braid_optimizer_t* opt, int on) {
     ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
     if (on != 0 && on != 1)
       return absl::InvalidArgumentError(absl::StrCat("on must be 0 or 1, got ", on));
-    if (o->units == nullptr) return on == 1 ? o->opt->WaitAllParams() : absl::OkStatus();
-    return on == 1 ? o->units->GatherAll() : o->units->ReleaseAll();
+    braid::sched::UnitScheduler* units = o->stack().units();
+    if (units == nullptr) return on == 1 ? o->opt().WaitAllParams() : absl::OkStatus();
+    return on == 1 ? units->GatherAll() : units->ReleaseAll();
   });
 }
 

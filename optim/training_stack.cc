@@ -1,0 +1,248 @@
+#include "optim/training_stack.h"
+
+#include <algorithm>
+#include <functional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "comm/status_macros.h"
+#include "optim/reshard.h"
+
+namespace braid::optim {
+
+absl::StatusOr<std::unique_ptr<TrainingStack>> TrainingStack::Create(
+    std::vector<sched::ParamSpec> params, sched::ReducerGroups groups,
+    const StackOptions& options) {
+  std::unique_ptr<TrainingStack> s(new TrainingStack());
+  s->memory_ = std::make_unique<sched::MemoryStats>();
+  sched::ReducerConfig config = options.reducer;
+  if (!options.timeline_prefix.empty()) {
+    ASSIGN_OR_RETURN(s->timeline_,
+                     sched::Timeline::Create(options.timeline_prefix, options.timeline_rank));
+    config.timeline = s->timeline_.get();
+    s->memory_->SetTimeline(s->timeline_.get());
+  }
+  config.memory = s->memory_.get();
+  s->on_device_ = std::any_of(params.begin(), params.end(), [](const sched::ParamSpec& p) {
+    return p.device.type != DeviceType::kCpu;
+  });
+  s->shard_gradients_ = config.keep_shards_only;
+  if (s->shard_gradients_ && !s->on_device_) {
+    s->pool_ = std::make_shared<sched::BufferPool>();
+    config.shared_pool = s->pool_;
+  }
+  if (options.launch_scheduler) {
+    sched::OpSchedulerConfig sc = options.scheduler;
+    sc.timeout = config.timeout;
+    sc.timeline = s->timeline_.get();
+    sc.memory = s->memory_.get();
+    ASSIGN_OR_RETURN(s->scheduler_, sched::OpScheduler::Create(sc, groups.shard));
+    config.scheduler = s->scheduler_.get();
+  }
+  ASSIGN_OR_RETURN(s->reducer_, sched::GradientReducer::Create(std::move(params), groups, config));
+  return s;
+}
+
+TrainingStack::~TrainingStack() = default;
+
+absl::StatusOr<std::unique_ptr<ParamSide>> TrainingStack::BuildParamSide(
+    const ParamOptions& options) {
+  auto side = std::make_unique<ParamSide>();
+  side->options = options;
+  Group& shard = *reducer_->groups().shard;
+  ASSIGN_OR_RETURN(side->gather_group, shard.Split(0, shard.rank(), shard.name() + "/gather"));
+  if (options.gather_stream.handle != nullptr) {
+    absl::Status s = side->gather_group->UseStream(options.gather_stream);
+    if (!s.ok()) return WithContext(s, "gather_stream");
+  }
+  sched::GathererConfig gc;
+  gc.timeout = options.timeout;
+  gc.timeline = timeline_.get();
+  gc.memory = memory_.get();
+  gc.free_after_use = options.fully_sharded;
+  gc.scheduler = scheduler_.get();                    // its gathers are the urgent operations
+  if (options.fully_sharded) gc.shared_pool = pool_;  // host: one pool with the gradients
+  ASSIGN_OR_RETURN(side->gatherer,
+                   sched::ParamGatherer::Create(reducer_->plan(), side->gather_group.get(), gc));
+  if (options.optimizer.has_value()) {
+    OptimizerConfig oc = *options.optimizer;
+    oc.memory = memory_.get();
+    oc.gather_after_step = !options.fully_sharded;
+    ASSIGN_OR_RETURN(side->optimizer,
+                     ShardedOptimizer::Create(reducer_.get(), side->gatherer.get(), oc));
+  }
+  if (!options.fully_sharded) return side;
+  sched::UnitConfig uc = options.units;
+  uc.timeline = timeline_.get();
+  uc.memory = memory_.get();
+  if (ShardedOptimizer* opt = side->optimizer.get()) {
+    uc.before_gather = [opt](int b, DeviceEvent* ready) { return opt->WaitShard(b, ready); };
+  }
+  ASSIGN_OR_RETURN(side->units, sched::UnitScheduler::Create(side->gatherer.get(), uc));
+  return side;
+}
+
+absl::Status TrainingStack::AddParamSide(const ParamOptions& options) {
+  if (side_ != nullptr) {
+    return absl::FailedPreconditionError("this reducer already has an optimizer");
+  }
+  if (in_backward_) {
+    return absl::FailedPreconditionError("the reducer is inside a backward (finish it first)");
+  }
+  ASSIGN_OR_RETURN(side_, BuildParamSide(options));
+  side_lost_ = false;
+  return absl::OkStatus();
+}
+
+void TrainingStack::DropParamSide() {
+  side_.reset();
+  retired_gatherer_.reset();
+  retired_group_.reset();
+  side_lost_ = false;
+}
+
+absl::StatusOr<ShardedOptimizer*> TrainingStack::LiveOptimizer() const {
+  if (side_lost_) {
+    return absl::FailedPreconditionError(
+        "this optimizer was lost when a re-plan of its reducer's buckets failed (see that "
+        "call's error); destroy it");
+  }
+  if (optimizer() == nullptr) return absl::FailedPreconditionError("the stack has no optimizer");
+  return optimizer();
+}
+
+absl::Status TrainingStack::BeginBackward(sched::SyncMode mode) {
+  ShardedOptimizer* opt = optimizer();
+  RETURN_IF_ERROR(opt != nullptr ? opt->BeginBackward(mode) : reducer_->BeginBackward(mode));
+  in_backward_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status TrainingStack::FinishBackward() {
+  ShardedOptimizer* opt = optimizer();
+  absl::Status s = opt != nullptr ? opt->FinishBackward() : reducer_->FinishBackward();
+  in_backward_ = false;
+  return s;
+}
+
+absl::Status TrainingStack::ZeroGrads() {
+  if (in_backward_) {
+    return absl::FailedPreconditionError("a backward is in progress (finish it first)");
+  }
+  return reducer_->ZeroGrads();
+}
+
+absl::Status TrainingStack::SetScheduler(sched::OpScheduler* scheduler) {
+  if (sched::ParamGatherer* g = gatherer()) g->SetScheduler(scheduler);
+  return reducer_->SetScheduler(scheduler);
+}
+
+absl::Status TrainingStack::CheckReplannable() const {
+  if (side_ != nullptr && (side_->options.fully_sharded || on_device_)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "an optimizer was built on this reducer and its state cannot follow a re-plan of the "
+        "buckets there (",
+        side_->options.fully_sharded ? "fully_sharded" : "device parameters",
+        ": not yet); re-plan before creating the optimizer"));
+  }
+  if (shard_gradients_) {
+    return absl::FailedPreconditionError(
+        "a shard_gradients reducer does not rebuild its buckets (no full-size storage between "
+        "backwards to move gradients through)");
+  }
+  if (in_backward_) {
+    return absl::FailedPreconditionError("a backward is in progress (finish it first)");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> TrainingStack::RebuildBuckets() {
+  RETURN_IF_ERROR(CheckReplannable());
+  if (!reducer_->RebuildPending()) return false;  // local: nothing to rebuild
+  sched::GradientReducer& red = *reducer_;
+  return ReplanCarrying([&red] { return red.RebuildBucketsIfPending(); });
+}
+
+absl::StatusOr<bool> TrainingStack::Replan(size_t bucket_cap_bytes, size_t first_bucket_cap_bytes) {
+  RETURN_IF_ERROR(CheckReplannable());
+  sched::GradientReducer& red = *reducer_;
+  return ReplanCarrying([&red, bucket_cap_bytes, first_bucket_cap_bytes] {
+    return red.Replan(bucket_cap_bytes, first_bucket_cap_bytes);
+  });
+}
+
+absl::StatusOr<TrainingStack::TuneStep> TrainingStack::Autotune(absl::Duration step_time) {
+  RETURN_IF_ERROR(CheckReplannable());
+  TuneStep out;
+  if (tuner_ == nullptr) {
+    // Candidates: the reducer's own caps (the default), then bucket caps of 1/8, 1/4, 1/2 and
+    // 2x it; no credit partitions. first_cap_: candidates keep it, at most their cap.
+    const sched::PlanOptions& po = reducer_->plan().options();
+    sched::AutotunerConfig ac;
+    for (double f : {1.0, 0.125, 0.25, 0.5, 2.0}) {
+      const size_t cap = std::max<size_t>(1, static_cast<size_t>(po.bucket_cap_bytes * f));
+      ac.candidates.push_back({cap, 0});
+    }
+    ac.timeout = reducer_->timeout();
+    ac.timeline = timeline_.get();
+    ac.replica = reducer_->groups().replica;
+    first_cap_ = po.first_bucket_cap_bytes;
+    ASSIGN_OR_RETURN(tuner_, sched::Autotuner::Create(reducer_->groups().shard, ac));
+  }
+  if (tuner_->done()) {
+    out.done = true;
+    return out;
+  }
+  ASSIGN_OR_RETURN(bool changed, tuner_->EndStep(step_time));
+  if (changed) {
+    const size_t cap = tuner_->current().bucket_cap_bytes;
+    const size_t first = std::min(first_cap_, cap);
+    sched::GradientReducer& red = *reducer_;
+    ASSIGN_OR_RETURN(out.replanned,
+                     ReplanCarrying([&red, cap, first] { return red.Replan(cap, first); }));
+  }
+  out.done = tuner_->done();
+  return out;
+}
+
+absl::StatusOr<bool> TrainingStack::ReplanCarrying(
+    const std::function<absl::StatusOr<bool>()>& replan) {
+  if (side_ == nullptr || side_lost_ || side_->optimizer == nullptr) {
+    ASSIGN_OR_RETURN(bool moved, replan());
+    if (side_ == nullptr || side_lost_ || !moved) return moved;
+    // A gather-only side follows the new plan (no state to carry).
+    ParamOptions options = side_->options;
+    retired_gatherer_ = std::move(side_->gatherer);
+    retired_group_ = std::move(side_->gather_group);
+    side_.reset();
+    ASSIGN_OR_RETURN(side_, BuildParamSide(options));
+    return true;
+  }
+  ASSIGN_OR_RETURN(Checkpoint state, side_->optimizer->GatherCheckpoint());  // nothing changed
+  // From here a failure leaves the side without its optimizer (LiveOptimizer says so): the
+  // ranks failed a collective together, so the job has to stop or rebuild it anyway.
+  const ParamOptions options = side_->options;
+  side_lost_ = true;
+  side_->units.reset();
+  side_->optimizer.reset();
+  retired_gatherer_ = std::move(side_->gatherer);  // the previous retired ones end here
+  retired_group_ = std::move(side_->gather_group);
+  // Whether the buckets moved does not matter here: the optimizer is built again anyway.
+  RETURN_IF_ERROR(replan().status());
+  ASSIGN_OR_RETURN(std::unique_ptr<ParamSide> side, BuildParamSide(options));
+  // This rank's part of the state under the new plan, in memory; LoadState is collective (the
+  // ranks agree first, so a layout error here fails every rank's load, not only this one's).
+  const StateHeader& h = state.header;
+  const absl::Status st =
+      side->optimizer->LoadState(CheckpointRank(state, reducer_->plan(), h.rank, h.world_size,
+                                                "the re-planned optimizer state"),
+                                 "the re-planned optimizer state");
+  if (!st.ok()) return WithContext(st, "re-plan: carrying the optimizer state over");
+  side_ = std::move(side);
+  side_lost_ = false;
+  // The optimizer was built again (new parameter pointers) even when the buckets did not
+  // move (caps that give the same plan): the caller must fetch its pointers again.
+  return true;
+}
+
+}  // namespace braid::optim
