@@ -38,6 +38,8 @@
 
 #if defined(__AVX2__)
 #include <immintrin.h>
+
+#include "bench/gbench_main.h"
 #endif
 
 namespace braid::optim {
@@ -201,4 +203,6 @@ BRAID_ADAMW_BENCH_SIZE(k100M);
 }  // namespace
 }  // namespace braid::optim
 
-BENCHMARK_MAIN();
+BRAID_BENCHMARK_MAIN("adamw_bench",
+                     "The CPU AdamW kernel against memory bandwidth (bytes_per_second = 28 B x n x "
+                     "iterations / wall time).");

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "bench/gbench_main.h"
 #include "benchmark/benchmark.h"
 #include "comm/backend.h"
 #include "comm/spin.h"
@@ -153,4 +154,6 @@ BENCHMARK(BM_LocalAllReduce8BOneRank)->UseRealTime();
 }  // namespace
 }  // namespace braid
 
-BENCHMARK_MAIN();
+BRAID_BENCHMARK_MAIN("work_bench",
+                     "Work (the collective future) and the local backend's issue path: allocation, "
+                     "sleeping vs busy-polling hand-off.");
