@@ -3,7 +3,7 @@
 #include <pthread.h>
 #include <stdio.h>
 
-#include "capi/braid.h"
+#include "braid.h" /* the SDK's include/ (pkg-config, CMake); capi/ in this tree */
 
 static braid_group_t* groups[2];
 static int failed = 0;

@@ -10,7 +10,8 @@
 # `gpu` tests need a device (tools/gpu/run.sh runs them there); the Python tests and the README
 # example (gcc-built, under mpirun) load
 # libbraid.so into an uninstrumented program and are left out of asan (the runtime must
-# come first), and so is the wheel (tools/build_wheel.py refuses to bundle the sanitizer
+# come first), and so are the C SDK's test (programs built by the system's cc) and packages,
+# and the wheel (tools/build_wheel.py refuses to bundle the sanitizer
 # runtimes); the mpirun tests are left out of tsan (Open MPI's shared-memory transport is
 # uninstrumented and reports its own races). The nvcc-built objects are not instrumented.
 set -euo pipefail
@@ -26,7 +27,8 @@ run_asan() {
   time "${root}/tools/bazelw" test --config=asan --build_tag_filters=-gpu \
     --test_tag_filters=-gpu -k \
     --test_env=LSAN_OPTIONS="suppressions=${root}/tools/sanitizers/lsan.supp:print_suppressions=0" \
-    "$@" -- //... -//tests/python/... -//tests/capi:readme_example_test -//capi/python:wheel
+    "$@" -- //... -//tests/python/... -//tests/capi:readme_example_test -//capi/python:wheel \
+    -//tests/sdk:sdk_test -//capi:sdk_archive -//capi:debs
 }
 
 # Tests whose ranks are threads of one process (tests/multirank.h and the C API's threads).
