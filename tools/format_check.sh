@@ -21,11 +21,19 @@ else  # a source tree without .git: every C/C++ file outside Bazel's output link
     sed 's#^\./##' | sort)
 fi
 
-bad=()
+existing=()
 for f in "${files[@]}"; do
-  [[ -f "$f" ]] || continue  # deleted in the work tree, not yet in the index
-  if ! "$clang_format" --dry-run -Werror "$f" >/dev/null 2>&1; then bad+=("$f"); fi
+  [[ -f "$f" ]] && existing+=("$f")  # skip files deleted in the work tree, not yet in the index
 done
+# One clang-format process for the whole tree; its diagnostics start with FILE:LINE:COL.
+out="$("$clang_format" --dry-run -Werror "${existing[@]}" 2>&1)" && rc=0 || rc=$?
+mapfile -t bad < <(grep -oE '^[^ :]+:[0-9]+:[0-9]+: (error|warning)' <<<"$out" | cut -d: -f1 |
+  sort -u)
+if ((rc != 0 && ${#bad[@]} == 0)); then
+  echo "format_check: clang-format failed (exit $rc) naming no file:" >&2
+  echo "$out" | head -20 >&2
+  exit 1
+fi
 if ((${#bad[@]})); then
   echo "format_check: ${#bad[@]} of ${#files[@]} files do not match .clang-format:" >&2
   printf '  %s\n' "${bad[@]}" >&2
