@@ -34,10 +34,10 @@
  *    braid_*_options_init() (which sets struct_size to sizeof the struct and every field to
  *    its default), then change fields. Accepted: the size of any version of the struct this
  *    library knows (fields are only ever appended: an older caller's smaller struct is read
- *    as far as it goes and the fields it lacks keep their defaults; each struct notes its
- *    versions), or a larger size (a newer header) whose extra bytes are all zero; otherwise
- *    BRAID_INVALID_ARGUMENT ("struct_size ..."). An options pointer may be NULL: every
- *    default.
+ *    as far as it goes and the fields it lacks keep their defaults; "since 0.N" marks the
+ *    fields each version appended, and CHANGELOG.md lists the sizes), or a larger size (a
+ *    newer header) whose extra bytes are all zero; otherwise BRAID_INVALID_ARGUMENT
+ *    ("struct_size ..."). An options pointer may be NULL: every default.
  *  - Thread safety: any function may be called from any thread. Collectives and splits on one
  *    group are serialized by the library, but every rank must still issue a group's
  *    collectives in the same order (the RANK-ORDER CONTRACT: ranks match calls by position;
@@ -137,7 +137,7 @@ typedef enum braid_reduce_op {
 
 /* ---- World ---------------------------------------------------------------------------------- */
 
-/* 0.10: an explicit rendezvous's channel for rank 0's store address (braid_world_options_t
+/* Since 0.10: an explicit rendezvous's channel for rank 0's store address (braid_world_options_t
  * rendezvous_publish / rendezvous_lookup), e.g. a store the framework already shares (PyTorch's
  * torch.distributed store). Both are called only on the thread inside braid_world_create, at
  * most once per call, and never after it returned. Return BRAID_OK, or a failure code:
@@ -151,8 +151,6 @@ typedef braid_status_t (*braid_rendezvous_publish_fn)(const char* key, const cha
 typedef braid_status_t (*braid_rendezvous_lookup_fn)(const char* key, int64_t timeout_ms,
                                                      char* value, size_t capacity, void* user_data);
 
-/* Versions (struct_size): 0.5 ends after timeout_ms (40 bytes on LP64); 0.6 adds the nccl
- * fields from unique_id on; 0.10 adds the explicit rendezvous from master_addr on. */
 typedef struct braid_world_options {
   size_t struct_size;
   /* "local" (ranks are threads of this process), "mpi" (one rank per process, from mpirun's
@@ -170,7 +168,7 @@ typedef struct braid_world_options {
    * torchrun wins over the SLURM_* variables of the allocation it runs in. Under torchrun /
    * srun, rank 0 serves a TCP rendezvous store on MASTER_ADDR (port: store_port) and every
    * rank checks in there; a rank that does not arrive within timeout_ms fails the others,
-   * naming it. An explicit rendezvous (world_size without unique_id, 0.10) counts as a
+   * naming it. An explicit rendezvous (world_size without unique_id) counts as a
    * launcher too, before mpirun: "nccl" where usable, else "gloo" (a world of one: as with no
    * launcher). braid_world_backend says which backend was chosen. "mpi" and "gloo" live in
    * modules beside libbraid.so (libbraid-mpi.so, libbraid-gloo.so; BRAID_BACKEND_MODULE_DIR)
@@ -191,7 +189,7 @@ typedef struct braid_world_options {
   /* Deadline of every collective and internal wait. 0 (default): BRAID_TIMEOUT_MS when
    * read_env, else 300000. */
   int64_t timeout_ms;
-  /* ---- 0.6: the nccl backend. The library opens NCCL (BRAID_NCCL_LIBRARY when read_env,
+  /* ---- since 0.6: the nccl backend. The library opens NCCL (BRAID_NCCL_LIBRARY when read_env,
    * else libnccl.so.2) with dlopen when an nccl world is first created; nothing else needs
    * NCCL or a GPU. */
   /* backend "nccl" only: the NCCL unique id (unique_id_size bytes, copied) that one rank made
@@ -204,7 +202,7 @@ typedef struct braid_world_options {
   /* The size braid_nccl_unique_id reported (128); 0 (default) without unique_id. */
   size_t unique_id_size;
   /* With unique_id: the world's number of ranks (>= 1; one process and GPU each) and this
-   * process's rank in [0, world_size). 0.10: without unique_id, world_size >= 1 makes an
+   * process's rank in [0, world_size). Without unique_id, world_size >= 1 makes an
    * explicit rendezvous (see master_addr): this process is `rank` of world_size processes,
    * instead of what a launcher's RANK / WORLD_SIZE say (which, when set, must agree). Both 0
    * (default): no explicit rendezvous. */
@@ -217,13 +215,13 @@ typedef struct braid_world_options {
    * under the deadline, so a hung peer never blocks a thread inside NCCL). -1 (default):
    * BRAID_NCCL_BLOCKING when read_env, else 1. */
   int nccl_blocking;
-  /* ---- 0.10: where the ranks meet, for the backends that meet at rank 0's TCP store ("gloo";
-   * "nccl" without unique_id). Typical use: PyTorch with torch.distributed initialized, whose
-   * rank, world size and store Braid then shares instead of opening MASTER_PORT a second time
-   * (braid.World() does this by itself). The explicit rendezvous (world_size >= 1 without
-   * unique_id) is used by those backends; with any other (named, or from BRAID_BACKEND /
-   * mpirun) the world made must have world_size ranks with `rank` in this process, else
-   * FAILED_PRECONDITION naming both. */
+  /* ---- since 0.10: where the ranks meet, for the backends that meet at rank 0's TCP
+   * store ("gloo"; "nccl" without unique_id). Typical use: PyTorch with torch.distributed
+   * initialized, whose rank, world size and store Braid then shares instead of opening
+   * MASTER_PORT a second time (braid.World() does this by itself). The explicit rendezvous
+   * (world_size >= 1 without unique_id) is used by those backends; with any other (named, or
+   * from BRAID_BACKEND / mpirun) the world made must have world_size ranks with `rank` in this
+   * process, else FAILED_PRECONDITION naming both. */
   /* Rank 0's host as every rank reaches it; its store listens there. NULL (default):
    * MASTER_ADDR. Needs world_size. */
   const char* master_addr;
@@ -251,14 +249,14 @@ BRAID_API void braid_world_options_init(braid_world_options_t* opts);
  * timeout_ms < 0, read_env not 0/1, NULL out; unique_id with another backend than "nccl",
  * unique_id_size not the id's size, unique_id_size set without unique_id, rank set without
  * unique_id or world_size, world_size < 1 or rank outside [0, world_size), cuda_device < -1
- * or not a visible device, nccl_blocking not -1/0/1; 0.10: master_addr / rendezvous_* without
+ * or not a visible device, nccl_blocking not -1/0/1; master_addr / rendezvous_* without
  * world_size, one of rendezvous_publish / rendezvous_lookup without the other, store_port
  * outside -1..65535, an explicit rank / world_size disagreeing with RANK / WORLD_SIZE, no
  * master address or way to learn the store's port: each naming the field); NOT_FOUND
  * (unknown backend name, listing the known ones; a plugin path with no library);
  * FAILED_PRECONDITION (nccl: NCCL cannot be loaded, naming the library path, the symbol and
  * the loader's message; no usable GPU, naming the CUDA error, e.g. 35 without a driver, 100
- * without a device; 0.10: a backend other than gloo / nccl made a world the explicit
+ * without a device; a backend other than gloo / nccl made a world the explicit
  * rendezvous contradicts); FAILED_PRECONDITION / UNIMPLEMENTED (plugin without a usable
  * table); INVALID_ARGUMENT naming the variable for a malformed torchrun / srun environment
  * (RANK >= WORLD_SIZE, MASTER_PORT missing, ...); DEADLINE_EXCEEDED naming the ranks that
@@ -267,7 +265,7 @@ BRAID_API void braid_world_options_init(braid_world_options_t* opts);
  * from the backend (e.g. mpi outside mpirun). */
 BRAID_API braid_status_t braid_world_create(const braid_world_options_t* opts, braid_world_t** out);
 /* *name = the world's backend ("local", "mpi", "nccl", "gloo", or a plugin's name), valid while
- * the world lives (0.8). */
+ * the world lives. Since 0.8. */
 BRAID_API braid_status_t braid_world_backend(braid_world_t* world, const char** name);
 /* *size = number of ranks in the world (all processes). */
 BRAID_API braid_status_t braid_world_size(braid_world_t* world, int* size);
@@ -323,7 +321,7 @@ BRAID_API braid_status_t braid_group_destroy(braid_group_t* group);
  * rendezvous store; nccl: its communicators are aborted). Braid aborts the job by itself when a
  * collective fails on any rank (a deadline, a transport error), unless BRAID_ABORT_ON_FAILURE=0.
  * Not collective; BRAID_OK if the job had already aborted. Errors: INVALID_ARGUMENT (NULL or empty
- * reason), FAILED_PRECONDITION (a backend without aborts: plugins). (0.8) */
+ * reason), FAILED_PRECONDITION (a backend without aborts: plugins). Since 0.8. */
 BRAID_API braid_status_t braid_group_abort(braid_group_t* group, const char* reason);
 
 /* ---- Collectives and works ------------------------------------------------------------------ */
@@ -414,8 +412,6 @@ typedef struct braid_param {
 #define BRAID_REDUCE_DTYPE_NATIVE (-1) /* braid_reducer_options_t.reduce_dtype default */
 #define BRAID_DEVICE_HOST (-1)         /* braid_reducer_options_t.device default */
 
-/* Versions (struct_size): 0.5 ends after timeline_prefix (56 bytes on LP64); 0.6 adds
- * device; 0.7 adds param_units and shard_gradients; 0.9 adds credit_bytes and priorities. */
 typedef struct braid_reducer_options {
   size_t struct_size;
   braid_reduce_mode_t mode; /* default BRAID_MODE_ALLREDUCE */
@@ -430,7 +426,7 @@ typedef struct braid_reducer_options {
   int64_t timeout_ms;            /* finish_backward's deadline; default 300000 */
   /* Chrome-trace timeline written to "<prefix>.rank<world rank>.json"; NULL or "": off. */
   const char* timeline_prefix;
-  /* 0.6. Where every parameter's gradient (and the buckets) live. BRAID_DEVICE_HOST (-1,
+  /* Since 0.6. Where every parameter's gradient (and the buckets) live. BRAID_DEVICE_HOST (-1,
    * default): host memory. >= 0: that CUDA device, on groups of a "nccl" world whose
    * cuda_device it must be (the buckets are allocated and reduced there; Braid does not
    * check the match): braid_reducer_grad / braid_reducer_shard return device pointers, every
@@ -439,7 +435,7 @@ typedef struct braid_reducer_options {
    * gradients; f16 reduced natively with its pre/post-divide, BRAID_REDUCE_SCATTER_ONLY's
    * partial sums added on the device). */
   int device;
-  /* ---- 0.7: fully sharded training (ZeRO-3 / FSDP). */
+  /* ---- since 0.7: fully sharded training (ZeRO-3 / FSDP). */
   /* NULL (default): every parameter is in unit 0. Else n entries (the n of
    * braid_reducer_create), copied: param_units[i] >= 0 is params[i]'s unit, the framework's
    * wrapping unit (e.g. one transformer block). A bucket never mixes units, so a unit is
@@ -454,7 +450,7 @@ typedef struct braid_reducer_options {
    * (that is no_sync's memory cost, as in FSDP); BRAID_REDUCE_SCATTER_ONLY accumulates into the
    * kept shard. braid_reducer_grad then fails (FAILED_PRECONDITION). 0 (default): off. */
   int shard_gradients;
-  /* ---- 0.9: communication scheduling (ByteScheduler's credit and priorities;
+  /* ---- since 0.9: communication scheduling (ByteScheduler's credit and priorities;
    * scheduler/op_scheduler.h). Either one set gives the reducer a launch scheduler of its own:
    * created with it (collective: every rank must pass the same two values, else
    * FAILED_PRECONDITION naming them), shared with an optimizer built on the reducer. Results
@@ -464,8 +460,8 @@ typedef struct braid_reducer_options {
    * nothing waits on the host that did not before. */
   /* > 0: a bucket reduction larger than credit_bytes runs as partitions of at most
    * credit_bytes each, and at most credit_bytes of reduction partitions are in flight per
-   * group, so an urgent operation waits for at most one partition. 0 (default): whole buckets,
-   * as before. Each partition is a collective of its own: worth it only for buckets several
+   * group, so an urgent operation waits for at most one partition. 0 (default): whole
+   * buckets. Each partition is a collective of its own: worth it only for buckets several
    * times the credit (bench/overlap: 1 MiB credits on 6 MiB buckets). */
   size_t credit_bytes;
   /* 1: the parameter all-gathers of an optimizer built on this reducer (what the next forward,
@@ -483,7 +479,7 @@ BRAID_API void braid_reducer_options_init(braid_reducer_options_t* opts);
  * n entries, copied. Errors: INVALID_ARGUMENT (NULL params with n > 0, duplicate id, bad dtype
  * or mode, replica missing in hybrid mode or given otherwise, groups of different worlds, a
  * plan that differs across ranks, device < -1), UNIMPLEMENTED (a device the backend lacks:
- * device >= 0 on a host backend, or a device-side feature not there yet), NOT_FOUND
+ * device >= 0 on a host backend, or a feature the device reducer lacks), NOT_FOUND
  * (timeline directory missing). */
 BRAID_API braid_status_t braid_reducer_create(braid_group_t* shard, braid_group_t* replica,
                                               const braid_param_t* params, size_t n,
@@ -535,7 +531,7 @@ BRAID_API braid_status_t braid_reducer_finish_backward(braid_reducer_t* reducer)
  * returned (naming the bucket), never only logged. */
 BRAID_API braid_status_t braid_reducer_zero_grads(braid_reducer_t* reducer);
 BRAID_API braid_status_t braid_reducer_num_buckets(braid_reducer_t* reducer, int* count);
-/* 0.8: torch DDP's one-time bucket rebuild. Every reducer (but shard_gradients ones) records
+/* Since 0.8: torch DDP's one-time bucket rebuild. Every reducer (but shard_gradients ones) records
  * the order in which parameters were marked ready in its first BRAID_SYNC backward (n ints).
  * Called between steps (after the gradients were consumed, before the next begin_backward) at
  * the same point on every rank, it rebuilds the buckets in world rank 0's recorded order
@@ -545,20 +541,20 @@ BRAID_API braid_status_t braid_reducer_num_buckets(braid_reducer_t* reducer, int
  * nothing to rebuild: no synced backward finished yet, or the buckets were rebuilt already
  * (once per reducer). After a rebuild every braid_reducer_grad pointer, bucket index and
  * braid_reducer_shard changes: fetch them again (the old storage is freed; gradient values
- * moved with their parameters). 0.9: with an optimizer built on the reducer (ZeRO-2, host
+ * moved with their parameters). With an optimizer built on the reducer (ZeRO-2, host
  * memory) its state follows: the whole state is all-gathered over the shard group, the optimizer
  * is built again over the new plan and loads this rank's part (master weights, moments, step
  * counts, hyper-parameters bit for bit; costs the state's full size in host memory for the
  * moment of the call); fetch every
  * braid_optimizer_param pointer again (the old ones stay readable until the next re-plan or
  * the optimizer's end). FAILED_PRECONDITION: during a backward; an optimizer that cannot follow
- * (fully_sharded, device reducers: not yet); shard_gradients (no full-size storage between
+ * (fully_sharded, device reducers); shard_gradients (no full-size storage between
  * backwards to move gradients through).
  *
  *   run one synced step;  braid_reducer_rebuild_buckets(r, &rebuilt);
  *   if (rebuilt) for each id: braid_reducer_grad(r, id, &data, &count);   // new views */
 BRAID_API braid_status_t braid_reducer_rebuild_buckets(braid_reducer_t* reducer, int* rebuilt);
-/* 0.8: the autotuner (Horovod's fusion-buffer autotuning, by successive halving;
+/* Since 0.8: the autotuner (Horovod's fusion-buffer autotuning, by successive halving;
  * scheduler/autotuner.h). Off unless called; call it once per step at a step boundary (between
  * steps, same point on every rank, e.g. before each training forward) with the time of the step
  * that just ended on this rank. Candidates: the bucket cap the reducer was created with (the
@@ -575,7 +571,7 @@ BRAID_API braid_status_t braid_reducer_rebuild_buckets(braid_reducer_t* reducer,
  * (either may be NULL). The trial table is logged (info) and recorded in the reducer's timeline
  * (track "autotune"). Collective at round ends and re-plans, so every rank must call it at every
  * step. A negative or NaN time counts as infinitely slow. An optimizer built on the reducer
- * follows each re-plan as in braid_reducer_rebuild_buckets (0.9). FAILED_PRECONDITION as
+ * follows each re-plan as in braid_reducer_rebuild_buckets. FAILED_PRECONDITION as
  * braid_reducer_rebuild_buckets (backward in progress, an optimizer that cannot follow,
  * shard_gradients), and while a BRAID_REDUCE_SCATTER_ONLY window holds partial sums. */
 BRAID_API braid_status_t braid_reducer_autotune(braid_reducer_t* reducer, double step_seconds,
@@ -651,8 +647,6 @@ typedef enum braid_optimizer_kind {
   BRAID_OPTIMIZER_SGD = 1    /* torch.optim.SGD (dampening 0) */
 } braid_optimizer_kind_t;
 
-/* Versions (struct_size): 0.5 / 0.6 end after timeout_ms; 0.7 adds fully_sharded ..
- * gather_stream; 0.8 adds num_groups and param_groups; 0.10 adds track_grad_norm. */
 typedef struct braid_optimizer_options {
   size_t struct_size;
   braid_optimizer_kind_t kind; /* default ADAMW */
@@ -666,7 +660,7 @@ typedef struct braid_optimizer_options {
   double max_grad_norm;        /* > 0: exact global-norm clipping; default 0 (off) */
   int overlap;                 /* 1 (default): step buckets as they arrive; 0: call step */
   int64_t timeout_ms;          /* every wait; default 300000 */
-  /* ---- 0.7: fully sharded training (ZeRO-3 / FSDP) and offload. */
+  /* ---- since 0.7: fully sharded training (ZeRO-3 / FSDP) and offload. */
   /* 1: parameters live only as this rank's shard between uses. The framework brackets each
    * unit's use with braid_unit_enter / braid_unit_exit (below); a unit's buckets are
    * all-gathered (one coalesced call per bucket into a pooled flat buffer) before it is read
@@ -698,7 +692,7 @@ typedef struct braid_optimizer_options {
    * Host backends: must be NULL. Either way braid_optimizer_gather_event gives each gather's
    * completion event for the consumer stream to wait on. */
   void* gather_stream;
-  /* ---- 0.8: parameter groups (torch.optim's param_groups). */
+  /* ---- since 0.8: parameter groups (torch.optim's param_groups). */
   /* Hyper-parameter groups (>= 1; default 1). Each starts with the hyper-parameters above;
    * braid_optimizer_set_hyper changes one group's from the next armed step on. */
   int num_groups;
@@ -706,7 +700,7 @@ typedef struct braid_optimizer_options {
    * reducer, in braid_reducer_create's order, copied: param_groups[i] in [0, num_groups) is
    * params[i]'s group. INVALID_ARGUMENT names an entry out of range. */
   const int* param_groups;
-  /* ---- 0.10: the gradient norm of every step, for logging. */
+  /* ---- since 0.10: the gradient norm of every step, for logging. */
   /* 1: braid_optimizer_last_step reports every step's global gradient norm (before clipping)
    * even without max_grad_norm / skip_nonfinite. The steps still overlap the backward: each
    * bucket's shard norm is summed right before its step (one more read of the shard), and one
@@ -762,12 +756,12 @@ BRAID_API braid_status_t braid_optimizer_step(braid_optimizer_t* opt);
  * OUT_OF_RANGE for an unknown bucket; TIMEOUT / PEER_ERROR naming the bucket. */
 BRAID_API braid_status_t braid_optimizer_wait_params(braid_optimizer_t* opt, int bucket);
 /* Every bucket's wait_params; outside a backward it also waits for the step's completion
- * (0.10: track_grad_norm's all-reduce), so last_step then reports it. */
+ * (track_grad_norm's all-reduce), so last_step then reports it. */
 BRAID_API braid_status_t braid_optimizer_wait_all_params(braid_optimizer_t* opt);
 /* Learning rate of every parameter from the next armed step (lr >= 0, finite). Sets group 0's
  * only when there are several groups (use braid_optimizer_set_hyper). */
 BRAID_API braid_status_t braid_optimizer_set_lr(braid_optimizer_t* opt, double lr);
-/* 0.8: group `group`'s hyper-parameters from the next armed step on (a step is armed by
+/* Since 0.8: group `group`'s hyper-parameters from the next armed step on (a step is armed by
  * braid_optimizer_begin_backward of a synced backward: with overlap on, set them before the
  * backward whose gradients they should step; the armed step keeps its snapshot). The whole
  * struct is taken (get, change, set). Errors: OUT_OF_RANGE (no such group), INVALID_ARGUMENT
@@ -787,7 +781,7 @@ BRAID_API braid_status_t braid_optimizer_load(braid_optimizer_t* opt, const char
  * clipping / skip_nonfinite / track_grad_norm, else -1). Any out-pointer may be NULL. */
 BRAID_API braid_status_t braid_optimizer_last_step(braid_optimizer_t* opt, int64_t* rounds,
                                                    int* skipped, double* grad_norm);
-/* ---- 0.10: parameters written by the framework (ZeRO-2) --------------------------------
+/* ---- since 0.10: parameters written by the framework (ZeRO-2) --------------------------------
  * The framework wrote parameter `id`'s values in place through braid_optimizer_param's pointer
  * (e.g. loading pretrained weights after creating the optimizer): this rank's part of them
  * becomes its master weights (widened to f32; moments and step counts stay), so the next step
@@ -807,7 +801,7 @@ BRAID_API braid_status_t braid_optimizer_adopt_param(braid_optimizer_t* opt, int
 BRAID_API braid_status_t braid_optimizer_gather_event(braid_optimizer_t* opt, int bucket,
                                                       void** event);
 
-/* ---- 0.10: the whole optimizer state, unsharded (checkpoints that move) ----------------------
+/* ---- since 0.10: the whole optimizer state, unsharded (checkpoints that move) -------------------
  * A framework's optimizer state_dict() in its own layout (per parameter: master weights,
  * moments, step count), independent of the world size and the bucket plan: what one run
  * gathers, another run of any world size (or mesh, or bucket caps) over the same parameters

@@ -2,7 +2,7 @@
 // collective's deadline or transport error on any group, a step, an explicit abort), every
 // group of every rank stops waiting for it: pending Works fail and new calls are refused with
 // the first cause, naming the rank that reported it, instead of each rank waiting out its own
-// deadline (torch's NCCL watchdog and Horovod's coordinator do the same; seed 003).
+// deadline (torch's NCCL watchdog and Horovod's coordinator do the same).
 //
 // One domain per process and job, shared by the world group and every group split from it
 // (Group::abort_domain()). Where ranks are threads of one process (`local`), the one domain is

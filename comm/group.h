@@ -94,8 +94,8 @@ class Group {
   // (comm/buffer_ops.h). Default: host memory (HostBufferOps()). Valid for the group's life.
   virtual BufferOps& buffer_ops() { return HostBufferOps(); }
   // Device groups: from now on this group's collectives and buffer operations are queued on
-  // `stream`, the caller's (e.g. a framework's prefetch stream: seed 001's "gather on a chosen
-  // stream"); null: back to the group's own stream. Not owned: it must stay valid while the
+  // `stream`, the caller's (e.g. a framework's prefetch stream, so gathers run on a stream it
+  // chose); null: back to the group's own stream. Not owned: it must stay valid while the
   // group may use it, and be on the group's device. Call it when nothing the caller has not
   // waited for is in flight on the group (work already queued stays on its stream; later work
   // is ordered after it only by the stream's own order). Default: Unimplemented naming the

@@ -4,7 +4,7 @@
 //   size_t bytes = v.bytes();
 //
 // A view never owns memory: the caller keeps the buffer alive until the Work that uses it is
-// complete (DESIGN.md, contract 4).
+// complete (the buffer contract, docs/design/comm.md).
 #ifndef BRAID_COMM_TENSOR_H_
 #define BRAID_COMM_TENSOR_H_
 

@@ -1,39 +1,19 @@
 // The `gloo` backend: Gloo (Debian's libgloo, PyTorch's own CPU engine) over TCP, one rank per
 // process, CPU buffers; for worlds launched by torchrun or srun, where there is no MPI.
 //
-// README
-// ------
-// Files of this folder (each uses only the ones above it):
-//   gloo_errors.h       Gloo's exceptions -> absl::Status, once
-//   store_adapter.h     gloo::rendezvous::Store over Braid's TCP store, with a key prefix
-//   serial_worker.h     one thread per group running its collectives in issue order
-//   gloo_collectives.h  one collective on a Gloo context, Braid's reduce semantics and dtypes
-//   gloo_group.h        Group: async Work on the worker, deadlines, failure, Split
-//   gloo_backend.h      this file: worlds, the "gloo" registration
-//
-// Making a world (BRAID_BACKEND=gloo, CreateBackend(options)):
-//   - torchrun / srun (backends/rendezvous/launcher_env.h: RANK, WORLD_SIZE, MASTER_ADDR,
-//     MASTER_PORT, or SLURM_PROCID, SLURM_NTASKS and MASTER_*): every rank joins the
-//     rendezvous at rank 0's TCP store (a rank that never arrives fails everyone at
-//     BRAID_TIMEOUT_MS, naming it); WorldGroup then connects Gloo's full mesh of pairs, each
-//     rank listening on its interface that routes to MASTER_ADDR (127.0.0.1 on loopback).
-//   - options.rendezvous (the embedder's: rank, world size, and where rank 0's store is told,
-//     e.g. through torch.distributed's store): the same rendezvous, instead of the launcher's
-//     variables (launcher_env.h LauncherEnvFor); mpirun is then no obstacle.
-//   - no launcher: a world of one, its store served in-process on 127.0.0.1.
-//   - mpirun: refused (FailedPrecondition): use the `mpi` backend there.
-//
 //   ASSIGN_OR_RETURN(std::unique_ptr<Backend> b, CreateBackend(options));   // options.backend
 //   ASSIGN_OR_RETURN(std::unique_ptr<Group> world, b->WorldGroup(b->local_ranks().front()));
 //
-// Semantics: every Braid dtype and reduce op (see gloo_collectives.h), bit for bit with the
-// serial reference where partial sums are exact (Gloo's ring adds in its own order).
-// Reduce-scatter moves an all-reduce's bytes (this Gloo has no new-style reduce-scatter).
-// Every call has a deadline; Gloo's pairs are unusable after an error, so a failed call fails
-// its group for good (later calls report that cause at once).
+// Making a world: under torchrun / srun (or options.rendezvous, the embedder's) every rank
+// joins the rendezvous at rank 0's TCP store (backends/rendezvous/), then WorldGroup connects
+// Gloo's full mesh of pairs. No launcher: a world of one. Under mpirun: FailedPrecondition
+// (use the `mpi` backend there).
 //
-// Lifetime: rank 0's backend serves the store. Groups keep the store (and the server) alive,
-// and Split uses it collectively, so rank 0 is present whenever a peer needs it.
+// Semantics: every Braid dtype and reduce op (gloo_collectives.h), bit for bit with the serial
+// reference where partial sums are exact (Gloo's ring adds in its own order). Every call has a
+// deadline; Gloo's pairs are unusable after an error, so a failed call fails its group for
+// good. Rank-order contract: comm/group.h. Lifetime: rank 0's backend serves the store; groups
+// keep it alive. Files of this folder and details: docs/design/backends.md, "The gloo backend".
 #ifndef BRAID_BACKENDS_GLOO_GLOO_BACKEND_H_
 #define BRAID_BACKENDS_GLOO_GLOO_BACKEND_H_
 

@@ -1,41 +1,22 @@
 // Backend modules: a Braid backend built as a shared library of its own
 // (libbraid-<backend>.so, shipped beside libbraid.so) and loaded the first time a world needs
-// it, so that libbraid.so itself loads on machines without the system library that backend
-// needs (Open MPI for `mpi`, Gloo for `gloo`). This header is the contract between the host
+// it, so that libbraid.so itself loads on machines without that backend's system library
+// (Open MPI for `mpi`, Gloo for `gloo`). This header is the contract between the host
 // (libbraid.so, backends/module/module_loader.h) and a module; both sides include it.
 //
-// A module exports one symbol, braidBackendModule_v1, returning its description:
-//
-//   // backends/mpi/mpi_module.cc, linked only into libbraid-mpi.so: the module's logger
-//   // takes the options' level (see below), then MpiBackend::Create(options) runs.
+//   // backends/mpi/mpi_module.cc, linked only into libbraid-mpi.so:
 //   BRAID_DEFINE_BACKEND_MODULE("mpi", braid::mpi::MpiBackend)
 //
-// Why a C++ boundary and not the C plugin ABI (backends/plugin/braid_backend_v1.h): a module is
-// one of Braid's own backends, with what the plugin ABI cannot carry (device events, the mpi
-// backend's abort channel and watchdog, group names, per-call deadlines). The objects that
-// cross are comm/'s: `create` returns a Backend whose Groups and Works the host drives through
-// their virtual functions; Options, Status and the comm/ value types pass by value or
-// reference. That is sound only between a host and a module compiled from the same comm/
-// headers with the same compiler, so:
-//
-// Contract:
-//   1. Same build. `interface_stamp` is a hash of comm/'s headers and of this header plus the
-//      compiler's version (kInterfaceStamp); the host refuses a module whose stamp differs
-//      from its own, naming both. Modules are not a third-party interface: ship them with the
-//      libbraid.so they were built with (the wheel and an SDK install keep them side by side).
-//   2. Self-contained. A module links its own copy of the comm/ code it uses and exports only
-//      braidBackendModule_v1 (backends/module/module.lds), so no symbol of one copy ever binds
-//      to the other; Abseil, spdlog and fmt are the shared libraries the host also loads.
-//      Consequences: the module has its own logger (`create` applies options.log_level), and
-//      nothing may rely on the identity of an object across the boundary (no dynamic_cast or
-//      typeid on a module's objects, no comparing a function-local static's address).
-//   3. Lifetime. The host dlopens a module with RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE and never
-//      unloads it: Backends, Groups and Works it created may live until the process exits.
-//   4. Errors. `create` returns a status; nothing is thrown across (as everywhere in Braid).
-//      Checking the module's system library is the dynamic loader's job: a module links it
-//      (NEEDED), so a missing library fails the host's dlopen, which names it.
-//   5. Versioning. A new incompatible struct or symbol is braidBackendModule_v2 with a new
-//      kBackendModuleAbiVersion; V1's layout never changes (struct_size is checked first).
+// A module exports one symbol, braidBackendModule_v1, and hands the host comm/'s C++ objects
+// (unlike the C plugin ABI of backends/plugin/braid_backend_v1.h), so:
+//   1. Same build: the host refuses a module whose interface_stamp (a hash of comm/'s headers,
+//      this header and the compiler's version) differs from its own, naming both.
+//   2. Self-contained: a module links its own copy of comm/ and exports only its entry symbol;
+//      nothing may rely on an object's identity across the boundary (no dynamic_cast/typeid).
+//   3. Never unloaded (RTLD_NODELETE): its objects may live until the process exits.
+//   4. Errors: `create` returns a status; a missing system library fails the dlopen, named.
+//   5. Versioning: an incompatible change is braidBackendModule_v2; v1's layout never changes.
+// Why each rule: docs/design/backends.md, "Backend modules".
 #ifndef BRAID_BACKENDS_MODULE_BACKEND_MODULE_H_
 #define BRAID_BACKENDS_MODULE_BACKEND_MODULE_H_
 

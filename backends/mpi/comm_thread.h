@@ -1,43 +1,22 @@
 // CommThread: one group's communication thread, running its collectives as *blocking* MPI calls
-// (MPI_Allreduce, MPI_Reduce_scatter_block, ...) in a FIFO, without the MPI lock.
-//
-// Why: Open MPI's blocking collectives use its tuned algorithms and progress by themselves;
-// its nonblocking ones (libnbc) are 1.6-2.8x slower from 1 MiB up here and progress only
-// inside MPI calls. A thread per group that sits in the blocking call gives the blocking
-// algorithm's speed and overlaps it with the caller's compute (issue 14 item 5).
-//
-// RANK-ORDER CONTRACT: every rank issues a group's collectives in the same order. The queue is
-// FIFO and drained by one thread, on a communicator of its own (`comm`, a dup of the group's,
-// used by nothing else), so every rank enters the blocking calls on `comm` in issue order.
-// Collectives of different groups run on different threads and communicators at the same time,
-// which needs MPI_THREAD_MULTIPLE; under MPI_THREAD_SERIALIZED the backend never makes a
-// CommThread (MpiEngineChoice below always says nonblocking).
+// (MPI_Allreduce, MPI_Reduce_scatter_block, ...) in a FIFO, without the MPI lock. Open MPI's
+// blocking collectives use its tuned algorithms and are faster than its nonblocking ones from
+// 1 MiB up; a thread sitting in the blocking call overlaps them with the caller's compute.
 //
 //   CommThread::Config cfg{state, comm, engine, domain, world_rank};
 //   std::unique_ptr<CommThread> thread = CommThread::Create(cfg);
 //   RETURN_IF_ERROR(thread->Submit(std::move(op)));   // op: a CollectiveOp; completes its Work
 //
-// Deadlines: a blocking MPI call cannot be interrupted, so a watchdog thread (asleep until the
-// earliest deadline of a queued or running call, or until the job aborts) enforces them: a call
-// still queued or running at its deadline fails its Work with DeadlineExceeded (naming group,
-// op and sequence number), fails the group (every queued call fails with the cause, later calls
-// are refused) and reports the failure to the job's abort domain, as the nonblocking engine
-// does. The comm thread itself may stay inside MPI: the operation (its staging buffers) stays
-// alive until the call returns and is never finished into the caller's buffers once its Work
-// failed. A job abort (comm/abort_domain.h) fails queued and running calls the same way.
-// MPI errors: a call that returns an error fails its Work and the group; a validation mismatch
-// (BRAID_VALIDATE_COLLECTIVES: records exchanged on `comm` just before the data call) fails
-// only that call, identically on every rank.
+// RANK-ORDER CONTRACT: every rank issues a group's collectives in the same order. The queue is
+// FIFO, drained by one thread on a communicator of its own, so every rank enters the blocking
+// calls in issue order. Needs MPI_THREAD_MULTIPLE (MpiEngineChoice says nonblocking otherwise).
 //
-// Destruction drains the queue (calls already issued on this rank are issued to MPI, as the
-// peers will), waits for the running call, then joins. If the running call was abandoned
-// (failed while inside MPI), the threads are detached, the communicator and the call are leaked
-// and the engine is told MPI must not be finalized (ProgressEngine::NoteStuckThread).
-//
-// Completion hand-off: the thread lingers (spinning with yields, kLinger) after each call
-// before sleeping, so a launch/wait loop never pays a futex wake-up (~40 us on this VM); a
-// waiter busy-polls its Work (see MpiGroup: the Work gets a no-op poller) so completion costs
-// it a cache-line transfer rather than a sleeping hand-off.
+// Deadlines: a watchdog thread fails a call still queued or running at its deadline with
+// DeadlineExceeded (naming group, op and sequence number), fails the group and reports to the
+// job's abort domain; a call abandoned inside MPI keeps its buffers alive and is never
+// finished into the caller's. Destruction drains the queue, waits for the running call, then
+// joins (or detaches and leaks an abandoned call, telling the engine not to finalize MPI).
+// Why, and the completion hand-off: docs/design/backends.md, "The mpi backend".
 #ifndef BRAID_BACKENDS_MPI_COMM_THREAD_H_
 #define BRAID_BACKENDS_MPI_COMM_THREAD_H_
 

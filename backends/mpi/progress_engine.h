@@ -1,39 +1,23 @@
 // ProgressEngine: the MPI lock, the table of operations in flight, and the progress thread.
 //
-// Every MPI call of the engine happens under mu(): MPI may only give us
-// MPI_THREAD_SERIALIZED, and one lock also orders the calls on each communicator. (The
-// exceptions, both only under MPI_THREAD_MULTIPLE: the blocking MPI_Comm_split of a Split, see
-// mpi_group.h, and the blocking collectives of the groups' communication threads, each on a
-// communicator of its own, see comm_thread.h.) Operations complete without the caller polling, two
-// ways:
-//   - a thread blocked in Work::Wait drives progress itself through the Work's poller (as
-//     MPI_Wait would): this keeps small-message latency near raw MPI;
-//   - the progress thread polls whenever nobody waits, yielding between polls and backing off
-//     to short sleeps, and sleeps on a condition variable when nothing is in flight.
-// Whoever observes an operation's completion runs its finishing step once, then completes its
-// Work (callbacks run on that thread).
-//
 //   std::shared_ptr<ProgressEngine> engine = ProgressEngine::Create();
 //   WorkPtr work = engine->NewWork(info, spin);
 //   RETURN_IF_ERROR(engine->Submit(std::make_unique<MyOp>(state, work, deadline, timeout)));
 //   RETURN_IF_ERROR(work->Wait(absl::Seconds(10)));   // polls the engine while it waits
 //
-// Deadlines: an operation still running at its deadline fails with DeadlineExceeded (naming
-// group, op and sequence number) and fails its group. MPI cannot cancel a collective, so the
-// operation's buffers stay alive until its request completes; if it never does, they are
-// leaked rather than freed under MPI, and Shutdown() reports that MPI must not be finalized.
-// MPI errors: a request that completes with an error (MPI_Testsome reports it, e.g.
-// MPI_ERR_TRUNCATE when ranks' counts differ) fails its operation's Work with a status naming
-// the op and carrying MPI's error text, and fails its group the same way. That needs the
-// error handler to return rather than abort (see mpi_errors.h).
-// Job aborts (comm/abort_domain.h), once AttachAbortDomain was called: the engine polls the
-// abort channel (also while idle, every few milliseconds) and hands a peer's abort to the
-// domain; a group that fails by its own operation (deadline, MPI error) aborts the domain as
-// this process's world rank; when the domain aborts (from anywhere), the next poll fails every
-// operation in flight with its cause, and the domain's notifier sends a local abort to the
-// other processes. Domain calls are made with the MPI lock released (lock order: domain, then
-// the MPI lock), and Works complete on the engine's or a waiter's thread, never inside the
-// domain's listeners.
+// Every MPI call of the engine happens under mu() (MPI may only give MPI_THREAD_SERIALIZED;
+// the exceptions, under MPI_THREAD_MULTIPLE only, are Split's MPI_Comm_split and the comm
+// threads' blocking calls). Operations complete without the caller polling: a thread in
+// Work::Wait drives progress itself (as MPI_Wait would), and the progress thread polls when
+// nobody waits. Whoever observes a completion runs the operation's finishing step once, then
+// completes its Work.
+//
+// Deadlines and errors: an operation still running at its deadline, or whose request completes
+// with an MPI error, fails with a status naming group, op and sequence number and fails its
+// group; MPI cannot cancel a collective, so its buffers are leaked rather than freed under MPI,
+// and Shutdown() then reports that MPI must not be finalized. Job aborts (comm/abort_domain.h)
+// fail every operation in flight; lock order: the domain, then the MPI lock.
+// Details: docs/design/backends.md, "The mpi backend".
 #ifndef BRAID_BACKENDS_MPI_PROGRESS_ENGINE_H_
 #define BRAID_BACKENDS_MPI_PROGRESS_ENGINE_H_
 

@@ -1,87 +1,25 @@
 // The `nccl` backend: NCCL 2.28 collectives on CUDA device buffers, one rank per process and
-// GPU, stream-ordered, with device readiness/completion events and host futures.
+// GPU, stream-ordered, with device readiness/completion events and host futures. NCCL is
+// opened with dlopen at first use and the CUDA runtime is linked statically, so every binary
+// loads on machines without either; without a GPU (CUDA error 35 or 100) creating the backend
+// fails with FailedPrecondition naming the error.
 //
-// README
-// ------
-// Layers of this folder (each uses only the ones above it):
-//   cuda_api.h, nccl_api.h   the only places that call libcudart / libnccl (thin interfaces;
-//                            tests swap in fakes: tests/nccl/fake_cuda_api.h, fake_nccl_api.h)
-//   nccl_library.h           libnccl opened with dlopen at first use (BRAID_NCCL_LIBRARY);
-//                            nothing links NCCL, and the CUDA runtime is linked statically, so
-//                            every binary loads on machines without either
-//   errors.h                 CUDA / NCCL results -> absl::Status, once
-//   nccl_types.h             DType / ReduceOp -> NCCL types, FSDP2's avg and pre-mul-sum choices
-//   cuda_handles.h           RAII streams, events, device and pinned buffers
-//   poll.h                   the one deadline-bounded polling loop
-//   nccl_comm.h              RAII communicator: init, split, blocking / nonblocking state
-//                            machine, finalize, abort; RAII pre-mul-sum op
-//   unique_id.h              the unique id as bytes; broadcast over a CPU group
-//   completion_poller.h      progress thread: events + async errors -> host futures, deadlines
-//   kernel_api.h             our bucket kernels behind a thin interface (fake: the CPU reference)
-//   nccl_buffer_ops.h        BufferOps on the comm stream: memset, memcpy, cast kernel, events
-//   nccl_group.h             Group: comm stream, readiness waits, coalesced buckets, split
-//   nccl_backend.h           this file: worlds, the "nccl" registration
-//   kernels/                 CUDA pack/unpack (scale fused) and cast kernels for buckets
+//   ASSIGN_OR_RETURN(std::string id, NewUniqueIdBytes(*RealNcclApi()));   // on rank 0, shared
+//   ASSIGN_OR_RETURN(auto b, NcclBackend::CreateFromUniqueId(RealApis(), id, world_size,
+//                                                             rank, config));
+//   ASSIGN_OR_RETURN(std::unique_ptr<Group> world, b->WorldGroup(rank));
 //
-// Two ways to make a world:
-//   (a) the caller distributes the unique id (its own store, or bytes through the C API):
-//         ASSIGN_OR_RETURN(std::string id, NewUniqueIdBytes(*RealNcclApi()));   // on rank 0
-//         ASSIGN_OR_RETURN(auto b, NcclBackend::CreateFromUniqueId(RealApis(), id, world_size,
-//                                                                   rank, config));
-//         ASSIGN_OR_RETURN(std::unique_ptr<Group> world, b->WorldGroup(rank));
-//   (b) launched by mpirun: BRAID_BACKEND=nccl, and CreateBackend(options) initializes MPI
-//       (the `mpi` backend), broadcasts the id over MPI_COMM_WORLD, picks the device
-//       (BRAID_CUDA_DEVICE, else the node-local rank (OMPI_COMM_WORLD_LOCAL_RANK) modulo the
-//       device count) and the mode
-//       (BRAID_NCCL_BLOCKING). The MPI world stays up for the backend's lifetime.
-//   (c) launched by torchrun or srun (no OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK; RANK /
-//       WORLD_SIZE or SLURM_PROCID / SLURM_NTASKS, with MASTER_ADDR / MASTER_PORT: see
-//       backends/rendezvous/launcher_env.h) into a world of more than one rank:
-//       CreateBackend(options) joins the rendezvous at rank 0's TCP store
-//       (backends/rendezvous/launcher_rendezvous.h; a rank that never arrives fails everyone
-//       at BRAID_TIMEOUT_MS naming it), rank 0 makes the id and publishes it there, the others
-//       wait for it (ExchangeUniqueId), and the device is BRAID_CUDA_DEVICE, else LOCAL_RANK
-//       (SLURM_LOCALID) modulo the device count. No MPI is initialized. CreateFromLauncher does
-//       the same from an explicit LauncherEnv. Rank 0's backend serves the store: it must
-//       outlive the others' creation (it does: WorldGroup is collective).
-//       options.rendezvous (the embedder's rank, world size and store-address exchange, e.g.
-//       torch.distributed's) takes the place of the launcher's variables, also under mpirun.
-//   (d) no launcher at all: CreateBackend(options) makes a world of one rank on
-//       BRAID_CUDA_DEVICE (else device 0) from an id it makes itself, without initializing MPI
-//       (single-GPU runs). A launcher environment that does not parse (RANK >= WORLD_SIZE, a
-//       missing MASTER_PORT, ...) is an error naming the variable, never a silent world of one.
+// CreateBackend(options) also makes a world by itself: under mpirun (the id broadcast over
+// MPI), under torchrun / srun or options.rendezvous (the id through rank 0's TCP store), or a
+// world of one without a launcher. A launcher environment that does not parse is an error
+// naming the variable, never a silent world of one. The device is BRAID_CUDA_DEVICE, else the
+// node-local rank modulo the device count.
 //
-// Semantics differ from the CPU backends in documented places, all NCCL's arithmetic
-// (NCCL 2.28.9, src/enqueue.cc hostToDevRedOp and src/device/reduce_kernel.h): avg is ncclAvg,
-// for floating types a sum pre-multiplied by 1/n, with 1/n computed as the double 1.0/n and
-// converted to the data type through float (f32: float(1.0/n); bf16/f16: that float rounded to
-// nearest even), each input multiplied by it in the data type, so rounding differs from
-// sum-then-divide (integer avg would be a sum then a truncating division; Braid refuses it);
-// premul_sum on bf16/f16 uses the scalar rounded to bf16/f16 (NCCL takes it in the data type);
-// and bf16/f16 sums round to the data type after every addition (f16/bf16 __hadd), not once.
-// Nothing blocks without a deadline except what NCCL itself may do inside a blocking
-// communicator's call (see nccl_comm.h); prefer BRAID_NCCL_BLOCKING=0 where that matters.
-//
-// Without a GPU (CUDA error 35 or 100) creating the backend fails with FailedPrecondition
-// naming the CUDA error; tests that need a device skip on it.
-//
-// Known hazards, not yet handled (from a review against NCCL's and CUDA's rules; none has run
-// on a GPU yet):
-//   - One completion poller thread per backend serves every group. It aborts communicators on
-//     deadlines and, in hybrid mode, the reducer issues the replica all-reduce from a poller
-//     callback: a blocking communicator stuck inside NCCL (or a nonblocking one waiting in
-//     ReadyLocked) stalls every group's completions until its own deadline. A launcher thread
-//     for collectives issued from callbacks, and aborts off the poller, would remove that.
-//   - Collectives on different communicators (shard, replica, the optimizer's stats group, the
-//     gatherer) are issued from different threads, so their order can differ across ranks;
-//     NCCL asks for a consistent order across communicators (concurrent NCCL kernels are not
-//     guaranteed to be co-resident). Issuing from one thread in bucket order would.
-//   - Communicators are destroyed when their last reference drops, in an order that may differ
-//     across ranks; recent NCCL versions synchronize ranks of a node in destroy.
-//   - A null readiness event at MarkReady is trusted (documented in gradient_reducer.h and
-//     braid.h): the comm stream does not order after the framework's compute stream by itself.
-//     Refusing it on device would need the fake-device negative controls (which pass no events
-//     on purpose to show stale results) to use a misplaced event instead.
+// Contract: the rank-order contract of comm/group.h. Arithmetic is NCCL's, which differs from
+// the CPU backends in documented places (avg as a pre-multiplied sum, bf16/f16 rounded after
+// every addition). Nothing blocks without a deadline except what NCCL itself may do inside a
+// blocking communicator's call; prefer BRAID_NCCL_BLOCKING=0 where that matters.
+// The folder's layers, NCCL's arithmetic and the known hazards: docs/design/backends.md.
 #ifndef BRAID_BACKENDS_NCCL_NCCL_BACKEND_H_
 #define BRAID_BACKENDS_NCCL_NCCL_BACKEND_H_
 

@@ -11,27 +11,15 @@
 //   }
 //   ASSIGN_OR_RETURN(std::shared_ptr<NcclComm> shard, world->Split(color, key, child_cfg, dl));
 //
-// Nonblocking communicators (Config::blocking = false): any call may return ncclInProgress,
-// after which NCCL forbids the next call on the communicator until ncclCommGetAsyncError
-// reports something other than ncclInProgress. AfterCallLocked records that state and
+// Nonblocking communicators: after a call returns ncclInProgress, AfterCallLocked records it and
 // ReadyLocked polls it away (against a deadline) before the next call; Init and Split return
-// only once the new communicator (and, for Split, the parent) is out of ncclInProgress. A
-// split's child pointer is read only after the parent is back to ncclSuccess. Blocking and
-// nonblocking communicators cannot share a group bracket, so children take the parent's mode.
-//
-// Ending: the destructor finalizes (ncclCommFinalize, polled to ncclSuccess under the
-// config's timeout, then ncclCommDestroy) a healthy communicator, and aborts one whose
-// finalize failed or timed out. Abort(cause) (ncclCommAbort: frees the communicator and stops
-// its device work) is idempotent and thread-safe; after it the communicator is failed for good
-// and every call returns the cause. Hold the communicator in a shared_ptr: in-flight work keeps
-// it alive, so it is destroyed only after the last Work that uses it is observed complete.
-//
-// Threads: calls on the communicator happen under Lock(); the poller thread reads
-// ProbeAsyncError() without it (NCCL allows that). Abort takes the lock, so it waits for a call
-// in progress on another thread: a nonblocking communicator never blocks inside NCCL (calls
-// return ncclInProgress and waits are deadline-bounded polls), so use nonblocking mode where a
-// hung peer must never hang the process; a blocking communicator can block inside NCCL (e.g.
-// connection setup waiting for a peer), and an abort then waits for that call.
+// only once the new communicator is ready. Children take the parent's mode.
+// Ending: the destructor finalizes a healthy communicator (polled under the timeout) and aborts
+// one whose finalize failed; Abort(cause) is idempotent and thread-safe, and afterwards every
+// call returns the cause. Hold it in a shared_ptr: in-flight work keeps it alive.
+// Threads: calls happen under Lock(); ProbeAsyncError() needs no lock. Abort waits for a call
+// in progress, which a blocking communicator may never return from: use nonblocking mode where
+// a hung peer must never hang the process. Details: docs/design/backends.md, "The nccl backend".
 #ifndef BRAID_BACKENDS_NCCL_NCCL_COMM_H_
 #define BRAID_BACKENDS_NCCL_NCCL_COMM_H_
 

@@ -1,11 +1,6 @@
 // The `nccl` backend's Group: collectives on device buffers, stream-ordered, with device
 // readiness and completion events and host futures.
 //
-// RANK-ORDER CONTRACT (see comm/group.h): every rank issues this group's collectives, coalesced
-// buckets and Splits in the same order with matching arguments; NCCL matches calls by that
-// order and cannot see a mismatch: it hangs, and the deadline turns the hang into an error.
-// Calls on one NcclGroup must not run concurrently (the scheduler serializes them).
-//
 //   ASSIGN_OR_RETURN(WorkPtr w, group->AllReduce(d_grad, d_grad, n, DType::kBF16,
 //                                                ReduceOp::Avg(), {ready_event, {}, "bucket 3"}));
 //   cudaStreamWaitEvent(consumer, static_cast<cudaEvent_t>(w->device_event().handle), 0);
@@ -16,27 +11,17 @@
 //   ASSIGN_OR_RETURN(WorkPtr b, group->ReduceScatter(...));
 //   ASSIGN_OR_RETURN(WorkPtr bucket, group->EndCoalescing("bucket 3"));
 //
-// Each launch, on the group's own stream (cudaStreamNonBlocking, Braid-owned):
-//   1. cudaStreamWaitEvent(stream, e) for each distinct event of CollectiveOptions::ready_event
-//      and ready_events (cudaEvent_t's the producers recorded after their last writes; the host
-//      never blocks);
-//   2. pre-mul-sum ops created (premul_sum), ncclGroupStart, the call(s), ncclGroupEnd; on a
-//      nonblocking communicator the ncclInProgress state is polled away (deadline-bounded)
-//      before anything else touches the communicator; the ops are destroyed;
-//   3. a completion event recorded on the stream, exposed as Work::device_event() (valid while
-//      the Work is held), and handed to the CompletionPoller, which completes the host future
-//      or fails it at the deadline (aborting the communicator; the error names group, op,
-//      sequence number and label).
-// A failure in steps 1-3 after arguments were accepted aborts the communicator (peers may
-// have issued the call, so the order can no longer be trusted): the group fails, for good.
-// Barrier is a one-element all-reduce on a Braid-owned device buffer. Split exchanges every
-// rank's color first (an all-gather on the parent), so a bad color fails on every rank with an
-// error naming the rank, then runs ncclCommSplit.
+// RANK-ORDER CONTRACT (see comm/group.h): every rank issues this group's collectives, coalesced
+// buckets and Splits in the same order with matching arguments; NCCL cannot see a mismatch (it
+// hangs, and the deadline turns the hang into an error). Calls on one NcclGroup must not run
+// concurrently (the scheduler serializes them).
 //
-// Buffers are device pointers (or anything NCCL accepts, e.g. managed memory); the caller keeps
-// them alive until the Work completes. buffer_ops() allocates, zeroes, copies and casts such
-// buffers on the same stream (nccl_buffer_ops.h), so a scheduler's pack / cast / unpack steps
-// are ordered with the collectives without host waits.
+// Each launch runs on the group's own stream: it waits on the ready events (the host never
+// blocks), issues the call(s), and records a completion event (Work::device_event(), valid
+// while the Work is held) that the CompletionPoller turns into the host future, or fails at
+// the deadline. A failure after arguments were accepted aborts the communicator: the group
+// fails for good. Buffers are device pointers the caller keeps alive until the Work completes;
+// buffer_ops() works on them on the same stream. Details: docs/design/backends.md.
 #ifndef BRAID_BACKENDS_NCCL_NCCL_GROUP_H_
 #define BRAID_BACKENDS_NCCL_NCCL_GROUP_H_
 

@@ -4,7 +4,7 @@
 //   ReductionChoice c = ChooseReduction(ReduceOp::Avg(), DType::kF32, /*nranks=*/8);
 //   // c.builtin = ncclAvg, c.premul = false
 //
-// Choices (FSDP2's, see ../shared/NCCL_NOTES.md):
+// Choices (FSDP2's, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py):
 //   sum, max, min     -> ncclSum, ncclMax, ncclMin
 //   avg               -> ncclAvg; ncclSum at group size 1 (avg over one rank is the identity,
 //                        and NCCL's AVG has been wrong there)

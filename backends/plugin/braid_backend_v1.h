@@ -17,12 +17,9 @@
  *     AcmeInit, AcmeFinalize, ...   // in the order of the struct below
  *   };
  *
- * Why a C struct: C++ classes and absl/std types do not survive a compiler or library-version
- * change across a dlopen boundary; plain C does. Why versioned (the model is NCCL's
- * tuner/net plugins): a new Braid adds `braid_backend_v2` and keeps loading v1 tables, looking
- * for the newest symbol it knows first, so old plugins keep working and a plugin may export
- * several versions at once. A struct, once released, never changes; anything new goes into
- * the next version.
+ * A released struct never changes; a new version is a new struct and symbol
+ * (braid_backend_v2), and Braid keeps loading the older ones (why, and the model in NCCL's
+ * plugins: docs/design/backends.md, "Plugins").
  *
  * Loading (backends/plugin/plugin_library.h): Braid dlopens the library (RTLD_NOW |
  * RTLD_LOCAL), takes the newest `braidBackendPlugin_v<N>` it knows, and refuses the table
@@ -46,9 +43,8 @@
  *     at once.
  *   - Completion callbacks and the log callback may be called from any thread.
  *
- * Not in v1 (candidates for v2): a per-call timeout (the timeout given to init applies to
- * every operation), device events/streams (capabilities cannot claim device_events), and
- * group names (Braid names groups itself).
+ * v1 has no per-call timeout (init's applies to every operation), no device events or
+ * streams, and no group names.
  *
  * Rank-order contract (as for every Braid backend, see comm/group.h): every rank of a comm
  * issues that comm's collectives and splits in the same order with matching arguments; the

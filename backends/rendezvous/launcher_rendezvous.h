@@ -7,37 +7,18 @@
 //                    LauncherRendezvous::Join(*env, "braid/gloo", absl::Seconds(300)));
 //   rv->store().Set(...);   // all ranks checked in: the world is complete
 //
-// Join: rank 0 starts the store server on MASTER_ADDR (listening on MASTER_ADDR itself when it
-// is a loopback address, so MASTER_ADDR=127.0.0.1 serves loopback only, else on every
-// interface: see ListenAddressFor); every rank, rank 0 included, connects a client (retrying
-// until the deadline: the server may come up after the others) and checks in (CheckIn below).
-// Which port, and how the others learn it (the first that applies):
-//   1. env.store_port > 0 (BRAID_STORE_PORT): the store listens there; everyone connects there.
-//   2. env.exchange (the embedder's channel, e.g. torch.distributed's store): the store listens
-//      on a port the OS picks; rank 0 publishes "host:port" under "<prefix>/store", the others
-//      look it up. MASTER_PORT is never touched.
-//   3. otherwise (hand-off): the store listens on a port the OS picks, and rank 0 serves a
-//      bootstrap store at MASTER_ADDR:master_port holding only that address, for as long as the
-//      world is being created: the others read the address there and close their bootstrap
-//      connection before checking in; once all checked in and every bootstrap connection is
-//      closed (by its client: so MASTER_PORT is left without TIME_WAIT and any listener can bind
-//      it), rank 0 stops the bootstrap and says so at the store ("<prefix>/bootstrap_closed"),
-//      which every rank waits for. So when Join returns, on any rank, MASTER_PORT is free again
-//      (for torch.distributed's env:// store, or the next Braid world).
+// Join: rank 0 serves the store on MASTER_ADDR; every rank connects and checks in. The store's
+// port is env.store_port when set, else one the OS picks, published through env.exchange (the
+// embedder's channel) or handed out at MASTER_ADDR:MASTER_PORT by a bootstrap store that is
+// closed again before Join returns on any rank, so MASTER_PORT is free afterwards.
 // Everything happens before one deadline, `timeout` from the call.
 //
-// CheckIn(store, prefix, rank, world_size, timeout): rank r adds 1 to "<prefix>/rank/<r>" and
-// to "<prefix>/arrived", then waits for every "<prefix>/rank/<i>". A rank that never arrives
-// fails every rank that did at the deadline, with DeadlineExceeded naming the missing ranks,
-// the count that arrived and the store's address (a rank whose connection to rank 0's store
-// drops, because rank 0 reached its own deadline first and exited, reports the ranks it last
-// saw missing); two processes claiming one rank fail the second with AlreadyExists naming the
-// rank.
-//
-// Lifetime: the server lives as long as rank 0's LauncherRendezvous, so the backend that owns
-// it must outlive every store operation of the other ranks (they use the store only while
-// creating groups, which are collective: rank 0 is still there). One LauncherRendezvous per
-// prefix and world.
+// CheckIn: a rank that never arrives fails every rank that did at the deadline, with
+// DeadlineExceeded naming the missing ranks; two processes claiming one rank fail the second
+// with AlreadyExists. Lifetime: the server lives as long as rank 0's LauncherRendezvous, so
+// the backend owning it must outlive the others' store operations (group creation is
+// collective, so it does). One LauncherRendezvous per prefix and world.
+// The port hand-off step by step: docs/design/backends.md, "Rendezvous".
 #ifndef BRAID_BACKENDS_RENDEZVOUS_LAUNCHER_RENDEZVOUS_H_
 #define BRAID_BACKENDS_RENDEZVOUS_LAUNCHER_RENDEZVOUS_H_
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The C example in README.md ("Embedding Braid") built the way the README says, from the
-# installed SDK: the SDK goes into a scratch prefix (tools/sdk/sdk.py, what //capi:install
-# runs), the example compiles as C99 with -Wall -Werror with `pkg-config --cflags --libs braid`,
-# and averages its gradient under mpirun -np 2 (World("mpi") loads libbraid-mpi.so from the
-# prefix). `-I.` keeps the older spelling `#include "capi/braid.h"` compiling too.
+# The C example in README.md (its first ```c block, "A C example") built the way the README says,
+# from the installed SDK: the SDK goes into a scratch prefix (tools/sdk/sdk.py, what
+# //capi:install runs), the example (#include <braid.h>) compiles as C99 with -Wall -Werror with
+# `pkg-config --cflags --libs braid` and nothing from the tree, and averages its gradient under
+# mpirun -np 2 (World("mpi") loads libbraid-mpi.so from the prefix).
 #   readme_example_test.sh README.md SDK_PY HEADER PLUGIN_HEADER LIB MODULE...
 set -euo pipefail
 readme="$1" sdk_py="$2" header="$3" plugin_header="$4" lib="$5"
@@ -16,7 +16,7 @@ for m in "$@"; do modules+=(--module "$m"); done
 export PKG_CONFIG_PATH="${work}/prefix/lib/pkgconfig"
 awk '/^```c$/ {inside = 1; next} inside && /^```$/ {exit} inside' "${readme}" > "${work}/example.c"
 grep -q braid_reducer_finish_backward "${work}/example.c" || { echo "no C example found" >&2; exit 1; }
-gcc -std=c99 -Wall -Wextra -Werror -pedantic -I. "${work}/example.c" \
+gcc -std=c99 -Wall -Wextra -Werror -pedantic "${work}/example.c" \
   $(pkg-config --cflags --libs braid) -Wl,-rpath,"$(pkg-config --variable=libdir braid)" \
   -o "${work}/example"
 out="$(tests/run_mpi.sh 2 "${work}/example")"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The Python examples in README.md ("Embedding Braid") run under mpirun -np 4, each in a scratch
-# directory of its own: the first ```python block ("Port your DDP script") must leave a
+# The Python examples in README.md ("PyTorch") run under mpirun -np 4, each in a scratch
+# directory of its own: the first ```python block (the ported DDP script) must leave a
 # checkpoint holding a non-empty optimizer state in torch's layout, the second its per-rank
 # optimizer state files.
 #   readme_example_test.sh README.md
