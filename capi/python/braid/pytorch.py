@@ -40,12 +40,14 @@ docs/design/pytorch.md.
 
 import functools
 import time
+import warnings
 
 import torch
 
 from . import _ddp_pickle, _grad_guard, _owners, core
 from ._ddp_args import WHAT, read_arguments
 from ._ddp_devices import to_device
+from ._ddp_graph import GraphCheck
 from ._ddp_grads import GradPresence
 from ._ddp_verify import verify_same_model
 from ._views import (_broadcast_buffers, _broadcast_module, _ready_event, _sync_scope, _view,
@@ -127,6 +129,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._sync_buffers_next = True  # torch's require_forward_param_sync starts True
         self._params = [p for _, p in named]
         self._main_grad = bool(main_grad)
+        self._allow_unused = self.find_unused_parameters or self.static_graph
         # main_grad: half parameters get f32 buckets, filled by their AccumulateGrad hooks.
         self._widened = [self._main_grad and p.dtype in (torch.bfloat16, torch.float16)
                          for p in self._params]
@@ -135,11 +138,12 @@ class DistributedDataParallel(torch.nn.Module):
                     for i, ((n, p), w) in enumerate(zip(named, self._widened))],
             replica=replica_group, mode=mode, bucket_cap_mb=bucket_cap_mb,
             first_bucket_cap_mb=first_bucket_cap_mb,
-            allow_unused=self.find_unused_parameters or self.static_graph,
+            allow_unused=self._allow_unused,
             reduce_dtype=reduce_dtype, timeout_ms=timeout_ms, timeline_prefix=timeline_prefix,
             device=self._device, credit_mb=credit_mb, priorities=priorities)
         self._mode = mode
         self._names = [n for n, _ in named]
+        self._graph = GraphCheck(self._names, static_graph, group.rank)
         self._grads = self._bucket_views()
         self._exposed = self._expose(self._grads)
         self.reducer.zero_grads()
@@ -173,6 +177,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._hooked = set()         # ids whose AccumulateGrad hook fired in this backward
         self._unbound = set()        # ids whose None p.grad is bound to its view when needed
         self._accumulated = set()    # ids marked in a no_sync backward of this window
+        self._warned_graph = False   # create_graph=True warned once
         self._stepper = None         # the braid.core.Optimizer of a ShardedAdamW, if any
         self._on_replan = []         # called after a re-plan (ShardedAdamW rebinds its views)
         self.reducer.before_close.append(_weak_call(self._detach_grads))
@@ -294,6 +299,8 @@ class DistributedDataParallel(torch.nn.Module):
         if self._in_backward:
             self._abandon_backward("the previous backward did not finish (an exception in "
                                    "backward or in a hook)")
+        if torch.is_grad_enabled():
+            self._graph.before_forward()  # torch's moment for the unused-parameter error
         if self.broadcast_buffers and self._sync_buffers_next:
             _broadcast_buffers(self.module, self._groups, self._device)
         synced = torch.is_grad_enabled() and self._sync == "sync"
@@ -395,6 +402,9 @@ class DistributedDataParallel(torch.nn.Module):
         that completed the backward may have launched reductions this rank did not: a
         failed backward on one rank generally needs all ranks to restart."""
         self._in_backward = False
+        if self._armed == "sync":
+            self._graph.abandoned([pid for pid in range(len(self._params))
+                                   if pid not in self._hooked])
         self._accumulated = set()
         self._bind_all()
         self._presence.drop()
@@ -473,6 +483,38 @@ class DistributedDataParallel(torch.nn.Module):
         for pid in list(self._unbound):
             self._bind_grad(pid)
 
+    def _graph_grad(self, pid, p, view):
+        """backward(create_graph=True): autograd replaced p.grad by a tensor with a graph
+        (the bucket view plus this gradient). Its values go into the bucket, which is reduced,
+        and p.grad is the bucket view again: the reduced gradient without a graph, as torch
+        DDP's p.grad with gradient_as_bucket_view=True (torch reduces no higher-order
+        gradient either). Higher-order terms: torch.autograd.grad(..., create_graph=True),
+        which runs no DDP hook (a local computation, in torch DDP too)."""
+        if self._mode != "allreduce" or self._stepper is not None:
+            raise RuntimeError(
+                "parameter %r: backward(create_graph=True) works with mode='allreduce' and a "
+                "torch optimizer only (here mode=%r%s); use backward() or torch.autograd.grad"
+                % (self._names[pid], self._mode, ", a ShardedAdamW / ShardedSGD" if
+                   self._stepper is not None else ""))
+        if not self._warned_graph:
+            self._warned_graph = True
+            warnings.warn("DistributedDataParallel with backward(create_graph=True): the "
+                          "gradients are reduced, their graph is not kept (p.grad is the "
+                          "reduced gradient, as torch DDP's with gradient_as_bucket_view=True)")
+        with torch.no_grad():
+            view.copy_(p.grad)
+        p.grad = self._exposed[pid]
+
+    def _set_static_graph(self):
+        """torch 1.13's private DistributedDataParallel._set_static_graph(): static_graph=True
+        after construction, before the first forward with grad (torch's rule)."""
+        self._graph.set_static_graph()  # refused after the first forward with grad
+        self.static_graph = self._find_unused = True
+
+    def _get_ddp_logging_data(self):
+        """torch 1.13's private logging data, the keys Braid fills (braid/_ddp_graph.py)."""
+        return self._graph.logging_data()
+
     def _grad_ready(self, pid, grad_inputs=(), grad_outputs=(None,)):
         # grad_outputs[0]: the gradient AccumulateGrad received; None (undefined: a custom
         # Function returned None) accumulates nothing and is no use (torch's local_used_map).
@@ -491,6 +533,8 @@ class DistributedDataParallel(torch.nn.Module):
                     self._mark_unused()
             self._bind_grad(pid)  # an undefined gradient reached it: no tensor hook ran
             p, view = self._params[pid], self._grads[pid]
+            if self._armed == "sync":
+                self._graph.check_hooked(pid)  # static_graph: a graph that changed
             if pid in self._early:
                 raise RuntimeError(
                     "parameter %r received a gradient, but the forward's outputs do not reach "
@@ -504,6 +548,8 @@ class DistributedDataParallel(torch.nn.Module):
                 elif got:
                     raise RuntimeError("parameter %r: no gradient at its AccumulateGrad hook"
                                        % self._names[pid])
+            elif p.grad is not None and p.grad.requires_grad:
+                self._graph_grad(pid, p, view)  # backward(create_graph=True)
             elif p.grad is None or p.grad.data_ptr() != view.data_ptr():
                 raise RuntimeError("parameter %d: its .grad was replaced during backward; "
                                    "Braid reduces the bucket view bound at forward" % pid)
@@ -529,7 +575,11 @@ class DistributedDataParallel(torch.nn.Module):
             # every hook the outputs reach) and its .grad is defined then.
             unused = ({pid for pid in self._unused if pid not in self._accumulated}
                       | self._presence.none)
-            try:
+        if self._armed == "sync":
+            self._graph.end_of_backward([pid for pid in range(len(self._params))
+                                         if pid not in self._hooked], self._find_unused)
+        if self._agrees_on_use() or (self._armed == "sync" and not self._allow_unused):
+            try:  # every bucket completes; the graph check raises at the next forward
                 self._mark_unhooked()
             except Exception as e:
                 self._abandon_backward(str(e))
