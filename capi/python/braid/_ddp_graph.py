@@ -33,6 +33,7 @@ job whose ranks differ hangs at its next collective until the reducer's timeout 
 """
 
 import os
+import warnings
 
 _PRIOR = ("Expected to have finished reduction in the prior iteration before starting a new "
           "one. ")
@@ -68,7 +69,11 @@ class GraphCheck:
         self.error = ""             # the last error raised (torch's logging "error")
 
     def set_static_graph(self):
-        """torch's _set_static_graph(): refused after the first forward with grad."""
+        """torch's _set_static_graph(): refused after the first forward with grad; a second
+        call warns, as torch's."""
+        if self.static_graph:
+            warnings.warn("You've set static_graph to be True, no need to set it again.")
+            return
         if self.iteration:
             self.error = ("_set_static_graph() should be called before training loop starts "
                           "(the first forward with grad) and after DistributedDataParallel "
