@@ -59,7 +59,7 @@ __all__ = ["DistributedDataParallel", "FullyShardedDataParallel", "FullyShardedP
            "ShardedAdamW", "ShardedSGD"]
 
 
-class DistributedDataParallel(torch.nn.Module):
+class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
     """Wraps `module`: its gradients are reduced by Braid across the group. torch 1.13 DDP's
     signature and meaning, then Braid's own keywords (keyword-only):
 
@@ -280,7 +280,15 @@ class DistributedDataParallel(torch.nn.Module):
 
     # Pickling (torch.save(ddp), pickle, copy.deepcopy): as torch DDP's (braid/_ddp_pickle.py).
     __getstate__ = _ddp_pickle.getstate
-    __setstate__ = _ddp_pickle.setstate
+
+    def __setstate__(self, state):
+        module, config = _ddp_pickle.init_args(state)
+        DistributedDataParallel.__init__(self, module, **config)
+
+    def _replaceable_by(self, module):
+        """braid/_owners.py: wrapping this module again closes this wrapper, unless a
+        ShardedAdamW / ShardedSGD holds it."""
+        return self._stepper is None and self.module is module and not self.reducer.closed
 
     def _detach_grads(self):
         """Before the reducer's memory goes (whoever closes it): unhook, copy gradients."""
