@@ -239,5 +239,31 @@ class CreateGraphTest(unittest.TestCase):
             self.assert_close(graph[r], plain[r], "rank %d" % r)
 
 
+class ProfilerTest(unittest.TestCase):
+    def test_collectives_are_profiled_as_torch_names_them(self):
+        def body(r, wrap):
+            model = wrap(Net(), find_unused_parameters=True)
+            _step(model, r, 0)  # outside the profiler: nothing recorded
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                for step in range(3):
+                    _step(model, r, 1 + step)
+            _step(model, r, 9)
+            counts = {}
+            for e in prof.events():
+                for kind in ("all_reduce", "search_unused_parameters"):
+                    if e.name.endswith(kind):
+                        counts[kind] = counts.get(kind, 0) + 1
+                        if kind == "all_reduce":
+                            counts["name"] = e.name
+            return counts
+
+        ref, got = _pair(self, body)
+        for counts, tcounts in zip(got, ref):
+            # per step: the bucket (one) and the used-map agreement
+            self.assertEqual(tcounts, {"all_reduce": 6, "search_unused_parameters": 3,
+                                       "name": "gloo:all_reduce"})
+            self.assertEqual(counts, dict(tcounts, name="local:all_reduce"))
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -35,6 +35,8 @@ job whose ranks differ hangs at its next collective until the reducer's timeout 
 import os
 import warnings
 
+from .fsdp import _tensors
+
 _PRIOR = ("Expected to have finished reduction in the prior iteration before starting a new "
           "one. ")
 _UNUSED = (
@@ -141,3 +143,20 @@ class LoggingData(dict):
 
     def get(self, key, default=None):  # pylint: disable=unused-argument
         return self[key]
+
+
+def unreached(out, params, grad_accs):
+    """Ids of the `params` whose AccumulateGrad node (in `grad_accs`) the autograd graph of
+    `out` (every tensor in it) does not reach: unused in this forward, as torch DDP's
+    find_unused_parameters computes them."""
+    tensors = _tensors(out, [])
+    seen, stack = set(), [t.grad_fn for t in tensors if t.grad_fn is not None]
+    direct = {id(t) for t in tensors if t.grad_fn is None and t.requires_grad}
+    while stack:
+        fn = stack.pop()
+        if fn in seen:
+            continue
+        seen.add(fn)
+        stack.extend(nxt for nxt, _ in fn.next_functions if nxt is not None)
+    return [pid for pid, (p, acc) in enumerate(zip(params, grad_accs))
+            if acc not in seen and id(p) not in direct]

@@ -47,12 +47,13 @@ import torch
 from . import _ddp_pickle, _grad_guard, _owners, core
 from ._ddp_args import WHAT, read_arguments
 from ._ddp_devices import to_device
-from ._ddp_graph import GraphCheck
+from ._ddp_graph import GraphCheck, unreached
+from ._ddp_profile import CollectiveRanges, call_profiled, profiled
 from ._ddp_grads import GradPresence
 from ._ddp_verify import verify_same_model
 from ._views import (_broadcast_buffers, _broadcast_module, _ready_event, _sync_scope, _view,
                      _weak_call)
-from .fsdp import FullyShardedDataParallel, FullyShardedParameter, _tensors  # noqa: F401
+from .fsdp import FullyShardedDataParallel, FullyShardedParameter  # noqa: F401
 from .optim import ShardedAdamW, ShardedSGD  # noqa: F401 (re-exported)
 
 __all__ = ["DistributedDataParallel", "FullyShardedDataParallel", "FullyShardedParameter",
@@ -144,6 +145,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         self._mode = mode
         self._names = [n for n, _ in named]
         self._graph = GraphCheck(self._names, static_graph, group.rank)
+        self._ranges = CollectiveRanges(self.reducer, group._world.backend, mode)
         self._grads = self._bucket_views()
         self._exposed = self._expose(self._grads)
         self.reducer.zero_grads()
@@ -310,7 +312,8 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         if torch.is_grad_enabled():
             self._graph.before_forward()  # torch's moment for the unused-parameter error
         if self.broadcast_buffers and self._sync_buffers_next:
-            _broadcast_buffers(self.module, self._groups, self._device)
+            with profiled(self._ranges.name.split(":")[0] + ":broadcast"):
+                _broadcast_buffers(self.module, self._groups, self._device)
         synced = torch.is_grad_enabled() and self._sync == "sync"
         if torch.is_grad_enabled():
             self._armed = self._sync
@@ -322,25 +325,12 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
             args, kwargs = to_device((args, kwargs), self.device_ids[0])
         out = self.module(*args, **kwargs)
         self._sync_buffers_next = synced  # torch DDP's require_forward_param_sync
-        self._unused = (self._unreached(out) if self._find_unused and torch.is_grad_enabled()
-                        else [])
+        if self._find_unused and torch.is_grad_enabled():
+            with profiled("search_unused_parameters"):  # torch's range name
+                self._unused = unreached(out, self._params, self._grad_accs)
+        else:
+            self._unused = []
         return out
-
-    def _unreached(self, out):
-        """Ids of the parameters whose AccumulateGrad node the autograd graph of `out` (every
-        tensor in it) does not reach: unused in this forward, as torch DDP's
-        find_unused_parameters computes them."""
-        tensors = _tensors(out, [])
-        seen, stack = set(), [t.grad_fn for t in tensors if t.grad_fn is not None]
-        direct = {id(t) for t in tensors if t.grad_fn is None and t.requires_grad}
-        while stack:
-            fn = stack.pop()
-            if fn in seen:
-                continue
-            seen.add(fn)
-            stack.extend(nxt for nxt, _ in fn.next_functions if nxt is not None)
-        return [pid for pid, (p, acc) in enumerate(zip(self._params, self._grad_accs))
-                if acc not in seen and id(p) not in direct]
 
     def _zero_unused(self):
         """Before a synced backward begins, with ShardedAdamW / ShardedSGD: the gradients of
@@ -389,6 +379,8 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         after its gradient's last write, which Braid's comm stream waits on (no host wait)."""
         event = None if self._device is None else _ready_event(self._events, pid, self._device)
         self.reducer.mark_ready(pid, event)
+        if self._ranges.recording:
+            self._ranges.marked(pid)
 
     def _zero_views(self):
         """Zeroes every gradient view. Host: Braid's zero_grads. CUDA: torch zeroes the views
@@ -422,6 +414,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
             detail = ""
         except core.BraidError as e:
             detail = ": " + str(e)
+        self._ranges.end()
         if self._stepper is not None:
             self._stepper.wait_all_params()  # then no step touches the buckets
             for view in self._grads:
@@ -534,6 +527,8 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
                     self._zero_unused()
                 self._keep_values(self._unused if early else [])
                 self._owner().begin_backward(self._armed)
+                if self._armed != "no_sync":  # torch profiler ranges (braid/_ddp_profile.py)
+                    self._ranges.begin(len(self._params))
                 self._in_backward = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
                 self._early, self._hooked = set(), set()
@@ -598,7 +593,11 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         except Exception:
             self._presence.drop()
             raise
-        self._presence.finish(self._params, self._grads, self._armed == "sync", unused)
+        finally:
+            self._ranges.end()
+        # (the used-map agreement is an all-reduce too, as torch's local_used_map)
+        call_profiled(self._ranges.name if unused is not None else None, self._presence.finish,
+                      self._params, self._grads, self._armed == "sync", unused)
         if self._armed == "sync":
             self._rebuild_due = self._rebuild
             self._stepped = True
