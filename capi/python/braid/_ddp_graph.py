@@ -3,16 +3,19 @@ braid.pytorch's DistributedDataParallel: the unused-parameter error and static_g
 
     graph = GraphCheck(names, static_graph, rank)
     graph.before_forward()            # a forward with grad: raises the pending error, if any
-    graph.hooked(pid)                 # its AccumulateGrad hook fired in a synced backward
-    graph.end_of_backward(unhooked)   # a synced backward ends: ids whose hook did not fire
+    graph.check_hooked(pid)           # its AccumulateGrad hook fired in a synced backward
+    graph.end_of_backward(unhooked, find_unused)   # a synced backward ends: ids whose hook
+                                                   # did not fire
+    graph_grad(ddp, pid, p, view)     # backward(create_graph=True): p.grad back to its bucket
     ddp._get_ddp_logging_data()       # {"iteration", "has_error", "error"} (torch's keys)
 
 Contract (torch's reducer: ensure_prior_reduction_finished, static graph):
   - find_unused_parameters=False, static_graph=False: a synced backward in which some
-    parameter's hook did not fire (it got no gradient on this rank) still completes, as in
-    torch: those parameters are reduced as they are (zero if .grad was None, else its value,
-    e.g. a no_sync window's sum), so every bucket is averaged on every rank, nothing is
-    dropped or left half reduced, and backward() returns. The NEXT forward with grad raises
+    parameter's hook did not fire (it got no gradient on this rank) returns, as in torch;
+    where torch leaves the buckets it could not launch unreduced (p.grad then holds a mix
+    of averaged and local gradients), Braid reduces those parameters as they are (zero if
+    .grad was None, else its value, e.g. a no_sync window's sum), so every bucket is
+    averaged on every rank: nothing is dropped or left half reduced. The NEXT forward with grad raises
     torch's RuntimeError ("Expected to have finished reduction in the prior iteration before
     starting a new one ... `find_unused_parameters=True` ... parameter indices and names");
   - static_graph=True: the first synced backward records which parameters' hooks did not
@@ -34,6 +37,8 @@ job whose ranks differ hangs at its next collective until the reducer's timeout 
 
 import os
 import warnings
+
+import torch
 
 from .fsdp import _tensors
 
@@ -160,3 +165,26 @@ def unreached(out, params, grad_accs):
         stack.extend(nxt for nxt, _ in fn.next_functions if nxt is not None)
     return [pid for pid, (p, acc) in enumerate(zip(params, grad_accs))
             if acc not in seen and id(p) not in direct]
+
+
+def graph_grad(ddp, pid, p, view):
+    """backward(create_graph=True), in `ddp`'s AccumulateGrad hook of parameter `pid`:
+    autograd replaced p.grad by a tensor with a graph (the bucket view plus this gradient). Its values go into the bucket, which is reduced,
+    and p.grad is the bucket view again: the reduced gradient without a graph, as torch
+    DDP's p.grad with gradient_as_bucket_view=True (torch reduces no higher-order
+    gradient either). Higher-order terms: torch.autograd.grad(..., create_graph=True),
+    which runs no DDP hook (a local computation, in torch DDP too)."""
+    if ddp._mode != "allreduce" or ddp._stepper is not None:
+        raise RuntimeError(
+            "parameter %r: backward(create_graph=True) works with mode='allreduce' and a "
+            "torch optimizer only (here mode=%r%s); use backward() or torch.autograd.grad"
+            % (ddp._names[pid], ddp._mode, ", a ShardedAdamW / ShardedSGD" if
+               ddp._stepper is not None else ""))
+    if not ddp._warned_graph:
+        ddp._warned_graph = True  # pylint: disable=protected-access
+        warnings.warn("DistributedDataParallel with backward(create_graph=True): the "
+                      "gradients are reduced, their graph is not kept (p.grad is the "
+                      "reduced gradient, as torch DDP's with gradient_as_bucket_view=True)")
+    with torch.no_grad():
+        view.copy_(p.grad)
+    p.grad = ddp._exposed[pid]

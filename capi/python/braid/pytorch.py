@@ -40,14 +40,13 @@ docs/design/pytorch.md.
 
 import functools
 import time
-import warnings
 
 import torch
 
 from . import _ddp_pickle, _grad_guard, _owners, core
 from ._ddp_args import WHAT, read_arguments
 from ._ddp_devices import to_device
-from ._ddp_graph import GraphCheck, unreached
+from ._ddp_graph import GraphCheck, graph_grad, unreached
 from ._ddp_profile import CollectiveRanges, call_profiled, profiled
 from ._ddp_grads import GradPresence
 from ._ddp_verify import verify_same_model
@@ -83,8 +82,13 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
       marked ready at the start of the backward; one no rank used keeps its .grad (None stays
       None), as torch (docs/design/pytorch.md, "Buffers"); "used" as torch's local_used_map
       (braid/_ddp_grads.py: reached, and its .grad defined after the backward, so an output
-      the loss ignores leaves a None .grad None). False for both: an unused parameter is
-      an error naming it at the end of the backward. static_graph=True implies the search.
+      the loss ignores leaves a None .grad None). False for both: a parameter that got no
+      gradient is reduced as it is, and the next forward with grad raises torch's error
+      ("Expected to have finished reduction in the prior iteration ..."), as does every
+      later one: wrap the module again (braid/_ddp_graph.py has the state and recovery).
+      static_graph=True implies the search and refuses a graph that changes, as torch
+      (torch's private _set_static_graph() before the first forward does the same).
+    backward(create_graph=True): reduced; p.grad is the reduced gradient without a graph.
     check_reduction: deprecated in torch; ignored (with torch's warning).
     gradient_as_bucket_view: gradients always live in Braid's buckets; docs/design/pytorch.md,
       "Gradients in the buckets", for what False (torch's default) protects.
@@ -179,7 +183,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         self._hooked = set()         # ids whose AccumulateGrad hook fired in this backward
         self._unbound = set()        # ids whose None p.grad is bound to its view when needed
         self._accumulated = set()    # ids marked in a no_sync backward of this window
-        self._warned_graph = False   # create_graph=True warned once
+        self._warned_graph = False   # create_graph=True warned once (graph_grad)
         self._stepper = None         # the braid.core.Optimizer of a ShardedAdamW, if any
         self._on_replan = []         # called after a re-plan (ShardedAdamW rebinds its views)
         self.reducer.before_close.append(_weak_call(self._detach_grads))
@@ -484,28 +488,6 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         for pid in list(self._unbound):
             self._bind_grad(pid)
 
-    def _graph_grad(self, pid, p, view):
-        """backward(create_graph=True): autograd replaced p.grad by a tensor with a graph
-        (the bucket view plus this gradient). Its values go into the bucket, which is reduced,
-        and p.grad is the bucket view again: the reduced gradient without a graph, as torch
-        DDP's p.grad with gradient_as_bucket_view=True (torch reduces no higher-order
-        gradient either). Higher-order terms: torch.autograd.grad(..., create_graph=True),
-        which runs no DDP hook (a local computation, in torch DDP too)."""
-        if self._mode != "allreduce" or self._stepper is not None:
-            raise RuntimeError(
-                "parameter %r: backward(create_graph=True) works with mode='allreduce' and a "
-                "torch optimizer only (here mode=%r%s); use backward() or torch.autograd.grad"
-                % (self._names[pid], self._mode, ", a ShardedAdamW / ShardedSGD" if
-                   self._stepper is not None else ""))
-        if not self._warned_graph:
-            self._warned_graph = True
-            warnings.warn("DistributedDataParallel with backward(create_graph=True): the "
-                          "gradients are reduced, their graph is not kept (p.grad is the "
-                          "reduced gradient, as torch DDP's with gradient_as_bucket_view=True)")
-        with torch.no_grad():
-            view.copy_(p.grad)
-        p.grad = self._exposed[pid]
-
     def _set_static_graph(self):
         """torch 1.13's private DistributedDataParallel._set_static_graph(): static_graph=True
         after construction, before the first forward with grad (torch's rule)."""
@@ -552,7 +534,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
                     raise RuntimeError("parameter %r: no gradient at its AccumulateGrad hook"
                                        % self._names[pid])
             elif p.grad is not None and p.grad.requires_grad:
-                self._graph_grad(pid, p, view)  # backward(create_graph=True)
+                graph_grad(self, pid, p, view)  # backward(create_graph=True)
             elif p.grad is None or p.grad.data_ptr() != view.data_ptr():
                 raise RuntimeError("parameter %d: its .grad was replaced during backward; "
                                    "Braid reduces the bucket view bound at forward" % pid)
