@@ -36,7 +36,7 @@ def getstate(ddp):
     return {"module": ddp.module, "config": dict(ddp._config)}  # pylint: disable=protected-access
 
 
-def setstate(ddp, state):
-    from .pytorch import DistributedDataParallel  # pylint: disable=import-outside-toplevel
-    config = dict(state["config"], broadcast_from_rank0=False)
-    DistributedDataParallel.__init__(ddp, state["module"], **config)
+def init_args(state):
+    """(module, keyword arguments) that build the unpickled wrapper again (its
+    __setstate__ calls the constructor with them)."""
+    return state["module"], dict(state["config"], broadcast_from_rank0=False)

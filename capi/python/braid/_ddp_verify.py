@@ -28,16 +28,15 @@ import warnings
 import torch
 
 from . import _owners, core
+from ._handles import _DTYPES
+from .fsdp import FullyShardedParameter
 
 
 def check_not_wrapped(module, named, what):
     """ValueError when `module` is already wrapped (see the module docstring); `named`: the
     (name, parameter) pairs about to be registered."""
-    # Imported here: both modules import this one.
-    from .fsdp import FullyShardedDataParallel, FullyShardedParameter
-    from .pytorch import DistributedDataParallel
-    wrappers = (DistributedDataParallel, FullyShardedDataParallel,
-                torch.nn.parallel.DistributedDataParallel)
+    # Braid's wrappers derive from _owners.Wrapper: no import of the modules defining them.
+    wrappers = (_owners.Wrapper, torch.nn.parallel.DistributedDataParallel)
     for sub_name, sub in module.named_modules():
         if isinstance(sub, wrappers):
             raise ValueError(
@@ -50,8 +49,7 @@ def check_not_wrapped(module, named, what):
             raise ValueError("%s: parameter %r is sharded by a FullyShardedDataParallel; wrap "
                              "the module once" % (what, name))
         owner = _owners.owner(p)
-        if (isinstance(owner, DistributedDataParallel) and owner._stepper is None and
-                owner.module is module and not owner.reducer.closed):
+        if owner is not None and owner._replaceable_by(module):
             # torch's idiom `ddp = DDP(model)` again over the same module: torch's earlier
             # wrapper is collected and its hooks go with it; here it is closed, so its hooks
             # cannot reduce this module's gradients a second time.
@@ -104,7 +102,7 @@ def _unflatten(flat):
 def _spell(row):
     if row is None:
         return "absent"
-    dtypes = {v: k for k, v in core._DTYPES.items()}  # pylint: disable=protected-access
+    dtypes = {v: k for k, v in _DTYPES.items()}
     return "shape %s %s%s" % (tuple(row[4:]), dtypes.get(row[1], "(dtype %d)" % row[1]),
                               "" if row[2] or row[0] else " (requires_grad=False)")
 

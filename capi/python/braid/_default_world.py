@@ -24,7 +24,7 @@ place Braid keeps process-wide state, as torch keeps its default group.
 
 import threading
 
-from . import core
+from ._world import World
 
 
 class _ProcessDefault:
@@ -40,7 +40,7 @@ class _ProcessDefault:
     def world(self):
         with self._lock:
             if self._world is None or self._world.closed:
-                self._world, self._group, self._subgroups = core.World(), None, {}
+                self._world, self._group, self._subgroups = World(), None, {}
             return self._world
 
     def group(self, what):

@@ -5,7 +5,7 @@ Import it from braid.core (or braid): this module is core.py's, split off by con
 import ctypes
 
 from . import _lib
-from .core import SYNC_MODES, StepReport, _Handle, _out, buffer_info, dtype_size
+from ._handles import SYNC_MODES, StepReport, _Handle, _out, buffer_info, dtype_size
 
 PHASES = {"forward": _lib.PHASE_FORWARD, "backward": _lib.PHASE_BACKWARD}
 

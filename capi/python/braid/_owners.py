@@ -21,6 +21,16 @@ import torch
 _ATTR = "_braid_wrapper"
 
 
+class Wrapper:
+    """Base of Braid's module wrappers (DistributedDataParallel, FullyShardedDataParallel):
+    how braid/_ddp_verify.py recognizes them without importing the modules defining them."""
+
+    def _replaceable_by(self, module):
+        """Whether a new wrapper over `module` may close this one (torch's idiom of
+        wrapping the same module again); never, unless the wrapper says so."""
+        return False
+
+
 def claim(wrapper, module):
     """Marks every parameter of `module` (trainable or not) as owned by `wrapper`."""
     ref = weakref.ref(wrapper)

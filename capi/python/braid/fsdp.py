@@ -137,7 +137,7 @@ def _tensors(value, out):
     return out
 
 
-class FullyShardedDataParallel(torch.nn.Module):
+class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
     """Fully sharded data parallel (ZeRO-3 / FSDP) over Braid: between uses every parameter
     exists only as this rank's shard (Braid's sharded optimizer owns it); each *unit* (a
     submodule, e.g. one transformer block) is all-gathered just before its forward and its

@@ -46,18 +46,20 @@ import torch
 from . import _ddp_pickle, _grad_guard, _owners, core
 from ._ddp_args import WHAT, read_arguments
 from ._ddp_devices import to_device
+from ._ddp_graph import GraphCheck, graph_grad, unreached
+from ._ddp_profile import CollectiveRanges, call_profiled, profiled
 from ._ddp_grads import GradPresence
 from ._ddp_verify import verify_same_model
 from ._views import (_broadcast_buffers, _broadcast_module, _ready_event, _sync_scope, _view,
                      _weak_call)
-from .fsdp import FullyShardedDataParallel, FullyShardedParameter, _tensors  # noqa: F401
+from .fsdp import FullyShardedDataParallel, FullyShardedParameter  # noqa: F401
 from .optim import ShardedAdamW, ShardedSGD  # noqa: F401 (re-exported)
 
 __all__ = ["DistributedDataParallel", "FullyShardedDataParallel", "FullyShardedParameter",
            "ShardedAdamW", "ShardedSGD"]
 
 
-class DistributedDataParallel(torch.nn.Module):
+class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
     """Wraps `module`: its gradients are reduced by Braid across the group. torch 1.13 DDP's
     signature and meaning, then Braid's own keywords (keyword-only):
 
@@ -80,8 +82,13 @@ class DistributedDataParallel(torch.nn.Module):
       marked ready at the start of the backward; one no rank used keeps its .grad (None stays
       None), as torch (docs/design/pytorch.md, "Buffers"); "used" as torch's local_used_map
       (braid/_ddp_grads.py: reached, and its .grad defined after the backward, so an output
-      the loss ignores leaves a None .grad None). False for both: an unused parameter is
-      an error naming it at the end of the backward. static_graph=True implies the search.
+      the loss ignores leaves a None .grad None). False for both: a parameter that got no
+      gradient is reduced as it is, and the next forward with grad raises torch's error
+      ("Expected to have finished reduction in the prior iteration ..."), as does every
+      later one: wrap the module again (braid/_ddp_graph.py has the state and recovery).
+      static_graph=True implies the search and refuses a graph that changes, as torch
+      (torch's private _set_static_graph() before the first forward does the same).
+    backward(create_graph=True): reduced; p.grad is the reduced gradient without a graph.
     check_reduction: deprecated in torch; ignored (with torch's warning).
     gradient_as_bucket_view: gradients always live in Braid's buckets; docs/design/pytorch.md,
       "Gradients in the buckets", for what False (torch's default) protects.
@@ -127,6 +134,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._sync_buffers_next = True  # torch's require_forward_param_sync starts True
         self._params = [p for _, p in named]
         self._main_grad = bool(main_grad)
+        self._allow_unused = self.find_unused_parameters or self.static_graph
         # main_grad: half parameters get f32 buckets, filled by their AccumulateGrad hooks.
         self._widened = [self._main_grad and p.dtype in (torch.bfloat16, torch.float16)
                          for p in self._params]
@@ -135,11 +143,13 @@ class DistributedDataParallel(torch.nn.Module):
                     for i, ((n, p), w) in enumerate(zip(named, self._widened))],
             replica=replica_group, mode=mode, bucket_cap_mb=bucket_cap_mb,
             first_bucket_cap_mb=first_bucket_cap_mb,
-            allow_unused=self.find_unused_parameters or self.static_graph,
+            allow_unused=self._allow_unused,
             reduce_dtype=reduce_dtype, timeout_ms=timeout_ms, timeline_prefix=timeline_prefix,
             device=self._device, credit_mb=credit_mb, priorities=priorities)
         self._mode = mode
         self._names = [n for n, _ in named]
+        self._graph = GraphCheck(self._names, static_graph, group.rank)
+        self._ranges = CollectiveRanges(self.reducer, group._world.backend, mode)
         self._grads = self._bucket_views()
         self._exposed = self._expose(self._grads)
         self.reducer.zero_grads()
@@ -173,6 +183,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._hooked = set()         # ids whose AccumulateGrad hook fired in this backward
         self._unbound = set()        # ids whose None p.grad is bound to its view when needed
         self._accumulated = set()    # ids marked in a no_sync backward of this window
+        self._warned_graph = False   # create_graph=True warned once (graph_grad)
         self._stepper = None         # the braid.core.Optimizer of a ShardedAdamW, if any
         self._on_replan = []         # called after a re-plan (ShardedAdamW rebinds its views)
         self.reducer.before_close.append(_weak_call(self._detach_grads))
@@ -275,7 +286,15 @@ class DistributedDataParallel(torch.nn.Module):
 
     # Pickling (torch.save(ddp), pickle, copy.deepcopy): as torch DDP's (braid/_ddp_pickle.py).
     __getstate__ = _ddp_pickle.getstate
-    __setstate__ = _ddp_pickle.setstate
+
+    def __setstate__(self, state):
+        module, config = _ddp_pickle.init_args(state)
+        DistributedDataParallel.__init__(self, module, **config)
+
+    def _replaceable_by(self, module):
+        """braid/_owners.py: wrapping this module again closes this wrapper, unless a
+        ShardedAdamW / ShardedSGD holds it."""
+        return self._stepper is None and self.module is module and not self.reducer.closed
 
     def _detach_grads(self):
         """Before the reducer's memory goes (whoever closes it): unhook, copy gradients."""
@@ -294,8 +313,11 @@ class DistributedDataParallel(torch.nn.Module):
         if self._in_backward:
             self._abandon_backward("the previous backward did not finish (an exception in "
                                    "backward or in a hook)")
+        if torch.is_grad_enabled():
+            self._graph.before_forward()  # torch's moment for the unused-parameter error
         if self.broadcast_buffers and self._sync_buffers_next:
-            _broadcast_buffers(self.module, self._groups, self._device)
+            with profiled(self._ranges.name.split(":")[0] + ":broadcast"):
+                _broadcast_buffers(self.module, self._groups, self._device)
         synced = torch.is_grad_enabled() and self._sync == "sync"
         if torch.is_grad_enabled():
             self._armed = self._sync
@@ -307,25 +329,12 @@ class DistributedDataParallel(torch.nn.Module):
             args, kwargs = to_device((args, kwargs), self.device_ids[0])
         out = self.module(*args, **kwargs)
         self._sync_buffers_next = synced  # torch DDP's require_forward_param_sync
-        self._unused = (self._unreached(out) if self._find_unused and torch.is_grad_enabled()
-                        else [])
+        if self._find_unused and torch.is_grad_enabled():
+            with profiled("search_unused_parameters"):  # torch's range name
+                self._unused = unreached(out, self._params, self._grad_accs)
+        else:
+            self._unused = []
         return out
-
-    def _unreached(self, out):
-        """Ids of the parameters whose AccumulateGrad node the autograd graph of `out` (every
-        tensor in it) does not reach: unused in this forward, as torch DDP's
-        find_unused_parameters computes them."""
-        tensors = _tensors(out, [])
-        seen, stack = set(), [t.grad_fn for t in tensors if t.grad_fn is not None]
-        direct = {id(t) for t in tensors if t.grad_fn is None and t.requires_grad}
-        while stack:
-            fn = stack.pop()
-            if fn in seen:
-                continue
-            seen.add(fn)
-            stack.extend(nxt for nxt, _ in fn.next_functions if nxt is not None)
-        return [pid for pid, (p, acc) in enumerate(zip(self._params, self._grad_accs))
-                if acc not in seen and id(p) not in direct]
 
     def _zero_unused(self):
         """Before a synced backward begins, with ShardedAdamW / ShardedSGD: the gradients of
@@ -374,6 +383,8 @@ class DistributedDataParallel(torch.nn.Module):
         after its gradient's last write, which Braid's comm stream waits on (no host wait)."""
         event = None if self._device is None else _ready_event(self._events, pid, self._device)
         self.reducer.mark_ready(pid, event)
+        if self._ranges.recording:
+            self._ranges.marked(pid)
 
     def _zero_views(self):
         """Zeroes every gradient view. Host: Braid's zero_grads. CUDA: torch zeroes the views
@@ -395,6 +406,9 @@ class DistributedDataParallel(torch.nn.Module):
         that completed the backward may have launched reductions this rank did not: a
         failed backward on one rank generally needs all ranks to restart."""
         self._in_backward = False
+        if self._armed == "sync":
+            self._graph.abandoned([pid for pid in range(len(self._params))
+                                   if pid not in self._hooked])
         self._accumulated = set()
         self._bind_all()
         self._presence.drop()
@@ -404,6 +418,7 @@ class DistributedDataParallel(torch.nn.Module):
             detail = ""
         except core.BraidError as e:
             detail = ": " + str(e)
+        self._ranges.end()
         if self._stepper is not None:
             self._stepper.wait_all_params()  # then no step touches the buckets
             for view in self._grads:
@@ -473,6 +488,16 @@ class DistributedDataParallel(torch.nn.Module):
         for pid in list(self._unbound):
             self._bind_grad(pid)
 
+    def _set_static_graph(self):
+        """torch 1.13's private DistributedDataParallel._set_static_graph(): static_graph=True
+        after construction, before the first forward with grad (torch's rule)."""
+        self._graph.set_static_graph()  # refused after the first forward with grad
+        self.static_graph = self._find_unused = True
+
+    def _get_ddp_logging_data(self):
+        """torch 1.13's private logging data, the keys Braid fills (braid/_ddp_graph.py)."""
+        return self._graph.logging_data()
+
     def _grad_ready(self, pid, grad_inputs=(), grad_outputs=(None,)):
         # grad_outputs[0]: the gradient AccumulateGrad received; None (undefined: a custom
         # Function returned None) accumulates nothing and is no use (torch's local_used_map).
@@ -484,6 +509,8 @@ class DistributedDataParallel(torch.nn.Module):
                     self._zero_unused()
                 self._keep_values(self._unused if early else [])
                 self._owner().begin_backward(self._armed)
+                if self._armed != "no_sync":  # torch profiler ranges (braid/_ddp_profile.py)
+                    self._ranges.begin(len(self._params))
                 self._in_backward = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
                 self._early, self._hooked = set(), set()
@@ -491,6 +518,8 @@ class DistributedDataParallel(torch.nn.Module):
                     self._mark_unused()
             self._bind_grad(pid)  # an undefined gradient reached it: no tensor hook ran
             p, view = self._params[pid], self._grads[pid]
+            if self._armed == "sync":
+                self._graph.check_hooked(pid)  # static_graph: a graph that changed
             if pid in self._early:
                 raise RuntimeError(
                     "parameter %r received a gradient, but the forward's outputs do not reach "
@@ -504,6 +533,8 @@ class DistributedDataParallel(torch.nn.Module):
                 elif got:
                     raise RuntimeError("parameter %r: no gradient at its AccumulateGrad hook"
                                        % self._names[pid])
+            elif p.grad is not None and p.grad.requires_grad:
+                graph_grad(self, pid, p, view)  # backward(create_graph=True)
             elif p.grad is None or p.grad.data_ptr() != view.data_ptr():
                 raise RuntimeError("parameter %d: its .grad was replaced during backward; "
                                    "Braid reduces the bucket view bound at forward" % pid)
@@ -529,7 +560,11 @@ class DistributedDataParallel(torch.nn.Module):
             # every hook the outputs reach) and its .grad is defined then.
             unused = ({pid for pid in self._unused if pid not in self._accumulated}
                       | self._presence.none)
-            try:
+        if self._armed == "sync":
+            self._graph.end_of_backward([pid for pid in range(len(self._params))
+                                         if pid not in self._hooked], self._find_unused)
+        if self._agrees_on_use() or (self._armed == "sync" and not self._allow_unused):
+            try:  # every bucket completes; the graph check raises at the next forward
                 self._mark_unhooked()
             except Exception as e:
                 self._abandon_backward(str(e))
@@ -540,7 +575,11 @@ class DistributedDataParallel(torch.nn.Module):
         except Exception:
             self._presence.drop()
             raise
-        self._presence.finish(self._params, self._grads, self._armed == "sync", unused)
+        finally:
+            self._ranges.end()
+        # (the used-map agreement is an all-reduce too, as torch's local_used_map)
+        call_profiled(self._ranges.name if unused is not None else None, self._presence.finish,
+                      self._params, self._grads, self._armed == "sync", unused)
         if self._armed == "sync":
             self._rebuild_due = self._rebuild
             self._stepped = True
