@@ -159,13 +159,15 @@ class HybridTest(unittest.TestCase):
     def test_hybrid_mesh_two_replicas_of_two_shards(self):
         """4 ranks as 2 replicas x 2 shards: the pieces step on the average of all 4 ranks'
         gradients (reduce-scatter in the replica, all-reduce across: another summation order
-        than the serial reference, so to rounding)."""
+        than the serial reference, so to rounding); step 1 accumulates 2 micro-batches with
+        set_requires_all_reduce(False) on the first (reduce-scatter only)."""
         net = Net()
         opt = OPTIMIZERS["adamw"](net.parameters())
         for s in range(STEPS):
-            loss = sum(torch.nn.functional.mse_loss(net(x), y)
-                       for x, y in (_data(r, s) for r in range(4))) / 4
-            loss.backward()
+            for m in range(2 if s == 1 else 1):
+                loss = sum(torch.nn.functional.mse_loss(net(x), y)
+                           for x, y in (_data(r, s, m) for r in range(4))) / 4
+                loss.backward()
             opt.step()
             opt.zero_grad()
         want = [p.detach().clone() for p in net.parameters()]
@@ -178,12 +180,18 @@ class HybridTest(unittest.TestCase):
             bt.fully_shard(net, mesh=(shard, replica))
             opt = OPTIMIZERS["adamw"](net.parameters())
             for s in range(STEPS):
-                x, y = _data(r, s)
-                torch.nn.functional.mse_loss(net(x), y).backward()
+                for m in range(2 if s == 1 else 1):
+                    net.set_requires_all_reduce(not (s == 1 and m == 0))
+                    x, y = _data(r, s, m)
+                    torch.nn.functional.mse_loss(net(x), y).backward()
                 opt.step()
                 opt.zero_grad()
             with net.summon_full_params():
                 full = [p.detach().clone() for p in net.parameters()]
+            flat = _shard(Net(), g)
+            with self.assertRaisesRegex(ValueError, "hybrid"):
+                flat.set_requires_all_reduce(False)
+            flat.close()
             net.close()
             shard.close()
             replica.close()
