@@ -245,6 +245,34 @@ class EvalAndFastPathTest(unittest.TestCase):
             self.assertGreater(stats["host"][1], 0)
 
 
+class EngineTest(unittest.TestCase):
+    def test_engine_form_with_torch_sgd_and_zero_grad(self):
+        """FullyShardedDataParallel(net, units=...) (FSDP1's form, the same engine) with a
+        torch optimizer; the wrapper's zero_grad() clears the pieces' gradients (a stale one
+        would be added to the next step's)."""
+        want, _ = _reference("sgd")
+
+        def body(r, g):
+            net = Net()
+            model = bt.FullyShardedDataParallel(net, g, units=list(net.blocks))
+            opt = OPTIMIZERS["sgd"](model.parameters())
+            for s in range(STEPS):
+                x, y = _data(r, s)
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                model.zero_grad()
+            self.assertTrue(all(p.grad is None for p in net.parameters()))
+            with model.summon_full_params():
+                full = [p.detach().clone() for p in net.parameters()]
+            model.close()
+            self.assertEqual([p.shape for p in net.parameters()],
+                             [p.shape for p in Net().parameters()])
+            return full
+        for full in run_ranks(N, body):
+            for a, b in zip(full, want):
+                self.assertTrue(torch.equal(a, b), (a - b).abs().max())
+
+
 class ApiTest(unittest.TestCase):
     def test_unshard_reshard_and_prefetch_lists(self):
         def body(r, g):

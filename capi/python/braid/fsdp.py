@@ -515,7 +515,10 @@ class FullyShardedDataParallel(torch.nn.Module):
         self.reducer.reset_memory_peaks()
 
     def zero_grad(self, set_to_none=True):
-        """Nothing to do: gradients live in Braid's buckets and shards (param.grad is None)."""
+        """With a sharded optimizer nothing to do: gradients live in Braid's buckets and
+        shards (param.grad is None). Local pieces: torch's zero_grad of the pieces' grads."""
+        if self._local is not None:
+            super().zero_grad(set_to_none)
 
     def clip_grad_norm_(self, max_norm, norm_type=2.0):
         """torch FSDP's idiom: the sharded optimizer's clip_grad_norm_ (braid/_norms.py): the
