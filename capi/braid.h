@@ -590,6 +590,14 @@ BRAID_API braid_status_t braid_reducer_num_units(braid_reducer_t* reducer, int* 
  * shard after finish_backward). OUT_OF_RANGE for a bucket outside [0, num_buckets). */
 BRAID_API braid_status_t braid_reducer_shard(braid_reducer_t* reducer, int bucket, void** data,
                                              size_t* count);
+/* Since 0.10 (additive): this rank's piece of parameter `id`'s averaged gradient inside its
+ * bucket's shard (reduce-scatter and hybrid modes; meaningful after a synced finish_backward,
+ * until the next backward): elements [*offset, *offset + *count) of the parameter's flat
+ * gradient at *data (bucket dtype), as braid_optimizer_param_shard lays out the parameter.
+ * *count = 0 when the parameter lies wholly in other ranks' shards. NOT_FOUND for an unknown
+ * id; FAILED_PRECONDITION on an all-reduce reducer. */
+BRAID_API braid_status_t braid_reducer_grad_shard(braid_reducer_t* reducer, int64_t id, void** data,
+                                                  size_t* count, size_t* offset);
 /* FAILED_PRECONDITION while an optimizer built on it is alive. */
 BRAID_API braid_status_t braid_reducer_destroy(braid_reducer_t* reducer);
 
@@ -644,7 +652,14 @@ BRAID_API braid_status_t braid_memory_reset_peaks(braid_reducer_t* reducer);
 
 typedef enum braid_optimizer_kind {
   BRAID_OPTIMIZER_ADAMW = 0, /* torch.optim.AdamW (decoupled decay, amsgrad off) */
-  BRAID_OPTIMIZER_SGD = 1    /* torch.optim.SGD (dampening 0) */
+  BRAID_OPTIMIZER_SGD = 1,   /* torch.optim.SGD (dampening 0) */
+  /* Since 0.10 (additive): no optimizer, the parameter side only (needs fully_sharded = 1). The
+   * handle gathers, releases and prefetches units and runs the backwards; the framework steps
+   * this rank's pieces itself (braid_optimizer_param_shard, braid_reducer_grad_shard) between
+   * steps, and the next gather of each unit publishes them. The step's functions (set_param,
+   * step, wait_params, set_lr, set_hyper, save, load, state, adopt, last_step) return
+   * FAILED_PRECONDITION. Hyper-parameter options are ignored. */
+  BRAID_OPTIMIZER_NONE = 2
 } braid_optimizer_kind_t;
 
 typedef struct braid_optimizer_options {
@@ -898,6 +913,14 @@ BRAID_API braid_status_t braid_optimizer_end_step(braid_optimizer_t* opt);
  * evaluation or export (FSDP's summon_full_params); on = 0 releases them. Between the two the
  * units are not entered. Non-fully-sharded optimizers: waits for every parameter (on = 1). */
 BRAID_API braid_status_t braid_optimizer_summon_params(braid_optimizer_t* opt, int on);
+/* Since 0.10 (additive): this rank's piece of parameter `id` in its bucket's parameter shard (the
+ * values the next gather of its unit publishes; FSDP1 use_orig_params' local view): elements
+ * [*offset, *offset + *count) of the parameter's flat values (its dtype) live at *data, valid
+ * while the handle lives. *count = 0 (and *data NULL) when the parameter lies wholly in other
+ * ranks' shards. A gather-only handle's framework writes its updates here between steps; with an
+ * optimizer it is read-only (its step writes it). NOT_FOUND for an unknown id. */
+BRAID_API braid_status_t braid_optimizer_param_shard(braid_optimizer_t* opt, int64_t id,
+                                                     void** data, size_t* count, size_t* offset);
 /* Stops the optimizer's stepper thread (a step still waiting for reductions is cancelled),
  * waits for all-gathers in flight, then frees the optimizer, its gatherer and gather group.
  * The reducer stays usable (its own begin/finish_backward work again). */

@@ -15,6 +15,12 @@ absl::StatusOr<std::shared_ptr<OptimizerImpl>> FindOptimizer(const void* opt) {
   return o;
 }
 
+absl::StatusOr<std::shared_ptr<OptimizerImpl>> FindParamSide(const void* opt) {
+  ASSIGN_OR_RETURN(std::shared_ptr<OptimizerImpl> o, Find<OptimizerImpl>(opt, "opt"));
+  RETURN_IF_ERROR(o->stack().CheckParamSide());
+  return o;
+}
+
 GroupLocks::GroupLocks(ReducerImpl& r) : shard_(r.shard->mu, std::defer_lock) {
   if (r.replica) {
     replica_ = std::unique_lock<std::mutex>(r.replica->mu, std::defer_lock);

@@ -60,8 +60,11 @@ struct OptimizerImpl {
   bool attached = false;  // the parameter side is installed (the destructor drops it)
 };
 
-// The optimizer of handle `opt`; FailedPrecondition when a failed re-plan left it without one.
+// The optimizer of handle `opt`; FailedPrecondition when a failed re-plan left it without one,
+// or the handle gathers only (BRAID_OPTIMIZER_NONE).
 absl::StatusOr<std::shared_ptr<OptimizerImpl>> FindOptimizer(const void* opt);
+// The handle `opt` for its parameter side (gathers, units, backwards): gather-only handles too.
+absl::StatusOr<std::shared_ptr<OptimizerImpl>> FindParamSide(const void* opt);
 
 // Holds the mutexes of a reducer's groups (shard, and replica if any) for a collective call on
 // them, so no other C API call on those groups interleaves.

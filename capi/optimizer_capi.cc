@@ -39,6 +39,8 @@ absl::StatusOr<optim::OptimizerConfig> ToConfig(const braid_optimizer_options_t&
     case BRAID_OPTIMIZER_SGD:
       c.kind = optim::OptimizerKind::kSgd;
       break;
+    case BRAID_OPTIMIZER_NONE:  // gather only: braid_optimizer_create installs no optimizer
+      break;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("opts->kind ", RawEnum(o.kind), " is not a braid_optimizer_kind_t"));
@@ -163,8 +165,14 @@ braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
           absl::StrCat("opts->", o.offload == 1 ? "offload" : "gather_stream",
                        " is for device reducers (this reducer's parameters are in host memory)"));
     }
+    const bool none = braid::capi::RawEnum(o.kind) == BRAID_OPTIMIZER_NONE;
+    if (none && o.fully_sharded != 1) {
+      return absl::InvalidArgumentError(
+          "opts->kind BRAID_OPTIMIZER_NONE (gather only) needs opts->fully_sharded = 1 (without "
+          "units nothing would gather the framework's updated shards)");
+    }
     braid::optim::ParamOptions po;
-    po.optimizer = config;
+    if (!none) po.optimizer = config;
     po.fully_sharded = o.fully_sharded == 1;
     po.timeout = config.timeout;
     po.gather_stream = braid::DeviceStream{o.gather_stream};
@@ -193,7 +201,7 @@ braid_status_t braid_optimizer_set_param(braid_optimizer_t* opt, int64_t id, con
 braid_status_t braid_optimizer_param(braid_optimizer_t* opt, int64_t id, void** data,
                                      size_t* count) {
   return Guard("braid_optimizer_param", [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
+    ASSIGN_OR_RETURN(auto o, braid::capi::FindParamSide(opt));
     RETURN_IF_ERROR(CheckNotNull(data, "data"));
     RETURN_IF_ERROR(CheckNotNull(count, "count"));
     ASSIGN_OR_RETURN(braid::TensorView v, o->stack().gatherer()->ParamView(id));
@@ -205,7 +213,7 @@ braid_status_t braid_optimizer_param(braid_optimizer_t* opt, int64_t id, void** 
 
 braid_status_t braid_optimizer_begin_backward(braid_optimizer_t* opt, braid_sync_mode_t mode) {
   return Guard("braid_optimizer_begin_backward", [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
+    ASSIGN_OR_RETURN(auto o, braid::capi::FindParamSide(opt));
     ASSIGN_OR_RETURN(auto m, braid::capi::ToSyncMode(braid::capi::RawEnum(mode)));
     return o->stack().BeginBackward(m);
   });
@@ -213,7 +221,7 @@ braid_status_t braid_optimizer_begin_backward(braid_optimizer_t* opt, braid_sync
 
 braid_status_t braid_optimizer_finish_backward(braid_optimizer_t* opt) {
   return Guard("braid_optimizer_finish_backward", [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
+    ASSIGN_OR_RETURN(auto o, braid::capi::FindParamSide(opt));
     return o->stack().FinishBackward();
   });
 }
@@ -309,7 +317,7 @@ braid_status_t braid_optimizer_adopt_param(braid_optimizer_t* opt, int64_t id) {
 
 braid_status_t braid_optimizer_gather_event(braid_optimizer_t* opt, int bucket, void** event) {
   return Guard("braid_optimizer_gather_event", [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
+    ASSIGN_OR_RETURN(auto o, braid::capi::FindParamSide(opt));
     RETURN_IF_ERROR(CheckNotNull(event, "event"));
     if (bucket < 0 || bucket >= o->stack().gatherer()->num_buckets()) {
       return absl::OutOfRangeError(absl::StrCat("bucket ", bucket, " is outside [0, ",
@@ -317,6 +325,21 @@ braid_status_t braid_optimizer_gather_event(braid_optimizer_t* opt, int bucket, 
     }
     braid::WorkPtr w = o->stack().gatherer()->GatherWork(bucket);
     *event = w != nullptr ? w->device_event().handle : nullptr;
+    return absl::OkStatus();
+  });
+}
+
+braid_status_t braid_optimizer_param_shard(braid_optimizer_t* opt, int64_t id, void** data,
+                                           size_t* count, size_t* offset) {
+  return Guard("braid_optimizer_param_shard", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto o, braid::capi::FindParamSide(opt));
+    RETURN_IF_ERROR(CheckNotNull(data, "data"));
+    RETURN_IF_ERROR(CheckNotNull(count, "count"));
+    RETURN_IF_ERROR(CheckNotNull(offset, "offset"));
+    ASSIGN_OR_RETURN(auto piece, o->stack().ParamShardPiece(id));
+    *data = piece.data;
+    *count = piece.count;
+    *offset = piece.offset;
     return absl::OkStatus();
   });
 }

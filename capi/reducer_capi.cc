@@ -299,6 +299,25 @@ braid_status_t braid_reducer_shard(braid_reducer_t* reducer, int bucket, void** 
   });
 }
 
+braid_status_t braid_reducer_grad_shard(braid_reducer_t* reducer, int64_t id, void** data,
+                                        size_t* count, size_t* offset) {
+  return Guard("braid_reducer_grad_shard", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
+    RETURN_IF_ERROR(CheckNotNull(data, "data"));
+    RETURN_IF_ERROR(CheckNotNull(count, "count"));
+    RETURN_IF_ERROR(CheckNotNull(offset, "offset"));
+    if (r->stack->reducer().mode() == braid::sched::ReduceMode::kAllReduce) {
+      return absl::FailedPreconditionError(
+          "braid_reducer_grad_shard: an all-reduce reducer keeps no gradient shards");
+    }
+    ASSIGN_OR_RETURN(auto piece, r->stack->GradShardPiece(id));
+    *data = piece.data;
+    *count = piece.count;
+    *offset = piece.offset;
+    return absl::OkStatus();
+  });
+}
+
 braid_status_t braid_reducer_destroy(braid_reducer_t* reducer) {
   return Guard("braid_reducer_destroy",
                [&] { return braid::capi::Destroy(reducer, Tag::kReducer, "reducer"); });

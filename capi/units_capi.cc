@@ -37,7 +37,7 @@ extern "C" {
 
 braid_status_t braid_unit_enter(braid_optimizer_t* opt, int unit, braid_phase_t phase) {
   return Guard("braid_unit_enter", [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
+    ASSIGN_OR_RETURN(auto o, braid::capi::FindParamSide(opt));
     RETURN_IF_ERROR(braid::capi::CheckPhase(phase));
     ASSIGN_OR_RETURN(braid::sched::UnitScheduler * u, braid::capi::Units(*o, "braid_unit_enter"));
     return phase == BRAID_PHASE_FORWARD ? u->BeginForward(unit) : u->BeginBackward(unit);
@@ -46,7 +46,7 @@ braid_status_t braid_unit_enter(braid_optimizer_t* opt, int unit, braid_phase_t 
 
 braid_status_t braid_unit_exit(braid_optimizer_t* opt, int unit, braid_phase_t phase) {
   return Guard("braid_unit_exit", [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
+    ASSIGN_OR_RETURN(auto o, braid::capi::FindParamSide(opt));
     RETURN_IF_ERROR(braid::capi::CheckPhase(phase));
     ASSIGN_OR_RETURN(braid::sched::UnitScheduler * u, braid::capi::Units(*o, "braid_unit_exit"));
     return phase == BRAID_PHASE_FORWARD ? u->EndForward(unit) : u->EndBackward(unit);
@@ -55,7 +55,7 @@ braid_status_t braid_unit_exit(braid_optimizer_t* opt, int unit, braid_phase_t p
 
 braid_status_t braid_optimizer_end_step(braid_optimizer_t* opt) {
   return Guard("braid_optimizer_end_step", [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
+    ASSIGN_OR_RETURN(auto o, braid::capi::FindParamSide(opt));
     ASSIGN_OR_RETURN(braid::sched::UnitScheduler * u,
                      braid::capi::Units(*o, "braid_optimizer_end_step"));
     return u->EndStep();
@@ -64,7 +64,7 @@ braid_status_t braid_optimizer_end_step(braid_optimizer_t* opt) {
 
 braid_status_t braid_optimizer_summon_params(braid_optimizer_t* opt, int on) {
   return Guard("braid_optimizer_summon_params", [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
+    ASSIGN_OR_RETURN(auto o, braid::capi::FindParamSide(opt));
     if (on != 0 && on != 1)
       return absl::InvalidArgumentError(absl::StrCat("on must be 0 or 1, got ", on));
     braid::sched::UnitScheduler* units = o->stack().units();

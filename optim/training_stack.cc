@@ -107,8 +107,50 @@ absl::StatusOr<ShardedOptimizer*> TrainingStack::LiveOptimizer() const {
         "this optimizer was lost when a re-plan of its reducer's buckets failed (see that "
         "call's error); destroy it");
   }
+  if (side_ != nullptr && optimizer() == nullptr) {
+    return absl::FailedPreconditionError(
+        "this parameter side gathers only (created without an optimizer, kind NONE): the "
+        "framework steps its shards itself");
+  }
   if (optimizer() == nullptr) return absl::FailedPreconditionError("the stack has no optimizer");
   return optimizer();
+}
+
+absl::Status TrainingStack::CheckParamSide() const {
+  if (side_lost_) return LiveOptimizer().status();
+  if (side_ == nullptr) return absl::FailedPreconditionError("the stack has no parameter side");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrainingStack::ShardPiece> TrainingStack::Piece(sched::ParamId id,
+                                                               char* shard) const {
+  const sched::BucketPlan& plan = reducer_->plan();
+  ASSIGN_OR_RETURN(int i, plan.IndexOf(id));
+  const sched::ParamSpec& p = plan.params()[i];
+  const sched::ParamSlot& slot = plan.slot(i);
+  const sched::Bucket& b = plan.buckets()[slot.bucket];
+  const size_t start = static_cast<size_t>(reducer_->groups().shard->rank()) * b.shard_count;
+  const size_t lo = std::max(slot.offset, start);
+  const size_t hi = std::min(slot.offset + p.count, start + b.shard_count);
+  ShardPiece piece;
+  if (lo >= hi) return piece;  // wholly in other ranks' shards: an empty piece
+  piece.data = shard + (lo - start) * DTypeSize(b.dtype);
+  piece.count = hi - lo;
+  piece.offset = lo - slot.offset;
+  return piece;
+}
+
+absl::StatusOr<TrainingStack::ShardPiece> TrainingStack::ParamShardPiece(sched::ParamId id) const {
+  RETURN_IF_ERROR(CheckParamSide());
+  ASSIGN_OR_RETURN(int i, reducer_->plan().IndexOf(id));
+  ASSIGN_OR_RETURN(TensorView shard, gatherer()->ShardView(reducer_->plan().slot(i).bucket));
+  return Piece(id, static_cast<char*>(shard.data));
+}
+
+absl::StatusOr<TrainingStack::ShardPiece> TrainingStack::GradShardPiece(sched::ParamId id) const {
+  ASSIGN_OR_RETURN(int i, reducer_->plan().IndexOf(id));
+  const TensorView shard = reducer_->ShardView(reducer_->plan().slot(i).bucket);
+  return Piece(id, static_cast<char*>(shard.data));
 }
 
 absl::Status TrainingStack::BeginBackward(sched::SyncMode mode) {

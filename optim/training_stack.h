@@ -111,8 +111,29 @@ class TrainingStack {
   sched::ParamGatherer* gatherer() const { return side_ ? side_->gatherer.get() : nullptr; }
   ShardedOptimizer* optimizer() const { return side_ ? side_->optimizer.get() : nullptr; }
   sched::UnitScheduler* units() const { return side_ ? side_->units.get() : nullptr; }
-  // The installed optimizer; FailedPrecondition when a failed re-plan lost it.
+  // The installed optimizer; FailedPrecondition when a failed re-plan lost it, or when the
+  // side was built without one (gather only).
   absl::StatusOr<ShardedOptimizer*> LiveOptimizer() const;
+  // The installed side (with or without an optimizer); FailedPrecondition when there is none
+  // or a failed re-plan lost it.
+  absl::Status CheckParamSide() const;
+
+  // This rank's piece of parameter `id` inside a shard (FSDP1 use_orig_params' local view, a
+  // DTensor's local tensor): elements [offset, offset + count) of the parameter's flat values
+  // live at `data` (bucket dtype); count 0 when the parameter lies wholly in other ranks'
+  // shards. NotFound for an unknown id.
+  struct ShardPiece {
+    void* data = nullptr;
+    size_t count = 0;
+    size_t offset = 0;
+  };
+  // In the gatherer's shard (ParamGatherer::ShardView): the values the next gather publishes;
+  // a gather-only side's framework optimizer writes them between steps. FailedPrecondition
+  // without a parameter side.
+  absl::StatusOr<ShardPiece> ParamShardPiece(sched::ParamId id) const;
+  // In the reducer's averaged gradient shard (GradientReducer::ShardView): meaningful after a
+  // synced FinishBackward, until the next backward.
+  absl::StatusOr<ShardPiece> GradShardPiece(sched::ParamId id) const;
 
   // The backward of the optimizer when there is one, else of the reducer. FinishBackward ends
   // the backward even when it fails.
@@ -145,6 +166,7 @@ class TrainingStack {
  private:
   TrainingStack() = default;
   absl::StatusOr<bool> ReplanCarrying(const std::function<absl::StatusOr<bool>()>& replan);
+  absl::StatusOr<ShardPiece> Piece(sched::ParamId id, char* shard) const;
 
   std::unique_ptr<sched::Timeline> timeline_;  // outlives every part (declared first)
   std::unique_ptr<sched::MemoryStats> memory_;

@@ -5,7 +5,9 @@
  * with an inline C AdamW reference of the averaged gradients (k/8 gradients, k/16 weights:
  * exact averages over 2 ranks). Also: a released unit's parameter cannot be read, units
  * entered out of the recorded order are refused naming both, bad phases and non-fully-sharded
- * optimizers are refused. */
+ * optimizers are refused. A gather-only handle (BRAID_OPTIMIZER_NONE): the framework writes and
+ * steps its pieces (braid_optimizer_param_shard, braid_reducer_grad_shard) and the units gather
+ * them, checked bit for bit against the serial SGD of the averaged gradients. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <pthread.h>
@@ -92,6 +94,76 @@ static void backward(braid_reducer_t* red, braid_optimizer_t* opt, int rank, int
   EXPECT_OK(braid_optimizer_finish_backward(opt));
   EXPECT_OK(braid_optimizer_end_step(opt)); /* after every forward + backward pass */
   free(g);
+}
+
+/* Gather only: the framework owns the step. Initial values and an SGD step (lr 1/16: exact)
+ * written through the pieces; the next forward's gathered parameters are checked. */
+static void gather_only(braid_reducer_t* red, int rank) {
+  braid_optimizer_options_t oo;
+  braid_optimizer_t* opt = NULL;
+  float *p = NULL, *g = NULL, *grads = malloc(300 * sizeof(float));
+  size_t count = 0, offset = 0, j;
+  int i, u, n, t;
+  braid_optimizer_options_init(&oo);
+  oo.kind = BRAID_OPTIMIZER_NONE;
+  oo.timeout_ms = 20000;
+  EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "fully_sharded", braid_optimizer_create(red, &oo, &opt));
+  oo.fully_sharded = 1;
+  EXPECT_OK(braid_optimizer_create(red, &oo, &opt));
+  EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "gathers only", braid_optimizer_set_param(opt, 0, grads));
+  EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "gathers only", braid_optimizer_step(opt));
+  EXPECT_ERROR(BRAID_NOT_FOUND, "",
+               braid_optimizer_param_shard(opt, 99, (void**)&p, &count, &offset));
+  for (i = 0; i < P; ++i) {
+    EXPECT_OK(braid_optimizer_param_shard(opt, i, (void**)&p, &count, &offset));
+    EXPECT_TRUE(offset + count <= kCounts[i] && (count == 0 || p != NULL));
+    for (j = 0; j < count; ++j) p[j] = initial(i, (size_t)offset + j);
+  }
+  for (t = 0; t < 2; ++t) {
+    for (u = 0; u < UNITS; ++u) { /* forward: the gathered values */
+      EXPECT_OK(braid_unit_enter(opt, u, BRAID_PHASE_FORWARD));
+      for (i = 0; i < P; ++i) {
+        if (kUnitOf[i] != u) continue;
+        EXPECT_OK(braid_optimizer_param(opt, i, (void**)&p, &count));
+        for (j = 0; j < count; ++j) {
+          const float want = initial(i, j) - (t ? (grad(0, 0, i, j) + grad(1, 0, i, j)) / 32 : 0);
+          if (p[j] != want) {
+            fprintf(stderr, "rank %d step %d: parameter %d [%zu] = %g, want %g\n", rank, t, i, j,
+                    (double)p[j], (double)want);
+            EXPECT_TRUE(0);
+            break;
+          }
+        }
+      }
+      EXPECT_OK(braid_unit_exit(opt, u, BRAID_PHASE_FORWARD));
+    }
+    if (t == 1) break;
+    EXPECT_OK(braid_optimizer_begin_backward(opt, BRAID_SYNC));
+    for (u = UNITS - 1; u >= 0; --u) {
+      EXPECT_OK(braid_unit_enter(opt, u, BRAID_PHASE_BACKWARD));
+      for (n = P - 1; n >= 0; --n) {
+        if (kUnitOf[n] != u) continue;
+        for (j = 0; j < kCounts[n]; ++j) grads[j] = grad(rank, 0, n, j);
+        EXPECT_OK(braid_reducer_mark_ready_grad(red, n, grads, NULL));
+      }
+      EXPECT_OK(braid_unit_exit(opt, u, BRAID_PHASE_BACKWARD));
+    }
+    EXPECT_OK(braid_optimizer_finish_backward(opt));
+    EXPECT_OK(braid_optimizer_end_step(opt));
+    for (i = 0; i < P; ++i) { /* the framework's SGD step on this rank's pieces */
+      size_t gcount = 0, goffset = 0;
+      EXPECT_OK(braid_reducer_grad_shard(red, i, (void**)&g, &gcount, &goffset));
+      EXPECT_OK(braid_optimizer_param_shard(opt, i, (void**)&p, &count, &offset));
+      EXPECT_TRUE(gcount == count && goffset == offset);
+      for (j = 0; j < count; ++j) {
+        EXPECT_TRUE(g[j] == (grad(0, 0, i, offset + j) + grad(1, 0, i, offset + j)) / 2);
+        p[j] -= g[j] / 16;
+      }
+    }
+  }
+  EXPECT_OK(braid_optimizer_end_step(opt));
+  EXPECT_OK(braid_optimizer_destroy(opt));
+  free(grads);
 }
 
 static void* rank_main(void* arg) {
@@ -214,6 +286,7 @@ static void* rank_main(void* arg) {
                braid_unit_enter(zero2, 0, BRAID_PHASE_FORWARD));
   EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "fully_sharded", braid_optimizer_end_step(zero2));
   EXPECT_OK(braid_optimizer_destroy(zero2));
+  gather_only(red, rank);
   EXPECT_OK(braid_reducer_destroy(red));
   return NULL;
 }

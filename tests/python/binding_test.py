@@ -928,7 +928,7 @@ class FullyShardedTest(unittest.TestCase):
             model = bt.FullyShardedDataParallel(net, g, auto_wrap_policy={
                 torch.nn.TransformerEncoderLayer}, bucket_cap_mb=1e-3, first_bucket_cap_mb=1e-4)
             self.assertEqual(model.unit_names, ["<root>"] + ["blocks.%d" % i for i in range(6)])
-            with self.assertRaisesRegex(RuntimeError, "create ShardedAdamW"):
+            with torch.no_grad():  # no optimizer yet: evaluation works (local pieces)
                 model(torch.zeros(1, 6, dtype=torch.long))
             opt = bt.ShardedAdamW(model, lr=0.01)
             w = net.blocks[0].linear1.weight

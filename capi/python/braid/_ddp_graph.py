@@ -40,7 +40,7 @@ import warnings
 
 import torch
 
-from .fsdp import _tensors
+from ._fsdp_params import _tensors
 
 _PRIOR = ("Expected to have finished reduction in the prior iteration before starting a new "
           "one. ")

@@ -41,7 +41,7 @@ MODE_ALLREDUCE, MODE_REDUCE_SCATTER, MODE_HYBRID = range(3)
 # braid_sync_mode_t
 SYNC, NO_SYNC, REDUCE_SCATTER_ONLY = range(3)
 # braid_optimizer_kind_t
-OPTIMIZER_ADAMW, OPTIMIZER_SGD = range(2)
+OPTIMIZER_ADAMW, OPTIMIZER_SGD, OPTIMIZER_NONE = range(3)
 # braid_phase_t
 PHASE_FORWARD, PHASE_BACKWARD = range(2)
 NO_COLOR = -1
@@ -209,6 +209,7 @@ _SIGNATURES = {
     "braid_reducer_unit_buckets": (_st, [_p, _i, ctypes.POINTER(_i), _i, ctypes.POINTER(_i)]),
     "braid_reducer_num_units": (_st, [_p, ctypes.POINTER(_i)]),
     "braid_reducer_shard": (_st, [_p, _i, _pp, ctypes.POINTER(_sz)]),
+    "braid_reducer_grad_shard": (_st, [_p, _i64, _pp, ctypes.POINTER(_sz), ctypes.POINTER(_sz)]),
     "braid_reducer_destroy": (_st, [_p]),
     "braid_memory_stats": (_st, [_p, ctypes.POINTER(MemoryStats)]),
     "braid_memory_reset_peaks": (_st, [_p]),
@@ -216,6 +217,8 @@ _SIGNATURES = {
     "braid_optimizer_create": (_st, [_p, ctypes.POINTER(OptimizerOptions), _pp]),
     "braid_optimizer_set_param": (_st, [_p, _i64, _p]),
     "braid_optimizer_param": (_st, [_p, _i64, _pp, ctypes.POINTER(_sz)]),
+    "braid_optimizer_param_shard": (_st, [_p, _i64, _pp, ctypes.POINTER(_sz),
+                                          ctypes.POINTER(_sz)]),
     "braid_optimizer_begin_backward": (_st, [_p, _i]),
     "braid_optimizer_finish_backward": (_st, [_p]),
     "braid_optimizer_step": (_st, [_p]),

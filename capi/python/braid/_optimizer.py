@@ -31,7 +31,9 @@ class Optimizer(_Handle):
     int) as braid_optimizer_options_t says. param_groups (0.8): one group index per registered
     parameter, in registration order (default: all in group 0); every group starts with the
     hyper-parameters given here, set_hyper(group, ...) changes one. track_grad_norm (0.10):
-    last_step().grad_norm of every step, also without clipping (host parameters)."""
+    last_step().grad_norm of every step, also without clipping (host parameters). kind="none"
+    (with fully_sharded=True): no optimizer, the units only; the framework steps the pieces of
+    param_shard() itself (the hyper-parameters are ignored)."""
 
     _destroy = "braid_optimizer_destroy"
 
@@ -41,9 +43,10 @@ class Optimizer(_Handle):
                  fully_sharded=False, reshard_after_forward=True, prefetch=1, max_live_bytes=0,
                  offload=False, gather_stream=None, param_groups=None, track_grad_norm=False):
         opts = _lib.init_options(_lib.OptimizerOptions, "braid_optimizer_options_init")
-        kinds = {"adamw": _lib.OPTIMIZER_ADAMW, "sgd": _lib.OPTIMIZER_SGD}
+        kinds = {"adamw": _lib.OPTIMIZER_ADAMW, "sgd": _lib.OPTIMIZER_SGD,
+                 "none": _lib.OPTIMIZER_NONE}
         if kind not in kinds:
-            raise ValueError("kind %r: one of adamw, sgd" % (kind,))
+            raise ValueError("kind %r: one of adamw, sgd, none" % (kind,))
         opts.kind = kinds[kind]
         opts.lr, (opts.beta1, opts.beta2), opts.eps = lr, betas, eps
         opts.weight_decay, opts.momentum, opts.nesterov = weight_decay, momentum, int(nesterov)
@@ -89,6 +92,16 @@ class Optimizer(_Handle):
         _lib.call("braid_optimizer_param", self.handle, pid, ctypes.byref(ptr),
                   ctypes.byref(count))
         return ptr.value, count.value
+
+    def param_shard(self, pid):
+        """(address, element count, offset) of this rank's piece of parameter `pid` in its
+        parameter shard: elements [offset, offset + count) of its flat values (count 0: none
+        here). kind="none" (gather only, fully sharded): the framework's optimizer writes its
+        updates there between steps (braid_optimizer_param_shard)."""
+        ptr, count, offset = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_size_t()
+        _lib.call("braid_optimizer_param_shard", self.handle, pid, ctypes.byref(ptr),
+                  ctypes.byref(count), ctypes.byref(offset))
+        return ptr.value, count.value, offset.value
 
     def adopt_param(self, pid):
         """0.10: parameter `pid`'s values were written in place (through param()'s memory):

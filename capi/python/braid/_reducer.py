@@ -180,6 +180,15 @@ class Reducer(_Handle):
     def reset_memory_peaks(self):
         _lib.call("braid_memory_reset_peaks", self.handle)
 
+    def grad_shard(self, pid):
+        """(address, element count, offset) of this rank's piece of parameter `pid`'s averaged
+        gradient in its bucket's shard (after a synced finish_backward): elements [offset,
+        offset + count) of its flat gradient; count 0 when it lies in other ranks' shards."""
+        ptr, count, offset = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_size_t()
+        _lib.call("braid_reducer_grad_shard", self.handle, pid, ctypes.byref(ptr),
+                  ctypes.byref(count), ctypes.byref(offset))
+        return ptr.value, count.value, offset.value
+
     def shard(self, bucket):
         """(address, element count) of this rank's shard of `bucket`."""
         ptr, count = ctypes.c_void_p(), ctypes.c_size_t()

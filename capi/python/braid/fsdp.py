@@ -6,143 +6,26 @@ import functools
 
 import torch
 
-from . import _grad_guard, _owners, core
+from . import _owners, core
+from ._fsdp_local import LocalShards
+from ._fsdp_params import (  # noqa: F401 (FullyShardedParameter: braid.fsdp's too)
+    _TENSOR_GRAD, FullyShardedParameter, _released_data, _tensors)
 from ._views import _broadcast_module, _sync_scope, _view
 
 
 _ROOT = 0  # the root unit: the wrapped module's parameters that no unit holds
 
-# Tensor attributes and methods that read no values: allowed on a released parameter.
-_METADATA = frozenset([
-    "size", "dim", "ndimension", "numel", "nelement", "shape", "dtype", "device", "layout",
-    "ndim", "names", "requires_grad", "requires_grad_", "grad", "_grad", "is_leaf", "grad_fn",
-    "_grad_fn", "_backward_hooks", "retains_grad", "register_hook", "element_size",
-    "is_floating_point", "is_complex", "is_sparse", "is_cuda", "is_quantized", "is_meta",
-    "is_mkldnn", "is_nested", "is_shared", "_version", "output_nr", "_cdata", "name",
-    "__hash__", "__eq__", "_base", "_is_view", "get_device", "__class__"])
-
-
-class FullyShardedParameter(torch.nn.Parameter):
-    """The class of a FullyShardedDataParallel's parameters (each Parameter keeps its identity:
-    only its class changes). While its unit is not entered, a parameter is *released*: it keeps
-    its shape, dtype and requires_grad, but its values exist only as Braid's shards on the
-    ranks, and any torch call that would read or write them (p + 1, p.data, p.detach(),
-    print(p), state_dict(), ...) raises RuntimeError naming the parameter. Metadata (shape,
-    dtype, grad, requires_grad, ...) stays readable. Read values inside
-    model.summon_full_params()."""
-
-    _braid_released = False
-    _braid_name = "?"
-    _braid_unit = -1
-    _braid_grad_guard = None
-
-    @property
-    def grad(self):
-        """Always None to autograd (Braid takes each gradient at its hook); to Python code a
-        GuardedGrad whose reads raise (braid/_grad_guard.py): torch's clip_grad_norm_ would
-        otherwise see no gradient and silently return 0. Zeroing it is a no-op."""
-        real = _TENSOR_GRAD.__get__(self)
-        if real is not None:  # inside the backward, before this parameter's hook took it
-            return real
-        if self._braid_grad_guard is None:
-            self._braid_grad_guard = _grad_guard.guard(
-                _released_data(self.dtype, self.shape), self._braid_name, _sharded,
-                _no_memory)
-        return self._braid_grad_guard
-
-    @grad.setter
-    def grad(self, value):
-        _TENSOR_GRAD.__set__(self, value)
-
-    @grad.deleter
-    def grad(self):
-        _TENSOR_GRAD.__set__(self, None)
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        if kwargs is None:
-            kwargs = {}
-        released = _find_released(args)  # (never `or`: a tensor's truth value is a torch call)
-        if released is None and kwargs:
-            released = _find_released(kwargs.values())
-        if released is not None:
-            name = getattr(func, "__name__", None) or repr(func)
-            if name in ("__get__", "__set__", "__delete__"):
-                prop = getattr(getattr(func, "__self__", None), "__name__", "?")
-                allowed = name == "__set__" or prop in _METADATA
-                name = "%s (%s)" % (prop, name.strip("_"))
-            else:
-                allowed = name in _METADATA
-            if not allowed:
-                raise RuntimeError(
-                    "parameter %r is released (fully sharded: its values exist only while its "
-                    "unit %d runs forward or backward, or inside model.summon_full_params()); "
-                    "torch call %s cannot read it" % (released._braid_name, released._braid_unit,
-                                                       name))
-        return torch._C._disabled_torch_function_impl(func, types, args, kwargs)
-
-    def __repr__(self):
-        if self._braid_released:
-            return "FullyShardedParameter(released, name=%r, unit=%d, shape=%s, dtype=%s)" % (
-                self._braid_name, self._braid_unit, tuple(self.shape), self.dtype)
-        return super().__repr__()
-
-
-_TENSOR_GRAD = torch._C._TensorBase.grad  # the C-level gradient, under the property above
-
-
-def _sharded():
-    return "sharded"
-
-
-def _no_memory():
-    return True  # a fully sharded parameter's guarded grad has nothing to zero
-
-
-def _find_released(values):
-    for v in values:
-        if type(v) is FullyShardedParameter:  # noqa: E721 (exact class, cheap)
-            if v._braid_released:
-                return v
-        elif isinstance(v, (list, tuple)):
-            found = _find_released(v)
-            if found is not None:
-                return found
-    return None
-
-
-_RELEASED = {}  # dtype -> one NaN element (the storage every released parameter shares)
-
-
-def _released_data(dtype, shape):
-    """What a released parameter's data is: its shape over one shared NaN element (stride 0),
-    so even a read that bypasses the Python check (C++ code) sees NaN, never freed memory, and
-    any in-place write fails (more than one element refers to a single memory location)."""
-    one = _RELEASED.get(dtype)
-    if one is None:
-        one = _RELEASED.setdefault(dtype, torch.full((1,), float("nan"), dtype=dtype))
-    return one.expand(shape) if len(shape) else one.view(())
-
-
-def _tensors(value, out):
-    """Every tensor inside `value` (tensors, lists, tuples, dicts, namedtuples)."""
-    if isinstance(value, torch.Tensor):
-        out.append(value)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _tensors(v, out)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _tensors(v, out)
-    return out
-
 
 class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
     """Fully sharded data parallel (ZeRO-3 / FSDP) over Braid: between uses every parameter
-    exists only as this rank's shard (Braid's sharded optimizer owns it); each *unit* (a
-    submodule, e.g. one transformer block) is all-gathered just before its forward and its
-    backward and released after, with prefetch. Use with ShardedAdamW / ShardedSGD (which
-    hold the shards: create one before the first forward).
+    exists only as this rank's shard; each *unit* (a submodule, e.g. one transformer block)
+    is all-gathered just before its forward and its backward and released after, with
+    prefetch. braid.fully_shard (fully_shard.py, FSDP2's form) builds one of these at its
+    root; this class is that engine, also usable directly. Train with ShardedAdamW /
+    ShardedSGD created before the first forward (the fast path: Braid holds the shards and
+    steps them during the backward), or with any elementwise torch optimizer, or none (eval):
+    without a sharded optimizer at the first forward every parameter becomes this rank's
+    piece of itself between uses (braid/_fsdp_local.py).
 
     units: submodules of `module`, each a unit (nested units are allowed: a parameter belongs
            to the innermost unit holding it); or auto_wrap_policy: a callable
@@ -179,6 +62,9 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         self.module = module
         self._groups = [g for g in (group, replica_group) if g is not None]
         self._find_unused = bool(find_unused_parameters)
+        self._timeout_ms = timeout_ms
+        self._timeline_prefix = timeline_prefix
+        self._local = None  # LocalShards: no sharded optimizer at the first forward
         on_gpu = [(n, t) for n, t in list(module.named_parameters()) + list(module.named_buffers())
                   if t.device.type != "cpu"]
         if on_gpu:
@@ -206,6 +92,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self._params = [p for _, p in named]
         self._names = [n for n, _ in named]
+        self._shapes = [p.shape for _, p in named]  # full shapes (local pieces are 1-D)
         self._unit_of = [owner.get(id(p), _ROOT) for p in self._params]
         self.unit_modules = unit_modules
         self.unit_names = ["<root>"] + [names[id(m)] for m in unit_modules]
@@ -232,7 +119,8 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         # Keep the AccumulateGrad nodes alive: a node dropped by autograd would lose its hook.
         self._grad_accs, self._hooks = [], []
         for pid, p in enumerate(self._params):
-            acc = p.expand_as(p).grad_fn.next_functions[0][0]
+            with torch.enable_grad():  # (built lazily, maybe under no_grad)
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
             self._hooks.append(acc.register_hook(functools.partial(self._grad_ready, pid)))
             self._grad_accs.append(acc)
         for unit, m in enumerate(unit_modules, 1):
@@ -256,6 +144,9 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         self._summoned = False
         self._writeback = False
         _owners.claim(self, module)  # ShardedAdamW(model.parameters()) finds this wrapper
+        # Local pieces from the start, so a torch optimizer built now (Adagrad makes its state
+        # in its constructor) sees them; a ShardedAdamW / ShardedSGD drops them (_drop_local).
+        self._attach_local()
 
     # -- construction helpers
     @staticmethod
@@ -311,7 +202,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
     def _bind(self, pid):
         address, count = self._opt.param(pid)
         p = self._params[pid]
-        view = _view(self._opt, address, count, p.dtype, p.shape)
+        view = _view(self._opt, address, count, p.dtype, self._shapes[pid])
         self._views[pid] = view
         self._by_address[address] = pid
         p.data = view
@@ -323,6 +214,9 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         if view is not None:
             self._by_address.pop(view.data_ptr(), None)
             self._views[pid] = None
+        if self._local is not None:
+            p.data = self._local.piece(pid)  # this rank's piece (_fsdp_local.py)
+            return
         p._braid_released = False  # lets the setter through
         p.data = _released_data(p.dtype, p.shape)
         p._braid_released = True
@@ -374,9 +268,37 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
 
     def _check_ready(self):
         if self._opt is None:
-            raise RuntimeError("FullyShardedDataParallel: create ShardedAdamW(model) or "
-                               "ShardedSGD(model) before the first forward (Braid's optimizer "
-                               "holds the parameter shards)")
+            self._attach_local()
+
+    def _attach_local(self):
+        """No sharded optimizer: a gather-only handle, parameters become local pieces."""
+        self._local = LocalShards(self, self._groups[0])
+        self._opt = self._local.opt
+        for pid in range(len(self._params)):
+            self._release(pid)
+        for m in [self.module] + list(self.unit_modules):
+            self._hooks.append(m._register_state_dict_hook(self._state_dict_guard))
+
+    def _drop_local(self):
+        """Collective (a ShardedAdamW / ShardedSGD is being built): the parameters get their
+        full values back and the gather-only handle goes, so the optimizer can hold the
+        shards. A torch optimizer's state over the pieces is not carried over."""
+        if self._in_backward or self._summoned:
+            raise RuntimeError("a sharded optimizer is built inside a backward or "
+                               "summon_full_params()")
+        with self.summon_full_params():
+            values = [p.detach().clone() for p in self._params]
+        local, self._local = self._local, None
+        for p in self._params:
+            _TENSOR_GRAD.__set__(p, None)  # pieces' gradients: not the full shape
+        self._detach(values)
+        local.close()
+
+    def _state_dict_guard(self, module, *unused):
+        if self._local is not None and not self._summoned:
+            raise RuntimeError(
+                "state_dict() of a fully sharded model holds this rank's pieces of the "
+                "parameters: call it inside model.summon_full_params() (full values)")
 
     def forward(self, *args, **kwargs):
         self._check_ready()
@@ -439,6 +361,8 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
             return
         self._opt.begin_backward(self._armed)
         self._in_backward = True
+        if self._local is not None:
+            self._local.stash_grads()
         self._unmarked = {u: set(pids) for u, pids in enumerate(self._unit_params) if pids}
         torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
         if self._root_kept:
@@ -488,6 +412,11 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         # Units with unmarked (unused) parameters, and the root, end their backward here.
         self._exit_all("backward")
         self._opt.finish_backward()
+        if self._local is not None:
+            if self._armed == "sync":
+                self._local.collect_grads()
+            else:
+                self._local.restore_grads()
 
     def _abandon_backward(self, why):
         """Ends a backward that cannot complete and raises (see DistributedDataParallel)."""
@@ -501,6 +430,8 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
             self._opt.finish_backward()
         except core.BraidError as e:
             detail = ": " + str(e)
+        if self._local is not None:
+            self._local.restore_grads()
         raise RuntimeError("%s; Braid ended the backward%s" % (why, detail))
 
     def _end_step(self):
@@ -520,8 +451,13 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         gathered, so this launches nothing), which releases it."""
         if self._root_kept:
             self._root_kept = False
-            self._enter(_ROOT, "backward")
-            self._exit(_ROOT, "backward")
+            if self.fsdp_options["reshard_after_forward"]:
+                # Its forward ends here: entering it in backward would start the backward's
+                # schedule, whose first prefetch no backward would release.
+                self._exit(_ROOT, "forward")
+            else:
+                self._enter(_ROOT, "backward")
+                self._exit(_ROOT, "backward")
         for unit in reversed(self._kept):
             self._enter(unit, "backward")
             self._exit(unit, "backward")
@@ -557,7 +493,10 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
             yield self
             if writeback:
                 for pid, p in enumerate(self._params):
-                    self._opt.set_param(pid, p.detach().contiguous())
+                    if self._local is not None:
+                        self._local.write_full(pid, p)
+                    else:
+                        self._opt.set_param(pid, p.detach().contiguous())
         finally:
             for pid in range(len(self._params)):
                 if self._views[pid] is not None:
@@ -565,13 +504,28 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
             self._summoned = False
             self._opt.summon_params(False)
 
+    def memory_stats(self):
+        """Bytes Braid allocated for this rank (gradient buckets and shards, gathered and
+        sharded parameters, optimizer state, staging), current and peak, host and device:
+        core.Reducer.memory_stats(). With timeline_prefix every change is also a sample on the
+        "memory" counter row of the timeline file "<timeline_prefix>.rank<world rank>.json"."""
+        return self.reducer.memory_stats()
+
+    def reset_memory_peaks(self):
+        self.reducer.reset_memory_peaks()
+
     def zero_grad(self, set_to_none=True):
-        """Nothing to do: gradients live in Braid's buckets and shards (param.grad is None)."""
+        """With a sharded optimizer nothing to do: gradients live in Braid's buckets and
+        shards (param.grad is None). Local pieces: torch's zero_grad of the pieces' grads."""
+        if self._local is not None:
+            super().zero_grad(set_to_none)
 
     def clip_grad_norm_(self, max_norm, norm_type=2.0):
         """torch FSDP's idiom: the sharded optimizer's clip_grad_norm_ (braid/_norms.py): the
         step's true global gradient norm, clipped to max_norm inside the step (configure
         max_grad_norm=max_norm on the optimizer)."""
+        if self._local is not None:
+            return self._local.clip_grad_norm_(max_norm, norm_type)
         opt = self._sharded_optimizer() if self._sharded_optimizer is not None else None
         if opt is None:
             raise RuntimeError("FullyShardedDataParallel.clip_grad_norm_: create ShardedAdamW("
@@ -581,7 +535,10 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
 
     def close(self):
         """Unhooks the module and frees the reducer. Close the ShardedAdamW / ShardedSGD first
-        (its close() gives the parameters their full values back)."""
+        (its close() gives the parameters their full values back). Without one (local pieces):
+        collective, the parameters get their full values back."""
+        if self._local is not None:
+            self._drop_local()
         if self._opt is not None:
             raise RuntimeError("close the sharded optimizer of this model first")
         for h in self._hooks:

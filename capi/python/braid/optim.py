@@ -111,6 +111,9 @@ class _ShardedOptimizer(CheckpointMixin, ParamGroups, AdoptsWrites, GradNorms,
                 "DistributedDataParallel(net, mode='reduce_scatter') or use torch.optim.%s with "
                 "an all-reduce model" % (who, "AdamW" if self._KIND == "adamw" else "SGD"))
         taken = ddp._opt if self._fully_sharded else ddp._stepper
+        if self._fully_sharded and ddp._local is not None:
+            ddp._drop_local()  # collective: the local pieces go, Braid's optimizer holds shards
+            taken = None
         if taken is not None:
             raise ValueError("this %s already has a sharded optimizer" % type(ddp).__name__)
         self.ddp, self._overlap = ddp, overlap

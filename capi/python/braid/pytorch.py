@@ -53,9 +53,13 @@ from ._ddp_verify import verify_same_model
 from ._views import (_broadcast_buffers, _broadcast_module, _ready_event, _sync_scope, _view,
                      _weak_call)
 from .fsdp import FullyShardedDataParallel, FullyShardedParameter  # noqa: F401
+from .fully_shard import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy,  # noqa: F401
+                          OffloadPolicy, UnshardHandle, fully_shard)
 from .optim import ShardedAdamW, ShardedSGD  # noqa: F401 (re-exported)
 
-__all__ = ["DistributedDataParallel", "FullyShardedDataParallel", "FullyShardedParameter",
+__all__ = ["fully_shard", "FSDPModule", "MixedPrecisionPolicy", "OffloadPolicy",
+           "CPUOffloadPolicy", "UnshardHandle",
+           "DistributedDataParallel", "FullyShardedDataParallel", "FullyShardedParameter",
            "ShardedAdamW", "ShardedSGD"]
 
 
