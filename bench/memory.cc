@@ -174,7 +174,7 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
     ASSIGN_OR_RETURN(gather_group, world.Split(0, rank, "gather"));
     sched::GathererConfig gc;
     gc.timeout = kTimeout;
-    gc.free_after_use = fsdp;
+    gc.fully_sharded = fsdp;
     gc.memory = &mem;
     gc.shared_pool = pool;
     ASSIGN_OR_RETURN(gatherer, sched::ParamGatherer::Create(plan, gather_group.get(), gc));
@@ -182,7 +182,7 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
     oc.groups[0].adamw.lr = kLr;
     oc.timeout = kTimeout;
     oc.memory = &mem;
-    oc.gather_after_step = !fsdp;
+    oc.fully_sharded = fsdp;
     ASSIGN_OR_RETURN(opt, optim::ShardedOptimizer::Create(reducer.get(), gatherer.get(), oc));
     std::vector<float> init;
     for (const sched::ParamSpec& p : params) {

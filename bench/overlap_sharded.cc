@@ -25,7 +25,7 @@ absl::StatusOr<std::unique_ptr<ShardedStack>> ShardedStack::Create(
   ASSIGN_OR_RETURN(s->reducer_, sched::GradientReducer::Create(params, {&world, nullptr}, rc));
   sched::GathererConfig gc;
   gc.timeout = timeout;
-  gc.free_after_use = true;
+  gc.fully_sharded = true;
   gc.scheduler = scheduler;
   ASSIGN_OR_RETURN(s->gatherer_,
                    sched::ParamGatherer::Create(s->reducer_->plan(), s->gather_group_.get(), gc));

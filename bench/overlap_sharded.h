@@ -1,5 +1,5 @@
 // The fully sharded (ZeRO-3 / FSDP) step of bench/overlap (--mode=fully_sharded): one rank's
-// stack of a gather group, a ParamGatherer (free_after_use), a UnitScheduler (one unit per
+// stack of a gather group, a ParamGatherer (fully_sharded), a UnitScheduler (one unit per
 // layer of bench/overlap_model.h, prefetch 1) and a reduce-scatter GradientReducer, optionally
 // sharing an OpScheduler (gathers urgent, reductions partitioned: the `priority` mode).
 //

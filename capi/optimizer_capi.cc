@@ -94,7 +94,7 @@ absl::Status BuildOptimizer(OptimizerImpl& impl, const braid_optimizer_options_t
   gc.timeout = config.timeout;
   gc.timeline = impl.reducer->timeline.get();
   gc.memory = impl.reducer->memory.get();
-  gc.free_after_use = fully_sharded;
+  gc.fully_sharded = fully_sharded;
   gc.scheduler = impl.reducer->scheduler.get();  // 0.9: its gathers are the urgent operations
   if (fully_sharded) gc.shared_pool = impl.reducer->pool;  // host: one pool with the gradients
   ASSIGN_OR_RETURN(impl.gatherer, sched::ParamGatherer::Create(impl.reducer->reducer->plan(),
@@ -199,7 +199,7 @@ braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
       config.device_kernels = braid::optim::CudaStepKernels();
     }
     config.memory = impl->reducer->memory.get();
-    config.gather_after_step = o.fully_sharded == 0;
+    config.fully_sharded = o.fully_sharded != 0;
     config.offload = o.offload == 1;
     if (impl->reducer->device == BRAID_DEVICE_HOST &&
         (o.offload == 1 || o.gather_stream != nullptr)) {

@@ -227,7 +227,7 @@ TEST(NcclOffloadFullyShardedTest, WaitShardThenGather) {
   for (const OptScenario& base : {Offloaded(1, 2, OptimizerKind::kAdamW, DType::kBF16),
                                   Offloaded(2, 2, OptimizerKind::kSgd, DType::kF32)}) {
     OptScenario s = base;
-    s.opt.gather_after_step = false;
+    s.opt.fully_sharded = true;
     FakeGpu gpu;
     auto kernels = std::make_shared<FakeStepKernels>(gpu.cuda);
     RunFakeRanks(gpu, s.replicas * s.shards, FakeConfig(), [&](NcclGroup& world) {
