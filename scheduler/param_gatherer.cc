@@ -398,7 +398,7 @@ absl::StatusOr<std::vector<int64_t>> ParamGatherer::ExchangeInts(const std::vect
   {
     std::lock_guard<std::mutex> lock(mu_);
     CollectiveOptions opts;
-    opts.label = std::string(what);
+    opts.label = what;  // the caller's, alive until the launch copied it
     absl::StatusOr<WorkPtr> launched =
         group_->AllGather(bufs->data(), bufs->data() + k, k, DType::kI64, opts);
     if (!launched.ok()) return WithContext(launched.status(), what);
