@@ -1,3 +1,4 @@
+// AllocateShards: every bucket's OptimizerShard of this rank, its state zeroed and counted.
 #include "optim/optimizer_shard.h"
 
 #include <algorithm>

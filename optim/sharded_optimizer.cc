@@ -1,3 +1,6 @@
+// ShardedOptimizer: creation, the backward calls (BeginBackward, FinishBackward, Step), the
+// waits, parameters and hyper-parameters, and Save / Load over optimizer_checkpoint.h (the
+// round itself is step_round.cc).
 #include "optim/sharded_optimizer.h"
 
 #include <utility>
@@ -200,7 +203,7 @@ absl::Status ShardedOptimizer::WaitStepped(const char* caller, int b) {
   std::unique_lock<std::mutex> lock(mu_);
   if (InBackward(phase_) && !r.published) {
     return absl::FailedPreconditionError(
-        absl::StrCat("optimizer ", caller, "(", b, ") during a synced backward: ", label,
+        absl::StrCat("optimizer ", caller, " of ", label, " during a synced backward: ", label,
                      " is stepped once its gradients are reduced (wait after finish_backward)"));
   }
   const absl::Time deadline = absl::Now() + config_.timeout;
@@ -213,7 +216,7 @@ absl::Status ShardedOptimizer::WaitStepped(const char* caller, int b) {
 }
 
 absl::Status ShardedOptimizer::WaitShard(int b, DeviceEvent* ready) {
-  RETURN_IF_ERROR(WaitStepped("gather of a unit's bucket", b));
+  RETURN_IF_ERROR(WaitStepped("unit gather", b));
   BucketRound& r = rounds_[b];
   r.dirty = false;  // the gather about to start reads the shard as it is now
   if (ready != nullptr) {
