@@ -36,7 +36,7 @@
 //                         real autotuned steps run before the timed iterations, and the trial table
 //                         is printed. Candidates with the default cap run on the same reducer.
 // --mode=fully_sharded (ZeRO-3, bench/overlap_sharded.h): one unit per layer, a gatherer on its
-// own group with free_after_use, a UnitScheduler (prefetch 1) and a reduce-scatter reducer; a
+// own group with fully_sharded, a UnitScheduler (prefetch 1) and a reduce-scatter reducer; a
 // step is the forward (half a layer's compute per unit, gathers as the units are entered) and
 // the backward (gathers again, reductions as layers finish); compute_only has the forward and
 // backward compute, comm_only the gathers and reductions, sync_after_backward marks after the

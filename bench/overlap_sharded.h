@@ -1,7 +1,7 @@
 // The fully sharded (ZeRO-3 / FSDP) stack of bench/overlap (--mode=fully_sharded): a
 // TrainingStack (optim/training_stack.h) whose reduce-scatter reducer has one unit per layer of
 // bench/overlap_model.h, with a gather-only fully sharded parameter side (a gatherer with
-// free_after_use and a UnitScheduler with prefetch 1; no optimizer: the bench times the
+// fully_sharded and a UnitScheduler with prefetch 1; no optimizer: the bench times the
 // communication). One step of it is RunShardedStep (bench/overlap_steps.h).
 //
 //   ASSIGN_OR_RETURN(auto stack, MakeShardedStack(world, model, timeout, cap, first));

@@ -59,7 +59,7 @@ absl::StatusOr<std::unique_ptr<ParamSide>> TrainingStack::BuildParamSide(
   gc.timeout = options.timeout;
   gc.timeline = timeline_.get();
   gc.memory = memory_.get();
-  gc.free_after_use = options.fully_sharded;
+  gc.fully_sharded = options.fully_sharded;
   gc.scheduler = scheduler_.get();                    // its gathers are the urgent operations
   if (options.fully_sharded) gc.shared_pool = pool_;  // host: one pool with the gradients
   ASSIGN_OR_RETURN(side->gatherer,
@@ -67,7 +67,7 @@ absl::StatusOr<std::unique_ptr<ParamSide>> TrainingStack::BuildParamSide(
   if (options.optimizer.has_value()) {
     OptimizerConfig oc = *options.optimizer;
     oc.memory = memory_.get();
-    oc.gather_after_step = !options.fully_sharded;
+    oc.fully_sharded = options.fully_sharded;
     ASSIGN_OR_RETURN(side->optimizer,
                      ShardedOptimizer::Create(reducer_.get(), side->gatherer.get(), oc));
   }

@@ -61,7 +61,7 @@ struct StackOptions {
 
 // The parameter side. The stack fills the gatherer's and units' timeline, memory and launch
 // scheduler, units.before_gather (the optimizer's WaitShard), and the optimizer's memory and
-// gather_after_step (= !fully_sharded).
+// fully_sharded.
 struct ParamOptions {
   std::optional<OptimizerConfig> optimizer;  // nullopt: gather only (benchmarks of the comm)
   // ZeRO-3 / FSDP: parameters live as shards, gathered unit by unit through a UnitScheduler

@@ -37,8 +37,8 @@ uint64_t MixIssue(uint64_t h, uint64_t v) {
 enum class GatherState { kNotGathered, kInFlight, kGathered };
 
 struct ParamGatherer::BucketState {
-  OwnedBuffer full;   // padded_count elements; null while released (free_after_use)
-  OwnedBuffer shard;  // free_after_use only: this rank's shard, shard_count elements
+  OwnedBuffer full;   // padded_count elements; null while released (fully_sharded)
+  OwnedBuffer shard;  // fully_sharded only: this rank's shard, shard_count elements
   GatherState state = GatherState::kNotGathered;
   WorkPtr work;  // the latest gather
   // Timeline only: the latest gather's issue time, completion time (written by its callback)
@@ -84,7 +84,7 @@ absl::StatusOr<std::unique_ptr<ParamGatherer>> ParamGatherer::Create(const Bucke
     BucketState& s = *g->buckets_[b];
     const Bucket& bk = plan.buckets()[b];
     absl::StatusOr<OwnedBuffer> buf =
-        config.free_after_use
+        config.fully_sharded
             ? AllocateZeroed(config.memory, ops, bk.shard_count * DTypeSize(bk.dtype),
                              MemoryUse::kParamShards, s.label + " (shard)")
             : AllocateZeroed(config.memory, ops, bk.bytes(), MemoryUse::kParamGather,
@@ -94,7 +94,7 @@ absl::StatusOr<std::unique_ptr<ParamGatherer>> ParamGatherer::Create(const Bucke
                           absl::StrCat("param gatherer: cannot allocate bucket ", b, " (",
                                        bk.bytes(), " bytes): ", buf.status().message()));
     }
-    (config.free_after_use ? s.shard : s.full) = *std::move(buf);
+    (config.fully_sharded ? s.shard : s.full) = *std::move(buf);
   }
   // Device: the zeroes land before anyone writes a shard from another stream or the host.
   if (!ops.synchronous()) RETURN_IF_ERROR(ops.Synchronize(absl::Now() + config.timeout));
@@ -148,7 +148,7 @@ absl::Status ParamGatherer::CheckBucket(const char* what, int b) const {
 
 char* ParamGatherer::ShardData(int b) const {
   const BucketState& s = *buckets_[b];
-  if (config_.free_after_use) return s.shard.get();
+  if (config_.fully_sharded) return s.shard.get();
   const Bucket& bk = plan_.buckets()[b];
   return s.full.get() + static_cast<size_t>(group_->rank()) * bk.shard_count * DTypeSize(bk.dtype);
 }
@@ -163,7 +163,7 @@ absl::StatusOr<TensorView> ParamGatherer::ParamView(ParamId id) const {
   if (!s.full) {
     return absl::FailedPreconditionError(
         absl::StrCat("ParamView(", p.Label(), "): ", s.label,
-                     " is released (free_after_use); call WaitParams(", slot.bucket, ") first"));
+                     " is released (fully_sharded); call WaitParams(", slot.bucket, ") first"));
   }
   return TensorView{s.full.get() + slot.offset * DTypeSize(p.dtype), p.count, p.dtype, p.device};
 }
@@ -202,7 +202,7 @@ absl::Status ParamGatherer::LaunchLocked(int b, DeviceEvent ready) {
   char* mine = s.full.get() + static_cast<size_t>(group_->rank()) * shard_bytes;
   // Device: the wait for `ready` (a producer of the shard, e.g. the optimizer's step) comes
   // before the copy that reads it; the all-gather is queued after it on the same stream.
-  if (config_.free_after_use) {
+  if (config_.fully_sharded) {
     absl::Status c = ops.WaitFor(ready);
     if (c.ok()) c = ops.Copy(mine, s.shard.get(), shard_bytes);  // re-materialize
     if (!c.ok()) return WithContext(c, absl::StrCat("gathering ", s.label));
@@ -320,7 +320,7 @@ absl::Status ParamGatherer::Release(int b) {
         absl::StrCat("Release(", s.label, "): its all-gather on group '", group_->name(),
                      "' is in flight; call WaitParams first"));
   }
-  if (!config_.free_after_use) return absl::OkStatus();
+  if (!config_.fully_sharded) return absl::OkStatus();
   if (s.full && config_.shared_pool) {
     config_.shared_pool->Give(std::move(s.full), plan_.buckets()[b].bytes());
   } else if (s.full && config_.reuse_buffers) {
@@ -398,7 +398,7 @@ absl::StatusOr<std::vector<int64_t>> ParamGatherer::ExchangeInts(const std::vect
   {
     std::lock_guard<std::mutex> lock(mu_);
     CollectiveOptions opts;
-    opts.label = std::string(what);
+    opts.label = what;  // the caller's, alive until the launch copied it
     absl::StatusOr<WorkPtr> launched =
         group_->AllGather(bufs->data(), bufs->data() + k, k, DType::kI64, opts);
     if (!launched.ok()) return WithContext(launched.status(), what);

@@ -23,7 +23,7 @@
 //
 //   ASSIGN_OR_RETURN(auto gatherer, ParamGatherer::Create(reducer->plan(), gather_group.get(),
 //                                                         {absl::Seconds(60),
-//                                                         /*free_after_use=*/true}));
+//                                                         /*fully_sharded=*/true}));
 //   ASSIGN_OR_RETURN(TensorView shard, gatherer->ShardView(b));  // the optimizer writes here
 //   RETURN_IF_ERROR(gatherer->Prefetch(b));                      // after the step: start early
 //   ...
@@ -43,12 +43,12 @@
 // values (initial weights, the optimizer's update); its address is fixed for the gatherer's
 // lifetime. The next gather of b publishes it to every rank. ParamView is for reading: values
 // written there are overwritten by the next gather or lost at Release.
-//  - free_after_use off: ShardView is the shard's range inside the flat buffer, which lives as
+//  - fully_sharded off: ShardView is the shard's range inside the flat buffer, which lives as
 //    long as the gatherer. Release is a no-op (buffers stay gathered until the next Prefetch).
-//  - free_after_use on (ZeRO-3): the shard is kept in its own storage; Release(b) returns the
+//  - fully_sharded on (ZeRO-3): the shard is kept in its own storage; Release(b) returns the
 //    flat buffer to a pool, and the next gather takes one from it (or allocates one) and copies
 //    the shard in (shard_count elements) before the in-place all-gather. Buckets start released.
-// Buffer pool (free_after_use, config.reuse_buffers): a released flat buffer is kept, keyed by
+// Buffer pool (fully_sharded, config.reuse_buffers): a released flat buffer is kept, keyed by
 // its byte size, and the next gather of any bucket takes the best fit (the smallest pooled
 // buffer of at least bucket.bytes() and at most twice that), so a steady training step
 // allocates no gather buffer. Pooled buffers stay allocated and stay counted in MemoryStats as
@@ -57,7 +57,7 @@
 // reused by the next gather queued on the comm stream without the device-wide synchronization
 // a free implies, so readers of a released bucket on another stream must be ordered before the
 // next gather (pass their event as that Prefetch's `ready`), or turn reuse_buffers off.
-// A ParamView is valid until Release of its bucket (free_after_use) or the gatherer's
+// A ParamView is valid until Release of its bucket (fully_sharded) or the gatherer's
 // destruction; its values are meaningful only after WaitParams of its bucket returned OK.
 // Between Prefetch(b) and the end of WaitParams(b) the backend writes bucket b: do not read or
 // write its views then.
@@ -104,7 +104,7 @@ struct GathererConfig {
   // WaitParams / WaitAll deadline, the destructor's wait, and Create's plan check.
   absl::Duration timeout = absl::Seconds(300);
   // ZeRO-3: Release frees a bucket's full buffer, keeping only this rank's shard.
-  bool free_after_use = false;
+  bool fully_sharded = false;
   // Optional, not owned, must outlive the gatherer: each all-gather's span on its group's row
   // ("group <name>"), and each WaitParams / WaitAll on the "waits" row.
   Timeline* timeline = nullptr;
@@ -114,9 +114,9 @@ struct GathererConfig {
   // Optional, not owned, must outlive the gatherer's buffers: counts the shards (kParamShards)
   // and the gathered buffers (kParamGather).
   MemoryStats* memory = nullptr;
-  // free_after_use: keep released flat buffers in a pool for later gathers (see above).
+  // fully_sharded: keep released flat buffers in a pool for later gathers (see above).
   bool reuse_buffers = true;
-  // free_after_use on host groups: released flat buffers go to this pool instead of the
+  // fully_sharded on host groups: released flat buffers go to this pool instead of the
   // gatherer's own, shared with a keep_shards_only reducer (scheduler/buffer_pool.h).
   // InvalidArgument at Create on device groups.
   std::shared_ptr<BufferPool> shared_pool;
@@ -144,7 +144,7 @@ class ParamGatherer {
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
 
   // Parameter `id`'s full values inside its bucket's flat buffer. NotFound for an unknown id;
-  // FailedPrecondition when its bucket is released (free_after_use: call WaitParams first).
+  // FailedPrecondition when its bucket is released (fully_sharded: call WaitParams first).
   absl::StatusOr<TensorView> ParamView(ParamId id) const;
   // This rank's shard of bucket `b` (shard_count elements; fixed address). OutOfRange for an
   // unknown bucket.
@@ -161,7 +161,7 @@ class ParamGatherer {
   absl::Status WaitParams(int b);
   // Waits for every gather in flight (starts none); the first error, or OK.
   absl::Status WaitAll();
-  // free_after_use: frees bucket b's full buffer, keeping the shard. Otherwise a no-op. Either
+  // fully_sharded: frees bucket b's full buffer, keeping the shard. Otherwise a no-op. Either
   // way FailedPrecondition while b's gather is in flight (wait first), OK when already released.
   absl::Status Release(int b);
 
@@ -185,7 +185,7 @@ class ParamGatherer {
                                                     absl::string_view what);
 
   // Bytes of flat buffers attached to buckets now (gathered, in flight, or not yet released)
-  // and bytes of free buffers in the pool (free_after_use). Both are counted as kParamGather.
+  // and bytes of free buffers in the pool (fully_sharded). Both are counted as kParamGather.
   int64_t held_bytes() const;
   int64_t pooled_bytes() const;
   // Frees every pooled buffer (and every free buffer of the shared pool, the gradient
@@ -230,7 +230,7 @@ class ParamGatherer {
   uint64_t issued_ = 0;
   uint64_t issue_hash_ = 14695981039346656037ull;  // FNV-1a basis
   std::vector<int64_t> recent_;                    // ring of the last kRecentIssues buckets
-  // free_after_use: released flat buffers by byte size (see "Buffer pool").
+  // fully_sharded: released flat buffers by byte size (see "Buffer pool").
   std::multimap<size_t, OwnedBuffer> pool_;
   int64_t pooled_bytes_ = 0;
 };

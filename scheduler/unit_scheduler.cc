@@ -38,9 +38,9 @@ std::string OrderString(const std::vector<int>& order) {
 absl::StatusOr<std::unique_ptr<UnitScheduler>> UnitScheduler::Create(ParamGatherer* gatherer,
                                                                      const UnitConfig& config) {
   if (gatherer == nullptr) return absl::InvalidArgumentError("unit scheduler: no gatherer given");
-  if (!gatherer->config().free_after_use) {
+  if (!gatherer->config().fully_sharded) {
     return absl::InvalidArgumentError(
-        "unit scheduler: the gatherer must have free_after_use = true (units are gathered and "
+        "unit scheduler: the gatherer must have fully_sharded = true (units are gathered and "
         "released)");
   }
   if (config.prefetch < 0) {

@@ -1,5 +1,5 @@
 // UnitScheduler: fully sharded parameters (ZeRO-3 / FSDP) unit by unit on top of a
-// ParamGatherer with free_after_use. A unit (ParamSpec::unit, e.g. one transformer block) is the
+// ParamGatherer with fully_sharded. A unit (ParamSpec::unit, e.g. one transformer block) is the
 // set of buckets BucketPlan::UnitBuckets(u); the scheduler gathers a unit's buckets before the
 // unit is used, releases them after, and prefetches the next units of a schedule recorded on
 // the first step, under a limit on gathered-but-not-released bytes.
@@ -127,7 +127,7 @@ struct UnitConfig {
 
 class UnitScheduler {
  public:
-  // gatherer must have free_after_use = true; InvalidArgument otherwise, or for a limit below
+  // gatherer must have fully_sharded = true; InvalidArgument otherwise, or for a limit below
   // the largest unit's bytes (naming both). Not owned; must outlive the scheduler.
   static absl::StatusOr<std::unique_ptr<UnitScheduler>> Create(ParamGatherer* gatherer,
                                                                const UnitConfig& config);

@@ -342,7 +342,7 @@ TEST(OpScheduler, GathererAndReducerShareAScheduler) {
     ASSERT_TRUE(red.ok()) << red.status();
     GathererConfig gc;
     gc.timeout = kTimeout;
-    gc.free_after_use = true;
+    gc.fully_sharded = true;
     gc.scheduler = sch->get();
     auto gat = ParamGatherer::Create((*red)->plan(), gather_group->get(), gc);
     ASSERT_TRUE(gat.ok()) << gat.status();

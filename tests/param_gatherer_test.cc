@@ -102,10 +102,10 @@ void ExpectBucketMatches(const ParamGatherer& pg, int b, int ranks, int k, int m
   }
 }
 
-GathererConfig Config(bool free_after_use) {
+GathererConfig Config(bool fully_sharded) {
   GathererConfig c;
   c.timeout = absl::Seconds(60);
-  c.free_after_use = free_after_use;
+  c.fully_sharded = fully_sharded;
   return c;
 }
 
@@ -113,10 +113,10 @@ GathererConfig Config(bool free_after_use) {
 
 struct Scenario {
   int ranks;
-  bool free_after_use;
+  bool fully_sharded;
 };
 void PrintTo(const Scenario& s, std::ostream* os) {
-  *os << s.ranks << " ranks" << (s.free_after_use ? ", free_after_use" : "");
+  *os << s.ranks << " ranks" << (s.fully_sharded ? ", fully_sharded" : "");
 }
 
 class GatherVsReference : public ::testing::TestWithParam<Scenario> {};
@@ -126,7 +126,7 @@ TEST_P(GatherVsReference, BitExact) {
   RunRanks(sc.ranks, [&](Group& g) {
     const int r = g.rank();
     auto made =
-        ParamGatherer::Create(MakePlan(MixedParams(), sc.ranks), &g, Config(sc.free_after_use));
+        ParamGatherer::Create(MakePlan(MixedParams(), sc.ranks), &g, Config(sc.fully_sharded));
     ASSERT_TRUE(made.ok()) << made.status();
     ParamGatherer& pg = **made;
     const BucketPlan& plan = pg.plan();
@@ -143,7 +143,7 @@ TEST_P(GatherVsReference, BitExact) {
     EXPECT_TRUE(straddles || sc.ranks == 1) << "no parameter straddles a shard boundary";
 
     // Layout: 64-byte aligned flat buffer, this rank's shard in place inside it (without
-    // free_after_use; with it, the shard has its own storage).
+    // fully_sharded; with it, the shard has its own storage).
     WriteShards(pg, r, /*k=*/0);
     for (int b = 0; b < nb; ++b) ASSERT_OK(pg.WaitParams(b));
     for (int b = 0; b < nb; ++b) {
@@ -157,7 +157,7 @@ TEST_P(GatherVsReference, BitExact) {
       auto sv = pg.ShardView(b);
       ASSERT_TRUE(sv.ok());
       EXPECT_EQ(sv->count, bk.shard_count);
-      if (!sc.free_after_use) {
+      if (!sc.fully_sharded) {
         EXPECT_EQ(sv->data, base + r * bk.shard_count * es) << "bucket " << b;
       }
       ExpectBucketMatches(pg, b, sc.ranks, 0, r);
@@ -166,8 +166,8 @@ TEST_P(GatherVsReference, BitExact) {
     // Forward-like walk (last bucket first): bucket b-1's gather overlaps the use of bucket b.
     for (int b = 0; b < nb; ++b) ASSERT_OK(pg.Release(b));
     for (int b = 0; b < nb; ++b) {
-      EXPECT_EQ(pg.IsGathered(b), !sc.free_after_use) << b;
-      if (sc.free_after_use) {
+      EXPECT_EQ(pg.IsGathered(b), !sc.fully_sharded) << b;
+      if (sc.fully_sharded) {
         EXPECT_EQ(pg.ParamView(plan.params()[plan.buckets()[b].params[0]].id).status().code(),
                   absl::StatusCode::kFailedPrecondition);
       }
@@ -180,7 +180,7 @@ TEST_P(GatherVsReference, BitExact) {
       ASSERT_OK(pg.Release(b));
     }
     // Backward-like walk (first bucket first), nobody prefetching: WaitParams starts the
-    // gather (free_after_use) or finds the bucket still gathered.
+    // gather (fully_sharded) or finds the bucket still gathered.
     for (int b = 0; b < nb; ++b) {
       ASSERT_OK(pg.WaitParams(b));
       ExpectBucketMatches(pg, b, sc.ranks, 0, r);
@@ -206,7 +206,7 @@ INSTANTIATE_TEST_SUITE_P(RanksAndRelease, GatherVsReference,
                                            Scenario{4, true}),
                          [](const ::testing::TestParamInfo<Scenario>& i) {
                            return absl::StrCat(i.param.ranks, "ranks",
-                                               i.param.free_after_use ? "_free_after_use" : "");
+                                               i.param.fully_sharded ? "_fully_sharded" : "");
                          });
 
 // ---- prefetch is asynchronous ------------------------------------------------------------
@@ -221,7 +221,7 @@ TEST(ParamGatherer, PrefetchOverlapsUseOfPreviousBucket) {
       ->faults()
       .StallRank(1, 1, absl::Milliseconds(400), "world");
   RunRanks(**backend, [](Group& g) {
-    GathererConfig cfg = Config(/*free_after_use=*/true);
+    GathererConfig cfg = Config(/*fully_sharded=*/true);
     cfg.verify_plan = false;
     auto made = ParamGatherer::Create(MakePlan(MixedParams(), 2), &g, cfg);
     ASSERT_TRUE(made.ok()) << made.status();
@@ -248,7 +248,7 @@ TEST(ParamGatherer, PrefetchOverlapsUseOfPreviousBucket) {
 TEST(ParamGathererErrors, DoublePrefetchUnknownIdsAndBucketsReleaseInFlight) {
   RunRanks(2, [](Group& g) {
     auto made =
-        ParamGatherer::Create(MakePlan(MixedParams(), 2), &g, Config(/*free_after_use=*/true));
+        ParamGatherer::Create(MakePlan(MixedParams(), 2), &g, Config(/*fully_sharded=*/true));
     ASSERT_TRUE(made.ok()) << made.status();
     ParamGatherer& pg = **made;
     WriteShards(pg, g.rank(), 0);

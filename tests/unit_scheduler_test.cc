@@ -124,11 +124,10 @@ struct Rig {
   std::unique_ptr<UnitScheduler> us;
 };
 
-void MakeRig(Rig& rig, Group& g, BucketPlan plan, const UnitConfig& uc,
-             bool free_after_use = true) {
+void MakeRig(Rig& rig, Group& g, BucketPlan plan, const UnitConfig& uc, bool fully_sharded = true) {
   GathererConfig gc;
   gc.timeout = absl::Seconds(30);
-  gc.free_after_use = free_after_use;
+  gc.fully_sharded = fully_sharded;
   gc.memory = &rig.memory;
   auto pg = ParamGatherer::Create(plan, &g, gc);
   ASSERT_TRUE(pg.ok()) << pg.status();
@@ -535,11 +534,11 @@ TEST(UnitSchedulerErrors, BadInputNamesTheItem) {
     {
       Rig rig;
       GathererConfig gc;
-      gc.free_after_use = false;
+      gc.fully_sharded = false;
       auto pg = ParamGatherer::Create(plan, &g, gc);
       ASSERT_TRUE(pg.ok());
       ExpectError(UnitScheduler::Create(pg->get(), UnitConfig{}).status(),
-                  absl::StatusCode::kInvalidArgument, {"free_after_use"});
+                  absl::StatusCode::kInvalidArgument, {"fully_sharded"});
     }
     Rig rig;
     MakeRig(rig, g, plan, UnitConfig{});

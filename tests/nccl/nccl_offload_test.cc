@@ -219,7 +219,7 @@ INSTANTIATE_TEST_SUITE_P(
         NamedScenario{"Sgd_Hybrid2x2_f32", Offloaded(2, 2, OptimizerKind::kSgd, DType::kF32)}),
     [](const ::testing::TestParamInfo<NamedScenario>& i) { return i.param.name; });
 
-// Fully sharded (gather_after_step off) with offload: the step only writes each bucket's shard
+// Fully sharded (fully_sharded on) with offload: the step only writes each bucket's shard
 // (host step, host -> device copy); a gatherer of the shard first takes WaitShard's event (what
 // the unit scheduler's before_gather does), then gathers. The gathered parameters match the
 // reference after every step.
@@ -227,7 +227,7 @@ TEST(NcclOffloadFullyShardedTest, WaitShardThenGather) {
   for (const OptScenario& base : {Offloaded(1, 2, OptimizerKind::kAdamW, DType::kBF16),
                                   Offloaded(2, 2, OptimizerKind::kSgd, DType::kF32)}) {
     OptScenario s = base;
-    s.opt.gather_after_step = false;
+    s.opt.fully_sharded = true;
     FakeGpu gpu;
     auto kernels = std::make_shared<FakeStepKernels>(gpu.cuda);
     RunFakeRanks(gpu, s.replicas * s.shards, FakeConfig(), [&](NcclGroup& world) {

@@ -86,7 +86,7 @@ absl::StatusOr<std::unique_ptr<FsdpStack>> Build(Group& world, const FsdpCase& c
   ASSIGN_OR_RETURN(st->gather_group, groups.shard->Split(0, groups.shard->rank(), "gather"));
   sched::GathererConfig gc;
   gc.timeout = absl::Seconds(60);
-  gc.free_after_use = true;
+  gc.fully_sharded = true;
   gc.memory = &st->memory;
   gc.shared_pool = st->pool;
   ASSIGN_OR_RETURN(st->gatherer,
@@ -94,7 +94,7 @@ absl::StatusOr<std::unique_ptr<FsdpStack>> Build(Group& world, const FsdpCase& c
   OptimizerConfig oc = s.opt;
   oc.timeout = absl::Seconds(60);
   oc.memory = &st->memory;
-  oc.gather_after_step = false;
+  oc.fully_sharded = true;
   ASSIGN_OR_RETURN(st->opt, ShardedOptimizer::Create(st->reducer.get(), st->gatherer.get(), oc));
   for (int i = 0; i < P; ++i) {
     std::vector<uint8_t> init(s.counts[i] * DTypeSize(s.dtype));

@@ -207,12 +207,12 @@ TEST(ShardedOptimizer, FailedReductionDropsTheRestOfTheStepOnEveryRank) {
   });
 }
 
-// gather_after_step off (fully sharded): steps write the shards and gather nothing; a gather
+// fully_sharded: steps write the shards and gather nothing; a gather
 // after WaitShard gives the reference parameters; Load gathers nothing either.
 TEST(ShardedOptimizer, NoGatherAfterStepLeavesGatheringToTheCaller) {
   for (int replicas : {1, 2}) {
     OptScenario s = Base(replicas, 2);
-    s.opt.gather_after_step = false;
+    s.opt.fully_sharded = true;
     s.schedule = {SyncMode::kNoSync, SyncMode::kSync};
     s.steps = 3;
     const std::string dir = ::testing::TempDir();
@@ -371,9 +371,9 @@ TEST(ShardedOptimizerErrors, MisuseIsNamed) {
     auto st = BuildStack(world, s);
     ASSERT_TRUE(st.ok()) << st.status();
     ShardedOptimizer& opt = *(*st)->opt;
-    ExpectError(opt.Step(), absl::StatusCode::kFailedPrecondition, {"Step()", "without gradients"});
+    ExpectError(opt.Step(), absl::StatusCode::kFailedPrecondition, {"step()", "without gradients"});
     ExpectError(opt.FinishBackward(), absl::StatusCode::kFailedPrecondition,
-                {"without BeginBackward"});
+                {"without begin_backward"});
     ExpectError(opt.WaitParams(99), absl::StatusCode::kOutOfRange, {"bucket 99"});
     ExpectError(opt.SetParam(1234, nullptr), absl::StatusCode::kNotFound, {"1234"});
     ExpectError(opt.SetParam(0, nullptr), absl::StatusCode::kInvalidArgument, {"'p0'", "null"});
