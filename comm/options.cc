@@ -1,5 +1,6 @@
 #include "comm/options.h"
 
+#include <csignal>
 #include <cstdlib>
 #include <functional>
 
@@ -146,6 +147,38 @@ const std::vector<Entry>& Entries() {
        [](Options& o, absl::string_view v) {
          ASSIGN_OR_RETURN(int64_t x, ParseInt("BRAID_STORE_PORT", v, 0, 65535));
          o.store_port = static_cast<int>(x);
+         return absl::OkStatus();
+       }},
+      {{"BRAID_FLIGHT_RECORDER_ENTRIES", "2048",
+        "collectives each rank keeps in its flight recorder, a fixed ring written out when a "
+        "collective fails or the job aborts (BRAID_FLIGHT_RECORDER_DIR); 0: no recorder "
+        "(comm/flight_recorder.h)"},
+       [](Options& o, absl::string_view v) -> absl::Status {
+         ASSIGN_OR_RETURN(int64_t x, ParseInt("BRAID_FLIGHT_RECORDER_ENTRIES", v, 0, 1 << 20));
+         o.flight_recorder_entries = static_cast<size_t>(x);
+         return absl::OkStatus();
+       }},
+      {{"BRAID_FLIGHT_RECORDER_DIR", "",
+        "directory each rank writes its flight recorder to (braid_flight.rank<R>.jsonl) when a "
+        "collective fails or the job aborts; empty: only on request (braid_flight_recorder_dump)"},
+       [](Options& o, absl::string_view v) {
+         o.flight_recorder_dir = std::string(v);
+         return absl::OkStatus();
+       }},
+      {{"BRAID_FLIGHT_RECORDER_SIGNAL", "",
+        "SIGUSR1 or SIGUSR2: the host lets Braid install a handler for that signal, which "
+        "writes every rank's flight recorder to BRAID_FLIGHT_RECORDER_DIR; empty: Braid installs "
+        "no signal handler"},
+       [](Options& o, absl::string_view v) -> absl::Status {
+         if (v.empty()) {
+           o.flight_recorder_signal = 0;
+         } else if (v == "SIGUSR1") {
+           o.flight_recorder_signal = SIGUSR1;
+         } else if (v == "SIGUSR2") {
+           o.flight_recorder_signal = SIGUSR2;
+         } else {
+           return BadValue("BRAID_FLIGHT_RECORDER_SIGNAL", v, "SIGUSR1, SIGUSR2 or empty");
+         }
          return absl::OkStatus();
        }},
       {{"BRAID_TIMELINE", "", "path prefix for per-rank Chrome-trace timelines (off when empty)"},

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "comm/spin.h"
 
 namespace braid {
@@ -31,14 +32,19 @@ WorkPtr Work::Completed(WorkInfo info, absl::Status status) {
 
 bool Work::Complete(absl::Status status) {
   absl::InlinedVector<Callback, 2> callbacks;
+  std::shared_ptr<WorkObserver> observer;
+  uint64_t token = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (done_.load(std::memory_order_relaxed)) return false;
     status_ = std::move(status);
     callbacks.swap(callbacks_);
+    observer.swap(observer_);
+    token = observer_token_;
     done_.store(true, std::memory_order_release);
   }
   cv_.notify_all();
+  if (observer != nullptr) observer->WorkFinished(token, status_, started_ns());
   for (auto& cb : callbacks) cb(status_);
   return true;
 }
@@ -52,6 +58,24 @@ void Work::OnComplete(Callback cb) {
     }
   }
   cb(status_);
+}
+
+void Work::Observe(std::shared_ptr<WorkObserver> observer, uint64_t token) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!done_.load(std::memory_order_relaxed)) {
+      observer_ = std::move(observer);
+      observer_token_ = token;
+      return;
+    }
+  }
+  if (observer != nullptr) observer->WorkFinished(token, status_, started_ns());
+}
+
+void Work::MarkStarted() {
+  int64_t expected = 0;
+  started_ns_.compare_exchange_strong(expected, absl::GetCurrentTimeNanos(),
+                                      std::memory_order_relaxed);
 }
 
 absl::Status Work::status() const {
