@@ -159,6 +159,12 @@ void FlightRecorder::WorkFinished(uint64_t id, const absl::Status& status, int64
   }
 }
 
+void FlightRecorder::WorkStarted(uint64_t id, int64_t started_ns) {
+  Slot& slot = SlotOf(id);
+  SlotLock lock(slot.busy);
+  if (slot.record.id == id) slot.record.started_ns = started_ns;
+}
+
 std::vector<FlightRecord> FlightRecorder::Snapshot() const {
   const uint64_t end = next_id_.load(std::memory_order_acquire);
   const uint64_t begin = end > capacity_ ? end - capacity_ : 0;

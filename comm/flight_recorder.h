@@ -81,6 +81,7 @@ class FlightRecorder final : public WorkObserver,
   void Record(const CollectiveArgs& args, int group_rank, int group_size, Work& work,
               int64_t issued_ns);
   void WorkFinished(uint64_t token, const absl::Status& status, int64_t started_ns) override;
+  void WorkStarted(uint64_t token, int64_t started_ns) override;
 
   int rank() const { return rank_; }
   size_t capacity() const { return capacity_; }

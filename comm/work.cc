@@ -66,6 +66,8 @@ void Work::Observe(std::shared_ptr<WorkObserver> observer, uint64_t token) {
     if (!done_.load(std::memory_order_relaxed)) {
       observer_ = std::move(observer);
       observer_token_ = token;
+      const int64_t started = started_ns();
+      if (started != 0 && observer_ != nullptr) observer_->WorkStarted(token, started);
       return;
     }
   }
@@ -74,8 +76,10 @@ void Work::Observe(std::shared_ptr<WorkObserver> observer, uint64_t token) {
 
 void Work::MarkStarted() {
   int64_t expected = 0;
-  started_ns_.compare_exchange_strong(expected, absl::GetCurrentTimeNanos(),
-                                      std::memory_order_relaxed);
+  const int64_t now = absl::GetCurrentTimeNanos();
+  if (!started_ns_.compare_exchange_strong(expected, now, std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (observer_ != nullptr) observer_->WorkStarted(observer_token_, now);
 }
 
 absl::Status Work::status() const {

@@ -53,6 +53,9 @@ class WorkObserver {
   virtual ~WorkObserver() = default;
   // `token`: what Observe() was given; `started_ns`: Work::started_ns().
   virtual void WorkFinished(uint64_t token, const absl::Status& status, int64_t started_ns) = 0;
+  // The backend began the work (Work::MarkStarted); called under the Work's lock, at most twice
+  // with the same time. Must not call back into the Work.
+  virtual void WorkStarted(uint64_t token, int64_t started_ns) = 0;
 };
 using WorkPtr = std::shared_ptr<Work>;
 
