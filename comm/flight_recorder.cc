@@ -209,8 +209,10 @@ absl::Status FlightRecorder::DumpTo(const std::string& path, absl::string_view r
   const std::string tmp = absl::StrCat(path, ".tmp");
   std::FILE* f = std::fopen(tmp.c_str(), "w");
   if (f == nullptr) {
-    return absl::UnavailableError(absl::StrCat("flight recorder of rank ", rank_, ": cannot open '",
-                                               tmp, "': ", std::strerror(errno)));
+    const int err = errno;
+    const std::string msg = absl::StrCat("flight recorder of rank ", rank_, ": cannot open '", tmp,
+                                         "': ", std::strerror(err));
+    return err == ENOENT ? absl::NotFoundError(msg) : absl::FailedPreconditionError(msg);
   }
   bool ok = std::fwrite(header.data(), 1, header.size(), f) == header.size();
   for (const FlightRecord& r : records) {

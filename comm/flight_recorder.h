@@ -14,8 +14,8 @@
 // record's late finish. Dumps (docs/hardening.md#flight-recorder has the format) go to
 // `<dir>/braid_flight.rank<R>.jsonl`: automatically, once per recorder, when a recorded
 // collective fails or the job's abort domain aborts, if BRAID_FLIGHT_RECORDER_DIR is set; on
-// demand through DumpTo / braid_flight_recorder_dump; on a signal only where the host opted in
-// (BRAID_FLIGHT_RECORDER_SIGNAL, comm/flight_signal.h).
+// demand through DumpTo / braid_flight_recorder_dump. Braid installs no signal handler: a host
+// that wants a dump on a signal calls braid_flight_recorder_dump from the thread that handles it.
 #ifndef BRAID_COMM_FLIGHT_RECORDER_H_
 #define BRAID_COMM_FLIGHT_RECORDER_H_
 

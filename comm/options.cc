@@ -1,6 +1,5 @@
 #include "comm/options.h"
 
-#include <csignal>
 #include <cstdlib>
 #include <functional>
 
@@ -163,22 +162,6 @@ const std::vector<Entry>& Entries() {
         "collective fails or the job aborts; empty: only on request (braid_flight_recorder_dump)"},
        [](Options& o, absl::string_view v) {
          o.flight_recorder_dir = std::string(v);
-         return absl::OkStatus();
-       }},
-      {{"BRAID_FLIGHT_RECORDER_SIGNAL", "",
-        "SIGUSR1 or SIGUSR2: the host lets Braid install a handler for that signal, which "
-        "writes every rank's flight recorder to BRAID_FLIGHT_RECORDER_DIR; empty: Braid installs "
-        "no signal handler"},
-       [](Options& o, absl::string_view v) -> absl::Status {
-         if (v.empty()) {
-           o.flight_recorder_signal = 0;
-         } else if (v == "SIGUSR1") {
-           o.flight_recorder_signal = SIGUSR1;
-         } else if (v == "SIGUSR2") {
-           o.flight_recorder_signal = SIGUSR2;
-         } else {
-           return BadValue("BRAID_FLIGHT_RECORDER_SIGNAL", v, "SIGUSR1, SIGUSR2 or empty");
-         }
          return absl::OkStatus();
        }},
       {{"BRAID_TIMELINE", "", "path prefix for per-rank Chrome-trace timelines (off when empty)"},

@@ -32,19 +32,18 @@ WorkPtr Work::Completed(WorkInfo info, absl::Status status) {
 
 bool Work::Complete(absl::Status status) {
   absl::InlinedVector<Callback, 2> callbacks;
-  std::shared_ptr<WorkObserver> observer;
-  uint64_t token = 0;
+  std::shared_ptr<WorkObserver> observer;  // released after the lock
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (done_.load(std::memory_order_relaxed)) return false;
     status_ = std::move(status);
     callbacks.swap(callbacks_);
     observer.swap(observer_);
-    token = observer_token_;
+    // Before done_: whoever sees the work done also sees its record finished.
+    if (observer != nullptr) observer->WorkFinished(observer_token_, status_, started_ns());
     done_.store(true, std::memory_order_release);
   }
   cv_.notify_all();
-  if (observer != nullptr) observer->WorkFinished(token, status_, started_ns());
   for (auto& cb : callbacks) cb(status_);
   return true;
 }

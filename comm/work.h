@@ -47,7 +47,8 @@ class Work;
 class WorkPool;
 
 // Told once when a Work it observes finishes (the flight recorder, comm/flight_recorder.h).
-// Runs on the completing thread before the Work's callbacks; must not block on peers.
+// Runs on the completing thread under the Work's lock, before anyone sees the Work done; must
+// not call back into the Work or block on peers.
 class WorkObserver {
  public:
   virtual ~WorkObserver() = default;
