@@ -295,6 +295,15 @@ BRAID_API braid_status_t braid_nccl_unique_id(void* out, size_t capacity, size_t
 
 #define BRAID_NO_COLOR (-1) /* braid_group_split color: this rank joins no new group */
 
+/* Since 0.10 (additive): writes the flight recorder of `group`'s rank (the last
+ * BRAID_FLIGHT_RECORDER_ENTRIES collectives of all its groups: group, seq, op, bytes, label,
+ * times, state) to `path` as JSON lines (docs/hardening.md#flight-recorder; tools/braid_flight
+ * merges the ranks' files); `path` NULL: <BRAID_FLIGHT_RECORDER_DIR>/braid_flight.rank<R>.jsonl.
+ * Safe while collectives run, from any thread (not from a signal handler). Errors:
+ * FAILED_PRECONDITION (recording off: BRAID_FLIGHT_RECORDER_ENTRIES=0; `path` NULL without
+ * BRAID_FLIGHT_RECORDER_DIR; the file cannot be written), NOT_FOUND (its directory is missing). */
+BRAID_API braid_status_t braid_flight_recorder_dump(braid_group_t* group, const char* path);
+
 BRAID_API braid_status_t braid_group_rank(braid_group_t* group, int* rank);
 BRAID_API braid_status_t braid_group_size(braid_group_t* group, int* size);
 /* *name: the group's name ("world", "world/shard", ...), valid while the group lives. */

@@ -193,6 +193,22 @@ braid_status_t braid_world_destroy(braid_world_t* world) {
                [&] { return braid::capi::Destroy(world, Tag::kWorld, "world"); });
 }
 
+braid_status_t braid_flight_recorder_dump(braid_group_t* group, const char* path) {
+  return Guard("braid_flight_recorder_dump", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto g, Find<GroupImpl>(group, "group"));
+    braid::FlightRecorder* fr = g->group->flight_recorder();
+    if (fr == nullptr) {
+      return absl::FailedPreconditionError(
+          "braid_flight_recorder_dump: recording is off (BRAID_FLIGHT_RECORDER_ENTRIES=0)");
+    }
+    if (path == nullptr && fr->auto_path().empty()) {
+      return absl::FailedPreconditionError(
+          "braid_flight_recorder_dump: path is NULL and BRAID_FLIGHT_RECORDER_DIR is not set");
+    }
+    return fr->DumpTo(path != nullptr ? std::string(path) : fr->auto_path(), "asked by the host");
+  });
+}
+
 braid_status_t braid_group_rank(braid_group_t* group, int* rank) {
   return Guard("braid_group_rank", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto g, Find<GroupImpl>(group, "group"));

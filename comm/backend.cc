@@ -5,8 +5,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "comm/logging.h"
+#include "comm/status_macros.h"
 
 namespace braid {
+
+absl::StatusOr<std::unique_ptr<Group>> Backend::WorldGroup(int rank) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Group> g, CreateWorldGroup(rank));
+  g->AttachFlightRecorder(FlightRecorder::Create(flight_, rank, g->shared_abort_domain()));
+  return g;
+}
 
 BackendRegistry& BackendRegistry::Global() {
   static BackendRegistry* registry = new BackendRegistry;
@@ -74,7 +81,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const Options& options) {
   for (const std::string& u : options.unknown) {
     Log().warn("unknown environment variable {} ignored (see OptionSpecs())", u);
   }
-  return BackendRegistry::Global().Create(options.backend, options);
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> b,
+                   BackendRegistry::Global().Create(options.backend, options));
+  b->set_flight_recorder_config(FlightRecorder::Config::FromOptions(options));
+  return b;
 }
 
 }  // namespace braid

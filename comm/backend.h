@@ -26,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "comm/flight_recorder.h"
 #include "comm/group.h"
 #include "comm/options.h"
 
@@ -40,8 +41,18 @@ class Backend {
   // World ranks hosted by this process.
   virtual std::vector<int> local_ranks() const = 0;
   // The world group as rank `rank` (one of local_ranks()) sees it; once per rank. Groups keep
-  // what they need alive: they may outlive the Backend object.
-  virtual absl::StatusOr<std::unique_ptr<Group>> WorldGroup(int rank) = 0;
+  // what they need alive: they may outlive the Backend object. Carries the rank's flight
+  // recorder (comm/flight_recorder.h), configured by CreateBackend's options.
+  absl::StatusOr<std::unique_ptr<Group>> WorldGroup(int rank);
+
+  // The flight recorder settings of later WorldGroup calls (default: Options' defaults).
+  void set_flight_recorder_config(FlightRecorder::Config c) { flight_ = std::move(c); }
+
+ protected:
+  virtual absl::StatusOr<std::unique_ptr<Group>> CreateWorldGroup(int rank) = 0;
+
+ private:
+  FlightRecorder::Config flight_;
 };
 
 using BackendFactory = std::function<absl::StatusOr<std::unique_ptr<Backend>>(const Options&)>;

@@ -144,7 +144,11 @@ absl::StatusOr<WorkPtr> Group::ValidateAndLaunch(CollectiveArgs a) {
   if (abort_domain_ != nullptr && abort_domain_->aborted()) {
     return abort_domain_->RefusalFor(name());
   }
-  return Launch(a);
+  if (flight_recorder_ == nullptr) return Launch(a);
+  const int64_t issued_ns = FlightRecorder::NowNs();
+  ASSIGN_OR_RETURN(WorkPtr w, Launch(a));
+  if (w != nullptr) flight_recorder_->Record(a, rank(), size(), *w, issued_ns);
+  return w;
 }
 
 absl::StatusOr<WorkPtr> Group::AllReduce(const void* send, void* recv, size_t count, DType dtype,
@@ -213,7 +217,9 @@ absl::StatusOr<std::unique_ptr<Group>> Group::Split(int color, int key, absl::st
   if (abort_domain_ != nullptr && abort_domain_->aborted()) {
     return abort_domain_->RefusalFor(this->name());
   }
-  return DoSplit(color, key, std::move(child));
+  ASSIGN_OR_RETURN(std::unique_ptr<Group> g, DoSplit(color, key, std::move(child)));
+  if (g != nullptr && g->flight_recorder_ == nullptr) g->flight_recorder_ = flight_recorder_;
+  return g;
 }
 
 absl::Status Group::AbortJob(const absl::Status& cause) {

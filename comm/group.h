@@ -30,6 +30,7 @@
 #include "comm/abort_domain.h"
 #include "comm/buffer_ops.h"
 #include "comm/dtype.h"
+#include "comm/flight_recorder.h"
 #include "comm/reduce_op.h"
 #include "comm/tensor.h"
 #include "comm/work.h"
@@ -131,6 +132,14 @@ class Group {
   // the job had already aborted.
   absl::Status AbortJob(const absl::Status& cause);
 
+  // This rank's flight recorder (comm/flight_recorder.h): every collective of this group is
+  // recorded in it. Backend::WorldGroup attaches it to the world group; Split hands it to the
+  // child. Null when recording is off.
+  FlightRecorder* flight_recorder() const { return flight_recorder_.get(); }
+  const std::shared_ptr<FlightRecorder>& shared_flight_recorder() const { return flight_recorder_; }
+  // Replaces the recorder (null: stop recording). Call before the group's first collective.
+  void AttachFlightRecorder(std::shared_ptr<FlightRecorder> r) { flight_recorder_ = std::move(r); }
+
  protected:
   // Backends call it in their constructors (children: the parent's domain).
   void SetAbortDomain(std::shared_ptr<AbortDomain> domain) { abort_domain_ = std::move(domain); }
@@ -145,6 +154,7 @@ class Group {
   absl::StatusOr<WorkPtr> ValidateAndLaunch(CollectiveArgs args);
 
   std::shared_ptr<AbortDomain> abort_domain_;
+  std::shared_ptr<FlightRecorder> flight_recorder_;
 };
 
 // Name of a child group as Split builds it when the caller gives none.

@@ -148,6 +148,22 @@ const std::vector<Entry>& Entries() {
          o.store_port = static_cast<int>(x);
          return absl::OkStatus();
        }},
+      {{"BRAID_FLIGHT_RECORDER_ENTRIES", "2048",
+        "collectives each rank keeps in its flight recorder, a fixed ring written out when a "
+        "collective fails or the job aborts (BRAID_FLIGHT_RECORDER_DIR); 0: no recorder "
+        "(comm/flight_recorder.h)"},
+       [](Options& o, absl::string_view v) -> absl::Status {
+         ASSIGN_OR_RETURN(int64_t x, ParseInt("BRAID_FLIGHT_RECORDER_ENTRIES", v, 0, 1 << 20));
+         o.flight_recorder_entries = static_cast<size_t>(x);
+         return absl::OkStatus();
+       }},
+      {{"BRAID_FLIGHT_RECORDER_DIR", "",
+        "directory each rank writes its flight recorder to (braid_flight.rank<R>.jsonl) when a "
+        "collective fails or the job aborts; empty: only on request (braid_flight_recorder_dump)"},
+       [](Options& o, absl::string_view v) {
+         o.flight_recorder_dir = std::string(v);
+         return absl::OkStatus();
+       }},
       {{"BRAID_TIMELINE", "", "path prefix for per-rank Chrome-trace timelines (off when empty)"},
        [](Options& o, absl::string_view v) {
          o.timeline = std::string(v);

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "comm/spin.h"
 
 namespace braid {
@@ -31,11 +32,15 @@ WorkPtr Work::Completed(WorkInfo info, absl::Status status) {
 
 bool Work::Complete(absl::Status status) {
   absl::InlinedVector<Callback, 2> callbacks;
+  std::shared_ptr<WorkObserver> observer;  // released after the lock
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (done_.load(std::memory_order_relaxed)) return false;
     status_ = std::move(status);
     callbacks.swap(callbacks_);
+    observer.swap(observer_);
+    // Before done_: whoever sees the work done also sees its record finished.
+    if (observer != nullptr) observer->WorkFinished(observer_token_, status_, started_ns());
     done_.store(true, std::memory_order_release);
   }
   cv_.notify_all();
@@ -52,6 +57,28 @@ void Work::OnComplete(Callback cb) {
     }
   }
   cb(status_);
+}
+
+void Work::Observe(std::shared_ptr<WorkObserver> observer, uint64_t token) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!done_.load(std::memory_order_relaxed)) {
+      observer_ = std::move(observer);
+      observer_token_ = token;
+      const int64_t started = started_ns();
+      if (started != 0 && observer_ != nullptr) observer_->WorkStarted(token, started);
+      return;
+    }
+  }
+  if (observer != nullptr) observer->WorkFinished(token, status_, started_ns());
+}
+
+void Work::MarkStarted() {
+  int64_t expected = 0;
+  const int64_t now = absl::GetCurrentTimeNanos();
+  if (!started_ns_.compare_exchange_strong(expected, now, std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (observer_ != nullptr) observer_->WorkStarted(observer_token_, now);
 }
 
 absl::Status Work::status() const {

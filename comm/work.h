@@ -45,6 +45,19 @@ struct WorkInfo {
 
 class Work;
 class WorkPool;
+
+// Told once when a Work it observes finishes (the flight recorder, comm/flight_recorder.h).
+// Runs on the completing thread under the Work's lock, before anyone sees the Work done; must
+// not call back into the Work or block on peers.
+class WorkObserver {
+ public:
+  virtual ~WorkObserver() = default;
+  // `token`: what Observe() was given; `started_ns`: Work::started_ns().
+  virtual void WorkFinished(uint64_t token, const absl::Status& status, int64_t started_ns) = 0;
+  // The backend began the work (Work::MarkStarted); called under the Work's lock, at most twice
+  // with the same time. Must not call back into the Work.
+  virtual void WorkStarted(uint64_t token, int64_t started_ns) = 0;
+};
 using WorkPtr = std::shared_ptr<Work>;
 
 class Work {
@@ -78,11 +91,18 @@ class Work {
   void OnComplete(Callback cb);
   DeviceEvent device_event() const { return device_event_; }
   const WorkInfo& info() const { return info_; }
+  // Tells `observer` (one per Work; a later call replaces it) when the work finishes: now, on
+  // this thread, if it already has. Takes the Work's lock once; allocates nothing.
+  void Observe(std::shared_ptr<WorkObserver> observer, uint64_t token);
+  // Wall-clock ns (Unix epoch) at which the backend began the op (MarkStarted); 0: not reported.
+  int64_t started_ns() const { return started_ns_.load(std::memory_order_relaxed); }
 
   // Producer side (backends) --------------------------------------------------------------
   // Completes the work; the first call wins, later calls are ignored (returns false).
   bool Complete(absl::Status status);
   void set_device_event(DeviceEvent e) { device_event_ = e; }
+  // The transport begins the op now (for the flight recorder's "started" time); first call wins.
+  void MarkStarted();
   // Installs a function Wait() calls while it waits (polling-driven backends). Must be set
   // before the Work is handed out; must be safe to call from any thread, repeatedly.
   void set_poller(std::function<void()> poller) { poller_ = std::move(poller); }
@@ -100,6 +120,9 @@ class Work {
   absl::InlinedVector<Callback, 2> callbacks_;
   DeviceEvent device_event_;
   std::function<void()> poller_;
+  std::shared_ptr<WorkObserver> observer_;  // guarded by mu_; taken by Complete()
+  uint64_t observer_token_ = 0;             // guarded by mu_
+  std::atomic<int64_t> started_ns_{0};
 };
 
 }  // namespace braid

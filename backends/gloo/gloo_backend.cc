@@ -97,7 +97,7 @@ absl::StatusOr<std::unique_ptr<Backend>> GlooBackend::Create(const Options& opti
   return std::unique_ptr<Backend>(std::move(b));
 }
 
-absl::StatusOr<std::unique_ptr<Group>> GlooBackend::WorldGroup(int rank) {
+absl::StatusOr<std::unique_ptr<Group>> GlooBackend::CreateWorldGroup(int rank) {
   if (rank != rank_) {
     return absl::InvalidArgumentError(
         absl::StrCat("gloo backend: this process is world rank ", rank_,

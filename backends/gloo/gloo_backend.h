@@ -53,7 +53,7 @@ class GlooBackend final : public Backend {
   int world_size() const override { return world_size_; }
   std::vector<int> local_ranks() const override { return {rank_}; }
   // Connects the world's Gloo context (collective over the world); once.
-  absl::StatusOr<std::unique_ptr<Group>> WorldGroup(int rank) override;
+  absl::StatusOr<std::unique_ptr<Group>> CreateWorldGroup(int rank) override;
 
  private:
   GlooBackend(std::shared_ptr<GlooWorld> world, int rank, int world_size)

@@ -34,7 +34,7 @@ std::vector<int> LocalBackend::local_ranks() const {
   return ranks;
 }
 
-absl::StatusOr<std::unique_ptr<Group>> LocalBackend::WorldGroup(int rank) {
+absl::StatusOr<std::unique_ptr<Group>> LocalBackend::CreateWorldGroup(int rank) {
   if (rank < 0 || rank >= world_size_) {
     return absl::InvalidArgumentError(
         absl::StrCat("local backend: rank ", rank, " is outside the world of size ", world_size_));

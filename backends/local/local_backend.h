@@ -28,7 +28,7 @@ class LocalBackend final : public Backend {
   Capabilities capabilities() const override;
   int world_size() const override { return world_size_; }
   std::vector<int> local_ranks() const override;
-  absl::StatusOr<std::unique_ptr<Group>> WorldGroup(int rank) override;
+  absl::StatusOr<std::unique_ptr<Group>> CreateWorldGroup(int rank) override;
 
   FaultInjector& faults() { return *faults_; }
   // The job's abort domain, shared by every group of every rank (comm/abort_domain.h).

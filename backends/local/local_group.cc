@@ -266,6 +266,7 @@ absl::Status LocalGroup::Execute(Op& op) {
   // A failed group takes no more calls: nothing is posted into slots peers may still read.
   if (comm_->barrier_.failed()) return comm_->barrier_.failure();
   const absl::Time deadline = absl::Now() + timeout;
+  op.work->MarkStarted();  // this rank joins the collective (the flight recorder's "started")
   std::vector<Posted>& posted = comm_->slots(info.seq);
   posted[rank_] = op.posted;
   comm_->busy_[rank_].store(true, std::memory_order_release);

@@ -46,7 +46,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MpiBackend::Create(const Options& optio
   return std::unique_ptr<Backend>(new MpiBackend(std::move(runtime), config));
 }
 
-absl::StatusOr<std::unique_ptr<Group>> MpiBackend::WorldGroup(int rank) {
+absl::StatusOr<std::unique_ptr<Group>> MpiBackend::CreateWorldGroup(int rank) {
   if (rank != runtime_->world_rank()) {
     return absl::InvalidArgumentError(
         absl::StrCat("mpi backend: this process is world rank ", runtime_->world_rank(),

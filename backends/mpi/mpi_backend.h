@@ -44,7 +44,7 @@ class MpiBackend final : public Backend {
   int world_size() const override { return runtime_->world_size(); }
   std::vector<int> local_ranks() const override { return {runtime_->world_rank()}; }
   // Collective over MPI_COMM_WORLD (a nonblocking dup under the deadline); once.
-  absl::StatusOr<std::unique_ptr<Group>> WorldGroup(int rank) override;
+  absl::StatusOr<std::unique_ptr<Group>> CreateWorldGroup(int rank) override;
 
  private:
   MpiBackend(std::shared_ptr<MpiRuntime> runtime, const MpiGroup::Config& config)

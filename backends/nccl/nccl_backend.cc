@@ -172,7 +172,7 @@ absl::StatusOr<std::unique_ptr<Backend>> NcclBackend::Create(const Options& opti
   return std::unique_ptr<Backend>(std::move(b));
 }
 
-absl::StatusOr<std::unique_ptr<Group>> NcclBackend::WorldGroup(int rank) {
+absl::StatusOr<std::unique_ptr<Group>> NcclBackend::CreateWorldGroup(int rank) {
   if (rank != rank_) {
     return absl::InvalidArgumentError(
         absl::StrCat("nccl backend: this process is world rank ", rank_,

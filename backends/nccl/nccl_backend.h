@@ -91,7 +91,7 @@ class NcclBackend final : public Backend {
   int world_size() const override { return world_size_; }
   std::vector<int> local_ranks() const override { return {rank_}; }
   // Collective over the world (ncclCommInitRankConfig); once. The group may outlive this.
-  absl::StatusOr<std::unique_ptr<Group>> WorldGroup(int rank) override;
+  absl::StatusOr<std::unique_ptr<Group>> CreateWorldGroup(int rank) override;
 
  private:
   NcclBackend(std::shared_ptr<const NcclContext> ctx, const ncclUniqueId& id, int world_size,

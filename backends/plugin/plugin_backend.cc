@@ -82,7 +82,7 @@ PluginBackend::PluginBackend(std::shared_ptr<PluginContext> ctx, int world_size,
       caps_(caps),
       spin_(spin) {}
 
-absl::StatusOr<std::unique_ptr<Group>> PluginBackend::WorldGroup(int rank) {
+absl::StatusOr<std::unique_ptr<Group>> PluginBackend::CreateWorldGroup(int rank) {
   if (std::find(local_ranks_.begin(), local_ranks_.end(), rank) == local_ranks_.end()) {
     return absl::InvalidArgumentError(absl::StrCat("plugin '", library().name(), "': rank ", rank,
                                                    " is not hosted by this process (local "

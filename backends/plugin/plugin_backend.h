@@ -36,7 +36,7 @@ class PluginBackend final : public Backend {
   int world_size() const override { return world_size_; }
   std::vector<int> local_ranks() const override { return local_ranks_; }
   // Once per local rank.
-  absl::StatusOr<std::unique_ptr<Group>> WorldGroup(int rank) override;
+  absl::StatusOr<std::unique_ptr<Group>> CreateWorldGroup(int rank) override;
 
   const PluginLibrary& library() const { return ctx_->library(); }
 
