@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "bench/alloc_counter.h"
+#include "comm/mesh.h"
 #include "comm/status_macros.h"
 #include "gtest/gtest.h"
 #include "scheduler/gradient_reducer.h"
-#include "scheduler/mesh.h"
 #include "tests/multirank.h"
 
 namespace braid::sched {

@@ -10,9 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "comm/element.h"
 #include "comm/half.h"
+#include "comm/mesh.h"
 #include "comm/status_macros.h"
 #include "scheduler/memory_stats.h"
-#include "scheduler/mesh.h"
 
 namespace braid::sched::reference {
 namespace {

@@ -12,11 +12,11 @@
 #include <thread>
 
 #include "comm/element.h"
+#include "comm/mesh.h"
 #include "gtest/gtest.h"
 #include "scheduler/divide.h"
 #include "scheduler/gradient_reducer.h"
 #include "scheduler/memory_stats.h"
-#include "scheduler/mesh.h"
 #include "tests/multirank.h"
 #include "tests/reducer_reference.h"
 

@@ -13,9 +13,9 @@
 #include "backends/nccl/cuda_handles.h"
 #include "backends/nccl/errors.h"
 #include "backends/nccl/poll.h"
+#include "comm/mesh.h"
 #include "comm/status_macros.h"
 #include "scheduler/gradient_reducer.h"
-#include "scheduler/mesh.h"
 #include "scheduler/op_scheduler.h"
 
 namespace braid::nccl::testing {
@@ -59,10 +59,10 @@ absl::Status RunDeviceScenario(Group& world, std::shared_ptr<CudaApi> cuda, cons
                                                    sc.replicas * sc.shards, " ranks"));
   }
   const int r = world.rank();
-  sched::Mesh mesh;
+  Mesh mesh;
   ReducerGroups groups{&world, nullptr};
   if (sc.mode == ReduceMode::kHybrid) {
-    ASSIGN_OR_RETURN(mesh, sched::MakeMesh(world, sc.replicas, sc.shards));
+    ASSIGN_OR_RETURN(mesh, MakeMesh(world, sc.replicas, sc.shards));
     groups = {mesh.shard.get(), mesh.replica.get()};
   }
   ReducerConfig cfg;

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "comm/mesh.h"
 #include "gtest/gtest.h"
 #include "scheduler/gradient_reducer.h"
-#include "scheduler/mesh.h"
 #include "scheduler/op_scheduler.h"
 #include "tests/multirank.h"
 #include "tests/nccl/device_reducer_driver.h"

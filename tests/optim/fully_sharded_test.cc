@@ -47,7 +47,7 @@ int UnitOf(int i, int params) { return i * kUnits / params; }
 struct FsdpStack {
   sched::MemoryStats memory;
   std::shared_ptr<sched::BufferPool> pool;  // shared_pool cases
-  sched::Mesh mesh;
+  Mesh mesh;
   std::unique_ptr<Group> gather_group;
   std::unique_ptr<sched::GradientReducer> reducer;
   std::unique_ptr<sched::ParamGatherer> gatherer;
@@ -68,7 +68,7 @@ absl::StatusOr<std::unique_ptr<FsdpStack>> Build(Group& world, const FsdpCase& c
   rc.shared_pool = st->pool;
   sched::ReducerGroups groups;
   if (s.replicas > 1) {
-    ASSIGN_OR_RETURN(st->mesh, sched::MakeMesh(world, s.replicas, s.shards));
+    ASSIGN_OR_RETURN(st->mesh, MakeMesh(world, s.replicas, s.shards));
     rc.mode = sched::ReduceMode::kHybrid;
     groups = {st->mesh.shard.get(), st->mesh.replica.get()};
   } else {
