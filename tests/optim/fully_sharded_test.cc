@@ -63,7 +63,7 @@ absl::StatusOr<std::unique_ptr<FsdpStack>> Build(Group& world, const FsdpCase& c
   rc.first_bucket_cap_bytes = s.bucket_cap_bytes / 2;
   rc.timeout = absl::Seconds(60);
   rc.memory = &st->memory;
-  rc.keep_shards_only = true;
+  rc.shard_gradients = true;
   if (c.shared_pool) st->pool = std::make_shared<sched::BufferPool>();
   rc.shared_pool = st->pool;
   sched::ReducerGroups groups;

@@ -195,7 +195,7 @@ TEST(TrainingStack, FullyShardedMatchesReferenceAtEveryForward) {
     StackOptions so;
     so.reducer.mode = sched::ReduceMode::kReduceScatter;
     so.reducer.bucket_cap_bytes = so.reducer.first_bucket_cap_bytes = size_t{1} << 30;
-    so.reducer.keep_shards_only = true;
+    so.reducer.shard_gradients = true;
     absl::StatusOr<std::unique_ptr<TrainingStack>> made =
         TrainingStack::Create(Specs(s, kUnits), {&world, nullptr}, so);
     ASSERT_TRUE(made.ok()) << made.status();
