@@ -215,7 +215,7 @@ absl::Status GradientReducer::MarkReadyImpl(ParamId id, DeviceEvent ready, const
   absl::StatusOr<int> i = plan_.IndexOf(id);
   if (!i.ok()) return absl::NotFoundError(absl::StrCat("MarkReady: unknown parameter id ", id));
   const ParamSpec& p = plan_.params()[*i];
-  if (!with_values) RETURN_IF_ERROR(storage_->CheckMarkWithoutValues(*i));
+  if (!with_values && !storage_->takes_bare_marks()) return storage_->BareMarkError(*i);
   if (with_values && !config_.gradient_as_bucket_view) {
     return absl::FailedPreconditionError(
         absl::StrCat("MarkReady(", p.Label(),

@@ -22,13 +22,12 @@ namespace braid::sched {
 class FullBuckets final : public BucketStorage {
  public:
   FullBuckets(BufferOps& ops, const ReducerConfig& config, int shard_rank)
-      : BucketStorage(ops, config, shard_rank) {}
+      : BucketStorage(ops, config, shard_rank, /*takes_bare_marks=*/true) {}
 
   absl::Status Allocate(const BucketPlan& plan) override;
   std::unique_ptr<BucketStorage> Fresh() const override;
   absl::Status CheckReplan() const override { return absl::OkStatus(); }
   absl::StatusOr<TensorView> GradView(int i) const override;
-  absl::Status CheckMarkWithoutValues(int i) const override { return absl::OkStatus(); }
   absl::Status Fill(int b) override { return absl::OkStatus(); }
   absl::StatusOr<char*> TakeStaging(int b) override { return Staging(b); }
   absl::Status PrepareUnused(int i, bool accumulated) override;

@@ -8,7 +8,7 @@
 namespace braid::sched {
 
 PooledBuckets::PooledBuckets(BufferOps& ops, const ReducerConfig& config, int shard_rank)
-    : BucketStorage(ops, config, shard_rank),
+    : BucketStorage(ops, config, shard_rank, /*takes_bare_marks=*/false),
       pool_(config.shared_pool ? config.shared_pool : std::make_shared<BufferPool>()) {}
 
 absl::Status PooledBuckets::Allocate(const BucketPlan& plan) {
@@ -49,7 +49,7 @@ absl::StatusOr<TensorView> PooledBuckets::GradView(int i) const {
                    "MarkReady(id, ready, grad); buckets hold no storage between backwards"));
 }
 
-absl::Status PooledBuckets::CheckMarkWithoutValues(int i) const {
+absl::Status PooledBuckets::BareMarkError(int i) const {
   return absl::FailedPreconditionError(
       absl::StrCat("MarkReady(", plan_->params()[i].Label(),
                    ") without its gradient: with shard_gradients pass it, "

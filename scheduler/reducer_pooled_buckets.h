@@ -40,7 +40,7 @@ class PooledBuckets final : public BucketStorage {
   std::unique_ptr<BucketStorage> Fresh() const override;
   absl::Status CheckReplan() const override;
   absl::StatusOr<TensorView> GradView(int i) const override;
-  absl::Status CheckMarkWithoutValues(int i) const override;
+  absl::Status BareMarkError(int i) const override;
   absl::Status Fill(int b) override;
   absl::StatusOr<char*> TakeStaging(int b) override;
   absl::Status PrepareUnused(int i, bool accumulated) override;

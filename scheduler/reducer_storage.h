@@ -39,7 +39,8 @@ inline size_t AlignedStorageBytes(size_t bytes) {
 class BucketStorage {
  public:
   // Checks the storage options of `config` and picks the implementation: the one place that
-  // reads shard_gradients. Allocates nothing (Allocate does, once the plan is agreed).
+  // reads shard_gradients (reducer_storage_create.cc). Allocates nothing (Allocate does, once
+  // the plan is agreed).
   static absl::StatusOr<std::unique_ptr<BucketStorage>> Create(const ReducerConfig& config,
                                                                const ReducerGroups& groups);
   virtual ~BucketStorage() = default;
@@ -54,8 +55,10 @@ class BucketStorage {
 
   // Parameter `i`'s gradient view, valid for the reducer's lifetime, or FailedPrecondition.
   virtual absl::StatusOr<TensorView> GradView(int i) const = 0;
-  // MarkReady(id, ready) without the gradient's values: OK, or FailedPrecondition.
-  virtual absl::Status CheckMarkWithoutValues(int i) const = 0;
+  // Whether MarkReady(id, ready), without the gradient's values, is accepted (inline: every
+  // mark asks); else BareMarkError(i) is the FailedPrecondition naming parameter `i`.
+  bool takes_bare_marks() const { return takes_bare_marks_; }
+  virtual absl::Status BareMarkError(int i) const { return absl::OkStatus(); }
   // Bucket b's full-size storage is there (pooled: taken zero-filled at the first call).
   virtual absl::Status Fill(int b) = 0;
   // Bucket b's f32 staging when b is reduced in f32 (pooled: taken now), else null.
@@ -94,13 +97,15 @@ class BucketStorage {
   char* StorageShard(int b) const;  // this rank's shard of Data(b)
 
  protected:
-  BucketStorage(BufferOps& ops, const ReducerConfig& config, int shard_rank)
-      : ops_(ops), config_(config), shard_rank_(shard_rank) {}
+  // `takes_bare_marks`: whether MarkReady(id, ready) (no values) is accepted.
+  BucketStorage(BufferOps& ops, const ReducerConfig& config, int shard_rank, bool takes_bare_marks)
+      : ops_(ops), config_(config), shard_rank_(shard_rank), takes_bare_marks_(takes_bare_marks) {}
   bool Widened(int b) const;  // bucket b is reduced in f32 staging
 
   BufferOps& ops_;              // the shard group's
   const ReducerConfig config_;  // a copy (the options the storage reads)
   const int shard_rank_;        // this rank's shard of each bucket (0 in all-reduce mode)
+  const bool takes_bare_marks_;
   const BucketPlan* plan_ = nullptr;
 };
 
