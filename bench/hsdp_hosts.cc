@@ -53,9 +53,9 @@
 #include "bench/bench_flags.h"
 #include "bench/overlap_model.h"
 #include "comm/backend.h"
+#include "comm/mesh.h"
 #include "comm/status_macros.h"
 #include "scheduler/gradient_reducer.h"
-#include "scheduler/mesh.h"
 
 namespace braid::bench {
 namespace {
@@ -232,7 +232,7 @@ absl::Status Run(int argc, char** argv) {
       std::max<size_t>(64, static_cast<size_t>((1 << 20) * scale) / 64 * 64);
   rc.mode = ReduceMode::kReduceScatter;
   ASSIGN_OR_RETURN(auto flat, GradientReducer::Create(model.params, {world.get(), nullptr}, rc));
-  ASSIGN_OR_RETURN(sched::Mesh mesh, sched::MakeMesh(*world, n / 2, 2));
+  ASSIGN_OR_RETURN(Mesh mesh, MakeMesh(*world, n / 2, 2));
   rc.mode = ReduceMode::kHybrid;
   ASSIGN_OR_RETURN(auto hybrid, GradientReducer::Create(
                                     model.params, {mesh.shard.get(), mesh.replica.get()}, rc));

@@ -131,7 +131,7 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
   so.reducer.mode =
       mode == Mode::kDdp ? sched::ReduceMode::kAllReduce : sched::ReduceMode::kReduceScatter;
   so.reducer.timeout = kTimeout;
-  so.reducer.keep_shards_only = fsdp;
+  so.reducer.shard_gradients = fsdp;
   if (fsdp) {
     so.reducer.bucket_cap_bytes = size_t{1} << 40;
     so.reducer.first_bucket_cap_bytes = size_t{1} << 40;

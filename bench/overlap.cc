@@ -95,11 +95,11 @@
 #include "bench/overlap_sharded.h"
 #include "bench/overlap_steps.h"
 #include "comm/backend.h"
+#include "comm/mesh.h"
 #include "comm/status_macros.h"
 #include "optim/training_stack.h"
 #include "scheduler/autotuner.h"
 #include "scheduler/gradient_reducer.h"
-#include "scheduler/mesh.h"
 #include "scheduler/op_scheduler.h"
 
 namespace braid::bench {
@@ -180,11 +180,11 @@ absl::Status RunRank(Group& world, const Config& c, const OverlapModel& model,
   rc.bucket_cap_bytes = static_cast<size_t>(c.bucket_cap);
   rc.first_bucket_cap_bytes = static_cast<size_t>(c.first_bucket_cap);
   rc.timeout = absl::Seconds(120);
-  sched::Mesh mesh;
+  Mesh mesh;
   sched::ReducerGroups groups{&world, nullptr};
   if (c.reduce == ReduceMode::kHybrid) {
     const int shards = c.shards > 0 ? c.shards : std::max(1, n / 2);
-    ASSIGN_OR_RETURN(mesh, sched::MakeMesh(world, n / shards, shards));
+    ASSIGN_OR_RETURN(mesh, MakeMesh(world, n / shards, shards));
     groups = sched::ReducerGroups{mesh.shard.get(), mesh.replica.get()};
   }
   // The priority mode's scheduler (shared by its reducer and, fully sharded, its gatherer).

@@ -102,9 +102,9 @@ absl::StatusOr<sched::ReducerConfig> ToConfig(const braid_reducer_options_t& o) 
   c.first_bucket_cap_bytes = o.first_bucket_cap_bytes;
   c.allow_unused = o.allow_unused != 0;
   c.gradient_as_bucket_view = o.gradient_as_bucket_view != 0;
-  c.keep_shards_only = o.shard_gradients == 1;
+  c.shard_gradients = o.shard_gradients == 1;
   // braid_reducer_rebuild_buckets needs the first synced backward's order (n ints).
-  c.rebuild_bucket_order = !c.keep_shards_only;
+  c.rebuild_bucket_order = !c.shard_gradients;
   c.timeout = absl::Milliseconds(o.timeout_ms);
   return c;
 }

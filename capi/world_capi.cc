@@ -15,9 +15,9 @@
 #include "capi/nccl_capi.h"
 #include "capi/rendezvous_capi.h"
 #include "comm/backend.h"
+#include "comm/mesh.h"
 #include "comm/options.h"
 #include "comm/status_macros.h"
-#include "scheduler/mesh.h"
 
 using braid::capi::CheckNotNull;
 using braid::capi::Find;
@@ -265,10 +265,10 @@ braid_status_t braid_mesh_create(braid_group_t* world_group, int replicas, int s
     ASSIGN_OR_RETURN(auto g, Find<GroupImpl>(world_group, "world_group"));
     RETURN_IF_ERROR(CheckNotNull(shard, "shard"));
     RETURN_IF_ERROR(CheckNotNull(replica, "replica"));
-    braid::sched::Mesh mesh;
+    braid::Mesh mesh;
     {
       std::lock_guard<std::mutex> lock(g->mu);
-      ASSIGN_OR_RETURN(mesh, braid::sched::MakeMesh(*g->group, replicas, shards));
+      ASSIGN_OR_RETURN(mesh, braid::MakeMesh(*g->group, replicas, shards));
     }
     braid_group_t* s = nullptr;
     braid_group_t* r = nullptr;

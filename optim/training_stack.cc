@@ -26,7 +26,7 @@ absl::StatusOr<std::unique_ptr<TrainingStack>> TrainingStack::Create(
   s->on_device_ = std::any_of(params.begin(), params.end(), [](const sched::ParamSpec& p) {
     return p.device.type != DeviceType::kCpu;
   });
-  s->shard_gradients_ = config.keep_shards_only;
+  s->shard_gradients_ = config.shard_gradients;
   if (s->shard_gradients_ && !s->on_device_) {
     s->pool_ = std::make_shared<sched::BufferPool>();
     config.shared_pool = s->pool_;

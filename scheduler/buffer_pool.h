@@ -1,5 +1,5 @@
 // BufferPool: free full-size host buffers shared by a ParamGatherer (gathered parameters) and a
-// GradientReducer (keep_shards_only gradient storage), so that the buffer a unit's parameters
+// GradientReducer (shard_gradients gradient storage), so that the buffer a unit's parameters
 // are released from becomes the next bucket's gradient storage, and back. This is what makes
 // fully sharded training's transient memory about two units rather than three: PyTorch's FSDP
 // gets the same from its caching allocator (the freed parameter block serves the reduce-scatter

@@ -11,7 +11,8 @@
 #include "comm/reduce_kernels.h"
 #include "comm/status_macros.h"
 #include "scheduler/plan_check.h"
-#include "scheduler/reducer_bucket_state.h"
+#include "scheduler/reducer_stages.h"
+#include "scheduler/reducer_storage.h"
 
 namespace braid::sched {
 
@@ -39,28 +40,8 @@ absl::StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
       }
     }
   }
-  if (config.keep_shards_only) {
-    if (config.mode == ReduceMode::kAllReduce) {
-      return absl::InvalidArgumentError(
-          "keep_shards_only needs reduce-scatter or hybrid mode: all-reduce keeps whole gradients");
-    }
-    if (!config.gradient_as_bucket_view) {
-      return absl::InvalidArgumentError(
-          "keep_shards_only passes gradients at MarkReady(id, ready, grad): it does not use the "
-          "copy-in path (gradient_as_bucket_view = false)");
-    }
-    if (config.rebuild_bucket_order) {
-      return absl::InvalidArgumentError(
-          "keep_shards_only does not rebuild the bucket order (rebuild_bucket_order): buckets "
-          "hold no full-size storage between backwards to move gradients through");
-    }
-  }
-  if (config.shared_pool != nullptr && (!config.keep_shards_only || groups.shard == nullptr ||
-                                        !groups.shard->buffer_ops().synchronous())) {
-    return absl::InvalidArgumentError(
-        "shared_pool is for keep_shards_only reducers on host groups (device groups queue their "
-        "operations on different streams)");
-  }
+  // The storage options (shard_gradients, shared_pool), checked before anything collective.
+  ASSIGN_OR_RETURN(std::unique_ptr<BucketStorage> storage, BucketStorage::Create(config, groups));
   if (config.reduce_dtype != DType::kBF16 && config.reduce_dtype != DType::kF16 &&
       config.reduce_dtype != DType::kF32) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -77,12 +58,17 @@ absl::StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
   if (groups.replica != nullptr && config.mode == ReduceMode::kHybrid) {
     RETURN_IF_ERROR(VerifyPlanAcrossRanks(plan, *groups.replica, config.timeout));
   }
-  std::unique_ptr<GradientReducer> r(new GradientReducer(std::move(plan), groups, config));
-  RETURN_IF_ERROR(r->AllocateBuckets());
+  std::unique_ptr<GradientReducer> r(
+      new GradientReducer(std::move(plan), groups, config, std::move(storage)));
+  RETURN_IF_ERROR(r->storage_->Allocate(r->plan_));
+  r->stages_->Reset(*r->storage_);
+  // Device storage: zeroed before the framework writes into it from its own streams.
+  RETURN_IF_ERROR(r->ops_.Synchronize(absl::Now() + config.timeout));
   return r;
 }
 
-GradientReducer::GradientReducer(BucketPlan plan, ReducerGroups groups, const ReducerConfig& config)
+GradientReducer::GradientReducer(BucketPlan plan, ReducerGroups groups, const ReducerConfig& config,
+                                 std::unique_ptr<BucketStorage> storage)
     : plan_(std::move(plan)),
       groups_(groups),
       config_(config),
@@ -90,145 +76,39 @@ GradientReducer::GradientReducer(BucketPlan plan, ReducerGroups groups, const Re
       accumulated_(new std::atomic<uint8_t>[plan_.params().size()]),
       external_(plan_.params().size(), nullptr),
       ops_(groups_.shard->buffer_ops()),
-      final_ops_(config_.mode == ReduceMode::kHybrid ? groups_.replica->buffer_ops() : ops_) {
+      storage_(std::move(storage)) {
   for (size_t i = 0; i < plan_.params().size(); ++i) {
     marked_[i].store(0);
     accumulated_[i].store(0);
   }
+  ReducerStages::Rows rows;
   if (config_.timeline != nullptr && config_.timeline->enabled()) {
     tl_ = config_.timeline;
     tl_marks_ = tl_->Track("marks");
-    tl_launches_ = tl_->Track("bucket launches");
-    tl_first_ = tl_->Track(absl::StrCat("group ", groups_.shard->name()));
+    rows.launches = tl_->Track("bucket launches");
+    rows.shard = tl_->Track(absl::StrCat("group ", groups_.shard->name()));
     if (groups_.replica != nullptr)
-      tl_replica_ = tl_->Track(absl::StrCat("group ", groups_.replica->name()));
+      rows.replica = tl_->Track(absl::StrCat("group ", groups_.replica->name()));
     tl_waits_ = tl_->Track("waits");
   }
+  stages_ = std::make_unique<ReducerStages>(plan_, groups_, config_, external_, tl_, rows);
   if (config_.rebuild_bucket_order) {
     ready_order_.reset(new int[plan_.params().size()]);
     rebuild_pending_ = true;
   }
 }
 
-absl::Status GradientReducer::AllocateBuckets() {
-  buckets_.clear();
-  for (size_t b = 0; b < plan_.buckets().size(); ++b) {
-    auto s = std::make_unique<BucketState>();
-    s->label = absl::StrCat("bucket ", b);
-    const Bucket& bk = plan_.buckets()[b];
-    s->events.reset(new DeviceEvent[bk.params.size()]);
-    if (config_.keep_shards_only) {
-      const size_t kept = bk.shard_count * DTypeSize(bk.dtype);
-      ASSIGN_OR_RETURN(s->kept, CountedAllocate(config_.memory, ops_, kept, MemoryUse::kGradShards,
-                                                absl::StrCat(s->label, " (kept shard)")));
-      RETURN_IF_ERROR(ops_.Zero(s->kept.get(), kept));
-      if (config_.mode == ReduceMode::kHybrid && config_.reduce_dtype == DType::kF32 &&
-          IsHalf(bk.dtype)) {
-        ASSIGN_OR_RETURN(
-            s->reduced,
-            CountedAllocate(config_.memory, ops_, bk.shard_count * DTypeSize(DType::kF32),
-                            MemoryUse::kGradShards, absl::StrCat(s->label, " (f32 shard)")));
-      }
-      buckets_.push_back(std::move(s));
-      continue;
-    }
-    const size_t bytes = (bk.bytes() + kStorageAlign - 1) / kStorageAlign * kStorageAlign;
-    ASSIGN_OR_RETURN(
-        s->data, CountedAllocate(config_.memory, ops_, bytes, MemoryUse::kGradBuckets, s->label));
-    RETURN_IF_ERROR(ops_.Zero(s->data.get(), bytes));
-    if (config_.reduce_dtype == DType::kF32 && IsHalf(plan_.buckets()[b].dtype)) {
-      ASSIGN_OR_RETURN(
-          s->staging,
-          CountedAllocate(config_.memory, ops_,
-                          plan_.buckets()[b].padded_count * DTypeSize(DType::kF32),
-                          MemoryUse::kStaging, absl::StrCat(s->label, " (f32 staging)")));
-    }
-    buckets_.push_back(std::move(s));
-  }
-  if (config_.keep_shards_only) {
-    if (pool_ == nullptr)
-      pool_ = config_.shared_pool ? config_.shared_pool : std::make_shared<BufferPool>();
-    pool_->Reserve(2 * buckets_.size());
-  }
-  // Device storage: zeroed before the framework writes into it from its own streams.
-  return ops_.Synchronize(absl::Now() + config_.timeout);
-}
-
-GradientReducer::~GradientReducer() {
-  int launched;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    launched = launch_cursor_;
-  }
-  for (int i = 0; i < launched; ++i) {  // buckets never launched have nothing in flight
-    auto& b = buckets_[i];
-    if (b->work == nullptr || b->work->Done()) continue;
-    if (!b->work->Wait(config_.timeout).ok() && !b->work->Done()) {
-      // A collective may still write into this bucket: leak it rather than free it under one.
-      Log().error("gradient reducer destroyed with {} still in flight; leaking its storage",
-                  b->label);
-      (void)b->data.release();
-      (void)b->staging.release();
-      (void)b->partial.release();
-      (void)b->kept.release();
-      (void)b->reduced.release();
-      if (pool_ != nullptr) pool_->Abandon();  // storage given back while still in use
-    }
-  }
-}
-
-char* GradientReducer::BucketData(int b) const { return buckets_[b]->data.get(); }
-
-char* GradientReducer::ShardData(int b) const {
-  if (config_.keep_shards_only) return buckets_[b]->kept.get();
-  return StorageShard(b);
-}
-
-char* GradientReducer::CommKept(int b) const {
-  return buckets_[b]->reduced ? buckets_[b]->reduced.get() : buckets_[b]->kept.get();
-}
-
-char* GradientReducer::StorageShard(int b) const {
-  const Bucket& bk = plan_.buckets()[b];
-  const int shard_rank = config_.mode == ReduceMode::kAllReduce ? 0 : groups_.shard->rank();
-  return BucketData(b) + static_cast<size_t>(shard_rank) * bk.shard_count * DTypeSize(bk.dtype);
-}
-
-DType GradientReducer::CommDType(int b) const {
-  // The staging rule (with keep_shards_only the staging buffer is only held while reducing).
-  const DType t = plan_.buckets()[b].dtype;
-  return config_.reduce_dtype == DType::kF32 && IsHalf(t) ? DType::kF32 : t;
-}
-
-char* GradientReducer::CommData(int b) const {
-  return buckets_[b]->staging ? buckets_[b]->staging.get() : BucketData(b);
-}
-
-char* GradientReducer::CommShard(int b) const {
-  if (!buckets_[b]->staging) return StorageShard(b);
-  const int shard_rank = config_.mode == ReduceMode::kAllReduce ? 0 : groups_.shard->rank();
-  return CommData(b) +
-         static_cast<size_t>(shard_rank) * plan_.buckets()[b].shard_count * DTypeSize(DType::kF32);
-}
+GradientReducer::~GradientReducer() = default;
 
 absl::StatusOr<TensorView> GradientReducer::GradView(ParamId id) const {
   ASSIGN_OR_RETURN(int i, plan_.IndexOf(id));
-  const ParamSpec& p = plan_.params()[i];
-  if (config_.keep_shards_only) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("GradView(", p.Label(),
-                     "): with keep_shards_only gradients are passed at "
-                     "MarkReady(id, ready, grad); buckets hold no storage between backwards"));
-  }
-  const ParamSlot& s = plan_.slot(i);
-  return TensorView{BucketData(s.bucket) + s.offset * DTypeSize(p.dtype), p.count, p.dtype,
-                    p.device};
+  return storage_->GradView(i);
 }
 
 absl::Status GradientReducer::SetScheduler(OpScheduler* scheduler) {
   if (in_backward_.load()) return absl::FailedPreconditionError("SetScheduler during a backward");
-  std::lock_guard<std::mutex> lock(mu_);
   config_.scheduler = scheduler;
+  stages_->SetScheduler(scheduler);
   return absl::OkStatus();
 }
 
@@ -254,26 +134,16 @@ absl::Status GradientReducer::SetGradBuffer(ParamId id, void* grad) {
 absl::Status GradientReducer::Pack(int i) {
   const ParamSpec& p = plan_.params()[i];
   const ParamSlot& s = plan_.slot(i);
-  return ops_.Copy(BucketData(s.bucket) + s.offset * DTypeSize(p.dtype), external_[i],
+  return ops_.Copy(storage_->Data(s.bucket) + s.offset * DTypeSize(p.dtype), external_[i],
                    p.count * DTypeSize(p.dtype));
-}
-
-absl::Status GradientReducer::Unpack(int b) {
-  for (int i : plan_.buckets()[b].params) {
-    const ParamSpec& p = plan_.params()[i];
-    RETURN_IF_ERROR(ops_.Copy(external_[i],
-                              BucketData(b) + plan_.slot(i).offset * DTypeSize(p.dtype),
-                              p.count * DTypeSize(p.dtype)));
-  }
-  return absl::OkStatus();
 }
 
 TensorView GradientReducer::ShardView(int b) const {
   const Bucket& bk = plan_.buckets()[b];
-  return TensorView{ShardData(b), bk.shard_count, bk.dtype, bk.device};
+  return TensorView{storage_->Result(b), bk.shard_count, bk.dtype, bk.device};
 }
 
-WorkPtr GradientReducer::BucketWork(int b) const { return buckets_[b]->work; }
+WorkPtr GradientReducer::BucketWork(int b) const { return stages_->work(b); }
 
 absl::Status GradientReducer::BeginBackward(SyncMode mode) {
   if (mode == SyncMode::kReduceScatterOnly && config_.mode != ReduceMode::kHybrid) {
@@ -284,7 +154,9 @@ absl::Status GradientReducer::BeginBackward(SyncMode mode) {
     return absl::FailedPreconditionError(
         "BeginBackward: the previous backward is not finished (call FinishBackward first)");
   }
-  if (mode == SyncMode::kReduceScatterOnly && !(ops_.can_add() && final_ops_.can_add())) {
+  BufferOps& replica_ops =
+      config_.mode == ReduceMode::kHybrid ? groups_.replica->buffer_ops() : ops_;
+  if (mode == SyncMode::kReduceScatterOnly && !(ops_.can_add() && replica_ops.can_add())) {
     return absl::UnimplementedError(absl::StrCat(
         "BeginBackward(reduce_scatter_only): group '", groups_.shard->name(), "' (backend ",
         groups_.shard->backend_name(), ") cannot add partial shards in its memory"));
@@ -319,26 +191,7 @@ absl::Status GradientReducer::BeginBackward(SyncMode mode) {
   recording_.store(rebuild_pending_ && mode == SyncMode::kSync && ready_count_.load() == 0,
                    std::memory_order_relaxed);
   for (size_t i = 0; i < plan_.params().size(); ++i) marked_[i].store(0, std::memory_order_relaxed);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    launch_cursor_ = 0;
-    allreduce_cursor_ = 0;
-    first_error_ = absl::OkStatus();
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      BucketState& s = *buckets_[b];
-      s.pending.store(static_cast<int>(plan_.buckets()[b].params.size()),
-                      std::memory_order_relaxed);
-      s.n_events.store(0, std::memory_order_relaxed);
-      s.prepare_error = absl::OkStatus();
-      s.ready = s.first_done = s.failed = false;
-      s.stage[0].work.reset();
-      s.stage[1].work.reset();
-      s.handoff.reset();
-      if (mode != SyncMode::kNoSync) {
-        s.work = works_.Create(WorkInfo{groups_.shard->name(), "reduction", b, s.label});
-      }
-    }
-  }
+  stages_->Begin(mode);
   in_backward_.store(true, std::memory_order_release);
   return absl::OkStatus();
 }
@@ -362,12 +215,7 @@ absl::Status GradientReducer::MarkReadyImpl(ParamId id, DeviceEvent ready, const
   absl::StatusOr<int> i = plan_.IndexOf(id);
   if (!i.ok()) return absl::NotFoundError(absl::StrCat("MarkReady: unknown parameter id ", id));
   const ParamSpec& p = plan_.params()[*i];
-  if (!with_values && config_.keep_shards_only) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("MarkReady(", p.Label(),
-                     ") without its gradient: with keep_shards_only pass it, "
-                     "MarkReady(id, ready, grad)"));
-  }
+  if (!with_values && !storage_->takes_bare_marks()) return storage_->BareMarkError(*i);
   if (with_values && !config_.gradient_as_bucket_view) {
     return absl::FailedPreconditionError(
         absl::StrCat("MarkReady(", p.Label(),
@@ -388,10 +236,10 @@ absl::Status GradientReducer::MarkReadyImpl(ParamId id, DeviceEvent ready, const
     // Into the slot now: the first mark of the window copies (-0.0 survives), later ones add.
     const ParamSlot& slot = plan_.slot(*i);
     const size_t es = DTypeSize(p.dtype);
-    absl::Status st = config_.keep_shards_only ? AcquireStorage(slot.bucket) : absl::OkStatus();
+    absl::Status st = storage_->Fill(slot.bucket);
     if (st.ok()) st = ops_.WaitFor(ready);
     if (st.ok() && p.count > 0) {
-      char* dst = BucketData(slot.bucket) + slot.offset * es;
+      char* dst = storage_->Data(slot.bucket) + slot.offset * es;
       st = accumulated_[*i].load(std::memory_order_relaxed)
                ? ops_.Add(dst, grad, dst, p.count, p.dtype)
                : ops_.Copy(dst, grad, p.count * es);
@@ -422,109 +270,10 @@ absl::Status GradientReducer::MarkReadyImpl(ParamId id, DeviceEvent ready, const
                                                   "): packing into its bucket: ", st.message()));
     }
   } else if (ready) {
-    BucketState& s = *buckets_[plan_.slot(*i).bucket];
-    s.events[s.n_events.fetch_add(1, std::memory_order_relaxed)] = ready;
+    stages_->AddEvent(plan_.slot(*i).bucket, ready);
   }
-  OnParamReady(*i);
+  stages_->ParamReady(plan_.slot(*i).bucket);
   return absl::OkStatus();
-}
-
-void GradientReducer::OnParamReady(int param_index) {
-  const int bucket = plan_.slot(param_index).bucket;
-  BucketState& s = *buckets_[bucket];
-  if (s.pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  const bool widen = config_.keep_shards_only ? config_.reduce_dtype == DType::kF32 &&
-                                                    IsHalf(plan_.buckets()[bucket].dtype)
-                                              : static_cast<bool>(s.staging);
-  if (widen) {  // complete: widen it now, outside the launch lock, after its producers
-    const Bucket& bk = plan_.buckets()[bucket];
-    absl::Status st;
-    if (config_.keep_shards_only && !s.staging) {
-      absl::StatusOr<OwnedBuffer> staging =
-          PoolAcquire(bk.padded_count * DTypeSize(DType::kF32), bucket);
-      if (staging.ok()) {
-        s.staging = *std::move(staging);
-      } else {
-        st = staging.status();
-      }
-    }
-    const int n = s.n_events.load(std::memory_order_relaxed);  // after pending's acq_rel
-    for (int k = 0; k < n && st.ok(); ++k) st = ops_.WaitFor(s.events[k]);
-    if (st.ok()) {
-      st = ops_.CastScale(BucketData(bucket), bk.dtype, s.staging.get(), DType::kF32,
-                          bk.padded_count, ScaleSpec{});
-    }
-    s.n_events.store(0, std::memory_order_relaxed);  // waited for: the launch needs none
-    if (!st.ok()) {
-      s.prepare_error = absl::Status(
-          st.code(), absl::StrCat(s.label, ": widening to f32 for the reduction: ", st.message()));
-    }
-  }
-  int first, last;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    s.ready = true;
-    first = launch_cursor_;
-    while (launch_cursor_ < static_cast<int>(buckets_.size()) && buckets_[launch_cursor_]->ready) {
-      LaunchStageLocked(launch_cursor_++, 0);
-    }
-    last = launch_cursor_;
-  }
-  Watch(first, last, 0);
-}
-
-void GradientReducer::LaunchStageLocked(int b, int stage) {
-  const Bucket& bk = plan_.buckets()[b];
-  BucketState& s = *buckets_[b];
-  CollectiveOptions opts;
-  opts.label = s.label;
-  if (stage == 0) {  // the group's stream waits for every producer of the bucket
-    opts.ready_events =
-        absl::MakeConstSpan(s.events.get(), s.n_events.load(std::memory_order_relaxed));
-  }
-  Group& g = stage == 0 ? *groups_.shard : *groups_.replica;
-  const DType t = CommDType(b);
-  const ReduceStep step = StepFor(t, g.size());
-  ReductionRequest req{
-      &g, CollectiveKind::kAllReduce, nullptr, nullptr, bk.shard_count, t, step.op, opts, b};
-  if (stage == 1) {
-    req.send = req.recv = config_.keep_shards_only ? CommKept(b) : CommShard(b);
-  } else if (config_.mode == ReduceMode::kAllReduce) {
-    req.send = req.recv = CommData(b);
-    req.count = bk.count;
-  } else {
-    req.kind = CollectiveKind::kReduceScatter;
-    req.send = CommData(b);
-    req.recv = CommShard(b);
-  }
-  absl::StatusOr<WorkPtr> w =
-      stage == 0 && !s.prepare_error.ok() ? absl::StatusOr<WorkPtr>(s.prepare_error)
-      : config_.scheduler != nullptr      ? config_.scheduler->SubmitReduction(req)
-      : req.kind == CollectiveKind::kAllReduce
-          ? g.AllReduce(req.send, req.recv, req.count, t, step.op, opts)
-          : g.ReduceScatter(req.send, req.recv, req.count, t, step.op, opts);
-  BucketState::Stage& rec = s.stage[stage];
-  rec.work = w.ok() ? *std::move(w)
-                    : Work::Completed(WorkInfo{g.name(), "launch", 0, s.label}, w.status());
-  rec.post_divide = w.ok() ? step.post_divide : 1;
-  if (tl_ != nullptr) {
-    rec.start_ns = Timeline::NowNs();
-    if (stage == 0) tl_->Instant(tl_launches_, "launch", b);
-  }
-}
-
-void GradientReducer::Watch(int first, int last, int stage) {
-  for (int b = first; b < last; ++b) {
-    const WorkPtr& w = buckets_[b]->stage[stage].work;
-    if (w == nullptr) continue;  // hybrid: a bucket whose reduce-scatter failed
-    // [this, b, stage] fits std::function's inline buffer: no allocation per launch.
-    w->OnComplete([this, b, stage](const absl::Status& st) { OnStageDone(b, stage, st); });
-  }
-}
-
-void GradientReducer::RecordError(const absl::Status& s) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (first_error_.ok()) first_error_ = s;
 }
 
 absl::Status GradientReducer::FinishBackward() {
@@ -556,37 +305,26 @@ absl::Status GradientReducer::FinishBackward() {
   } else {
     for (int i : unmarked) {
       // A parameter unused now but used in an earlier no_sync microbatch keeps that sum.
-      absl::Status st;
-      if (config_.keep_shards_only) {
-        st = AcquireStorage(
-            plan_.slot(i).bucket);  // zero-filled: the slot is zero or the no_sync sum
-      } else if (!accumulated_[i].load(std::memory_order_relaxed)) {
-        const ParamSlot& s = plan_.slot(i);
-        st = ops_.Zero(BucketData(s.bucket) + s.offset * DTypeSize(params[i].dtype),
-                       params[i].count * DTypeSize(params[i].dtype));
-      } else if (!config_.gradient_as_bucket_view) {
-        st = Pack(i);  // the framework's buffer holds the no_sync sum
-      }
+      const bool accumulated = accumulated_[i].load(std::memory_order_relaxed);
+      const absl::Status st = accumulated && !config_.gradient_as_bucket_view
+                                  ? Pack(i)  // the framework's buffer holds the no_sync sum
+                                  : storage_->PrepareUnused(i, accumulated);
       if (!st.ok()) {
-        RecordError(
+        stages_->RecordError(
             absl::Status(st.code(), absl::StrCat("FinishBackward: preparing unused parameter ",
                                                  params[i].Label(), ": ", st.message())));
       }
       marked_[i].store(1, std::memory_order_relaxed);
-      OnParamReady(i);
+      stages_->ParamReady(plan_.slot(i).bucket);
     }
   }
   // Wait for everything launched (all buckets, unless parameters were missing).
-  int launched;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    launched = launch_cursor_;
-  }
+  const int launched = stages_->launched();
   const absl::Time deadline = absl::Now() + config_.timeout;
   const int64_t wait_start = tl_ != nullptr ? Timeline::NowNs() : 0;
   absl::Status wait_error;
   for (int b = 0; b < launched; ++b) {
-    absl::Status s = buckets_[b]->work->WaitUntil(deadline);
+    absl::Status s = stages_->work(b)->WaitUntil(deadline);
     if (!s.ok() && wait_error.ok()) wait_error = s;
   }
   if (tl_ != nullptr)
@@ -596,11 +334,63 @@ absl::Status GradientReducer::FinishBackward() {
   recording_.store(false, std::memory_order_relaxed);
   in_backward_.store(false, std::memory_order_release);
   if (!unused_error.ok()) return unused_error;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!first_error_.ok()) return first_error_;
-  }
+  absl::Status first_error = stages_->first_error();
+  if (!first_error.ok()) return first_error;
   return wait_error;
+}
+
+absl::Status GradientReducer::ZeroGrads(DeviceEvent after) {
+  RETURN_IF_ERROR(ops_.WaitFor(after));
+  absl::Status first;
+  for (size_t b = 0; b < plan_.buckets().size(); ++b) {
+    first.Update(ZeroBucketQueued(static_cast<int>(b)));
+  }
+  first.Update(SyncZeroing());
+  return first;
+}
+
+absl::Status GradientReducer::ZeroBucket(int b) {
+  absl::Status st = ZeroBucketQueued(b);
+  st.Update(SyncZeroing());
+  return st;
+}
+
+absl::StatusOr<WorkPtr> GradientReducer::ZeroGradsAsync(DeviceEvent after) {
+  RETURN_IF_ERROR(ops_.WaitFor(after));
+  for (size_t b = 0; b < plan_.buckets().size(); ++b) {
+    RETURN_IF_ERROR(ZeroBucketQueued(static_cast<int>(b)));
+  }
+  WorkPtr w = stages_->NewWork(WorkInfo{groups_.shard->name(), "zero_grads", 0, "every bucket"});
+  if (ops_.synchronous()) {  // host memory: the zeroes are there now
+    w->Complete(absl::OkStatus());
+    return w;
+  }
+  // The device event is recorded on the comm stream after the memsets: the framework's stream
+  // waits on it (cudaStreamWaitEvent) before writing into the gradient views; the reducer's own
+  // operations need nothing (same stream). The Work keeps the event valid while it is held.
+  RETURN_IF_ERROR(ops_.CompleteAfter(w, absl::Now() + config_.timeout));
+  return w;
+}
+
+absl::Status GradientReducer::ZeroBucketQueued(int b) {
+  if (config_.gradient_as_bucket_view) {  // a new window: the next marks copy
+    for (int i : plan_.buckets()[b].params) accumulated_[i].store(0, std::memory_order_relaxed);
+  }
+  // A bucket whose zeroing failed keeps its partial sum flag: nothing is silently dropped.
+  RETURN_IF_ERROR(storage_->Zero(b));
+  stages_->ClearPartial(b);
+  return absl::OkStatus();
+}
+
+absl::Status GradientReducer::SyncZeroing() {
+  // The reducer's own operations on a bucket are queued on the shard group's comm stream, after
+  // the memset; the hybrid replica stream reads a shard only after the reduce-scatter's event.
+  // Only a framework writing bucket views from its own streams needs a host wait here (without
+  // an event to hand out; ZeroGradsAsync hands one out instead). See docs/design/reducer.md.
+  if (ops_.synchronous() || !config_.gradient_as_bucket_view || !storage_->framework_writes()) {
+    return absl::OkStatus();
+  }
+  return WithContext(ops_.Synchronize(absl::Now() + config_.timeout), "zeroing gradients");
 }
 
 }  // namespace braid::sched

@@ -117,7 +117,7 @@ struct GathererConfig {
   // fully_sharded: keep released flat buffers in a pool for later gathers (see above).
   bool reuse_buffers = true;
   // fully_sharded on host groups: released flat buffers go to this pool instead of the
-  // gatherer's own, shared with a keep_shards_only reducer (scheduler/buffer_pool.h).
+  // gatherer's own, shared with a shard_gradients reducer (scheduler/buffer_pool.h).
   // InvalidArgument at Create on device groups.
   std::shared_ptr<BufferPool> shared_pool;
   // Optional, not owned, must outlive the gatherer: every all-gather is reported to it as

@@ -8,7 +8,8 @@
 #include "comm/status_macros.h"
 #include "scheduler/gradient_reducer.h"
 #include "scheduler/plan_check.h"
-#include "scheduler/reducer_bucket_state.h"
+#include "scheduler/reducer_stages.h"
+#include "scheduler/reducer_storage.h"
 
 namespace braid::sched {
 
@@ -49,29 +50,34 @@ absl::StatusOr<bool> GradientReducer::RebuildBucketsIfPending() {
 }
 
 absl::Status GradientReducer::AdoptPlan(BucketPlan plan) {
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    if (buckets_[b]->has_partial) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "re-planning the buckets: ", buckets_[b]->label,
-          " holds a reduce_scatter_only partial sum (per bucket); finish the window first"));
-    }
+  const int partial = stages_->FirstPartial();
+  if (partial >= 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "re-planning the buckets: bucket ", partial,
+        " holds a reduce_scatter_only partial sum (per bucket); finish the window first"));
   }
   std::vector<Group*> chain = {groups_.shard};
   if (config_.mode == ReduceMode::kHybrid) chain.push_back(groups_.replica);
   for (Group* g : chain) RETURN_IF_ERROR(VerifyPlanAcrossRanks(plan, *g, config_.timeout));
   const int n = static_cast<int>(plan_.params().size());
-  // Move every gradient to its new slot.
+  // Move every gradient to its new slot. The storage reads bucket sizes from plan_ (stable
+  // address); the old storage is only read through Data(), which does not.
   BucketPlan old_plan = std::move(plan_);
-  std::vector<std::unique_ptr<BucketState>> old_buckets = std::move(buckets_);
   plan_ = std::move(plan);
-  RETURN_IF_ERROR(AllocateBuckets());
+  std::unique_ptr<BucketStorage> fresh = storage_->Fresh();
+  if (absl::Status st = fresh->Allocate(plan_); !st.ok()) {
+    plan_ = std::move(old_plan);  // nothing changed
+    return st;
+  }
+  std::unique_ptr<BucketStorage> old_storage = std::move(storage_);
+  storage_ = std::move(fresh);
+  stages_->Reset(*storage_);
   for (int i = 0; i < n; ++i) {
     const ParamSpec& p = plan_.params()[i];
     const size_t es = DTypeSize(p.dtype);
-    RETURN_IF_ERROR(
-        ops_.Copy(BucketData(plan_.slot(i).bucket) + plan_.slot(i).offset * es,
-                  old_buckets[old_plan.slot(i).bucket]->data.get() + old_plan.slot(i).offset * es,
-                  p.count * es));
+    RETURN_IF_ERROR(ops_.Copy(
+        storage_->Data(plan_.slot(i).bucket) + plan_.slot(i).offset * es,
+        old_storage->Data(old_plan.slot(i).bucket) + old_plan.slot(i).offset * es, p.count * es));
   }
   // The old storage is freed on return: the copies out of it must have run.
   RETURN_IF_ERROR(ops_.Synchronize(absl::Now() + config_.timeout));
@@ -82,11 +88,7 @@ absl::Status GradientReducer::AdoptPlan(BucketPlan plan) {
 absl::StatusOr<bool> GradientReducer::Replan(size_t bucket_cap_bytes,
                                              size_t first_bucket_cap_bytes) {
   if (in_backward_.load()) return absl::FailedPreconditionError("Replan during a backward");
-  if (config_.keep_shards_only) {
-    return absl::FailedPreconditionError(
-        "Replan with keep_shards_only: buckets hold no full-size storage to move gradients "
-        "through");
-  }
+  RETURN_IF_ERROR(storage_->CheckReplan());
   if (bucket_cap_bytes == 0 || first_bucket_cap_bytes == 0) {
     return absl::InvalidArgumentError("Replan: bucket caps must be positive");
   }

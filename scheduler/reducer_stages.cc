@@ -1,70 +1,288 @@
-// GradientReducer's completion side (see gradient_reducer.h): what runs when a bucket's
-// collective completes. OnStageDone queues the post-collective operations (f16 post-divide,
-// the rounding of f32 staging to the gradient dtype, the copy-in path's unpack) and finishes
-// the bucket, or hands a hybrid bucket's reduced shard to its replica all-reduce
-// (LaunchReplicaStages, in bucket order); OnKeptStageDone is the shard_gradients path (the
-// reduced shard copied or added into the kept shard, the storage given back); FinishBucket
-// completes the bucket's Work, on device once the queued operations ran.
+#include "scheduler/reducer_stages.h"
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "scheduler/gradient_reducer.h"
-#include "scheduler/reducer_bucket_state.h"
+#include "comm/logging.h"
+#include "scheduler/divide.h"
 
 namespace braid::sched {
 
-void GradientReducer::OnStageDone(int b, int stage, const absl::Status& done) {
-  const BucketState::Stage& rec = buckets_[b]->stage[stage];
+ReducerStages::ReducerStages(const BucketPlan& plan, const ReducerGroups& groups,
+                             const ReducerConfig& config, const std::vector<void*>& external,
+                             Timeline* timeline, Rows rows)
+    : plan_(plan),
+      groups_(groups),
+      config_(config),
+      external_(external),
+      ops_(groups_.shard->buffer_ops()),
+      final_ops_(config_.mode == ReduceMode::kHybrid ? groups_.replica->buffer_ops() : ops_),
+      tl_(timeline),
+      rows_(rows),
+      scheduler_(config.scheduler) {}
+
+ReducerStages::~ReducerStages() {
+  const int n = launched();
+  for (int i = 0; i < n; ++i) {  // buckets never launched have nothing in flight
+    ReducerBucketState& b = *buckets_[i];
+    if (b.work == nullptr || b.work->Done()) continue;
+    if (!b.work->Wait(config_.timeout).ok() && !b.work->Done()) {
+      // A collective may still write into this bucket: leak it rather than free it under one.
+      Log().error("gradient reducer destroyed with {} still in flight; leaking its storage",
+                  b.label);
+      storage_->Abandon(i);
+    }
+  }
+}
+
+void ReducerStages::Reset(BucketStorage& storage) {
+  storage_ = &storage;
+  buckets_.clear();
+  for (size_t b = 0; b < plan_.buckets().size(); ++b) {
+    auto s = std::make_unique<ReducerBucketState>();
+    s->label = absl::StrCat("bucket ", b);
+    s->events.reset(new DeviceEvent[plan_.buckets()[b].params.size()]);
+    buckets_.push_back(std::move(s));
+  }
+}
+
+void ReducerStages::Begin(SyncMode mode) {
+  sync_ = mode;
+  std::lock_guard<std::mutex> lock(mu_);
+  launch_cursor_ = 0;
+  allreduce_cursor_ = 0;
+  first_error_ = absl::OkStatus();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    ReducerBucketState& s = *buckets_[b];
+    s.pending.store(static_cast<int>(plan_.buckets()[b].params.size()), std::memory_order_relaxed);
+    s.n_events.store(0, std::memory_order_relaxed);
+    s.prepare_error = absl::OkStatus();
+    s.ready = s.first_done = s.failed = false;
+    s.stage[0].work.reset();
+    s.stage[1].work.reset();
+    s.handoff.reset();
+    if (mode != SyncMode::kNoSync) {
+      s.work = works_.Create(WorkInfo{groups_.shard->name(), "reduction", b, s.label});
+    }
+  }
+}
+
+void ReducerStages::AddEvent(int b, DeviceEvent ready) {
+  ReducerBucketState& s = *buckets_[b];
+  s.events[s.n_events.fetch_add(1, std::memory_order_relaxed)] = ready;
+}
+
+void ReducerStages::ParamReady(int bucket) {
+  ReducerBucketState& s = *buckets_[bucket];
+  if (s.pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  absl::StatusOr<char*> staging = storage_->TakeStaging(bucket);
+  if (!staging.ok() || *staging != nullptr) {  // complete: widen it now, outside the launch lock
+    const Bucket& bk = plan_.buckets()[bucket];
+    absl::Status st = staging.status();
+    const int n = s.n_events.load(std::memory_order_relaxed);  // after pending's acq_rel
+    for (int k = 0; k < n && st.ok(); ++k) st = ops_.WaitFor(s.events[k]);
+    if (st.ok()) {
+      st = ops_.CastScale(storage_->Data(bucket), bk.dtype, *staging, DType::kF32, bk.padded_count,
+                          ScaleSpec{});
+    }
+    s.n_events.store(0, std::memory_order_relaxed);  // waited for: the launch needs none
+    if (!st.ok()) {
+      s.prepare_error = absl::Status(
+          st.code(), absl::StrCat(s.label, ": widening to f32 for the reduction: ", st.message()));
+    }
+  }
+  int first, last;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s.ready = true;
+    first = launch_cursor_;
+    while (launch_cursor_ < static_cast<int>(buckets_.size()) && buckets_[launch_cursor_]->ready) {
+      LaunchStageLocked(launch_cursor_++, 0);
+    }
+    last = launch_cursor_;
+  }
+  Watch(first, last, 0);
+}
+
+int ReducerStages::launched() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return launch_cursor_;
+}
+
+WorkPtr ReducerStages::work(int b) const { return buckets_[b]->work; }
+
+absl::Status ReducerStages::first_error() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return first_error_;
+}
+
+void ReducerStages::RecordError(const absl::Status& s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (first_error_.ok()) first_error_ = s;
+}
+
+int ReducerStages::FirstPartial() const {
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (buckets_[b]->has_partial) return static_cast<int>(b);
+  }
+  return -1;
+}
+
+void ReducerStages::SetScheduler(OpScheduler* scheduler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  scheduler_ = scheduler;
+}
+
+void ReducerStages::LaunchStageLocked(int b, int stage) {
+  const Bucket& bk = plan_.buckets()[b];
+  ReducerBucketState& s = *buckets_[b];
+  CollectiveOptions opts;
+  opts.label = s.label;
+  if (stage == 0) {  // the group's stream waits for every producer of the bucket
+    opts.ready_events =
+        absl::MakeConstSpan(s.events.get(), s.n_events.load(std::memory_order_relaxed));
+  }
+  Group& g = stage == 0 ? *groups_.shard : *groups_.replica;
+  const DType t = storage_->CommDType(b);
+  const ReduceStep step = StepFor(t, g.size());
+  ReductionRequest req{
+      &g, CollectiveKind::kAllReduce, nullptr, nullptr, bk.shard_count, t, step.op, opts, b};
+  if (stage == 1) {
+    req.send = req.recv = storage_->ReplicaBuffer(b);
+  } else if (config_.mode == ReduceMode::kAllReduce) {
+    req.send = req.recv = storage_->CommData(b);
+    req.count = bk.count;
+  } else {
+    req.kind = CollectiveKind::kReduceScatter;
+    req.send = storage_->CommData(b);
+    req.recv = storage_->CommShard(b);
+  }
+  absl::StatusOr<WorkPtr> w =
+      stage == 0 && !s.prepare_error.ok() ? absl::StatusOr<WorkPtr>(s.prepare_error)
+      : scheduler_ != nullptr             ? scheduler_->SubmitReduction(req)
+      : req.kind == CollectiveKind::kAllReduce
+          ? g.AllReduce(req.send, req.recv, req.count, t, step.op, opts)
+          : g.ReduceScatter(req.send, req.recv, req.count, t, step.op, opts);
+  ReducerBucketState::Stage& rec = s.stage[stage];
+  rec.work = w.ok() ? *std::move(w)
+                    : Work::Completed(WorkInfo{g.name(), "launch", 0, s.label}, w.status());
+  rec.post_divide = w.ok() ? step.post_divide : 1;
+  if (tl_ != nullptr) {
+    rec.start_ns = Timeline::NowNs();
+    if (stage == 0) tl_->Instant(rows_.launches, "launch", b);
+  }
+}
+
+void ReducerStages::Watch(int first, int last, int stage) {
+  for (int b = first; b < last; ++b) {
+    const WorkPtr& w = buckets_[b]->stage[stage].work;
+    if (w == nullptr) continue;  // hybrid: a bucket whose reduce-scatter failed
+    // [this, b, stage] fits std::function's inline buffer: no allocation per launch.
+    w->OnComplete([this, b, stage](const absl::Status& st) { OnStageDone(b, stage, st); });
+  }
+}
+
+void ReducerStages::OnStageDone(int b, int stage, const absl::Status& done) {
+  ReducerBucketState& s = *buckets_[b];
+  const ReducerBucketState::Stage& rec = s.stage[stage];
   if (tl_ != nullptr) {
     const char* name = stage == 1                               ? "allreduce (replicas)"
                        : config_.mode == ReduceMode::kAllReduce ? "allreduce"
                                                                 : "reduce_scatter";
-    tl_->Complete(stage == 1 ? tl_replica_ : tl_first_, name, rec.start_ns, Timeline::NowNs(), b);
+    tl_->Complete(stage == 1 ? rows_.replica : rows_.shard, name, rec.start_ns, Timeline::NowNs(),
+                  b);
   }
-  if (config_.keep_shards_only) {
-    OnKeptStageDone(b, stage, done);
+  if (stage == 1) {
+    OnReplicaStageDone(b, done);
     return;
   }
   const Bucket& bk = plan_.buckets()[b];
   const bool whole = config_.mode == ReduceMode::kAllReduce;
-  const DType t = CommDType(b);
-  const bool last_stage = config_.mode != ReduceMode::kHybrid || stage == 1;
-  const bool feeds_replicas = !last_stage && sync_ != SyncMode::kReduceScatterOnly;
-  // Where this step's memory operations run: after the collective on its own group, except
-  // those that feed the hybrid replica all-reduce, which run ahead of it on the replica group
-  // (ordered after the reduce-scatter's completion event).
-  BufferOps& ops = stage == 1 || feeds_replicas ? final_ops_ : ops_;
+  const bool hybrid = config_.mode == ReduceMode::kHybrid;
+  const DType t = storage_->CommDType(b);
+  const size_t n = whole ? bk.count : bk.shard_count;
+  // A synced hybrid bucket feeds its replica all-reduce. Where its memory operations run
+  // (BucketStorage::handoff): ahead of that all-reduce on the replica group (ordered after the
+  // reduce-scatter's completion event), or on the shard group with an event handed over.
+  const bool feeds_replicas = hybrid && sync_ != SyncMode::kReduceScatterOnly;
+  const bool on_replica =
+      feeds_replicas && storage_->handoff() == BucketStorage::Handoff::kOnReplicaStream;
+  BufferOps& ops = on_replica ? final_ops_ : ops_;
+  char* comm = whole ? storage_->CommData(b) : storage_->CommShard(b);
   absl::Status st = done;
-  if (st.ok() && feeds_replicas) st = ops.WaitFor(rec.work->device_event());
+  if (st.ok() && on_replica) st = ops.WaitFor(rec.work->device_event());
   if (st.ok() && rec.post_divide > 1) {  // f16: the divide after the sum
-    char* p = whole ? CommData(b) : CommShard(b);
-    st = ops.CastScale(p, t, p, t, whole ? bk.count : bk.shard_count,
-                       ScaleSpec{false, 1.0, rec.post_divide});
+    st = ops.CastScale(comm, t, comm, t, n, ScaleSpec{false, 1.0, rec.post_divide});
   }
-  if (last_stage) {
-    if (st.ok() && buckets_[b]->staging) {  // round once, to the gradient dtype
-      st =
-          ops.CastScale(whole ? CommData(b) : CommShard(b), t, whole ? BucketData(b) : ShardData(b),
-                        bk.dtype, whole ? bk.count : bk.shard_count, ScaleSpec{});
+  if (!hybrid) {  // the last stage: the result to its place, rounded once to the gradient dtype
+    char* result = whole ? storage_->Data(b) : storage_->Result(b);
+    if (st.ok() && comm != result) {
+      st = t == bk.dtype ? ops.Copy(result, comm, n * DTypeSize(t))
+                         : ops.CastScale(comm, t, result, bk.dtype, n, ScaleSpec{});
     }
     if (st.ok() && !config_.gradient_as_bucket_view && whole) st = Unpack(b);
+    // Issued after every use of the storage on this stream; a failed bucket keeps it (the
+    // collective may not have let go of it) until ZeroBucket / ZeroGrads.
+    if (st.ok()) storage_->Release(b);
     FinishBucket(b, OpError(b, done, st), ops);
     return;
   }
-  // Hybrid: the shard is reduced within its replica.
-  if (st.ok() && sync_ == SyncMode::kReduceScatterOnly) {
-    st = AccumulatePartial(b);  // and the microbatch's gradients are consumed: zero them
-    if (st.ok()) st = ops.Zero(BucketData(b), plan_.buckets()[b].bytes());
+  if (sync_ == SyncMode::kReduceScatterOnly) {
+    // Into the window's partial sum (the first microbatch copies: a copy keeps -0.0), and the
+    // microbatch's gradients are consumed.
+    absl::StatusOr<char*> partial = st.ok() ? storage_->Partial(b) : st;
+    st = partial.status();
+    if (st.ok()) {
+      st = s.has_partial ? ops.Add(*partial, comm, *partial, n, t)
+                         : ops.Copy(*partial, comm, n * DTypeSize(t));
+    }
+    if (st.ok()) {
+      s.has_partial = true;
+      st = storage_->Consume(b, ops);
+    }
     FinishBucket(b, OpError(b, done, st), ops);
     return;
   }
-  if (st.ok()) st = AddPartialInto(b);
+  // Synced hybrid: partial + shard (or the shard) into the buffer the replicas all-reduce.
+  char* dst = storage_->ReplicaBuffer(b);
+  if (st.ok() && s.has_partial) {
+    absl::StatusOr<char*> partial = storage_->Partial(b);
+    st = partial.ok() ? ops.Add(*partial, comm, dst, n, t) : partial.status();
+  } else if (st.ok() && dst != comm) {
+    st = ops.Copy(dst, comm, n * DTypeSize(t));
+  }
+  if (st.ok()) {
+    s.has_partial = false;
+    storage_->Release(b);
+  }
+  if (st.ok() && !on_replica && !ops_.synchronous()) {  // the replica stream waits for the copy
+    s.handoff = works_.Create(
+        WorkInfo{groups_.shard->name(), "shard handoff", static_cast<uint64_t>(b), s.label});
+    st = ops_.CompleteAfter(s.handoff, absl::Now() + config_.timeout);
+    if (st.ok()) st = final_ops_.WaitFor(s.handoff->device_event());
+  }
   st = OpError(b, done, st);
   if (!st.ok()) FinishBucket(b, st, ops);
   LaunchReplicaStages(b, st);
 }
 
-void GradientReducer::LaunchReplicaStages(int b, const absl::Status& st) {
+void ReducerStages::OnReplicaStageDone(int b, const absl::Status& done) {
+  // The replica all-reduce ran in place on ReplicaBuffer(b), in the reduction dtype.
+  const Bucket& bk = plan_.buckets()[b];
+  const int post_divide = buckets_[b]->stage[1].post_divide;
+  const DType t = storage_->CommDType(b);
+  char* buf = storage_->ReplicaBuffer(b);
+  absl::Status st = done;
+  if (st.ok() && post_divide > 1) {
+    st = final_ops_.CastScale(buf, t, buf, t, bk.shard_count, ScaleSpec{false, 1.0, post_divide});
+  }
+  if (st.ok() && t != bk.dtype) {  // round once, to the gradient dtype
+    st = final_ops_.CastScale(buf, t, storage_->Result(b), bk.dtype, bk.shard_count, ScaleSpec{});
+  }
+  FinishBucket(b, OpError(b, done, st), final_ops_);
+}
+
+void ReducerStages::LaunchReplicaStages(int b, const absl::Status& st) {
   // All-reduce it across replicas, in bucket order (a failed bucket is skipped: its error
   // already ends this backward).
   int first, last;
@@ -83,56 +301,18 @@ void GradientReducer::LaunchReplicaStages(int b, const absl::Status& st) {
   Watch(first, last, 1);
 }
 
-void GradientReducer::OnKeptStageDone(int b, int stage, const absl::Status& done) {
-  BucketState& s = *buckets_[b];
-  const Bucket& bk = plan_.buckets()[b];
-  const BucketState::Stage& rec = s.stage[stage];
-  const DType t = CommDType(b);
-  const size_t n = bk.shard_count;
-  absl::Status st = done;
-  if (stage == 1) {  // the replica all-reduce ran in place on the kept (or f32) shard
-    if (st.ok() && rec.post_divide > 1) {
-      st = final_ops_.CastScale(CommKept(b), t, CommKept(b), t, n,
-                                ScaleSpec{false, 1.0, rec.post_divide});
-    }
-    if (st.ok() && s.reduced)
-      st = final_ops_.CastScale(s.reduced.get(), t, s.kept.get(), bk.dtype, n, ScaleSpec{});
-    FinishBucket(b, OpError(b, done, st), final_ops_);
-    return;
+absl::Status ReducerStages::Unpack(int b) {
+  for (int i : plan_.buckets()[b].params) {
+    const ParamSpec& p = plan_.params()[i];
+    absl::Status st =
+        ops_.Copy(external_[i], storage_->Data(b) + plan_.slot(i).offset * DTypeSize(p.dtype),
+                  p.count * DTypeSize(p.dtype));
+    if (!st.ok()) return st;
   }
-  // The reduce-scatter: everything that reads the storage is queued on the shard stream.
-  const bool hybrid = config_.mode == ReduceMode::kHybrid;
-  if (st.ok() && rec.post_divide > 1) {
-    st =
-        ops_.CastScale(CommShard(b), t, CommShard(b), t, n, ScaleSpec{false, 1.0, rec.post_divide});
-  }
-  if (st.ok() && !hybrid) {
-    st = s.staging ? ops_.CastScale(CommShard(b), t, s.kept.get(), bk.dtype, n, ScaleSpec{})
-                   : ops_.Copy(s.kept.get(), CommShard(b), n * DTypeSize(t));
-  } else if (st.ok()) {  // hybrid: into the partial sum, or copied (a copy keeps -0.0)
-    st = s.has_partial ? ops_.Add(CommKept(b), CommShard(b), CommKept(b), n, t)
-                       : ops_.Copy(CommKept(b), CommShard(b), n * DTypeSize(t));
-    if (st.ok()) s.has_partial = sync_ == SyncMode::kReduceScatterOnly;
-  }
-  // Issued after every use of the storage on this stream; a failed bucket keeps it (the
-  // collective may not have let go of it) until ZeroBucket / ZeroGrads.
-  if (st.ok()) ReleaseStorage(b);
-  if (!hybrid || sync_ == SyncMode::kReduceScatterOnly) {
-    FinishBucket(b, OpError(b, done, st), ops_);
-    return;
-  }
-  if (st.ok() && !ops_.synchronous()) {  // the replica stream waits for the copy into the shard
-    s.handoff = works_.Create(
-        WorkInfo{groups_.shard->name(), "shard handoff", static_cast<uint64_t>(b), s.label});
-    st = ops_.CompleteAfter(s.handoff, absl::Now() + config_.timeout);
-    if (st.ok()) st = final_ops_.WaitFor(s.handoff->device_event());
-  }
-  st = OpError(b, done, st);
-  if (!st.ok()) FinishBucket(b, st, ops_);
-  LaunchReplicaStages(b, st);
+  return absl::OkStatus();
 }
 
-void GradientReducer::FinishBucket(int b, absl::Status s, BufferOps& ops) {
+void ReducerStages::FinishBucket(int b, absl::Status s, BufferOps& ops) {
   WorkPtr w = buckets_[b]->work;  // keeps the Work alive while its callbacks run
   if (s.ok() && !ops.synchronous()) {
     // Device: the bucket's result is final once the operations queued after the collective
@@ -143,6 +323,13 @@ void GradientReducer::FinishBucket(int b, absl::Status s, BufferOps& ops) {
   }
   if (!s.ok()) RecordError(s);
   w->Complete(std::move(s));
+}
+
+absl::Status ReducerStages::OpError(int b, const absl::Status& collective,
+                                    const absl::Status& st) const {
+  if (st.ok() || !collective.ok()) return st;  // a collective's error names itself
+  return absl::Status(st.code(), absl::StrCat(buckets_[b]->label, " on group '",
+                                              groups_.shard->name(), "': ", st.message()));
 }
 
 }  // namespace braid::sched

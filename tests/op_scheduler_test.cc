@@ -145,7 +145,7 @@ TEST_P(PartitionedReducerVsReference, BitExact) {
   const Scenario sc = GetParam();
   RunRanks(sc.replicas * sc.shards, [&](Group& g) {
     EXPECT_OK(
-        reference::RunScenario(g, sc, sc.values || sc.keep_shards ? BF16Grad : Grad, kTimeout));
+        reference::RunScenario(g, sc, sc.values || sc.shard_gradients ? BF16Grad : Grad, kTimeout));
   });
 }
 
@@ -166,12 +166,12 @@ std::vector<Scenario> PartitionScenarios() {
         out.push_back({ReduceMode::kHybrid, 2, 2, dt, "RRS", false, true});
       }
     }
-    for (int dt : {0, 1}) {  // keep_shards_only: pooled storage, gradients passed at the mark
+    for (int dt : {0, 1}) {  // shard_gradients: pooled storage, gradients passed at the mark
       Scenario kept{ReduceMode::kReduceScatter, 1, 4, dt, "NNS"};
-      kept.keep_shards = kept.values = true;
+      kept.shard_gradients = kept.values = true;
       out.push_back(kept);
       Scenario hk{ReduceMode::kHybrid, 2, 2, dt, "RRS"};
-      hk.keep_shards = hk.values = true;
+      hk.shard_gradients = hk.values = true;
       out.push_back(hk);
     }
     for (Scenario& sc : out) {

@@ -9,8 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/element.h"
+#include "comm/mesh.h"
 #include "comm/status_macros.h"
-#include "scheduler/mesh.h"
 #include "scheduler/op_scheduler.h"
 #include "tests/reducer_reference.h"
 

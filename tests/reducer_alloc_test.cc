@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "bench/alloc_counter.h"
+#include "comm/mesh.h"
 #include "comm/status_macros.h"
 #include "gtest/gtest.h"
 #include "scheduler/gradient_reducer.h"
-#include "scheduler/mesh.h"
 #include "tests/multirank.h"
 
 namespace braid::sched {
@@ -35,7 +35,7 @@ struct Case {
   DType reduce_dtype;
   bool views;
   std::vector<SyncMode> schedule;  // one window, repeated
-  bool kept = false;  // keep_shards_only: gradients passed at MarkReady, pooled storage
+  bool kept = false;               // shard_gradients: gradients passed at MarkReady, pooled storage
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -87,7 +87,7 @@ TEST_P(ReducerAlloc, SteadyStateMakesNoHeapAllocation) {
     cfg.first_bucket_cap_bytes = 512;
     cfg.reduce_dtype = c.reduce_dtype;
     cfg.gradient_as_bucket_view = c.views;
-    cfg.keep_shards_only = c.kept;
+    cfg.shard_gradients = c.kept;
     auto red = GradientReducer::Create(Params(c.dtype), groups, cfg);
     ASSERT_TRUE(red.ok()) << red.status();
     GradientReducer& r = **red;

@@ -8,9 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "backends/local/local_backend.h"
+#include "comm/mesh.h"
 #include "gtest/gtest.h"
 #include "scheduler/gradient_reducer.h"
-#include "scheduler/mesh.h"
 #include "scheduler/timeline.h"
 #include "tests/multirank.h"
 #include "tests/reducer_unused_checks.h"

@@ -10,9 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "comm/element.h"
 #include "comm/half.h"
+#include "comm/mesh.h"
 #include "comm/status_macros.h"
 #include "scheduler/memory_stats.h"
-#include "scheduler/mesh.h"
 
 namespace braid::sched::reference {
 namespace {
@@ -133,9 +133,9 @@ std::string ScenarioName(const Scenario& sc) {
   const char* dtypes[] = {"f32", "bf16", "f16", "mixed"};
   return absl::StrCat(mode, "_", sc.replicas, "x", sc.shards, "_", dtypes[sc.dtypes], "_",
                       sc.schedule, sc.copy_in ? "_copyin" : "", sc.reduce_f32 ? "_f32reduce" : "",
-                      sc.keep_shards ? "_kept"
-                      : sc.values    ? "_values"
-                                     : "",
+                      sc.shard_gradients ? "_kept"
+                      : sc.values        ? "_values"
+                                         : "",
                       sc.credit > 0 ? absl::StrCat("_credit", sc.credit) : "");
 }
 
@@ -201,7 +201,7 @@ absl::Status CheckStep(const Scenario& sc, const GradientReducer& reducer, int r
     const char* bucket_base =
         bucket_copies != nullptr ? (*bucket_copies)[b].data()
         : sc.mode != ReduceMode::kAllReduce
-            ? nullptr  // read through ShardView below (keep_shards_only has no GradView)
+            ? nullptr  // read through ShardView below (shard_gradients has no GradView)
             : static_cast<const char*>(reducer.GradView(plan.params()[first].id)->data) -
                   plan.slot(first).offset * es;
     const char* got = bucket_base;
@@ -258,10 +258,10 @@ absl::Status RunScenario(Group& world, const Scenario& sc, GradFn grad, absl::Du
   cfg.timeout = timeout;
   cfg.gradient_as_bucket_view = !sc.copy_in;
   if (sc.reduce_f32) cfg.reduce_dtype = DType::kF32;
-  cfg.keep_shards_only = sc.keep_shards;
+  cfg.shard_gradients = sc.shard_gradients;
   MemoryStats memory;
   cfg.memory = &memory;
-  const bool values = sc.values || sc.keep_shards;
+  const bool values = sc.values || sc.shard_gradients;
   const std::vector<ParamSpec> params = MakeParams(sc.dtypes);
   std::unique_ptr<OpScheduler> scheduler;  // outlives the reducer (declared first)
   if (sc.credit > 0) {
@@ -320,7 +320,7 @@ absl::Status RunScenario(Group& world, const Scenario& sc, GradFn grad, absl::Du
       RETURN_IF_ERROR(red->FinishBackward());
     }
     RETURN_IF_ERROR(CheckStep(sc, *red, r, step, grad, values ? nullptr : &own));
-    if (sc.keep_shards) {
+    if (sc.shard_gradients) {
       int64_t shards = 0, storage = 0;
       for (const Bucket& bk : red->plan().buckets()) {
         const bool staged = sc.reduce_f32 && IsHalf(bk.dtype);

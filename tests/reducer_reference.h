@@ -41,9 +41,9 @@ struct Scenario {
   // (the reducer copies / adds it into the slot). Bit-exact with the reference when grad()
   // returns values representable in the gradient dtype (the reference adds grad() unrounded).
   bool values = false;
-  // ReducerConfig::keep_shards_only (implies values): results read from the kept shards, and
+  // ReducerConfig::shard_gradients (implies values): results read from the kept shards, and
   // the MemoryStats figures checked after every synced step (see RunScenario).
-  bool keep_shards = false;
+  bool shard_gradients = false;
   // > 0: the reducer goes through an OpScheduler (scheduler/op_scheduler.h) with this credit,
   // so every bucket larger than it is reduced as several partitions; results must not change.
   size_t credit = 0;
@@ -82,7 +82,7 @@ absl::Status CheckStep(const Scenario& sc, const GradientReducer& reducer, int r
 // accumulating grad() into the gradients (views, or the framework's buffers with sc.copy_in)
 // in a random readiness order that differs per rank, marked from two threads, and checks
 // every step with CheckStep. Collective: every rank of `world` calls it with the same sc.
-// With sc.keep_shards, after every synced step: MemoryUse::kGradShards current equals the
+// With sc.shard_gradients, after every synced step: MemoryUse::kGradShards current equals the
 // kept shards' bytes (plus hybrid's f32 shards with reduce_f32) exactly, and kGradBuckets
 // current is at most every bucket's storage (and staging) once: the pool never holds more.
 absl::Status RunScenario(Group& world, const Scenario& sc, GradFn grad, absl::Duration timeout);

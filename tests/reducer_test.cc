@@ -12,11 +12,11 @@
 #include <thread>
 
 #include "comm/element.h"
+#include "comm/mesh.h"
 #include "gtest/gtest.h"
 #include "scheduler/divide.h"
 #include "scheduler/gradient_reducer.h"
 #include "scheduler/memory_stats.h"
-#include "scheduler/mesh.h"
 #include "tests/multirank.h"
 #include "tests/reducer_reference.h"
 
@@ -93,7 +93,7 @@ INSTANTIATE_TEST_SUITE_P(All, ReducerVsReference, ::testing::ValuesIn(AllScenari
                            return reference::ScenarioName(i.param);
                          });
 
-// Gradients passed at MarkReady (values) and keep_shards_only: the framework's gradient of a
+// Gradients passed at MarkReady (values) and shard_gradients: the framework's gradient of a
 // microbatch is in its own dtype, so grad() returns values representable in bf16 (and f32):
 // the reference's view += grad() then matches the reducer's slot += grad bit for bit.
 double BF16Grad(int r, int p, int m, int s, size_t i) {
@@ -118,7 +118,7 @@ std::vector<Scenario> ValueScenarios() {
       auto add = [&](ReduceMode m, int reps, int shards, const char* sched, bool f32) {
         Scenario sc{m, reps, shards, dt, sched, false, f32};
         sc.values = true;
-        sc.keep_shards = kept;
+        sc.shard_gradients = kept;
         out.push_back(sc);
       };
       for (const char* sched : {"S", "NNS"}) {
@@ -225,7 +225,7 @@ TEST(MarkReadyValues, EqualsWritingIntoGradView) {
   });
 }
 
-// keep_shards_only's memory, exactly: four equal buckets (bf16, 2048 bytes, reduced through
+// shard_gradients's memory, exactly: four equal buckets (bf16, 2048 bytes, reduced through
 // 4096-byte f32 staging), filled one at a time in bucket order, each reduced before the next
 // is marked. The pool then holds exactly one bucket's storage and one staging buffer: a best
 // fit hands the 2048-byte buffer to the next bucket and the 4096-byte one to its staging (a
@@ -236,7 +236,7 @@ TEST(KeepShardsOnly, PoolHoldsOneBucketWhenFilledOneAtATime) {
     MemoryStats memory;
     ReducerConfig cfg;
     cfg.mode = ReduceMode::kReduceScatter;
-    cfg.keep_shards_only = true;
+    cfg.shard_gradients = true;
     cfg.reduce_dtype = DType::kF32;
     cfg.first_bucket_cap_bytes = 2048;
     cfg.bucket_cap_bytes = 2048;
@@ -296,7 +296,7 @@ TEST(KeepShardsOnly, RefusesWhatItCannotDo) {
   RunRanks(2, [](Group& world) {
     const std::vector<ParamSpec> params = reference::MakeParams(0);
     ReducerConfig cfg;
-    cfg.keep_shards_only = true;
+    cfg.shard_gradients = true;
     auto ar = GradientReducer::Create(params, {&world, nullptr}, cfg);  // all-reduce
     EXPECT_EQ(ar.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(ar.status().message().find("reduce-scatter or hybrid"), std::string::npos)

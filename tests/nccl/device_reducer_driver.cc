@@ -13,9 +13,9 @@
 #include "backends/nccl/cuda_handles.h"
 #include "backends/nccl/errors.h"
 #include "backends/nccl/poll.h"
+#include "comm/mesh.h"
 #include "comm/status_macros.h"
 #include "scheduler/gradient_reducer.h"
-#include "scheduler/mesh.h"
 #include "scheduler/op_scheduler.h"
 
 namespace braid::nccl::testing {
@@ -59,10 +59,10 @@ absl::Status RunDeviceScenario(Group& world, std::shared_ptr<CudaApi> cuda, cons
                                                    sc.replicas * sc.shards, " ranks"));
   }
   const int r = world.rank();
-  sched::Mesh mesh;
+  Mesh mesh;
   ReducerGroups groups{&world, nullptr};
   if (sc.mode == ReduceMode::kHybrid) {
-    ASSIGN_OR_RETURN(mesh, sched::MakeMesh(world, sc.replicas, sc.shards));
+    ASSIGN_OR_RETURN(mesh, MakeMesh(world, sc.replicas, sc.shards));
     groups = {mesh.shard.get(), mesh.replica.get()};
   }
   ReducerConfig cfg;
@@ -72,8 +72,8 @@ absl::Status RunDeviceScenario(Group& world, std::shared_ptr<CudaApi> cuda, cons
   cfg.timeout = timeout;
   cfg.gradient_as_bucket_view = !sc.copy_in;
   if (sc.reduce_f32) cfg.reduce_dtype = DType::kF32;
-  cfg.keep_shards_only = sc.keep_shards;
-  const bool values = sc.values || sc.keep_shards;
+  cfg.shard_gradients = sc.shard_gradients;
+  const bool values = sc.values || sc.shard_gradients;
   std::vector<sched::ParamSpec> params = MakeParams(sc.dtypes);
   for (auto& p : params) p.device = Device{DeviceType::kCuda, 0};
   std::unique_ptr<sched::OpScheduler> scheduler;  // outlives the reducer (declared first)
@@ -197,7 +197,7 @@ absl::Status RunDeviceScenario(Group& world, std::shared_ptr<CudaApi> cuda, cons
     for (size_t b = 0; b < buckets.size(); ++b) {
       const sched::Bucket& bk = plan.buckets()[b];
       const int first = bk.params[0];
-      if (sc.keep_shards) {  // the kept shard, placed where it lies in the bucket
+      if (sc.shard_gradients) {  // the kept shard, placed where it lies in the bucket
         const size_t es = DTypeSize(bk.dtype);
         const size_t lo = static_cast<size_t>(r % sc.shards) * bk.shard_count;
         buckets[b].assign(bk.bytes(), 0);

@@ -89,7 +89,7 @@ std::vector<sched::reference::Scenario> Scenarios(int n) {
   if (n % 2 == 0 && n >= 4) {
     out.push_back({ReduceMode::kHybrid, 2, n / 2, 3, "NRS"});
     sched::reference::Scenario kept{ReduceMode::kHybrid, 2, n / 2, 0, "NS"};
-    kept.values = kept.keep_shards = true;
+    kept.values = kept.shard_gradients = true;
     out.push_back(kept);
   }
   return out;

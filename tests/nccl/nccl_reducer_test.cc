@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "comm/mesh.h"
 #include "gtest/gtest.h"
 #include "scheduler/gradient_reducer.h"
-#include "scheduler/mesh.h"
 #include "scheduler/op_scheduler.h"
 #include "tests/multirank.h"
 #include "tests/nccl/device_reducer_driver.h"
@@ -60,7 +60,7 @@ TEST_P(NcclReducerTest, MatchesSerialReference) {
 }
 
 // Gradients passed at MarkReady (copied / added on the comm stream after the readiness event),
-// and keep_shards_only (pooled storage, kept shards; hybrid's replica all-reduce on the kept
+// and shard_gradients (pooled storage, kept shards; hybrid's replica all-reduce on the kept
 // shard after the shard stream's copy): the fake runs a stream's work only when waited on, so
 // a missing wait reads stale data.
 class NcclReducerValuesTest : public ::testing::TestWithParam<Scenario> {};
@@ -77,7 +77,7 @@ TEST_P(NcclReducerValuesTest, MatchesSerialReference) {
 
 Scenario Values(Scenario sc, bool kept) {
   sc.values = true;
-  sc.keep_shards = kept;
+  sc.shard_gradients = kept;
   return sc;
 }
 

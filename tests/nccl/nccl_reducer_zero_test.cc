@@ -14,10 +14,10 @@
 #include "backends/nccl/cuda_handles.h"
 #include "backends/nccl/errors.h"
 #include "backends/nccl/unique_id.h"
+#include "comm/mesh.h"
 #include "comm/status_macros.h"
 #include "gtest/gtest.h"
 #include "scheduler/gradient_reducer.h"
-#include "scheduler/mesh.h"
 #include "tests/nccl/device_reducer_driver.h"
 #include "tests/nccl/fake_gpu.h"
 #include "tests/nccl/forwarding_cuda_api.h"
@@ -189,7 +189,7 @@ TEST(NcclReducerZeroTest, FailedMemsetIsReturnedNamingTheBucket) {
 TEST(NcclReducerRsOnlyTest, F64BucketsAreRefusedUpFront) {
   FakeGpu gpu;
   RunFakeRanks(gpu, 2, FakeConfig(), [&](NcclGroup& world) {
-    auto mesh = sched::MakeMesh(world, 2, 1);
+    auto mesh = MakeMesh(world, 2, 1);
     ASSERT_TRUE(mesh.ok()) << mesh.status();
     sched::ParamSpec p;
     p.id = 7;

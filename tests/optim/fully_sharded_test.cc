@@ -47,7 +47,7 @@ int UnitOf(int i, int params) { return i * kUnits / params; }
 struct FsdpStack {
   sched::MemoryStats memory;
   std::shared_ptr<sched::BufferPool> pool;  // shared_pool cases
-  sched::Mesh mesh;
+  Mesh mesh;
   std::unique_ptr<Group> gather_group;
   std::unique_ptr<sched::GradientReducer> reducer;
   std::unique_ptr<sched::ParamGatherer> gatherer;
@@ -63,12 +63,12 @@ absl::StatusOr<std::unique_ptr<FsdpStack>> Build(Group& world, const FsdpCase& c
   rc.first_bucket_cap_bytes = s.bucket_cap_bytes / 2;
   rc.timeout = absl::Seconds(60);
   rc.memory = &st->memory;
-  rc.keep_shards_only = true;
+  rc.shard_gradients = true;
   if (c.shared_pool) st->pool = std::make_shared<sched::BufferPool>();
   rc.shared_pool = st->pool;
   sched::ReducerGroups groups;
   if (s.replicas > 1) {
-    ASSIGN_OR_RETURN(st->mesh, sched::MakeMesh(world, s.replicas, s.shards));
+    ASSIGN_OR_RETURN(st->mesh, MakeMesh(world, s.replicas, s.shards));
     rc.mode = sched::ReduceMode::kHybrid;
     groups = {st->mesh.shard.get(), st->mesh.replica.get()};
   } else {

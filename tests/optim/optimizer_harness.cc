@@ -72,7 +72,7 @@ absl::StatusOr<std::unique_ptr<RankStack>> BuildStack(Group& world, const OptSce
   rc.timeout = where.timeout;
   sched::ReducerGroups groups;
   if (s.replicas > 1) {
-    ASSIGN_OR_RETURN(st->mesh, sched::MakeMesh(world, s.replicas, s.shards));
+    ASSIGN_OR_RETURN(st->mesh, MakeMesh(world, s.replicas, s.shards));
     rc.mode = sched::ReduceMode::kHybrid;
     groups = {st->mesh.shard.get(), st->mesh.replica.get()};
   } else {

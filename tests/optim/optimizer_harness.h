@@ -18,9 +18,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "comm/group.h"
+#include "comm/mesh.h"
 #include "optim/sharded_optimizer.h"
 #include "scheduler/gradient_reducer.h"
-#include "scheduler/mesh.h"
 #include "scheduler/param_gatherer.h"
 
 namespace braid::optim::testing {
@@ -54,7 +54,7 @@ OptScenario TwoGroupScenario(int replicas, int shards);
 
 // One rank's stack. Members are destroyed in reverse: optimizer, gatherer, groups.
 struct RankStack {
-  sched::Mesh mesh;
+  Mesh mesh;
   std::unique_ptr<Group> gather_group;
   std::unique_ptr<sched::GradientReducer> reducer;
   std::unique_ptr<sched::ParamGatherer> gatherer;

@@ -14,9 +14,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/element.h"
+#include "comm/mesh.h"
 #include "comm/status_macros.h"
 #include "gtest/gtest.h"
-#include "scheduler/mesh.h"
 #include "tests/multirank.h"
 #include "tests/optim/optimizer_harness.h"
 
@@ -28,7 +28,7 @@ using braid::testing::RunRanks;
 
 // The stack a test builds: its groups (a mesh in hybrid mode) and the stack over them.
 struct Built {
-  sched::Mesh mesh;
+  Mesh mesh;
   std::unique_ptr<TrainingStack> stack;
 };
 
@@ -54,7 +54,7 @@ absl::StatusOr<Built> Build(Group& world, const OptScenario& s, bool rebuild_ord
   sched::ReducerGroups groups{&world, nullptr};
   so.reducer.mode = sched::ReduceMode::kReduceScatter;
   if (s.replicas > 1) {
-    ASSIGN_OR_RETURN(b.mesh, sched::MakeMesh(world, s.replicas, s.shards));
+    ASSIGN_OR_RETURN(b.mesh, MakeMesh(world, s.replicas, s.shards));
     so.reducer.mode = sched::ReduceMode::kHybrid;
     groups = {b.mesh.shard.get(), b.mesh.replica.get()};
   }
@@ -195,7 +195,7 @@ TEST(TrainingStack, FullyShardedMatchesReferenceAtEveryForward) {
     StackOptions so;
     so.reducer.mode = sched::ReduceMode::kReduceScatter;
     so.reducer.bucket_cap_bytes = so.reducer.first_bucket_cap_bytes = size_t{1} << 30;
-    so.reducer.keep_shards_only = true;
+    so.reducer.shard_gradients = true;
     absl::StatusOr<std::unique_ptr<TrainingStack>> made =
         TrainingStack::Create(Specs(s, kUnits), {&world, nullptr}, so);
     ASSERT_TRUE(made.ok()) << made.status();

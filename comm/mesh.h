@@ -5,16 +5,17 @@
 //   //   mesh.shard   = the 4 ranks of r's replica   (reduce-scatter / all-gather group)
 //   //   mesh.replica = the 2 ranks holding r's shard (all-reduce group)
 //
-// Collective over `world` (two Splits, in this order on every rank).
-#ifndef BRAID_SCHEDULER_MESH_H_
-#define BRAID_SCHEDULER_MESH_H_
+// Contract: collective over `world`: two Splits (shard, then replica), in this order on every
+// rank (the group rank-order contract, comm/group.h).
+#ifndef BRAID_COMM_MESH_H_
+#define BRAID_COMM_MESH_H_
 
 #include <memory>
 
 #include "absl/status/statusor.h"
 #include "comm/group.h"
 
-namespace braid::sched {
+namespace braid {
 
 struct Mesh {
   std::unique_ptr<Group> shard;
@@ -24,6 +25,6 @@ struct Mesh {
 // InvalidArgument unless replicas * shards == world.size().
 absl::StatusOr<Mesh> MakeMesh(Group& world, int replicas, int shards);
 
-}  // namespace braid::sched
+}  // namespace braid
 
-#endif  // BRAID_SCHEDULER_MESH_H_
+#endif  // BRAID_COMM_MESH_H_

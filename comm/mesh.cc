@@ -1,9 +1,9 @@
-#include "scheduler/mesh.h"
+#include "comm/mesh.h"
 
 #include "absl/strings/str_cat.h"
 #include "comm/status_macros.h"
 
-namespace braid::sched {
+namespace braid {
 
 absl::StatusOr<Mesh> MakeMesh(Group& world, int replicas, int shards) {
   if (replicas < 1 || shards < 1 || replicas * shards != world.size()) {
@@ -20,4 +20,4 @@ absl::StatusOr<Mesh> MakeMesh(Group& world, int replicas, int shards) {
   return mesh;
 }
 
-}  // namespace braid::sched
+}  // namespace braid

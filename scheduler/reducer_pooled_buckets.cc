@@ -1,0 +1,145 @@
+#include "scheduler/reducer_pooled_buckets.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "comm/status_macros.h"
+
+namespace braid::sched {
+
+PooledBuckets::PooledBuckets(BufferOps& ops, const ReducerConfig& config, int shard_rank)
+    : BucketStorage(ops, config, shard_rank, /*takes_bare_marks=*/false),
+      pool_(config.shared_pool ? config.shared_pool : std::make_shared<BufferPool>()) {}
+
+absl::Status PooledBuckets::Allocate(const BucketPlan& plan) {
+  plan_ = &plan;
+  buckets_.clear();
+  for (size_t b = 0; b < plan.buckets().size(); ++b) {
+    const Bucket& bk = plan.buckets()[b];
+    auto s = std::make_unique<Storage>();
+    const size_t kept = bk.shard_count * DTypeSize(bk.dtype);
+    ASSIGN_OR_RETURN(s->kept, CountedAllocate(config_.memory, ops_, kept, MemoryUse::kGradShards,
+                                              absl::StrCat("bucket ", b, " (kept shard)")));
+    RETURN_IF_ERROR(ops_.Zero(s->kept.get(), kept));
+    if (config_.mode == ReduceMode::kHybrid && Widened(static_cast<int>(b))) {
+      ASSIGN_OR_RETURN(
+          s->reduced,
+          CountedAllocate(config_.memory, ops_, bk.shard_count * DTypeSize(DType::kF32),
+                          MemoryUse::kGradShards, absl::StrCat("bucket ", b, " (f32 shard)")));
+    }
+    buckets_.push_back(std::move(s));
+  }
+  pool_->Reserve(2 * buckets_.size());
+  return absl::OkStatus();
+}
+
+std::unique_ptr<BucketStorage> PooledBuckets::Fresh() const {
+  return std::make_unique<PooledBuckets>(ops_, config_, shard_rank_);
+}
+
+absl::Status PooledBuckets::CheckReplan() const {
+  return absl::FailedPreconditionError(
+      "Replan with shard_gradients: buckets hold no full-size storage to move gradients through");
+}
+
+absl::StatusOr<TensorView> PooledBuckets::GradView(int i) const {
+  return absl::FailedPreconditionError(
+      absl::StrCat("GradView(", plan_->params()[i].Label(),
+                   "): with shard_gradients gradients are passed at "
+                   "MarkReady(id, ready, grad); buckets hold no storage between backwards"));
+}
+
+absl::Status PooledBuckets::BareMarkError(int i) const {
+  return absl::FailedPreconditionError(
+      absl::StrCat("MarkReady(", plan_->params()[i].Label(),
+                   ") without its gradient: with shard_gradients pass it, "
+                   "MarkReady(id, ready, grad)"));
+}
+
+absl::StatusOr<OwnedBuffer> PooledBuckets::Take(size_t bytes, int b) {
+  bytes = AlignedStorageBytes(bytes);
+  OwnedBuffer pooled = pool_->Take(bytes);
+  if (pooled) return pooled;
+  // None fits: the pool grows (never in steady state).
+  ASSIGN_OR_RETURN(OwnedBuffer out,
+                   CountedAllocate(config_.memory, ops_, bytes, MemoryUse::kGradBuckets,
+                                   absl::StrCat("bucket ", b, " (pooled gradient storage)")));
+  pool_->Reserve(++pool_buffers_);  // giving it back never allocates
+  return out;
+}
+
+void PooledBuckets::Give(OwnedBuffer buffer, size_t bytes) {
+  if (!buffer) return;
+  pool_->Give(std::move(buffer), AlignedStorageBytes(bytes));
+}
+
+absl::Status PooledBuckets::Fill(int b) {
+  Storage& s = *buckets_[b];
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.data) return absl::OkStatus();
+  const size_t bytes = plan_->buckets()[b].bytes();
+  ASSIGN_OR_RETURN(OwnedBuffer data, Take(bytes, b));
+  // Zero-filled before any mark writes (issued under the lock: marks of this bucket on other
+  // threads issue their copies after it).
+  absl::Status st = ops_.Zero(data.get(), bytes);
+  if (!st.ok()) {
+    Give(std::move(data), bytes);
+    return WithContext(st, absl::StrCat("zero-filling the storage of bucket ", b));
+  }
+  s.data = std::move(data);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<char*> PooledBuckets::TakeStaging(int b) {
+  if (!Widened(b)) return nullptr;
+  Storage& s = *buckets_[b];
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.staging) {
+    ASSIGN_OR_RETURN(s.staging, Take(plan_->buckets()[b].padded_count * DTypeSize(DType::kF32), b));
+  }
+  return s.staging.get();
+}
+
+absl::Status PooledBuckets::PrepareUnused(int i, bool accumulated) {
+  // Zero-filled storage: the slot is zero, or the no_sync sum when `accumulated`.
+  return Fill(plan_->slot(i).bucket);
+}
+
+char* PooledBuckets::ReplicaBuffer(int b) const {
+  const Storage& s = *buckets_[b];
+  return s.reduced ? s.reduced.get() : s.kept.get();
+}
+
+void PooledBuckets::Release(int b) {
+  Storage& s = *buckets_[b];
+  std::lock_guard<std::mutex> lock(s.mu);
+  const Bucket& bk = plan_->buckets()[b];
+  Give(std::move(s.staging), bk.padded_count * DTypeSize(DType::kF32));
+  Give(std::move(s.data), bk.bytes());
+  s.staging.Reset();
+  s.data.Reset();
+}
+
+absl::Status PooledBuckets::Consume(int b, BufferOps& ops) {
+  Release(b);  // the next microbatch takes zero-filled storage again
+  return absl::OkStatus();
+}
+
+absl::Status PooledBuckets::Zero(int b) {
+  Release(b);  // a window dropped before its synced backward: storage goes back
+  Storage& s = *buckets_[b];
+  const absl::Status st = ops_.Zero(s.kept.get(), s.kept.bytes());
+  if (!st.ok()) return WithContext(st, absl::StrCat("zeroing the kept shard of bucket ", b));
+  return absl::OkStatus();
+}
+
+void PooledBuckets::Abandon(int b) {
+  Storage& s = *buckets_[b];
+  (void)s.data.release();
+  (void)s.staging.release();
+  (void)s.kept.release();
+  (void)s.reduced.release();
+  pool_->Abandon();  // storage given back while still in use
+}
+
+}  // namespace braid::sched

@@ -1,0 +1,78 @@
+// PooledBuckets: the BucketStorage (scheduler/reducer_storage.h) of a shard_gradients reducer,
+// FSDP's gradient memory.
+//  - Gradients are passed at MarkReady only (GradView and MarkReady(id, ready) refuse).
+//  - Full-size storage (the bucket, and with reduce_dtype f32 its staging) comes from a pool of
+//    free buffers (ReducerConfig::shared_pool, else the storage's own), reused by equal aligned
+//    size only: a new one is allocated when none of that size is free, so the pool never holds
+//    more than every bucket's storage and staging once, whatever the timing. The pool is never
+//    trimmed (MemoryUse::kGradBuckets counts every pool buffer, in use or free). A bucket takes
+//    its storage, zero-filled, at its first mark of an accumulation window (the staging when
+//    the bucket is complete) and gives it back once this rank's reduced shard was copied out.
+//  - The kept shard: one per bucket, shard_count elements of the bucket's dtype (kGradShards,
+//    allocated with the plan). Hybrid with reduce_dtype f32 also keeps an f32 shard per bucket:
+//    the replica all-reduce and the reduce_scatter_only partial sums run there.
+//  - kNoSync keeps a bucket's storage for the whole window (no_sync's memory cost, as in
+//    FSDP); kReduceScatterOnly adds each microbatch's reduced shard into the kept one and gives
+//    the storage back after each microbatch. Unused parameters read zero from the zero fill.
+//
+//   config.shard_gradients = true;  // BucketStorage::Create picks it
+//
+// Contract: as BucketStorage; Zero zeroes the kept shard and gives back storage a dropped
+// window still held, never taking full-size storage.
+#ifndef BRAID_SCHEDULER_REDUCER_POOLED_BUCKETS_H_
+#define BRAID_SCHEDULER_REDUCER_POOLED_BUCKETS_H_
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "scheduler/buffer_pool.h"
+#include "scheduler/reducer_storage.h"
+
+namespace braid::sched {
+
+class PooledBuckets final : public BucketStorage {
+ public:
+  PooledBuckets(BufferOps& ops, const ReducerConfig& config, int shard_rank);
+
+  absl::Status Allocate(const BucketPlan& plan) override;
+  std::unique_ptr<BucketStorage> Fresh() const override;
+  absl::Status CheckReplan() const override;
+  absl::StatusOr<TensorView> GradView(int i) const override;
+  absl::Status BareMarkError(int i) const override;
+  absl::Status Fill(int b) override;
+  absl::StatusOr<char*> TakeStaging(int b) override;
+  absl::Status PrepareUnused(int i, bool accumulated) override;
+  char* Data(int b) const override { return buckets_[b]->data.get(); }
+  char* Staging(int b) const override { return buckets_[b]->staging.get(); }
+  char* Result(int b) const override { return buckets_[b]->kept.get(); }
+  char* ReplicaBuffer(int b) const override;
+  absl::StatusOr<char*> Partial(int b) override { return ReplicaBuffer(b); }
+  Handoff handoff() const override { return Handoff::kOnShardStream; }
+  void Release(int b) override;
+  absl::Status Consume(int b, BufferOps& ops) override;
+  absl::Status Zero(int b) override;
+  bool framework_writes() const override { return false; }
+  void Abandon(int b) override;
+
+ private:
+  struct Storage {
+    std::mutex mu;        // serializes taking and giving back data / staging
+    OwnedBuffer data;     // from the pool while the bucket is filled and reduced
+    OwnedBuffer staging;  // from the pool while a widened bucket is reduced
+    OwnedBuffer kept;     // this rank's reduced shard (shard_count, bucket dtype)
+    OwnedBuffer reduced;  // hybrid with f32 staging: the f32 shard
+  };
+  // Storage of `bytes` (aligned: the pool's key) from the pool, or a new allocation.
+  absl::StatusOr<OwnedBuffer> Take(size_t bytes, int b);
+  void Give(OwnedBuffer buffer, size_t bytes);
+
+  std::vector<std::unique_ptr<Storage>> buckets_;
+  std::shared_ptr<BufferPool> pool_;
+  std::atomic<size_t> pool_buffers_{0};  // buffers this storage allocated (Reserve'd ahead)
+};
+
+}  // namespace braid::sched
+
+#endif  // BRAID_SCHEDULER_REDUCER_POOLED_BUCKETS_H_

@@ -1,0 +1,112 @@
+// ReducerStages: a GradientReducer's launch side. Counts each bucket's marked parameters,
+// launches complete buckets in bucket order, and runs what follows each collective: the f16
+// post-divide, the delivery of the result (rounded from f32 staging, copied into a kept shard,
+// unpacked on the copy-in path), reduce_scatter_only's partial sums, the hybrid replica
+// all-reduce, and the completion of each bucket's Work.
+//
+// RANK-ORDER CONTRACT: buckets launch strictly in bucket-index order on every rank (a pending
+// counter per bucket and a launch cursor, as PyTorch DDP's reducer does): a bucket whose
+// parameters are all ready waits for its predecessors. In hybrid mode the replica all-reduce of
+// bucket k starts when its reduce-scatter completed, through a second cursor, so it too runs in
+// bucket order (overlapping the reduce-scatter of bucket k+1). With an OpScheduler each launch is
+// a submission to it in that same order (scheduler/op_scheduler.h).
+//
+//   ReducerStages stages(plan, groups, config, external, timeline, rows);
+//   stages.Reset(*storage);           // after every plan change
+//   stages.Begin(SyncMode::kSync);
+//   stages.ParamReady(b);             // per marked parameter of bucket b, any thread
+//   ... stages.work(b)->WaitUntil(deadline) for b < stages.launched() ...
+//
+// Contract: ParamReady may be called from any thread; completion callbacks run on the
+// backends' threads. Memory is reached only through the BucketStorage. The destructor waits
+// (up to the timeout) for launched buckets and leaks the storage of any still in flight.
+#ifndef BRAID_SCHEDULER_REDUCER_STAGES_H_
+#define BRAID_SCHEDULER_REDUCER_STAGES_H_
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "comm/buffer_ops.h"
+#include "comm/work_pool.h"
+#include "scheduler/bucket_plan.h"
+#include "scheduler/reducer_bucket_state.h"
+#include "scheduler/reducer_config.h"
+#include "scheduler/reducer_storage.h"
+
+namespace braid::sched {
+
+class ReducerStages {
+ public:
+  struct Rows {  // timeline rows (used when the timeline is non-null)
+    int launches = 0, shard = 0, replica = 0;
+  };
+  // `plan`, `config` and `external` (the copy-in path's gradient buffers) are the reducer's and
+  // outlive the stages; the timeline may be null.
+  ReducerStages(const BucketPlan& plan, const ReducerGroups& groups, const ReducerConfig& config,
+                const std::vector<void*>& external, Timeline* timeline, Rows rows);
+  ~ReducerStages();
+  ReducerStages(const ReducerStages&) = delete;
+  ReducerStages& operator=(const ReducerStages&) = delete;
+
+  // The buckets of the current plan, over `storage` (after Create and after each re-plan).
+  void Reset(BucketStorage& storage);
+  // A new backward: every bucket's counters and flags, and (unless kNoSync) a fresh Work.
+  void Begin(SyncMode mode);
+  // A device event that bucket b's collective waits for (one per marked parameter at most).
+  void AddEvent(int b, DeviceEvent ready);
+  // One more parameter of bucket b is ready: the last one widens b (f32 staging) and launches
+  // every complete bucket whose predecessors launched.
+  void ParamReady(int b);
+  int launched();              // buckets launched in this backward
+  WorkPtr work(int b) const;   // bucket b's final result in this (or the last) backward
+  absl::Status first_error();  // the first failure of a bucket in this backward
+  void RecordError(const absl::Status& s);
+  int FirstPartial() const;  // a bucket holding a reduce_scatter_only sum, or -1
+  void ClearPartial(int b) { buckets_[b]->has_partial = false; }
+  void SetScheduler(OpScheduler* scheduler);
+  WorkPtr NewWork(WorkInfo info) { return works_.Create(std::move(info)); }
+
+ private:
+  // With mu_ held: launch bucket b's stage 0 (all-reduce, or reduce-scatter) or stage 1 (the
+  // hybrid replica all-reduce); buckets [first, last) of a stage are then watched after mu_ is
+  // released. Nothing here allocates in steady state.
+  void LaunchStageLocked(int b, int stage);
+  void Watch(int first, int last, int stage);
+  void OnStageDone(int b, int stage, const absl::Status& done);
+  void OnReplicaStageDone(int b, const absl::Status& done);
+  // Hybrid: after bucket b's reduce-scatter result is in place for the replicas (st: its
+  // error, if any), launch the replica all-reduces that are due, in bucket order.
+  void LaunchReplicaStages(int b, const absl::Status& st);
+  absl::Status Unpack(int b);  // copy-in path, all-reduce mode: bucket -> framework buffers
+  // Completes bucket b's Work with `s`, after the operations queued on `ops` (device).
+  void FinishBucket(int b, absl::Status s, BufferOps& ops);
+  // `st` (a failed memory operation after `collective`) named with the bucket.
+  absl::Status OpError(int b, const absl::Status& collective, const absl::Status& st) const;
+
+  const BucketPlan& plan_;
+  const ReducerGroups groups_;
+  const ReducerConfig& config_;
+  const std::vector<void*>& external_;
+  BucketStorage* storage_ = nullptr;
+  // Memory operations (comm/buffer_ops.h): the shard group's, and where the last stage runs
+  // (hybrid: the replica group's; else the same).
+  BufferOps& ops_;
+  BufferOps& final_ops_;
+  Timeline* tl_;
+  const Rows rows_;
+  SyncMode sync_ = SyncMode::kSync;  // set by Begin, before any launch of the backward
+
+  std::vector<std::unique_ptr<ReducerBucketState>> buckets_;
+  WorkPool works_;            // each bucket's per-backward result Work
+  std::mutex mu_;             // launch cursors, the flags of the bucket states, the first error
+  int launch_cursor_ = 0;     // next bucket to launch (first stage)
+  int allreduce_cursor_ = 0;  // hybrid: next bucket whose replica all-reduce to launch
+  absl::Status first_error_;
+  OpScheduler* scheduler_;  // ReducerConfig::scheduler, replaced by SetScheduler
+};
+
+}  // namespace braid::sched
+
+#endif  // BRAID_SCHEDULER_REDUCER_STAGES_H_

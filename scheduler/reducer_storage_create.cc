@@ -1,0 +1,46 @@
+// BucketStorage::Create: the choice between full and pooled buckets, the one place that reads
+// ReducerConfig::shard_gradients (kept apart from reducer_storage.cc so the interface knows
+// nothing of its implementations).
+#include <utility>
+
+#include "scheduler/reducer_full_buckets.h"
+#include "scheduler/reducer_pooled_buckets.h"
+#include "scheduler/reducer_storage.h"
+
+namespace braid::sched {
+
+absl::StatusOr<std::unique_ptr<BucketStorage>> BucketStorage::Create(const ReducerConfig& config,
+                                                                     const ReducerGroups& groups) {
+  BufferOps& ops = groups.shard->buffer_ops();
+  const int shard_rank = config.mode == ReduceMode::kAllReduce ? 0 : groups.shard->rank();
+  if (!config.shard_gradients) {
+    if (config.shared_pool != nullptr) {
+      return absl::InvalidArgumentError(
+          "shared_pool is for shard_gradients reducers on host groups (device groups queue "
+          "their operations on different streams)");
+    }
+    return std::unique_ptr<BucketStorage>(new FullBuckets(ops, config, shard_rank));
+  }
+  if (config.mode == ReduceMode::kAllReduce) {
+    return absl::InvalidArgumentError(
+        "shard_gradients needs reduce-scatter or hybrid mode: all-reduce keeps whole gradients");
+  }
+  if (!config.gradient_as_bucket_view) {
+    return absl::InvalidArgumentError(
+        "shard_gradients passes gradients at MarkReady(id, ready, grad): it does not use the "
+        "copy-in path (gradient_as_bucket_view = false)");
+  }
+  if (config.rebuild_bucket_order) {
+    return absl::InvalidArgumentError(
+        "shard_gradients does not rebuild the bucket order (rebuild_bucket_order): buckets "
+        "hold no full-size storage between backwards to move gradients through");
+  }
+  if (config.shared_pool != nullptr && !ops.synchronous()) {
+    return absl::InvalidArgumentError(
+        "shared_pool is for shard_gradients reducers on host groups (device groups queue their "
+        "operations on different streams)");
+  }
+  return std::unique_ptr<BucketStorage>(new PooledBuckets(ops, config, shard_rank));
+}
+
+}  // namespace braid::sched
