@@ -270,6 +270,30 @@ class CollectivesTest(unittest.TestCase):
             self.assertTrue(torch.equal(full, send[0] + send[1]))
             self.assertTrue(torch.equal(b, torch.ones(3, dtype=torch.int64)))
 
+    def test_flight_recorder_dump(self):
+        import json
+        n = 2
+        with tempfile.TemporaryDirectory() as d:
+            def body(r, g):
+                t = torch.ones(8)
+                g.allreduce(t, label="step0").wait(TIMEOUT_MS)
+                g.allreduce(t, label="step1").wait(TIMEOUT_MS)
+                path = os.path.join(d, "rank%d.jsonl" % r)
+                g.flight_recorder_dump(path)
+                with self.assertRaisesRegex(braid.BraidError, "BRAID_FLIGHT_RECORDER_DIR"):
+                    g.flight_recorder_dump()  # no path and no directory configured
+                with open(path) as f:
+                    return [json.loads(line) for line in f if line.strip()]
+
+            for r, records in enumerate(run_ranks(n, body)):
+                self.assertEqual(records[0]["rank"], r)  # the header line, then the records
+                mine = [x for x in records[1:] if x["label"] in ("step0", "step1")]
+                self.assertEqual([x["label"] for x in mine], ["step0", "step1"])
+                self.assertEqual([x["state"] for x in mine], ["completed"] * 2)
+                self.assertEqual({x["bytes"] for x in mine}, {32})
+                self.assertEqual({(x["group_rank"], x["group_size"]) for x in mine}, {(r, n)})
+                self.assertLess(mine[0]["seq"], mine[1]["seq"])
+
     def test_group_split_and_mesh(self):
         def body(r, g):
             sub = g.split(r % 2, key=r)

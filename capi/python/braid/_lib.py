@@ -178,6 +178,7 @@ _SIGNATURES = {
     "braid_group_size": (_st, [_p, ctypes.POINTER(_i)]),
     "braid_group_name": (_st, [_p, ctypes.POINTER(_cs)]),
     "braid_group_abort": (_st, [_p, _cs]),
+    "braid_flight_recorder_dump": (_st, [_p, _cs]),
     "braid_group_split": (_st, [_p, _i, _i, _cs, _pp]),
     "braid_mesh_create": (_st, [_p, _i, _i, _pp, _pp]),
     "braid_group_destroy": (_st, [_p]),

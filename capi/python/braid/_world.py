@@ -198,6 +198,14 @@ class Group(_Handle):
         _lib.call("braid_group_name", self.handle, ctypes.byref(s))
         return s.value.decode()
 
+    def flight_recorder_dump(self, path=None):
+        """Writes this rank's flight recorder (its last collectives over all its groups: group,
+        seq, op, bytes, label, times, state) to `path` as JSON lines; None: the file under
+        BRAID_FLIGHT_RECORDER_DIR. tools/braid_flight merges the ranks' files and names where
+        they diverge (docs/hardening.md, "Flight recorder")."""
+        _lib.call("braid_flight_recorder_dump", self.handle,
+                  None if path is None else os.fsencode(path))
+
     def abort_job(self, reason):
         """Fails the whole job now, on every rank: every pending work of every group fails
         and every later call is refused (BraidError, BRAID_PEER_ERROR) naming this rank and
