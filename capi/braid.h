@@ -403,7 +403,7 @@ typedef enum braid_sync_mode {
 
 /* One parameter. `name` (may be NULL) is copied; errors use it. Floating dtypes only. */
 typedef struct braid_param {
-  int64_t id;   /* distinct per parameter; identical on every rank */
+  int64_t id; /* distinct per parameter; identical on every rank */
   /* Elements. count x the dtype's size, summed over a reducer's parameters, is at most 2^60
    * bytes (so no byte size wraps size_t): INVALID_ARGUMENT naming params[i].count otherwise. */
   size_t count;
@@ -528,10 +528,10 @@ BRAID_API braid_status_t braid_reducer_mark_ready_grad(braid_reducer_t* reducer,
 BRAID_API braid_status_t braid_reducer_finish_backward(braid_reducer_t* reducer);
 /* Zeroes every gradient (start of a new accumulation window). FAILED_PRECONDITION during a
  * backward, and while an optimizer built on the reducer is alive (it zeroes each bucket's
- * gradients itself once it stepped them). Device reducer: returns once the zeroes landed (any stream may write after it);
- * the memsets run on Braid's comm stream, so the framework's reads of the reduced gradients
- * must have finished first (synchronize the stream that reads them). A failed memset is
- * returned (naming the bucket), never only logged. */
+ * gradients itself once it stepped them). Device reducer: returns once the zeroes landed (any
+ * stream may write after it); the memsets run on Braid's comm stream, so the framework's reads of
+ * the reduced gradients must have finished first (synchronize the stream that reads them). A failed
+ * memset is returned (naming the bucket), never only logged. */
 BRAID_API braid_status_t braid_reducer_zero_grads(braid_reducer_t* reducer);
 BRAID_API braid_status_t braid_reducer_num_buckets(braid_reducer_t* reducer, int* count);
 /* Since 0.8: torch DDP's one-time bucket rebuild. Every reducer (but shard_gradients ones) records
