@@ -10,6 +10,7 @@
 #include "comm/check.h"
 #include "comm/reduce_kernels.h"
 #include "comm/status_macros.h"
+#include "comm/thread_start.h"
 #include "optim/adamw_kernel.h"
 #include "optim/norm_math.h"
 #include "optim/optimizer_bucket.h"
@@ -220,10 +221,12 @@ absl::Status ShardedOptimizer::Init() {
   }
   ASSIGN_OR_RETURN(stats_group_,
                    shard.Split(0, shard.rank(), absl::StrCat(shard.name(), "/optim")));
-  pool_ = std::make_unique<KernelPool>(config_.threads);
+  ASSIGN_OR_RETURN(pool_, KernelPool::Create(config_.threads));
   guard_ = std::make_shared<CallbackGuard>();
   guard_->self = this;
-  if (config_.overlap) stepper_ = std::thread([this] { StepperLoop(); });
+  if (config_.overlap) {
+    RETURN_IF_ERROR(StartThread(&stepper_, "the optimizer's stepper", [this] { StepperLoop(); }));
+  }
   return absl::OkStatus();
 }
 

@@ -9,11 +9,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "comm/logging.h"
+#include "comm/status_macros.h"
+#include "comm/thread_start.h"
 
 namespace braid::gloo_backend {
 
-std::shared_ptr<GlooAbortLink> GlooAbortLink::Start(rendezvous::TcpStore* store, int world_rank,
-                                                    bool report) {
+absl::StatusOr<std::shared_ptr<GlooAbortLink>> GlooAbortLink::Start(rendezvous::TcpStore* store,
+                                                                    int world_rank, bool report) {
   std::shared_ptr<GlooAbortLink> link(new GlooAbortLink(store, world_rank, report));
   GlooAbortLink* raw = link.get();
   // The notifier and listener run under the domain's lock; the link outlives neither (they
@@ -25,7 +27,8 @@ std::shared_ptr<GlooAbortLink> GlooAbortLink::Start(rendezvous::TcpStore* store,
     if (!s.ok()) Log().warn("gloo backend: could not publish the job abort: {}", s.ToString());
   });
   link->sub_ = link->domain_->Subscribe([raw](const absl::Status&) { raw->CloseAll(); });
-  link->watcher_ = std::thread([raw] { raw->Watch(); });
+  // On failure the destructor unsubscribes and clears the notifier.
+  RETURN_IF_ERROR(StartThread(&link->watcher_, "the gloo abort watcher", [raw] { raw->Watch(); }));
   return link;
 }
 

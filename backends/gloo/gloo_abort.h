@@ -12,9 +12,9 @@
 //     it closed itself), hence the rule: a rank blocked in Gloo waits for its peers' EOF, then
 //     closes in turn, and the closes run around the ring. Queued calls fail with the cause.
 //
-//   auto link = GlooAbortLink::Start(store, rank, /*report=*/true);   // once per process
-//   link->Register(context);           // every group's Gloo context
-//   link->Report(status);              // a group failed by itself
+//   ASSIGN_OR_RETURN(auto link, GlooAbortLink::Start(store, rank, /*report=*/true));   // once per
+//   process link->Register(context);           // every group's Gloo context link->Report(status);
+//   // a group failed by itself
 //
 // Cost: one small store round trip per process every 20 ms (to rank 0's store), so a job of
 // N ranks sends rank 0 N/0.02 requests a second: fine for tens of ranks; a push from the store
@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "backends/rendezvous/store_client.h"
 #include "comm/abort_domain.h"
@@ -44,8 +45,9 @@ class GlooAbortLink {
 
   // `store` is not owned. `report`: a group's own failure aborts the job
   // (BRAID_ABORT_ON_FAILURE).
-  static std::shared_ptr<GlooAbortLink> Start(rendezvous::TcpStore* store, int world_rank,
-                                              bool report);
+  // ResourceExhausted when the watcher thread cannot be started.
+  static absl::StatusOr<std::shared_ptr<GlooAbortLink>> Start(rendezvous::TcpStore* store,
+                                                              int world_rank, bool report);
   ~GlooAbortLink();  // stops and joins the watcher
   GlooAbortLink(const GlooAbortLink&) = delete;
   GlooAbortLink& operator=(const GlooAbortLink&) = delete;

@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "backends/mpi/mpi_errors.h"
 #include "comm/logging.h"
+#include "comm/status_macros.h"
+#include "comm/thread_start.h"
 
 namespace braid::mpi {
 namespace {
@@ -42,9 +44,10 @@ absl::Status AbortedByGroup(const Operation& op, const absl::Status& cause) {
                                                  op.group()->name, "' failed: ", cause.message()));
 }
 
-std::shared_ptr<ProgressEngine> ProgressEngine::Create() {
+absl::StatusOr<std::shared_ptr<ProgressEngine>> ProgressEngine::Create() {
   std::shared_ptr<ProgressEngine> engine(new ProgressEngine());
-  engine->thread_ = std::thread([e = engine.get()] { e->ThreadMain(); });
+  RETURN_IF_ERROR(StartThread(&engine->thread_, "the mpi progress engine",
+                              [e = engine.get()] { e->ThreadMain(); }));
   return engine;
 }
 

@@ -1,6 +1,6 @@
 // ProgressEngine: the MPI lock, the table of operations in flight, and the progress thread.
 //
-//   std::shared_ptr<ProgressEngine> engine = ProgressEngine::Create();
+//   ASSIGN_OR_RETURN(std::shared_ptr<ProgressEngine> engine, ProgressEngine::Create());
 //   WorkPtr work = engine->NewWork(info, spin);
 //   RETURN_IF_ERROR(engine->Submit(std::make_unique<MyOp>(state, work, deadline, timeout)));
 //   RETURN_IF_ERROR(work->Wait(absl::Seconds(10)));   // polls the engine while it waits
@@ -34,6 +34,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "backends/mpi/abort_channel.h"
 #include "backends/mpi/operation.h"
@@ -44,8 +45,9 @@ namespace braid::mpi {
 
 class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
  public:
-  // Starts the progress thread. MPI must be initialized, and stay so until Shutdown().
-  static std::shared_ptr<ProgressEngine> Create();
+  // Starts the progress thread (ResourceExhausted when it cannot be started). MPI must be
+  // initialized, and stay so until Shutdown().
+  static absl::StatusOr<std::shared_ptr<ProgressEngine>> Create();
   // Joins the thread (Shutdown() if not done yet). Operations MPI still owns are leaked.
   ~ProgressEngine();
   ProgressEngine(const ProgressEngine&) = delete;
