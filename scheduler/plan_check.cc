@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "comm/buffer_ops.h"
 #include "comm/status_macros.h"
 
@@ -86,6 +87,33 @@ absl::Status VerifyPlanAcrossRanks(const BucketPlan& plan, Group& group, absl::D
       "bucket plans differ across ranks of group '", group.name(), "' (rank ", differing,
       "): the parameters match, so the plan options (bucket caps, shards, alignment) or the "
       "bucket order differ"));
+}
+
+absl::Status VerifyOptionsAcrossRanks(absl::string_view what,
+                                      const std::vector<NamedOption>& options, Group& group,
+                                      absl::Duration timeout) {
+  const int n = group.size();
+  if (n <= 1 || options.empty()) return absl::OkStatus();
+  std::vector<int64_t> mine;
+  for (const NamedOption& o : options) mine.push_back(o.value);
+  std::vector<int64_t> all;
+  RETURN_IF_ERROR(AllGatherI64(group, mine, &all, timeout));
+  const size_t k = options.size();
+  for (size_t i = 0; i < k; ++i) {
+    bool same = true;
+    for (int r = 1; r < n && same; ++r) same = all[r * k + i] == all[i];
+    if (same) continue;
+    std::vector<std::string> each;
+    constexpr int kListed = 8;
+    for (int r = 0; r < n && r < kListed; ++r) {
+      each.push_back(absl::StrCat(all[r * k + i], " on rank ", r));
+    }
+    if (n > kListed) each.push_back(absl::StrCat("(", n - kListed, " more ranks)"));
+    return absl::FailedPreconditionError(absl::StrCat(what, " differ across the ranks of group '",
+                                                      group.name(), "': ", options[i].name, " is ",
+                                                      absl::StrJoin(each, ", ")));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace braid::sched

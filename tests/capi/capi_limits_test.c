@@ -160,6 +160,57 @@ static void test_setter_limits(braid_group_t* g) {
   EXPECT_OK(braid_reducer_destroy(red));
 }
 
+/* Ranks passing different reducer options: the error names the option and each rank's value
+ * (it used to describe a parameter-count mismatch: "rank 0 registered 1 parameters, rank 1
+ * registered 0"). */
+static braid_group_t* two[2];
+static void* create_differing(void* arg) {
+  const int rank = *(const int*)arg;
+  braid_param_t params[1] = {{1, 1024, BRAID_DTYPE_F32, "p"}};
+  braid_reducer_options_t ro;
+  braid_reducer_t* red = NULL;
+  braid_reducer_options_init(&ro);
+  ro.mode = BRAID_MODE_REDUCE_SCATTER;
+  ro.credit_bytes = rank == 0 ? 1024 : 0;
+  EXPECT_ERROR(BRAID_FAILED_PRECONDITION,
+               "reducer options differ across the ranks of group 'world': credit_bytes is 1024 "
+               "on rank 0, 0 on rank 1",
+               braid_reducer_create(two[rank], NULL, params, 1, &ro, &red));
+  braid_reducer_options_init(&ro);
+  ro.mode = BRAID_MODE_REDUCE_SCATTER;
+  ro.priorities = rank;
+  EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "priorities is 0 on rank 0, 1 on rank 1",
+               braid_reducer_create(two[rank], NULL, params, 1, &ro, &red));
+  braid_reducer_options_init(&ro);
+  ro.mode = BRAID_MODE_REDUCE_SCATTER;
+  ro.shard_gradients = rank;
+  EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "shard_gradients is 0 on rank 0, 1 on rank 1",
+               braid_reducer_create(two[rank], NULL, params, 1, &ro, &red));
+  braid_reducer_options_init(&ro);
+  ro.mode = BRAID_MODE_REDUCE_SCATTER;
+  ro.bucket_cap_bytes = rank == 0 ? 4096 : 8192;
+  EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "bucket_cap_bytes is 4096 on rank 0, 8192 on rank 1",
+               braid_reducer_create(two[rank], NULL, params, 1, &ro, &red));
+  /* agreeing options still make a reducer */
+  braid_reducer_options_init(&ro);
+  ro.mode = BRAID_MODE_REDUCE_SCATTER;
+  ro.credit_bytes = 1024;
+  EXPECT_OK(braid_reducer_create(two[rank], NULL, params, 1, &ro, &red));
+  EXPECT_OK(braid_reducer_destroy(red));
+  return NULL;
+}
+
+static void test_differing_options(void) {
+  static int ranks[2] = {0, 1};
+  pthread_t t[2];
+  int r;
+  braid_world_t* w = test_local_world(2, two);
+  for (r = 0; r < 2; ++r) pthread_create(&t[r], NULL, create_differing, &ranks[r]);
+  for (r = 0; r < 2; ++r) pthread_join(t[r], NULL);
+  for (r = 0; r < 2; ++r) EXPECT_OK(braid_group_destroy(two[r]));
+  EXPECT_OK(braid_world_destroy(w));
+}
+
 int main(void) {
   braid_group_t* g[1];
   braid_world_t* w;
@@ -168,6 +219,7 @@ int main(void) {
   test_param_bytes(g[0]);
   test_create_limits(g[0]);
   test_setter_limits(g[0]);
+  test_differing_options();
   EXPECT_OK(braid_group_destroy(g[0]));
   EXPECT_OK(braid_world_destroy(w));
   return test_finish("capi_limits_test");
