@@ -110,11 +110,13 @@ WorkPtr Enqueue(SerialWorker& worker, const std::shared_ptr<::gloo::Context>& ct
             : RunCollective(ctx, args, static_cast<uint32_t>(work->info().seq), left, what);
     busy->store(false);
     if (!s.ok()) {
-      // A peer that aborted closed its connections, which can reach us before its cause does
-      // through the store: give the store a few polls before blaming the connection.
+      // A peer that aborted or left closed its connections, which can reach us before its
+      // cause or leave notice does through the store: give the store a few polls before
+      // blaming the connection (a leave notice is taken at once: the closed connection shows
+      // the leaver is gone).
       if (aborts != nullptr && s.code() == absl::StatusCode::kUnavailable) {
-        const absl::Time until = absl::Now() + 5 * GlooAbortLink::kPoll;
-        while (!aborts->domain()->aborted() && absl::Now() < until) {
+        const absl::Time until = absl::Now() + 10 * GlooAbortLink::kPoll;
+        while (!aborts->domain()->aborted() && !aborts->TakeLeaveNotice() && absl::Now() < until) {
           absl::SleepFor(absl::Milliseconds(2));
         }
       }

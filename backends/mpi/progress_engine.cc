@@ -26,6 +26,10 @@ constexpr int kYieldPolls = 256;
 constexpr auto kBackoffSleep = std::chrono::microseconds(20);
 // How often an idle engine with an abort channel looks for a peer's abort.
 constexpr auto kAbortPoll = std::chrono::milliseconds(5);
+// A peer's leave notice fails this process's work only this long after it arrived: an operation
+// the peer completed before it left (its data on the way, maybe behind the notice, which
+// travels on another communicator) completes meanwhile; one that needs the peer fails after.
+constexpr absl::Duration kLeaveGrace = absl::Milliseconds(500);
 
 }  // namespace
 
@@ -132,6 +136,10 @@ void ProgressEngine::AttachAbortDomain(std::shared_ptr<AbortDomain> domain,
   });
 }
 
+bool ProgressEngine::PeerAbortDueLocked() const {
+  return peer_abort_.has_value() && absl::Now() >= peer_abort_due_;
+}
+
 bool ProgressEngine::has_abort_channel() {
   std::lock_guard<std::mutex> lock(mu_);
   return channel_ != nullptr;
@@ -154,6 +162,9 @@ void ProgressEngine::NoteGroupFailureLocked(const absl::Status& cause) {
 void ProgressEngine::PollAbortsLocked(FinishedList* out) {
   if (channel_ != nullptr && !peer_abort_.has_value() && abort_cause_.ok()) {
     peer_abort_ = channel_->Poll();
+    if (peer_abort_.has_value()) {
+      peer_abort_due_ = peer_abort_->left ? absl::Now() + kLeaveGrace : absl::InfinitePast();
+    }
   }
   if (!abort_pending_.load(std::memory_order_acquire)) return;
   abort_pending_.store(false, std::memory_order_relaxed);
@@ -174,7 +185,7 @@ void ProgressEngine::DeliverAborts() {
     std::lock_guard<std::mutex> lock(mu_);
     if (domain_ == nullptr) return;
     report = std::exchange(to_report_, absl::OkStatus());
-    peer = std::exchange(peer_abort_, std::nullopt);
+    if (PeerAbortDueLocked()) peer = std::exchange(peer_abort_, std::nullopt);
   }
   if (peer.has_value()) domain_->AbortFromPeer(peer->rank, peer->cause, peer->code);
   if (!report.ok()) domain_->Abort(world_rank_, report);
@@ -329,7 +340,7 @@ void ProgressEngine::ThreadMain() {
       if (channel_ != nullptr || abort_pending_.load(std::memory_order_acquire)) {
         FinishedList none;
         PollAbortsLocked(&none);  // nothing in flight: finishes nothing
-        if (peer_abort_.has_value() || !to_report_.ok()) {
+        if (PeerAbortDueLocked() || !to_report_.ok()) {
           lock.unlock();
           DeliverAborts();
           lock.lock();
@@ -422,6 +433,15 @@ bool ProgressEngine::Shutdown() {
   if (domain_ != nullptr) domain_->SetNotifier(nullptr);  // the channel closes below
   std::lock_guard<std::mutex> lock(mu_);
   PollZombiesLocked();
+  if (channel_ != nullptr && abort_cause_.ok()) {
+    // Leaving while the job runs on: peers waiting for this process, or calling it later, fail
+    // (after kLeaveGrace) instead of waiting out their deadlines. Under a collective shutdown
+    // the peers are leaving too and have nothing left that needs this process.
+    channel_->SendLeft(absl::StrCat(
+        "rank ", world_rank_,
+        " left the job: its mpi world was shut down (at process exit, after an exception or "
+        "sys.exit, or by braid_world_destroy) while this rank still needed it"));
+  }
   if (channel_ != nullptr) channel_->Close();
   shut_down_ = true;
   if (!zombies_.empty()) {

@@ -119,6 +119,8 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
   // With the MPI lock released: hands what PollAbortsLocked / NoteGroupFailureLocked found to
   // the domain.
   void DeliverAborts();
+  // A peer's abort is waiting and due (a leave notice's grace has passed).
+  bool PeerAbortDueLocked() const;
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -143,6 +145,7 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
   bool report_failures_ = false;
   absl::Status to_report_;                  // this process's first group failure, not yet told
   std::optional<PeerAbort> peer_abort_;     // a peer's abort, not yet handed to the domain
+  absl::Time peer_abort_due_;               // when to hand it over (a leave notice: + grace)
   absl::Status abort_cause_;                // the domain's cause once it aborted
   std::atomic<bool> abort_pending_{false};  // abort_cause_ set; ops in flight not yet failed
 
