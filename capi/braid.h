@@ -279,7 +279,12 @@ BRAID_API braid_status_t braid_world_local_ranks(braid_world_t* world, int* rank
  * Hand it to the thread that plays that rank. Errors: INVALID_ARGUMENT (rank outside the
  * world), FAILED_PRECONDITION (that rank's group was already taken). */
 BRAID_API braid_status_t braid_world_group(braid_world_t* world, int rank, braid_group_t** out);
-/* Destroys the world. FAILED_PRECONDITION while groups created from it are alive. */
+/* Destroys the world. FAILED_PRECONDITION while groups created from it are alive. On "mpi" and
+ * "gloo", a world destroyed (or closed at process exit) while the job has not aborted tells the
+ * other processes that this rank left: 0.5 s later (at once on gloo when a call fails on its
+ * closed connection) their pending collectives that have not completed and all their later
+ * calls fail with BRAID_PEER_ERROR naming this rank ("rank 1 left the job: ..."). At the end of
+ * a job every rank destroys its world, and nothing is left that needs the others. */
 BRAID_API braid_status_t braid_world_destroy(braid_world_t* world);
 
 /* A new NCCL unique id for a world of backend "nccl" (call it on one rank, e.g. rank 0, then
