@@ -49,6 +49,21 @@ void AbortChannel::SendToAll(int32_t code, absl::string_view message) {
   }
 }
 
+void AbortChannel::FlushSends(absl::Time deadline) {
+  while (!sends_.empty() && absl::Now() < deadline) {
+    int done = 0;
+    if (MPI_Testall(static_cast<int>(sends_.size()), sends_.data(), &done, MPI_STATUSES_IGNORE) !=
+        MPI_SUCCESS) {
+      return;
+    }
+    if (done) {
+      sends_.clear();
+      return;
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
+
 std::optional<PeerAbort> AbortChannel::Poll() {
   if (!sends_.empty()) {
     int done = 0;

@@ -32,6 +32,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace braid::mpi {
 
@@ -60,6 +62,8 @@ class AbortChannel {
   // This process leaves the job (`why` names it): a leave notice to every other process, under
   // Send's once-per-process budget.
   void SendLeft(absl::string_view why);
+  // Waits (testing, never blocking on a peer) until the sends completed or `deadline`.
+  void FlushSends(absl::Time deadline);
   // A peer's abort, if one arrived (then the receive is not re-posted: one is enough).
   std::optional<PeerAbort> Poll();
   // Cancels the posted receive, releases the sends, frees the communicator. Idempotent.

@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -102,6 +103,20 @@ LiveRuntime& Live() {
   return *live;
 }
 
+// At process exit with the runtime still alive (the program never destroyed its world): tell
+// the peers this rank left, as a shutdown would (progress_engine.h, LeaveAtExit). Registered
+// once, by the first runtime.
+void LeaveAtExit() {
+  std::shared_ptr<MpiRuntime> rt;
+  {
+    std::lock_guard<std::mutex> lock(Live().mu);
+    rt = Live().runtime.lock();
+  }
+  if (rt != nullptr) rt->engine().LeaveAtExit();
+  // Dropping `rt` cannot destroy the runtime here: its backend and groups, never destroyed,
+  // still hold it.
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<MpiRuntime>> MpiRuntime::Acquire() {
@@ -133,6 +148,8 @@ absl::StatusOr<std::shared_ptr<MpiRuntime>> MpiRuntime::Acquire() {
   std::shared_ptr<MpiRuntime> rt(
       new MpiRuntime(*std::move(engine), owns, init.thread_level, rank, size, std::move(*ops)));
   live.runtime = rt;
+  static const bool registered = std::atexit(&LeaveAtExit) == 0;
+  (void)registered;
   return rt;
 }
 

@@ -136,6 +136,21 @@ void ProgressEngine::AttachAbortDomain(std::shared_ptr<AbortDomain> domain,
   });
 }
 
+void ProgressEngine::SendLeaveLocked(absl::string_view how) {
+  if (channel_ == nullptr || !abort_cause_.ok()) return;
+  channel_->SendLeft(absl::StrCat("rank ", world_rank_, " left the job: ", how,
+                                  " while this rank still needed it"));
+}
+
+void ProgressEngine::LeaveAtExit() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_down_) return;
+  int finalized = 0;  // a host that owns MPI may have finalized it with our world alive
+  if (MPI_Finalized(&finalized) != MPI_SUCCESS || finalized) return;
+  SendLeaveLocked("its process ended with its mpi world alive (a return from main or exit())");
+  if (channel_ != nullptr) channel_->FlushSends(absl::Now() + absl::Milliseconds(200));
+}
+
 bool ProgressEngine::PeerAbortDueLocked() const {
   return peer_abort_.has_value() && absl::Now() >= peer_abort_due_;
 }
@@ -433,15 +448,12 @@ bool ProgressEngine::Shutdown() {
   if (domain_ != nullptr) domain_->SetNotifier(nullptr);  // the channel closes below
   std::lock_guard<std::mutex> lock(mu_);
   PollZombiesLocked();
-  if (channel_ != nullptr && abort_cause_.ok()) {
-    // Leaving while the job runs on: peers waiting for this process, or calling it later, fail
-    // (after kLeaveGrace) instead of waiting out their deadlines. Under a collective shutdown
-    // the peers are leaving too and have nothing left that needs this process.
-    channel_->SendLeft(absl::StrCat(
-        "rank ", world_rank_,
-        " left the job: its mpi world was shut down (at process exit, after an exception or "
-        "sys.exit, or by braid_world_destroy) while this rank still needed it"));
-  }
+  // Leaving while the job runs on: peers waiting for this process, or calling it later, fail
+  // (after kLeaveGrace) instead of waiting out their deadlines. Under a collective shutdown
+  // the peers are leaving too and have nothing left that needs this process.
+  SendLeaveLocked(
+      "its mpi world was shut down (at process exit, after an exception or sys.exit, "
+      "or by braid_world_destroy)");
   if (channel_ != nullptr) channel_->Close();
   shut_down_ = true;
   if (!zombies_.empty()) {

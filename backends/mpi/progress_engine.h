@@ -81,6 +81,10 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
   // deadlines). Returns true when MPI owns no buffer of ours any more, so MPI may be finalized.
   // Later Submit() calls fail and Poll() does nothing. Closes the abort channel.
   bool Shutdown();
+  // This process leaves the job now (its world was never shut down: the program returned from
+  // main or called exit): the leave notice Shutdown would send, waited for up to 200 ms so it
+  // is out before the process ends. A no-op once the job aborted or the notice went out.
+  void LeaveAtExit();
 
   // See the header comment. `report`: a group's own failure aborts the job
   // (BRAID_ABORT_ON_FAILURE). Once per engine: later calls are ignored (the channel closed).
@@ -121,6 +125,8 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
   void DeliverAborts();
   // A peer's abort is waiting and due (a leave notice's grace has passed).
   bool PeerAbortDueLocked() const;
+  // The leave notice (once; not after an abort), `how` saying how this process left.
+  void SendLeaveLocked(absl::string_view how);
 
   std::mutex mu_;
   std::condition_variable cv_;
