@@ -4,35 +4,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "comm/buffer_ops.h"
+#include "comm/host_values.h"
 #include "comm/status_macros.h"
 
 namespace braid::sched {
 namespace {
 
+// Through comm/host_values.h: a failed wait never leaves the all-gather reading freed memory.
 absl::Status AllGatherI64(Group& g, const std::vector<int64_t>& mine, std::vector<int64_t>* all,
                           absl::Duration timeout) {
   all->assign(mine.size() * static_cast<size_t>(g.size()), 0);
-  CollectiveOptions opts;
-  opts.label = "bucket plan check";
-  BufferOps& ops = g.buffer_ops();
-  if (ops.synchronous()) {  // host memory: gather straight into `all`
-    ASSIGN_OR_RETURN(WorkPtr w,
-                     g.AllGather(mine.data(), all->data(), mine.size(), DType::kI64, opts));
-    return w->Wait(timeout);
-  }
-  // Device memory: staged through a buffer of the group's, gathered in place.
-  const absl::Time deadline = absl::Now() + timeout;
-  const size_t mine_bytes = mine.size() * sizeof(int64_t);
-  ASSIGN_OR_RETURN(OwnedBuffer staged, ops.Allocate(all->size() * sizeof(int64_t), opts.label));
-  char* slot = staged.get() + static_cast<size_t>(g.rank()) * mine_bytes;
-  RETURN_IF_ERROR(ops.Copy(slot, mine.data(), mine_bytes));
-  ASSIGN_OR_RETURN(WorkPtr w, g.AllGather(slot, staged.get(), mine.size(), DType::kI64, opts));
-  absl::Status s = w->WaitUntil(deadline);
-  if (s.ok()) s = ops.Copy(all->data(), staged.get(), all->size() * sizeof(int64_t));
-  if (s.ok()) s = ops.Synchronize(deadline);
-  if (!s.ok()) (void)staged.release();  // the device may still write into it
-  return s;
+  return AllGatherHostValues(g, mine.data(), all->data(), mine.size(), DType::kI64,
+                             "bucket plan check", absl::Now() + timeout);
 }
 
 std::string Describe(const int64_t* spec) {
