@@ -137,7 +137,8 @@ void BM_AdamWScalar(benchmark::State& state) {
 
 void BM_AdamWThreads(benchmark::State& state) {
   const size_t n = static_cast<size_t>(state.range(0));
-  KernelPool pool(static_cast<int>(state.range(1)));
+  auto pool_ptr = KernelPool::Create(static_cast<int>(state.range(1))).value();
+  KernelPool& pool = *pool_ptr;
   F32State st(n);
   const AdamWScalars s = Scalars();
   for (auto _ : state) {
@@ -161,7 +162,8 @@ void BM_AdamWBf16(benchmark::State& state) {
 
 void BM_Bandwidth(benchmark::State& state) {
   const size_t n = static_cast<size_t>(state.range(0));
-  KernelPool pool(static_cast<int>(state.range(1)));
+  auto pool_ptr = KernelPool::Create(static_cast<int>(state.range(1))).value();
+  KernelPool& pool = *pool_ptr;
   F32State st(n);
   for (auto _ : state) {
     pool.ParallelFor(n, kKernelGrain, [&](size_t lo, size_t hi) {
@@ -175,7 +177,8 @@ void BM_Bandwidth(benchmark::State& state) {
 // The pool's per-call cost: a ParallelFor that splits but does no work (the workers are still
 // spinning from the previous call, as between the buckets of one optimizer step).
 void BM_PoolHandOff(benchmark::State& state) {
-  KernelPool pool(static_cast<int>(state.range(0)));
+  auto pool_ptr = KernelPool::Create(static_cast<int>(state.range(0))).value();
+  KernelPool& pool = *pool_ptr;
   size_t sink = 0;
   const std::function<void(size_t, size_t)> fn = [&sink](size_t lo, size_t) {
     benchmark::DoNotOptimize(sink += lo);

@@ -180,7 +180,7 @@ typedef struct braid_world_options {
    * read_env. */
   const char* plugin_path;
   /* local: ranks (threads) in this process; plugin: the world size request. 0 (default):
-   * BRAID_LOCAL_RANKS when read_env, else 1. */
+   * BRAID_LOCAL_RANKS when read_env, else 1. At most 4096 (as BRAID_LOCAL_RANKS). */
   int local_ranks;
   /* 1 (default): start from the BRAID_* environment variables (BRAID_LOG_LEVEL,
    * BRAID_SPIN_US, BRAID_VALIDATE_COLLECTIVES, ...); the fields above override them.
@@ -279,7 +279,12 @@ BRAID_API braid_status_t braid_world_local_ranks(braid_world_t* world, int* rank
  * Hand it to the thread that plays that rank. Errors: INVALID_ARGUMENT (rank outside the
  * world), FAILED_PRECONDITION (that rank's group was already taken). */
 BRAID_API braid_status_t braid_world_group(braid_world_t* world, int rank, braid_group_t** out);
-/* Destroys the world. FAILED_PRECONDITION while groups created from it are alive. */
+/* Destroys the world. FAILED_PRECONDITION while groups created from it are alive. On "mpi" and
+ * "gloo", a world destroyed (or closed at process exit) while the job has not aborted tells the
+ * other processes that this rank left: 0.5 s later (at once on gloo when a call fails on its
+ * closed connection) their pending collectives that have not completed and all their later
+ * calls fail with BRAID_PEER_ERROR naming this rank ("rank 1 left the job: ..."). At the end of
+ * a job every rank destroys its world, and nothing is left that needs the others. */
 BRAID_API braid_status_t braid_world_destroy(braid_world_t* world);
 
 /* A new NCCL unique id for a world of backend "nccl" (call it on one rank, e.g. rank 0, then
@@ -412,8 +417,10 @@ typedef enum braid_sync_mode {
 
 /* One parameter. `name` (may be NULL) is copied; errors use it. Floating dtypes only. */
 typedef struct braid_param {
-  int64_t id;   /* distinct per parameter; identical on every rank */
-  size_t count; /* elements */
+  int64_t id; /* distinct per parameter; identical on every rank */
+  /* Elements. count x the dtype's size, summed over a reducer's parameters, is at most 2^60
+   * bytes (so no byte size wraps size_t): INVALID_ARGUMENT naming params[i].count otherwise. */
+  size_t count;
   braid_dtype_t dtype;
   const char* name;
 } braid_param_t;
@@ -534,10 +541,11 @@ BRAID_API braid_status_t braid_reducer_mark_ready_grad(braid_reducer_t* reducer,
  * backward), TIMEOUT / PEER_ERROR naming bucket and group. */
 BRAID_API braid_status_t braid_reducer_finish_backward(braid_reducer_t* reducer);
 /* Zeroes every gradient (start of a new accumulation window). FAILED_PRECONDITION during a
- * backward. Device reducer: returns once the zeroes landed (any stream may write after it);
- * the memsets run on Braid's comm stream, so the framework's reads of the reduced gradients
- * must have finished first (synchronize the stream that reads them). A failed memset is
- * returned (naming the bucket), never only logged. */
+ * backward, and while an optimizer built on the reducer is alive (it zeroes each bucket's
+ * gradients itself once it stepped them). Device reducer: returns once the zeroes landed (any
+ * stream may write after it); the memsets run on Braid's comm stream, so the framework's reads of
+ * the reduced gradients must have finished first (synchronize the stream that reads them). A failed
+ * memset is returned (naming the bucket), never only logged. */
 BRAID_API braid_status_t braid_reducer_zero_grads(braid_reducer_t* reducer);
 BRAID_API braid_status_t braid_reducer_num_buckets(braid_reducer_t* reducer, int* count);
 /* Since 0.8: torch DDP's one-time bucket rebuild. Every reducer (but shard_gradients ones) records
@@ -596,7 +604,11 @@ BRAID_API braid_status_t braid_reducer_unit_buckets(braid_reducer_t* reducer, in
 /* *units = 1 + the largest unit any parameter names. */
 BRAID_API braid_status_t braid_reducer_num_units(braid_reducer_t* reducer, int* units);
 /* This rank's shard of `bucket` (bucket dtype; reduce-scatter and hybrid modes: the averaged
- * shard after finish_backward). OUT_OF_RANGE for a bucket outside [0, num_buckets). */
+ * shard after finish_backward). OUT_OF_RANGE for a bucket outside [0, num_buckets).
+ * With an optimizer built on the reducer, the optimizer consumes the reduced gradients: once it
+ * stepped a bucket, the bucket's gradients (braid_reducer_grad, _shard, _grad_shard) read zero,
+ * ready for the next window; with overlap on that is usually so already when finish_backward
+ * returns. Read them before the step only through the optimizer's own reports (last_step). */
 BRAID_API braid_status_t braid_reducer_shard(braid_reducer_t* reducer, int bucket, void** data,
                                              size_t* count);
 /* Since 0.10 (additive): this rank's piece of parameter `id`'s averaged gradient inside its
@@ -674,14 +686,14 @@ typedef enum braid_optimizer_kind {
 typedef struct braid_optimizer_options {
   size_t struct_size;
   braid_optimizer_kind_t kind; /* default ADAMW */
-  int threads;                 /* kernel threads per step; default 1 */
+  int threads;                 /* kernel threads per step, in [1, 256]; default 1 */
   double lr;                   /* default 1e-3 (set it for SGD) */
   double beta1, beta2, eps;    /* AdamW; defaults 0.9, 0.999, 1e-8 */
   double weight_decay;         /* default 0.01 (AdamW's; SGD users usually want 0) */
   double momentum;             /* SGD; default 0.9 */
   int nesterov;                /* SGD; default 0 */
   int skip_nonfinite;          /* 1: drop the step on every rank if any gradient is inf/NaN */
-  double max_grad_norm;        /* > 0: exact global-norm clipping; default 0 (off) */
+  double max_grad_norm;        /* > 0: exact global-norm clipping; default 0 (off); not NaN */
   int overlap;                 /* 1 (default): step buckets as they arrive; 0: call step */
   int64_t timeout_ms;          /* every wait; default 300000 */
   /* ---- since 0.7: fully sharded training (ZeRO-3 / FSDP) and offload. */
@@ -717,7 +729,7 @@ typedef struct braid_optimizer_options {
    * completion event for the consumer stream to wait on. */
   void* gather_stream;
   /* ---- since 0.8: parameter groups (torch.optim's param_groups). */
-  /* Hyper-parameter groups (>= 1; default 1). Each starts with the hyper-parameters above;
+  /* Hyper-parameter groups (in [1, 65536]; default 1). Each starts with the hyper-parameters above;
    * braid_optimizer_set_hyper changes one group's from the next armed step on. */
   int num_groups;
   /* NULL (default): every parameter is in group 0. Else one entry per parameter of the
@@ -752,9 +764,12 @@ BRAID_API void braid_optimizer_options_init(braid_optimizer_options_t* opts);
  * A reducer on a CUDA device (its device option) gets the fused CUDA AdamW / SGD kernels:
  * master weights, moments and parameters live on that device (braid_optimizer_param returns
  * device pointers; set_param copies host values in). Errors: INVALID_ARGUMENT (bad
- * hyper-parameters, threads < 1, all-reduce mode reducer), UNIMPLEMENTED (a feature the
- * device optimizer lacks, named; see optim/sharded_optimizer.h), TIMEOUT / PEER_ERROR from
- * the collectives. */
+ * hyper-parameters: out of range, or non-finite where the kind uses them, naming the field,
+ * e.g. "opts->lr must be finite, got inf"; threads or num_groups outside their range;
+ * all-reduce mode reducer), UNIMPLEMENTED (a feature the device optimizer lacks, named; see
+ * optim/sharded_optimizer.h), INTERNAL (a thread or buffer the machine could not provide,
+ * "could not start ... thread": nothing is left started; the reducer stays usable),
+ * TIMEOUT / PEER_ERROR from the collectives. */
 BRAID_API braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
                                                 const braid_optimizer_options_t* opts,
                                                 braid_optimizer_t** out);
@@ -783,14 +798,17 @@ BRAID_API braid_status_t braid_optimizer_wait_params(braid_optimizer_t* opt, int
  * (track_grad_norm's all-reduce), so last_step then reports it. */
 BRAID_API braid_status_t braid_optimizer_wait_all_params(braid_optimizer_t* opt);
 /* Learning rate of every parameter from the next armed step (lr >= 0, finite). Sets group 0's
- * only when there are several groups (use braid_optimizer_set_hyper). */
+ * only when there are several groups (use braid_optimizer_set_hyper). INVALID_ARGUMENT ("lr
+ * must be finite", "lr must be >= 0"), changing nothing, otherwise. */
 BRAID_API braid_status_t braid_optimizer_set_lr(braid_optimizer_t* opt, double lr);
 /* Since 0.8: group `group`'s hyper-parameters from the next armed step on (a step is armed by
  * braid_optimizer_begin_backward of a synced backward: with overlap on, set them before the
  * backward whose gradients they should step; the armed step keeps its snapshot). The whole
  * struct is taken (get, change, set). Errors: OUT_OF_RANGE (no such group), INVALID_ARGUMENT
  * naming the group and the bad value (lr < 0, beta outside [0, 1), eps <= 0, ...; nothing is
- * changed), or a struct_size this library does not know. */
+ * changed), or naming the field ("hyper->lr must be finite") for a non-finite value the kind
+ * uses (as braid_optimizer_create and braid_optimizer_set_lr), or a struct_size this library
+ * does not know. */
 BRAID_API braid_status_t braid_optimizer_set_hyper(braid_optimizer_t* opt, int group,
                                                    const braid_optimizer_hyper_t* hyper);
 /* Per-rank state file (master weights, moments, step counts, hyper-parameters); waits for

@@ -57,6 +57,7 @@ struct OptimizerImpl {
   optim::TrainingStack& stack() const { return *reducer->stack; }
   optim::ShardedOptimizer& opt() const { return *stack().optimizer(); }
   std::shared_ptr<ReducerImpl> reducer;
+  optim::OptimizerKind kind = optim::OptimizerKind::kAdamW;  // whose hyper-parameters count
   bool attached = false;  // the parameter side is installed (the destructor drops it)
 };
 

@@ -12,6 +12,7 @@
 #include "capi/errors.h"
 #include "capi/handles.h"
 #include "capi/impl.h"
+#include "capi/limits.h"
 #include "comm/status_macros.h"
 #include "optim/cuda_step_kernels.h"
 
@@ -64,9 +65,19 @@ absl::StatusOr<optim::OptimizerConfig> ToConfig(const braid_optimizer_options_t&
   optim::GroupHyper h;
   h.adamw = optim::AdamWHyper{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
   h.sgd = optim::SgdHyper{o.lr, o.momentum, o.weight_decay, o.nesterov != 0};
-  if (o.num_groups < 1) {
+  if (RawEnum(o.kind) != BRAID_OPTIMIZER_NONE) {  // gather only: hyper-parameters are ignored
+    RETURN_IF_ERROR(CheckHyperFinite(h, c.kind, "opts->"));
+  }
+  if (std::isnan(o.max_grad_norm)) {
+    return absl::InvalidArgumentError("opts->max_grad_norm is NaN (> 0 clips, <= 0 is off)");
+  }
+  if (o.num_groups < 1 || o.num_groups > kMaxParamGroups) {
     return absl::InvalidArgumentError(
-        absl::StrCat("opts->num_groups must be >= 1, got ", o.num_groups));
+        absl::StrCat("opts->num_groups must be in [1, ", kMaxParamGroups, "], got ", o.num_groups));
+  }
+  if (o.threads < 1 || o.threads > kMaxOptimizerThreads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("opts->threads must be in [1, ", kMaxOptimizerThreads, "], got ", o.threads));
   }
   c.groups.assign(static_cast<size_t>(o.num_groups), h);
   c.overlap = o.overlap != 0;
@@ -145,6 +156,7 @@ braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
                                            offsetof(braid_optimizer_options_t, track_grad_norm)},
                                           "braid_optimizer_options_t", &o));
     ASSIGN_OR_RETURN(braid::optim::OptimizerConfig config, braid::capi::ToConfig(o));
+    impl->kind = config.kind;
     if (o.param_groups != nullptr) {
       const auto& params = stack.reducer().plan().params();  // registration order
       for (size_t i = 0; i < params.size(); ++i) {
@@ -250,13 +262,11 @@ braid_status_t braid_optimizer_wait_all_params(braid_optimizer_t* opt) {
 braid_status_t braid_optimizer_set_lr(braid_optimizer_t* opt, double lr) {
   return Guard("braid_optimizer_set_lr", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto o, braid::capi::FindOptimizer(opt));
-    if (!(lr >= 0) || !std::isfinite(lr)) {
-      return absl::InvalidArgumentError(absl::StrCat("lr must be finite and >= 0, got ", lr));
-    }
     braid::optim::GroupHyper h = o->opt().hyper(0);
     h.adamw.lr = lr;
     h.sgd.lr = lr;
-    return o->opt().SetHyper(0, h);
+    RETURN_IF_ERROR(braid::capi::CheckHyperFinite(h, o->kind, ""));
+    return o->opt().SetHyper(0, h);  // InvalidArgument "... lr must be >= 0"
   });
 }
 
@@ -274,6 +284,7 @@ braid_status_t braid_optimizer_set_hyper(braid_optimizer_t* opt, int group,
     braid::optim::GroupHyper h;
     h.adamw = braid::optim::AdamWHyper{in.lr, in.beta1, in.beta2, in.eps, in.weight_decay};
     h.sgd = braid::optim::SgdHyper{in.lr, in.momentum, in.weight_decay, in.nesterov != 0};
+    RETURN_IF_ERROR(braid::capi::CheckHyperFinite(h, o->kind, "hyper->"));
     return o->opt().SetHyper(group, h);  // OutOfRange / InvalidArgument naming the group
   });
 }

@@ -14,6 +14,7 @@
 #include "capi/errors.h"
 #include "capi/handles.h"
 #include "capi/impl.h"
+#include "capi/limits.h"
 #include "comm/status_macros.h"
 
 using braid::capi::CheckNotNull;
@@ -32,6 +33,7 @@ absl::StatusOr<std::vector<sched::ParamSpec>> ToSpecs(const braid_param_t* param
     return absl::InvalidArgumentError(absl::StrCat("argument 'params' is NULL with n = ", n));
   }
   std::vector<sched::ParamSpec> specs(n);
+  size_t total_bytes = 0;
   for (size_t i = 0; i < n; ++i) {
     const braid_param_t& p = params[i];
     specs[i].id = p.id;
@@ -40,6 +42,9 @@ absl::StatusOr<std::vector<sched::ParamSpec>> ToSpecs(const braid_param_t* param
     specs[i].device = device;
     const std::string what = absl::StrCat("params[", i, "] (", specs[i].Label(), "): dtype");
     ASSIGN_OR_RETURN(specs[i].dtype, ToDType(RawEnum(p.dtype), what.c_str()));
+    RETURN_IF_ERROR(AddParamBytes(p.count, specs[i].dtype,
+                                  absl::StrCat("params[", i, "].count (", specs[i].Label(), ")"),
+                                  &total_bytes));
     if (units != nullptr) {
       if (units[i] < 0) {
         return absl::InvalidArgumentError(absl::StrCat(

@@ -62,9 +62,9 @@ absl::Status ApplyLauncherRule(const braid_world_options_t& o, Options& opts) {
 }
 
 absl::StatusOr<Options> ToOptions(const braid_world_options_t& o) {
-  if (o.local_ranks < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("local_ranks must be >= 0 (0: the default), got ", o.local_ranks));
+  if (o.local_ranks < 0 || o.local_ranks > kMaxLocalRanks) {
+    return absl::InvalidArgumentError(absl::StrCat("local_ranks must be in [0, ", kMaxLocalRanks,
+                                                   "] (0: the default), got ", o.local_ranks));
   }
   RETURN_IF_ERROR(CheckTimeoutMs(o.timeout_ms, "timeout_ms"));
   if (o.read_env != 0 && o.read_env != 1) {

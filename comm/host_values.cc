@@ -1,13 +1,21 @@
 #include "comm/host_values.h"
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
+#include <memory>
+#include <vector>
 
 #include "comm/buffer_ops.h"
 #include "comm/status_macros.h"
 
 namespace braid {
 namespace {
+
+// Bytes of one buffer holding the result (at its start) and, out of place, the input after it.
+size_t in_place_bytes(const void* in, size_t in_bytes, const void* out, size_t out_bytes) {
+  return std::max<size_t>(1, in == out ? std::max(in_bytes, out_bytes) : out_bytes + in_bytes);
+}
 
 // Runs `launch(in, out)` on the caller's memory (host groups) or through a staging buffer of
 // the group's (device groups): `in_bytes` of `in_host` copied to the buffer's end, the result
@@ -19,8 +27,22 @@ absl::Status Staged(
     const std::function<absl::StatusOr<WorkPtr>(const void* in, void* out)>& launch) {
   BufferOps& ops = g.buffer_ops();
   if (ops.synchronous()) {
-    ASSIGN_OR_RETURN(WorkPtr w, launch(in_host, out_host));
-    return w->WaitUntil(deadline);
+    // Through heap copies, not the caller's memory: a wait that fails (a peer that never
+    // arrives) returns while the operation may still run, and the work keeps the copies until
+    // it completes (forever where a backend never completes a failed call).
+    auto buf =
+        std::make_shared<std::vector<char>>(in_place_bytes(in_host, in_bytes, out_host, out_bytes));
+    char* out = buf->data();
+    char* in = in_host == out_host ? out : out + out_bytes;
+    if (in_bytes > 0) std::memcpy(in, in_host, in_bytes);
+    ASSIGN_OR_RETURN(WorkPtr w, launch(in, out));
+    const absl::Status st = w->WaitUntil(deadline);
+    if (!st.ok()) {
+      w->OnComplete([buf](const absl::Status&) {});
+      return st;
+    }
+    if (out_bytes > 0) std::memcpy(out_host, out, out_bytes);
+    return st;
   }
   const bool in_place = in_host == out_host;
   ASSIGN_OR_RETURN(OwnedBuffer staged,

@@ -49,7 +49,7 @@ const std::vector<Entry>& Entries() {
        }},
       {{"BRAID_LOCAL_RANKS", "1", "ranks (threads) of a world on the local backend"},
        [](Options& o, absl::string_view v) -> absl::Status {
-         ASSIGN_OR_RETURN(int64_t x, ParseInt("BRAID_LOCAL_RANKS", v, 1, 4096));
+         ASSIGN_OR_RETURN(int64_t x, ParseInt("BRAID_LOCAL_RANKS", v, 1, kMaxLocalRanks));
          o.local_ranks = static_cast<int>(x);
          return absl::OkStatus();
        }},

@@ -23,6 +23,9 @@
 
 namespace braid {
 
+// Ranks (threads) of a local world: BRAID_LOCAL_RANKS and braid_world_options_t.local_ranks.
+inline constexpr int kMaxLocalRanks = 4096;
+
 struct Options {
   std::string backend = "local";                 // BRAID_BACKEND
   std::string plugin_path;                       // BRAID_BACKEND_PLUGIN

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "comm/check.h"
 #include "comm/spin.h"
+#include "comm/status_macros.h"
+#include "comm/thread_start.h"
 
 namespace braid::optim {
 namespace {
@@ -26,11 +29,23 @@ KernelPool::Range KernelPool::Chunk(size_t n, size_t grain, int threads, int par
   return Range{lo, std::min(n, lo + chunk)};
 }
 
-KernelPool::KernelPool(int threads) : threads_(threads) {
-  BRAID_CHECK(threads >= 1);
-  workers_.reserve(static_cast<size_t>(threads - 1));
-  for (int part = 1; part < threads; ++part)
-    workers_.emplace_back([this, part] { WorkerLoop(part); });
+KernelPool::KernelPool(int threads) : threads_(threads) {}
+
+absl::StatusOr<std::unique_ptr<KernelPool>> KernelPool::Create(int threads) {
+  if (threads < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("kernel threads must be >= 1, got ", threads));
+  }
+  std::unique_ptr<KernelPool> pool(new KernelPool(threads));
+  pool->workers_.reserve(static_cast<size_t>(threads - 1));
+  for (int part = 1; part < threads; ++part) {
+    std::thread t;
+    KernelPool* p = pool.get();
+    // On failure the destructor joins the workers already started.
+    RETURN_IF_ERROR(StartThread(&t, absl::StrCat("optimizer kernel worker ", part, " of ", threads),
+                                [p, part] { p->WorkerLoop(part); }));
+    pool->workers_.push_back(std::move(t));
+  }
+  return pool;
 }
 
 KernelPool::~KernelPool() {

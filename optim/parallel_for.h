@@ -1,7 +1,7 @@
 // A small persistent thread pool for element-wise kernels over large optimizer shards.
 //
-//   KernelPool pool(2);  // the calling thread + 1 worker
-//   pool.ParallelFor(n, /*grain=*/1 << 16, [&](size_t lo, size_t hi) {
+//   ASSIGN_OR_RETURN(std::unique_ptr<KernelPool> pool, KernelPool::Create(2));  // caller + 1
+//   pool->ParallelFor(n, /*grain=*/1 << 16, [&](size_t lo, size_t hi) {
 //     AdamWRange(s, p + lo, m + lo, v + lo, g + lo, DType::kF32, hi - lo);
 //   });
 //
@@ -26,9 +26,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "absl/status/statusor.h"
 
 namespace braid::optim {
 
@@ -36,8 +39,9 @@ inline constexpr size_t kKernelAlign = 16;
 
 class KernelPool {
  public:
-  // `threads` >= 1 participants including the caller; 1 runs everything inline.
-  explicit KernelPool(int threads);
+  // `threads` >= 1 participants including the caller; 1 runs everything inline. When a worker
+  // thread cannot be started, the ones started are joined and ResourceExhausted names it.
+  static absl::StatusOr<std::unique_ptr<KernelPool>> Create(int threads);
   ~KernelPool();  // wakes and joins the workers
 
   KernelPool(const KernelPool&) = delete;
@@ -57,6 +61,7 @@ class KernelPool {
   static Range Chunk(size_t n, size_t grain, int threads, int part);
 
  private:
+  explicit KernelPool(int threads);
   void WorkerLoop(int part);
   void RunPart(int part);
 

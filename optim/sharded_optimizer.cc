@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/status_macros.h"
+#include "comm/thread_start.h"
 
 namespace braid::optim {
 
@@ -46,10 +47,12 @@ absl::Status ShardedOptimizer::Init() {
   rounds_ = std::vector<BucketRound>(shards_.size());
   ASSIGN_OR_RETURN(agreement_,
                    NormAgreement::Create(shard, on_device_, global, shards_, config_.memory));
-  pool_ = std::make_unique<KernelPool>(config_.threads);
+  ASSIGN_OR_RETURN(pool_, KernelPool::Create(config_.threads));
   guard_ = std::make_shared<CallbackGuard>();
   guard_->self = this;
-  if (config_.overlap) stepper_ = std::thread([this] { StepperLoop(); });
+  if (config_.overlap) {
+    RETURN_IF_ERROR(StartThread(&stepper_, "the optimizer's stepper", [this] { StepperLoop(); }));
+  }
   return absl::OkStatus();
 }
 

@@ -249,11 +249,17 @@ void ShardedOptimizer::DropFrom(int b, const absl::Status& s) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     round_report_ = StepReport{};
-    round_report_.error = absl::Status(
-        s.code(),
-        absl::StrCat("optimizer step not taken from ", shards_[b].label, " on (", shards_[b].label,
-                     ": ", s.message(),
-                     "); those buckets' gradients were dropped, their parameters are unchanged"));
+    // b is past the end when there is no bucket at all (a reducer without parameters whose
+    // global-norm all-reduce failed): nothing to name or drop.
+    round_report_.error =
+        b < static_cast<int>(shards_.size())
+            ? absl::Status(s.code(),
+                           absl::StrCat("optimizer step not taken from ", shards_[b].label, " on (",
+                                        shards_[b].label, ": ", s.message(),
+                                        "); those buckets' gradients were dropped, "
+                                        "their parameters are unchanged"))
+            : absl::Status(s.code(), absl::StrCat("optimizer step not taken (", s.message(),
+                                                  "); the optimizer holds no bucket"));
   }
   for (int k = b; k < static_cast<int>(rounds_.size()); ++k) {
     // Gathered again, unchanged: every rank issues the same gathers whatever failed where. A

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "comm/status_macros.h"
 #include "optim/reshard.h"
+#include "scheduler/plan_check.h"
 
 namespace braid::optim {
 
@@ -30,6 +31,23 @@ absl::StatusOr<std::unique_ptr<TrainingStack>> TrainingStack::Create(
   if (s->shard_gradients_ && !s->on_device_) {
     s->pool_ = std::make_shared<sched::BufferPool>();
     config.shared_pool = s->pool_;
+  }
+  // Before anything whose collectives depend on them (a launch scheduler only some ranks made
+  // would pair its config check with another rank's plan check): named as braid.h names them.
+  const std::vector<sched::NamedOption> agreed = {
+      {"mode", static_cast<int64_t>(config.mode)},
+      {"bucket_cap_bytes", static_cast<int64_t>(config.bucket_cap_bytes)},
+      {"first_bucket_cap_bytes", static_cast<int64_t>(config.first_bucket_cap_bytes)},
+      {"reduce_dtype", static_cast<int64_t>(config.reduce_dtype)},
+      {"allow_unused", config.allow_unused ? 1 : 0},
+      {"shard_gradients", config.keep_shards_only ? 1 : 0},
+      {"credit_bytes",
+       options.launch_scheduler ? static_cast<int64_t>(options.scheduler.credit_bytes) : 0},
+      {"priorities", options.launch_scheduler && options.scheduler.priorities ? 1 : 0}};
+  for (Group* g : {groups.shard, groups.replica}) {
+    if (g != nullptr) {
+      RETURN_IF_ERROR(VerifyOptionsAcrossRanks("reducer options", agreed, *g, config.timeout));
+    }
   }
   if (options.launch_scheduler) {
     sched::OpSchedulerConfig sc = options.scheduler;

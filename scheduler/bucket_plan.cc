@@ -63,12 +63,20 @@ absl::StatusOr<BucketPlan> BucketPlan::BuildInOrder(std::vector<ParamSpec> param
   plan.options_ = o;
   plan.params_ = std::move(params);
   const int n = static_cast<int>(plan.params_.size());
+  size_t total_bytes = 0;
   for (int i = 0; i < n; ++i) {
     const ParamSpec& p = plan.params_[i];
     if (!IsValidDType(static_cast<int>(p.dtype))) {
       return absl::InvalidArgumentError(absl::StrCat(
           "parameter ", p.Label(), ": invalid dtype value ", static_cast<int>(p.dtype)));
     }
+    const size_t es = DTypeSize(p.dtype);
+    if (p.count > (kMaxPlanBytes - total_bytes) / es) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter ", p.Label(), ": ", p.count, " elements of ", es,
+                       " bytes take the parameters past 2^60 bytes (", total_bytes, " before it)"));
+    }
+    total_bytes += p.count * es;
     if (p.unit < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("parameter ", p.Label(), ": unit must be >= 0, got ", p.unit));

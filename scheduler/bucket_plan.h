@@ -52,6 +52,10 @@ struct ParamSpec {
   std::string Label() const;  // "'name' (id 7)" or "id 7"
 };
 
+// The most bytes a plan's parameters may hold together (each count x element size, summed):
+// far above any memory, far enough below SIZE_MAX that padding and offsets cannot wrap.
+inline constexpr size_t kMaxPlanBytes = size_t{1} << 60;
+
 struct PlanOptions {
   size_t bucket_cap_bytes = size_t{25} << 20;
   size_t first_bucket_cap_bytes = size_t{1} << 20;

@@ -8,6 +8,7 @@
 #include "comm/host_values.h"
 #include "comm/logging.h"
 #include "comm/status_macros.h"
+#include "comm/thread_start.h"
 
 namespace braid::sched {
 namespace {
@@ -92,7 +93,11 @@ absl::StatusOr<std::unique_ptr<OpScheduler>> OpScheduler::Create(const OpSchedul
       }
     }
   }
-  return std::unique_ptr<OpScheduler>(new OpScheduler(config));
+  std::unique_ptr<OpScheduler> s(new OpScheduler(config));
+  OpScheduler* p = s.get();
+  RETURN_IF_ERROR(
+      StartThread(&p->timer_, "the launch scheduler's timer", [p] { p->HelperLoop(); }));
+  return s;
 }
 
 OpScheduler::OpScheduler(const OpSchedulerConfig& config) : config_(config) {
@@ -100,7 +105,6 @@ OpScheduler::OpScheduler(const OpSchedulerConfig& config) : config_(config) {
     tl_ = config_.timeline;
     tl_urgent_ = tl_->Track("sched urgent");
   }
-  timer_ = std::thread([this] { HelperLoop(); });
 }
 
 OpScheduler::~OpScheduler() {
@@ -133,7 +137,7 @@ OpScheduler::~OpScheduler() {
     stopping_ = true;
   }
   cv_.notify_all();
-  timer_.join();
+  if (timer_.joinable()) timer_.join();  // not when Create could not start it
   for (auto& [w, s] : cancelled) w->Complete(s);
 }
 

@@ -3,35 +3,19 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "comm/buffer_ops.h"
+#include "absl/strings/str_join.h"
+#include "comm/host_values.h"
 #include "comm/status_macros.h"
 
 namespace braid::sched {
 namespace {
 
+// Through comm/host_values.h: a failed wait never leaves the all-gather reading freed memory.
 absl::Status AllGatherI64(Group& g, const std::vector<int64_t>& mine, std::vector<int64_t>* all,
                           absl::Duration timeout) {
   all->assign(mine.size() * static_cast<size_t>(g.size()), 0);
-  CollectiveOptions opts;
-  opts.label = "bucket plan check";
-  BufferOps& ops = g.buffer_ops();
-  if (ops.synchronous()) {  // host memory: gather straight into `all`
-    ASSIGN_OR_RETURN(WorkPtr w,
-                     g.AllGather(mine.data(), all->data(), mine.size(), DType::kI64, opts));
-    return w->Wait(timeout);
-  }
-  // Device memory: staged through a buffer of the group's, gathered in place.
-  const absl::Time deadline = absl::Now() + timeout;
-  const size_t mine_bytes = mine.size() * sizeof(int64_t);
-  ASSIGN_OR_RETURN(OwnedBuffer staged, ops.Allocate(all->size() * sizeof(int64_t), opts.label));
-  char* slot = staged.get() + static_cast<size_t>(g.rank()) * mine_bytes;
-  RETURN_IF_ERROR(ops.Copy(slot, mine.data(), mine_bytes));
-  ASSIGN_OR_RETURN(WorkPtr w, g.AllGather(slot, staged.get(), mine.size(), DType::kI64, opts));
-  absl::Status s = w->WaitUntil(deadline);
-  if (s.ok()) s = ops.Copy(all->data(), staged.get(), all->size() * sizeof(int64_t));
-  if (s.ok()) s = ops.Synchronize(deadline);
-  if (!s.ok()) (void)staged.release();  // the device may still write into it
-  return s;
+  return AllGatherHostValues(g, mine.data(), all->data(), mine.size(), DType::kI64,
+                             "bucket plan check", absl::Now() + timeout);
 }
 
 std::string Describe(const int64_t* spec) {
@@ -86,6 +70,33 @@ absl::Status VerifyPlanAcrossRanks(const BucketPlan& plan, Group& group, absl::D
       "bucket plans differ across ranks of group '", group.name(), "' (rank ", differing,
       "): the parameters match, so the plan options (bucket caps, shards, alignment) or the "
       "bucket order differ"));
+}
+
+absl::Status VerifyOptionsAcrossRanks(absl::string_view what,
+                                      const std::vector<NamedOption>& options, Group& group,
+                                      absl::Duration timeout) {
+  const int n = group.size();
+  if (n <= 1 || options.empty()) return absl::OkStatus();
+  std::vector<int64_t> mine;
+  for (const NamedOption& o : options) mine.push_back(o.value);
+  std::vector<int64_t> all;
+  RETURN_IF_ERROR(AllGatherI64(group, mine, &all, timeout));
+  const size_t k = options.size();
+  for (size_t i = 0; i < k; ++i) {
+    bool same = true;
+    for (int r = 1; r < n && same; ++r) same = all[r * k + i] == all[i];
+    if (same) continue;
+    std::vector<std::string> each;
+    constexpr int kListed = 8;
+    for (int r = 0; r < n && r < kListed; ++r) {
+      each.push_back(absl::StrCat(all[r * k + i], " on rank ", r));
+    }
+    if (n > kListed) each.push_back(absl::StrCat("(", n - kListed, " more ranks)"));
+    return absl::FailedPreconditionError(absl::StrCat(what, " differ across the ranks of group '",
+                                                      group.name(), "': ", options[i].name, " is ",
+                                                      absl::StrJoin(each, ", ")));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace braid::sched

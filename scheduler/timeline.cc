@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "comm/logging.h"
+#include "comm/status_macros.h"
+#include "comm/thread_start.h"
 #include "scheduler/timeline_queue.h"
 
 namespace braid::sched {
@@ -101,7 +103,15 @@ absl::StatusOr<std::unique_ptr<Timeline>> Timeline::Create(std::string path_pref
     std::fclose(file);
     return IoError(err, "cannot write", path);
   }
-  return std::unique_ptr<Timeline>(new Timeline(std::move(path), rank, file, options));
+  std::unique_ptr<Timeline> timeline(new Timeline(std::move(path), rank, file, options));
+  // Without its writer the timeline closes its file at once (the destructor's Close).
+  Timeline* t = timeline.get();
+  RETURN_IF_ERROR(StartThread(&t->writer_, absl::StrCat("the timeline writer of '", t->path_, "'"),
+                              [t] { t->WriterLoop(); }));
+#if defined(__linux__)
+  pthread_setname_np(t->writer_.native_handle(), "braid-timeline");
+#endif
+  return timeline;
 }
 
 absl::StatusOr<std::unique_ptr<Timeline>> Timeline::FromOptions(const Options& opts, int rank) {
@@ -117,12 +127,7 @@ Timeline::Timeline(std::string path, int rank, std::FILE* file, TimelineOptions 
       options_(options),
       origin_ns_(NowNs()),
       queue_(std::make_unique<TimelineQueue<Event>>(options.queue_capacity)),
-      file_(file) {
-  writer_ = std::thread(&Timeline::WriterLoop, this);
-#if defined(__linux__)
-  pthread_setname_np(writer_.native_handle(), "braid-timeline");
-#endif
-}
+      file_(file) {}
 
 Timeline::~Timeline() {
   const absl::Status status = Close();
@@ -251,7 +256,7 @@ absl::Status Timeline::Close() {
     stop_ = true;
   }
   wake_writer_.notify_one();
-  writer_.join();
+  if (writer_.joinable()) writer_.join();  // not when it could not be started
   // The writer has exited: the file is ours.
   std::string trailer;
   AppendTrailer(&trailer);

@@ -137,6 +137,24 @@ TEST(BucketPlan, BadInputNamesTheParameter) {
   EXPECT_EQ(plan->IndexOf(7).status().code(), absl::StatusCode::kNotFound);
 }
 
+// Bytes that wrap size_t (count x element size) or pass kMaxPlanBytes together are refused,
+// naming the parameter that crosses the limit, before any offset is computed.
+TEST(BucketPlan, BytesPastTheLimitNameTheParameter) {
+  auto wrap = Params({{4, DType::kF32}, {(SIZE_MAX / 4) + 1, DType::kF32}});
+  auto s = BucketPlan::Build(wrap, PlanOptions{}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("parameter 'p1' (id 101): 4611686018427387904 elements of 4 bytes"),
+            absl::string_view::npos)
+      << s;
+  auto sum = Params({{size_t{1} << 58, DType::kF16},
+                     {size_t{1} << 58, DType::kF16},
+                     {1, DType::kF16}});  // exactly 2^60 bytes, then one element more
+  s = BucketPlan::Build(sum, PlanOptions{}).status();
+  EXPECT_NE(s.message().find("parameter 'p2' (id 102): 1 elements of 2 bytes"),
+            absl::string_view::npos)
+      << s;
+}
+
 TEST(BucketPlan, ExplicitOrderAndFingerprint) {
   auto params = Params({{10, DType::kF32}, {20, DType::kF32}, {30, DType::kF32}});
   auto a = BucketPlan::BuildInOrder(params, {1, 0, 2}, PlanOptions{});

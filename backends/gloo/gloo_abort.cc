@@ -9,11 +9,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "comm/logging.h"
+#include "comm/status_macros.h"
+#include "comm/thread_start.h"
 
 namespace braid::gloo_backend {
 
-std::shared_ptr<GlooAbortLink> GlooAbortLink::Start(rendezvous::TcpStore* store, int world_rank,
-                                                    bool report) {
+absl::StatusOr<std::shared_ptr<GlooAbortLink>> GlooAbortLink::Start(rendezvous::TcpStore* store,
+                                                                    int world_rank, bool report) {
   std::shared_ptr<GlooAbortLink> link(new GlooAbortLink(store, world_rank, report));
   GlooAbortLink* raw = link.get();
   // The notifier and listener run under the domain's lock; the link outlives neither (they
@@ -25,7 +27,8 @@ std::shared_ptr<GlooAbortLink> GlooAbortLink::Start(rendezvous::TcpStore* store,
     if (!s.ok()) Log().warn("gloo backend: could not publish the job abort: {}", s.ToString());
   });
   link->sub_ = link->domain_->Subscribe([raw](const absl::Status&) { raw->CloseAll(); });
-  link->watcher_ = std::thread([raw] { raw->Watch(); });
+  // On failure the destructor unsubscribes and clears the notifier.
+  RETURN_IF_ERROR(StartThread(&link->watcher_, "the gloo abort watcher", [raw] { raw->Watch(); }));
   return link;
 }
 
@@ -33,6 +36,16 @@ GlooAbortLink::GlooAbortLink(rendezvous::TcpStore* store, int world_rank, bool r
     : store_(store), world_rank_(world_rank), report_(report) {}
 
 GlooAbortLink::~GlooAbortLink() {
+  if (!domain_->aborted()) {
+    // Peers still waiting for this process, or calling it later, fail instead of waiting out
+    // their deadlines. Under a collective shutdown they leave too (and the store may be gone).
+    const absl::Status s = store_->Set(
+        kKey, absl::StrCat(world_rank_, "\n", kLeftCode, "\n", "rank ", world_rank_,
+                           " left the job: its gloo world was shut down (at process exit, after "
+                           "an exception or sys.exit, or by braid_world_destroy) while this rank "
+                           "still needed it"));
+    if (!s.ok()) Log().debug("gloo backend: leave notice not published: {}", s.ToString());
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
@@ -68,6 +81,17 @@ void GlooAbortLink::Report(const absl::Status& cause) {
   if (report_ && !cause.ok()) domain_->Abort(world_rank_, cause);
 }
 
+bool GlooAbortLink::TakeLeaveNotice() {
+  std::optional<Leave> leave;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    leave = std::exchange(leave_, std::nullopt);
+  }
+  if (!leave.has_value()) return false;
+  domain_->AbortFromPeer(leave->rank, leave->cause, absl::StatusCode::kUnavailable);
+  return true;
+}
+
 void GlooAbortLink::CloseAll() {
   std::vector<std::shared_ptr<::gloo::Context>> idle;
   {
@@ -84,15 +108,24 @@ void GlooAbortLink::CloseAll() {
 void GlooAbortLink::Watch() {
   const std::string key(kKey);
   std::unique_lock<std::mutex> lock(mu_);
-  while (!stopping_ && !domain_->aborted()) {
+  bool store_gone = false;
+  while (!stopping_ && !domain_->aborted() && !(store_gone && !leave_.has_value())) {
     cv_.wait_for(lock, std::chrono::milliseconds(absl::ToInt64Milliseconds(kPoll)));
     if (stopping_) break;
+    if (leave_.has_value() && absl::Now() >= leave_->due) {
+      lock.unlock();
+      TakeLeaveNotice();
+      lock.lock();
+      continue;
+    }
+    if (store_gone) continue;  // only a leave notice seen earlier is still to be handed over
     lock.unlock();
     absl::StatusOr<std::vector<std::string>> missing = store_->Missing({key});
     if (!missing.ok()) {
       // The store is gone (rank 0 left) or broken: nothing more can arrive through it.
       lock.lock();
-      break;
+      store_gone = true;
+      continue;
     }
     if (missing->empty()) {
       absl::StatusOr<std::string> v = store_->Get(key, absl::Seconds(5));
@@ -100,6 +133,12 @@ void GlooAbortLink::Watch() {
         std::vector<std::string> parts = absl::StrSplit(*v, absl::MaxSplits('\n', 2));
         int rank = -1;
         int code = static_cast<int>(absl::StatusCode::kAborted);
+        if (parts.size() == 3 && absl::SimpleAtoi(parts[0], &rank) &&
+            absl::SimpleAtoi(parts[1], &code) && code == kLeftCode) {
+          lock.lock();
+          if (!leave_.has_value()) leave_ = Leave{rank, parts[2], absl::Now() + kLeaveGrace};
+          continue;
+        }
         if (parts.size() == 3 && absl::SimpleAtoi(parts[0], &rank) &&
             absl::SimpleAtoi(parts[1], &code)) {
           const auto c = code > 0 && code <= static_cast<int>(absl::StatusCode::kUnauthenticated)

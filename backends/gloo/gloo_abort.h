@@ -12,9 +12,14 @@
 //     it closed itself), hence the rule: a rank blocked in Gloo waits for its peers' EOF, then
 //     closes in turn, and the closes run around the ring. Queued calls fail with the cause.
 //
-//   auto link = GlooAbortLink::Start(store, rank, /*report=*/true);   // once per process
-//   link->Register(context);           // every group's Gloo context
-//   link->Report(status);              // a group failed by itself
+//   - A process whose world shuts down while the job has not aborted (process exit, an exception,
+//     braid_world_destroy) writes a leave notice there (code kLeftCode): peers hand it to the
+//     domain kLeaveGrace after they saw it (what the leaver completed completes meanwhile), or
+//     at once when a call of theirs fails on a connection the leaver closed (TakeLeaveNotice).
+//
+//   ASSIGN_OR_RETURN(auto link, GlooAbortLink::Start(store, rank, /*report=*/true));  // per
+//   process link->Register(context, busy);  // every group's Gloo context link->Report(status); //
+//   a group failed by itself
 //
 // Cost: one small store round trip per process every 20 ms (to rank 0's store), so a job of
 // N ranks sends rank 0 N/0.02 requests a second: fine for tens of ranks; a push from the store
@@ -26,10 +31,13 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "backends/rendezvous/store_client.h"
 #include "comm/abort_domain.h"
@@ -41,12 +49,15 @@ class GlooAbortLink {
  public:
   static constexpr char kKey[] = "braid/abort";
   static constexpr absl::Duration kPoll = absl::Milliseconds(20);
+  static constexpr int kLeftCode = -1;  // the code field of a leave notice
+  static constexpr absl::Duration kLeaveGrace = absl::Milliseconds(500);
 
   // `store` is not owned. `report`: a group's own failure aborts the job
   // (BRAID_ABORT_ON_FAILURE).
-  static std::shared_ptr<GlooAbortLink> Start(rendezvous::TcpStore* store, int world_rank,
-                                              bool report);
-  ~GlooAbortLink();  // stops and joins the watcher
+  // ResourceExhausted when the watcher thread cannot be started.
+  static absl::StatusOr<std::shared_ptr<GlooAbortLink>> Start(rendezvous::TcpStore* store,
+                                                              int world_rank, bool report);
+  ~GlooAbortLink();  // leaves the job (the notice, unless aborted); stops and joins the watcher
   GlooAbortLink(const GlooAbortLink&) = delete;
   GlooAbortLink& operator=(const GlooAbortLink&) = delete;
 
@@ -57,6 +68,9 @@ class GlooAbortLink {
   void CloseIfAborted(::gloo::Context& context);
   // A group failed by itself (not because the job aborted): abort the job (if `report`).
   void Report(const absl::Status& cause);
+  // A call failed on a closed connection: a peer's leave notice seen (in its grace) is handed
+  // to the domain now (true), naming the rank that left.
+  bool TakeLeaveNotice();
 
   const std::shared_ptr<AbortDomain>& domain() const { return domain_; }
   int world_rank() const { return world_rank_; }
@@ -78,6 +92,13 @@ class GlooAbortLink {
     std::shared_ptr<std::atomic<bool>> busy;
   };
   std::vector<Entry> contexts_;  // guarded by mu_
+  // A peer's leave notice, not yet handed to the domain (guarded by mu_).
+  struct Leave {
+    int rank = -1;
+    std::string cause;
+    absl::Time due;
+  };
+  std::optional<Leave> leave_;
   AbortDomain::Subscription sub_;
   std::thread watcher_;  // last: starts after everything it uses
 };

@@ -56,7 +56,8 @@ absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::CreateFromLauncher(
   world->store_owner = std::shared_ptr<rendezvous::LauncherRendezvous>(std::move(rv));
   world->timeout = config.timeout;
   world->spin = config.spin;
-  world->aborts = GlooAbortLink::Start(world->store, env.rank, config.abort_on_failure);
+  ASSIGN_OR_RETURN(world->aborts,
+                   GlooAbortLink::Start(world->store, env.rank, config.abort_on_failure));
   return std::unique_ptr<GlooBackend>(new GlooBackend(std::move(world), env.rank, env.world_size));
 }
 
@@ -73,7 +74,7 @@ absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::CreateSingleRank(
   world->store_owner = std::move(own);
   world->timeout = config.timeout;
   world->spin = config.spin;
-  world->aborts = GlooAbortLink::Start(world->store, 0, config.abort_on_failure);
+  ASSIGN_OR_RETURN(world->aborts, GlooAbortLink::Start(world->store, 0, config.abort_on_failure));
   return std::unique_ptr<GlooBackend>(new GlooBackend(std::move(world), 0, 1));
 }
 
@@ -114,8 +115,7 @@ absl::StatusOr<std::unique_ptr<Group>> GlooBackend::CreateWorldGroup(int rank) {
   const std::string prefix = absl::StrCat(kPrefix, "/world");
   ASSIGN_OR_RETURN(std::shared_ptr<::gloo::Context> ctx,
                    ConnectContext(*world_, prefix, rank_, world_size_));
-  return std::unique_ptr<Group>(
-      std::make_unique<GlooGroup>(world_, std::move(ctx), "world", prefix));
+  return GlooGroup::Create(world_, std::move(ctx), "world", prefix);
 }
 
 }  // namespace braid::gloo_backend

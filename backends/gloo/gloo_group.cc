@@ -38,15 +38,25 @@ Capabilities GlooGroup::GlooCapabilities() {
 }
 
 GlooGroup::GlooGroup(std::shared_ptr<GlooWorld> world, std::shared_ptr<::gloo::Context> context,
-                     std::string name, std::string prefix)
+                     std::string name, std::string prefix, std::unique_ptr<SerialWorker> worker)
     : world_(std::move(world)),
       context_(std::move(context)),
       name_(std::move(name)),
-      prefix_(std::move(prefix)) {
+      prefix_(std::move(prefix)),
+      worker_(std::move(worker)) {
   if (world_->aborts != nullptr) {
     SetAbortDomain(world_->aborts->domain());
     world_->aborts->Register(context_, busy_);
   }
+}
+
+absl::StatusOr<std::unique_ptr<Group>> GlooGroup::Create(std::shared_ptr<GlooWorld> world,
+                                                         std::shared_ptr<::gloo::Context> context,
+                                                         std::string name, std::string prefix) {
+  ASSIGN_OR_RETURN(std::unique_ptr<SerialWorker> worker,
+                   SerialWorker::Start(absl::StrCat("group '", name, "'")));
+  return std::unique_ptr<Group>(std::make_unique<GlooGroup>(
+      std::move(world), std::move(context), std::move(name), std::move(prefix), std::move(worker)));
 }
 
 GlooGroup::~GlooGroup() = default;
@@ -100,11 +110,13 @@ WorkPtr Enqueue(SerialWorker& worker, const std::shared_ptr<::gloo::Context>& ct
             : RunCollective(ctx, args, static_cast<uint32_t>(work->info().seq), left, what);
     busy->store(false);
     if (!s.ok()) {
-      // A peer that aborted closed its connections, which can reach us before its cause does
-      // through the store: give the store a few polls before blaming the connection.
+      // A peer that aborted or left closed its connections, which can reach us before its
+      // cause or leave notice does through the store: give the store a few polls before
+      // blaming the connection (a leave notice is taken at once: the closed connection shows
+      // the leaver is gone).
       if (aborts != nullptr && s.code() == absl::StatusCode::kUnavailable) {
-        const absl::Time until = absl::Now() + 5 * GlooAbortLink::kPoll;
-        while (!aborts->domain()->aborted() && absl::Now() < until) {
+        const absl::Time until = absl::Now() + 10 * GlooAbortLink::kPoll;
+        while (!aborts->domain()->aborted() && !aborts->TakeLeaveNotice() && absl::Now() < until) {
           absl::SleepFor(absl::Milliseconds(2));
         }
       }
@@ -181,8 +193,7 @@ absl::StatusOr<std::unique_ptr<Group>> GlooGroup::DoSplit(int color, int key, st
   absl::StatusOr<std::shared_ptr<::gloo::Context>> ctx =
       ConnectContext(*world_, prefix, new_rank, static_cast<int>(members.size()));
   if (!ctx.ok()) return WithContext(ctx.status(), what);
-  return std::unique_ptr<Group>(
-      std::make_unique<GlooGroup>(world_, *std::move(ctx), std::move(name), prefix));
+  return GlooGroup::Create(world_, *std::move(ctx), std::move(name), prefix);
 }
 
 }  // namespace braid::gloo_backend

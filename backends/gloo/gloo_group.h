@@ -71,8 +71,12 @@ struct GroupFailure {
 
 class GlooGroup final : public Group {
  public:
+  // ResourceExhausted when the group's worker thread cannot be started.
+  static absl::StatusOr<std::unique_ptr<Group>> Create(std::shared_ptr<GlooWorld> world,
+                                                       std::shared_ptr<::gloo::Context> context,
+                                                       std::string name, std::string prefix);
   GlooGroup(std::shared_ptr<GlooWorld> world, std::shared_ptr<::gloo::Context> context,
-            std::string name, std::string prefix);
+            std::string name, std::string prefix, std::unique_ptr<SerialWorker> worker);
   ~GlooGroup() override;
 
   int rank() const override { return context_->rank; }
@@ -99,7 +103,7 @@ class GlooGroup final : public Group {
   const std::shared_ptr<std::atomic<bool>> busy_ = std::make_shared<std::atomic<bool>>(false);
   uint64_t next_seq_ = 0;  // collectives and splits, identical on every rank
   // Last: destroyed first, so no task runs once the members above are gone.
-  std::unique_ptr<SerialWorker> worker_ = std::make_unique<SerialWorker>();
+  std::unique_ptr<SerialWorker> worker_;
 };
 
 }  // namespace braid::gloo_backend

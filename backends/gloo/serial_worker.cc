@@ -2,9 +2,19 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "comm/status_macros.h"
+#include "comm/thread_start.h"
+
 namespace braid::gloo_backend {
 
-SerialWorker::SerialWorker() : thread_([this] { Loop(); }) {}
+absl::StatusOr<std::unique_ptr<SerialWorker>> SerialWorker::Start(absl::string_view what) {
+  std::unique_ptr<SerialWorker> w(new SerialWorker());
+  SerialWorker* p = w.get();
+  RETURN_IF_ERROR(
+      StartThread(&p->thread_, absl::StrCat("the gloo worker of ", what), [p] { p->Loop(); }));
+  return w;
+}
 
 SerialWorker::~SerialWorker() {
   std::deque<Task> cancelled;
@@ -14,7 +24,7 @@ SerialWorker::~SerialWorker() {
     cancelled.swap(queue_);
   }
   cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();  // not when Start could not start it
   for (Task& t : cancelled) t(false);
 }
 

@@ -1,8 +1,8 @@
 // SerialWorker: one thread that runs a group's collectives one after another, in the order they
 // were posted, so Group::Launch never blocks on peers (Gloo's calls are blocking).
 //
-//   SerialWorker worker("gloo world");
-//   worker.Post([work, args](bool run) {
+//   ASSIGN_OR_RETURN(std::unique_ptr<SerialWorker> worker, SerialWorker::Start("group 'world'"));
+//   worker->Post([work, args](bool run) {
 //     if (!run) { work->Complete(absl::CancelledError("group destroyed")); return; }
 //     work->Complete(RunCollective(...));
 //   });
@@ -17,9 +17,13 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace braid::gloo_backend {
 
@@ -27,7 +31,8 @@ class SerialWorker {
  public:
   using Task = std::function<void(bool run)>;
 
-  SerialWorker();
+  // ResourceExhausted naming `what` when the thread cannot be started.
+  static absl::StatusOr<std::unique_ptr<SerialWorker>> Start(absl::string_view what);
   ~SerialWorker();
   SerialWorker(const SerialWorker&) = delete;
   SerialWorker& operator=(const SerialWorker&) = delete;
@@ -35,6 +40,7 @@ class SerialWorker {
   void Post(Task task);
 
  private:
+  SerialWorker() = default;
   void Loop();
 
   std::mutex mu_;

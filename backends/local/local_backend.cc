@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "backends/local/local_group.h"
+#include "comm/status_macros.h"
 
 namespace braid::local {
 
@@ -44,8 +45,9 @@ absl::StatusOr<std::unique_ptr<Group>> LocalBackend::CreateWorldGroup(int rank) 
     return absl::FailedPreconditionError(
         absl::StrCat("local backend: the world group of rank ", rank, " was already created"));
   }
+  ASSIGN_OR_RETURN(std::unique_ptr<Group> group, LocalGroup::Start(world_, rank));
   handed_out_[rank] = true;
-  return std::unique_ptr<Group>(new LocalGroup(world_, rank));
+  return group;
 }
 
 namespace {

@@ -10,6 +10,7 @@
 #include "comm/reduce_kernels.h"
 #include "comm/spin.h"
 #include "comm/status_macros.h"
+#include "comm/thread_start.h"
 
 namespace braid::local {
 
@@ -132,9 +133,18 @@ LocalGroup::LocalGroup(std::shared_ptr<LocalComm> comm, int rank)
       rank_(rank),
       in_(comm_->size()),
       out_(comm_->size()),
-      scalars_(comm_->size()),
-      worker_([this] { WorkerLoop(); }) {
+      scalars_(comm_->size()) {
   SetAbortDomain(comm_->world_.domain);
+}
+
+absl::StatusOr<std::unique_ptr<Group>> LocalGroup::Start(std::shared_ptr<LocalComm> comm,
+                                                         int rank) {
+  std::unique_ptr<LocalGroup> g(new LocalGroup(std::move(comm), rank));
+  LocalGroup* p = g.get();
+  RETURN_IF_ERROR(StartThread(&p->worker_,
+                              absl::StrCat("rank ", p->world_rank(), " of group '", p->name(), "'"),
+                              [p] { p->WorkerLoop(); }));
+  return std::unique_ptr<Group>(std::move(g));
 }
 
 LocalGroup::~LocalGroup() {
@@ -152,7 +162,7 @@ LocalGroup::~LocalGroup() {
     if (busy) comm_->ReportFailure(comm_->world_ranks_[rank_], cause);
   }
   cv_.notify_all();
-  worker_.join();
+  if (worker_.joinable()) worker_.join();  // not when Start could not start it
 }
 
 int LocalGroup::size() const { return comm_->size(); }
@@ -210,7 +220,7 @@ absl::StatusOr<std::unique_ptr<Group>> LocalGroup::DoSplit(int color, int key, s
   const int my_world = comm_->world_ranks_[rank_];
   const int child_rank =
       static_cast<int>(std::find(members.begin(), members.end(), my_world) - members.begin());
-  return std::unique_ptr<Group>(new LocalGroup(std::move(child), child_rank));
+  return Start(std::move(child), child_rank);
 }
 
 void LocalGroup::WorkerLoop() {

@@ -48,7 +48,9 @@ class LocalComm;
 
 class LocalGroup final : public Group {
  public:
-  LocalGroup(std::shared_ptr<LocalComm> comm, int rank);
+  // A rank's group on `comm`, its worker thread started (ResourceExhausted when it cannot be:
+  // the peers' calls on the group then fail at once, as when a rank destroys its handle).
+  static absl::StatusOr<std::unique_ptr<Group>> Start(std::shared_ptr<LocalComm> comm, int rank);
   ~LocalGroup() override;
 
   int rank() const override { return rank_; }
@@ -75,6 +77,7 @@ class LocalGroup final : public Group {
   };
 
   WorkPtr Enqueue(Op op, std::string label);
+  LocalGroup(std::shared_ptr<LocalComm> comm, int rank);
   void WorkerLoop();
   absl::Status Execute(Op& op);
   absl::Status RunPhases(const Op& op, const std::vector<Posted>& posted, absl::Time deadline,

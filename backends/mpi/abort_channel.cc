@@ -22,13 +22,19 @@ absl::StatusOr<std::unique_ptr<AbortChannel>> AbortChannel::Open(MPI_Comm comm) 
 AbortChannel::~AbortChannel() { Close(); }
 
 void AbortChannel::Send(const absl::Status& cause) {
-  if (sent_ || comm_ == MPI_COMM_NULL || cause.ok()) return;
+  if (cause.ok()) return;
+  SendToAll(static_cast<int32_t>(cause.code()), cause.message());
+}
+
+void AbortChannel::SendLeft(absl::string_view why) { SendToAll(kLeftCode, why); }
+
+void AbortChannel::SendToAll(int32_t code, absl::string_view message) {
+  if (sent_ || comm_ == MPI_COMM_NULL) return;
   sent_ = true;
-  const int32_t code = static_cast<int32_t>(cause.code());
-  const size_t text = std::min(cause.message().size(), kMessageBytes - sizeof(code));
+  const size_t text = std::min(message.size(), kMessageBytes - sizeof(code));
   out_.resize(sizeof(code) + text);
   std::memcpy(out_.data(), &code, sizeof(code));
-  std::memcpy(out_.data() + sizeof(code), cause.message().data(), text);
+  std::memcpy(out_.data() + sizeof(code), message.data(), text);
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     MPI_Request req = MPI_REQUEST_NULL;
@@ -40,6 +46,21 @@ void AbortChannel::Send(const absl::Status& cause) {
       continue;
     }
     sends_.push_back(req);
+  }
+}
+
+void AbortChannel::FlushSends(absl::Time deadline) {
+  while (!sends_.empty() && absl::Now() < deadline) {
+    int done = 0;
+    if (MPI_Testall(static_cast<int>(sends_.size()), sends_.data(), &done, MPI_STATUSES_IGNORE) !=
+        MPI_SUCCESS) {
+      return;
+    }
+    if (done) {
+      sends_.clear();
+      return;
+    }
+    absl::SleepFor(absl::Milliseconds(1));
   }
 }
 
@@ -66,7 +87,9 @@ std::optional<PeerAbort> AbortChannel::Poll() {
     std::memcpy(&code, in_.data(), sizeof(code));
     a.cause.assign(in_.data() + sizeof(code), static_cast<size_t>(bytes) - sizeof(code));
   }
-  a.code = code > 0 && code <= static_cast<int32_t>(absl::StatusCode::kUnauthenticated)
+  a.left = code == kLeftCode;
+  a.code = a.left ? absl::StatusCode::kUnavailable
+           : code > 0 && code <= static_cast<int32_t>(absl::StatusCode::kUnauthenticated)
                ? static_cast<absl::StatusCode>(code)
                : absl::StatusCode::kAborted;
   return a;

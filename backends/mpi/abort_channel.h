@@ -5,7 +5,9 @@
 // A private duplicate of MPI_COMM_WORLD carries only abort messages: every process keeps one
 // receive posted on it (any source, one tag, a fixed-size buffer); an abort is one short
 // message to every other process: [int32 status code][cause text, truncated to fit]. The
-// sender's rank on the duplicate is its world rank, so the receiver names it.
+// sender's rank on the duplicate is its world rank, so the receiver names it. A process that
+// shuts its world down while the job has not aborted sends a leave notice instead (code
+// kLeftCode): the peers fail what still needs it, after a grace for operations it completed.
 //
 //   // under the MPI lock (ProgressEngine::mu()):
 //   ASSIGN_OR_RETURN(auto ch, AbortChannel::Open(dup_of_world));   // posts the receive
@@ -29,6 +31,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace braid::mpi {
 
@@ -36,12 +41,14 @@ struct PeerAbort {
   int rank = -1;  // world rank of the sender
   absl::StatusCode code = absl::StatusCode::kAborted;
   std::string cause;
+  bool left = false;  // a leave notice (SendLeft), not a failure
 };
 
 class AbortChannel {
  public:
   static constexpr int kTag = 7001;
   static constexpr size_t kMessageBytes = 2048;  // code + text; longer causes are truncated
+  static constexpr int32_t kLeftCode = -1;       // the wire code of a leave notice
 
   // Takes ownership of `comm` (a duplicate of MPI_COMM_WORLD on every process) and posts the
   // receive.
@@ -52,6 +59,11 @@ class AbortChannel {
 
   // Sends `cause` to every other process. Once per process (later calls do nothing).
   void Send(const absl::Status& cause);
+  // This process leaves the job (`why` names it): a leave notice to every other process, under
+  // Send's once-per-process budget.
+  void SendLeft(absl::string_view why);
+  // Waits (testing, never blocking on a peer) until the sends completed or `deadline`.
+  void FlushSends(absl::Time deadline);
   // A peer's abort, if one arrived (then the receive is not re-posted: one is enough).
   std::optional<PeerAbort> Poll();
   // Cancels the posted receive, releases the sends, frees the communicator. Idempotent.
@@ -59,6 +71,7 @@ class AbortChannel {
 
  private:
   explicit AbortChannel(MPI_Comm comm) : comm_(comm) {}
+  void SendToAll(int32_t code, absl::string_view text);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;

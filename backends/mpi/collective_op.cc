@@ -2,12 +2,14 @@
 
 #include <cstring>
 #include <limits>
+#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "backends/mpi/mpi_errors.h"
 #include "backends/mpi/mpi_types.h"
 #include "comm/reduce_kernels.h"
+#include "comm/status_macros.h"
 
 namespace braid::mpi {
 namespace {
@@ -25,7 +27,7 @@ absl::StatusOr<std::unique_ptr<CollectiveOp>> CollectiveOp::Create(Params params
         " exceeds MPI's int element count; the mpi backend does not split large calls"));
   }
   std::unique_ptr<CollectiveOp> op(new CollectiveOp(std::move(params)));
-  op->Prepare();
+  RETURN_IF_ERROR(op->Prepare());
   return op;
 }
 
@@ -36,18 +38,25 @@ CollectiveOp::CollectiveOp(Params p)
       world_rank_(p.world_rank),
       ops_(*p.ops) {}
 
-void CollectiveOp::Prepare() {
+absl::Status CollectiveOp::Prepare() {
   mpi_send_ = args_.in_place ? MPI_IN_PLACE : args_.send;
   mpi_recv_ = args_.recv;
   result_ = args_.recv;
   result_type_ = args_.dtype;
   plan_.wire = args_.dtype;
-  if (!Reduces(args_.kind)) return;
+  if (!Reduces(args_.kind)) return absl::OkStatus();
+  // A buffer as large as the caller's: its failure is the call's, never an exception.
+  const auto stage = [this](size_t bytes) -> absl::Status {
+    staging_.reset(new (std::nothrow) std::byte[bytes]);
+    if (staging_ != nullptr || bytes == 0) return absl::OkStatus();
+    return absl::ResourceExhaustedError(absl::StrCat(work()->info().Describe(), ": allocating ",
+                                                     bytes, " bytes of host staging memory"));
+  };
   const int n = group()->size;
   plan_ = PlanReduce(args_.dtype, args_.op, n);
   if (plan_.stage_input) {
     const size_t elems = args_.send_count(n);
-    staging_.reset(new std::byte[elems * DTypeSize(plan_.wire)]);
+    RETURN_IF_ERROR(stage(elems * DTypeSize(plan_.wire)));
     CastScale(args_.send, args_.dtype, staging_.get(), plan_.wire, elems, plan_.input_scale);
     if (plan_.narrow_output) {
       // Reduce in place in the staging buffer; a reduce-scatter leaves its block at the start.
@@ -61,11 +70,12 @@ void CollectiveOp::Prepare() {
   } else if (args_.kind == CollectiveKind::kReduceScatter && args_.in_place) {
     // recv lies inside send, which MPI forbids out of place; MPI_IN_PLACE would put the block
     // at the start of the caller's buffer. Receive into an owned block and copy it into place.
-    staging_.reset(new std::byte[args_.count * DTypeSize(args_.dtype)]);
+    RETURN_IF_ERROR(stage(args_.count * DTypeSize(args_.dtype)));
     mpi_send_ = args_.send;
     mpi_recv_ = staging_.get();
     result_ = staging_.get();
   }
+  return absl::OkStatus();
 }
 
 absl::Status CollectiveOp::Start() {

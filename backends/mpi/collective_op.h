@@ -73,7 +73,9 @@ class CollectiveOp final : public Operation {
   enum class Phase { kExchanging, kAwaitingTurn, kData };
 
   CollectiveOp(Params params);
-  void Prepare();
+  // Plans the reduction and allocates the staging buffer it needs (ResourceExhausted naming
+  // the call when the host cannot provide it).
+  absl::Status Prepare();
   absl::Status IssueData();
 
   const CollectiveArgs args_;

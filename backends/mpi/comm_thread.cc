@@ -15,6 +15,7 @@
 #include "comm/dtype.h"
 #include "comm/logging.h"
 #include "comm/status_macros.h"
+#include "comm/thread_start.h"
 
 namespace braid::mpi {
 namespace {
@@ -231,7 +232,7 @@ void WatchdogMain(const std::shared_ptr<Shared>& sp) {
 
 }  // namespace
 
-std::unique_ptr<CommThread> CommThread::Create(Config config) {
+absl::StatusOr<std::unique_ptr<CommThread>> CommThread::Create(Config config) {
   auto shared = std::make_shared<Shared>(std::move(config));
   std::unique_ptr<CommThread> t(new CommThread(shared));
   Shared* s = shared.get();
@@ -247,8 +248,12 @@ std::unique_ptr<CommThread> CommThread::Create(Config config) {
       s->watch_cv.notify_all();
     });
   }
-  s->worker = std::thread([shared] { WorkerMain(shared); });
-  s->watchdog = std::thread([shared] { WatchdogMain(shared); });
+  // On failure ~CommThread stops what was started (and frees the communicator).
+  const std::string& name = s->config.state->name;
+  RETURN_IF_ERROR(StartThread(&s->worker, absl::StrCat("group '", name, "' (mpi comm thread)"),
+                              [shared] { WorkerMain(shared); }));
+  RETURN_IF_ERROR(StartThread(&s->watchdog, absl::StrCat("group '", name, "' (mpi watchdog)"),
+                              [shared] { WatchdogMain(shared); }));
   return t;
 }
 
@@ -307,9 +312,9 @@ CommThread::~CommThread() {
   }
   queued.clear();
   s.abort_sub.Reset();
-  s.watchdog.join();
+  if (s.watchdog.joinable()) s.watchdog.join();  // not when Create could not start it
   if (!stuck) {
-    s.worker.join();
+    if (s.worker.joinable()) s.worker.join();
     MPI_Comm comm = s.config.comm;
     if (comm != MPI_COMM_NULL) {
       std::lock_guard<std::mutex> lock(s.config.engine->mu());

@@ -4,7 +4,7 @@
 // 1 MiB up; a thread sitting in the blocking call overlaps them with the caller's compute.
 //
 //   CommThread::Config cfg{state, comm, engine, domain, world_rank};
-//   std::unique_ptr<CommThread> thread = CommThread::Create(cfg);
+//   ASSIGN_OR_RETURN(std::unique_ptr<CommThread> thread, CommThread::Create(cfg));
 //   RETURN_IF_ERROR(thread->Submit(std::move(op)));   // op: a CollectiveOp; completes its Work
 //
 // RANK-ORDER CONTRACT: every rank issues a group's collectives in the same order. The queue is
@@ -70,7 +70,7 @@ class CommThread {
   };
 
   // Starts the comm thread and the watchdog.
-  static std::unique_ptr<CommThread> Create(Config config);
+  static absl::StatusOr<std::unique_ptr<CommThread>> Create(Config config);
   // See the header comment: drains, then joins (or detaches a thread stuck in MPI).
   ~CommThread();
   CommThread(const CommThread&) = delete;

@@ -32,7 +32,7 @@ absl::StatusOr<std::unique_ptr<Group>> MpiGroup::Create(std::shared_ptr<MpiRunti
     tc.comm = serial.Release();
     tc.engine = runtime->engine().shared_from_this();
     tc.domain = runtime->abort_domain();
-    comm_thread = CommThread::Create(std::move(tc));
+    ASSIGN_OR_RETURN(comm_thread, CommThread::Create(std::move(tc)));
   }
   return std::unique_ptr<Group>(new MpiGroup(std::move(runtime), std::move(data),
                                              std::move(control), std::move(state), config,

@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -102,6 +103,20 @@ LiveRuntime& Live() {
   return *live;
 }
 
+// At process exit with the runtime still alive (the program never destroyed its world): tell
+// the peers this rank left, as a shutdown would (progress_engine.h, LeaveAtExit). Registered
+// once, by the first runtime.
+void LeaveAtExit() {
+  std::shared_ptr<MpiRuntime> rt;
+  {
+    std::lock_guard<std::mutex> lock(Live().mu);
+    rt = Live().runtime.lock();
+  }
+  if (rt != nullptr) rt->engine().LeaveAtExit();
+  // Dropping `rt` cannot destroy the runtime here: its backend and groups, never destroyed,
+  // still hold it.
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<MpiRuntime>> MpiRuntime::Acquire() {
@@ -122,26 +137,31 @@ absl::StatusOr<std::shared_ptr<MpiRuntime>> MpiRuntime::Acquire() {
   if (s.ok()) s = MpiStatus(MPI_Comm_size(MPI_COMM_WORLD, &size), "MPI_Comm_size");
   absl::StatusOr<std::unique_ptr<MpiOps>> ops = MpiOps::Create();
   if (s.ok()) s = ops.status();
+  absl::StatusOr<std::shared_ptr<ProgressEngine>> engine = absl::UnknownError("not started");
+  if (s.ok()) engine = ProgressEngine::Create();
+  if (s.ok()) s = engine.status();
   if (!s.ok()) {
     if (ops.ok()) ops->reset();
     if (owns) MPI_Finalize();
     return s;
   }
   std::shared_ptr<MpiRuntime> rt(
-      new MpiRuntime(owns, init.thread_level, rank, size, std::move(*ops)));
+      new MpiRuntime(*std::move(engine), owns, init.thread_level, rank, size, std::move(*ops)));
   live.runtime = rt;
+  static const bool registered = std::atexit(&LeaveAtExit) == 0;
+  (void)registered;
   return rt;
 }
 
-MpiRuntime::MpiRuntime(bool owns_mpi, int thread_level, int world_rank, int world_size,
-                       std::unique_ptr<MpiOps> ops)
+MpiRuntime::MpiRuntime(std::shared_ptr<ProgressEngine> engine, bool owns_mpi, int thread_level,
+                       int world_rank, int world_size, std::unique_ptr<MpiOps> ops)
     : owns_mpi_(owns_mpi),
       thread_multiple_(thread_level >= MPI_THREAD_MULTIPLE),
       world_rank_(world_rank),
       world_size_(world_size),
       ops_(std::move(ops)),
       abort_domain_(AbortDomain::Create()),
-      engine_(ProgressEngine::Create()) {}
+      engine_(std::move(engine)) {}
 
 MpiRuntime::~MpiRuntime() {
   if (owns_mpi_) {

@@ -66,8 +66,8 @@ class MpiRuntime {
   const std::shared_ptr<AbortDomain>& abort_domain() const { return abort_domain_; }
 
  private:
-  MpiRuntime(bool owns_mpi, int thread_level, int world_rank, int world_size,
-             std::unique_ptr<MpiOps> ops);
+  MpiRuntime(std::shared_ptr<ProgressEngine> engine, bool owns_mpi, int thread_level,
+             int world_rank, int world_size, std::unique_ptr<MpiOps> ops);
 
   const bool owns_mpi_;  // we called MPI_Init_thread, so we finalize
   const bool thread_multiple_;

@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "backends/mpi/mpi_errors.h"
 #include "comm/logging.h"
+#include "comm/status_macros.h"
+#include "comm/thread_start.h"
 
 namespace braid::mpi {
 namespace {
@@ -24,6 +26,10 @@ constexpr int kYieldPolls = 256;
 constexpr auto kBackoffSleep = std::chrono::microseconds(20);
 // How often an idle engine with an abort channel looks for a peer's abort.
 constexpr auto kAbortPoll = std::chrono::milliseconds(5);
+// A peer's leave notice fails this process's work only this long after it arrived: an operation
+// the peer completed before it left (its data on the way, maybe behind the notice, which
+// travels on another communicator) completes meanwhile; one that needs the peer fails after.
+constexpr absl::Duration kLeaveGrace = absl::Milliseconds(500);
 
 }  // namespace
 
@@ -42,9 +48,10 @@ absl::Status AbortedByGroup(const Operation& op, const absl::Status& cause) {
                                                  op.group()->name, "' failed: ", cause.message()));
 }
 
-std::shared_ptr<ProgressEngine> ProgressEngine::Create() {
+absl::StatusOr<std::shared_ptr<ProgressEngine>> ProgressEngine::Create() {
   std::shared_ptr<ProgressEngine> engine(new ProgressEngine());
-  engine->thread_ = std::thread([e = engine.get()] { e->ThreadMain(); });
+  RETURN_IF_ERROR(StartThread(&engine->thread_, "the mpi progress engine",
+                              [e = engine.get()] { e->ThreadMain(); }));
   return engine;
 }
 
@@ -129,6 +136,25 @@ void ProgressEngine::AttachAbortDomain(std::shared_ptr<AbortDomain> domain,
   });
 }
 
+void ProgressEngine::SendLeaveLocked(absl::string_view how) {
+  if (channel_ == nullptr || !abort_cause_.ok()) return;
+  channel_->SendLeft(absl::StrCat("rank ", world_rank_, " left the job: ", how,
+                                  " while this rank still needed it"));
+}
+
+void ProgressEngine::LeaveAtExit() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_down_) return;
+  int finalized = 0;  // a host that owns MPI may have finalized it with our world alive
+  if (MPI_Finalized(&finalized) != MPI_SUCCESS || finalized) return;
+  SendLeaveLocked("its process ended with its mpi world alive (a return from main or exit())");
+  if (channel_ != nullptr) channel_->FlushSends(absl::Now() + absl::Milliseconds(200));
+}
+
+bool ProgressEngine::PeerAbortDueLocked() const {
+  return peer_abort_.has_value() && absl::Now() >= peer_abort_due_;
+}
+
 bool ProgressEngine::has_abort_channel() {
   std::lock_guard<std::mutex> lock(mu_);
   return channel_ != nullptr;
@@ -151,6 +177,9 @@ void ProgressEngine::NoteGroupFailureLocked(const absl::Status& cause) {
 void ProgressEngine::PollAbortsLocked(FinishedList* out) {
   if (channel_ != nullptr && !peer_abort_.has_value() && abort_cause_.ok()) {
     peer_abort_ = channel_->Poll();
+    if (peer_abort_.has_value()) {
+      peer_abort_due_ = peer_abort_->left ? absl::Now() + kLeaveGrace : absl::InfinitePast();
+    }
   }
   if (!abort_pending_.load(std::memory_order_acquire)) return;
   abort_pending_.store(false, std::memory_order_relaxed);
@@ -171,7 +200,7 @@ void ProgressEngine::DeliverAborts() {
     std::lock_guard<std::mutex> lock(mu_);
     if (domain_ == nullptr) return;
     report = std::exchange(to_report_, absl::OkStatus());
-    peer = std::exchange(peer_abort_, std::nullopt);
+    if (PeerAbortDueLocked()) peer = std::exchange(peer_abort_, std::nullopt);
   }
   if (peer.has_value()) domain_->AbortFromPeer(peer->rank, peer->cause, peer->code);
   if (!report.ok()) domain_->Abort(world_rank_, report);
@@ -326,7 +355,7 @@ void ProgressEngine::ThreadMain() {
       if (channel_ != nullptr || abort_pending_.load(std::memory_order_acquire)) {
         FinishedList none;
         PollAbortsLocked(&none);  // nothing in flight: finishes nothing
-        if (peer_abort_.has_value() || !to_report_.ok()) {
+        if (PeerAbortDueLocked() || !to_report_.ok()) {
           lock.unlock();
           DeliverAborts();
           lock.lock();
@@ -419,6 +448,12 @@ bool ProgressEngine::Shutdown() {
   if (domain_ != nullptr) domain_->SetNotifier(nullptr);  // the channel closes below
   std::lock_guard<std::mutex> lock(mu_);
   PollZombiesLocked();
+  // Leaving while the job runs on: peers waiting for this process, or calling it later, fail
+  // (after kLeaveGrace) instead of waiting out their deadlines. Under a collective shutdown
+  // the peers are leaving too and have nothing left that needs this process.
+  SendLeaveLocked(
+      "its mpi world was shut down (at process exit, after an exception or sys.exit, "
+      "or by braid_world_destroy)");
   if (channel_ != nullptr) channel_->Close();
   shut_down_ = true;
   if (!zombies_.empty()) {

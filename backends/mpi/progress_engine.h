@@ -1,6 +1,6 @@
 // ProgressEngine: the MPI lock, the table of operations in flight, and the progress thread.
 //
-//   std::shared_ptr<ProgressEngine> engine = ProgressEngine::Create();
+//   ASSIGN_OR_RETURN(std::shared_ptr<ProgressEngine> engine, ProgressEngine::Create());
 //   WorkPtr work = engine->NewWork(info, spin);
 //   RETURN_IF_ERROR(engine->Submit(std::make_unique<MyOp>(state, work, deadline, timeout)));
 //   RETURN_IF_ERROR(work->Wait(absl::Seconds(10)));   // polls the engine while it waits
@@ -34,6 +34,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "backends/mpi/abort_channel.h"
 #include "backends/mpi/operation.h"
@@ -44,8 +45,9 @@ namespace braid::mpi {
 
 class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
  public:
-  // Starts the progress thread. MPI must be initialized, and stay so until Shutdown().
-  static std::shared_ptr<ProgressEngine> Create();
+  // Starts the progress thread (ResourceExhausted when it cannot be started). MPI must be
+  // initialized, and stay so until Shutdown().
+  static absl::StatusOr<std::shared_ptr<ProgressEngine>> Create();
   // Joins the thread (Shutdown() if not done yet). Operations MPI still owns are leaked.
   ~ProgressEngine();
   ProgressEngine(const ProgressEngine&) = delete;
@@ -79,6 +81,10 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
   // deadlines). Returns true when MPI owns no buffer of ours any more, so MPI may be finalized.
   // Later Submit() calls fail and Poll() does nothing. Closes the abort channel.
   bool Shutdown();
+  // This process leaves the job now (its world was never shut down: the program returned from
+  // main or called exit): the leave notice Shutdown would send, waited for up to 200 ms so it
+  // is out before the process ends. A no-op once the job aborted or the notice went out.
+  void LeaveAtExit();
 
   // See the header comment. `report`: a group's own failure aborts the job
   // (BRAID_ABORT_ON_FAILURE). Once per engine: later calls are ignored (the channel closed).
@@ -117,6 +123,10 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
   // With the MPI lock released: hands what PollAbortsLocked / NoteGroupFailureLocked found to
   // the domain.
   void DeliverAborts();
+  // A peer's abort is waiting and due (a leave notice's grace has passed).
+  bool PeerAbortDueLocked() const;
+  // The leave notice (once; not after an abort), `how` saying how this process left.
+  void SendLeaveLocked(absl::string_view how);
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -141,6 +151,7 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
   bool report_failures_ = false;
   absl::Status to_report_;                  // this process's first group failure, not yet told
   std::optional<PeerAbort> peer_abort_;     // a peer's abort, not yet handed to the domain
+  absl::Time peer_abort_due_;               // when to hand it over (a leave notice: + grace)
   absl::Status abort_cause_;                // the domain's cause once it aborted
   std::atomic<bool> abort_pending_{false};  // abort_cause_ set; ops in flight not yet failed
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "backends/nccl/errors.h"
 #include "comm/status_macros.h"
+#include "comm/thread_start.h"
 
 namespace braid::nccl {
 namespace {
@@ -60,11 +61,13 @@ struct CompletionPoller::Core {
   std::function<void(const absl::Status&)> on_failure;  // guarded by mu
 };
 
-std::shared_ptr<CompletionPoller> CompletionPoller::Create(std::shared_ptr<CudaApi> cuda,
-                                                           int device) {
+absl::StatusOr<std::shared_ptr<CompletionPoller>> CompletionPoller::Create(
+    std::shared_ptr<CudaApi> cuda, int device) {
   std::shared_ptr<CompletionPoller> p(new CompletionPoller());
   p->core_ = std::make_shared<Core>(std::move(cuda), device);
-  p->thread_ = std::thread([core = p->core_] { core->ThreadMain(); });
+  RETURN_IF_ERROR(StartThread(&p->thread_,
+                              absl::StrCat("the nccl completion poller of device ", device),
+                              [core = p->core_] { core->ThreadMain(); }));
   return p;
 }
 

@@ -21,7 +21,7 @@
 // consumer may cudaStreamWaitEvent on work->device_event() for as long as it holds the Work
 // (and the poller lives: it is shared by a world group and all groups split from it).
 //
-//   std::shared_ptr<CompletionPoller> poller = CompletionPoller::Create(cuda, device);
+//   ASSIGN_OR_RETURN(std::shared_ptr<CompletionPoller> poller, CompletionPoller::Create(cuda, 0));
 //   poller->Track({works, std::move(event), comm, deadline, timeout, nullptr});
 #ifndef BRAID_BACKENDS_NCCL_COMPLETION_POLLER_H_
 #define BRAID_BACKENDS_NCCL_COMPLETION_POLLER_H_
@@ -33,6 +33,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "backends/nccl/cuda_api.h"
 #include "backends/nccl/cuda_handles.h"
@@ -54,9 +55,10 @@ class CompletionPoller {
     std::shared_ptr<void> keep_alive;  // released once the entry is finished
   };
 
-  // Starts the thread.
+  // Starts the thread (ResourceExhausted when it cannot be started).
   // `device`: the CUDA device of every event and stream tracked (the thread makes it current).
-  static std::shared_ptr<CompletionPoller> Create(std::shared_ptr<CudaApi> cuda, int device);
+  static absl::StatusOr<std::shared_ptr<CompletionPoller>> Create(std::shared_ptr<CudaApi> cuda,
+                                                                  int device);
   // Called on the poller's thread (no lock held) with the cause each time it aborts a
   // communicator for a failure of its own (not for one already failed): the job's abort hub.
   void SetFailureHandler(std::function<void(const absl::Status&)> handler);

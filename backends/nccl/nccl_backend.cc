@@ -36,10 +36,11 @@ int NodeLocalRank(int world_rank) {
   return world_rank;
 }
 
-std::shared_ptr<const NcclContext> MakeContext(NcclApis apis, const NcclBackendConfig& c,
-                                               int rank) {
+absl::StatusOr<std::shared_ptr<const NcclContext>> MakeContext(NcclApis apis,
+                                                               const NcclBackendConfig& c,
+                                                               int rank) {
   auto ctx = std::make_shared<NcclContext>();
-  ctx->poller = CompletionPoller::Create(apis.cuda, c.device);
+  ASSIGN_OR_RETURN(ctx->poller, CompletionPoller::Create(apis.cuda, c.device));
   ctx->aborts = CommAbortHub::Create(c.abort_domain, rank, c.abort_on_failure);
   ctx->poller->SetFailureHandler(
       [hub = std::weak_ptr<CommAbortHub>(ctx->aborts)](const absl::Status& cause) {
@@ -97,8 +98,9 @@ absl::StatusOr<std::unique_ptr<NcclBackend>> NcclBackend::CreateFromUniqueId(
     return absl::InvalidArgumentError(absl::StrCat("nccl backend: CUDA device ", resolved.device,
                                                    " does not exist (", devices, " visible)"));
   }
-  return std::unique_ptr<NcclBackend>(
-      new NcclBackend(MakeContext(std::move(apis), resolved, rank), id, world_size, rank));
+  ASSIGN_OR_RETURN(std::shared_ptr<const NcclContext> ctx,
+                   MakeContext(std::move(apis), resolved, rank));
+  return std::unique_ptr<NcclBackend>(new NcclBackend(std::move(ctx), id, world_size, rank));
 }
 
 absl::StatusOr<std::unique_ptr<NcclBackend>> NcclBackend::CreateWithBootstrap(

@@ -6,6 +6,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "comm/logging.h"
+#include "comm/status_macros.h"
+#include "comm/thread_start.h"
 
 namespace braid::rendezvous {
 
@@ -19,7 +21,9 @@ absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::strin
   if (!bound.ok()) return bound.status();
   std::unique_ptr<StoreServer> server(
       new StoreServer(*std::move(listener), *bound, HostPort(host, *bound)));
-  server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
+  StoreServer* s = server.get();
+  RETURN_IF_ERROR(StartThread(&s->acceptor_, absl::StrCat("the rendezvous store at ", s->address_),
+                              [s] { s->AcceptLoop(); }));
   return server;
 }
 
@@ -40,11 +44,24 @@ void StoreServer::AcceptLoop() {
       continue;
     }
     std::lock_guard<std::mutex> lock(threads_mu_);
+    const std::string peer = c->peer();
+    std::thread t;
     open_connections_.fetch_add(1);
-    connections_.emplace_back([this, s = std::make_shared<Socket>(*std::move(c))]() mutable {
-      Serve(std::move(*s));  // closes the connection when it returns
+    const absl::Status started =
+        StartThread(&t, absl::StrCat("store connection from ", peer),
+                    [this, s = std::make_shared<Socket>(*std::move(c))]() mutable {
+                      Serve(std::move(*s));  // closes the connection when it returns
+                      open_connections_.fetch_sub(1);
+                    });
+    if (!started.ok()) {
+      // The socket went with the lambda, so the client sees its connection closed and fails
+      // with UNAVAILABLE rather than waiting; the store keeps serving the others.
       open_connections_.fetch_sub(1);
-    });
+      Log().warn("rendezvous store {}: {}", address_, started.ToString());
+      absl::SleepFor(absl::Milliseconds(10));
+      continue;
+    }
+    connections_.push_back(std::move(t));
   }
 }
 

@@ -105,7 +105,7 @@ static void test_options(void) {
                braid_world_create(&o, &w));
   braid_world_options_init(&o);
   o.local_ranks = -2;
-  EXPECT_ERROR(inval, "local_ranks must be >= 0", braid_world_create(&o, &w));
+  EXPECT_ERROR(inval, "local_ranks must be in [0, 4096]", braid_world_create(&o, &w));
   EXPECT_ERROR(inval, "argument 'out' is NULL", braid_world_create(NULL, NULL));
 }
 

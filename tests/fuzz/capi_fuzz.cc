@@ -1,7 +1,12 @@
-// Fuzz target: the C API (capi/braid.h) as a sequence of calls decoded from the input, on a
-// `local` world of ONE rank (every collective completes on the calling thread's watch, so a
-// sequence can never wait for a peer; 2 ranks would need a thread per rank driven in lock
-// step, which a byte-decoded sequence cannot keep rank-consistent without hanging).
+// Fuzz target: the C API (capi/braid.h) as a sequence of calls decoded from the input, on
+// `local` worlds of one rank (made by the sequence) and, when the first byte is 7 mod 8, also
+// on a `local` world of TWO ranks made up front: two threads, one per rank, each decode the
+// same bytes (so they issue the same calls in the same order) and start with their rank's
+// world group in the pool. Where a result differs across the ranks (an in-place check that
+// depends on the rank, a call that fails on one of them) the sequences part ways; a rank then
+// waits for a collective its peer never issues, for at most the 2-rank world's 50 ms deadline,
+// and that deadline aborts the job (comm/abort_domain.h), so every later call of both ranks
+// fails at once: never a hang, and the invariants below still hold.
 //
 // Input: a stream of (opcode, arguments). Handles are picked from a pool that holds every
 // handle made so far, destroyed ones included, plus NULL and non-handles (a stack address,
@@ -12,9 +17,11 @@
 // Checks: no crash, leak or hang; every failing call leaves a non-empty braid_last_error();
 // a call with a handle of the wrong type or a destroyed handle fails with INVALID_ARGUMENT;
 // at the end every live handle can be destroyed (children first) and nothing stays alive.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "capi/braid.h"
@@ -46,8 +53,16 @@ struct Padded {
 
 class Session {
  public:
-  explicit Session(FuzzInput& in)
-      : in_(in), arena_(kArenaBytes, 0), grads_(kMaxIds * kMaxCount * 8, 0) {}
+  // `timeout_ms`: the deadline of what the sequence makes (shorter on 2-rank runs).
+  explicit Session(FuzzInput& in, int64_t timeout_ms = 2000)
+      : in_(in),
+        timeout_ms_(timeout_ms),
+        arena_(kArenaBytes, 0),
+        grads_(kMaxIds * kMaxCount * 8, 0) {}
+
+  // A handle made outside the sequence (the 2-rank world's group of this rank), which the
+  // session uses and destroys like its own.
+  void Seed(void* group) { Add(kGroup, group); }
 
   void Run() {
     for (int ops = 0; !in_.empty() && ops < 64; ++ops) Step(in_.Byte() % 24);
@@ -92,8 +107,10 @@ class Session {
       FUZZ_CHECK(st == BRAID_INVALID_ARGUMENT, "bad handle accepted: %s", braid_status_name(st));
   }
   size_t Count() { return in_.Byte() % 8 == 0 ? 0 : 1 + in_.Le(2) % kMaxCount; }
-  // Enum arguments stay inside the range of their C++ enum type (0..7 here; a value outside it
-  // is undefined behaviour in the C++ shim, see docs/hardening.md), invalid ones included.
+  // Enum arguments stay inside the range of their C++ enum type (0..7 here), invalid ones
+  // included: forming a value outside it is undefined behaviour in this C++ target itself. The
+  // shim reads every enum argument as an int (capi/convert.h: RawEnum), and the C tests pass
+  // values outside the range (tests/capi: capi_test.c, capi_errors_test.c).
   braid_dtype_t DType() { return static_cast<braid_dtype_t>(in_.Byte() % 8); }
   void* Buf() { return arena_.data() + (in_.Byte() % 4) * (kArenaBytes / 4); }
   int64_t Id() {
@@ -134,7 +151,9 @@ class Session {
     if (b % 4 == 0) return nullptr;
     braid_collective_options_init(o);
     if (b & 4) FuzzSize(*p);
-    if (b & 8) o->timeout_ms = static_cast<int64_t>(in_.Le(2)) - 100;
+    if (b & 8) {  // at most the session's deadline: a 2-rank run never waits long for a peer
+      o->timeout_ms = std::min<int64_t>(static_cast<int64_t>(in_.Le(2)) - 100, timeout_ms_);
+    }
     if (b & 16) o->premul_scalar = static_cast<double>(static_cast<int8_t>(in_.Byte())) / 3.0;
     if (b & 32) o->label = "fuzz unit";
     return o;
@@ -151,7 +170,7 @@ class Session {
         o.backend = "local";
         o.read_env = 0;
         o.local_ranks = in_.Byte() % 8 == 0 ? -1 : 1;
-        o.timeout_ms = 2000;
+        o.timeout_ms = timeout_ms_;
         const uint8_t b = in_.Byte();
         if (b % 8 == 0) FuzzSize(padded);
         if (b % 8 == 1) o.backend = "no such backend";
@@ -198,7 +217,9 @@ class Session {
         Check(st, g, kGroup);
         st = braid_group_name(static_cast<braid_group_t*>(g), &name);
         Check(st, g, kGroup);
-        if (st == BRAID_OK) FUZZ_CHECK(name != nullptr && rank == 0 && size == 1, "group info");
+        if (st == BRAID_OK) {
+          FUZZ_CHECK(name != nullptr && rank >= 0 && rank < size && size <= 2, "group info");
+        }
         return;
       }
       case 5: {
@@ -276,7 +297,7 @@ class Session {
         o.first_bucket_cap_bytes = 64u << (in_.Byte() % 6);
         o.allow_unused = (b >> 2) & 1;
         o.gradient_as_bucket_view = ((b >> 3) & 1) == 0;
-        o.timeout_ms = 2000;
+        o.timeout_ms = timeout_ms_;
         if ((b >> 4) % 8 == 0) o.reduce_dtype = in_.Byte() % 6 - 1;
         if ((b >> 4) % 8 == 1) FuzzSize(padded);
         if ((b >> 4) % 8 == 2) o.device = in_.Byte() % 3 - 1;
@@ -359,7 +380,7 @@ class Session {
         o.overlap = (b >> 3) & 1;
         o.skip_nonfinite = (b >> 4) & 1;
         o.max_grad_norm = (b >> 5) & 1 ? 1.0 : 0.0;
-        o.timeout_ms = 2000;
+        o.timeout_ms = timeout_ms_;
         static const double kLr[] = {1e-3, 0.0, -1.0, 1e300, __builtin_nan("")};
         o.lr = kLr[in_.Byte() % 5];
         if (b >> 6 == 3) FuzzSize(padded);
@@ -463,6 +484,7 @@ class Session {
   }
 
   FuzzInput& in_;
+  const int64_t timeout_ms_;
   std::vector<unsigned char> arena_;
   std::vector<unsigned char> grads_;
   std::vector<Handle> handles_;
@@ -471,7 +493,45 @@ class Session {
 }  // namespace
 }  // namespace braid::fuzz
 
+namespace braid::fuzz {
+namespace {
+
+// Both ranks of a 2-rank local world, each on a thread of its own, run the sequence in `data`.
+void RunTwoRanks(const uint8_t* data, size_t size) {
+  braid_world_options_t o;
+  braid_world_options_init(&o);
+  o.backend = "local";
+  o.read_env = 0;
+  o.local_ranks = 2;
+  o.timeout_ms = 50;
+  braid_world_t* world = nullptr;
+  braid_group_t* groups[2] = {nullptr, nullptr};
+  FUZZ_CHECK(braid_world_create(&o, &world) == BRAID_OK, "2-rank world: %s", braid_last_error());
+  for (int r = 0; r < 2; ++r) {
+    FUZZ_CHECK(braid_world_group(world, r, &groups[r]) == BRAID_OK, "2-rank group: %s",
+               braid_last_error());
+  }
+  auto rank = [&](int r) {
+    FuzzInput in(data, size);
+    Session s(in, /*timeout_ms=*/50);
+    s.Seed(groups[r]);
+    s.Run();  // destroys groups[r] with the rest
+  };
+  std::thread peer(rank, 1);
+  rank(0);
+  peer.join();
+  FUZZ_CHECK(braid_world_destroy(world) == BRAID_OK, "2-rank world destroy: %s",
+             braid_last_error());
+}
+
+}  // namespace
+}  // namespace braid::fuzz
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size > 0 && data[0] % 8 == 7) {
+    braid::fuzz::RunTwoRanks(data + 1, size - 1);
+    return 0;
+  }
   braid::fuzz::FuzzInput in(data, size);
   braid::fuzz::Session(in).Run();
   return 0;

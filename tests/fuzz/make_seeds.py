@@ -95,6 +95,13 @@ def main():
     write("capi", "optimizer", world + group + reducer + optimizer)
     write("capi", "wrong_handles", world + group + bytes([1, 201, 4, 250, 12, 0, 0, 23, 0, 201]) +
           bytes([23, 0, 0, 4, 0, 23, 1, 0]))
+    # 2-rank runs (first byte 7 mod 8): both ranks decode the rest; the pool starts with each
+    # rank's world group, so the sequences use it without making a world.
+    two = bytes([7])
+    write("capi", "two_ranks_collectives", two + allreduce + bytes([9, 0, 0, 1, 4, 0, 1, 1, 1, 1]) +
+          bytes([11, 0, 0]) + bytes([12, 0, 1]) + bytes([5, 0, 1, 3]) + bytes([23, 2, 0]))
+    write("capi", "two_ranks_reducer", two + reducer + marks + bytes([23, 3, 0]))
+    write("capi", "two_ranks_optimizer", two + reducer + optimizer)
 
 
 if __name__ == "__main__":

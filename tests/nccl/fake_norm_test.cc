@@ -26,7 +26,8 @@ using optim::testing::SameNorm;
 TEST(FakeNormKernelTest, BlockSumsMatchHostGradStatsBitForBit) {
   FakeGpu gpu;
   FakeStepKernels kernels(gpu.cuda);
-  optim::KernelPool pool(2);
+  auto pool_ptr = optim::KernelPool::Create(2).value();
+  optim::KernelPool& pool = *pool_ptr;
   int checked = 0;
   {
     auto stream = CudaStream::Create(gpu.cuda, "norm test");
