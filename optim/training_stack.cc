@@ -40,7 +40,7 @@ absl::StatusOr<std::unique_ptr<TrainingStack>> TrainingStack::Create(
       {"first_bucket_cap_bytes", static_cast<int64_t>(config.first_bucket_cap_bytes)},
       {"reduce_dtype", static_cast<int64_t>(config.reduce_dtype)},
       {"allow_unused", config.allow_unused ? 1 : 0},
-      {"shard_gradients", config.keep_shards_only ? 1 : 0},
+      {"shard_gradients", config.shard_gradients ? 1 : 0},
       {"credit_bytes",
        options.launch_scheduler ? static_cast<int64_t>(options.scheduler.credit_bytes) : 0},
       {"priorities", options.launch_scheduler && options.scheduler.priorities ? 1 : 0}};
