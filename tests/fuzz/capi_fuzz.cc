@@ -39,7 +39,10 @@ struct Handle {
 };
 
 constexpr size_t kMaxCount = 256;  // elements of any collective or parameter
-constexpr size_t kArenaBytes = 4 * kMaxCount * 8;
+// An all-gather's output (a reduce-scatter's input) is ranks x count elements of up to 8 bytes:
+// four arena slices, each that large.
+constexpr size_t kMaxRanks = 2;
+constexpr size_t kArenaBytes = 4 * kMaxRanks * kMaxCount * 8;
 constexpr int kMaxIds = 6;
 
 // An options struct with zeroed room behind it, so that a struct_size larger than the struct
