@@ -24,7 +24,8 @@ absl::StatusOr<sched::UnitScheduler*> Units(OptimizerImpl& o, const char* fn) {
       fn, " needs an optimizer created with fully_sharded = 1 (this one gathers after its step)"));
 }
 
-absl::Status CheckPhase(braid_phase_t phase) {
+// By reference: a caller's out-of-range value is never loaded as the enum type (RawEnum).
+absl::Status CheckPhase(const braid_phase_t& phase) {
   const int raw = RawEnum(phase);
   if (raw == BRAID_PHASE_FORWARD || raw == BRAID_PHASE_BACKWARD) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("phase ", raw, " is not a braid_phase_t"));
