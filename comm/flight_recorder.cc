@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "comm/dtype.h"
 #include "comm/group.h"
+#include "comm/json_string.h"
 #include "comm/logging.h"
 
 namespace braid {
@@ -38,32 +39,6 @@ class SlotLock {
  private:
   std::atomic<bool>& busy_;
 };
-
-void AppendJsonString(std::string* out, absl::string_view s) {
-  out->push_back('"');
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out->append("\\\"");
-        break;
-      case '\\':
-        out->append("\\\\");
-        break;
-      case '\n':
-        out->append("\\n");
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out->append(buf);
-        } else {
-          out->push_back(c);
-        }
-    }
-  }
-  out->push_back('"');
-}
 
 }  // namespace
 
@@ -182,18 +157,18 @@ std::vector<FlightRecord> FlightRecorder::Snapshot() const {
 
 std::string FlightRecordJson(const FlightRecord& r) {
   std::string s = absl::StrCat("{\"id\":", r.id, ",\"group\":");
-  AppendJsonString(&s, r.group);
+  AppendJsonString(r.group, &s);
   absl::StrAppend(&s, ",\"group_rank\":", r.group_rank, ",\"group_size\":", r.group_size,
                   ",\"seq\":", r.seq, ",\"op\":");
-  AppendJsonString(&s, r.op);
+  AppendJsonString(r.op, &s);
   absl::StrAppend(&s, ",\"dtype\":\"",
                   r.dtype < 0 ? absl::string_view("none") : DTypeName(static_cast<DType>(r.dtype)),
                   "\",\"count\":", r.count, ",\"bytes\":", r.bytes, ",\"label\":");
-  AppendJsonString(&s, r.label);
+  AppendJsonString(r.label, &s);
   absl::StrAppend(&s, ",\"state\":\"", FlightStateName(r.state), "\",\"issued_ns\":", r.issued_ns,
                   ",\"started_ns\":", r.started_ns, ",\"completed_ns\":", r.completed_ns,
                   ",\"error\":");
-  AppendJsonString(&s, r.error);
+  AppendJsonString(r.error, &s);
   s.push_back('}');
   return s;
 }
@@ -203,7 +178,7 @@ absl::Status FlightRecorder::DumpTo(const std::string& path, absl::string_view r
   std::string header =
       absl::StrCat("{\"braid_flight_recorder\":1,\"rank\":", rank_, ",\"capacity\":", capacity_,
                    ",\"recorded\":", recorded(), ",\"dumped_ns\":", NowNs(), ",\"reason\":");
-  AppendJsonString(&header, reason);
+  AppendJsonString(reason, &header);
   header.append("}\n");
   // Written to a temporary name and renamed, so a reader never sees half a dump.
   const std::string tmp = absl::StrCat(path, ".tmp");

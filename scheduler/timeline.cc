@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "comm/json_string.h"
 #include "comm/logging.h"
 #include "comm/status_macros.h"
 #include "comm/thread_start.h"
@@ -19,38 +20,6 @@ namespace {
 
 constexpr size_t kChunkBytes = size_t{64} << 10;  // the writer's fwrite granularity
 constexpr size_t kMaxQueueCapacity = size_t{1} << 26;
-
-// `s` as a JSON string literal (quotes, backslashes and control characters escaped; other bytes,
-// UTF-8 included, pass through).
-void AppendJsonString(absl::string_view s, std::string* out) {
-  out->push_back('"');
-  for (const char c : s) {
-    switch (c) {
-      case '"':
-        out->append("\\\"");
-        break;
-      case '\\':
-        out->append("\\\\");
-        break;
-      case '\n':
-        out->append("\\n");
-        break;
-      case '\r':
-        out->append("\\r");
-        break;
-      case '\t':
-        out->append("\\t");
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          absl::StrAppendFormat(out, "\\u%04x", static_cast<unsigned char>(c));
-        } else {
-          out->push_back(c);
-        }
-    }
-  }
-  out->push_back('"');
-}
 
 // Nanoseconds as microseconds with three exact decimals ("12.345"); `ns` >= 0.
 void AppendMicros(int64_t ns, std::string* out) {

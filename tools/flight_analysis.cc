@@ -37,6 +37,12 @@ absl::StatusOr<std::map<std::string, std::string>> ParseFlatObject(absl::string_
         case 'n':
           v->push_back('\n');
           break;
+        case 'r':
+          v->push_back('\r');
+          break;
+        case 't':
+          v->push_back('\t');
+          break;
         case 'u': {
           uint32_t code = 0;
           if (i + 4 >= s.size() || !absl::SimpleHexAtoi(s.substr(i + 1, 4), &code)) {
