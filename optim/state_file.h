@@ -16,39 +16,12 @@
 //   ASSIGN_OR_RETURN(const LoadedSection* m, s.Find("bucket3/master", DType::kF32, n));
 //   std::memcpy(master, m->data(), m->bytes);
 //
-// Why a file of our own rather than a general serializer: resume must be bit-exact (payloads
-// and scalars are stored as raw bits, NaN payloads and -0.0 included), a crash mid-save must
-// never leave a half-written file under the final name (write to a temporary, fsync, rename),
-// and hundreds of MB per rank are streamed straight from and into the optimizer's buffers.
-//
-// Format, version 1 (integers little-endian, fixed width; "str" = u32 byte length + bytes):
-//
-//   offset  size  field
-//   0       8     magic "BRAIDST\0"
-//   8       4     u32 format version (1)
-//   12      4     u32 H: header body length in bytes
-//   16      8     u64 total file length in bytes, magic and checksum included
-//   24      H     header body: str kind, u64 plan_fingerprint, i32 world_size, i32 rank,
-//                 i32 shard_group_size, i32 replica_group_size, i64 step,
-//                 u32 scalar count, then per scalar {str name, u64 bits of the f64 value},
-//                 u32 section count
-//   24+H    ...   sections, each: str name, i32 dtype (a braid::DType value), u64 element
-//                 count, u64 payload bytes (== count * DTypeSize(dtype)), payload bytes
-//                 (elements in host order, which is little-endian on every supported target)
-//   end-4   4     u32 CRC-32C (Castagnoli) of every byte from offset 8 up to here
-//
-// CRC-32C (optim/crc32c.h) is computed in software (slicing-by-8) so the file needs no library
-// and no CPU feature; it catches every burst error up to 32 bits and random corruption with
-// probability 1 - 2^-32, which is what a torn or bit-rotted checkpoint needs. The bytes move
-// through optim/state_file_io.h (atomic write, bounded checksummed reads). Every length read
-// from a file is bounded by the file's real size before anything is allocated, so a corrupt
-// or hostile file yields a DataLoss status naming the path, never a crash or a huge
-// allocation.
-//
-// Error codes: NotFound (no such file, section or scalar), DataLoss (not a state file,
-// truncated, corrupt, checksum mismatch), FailedPrecondition (a format version this build does
-// not read; a file from a different run: CheckCompatible, or a section of the wrong shape),
-// InvalidArgument (bad input to WriteStateFile), or the errno of a failed system call.
+// Contract: payloads and scalars are stored as raw bits (resume is bit-exact); a file is written
+// to a temporary, fsynced and renamed (never half-written under its name); a CRC-32C covers it;
+// every length read is bounded by the file's size first. Errors: NotFound (file, section,
+// scalar), DataLoss (not a state file, truncated, corrupt), FailedPrecondition (an unknown format
+// version, another run's file, a section of the wrong shape), InvalidArgument (bad input), or a
+// failed system call's errno; each names the path. The byte format: docs/design/optimizer.md.
 #ifndef BRAID_OPTIM_STATE_FILE_H_
 #define BRAID_OPTIM_STATE_FILE_H_
 

@@ -1,8 +1,7 @@
 // OpScheduler: one rank's launch queue between the reducer / gatherer and the backend. It splits
 // large reductions into credit-sized partitions (scheduler/partition.h), keeps at most a credit
 // of reduction bytes in flight per group, and lets urgent operations (the parameter gathers the
-// model waits for next) go ahead of reductions whose results are needed only at the optimizer
-// step.
+// model waits for next) go ahead of reductions whose results are needed only at the step.
 //
 //   OpSchedulerConfig sc;
 //   sc.credit_bytes = 4 << 20;  // partitions of at most 4 MiB, 4 MiB in flight per group
@@ -11,64 +10,23 @@
 //   ReducerConfig rc;  rc.scheduler = ops.get();    // reductions go through it
 //   GathererConfig gc; gc.scheduler = ops.get();    // gathers are reported as urgent
 //
-// Priorities (lower runs first): 0 urgent (a gather the model waits for before its next forward
-// or backward), 1 reduction (needed at the step). Reductions run among themselves in the order
-// they were submitted (bucket order, each bucket's partitions in increasing order).
-//
-// RANK-ORDER CONTRACT (why every rank still issues each group's collectives in the same order):
-//  1. Per group, the scheduler issues reduction partitions strictly in submission order (one
-//     FIFO per group; the head partition is issued or nothing is). Every submitter already
-//     submits in a rank-consistent order: the reducer from its bucket-index launch cursor
-//     under its mutex (gradient_reducer.h), the hybrid replica stage from its own cursor.
-//  2. The partitions of a reduction are computed from plan data only (count, dtype, the group's
-//     size, credit_bytes), so every rank splits a bucket identically; Create verifies, with one
-//     small all-gather, that every rank has the same credit_bytes and priorities.
-//  3. Credit, priority and the hold limit decide only WHEN the head of a group's FIFO is issued,
-//     never which operation is next on that group, so local timing cannot reorder a group's
-//     sequence. Urgent operations run on other groups (the gatherer has a group of its own, see
-//     param_gatherer.h), so holding reductions back never interleaves anything into a
-//     reduction group's sequence either.
-//  4. No wait cycle: reductions wait for urgent operations, urgent operations never wait for
-//     the scheduler. A framework that makes a gather depend on a held reduction (e.g. a gather
-//     issued only after a peer's later reduction completed) is still safe: a reduction is held
-//     at most max_hold, after which the queue is released as if no urgent work were in flight.
-// Nothing here reads a clock to choose an order; the clock only ends a hold (a WHEN).
-//
-// Partitions. A submitted reduction becomes SplitReduction(count, esize, ranks, credit_bytes)
-// collectives on its group; its Work completes (with the first error) once every partition
-// completed. All-reduce partition k reduces elements [lo, hi) of the buffer in place (or
-// send -> recv at the same offsets). Reduce-scatter partition k packs slice [lo, hi) of every
-// rank's region of `send` into a contiguous staging block (the scheduler's, at most two of
-// credit_bytes per group, counted as MemoryUse::kStaging) and reduce-scatters it into
-// recv[lo, hi). Results are bit-identical to the unpartitioned call on backends whose
-// per-element combination order does not depend on the call's size (see partition.h): `local`
-// always, `mpi` at 2 ranks (tested), not promised for MPI's own algorithms at more ranks.
-// A reduction of a single partition is launched exactly as submitted (no staging).
-// Device groups (buffer_ops() not synchronous, nccl) are partitioned and held the same way, on
-// the host side of the stream: partitions are launched onto the group's comm stream as credit
-// and priorities allow (from the completion thread of the previous ones), the stream waits on
-// the request's readiness events before partition 0 (its packing copies included), staging
-// blocks are device memory filled by stream copies, and the returned Work completes through
-// BufferOps::CompleteAfter after the last partition, so its device_event() marks the end of
-// the whole reduction for consumer streams (a failed partition completes it first, with its
-// error). Bit-exactness there is NCCL's: its per-element order may depend on the call size at
-// more than 2 ranks (tested bit for bit on the fake device, which adds in rank order).
-//
-// Credit. On a group, a partition is issued when nothing of that group is in flight, or when
-// the bytes in flight plus its own stay within credit_bytes. credit_bytes == 0: no partitions
-// and no credit limit (reductions are issued as submitted, subject to priorities).
-//
-// Timeline (config.timeline): per group a row "sched <group>" with one span per partition,
-// named "<allreduce|reduce_scatter> partition [prio 1]", arg = bucket * 1000 + partition
-// index, from its issue to its completion; an instant "held [prio 1 behind prio 0]" when a
-// partition is held back for an urgent operation; a row "sched urgent" with a span
-// "gather [prio 0]" (arg: the caller's, e.g. the bucket) per urgent operation.
-//
-// Threading: every method may be called from any thread. Completion callbacks of the backend
-// issue the next partitions (they must not block: the scheduler issues under its own mutex and
-// never waits in a callback). Lifetime: must outlive every reducer and gatherer using it; the
-// destructor fails reductions never issued (Cancelled) and waits (up to config.timeout) for
-// those in flight.
+// Contract:
+//  - Priorities: 0 urgent (a gather the model waits for), 1 reduction. Reductions run in
+//    submission order (bucket order, each bucket's partitions in increasing order).
+//  - Rank order: per group, reductions are issued strictly in submission order; partitions are
+//    computed from plan data only; credit, priority and max_hold decide only WHEN a group's next
+//    operation is issued, never WHICH. No clock chooses an order. Create checks every rank's
+//    credit_bytes and priorities (one small all-gather).
+//  - Results are bit-identical to the unpartitioned call where the backend's per-element order
+//    does not depend on the call's size (`local` always, `mpi` at 2 ranks). credit_bytes == 0:
+//    no partitions and no credit limit.
+//  - Device groups are partitioned and held the same way on the host side of the stream; a
+//    reduction's Work completes (and its device_event() is recorded) after its last partition.
+//  - Any thread may call; completion callbacks never block. Must outlive every reducer and
+//    gatherer using it; the destructor cancels unissued reductions and waits (config.timeout)
+//    for those in flight.
+// Partitions, credit, staging memory, device streams and timeline rows in full:
+// docs/design/scheduler.md.
 #ifndef BRAID_SCHEDULER_OP_SCHEDULER_H_
 #define BRAID_SCHEDULER_OP_SCHEDULER_H_
 

@@ -1,79 +1,32 @@
 // ParamGatherer: each bucket's full parameters, all-gathered from the ranks' shards in one
-// coalesced call straight into a flat buffer (ZeRO-3 / FSDP, and the all-gather that follows a
-// sharded optimizer step).
-//
-// RANK-ORDER CONTRACT: every all-gather is a collective over the shard group, and ranks match
-// them by position, not by bucket. The caller must therefore call Prefetch / WaitParams (the
-// calls that may start a gather) for the same buckets in the same order on every rank, e.g. by
-// driving them from the model's layer order, which is the same everywhere. A gather is started
-// by Prefetch(b), or by WaitParams(b) when b is neither gathered nor in flight; Release and
-// WaitAll never start one. Forward may walk the buckets in one order and backward in another:
-// what matters is that all ranks walk the same sequence. What is checked:
-//  - Prefetch of a bucket already in flight is an error naming it (the usual slip);
-//  - Create verifies, with one tiny all-gather, that every rank holds the same plan;
-//  - buckets of different sizes issued out of order fail on backends that compare calls
-//    (`local` always, `mpi` with BRAID_VALIDATE_COLLECTIVES=1); buckets of the *same* size and
-//    dtype cannot be told apart by the transport and would silently swap contents, so
-//    CheckIssueOrder() (collective, one all-gather of 18 integers) compares every rank's
-//    sequence of gathered buckets; call it at a point all ranks reach together (tests, or once
-//    per step in debug runs).
-// The gatherer serializes its own calls on the group; the group must not be used concurrently
-// by anyone else (a GradientReducer included). Give the gatherer its own group (Split the shard
-// group once more) so its all-gathers never interleave with reduce-scatters.
+// coalesced, in-place call straight into a flat buffer (ZeRO-3 / FSDP, and the all-gather that
+// follows a sharded optimizer step).
 //
 //   ASSIGN_OR_RETURN(auto gatherer, ParamGatherer::Create(reducer->plan(), gather_group.get(),
 //                                                         {absl::Seconds(60),
-//                                                         /*fully_sharded=*/true}));
+//                                                          /*fully_sharded=*/true}));
 //   ASSIGN_OR_RETURN(TensorView shard, gatherer->ShardView(b));  // the optimizer writes here
 //   RETURN_IF_ERROR(gatherer->Prefetch(b));                      // after the step: start early
-//   ...
 //   RETURN_IF_ERROR(gatherer->WaitParams(b));                    // before the forward reads b
 //   ASSIGN_OR_RETURN(TensorView w, gatherer->ParamView(param_id));
 //   RETURN_IF_ERROR(gatherer->Prefetch(b + 1));                  // overlaps the use of b
 //   ... layer reads w ...
 //   RETURN_IF_ERROR(gatherer->Release(b));                       // ZeRO-3: back to the shard
 //
-// Layout: bucket b's flat buffer holds padded_count elements of the bucket dtype (64-byte
-// aligned), each parameter at its plan slot offset: the same layout as the gradient bucket.
-// Rank r's shard is the range [r * shard_count, (r + 1) * shard_count). A gather is one in-place
-// AllGather (send == recv + rank * shard_count): the backend writes the other ranks' shards
-// around this rank's, and nothing is copied out afterwards (DeepSpeed's coalesced all-gather).
-//
-// Where values live. ShardView(b) is this rank's shard and the only place to write parameter
-// values (initial weights, the optimizer's update); its address is fixed for the gatherer's
-// lifetime. The next gather of b publishes it to every rank. ParamView is for reading: values
-// written there are overwritten by the next gather or lost at Release.
-//  - fully_sharded off: ShardView is the shard's range inside the flat buffer, which lives as
-//    long as the gatherer. Release is a no-op (buffers stay gathered until the next Prefetch).
-//  - fully_sharded on (ZeRO-3): the shard is kept in its own storage; Release(b) returns the
-//    flat buffer to a pool, and the next gather takes one from it (or allocates one) and copies
-//    the shard in (shard_count elements) before the in-place all-gather. Buckets start released.
-// Buffer pool (fully_sharded, config.reuse_buffers): a released flat buffer is kept, keyed by
-// its byte size, and the next gather of any bucket takes the best fit (the smallest pooled
-// buffer of at least bucket.bytes() and at most twice that), so a steady training step
-// allocates no gather buffer. Pooled buffers stay allocated and stay counted in MemoryStats as
-// kParamGather (held_bytes() + pooled_bytes() == that counter's current when the gatherer
-// counts into its own MemoryStats); TrimPool() frees them. Device groups: a pooled buffer is
-// reused by the next gather queued on the comm stream without the device-wide synchronization
-// a free implies, so readers of a released bucket on another stream must be ordered before the
-// next gather (pass their event as that Prefetch's `ready`), or turn reuse_buffers off.
-// A ParamView is valid until Release of its bucket (fully_sharded) or the gatherer's
-// destruction; its values are meaningful only after WaitParams of its bucket returned OK.
-// Between Prefetch(b) and the end of WaitParams(b) the backend writes bucket b: do not read or
-// write its views then.
-//
-// Device buckets (CUDA parameters on a group with device_memory, e.g. `nccl`): every buffer is
-// device memory allocated through the group's BufferOps (comm/buffer_ops.h); ShardView and
-// ParamView are device pointers. The ZeRO-3 re-materializing copy is queued on the group's comm
-// stream after a wait for Prefetch's `ready` event, so a producer on another stream (the
-// optimizer's step) needs no host synchronization; the all-gather follows on the same stream.
-// WaitParams still returns once the gather completed on the device (host future).
-//
-// Threading: every method may be called from any thread; they serialize on an internal mutex,
-// and waits happen outside it. The timeline is written only from these calls (a gather's span
-// when a wait observes its end), never from a backend's completion thread. Destruction waits (up to
-// the timeout) for gathers in flight and leaks a buffer that a collective may still write rather
-// than free it under it.
+// Contract:
+//  - Rank order: ranks match all-gathers by position, so every rank calls Prefetch / WaitParams
+//    (the calls that may start a gather) for the same buckets in the same order. Prefetch of a
+//    bucket in flight is an error naming it; Create checks the plan on every rank;
+//    CheckIssueOrder() (collective) compares the ranks' gathered sequences.
+//  - The gatherer's group is its own: nothing else (a reducer included) may use it concurrently.
+//  - ShardView(b) is the only place to write parameter values (fixed address); ParamView is for
+//    reading, valid after WaitParams(b) and until Release(b) (fully_sharded) or destruction.
+//    Between Prefetch(b) and the end of WaitParams(b) the backend writes bucket b.
+//  - fully_sharded: Release(b) returns the flat buffer to a best-fit pool (reuse_buffers), counted
+//    as kParamGather in MemoryStats until TrimPool(). Device groups: buffers are device memory,
+//    copies and gathers queue on the comm stream after Prefetch's `ready` event.
+//  - Any thread may call; destruction waits (timeout) for gathers in flight.
+// Layout, the pool, device ordering and threading in full: docs/design/scheduler.md.
 #ifndef BRAID_SCHEDULER_PARAM_GATHERER_H_
 #define BRAID_SCHEDULER_PARAM_GATHERER_H_
 

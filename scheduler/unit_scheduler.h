@@ -10,77 +10,21 @@
 //     for u in the backward:         units->BeginBackward(u); ...;        units->EndBackward(u);
 //     units->EndStep();   // the first one is collective: every rank recorded the same order
 //
-// Schedule. The first step (until the first EndStep) is the recording step: every gather is
-// required and happens when its unit is entered, nothing is prefetched, and the forward order is
-// recorded: the units whose BeginForward had to gather them, in call order (a unit entered again
-// while still gathered is not recorded again). The first EndStep is collective over the
-// gatherer's group: one small all-gather (length, hash and the first 16 units of every rank's
-// order, and how many units each rank still holds) verifies that every rank recorded the same
-// order (FailedPrecondition naming each rank and its order otherwise). From then on each step
-// has a forward schedule (the recorded order) and a backward schedule (its reverse). Later
-// EndSteps are local.
-//
-// RANK-ORDER CONTRACT (why every rank issues the same all-gathers in the same order). Ranks
-// match the gatherer's all-gathers by position, so every rank must launch the same buckets in
-// the same sequence.
-//  1. Every launch goes through one place, under one mutex: the decision which units to launch
-//     next and the reservation of their launch turn (a ticket) happen in one critical section,
-//     and tickets are executed strictly in ticket order (the mutex is dropped only while a
-//     ticket runs before_gather and ParamGatherer::Prefetch, and the next ticket waits for it).
-//     So the global launch sequence equals the decision sequence, whichever thread decided
-//     (BeginX on the training thread, or a deferred prefetch retried from EndBackward on an
-//     autograd thread).
-//  2. After recording, a decision only ever launches the next not-yet-launched position of the
-//     current phase's schedule (forward: recorded order; backward: its reverse). A required
-//     gather (BeginX of a unit that is not gathered) must be that very position: BeginX of any
-//     other not-gathered unit is FailedPrecondition naming the expected and the actual unit, and
-//     launches nothing. A prefetch is only an earlier launch of that same position. The limit
-//     and the prefetch depth decide WHEN a position is launched, never WHETHER or in which
-//     order, so timing differences between ranks (deferred prefetches, threads) cannot reorder
-//     launches.
-//  3. A position whose unit is already gathered (or being gathered) when the launch cursor
-//     reaches it, or whose unit was already entered in this phase, is skipped, not launched.
-//     BeginX of an already gathered unit out of order is OK and does not move the cursor. The
-//     skip decision is identical on every rank when the unit's liveness at that moment is:
-//     this holds for units kept from the forward into the backward (no EndForward, or
-//     reshard_after_forward = false; these are released only by their own EndBackward, which
-//     follows their BeginBackward, which makes their position skipped), and generally whenever
-//     each unit occurs once per schedule. A unit that occurs twice in the recorded order (gathered,
-//     released and gathered again in one forward) additionally needs its release to happen in
-//     the same order relative to the other calls on every rank (e.g. EndX on the calling thread).
-//  4. Recording step: gathers happen in call order, identical on every rank because every rank
-//     makes the same calls in the same order; EndStep verifies the recorded orders.
-//  5. GatherAll launches every bucket in bucket order (outside a step, where nothing is live).
-// The group must see no other all-gathers interleaved from elsewhere (give the gatherer its own
-// group, as ParamGatherer says).
-//
-// Limit. live_bytes() is the sum of Bucket::bytes() of every unit launched and not released.
-// A prefetch that would take live_bytes() above max_live_bytes is deferred and retried, still
-// in schedule order, at the next BeginX / EndX call; a required gather (the unit being entered)
-// is never held back. Hence peak_live_bytes() <= max_live_bytes holds when (a) max_live_bytes
-// >= 2 x the largest unit's bytes and (b) every unit is released before the unit after the next
-// one is entered (at most the previous unit is live when the entered unit's required gather
-// runs), with no units kept across (GatherAll, reshard_after_forward = false, roots kept into
-// the backward). Otherwise only prefetches respect it. Actual gather memory (MemoryStats
-// kParamGather) is held buffers plus the gatherer's pool of free buffers (see
-// ParamGatherer::pooled_bytes()); a held buffer may be up to 2x its bucket (best-fit reuse).
-//
-// Release. EndForward (when reshard_after_forward) and EndBackward release every bucket of the
-// unit (ParamGatherer::Release; a gather still in flight is waited for first, with the mutex
-// held). With reshard_after_forward = false a unit stays gathered from its forward until its
-// EndBackward. EndBackward may be called from any thread.
-//
-// EndStep: FailedPrecondition naming the units still entered or gathered (for the first, on
-// every rank, after the collective check). GatherAll / ReleaseAll: outside a step (no unit
-// entered or gathered), GatherAll gathers every bucket in bucket order and keeps it ("summon
-// full params"); ReleaseAll releases them. BeginForward / BeginBackward in between:
-// FailedPrecondition.
-//
-// Errors. A launch that fails (before_gather or the gatherer) leaves the schedule position
-// consumed on this rank only, so the ranks' collective sequences may differ from then on: the
-// scheduler keeps that error and returns it from every later call that could launch.
-//
-// Threading: every method may be called from any thread; the accessors are lock-free.
+// Contract:
+//  - The first step records the forward order (nothing prefetched); its EndStep verifies that
+//    every rank recorded the same order (FailedPrecondition naming each rank's otherwise). Later
+//    steps follow the recorded order forward and its reverse backward.
+//  - Rank order: every launch is decided and ticketed under one mutex; a launch is always the
+//    next position of the current schedule (a required gather of any other unit is an error
+//    naming the expected and the actual unit); the limit and the prefetch depth decide only WHEN.
+//  - Limit: a prefetch that would take live_bytes() above max_live_bytes waits; a required
+//    gather never does. peak_live_bytes() <= max_live_bytes when it is >= 2x the largest unit
+//    and units are released in order.
+//  - EndForward (reshard_after_forward) and EndBackward release the unit's buckets. EndStep
+//    names units still entered or gathered. GatherAll / ReleaseAll only outside a step.
+//  - A failed launch is kept and returned from every later call that could launch (the ranks'
+//    sequences may differ from then on). Any thread may call.
+// The schedule, the rank-order argument and the limit in full: docs/design/scheduler.md.
 #ifndef BRAID_SCHEDULER_UNIT_SCHEDULER_H_
 #define BRAID_SCHEDULER_UNIT_SCHEDULER_H_
 
