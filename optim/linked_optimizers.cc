@@ -9,13 +9,36 @@
 
 namespace braid::optim {
 
-absl::Status AddLinkedParamSides(const std::vector<LinkedMember>& members, Group& span,
-                                 Group* tensor_parallel, const ParamOptions& options) {
-  if (!options.optimizer.has_value()) {
-    return absl::InvalidArgumentError(
-        "linked optimizers: a global norm needs an optimizer (kind NONE steps nothing)");
+namespace {
+
+// The options every member's step decision depends on agree with member 0's.
+absl::Status CheckAgreement(const std::vector<LinkedMember>& members) {
+  for (size_t m = 0; m < members.size(); ++m) {
+    if (!members[m].options.optimizer.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "linked optimizers: reducer ", m, " has no optimizer (kind NONE steps nothing)"));
+    }
+    const OptimizerConfig& a = *members[0].options.optimizer;
+    const OptimizerConfig& b = *members[m].options.optimizer;
+    const char* differs = a.max_grad_norm != b.max_grad_norm       ? "max_grad_norm"
+                          : a.skip_nonfinite != b.skip_nonfinite   ? "skip_nonfinite"
+                          : a.track_grad_norm != b.track_grad_norm ? "track_grad_norm"
+                                                                   : nullptr;
+    if (differs != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("linked optimizers: reducer ", m,
+                                                     " and reducer 0 differ in ", differs,
+                                                     " (one norm makes one decision)"));
+    }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status AddLinkedParamSides(const std::vector<LinkedMember>& members, Group& span,
+                                 Group* tensor_parallel) {
   if (members.empty()) return absl::InvalidArgumentError("linked optimizers: no reducer");
+  RETURN_IF_ERROR(CheckAgreement(members));
   std::vector<GlobalNorm::Member> specs;
   bool on_device = false;
   for (size_t m = 0; m < members.size(); ++m) {
@@ -44,7 +67,7 @@ absl::Status AddLinkedParamSides(const std::vector<LinkedMember>& members, Group
                    GlobalNorm::Create(span, tensor_parallel, std::move(specs), on_device,
                                       &members[0].stack->memory()));
   for (size_t m = 0; m < members.size(); ++m) {
-    ParamOptions po = options;
+    ParamOptions po = members[m].options;
     po.optimizer->global_norm = norm;
     po.optimizer->norm_member = static_cast<int>(m);
     absl::Status s = members[m].stack->AddParamSide(po);

@@ -5,10 +5,10 @@
 // steps each of its buckets as that bucket's reduction completes, and clipping,
 // skip_nonfinite and track_grad_norm take one norm over every member and tensor-parallel rank.
 //
-//   std::vector<LinkedMember> m = {{dense_stack.get()}, {expert_stack.get()}};
 //   ParamOptions po;
 //   po.optimizer = cfg;                                 // cfg.overlap stays on
-//   RETURN_IF_ERROR(AddLinkedParamSides(m, *world, tp_group, po));
+//   std::vector<LinkedMember> m = {{dense_stack.get(), po}, {expert_stack.get(), po}};
+//   RETURN_IF_ERROR(AddLinkedParamSides(m, *world, tp_group));
 //   ... each stack: BeginBackward, MarkReady, FinishBackward, optimizer()->WaitParams ...
 //
 // Contract: collective over `span` (every rank of every member, usually the world; one Split)
@@ -29,13 +29,14 @@ namespace braid::optim {
 
 struct LinkedMember {
   TrainingStack* stack = nullptr;
+  ParamOptions options;  // with an optimizer; its global_norm and norm_member are set here
   // Its parameters are identical on every rank of the tensor-parallel group and reduced
   // without it (Megatron's layer norms): their norm counts on tensor-parallel rank 0 only.
   bool tp_replicated = false;
 };
 
 absl::Status AddLinkedParamSides(const std::vector<LinkedMember>& members, Group& span,
-                                 Group* tensor_parallel, const ParamOptions& options);
+                                 Group* tensor_parallel);
 
 }  // namespace braid::optim
 

@@ -193,13 +193,13 @@ absl::StatusOr<std::unique_ptr<Rank>> Build(Group& world, const Case& c, Optimiz
     ASSIGN_OR_RETURN(auto stack, TrainingStack::Create(std::move(specs), g, so));
     r->stacks.push_back(std::move(stack));
   }
-  std::vector<LinkedMember> members;
-  for (int m = 0; m < kMembers; ++m) members.push_back({r->stacks[m].get(), m == kNorm});
   ParamOptions po;
   oc.timeout = absl::Seconds(60);
   po.optimizer = oc;
   po.timeout = absl::Seconds(60);
-  RETURN_IF_ERROR(AddLinkedParamSides(members, world, r->tp.get(), po));
+  std::vector<LinkedMember> members;
+  for (int m = 0; m < kMembers; ++m) members.push_back({r->stacks[m].get(), po, m == kNorm});
+  RETURN_IF_ERROR(AddLinkedParamSides(members, world, r->tp.get()));
   for (int m = 0; m < kMembers; ++m) {
     ShardedOptimizer* opt = r->stacks[m]->optimizer();
     for (size_t i = 0; i < kCounts[m].size(); ++i) {
@@ -300,13 +300,17 @@ TEST(LinkedOptimizersErrors, RefusesOverlapOffAndBadMembers) {
     po.optimizer = OptimizerConfig{};
     po.optimizer->max_grad_norm = 1.0;
     po.optimizer->overlap = false;
-    ExpectError(AddLinkedParamSides({{a->get()}}, world, nullptr, po),
+    ExpectError(AddLinkedParamSides({{a->get(), po}}, world, nullptr),
                 absl::StatusCode::kInvalidArgument, {"reducer 0", "overlap"});
     EXPECT_FALSE((*a)->has_param_side());
     po.optimizer->overlap = true;
-    ExpectError(AddLinkedParamSides({{a->get()}, {a->get()}}, world, nullptr, po),
+    ExpectError(AddLinkedParamSides({{a->get(), po}, {a->get(), po}}, world, nullptr),
                 absl::StatusCode::kInvalidArgument, {"reducer 1", "reducer 0"});
-    ExpectError(AddLinkedParamSides({}, world, nullptr, po), absl::StatusCode::kInvalidArgument,
+    ParamOptions other = po;
+    other.optimizer->max_grad_norm = 2.0;
+    ExpectError(AddLinkedParamSides({{a->get(), po}, {a->get(), other}}, world, nullptr),
+                absl::StatusCode::kInvalidArgument, {"reducer 1", "max_grad_norm"});
+    ExpectError(AddLinkedParamSides({}, world, nullptr), absl::StatusCode::kInvalidArgument,
                 {"no reducer"});
   });
 }
