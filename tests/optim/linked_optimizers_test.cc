@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backends/local/local_backend.h"
 #include "comm/mesh.h"
 #include "comm/status_macros.h"
 #include "gtest/gtest.h"
@@ -213,7 +214,8 @@ absl::StatusOr<std::unique_ptr<Rank>> Build(Group& world, const Case& c, Optimiz
 }
 
 // One step: every member's backward open at once, gradients marked in a random order across
-// members (seeded by rank and step), then every FinishBackward and wait.
+// members (seeded by rank and step), then every FinishBackward and wait. A failure is returned
+// after every backward was finished (the first one).
 absl::Status RunStep(Rank& r, const Case& c, int me, int t) {
   for (auto& s : r.stacks) RETURN_IF_ERROR(s->BeginBackward(sched::SyncMode::kSync));
   std::vector<std::pair<int, int>> order;
@@ -222,15 +224,22 @@ absl::Status RunStep(Rank& r, const Case& c, int me, int t) {
   }
   std::mt19937 rng(static_cast<uint32_t>(me * 1000 + t));
   std::shuffle(order.begin(), order.end(), rng);
+  absl::Status first;
   for (auto [m, i] : order) {
     sched::GradientReducer& red = r.stacks[m]->reducer();
-    ASSIGN_OR_RETURN(TensorView g, red.GradView(i));
-    float* d = static_cast<float*>(g.data);
-    for (size_t j = 0; j < g.count; ++j) d[j] += Grad(m, Source(m, me), t, i, j);
+    absl::StatusOr<TensorView> g = red.GradView(i);
+    if (!g.ok()) return g.status();
+    float* d = static_cast<float*>(g->data);
+    for (size_t j = 0; j < g->count; ++j) d[j] += Grad(m, Source(m, me), t, i, j);
     if (t == c.inf_step && m == kExpert && me == 3 && i == 0) d[0] = INFINITY;
-    RETURN_IF_ERROR(red.MarkReady(i));
+    absl::Status s = red.MarkReady(i);
+    if (first.ok()) first = s;
   }
-  for (auto& s : r.stacks) RETURN_IF_ERROR(s->FinishBackward());
+  for (auto& s : r.stacks) {
+    absl::Status f = s->FinishBackward();
+    if (first.ok()) first = f;
+  }
+  RETURN_IF_ERROR(first);
   for (auto& s : r.stacks) RETURN_IF_ERROR(s->optimizer()->WaitAllParams());
   return absl::OkStatus();
 }
@@ -286,6 +295,48 @@ INSTANTIATE_TEST_SUITE_P(Layouts, LinkedOptimizersTest,
                                            Case{"skip_only", false, 0.0, true},
                                            Case{"track_only", false, 0.0, false, -1, true}),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+
+// One rank's expert reduction fails: no member steps on any rank (the dense trunk, the other
+// expert group and the tensor-parallel shards reduced fine, but one norm makes one decision),
+// every member reports the error, parameters stay at their initial values, nothing hangs.
+TEST(LinkedOptimizersErrors, OneFailedReductionDropsEveryMembersStepOnEveryRank) {
+  Options o = braid::testing::LocalOptions(kWorld, absl::Seconds(20));
+  o.abort_on_failure = false;  // only the expert group fails; the norm's all-reduce still runs
+  auto backend = CreateBackend(o);
+  ASSERT_TRUE(backend.ok());
+  auto* local = static_cast<local::LocalBackend*>(backend->get());
+  const Case c{"fail"};
+  RunRanks(**backend, [&](Group& world) {
+    OptimizerConfig oc;
+    oc.max_grad_norm = c.max_grad_norm;
+    auto built = Build(world, c, oc);
+    ASSERT_TRUE(built.ok()) << built.status();
+    Rank& r = **built;
+    const int me = world.rank();
+    auto w = r.expert_dp->Barrier();
+    ASSERT_TRUE(w.ok());
+    ASSERT_OK((*w)->Wait(absl::Seconds(20)));
+    if (me == 1) local->faults().FailRank(1, (*w)->info().seq + 1, "expert_dp", "link loss");
+    auto wb = world.Barrier();
+    ASSERT_TRUE(wb.ok());
+    ASSERT_OK((*wb)->Wait(absl::Seconds(20)));
+    const absl::Status st = RunStep(r, c, me, 0);
+    if (me != 1 && me != 3) EXPECT_OK(st);  // their own reductions completed
+    for (int m = 0; m < kMembers; ++m) {
+      ShardedOptimizer* opt = r.stacks[m]->optimizer();
+      EXPECT_OK(opt->WaitAllParams());
+      EXPECT_FALSE(opt->last_step().error.ok()) << "rank " << me << " member " << m;
+      for (size_t i = 0; i < kCounts[m].size(); ++i) {
+        auto v = r.stacks[m]->gatherer()->ParamView(static_cast<sched::ParamId>(i));
+        ASSERT_TRUE(v.ok());
+        for (size_t j = 0; j < v->count; ++j) {
+          ASSERT_EQ(static_cast<const float*>(v->data)[j], Initial(m, Owner(m, me), i, j))
+              << "rank " << me << " member " << m << " param " << i << " was stepped";
+        }
+      }
+    }
+  });
+}
 
 TEST(LinkedOptimizersErrors, RefusesOverlapOffAndBadMembers) {
   RunRanks(2, [](Group& world) {
