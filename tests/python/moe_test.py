@@ -4,7 +4,8 @@ tiny MoE model's dense trunk (DistributedDataParallel over the 4-rank world) and
 rank r % 2's experts, different from the other pair's), at 4 ranks on `local` threads, against a
 serial single-process reference: each rank's gradients of its own loss, the trunk's averaged
 over the 4 ranks and each expert-parallel rank's experts over their 2 ranks, one global norm
-over the trunk and every expert (each counted once), one clip, torch.optim.AdamW."""
+over the trunk and every expert (each counted once), one clip, torch.optim.AdamW. Also a
+tensor-parallel pair whose replicated layer norm (tp_replicated) counts once in the norm."""
 
 import math
 import unittest
@@ -93,6 +94,70 @@ class MoETest(unittest.TestCase):
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
             for a, b in zip(experts, want_experts[r % 2]):
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+    def test_tensor_parallel_replicated_parameters_count_once(self):
+        """2 ranks as a tensor-parallel pair: a dense layer on the 2-rank group and a layer
+        norm identical on both ranks (same inputs), reduced over each rank's own group
+        (tp_replicated: its norm counts once, on tensor-parallel rank 0)."""
+        def make():
+            torch.manual_seed(11)
+            return torch.nn.Linear(8, 4), torch.nn.LayerNorm(4)
+
+        def shared(step):  # the layer norm's data: the same on both ranks
+            g = torch.Generator().manual_seed(500 + step)
+            return torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g)
+
+        def body(r, g):
+            solo = g.split(r, 0, "norm_dp")
+            lin, ln = make()
+            dense = bt.DistributedDataParallel(lin, g, mode="reduce_scatter")
+            norm = bt.DistributedDataParallel(ln, solo, mode="reduce_scatter")
+            opt = bt.ShardedAdamW.linked(list(lin.parameters()) + list(ln.parameters()), lr=LR,
+                                         max_grad_norm=MAX_NORM, tensor_parallel_group=g,
+                                         tp_replicated=[norm])
+            norms = []
+            for step in range(STEPS):
+                x, t = moe_batch(r, step)
+                z, u = shared(step)
+                mse = torch.nn.functional.mse_loss
+                (mse(dense(x), t) + mse(norm(z), u)).backward()
+                norms.append(opt.clip_grad_norm_(MAX_NORM).item())
+                opt.step()
+                opt.zero_grad()
+            opt.synchronize()
+            out = [p.detach().clone() for p in list(lin.parameters()) + list(ln.parameters())]
+            opt.close()
+            dense.close()
+            norm.close()
+            solo.close()
+            return out, norms
+
+        lin, ln = make()
+        params = list(lin.parameters()) + list(ln.parameters())
+        opt = torch.optim.AdamW(params, lr=LR)
+        want_norms = []
+        for step in range(STEPS):
+            grads = [torch.zeros_like(p) for p in lin.parameters()]
+            for r in range(2):
+                x, t = moe_batch(r, step)
+                loss = torch.nn.functional.mse_loss(lin(x), t)
+                for acc, gr in zip(grads, torch.autograd.grad(loss, list(lin.parameters()))):
+                    acc += gr / 2
+            z, u = shared(step)
+            grads += torch.autograd.grad(torch.nn.functional.mse_loss(ln(z), u),
+                                         list(ln.parameters()))
+            norm = math.sqrt(sum(float((gr.double() ** 2).sum()) for gr in grads))
+            coef = min(1.0, MAX_NORM / (norm + 1e-6))
+            for p, gr in zip(params, grads):
+                p.grad = gr * coef
+            opt.step()
+            want_norms.append(norm)
+        self.assertGreater(min(want_norms), MAX_NORM)
+        for got_params, norms in run_ranks(2, body):
+            for got, want in zip(norms, want_norms):
+                self.assertAlmostEqual(got, want, delta=1e-5 * want)
+            for a, b in zip(got_params, params):
+                torch.testing.assert_close(a, b.detach(), rtol=1e-5, atol=1e-6)
 
 
 if __name__ == "__main__":
