@@ -9,7 +9,8 @@
 // against a serial reference: each member's gradients averaged over its reducing ranks, one
 // global norm over everything (every expert, every tensor-parallel shard, the layer norm
 // once), one clip, AdamW. Gradients are k/8 and averages over 2 or 4 ranks, so every sum and
-// squared norm is exact and the comparison is bit for bit.
+// squared norm is exact and the comparison is bit for bit. Built twice: on `local` threads
+// (with a fault-injection case) and, with BRAID_LINKED_MPI, under mpirun -np 4.
 #include "optim/linked_optimizers.h"
 
 #include <algorithm>
@@ -28,6 +29,9 @@
 #include "gtest/gtest.h"
 #include "optim/adamw_math.h"
 #include "tests/multirank.h"
+#if defined(BRAID_LINKED_MPI)
+#include "tests/mpi_world.h"
+#endif
 
 namespace braid::optim {
 namespace {
@@ -285,9 +289,19 @@ absl::Status CheckRank(Group& world, const Case& c) {
 
 class LinkedOptimizersTest : public ::testing::TestWithParam<Case> {};
 
+#if defined(BRAID_LINKED_MPI)
+// Built a second time as mpi_linked_optimizers_test (mpirun -np 4, the `mpi` backend).
+Group* the_world = nullptr;
+
+TEST_P(LinkedOptimizersTest, MatchesSerialReference) {
+  ASSERT_EQ(the_world->size(), kWorld) << "run under mpirun -np 4";
+  EXPECT_OK(CheckRank(*the_world, GetParam()));
+}
+#else
 TEST_P(LinkedOptimizersTest, MatchesSerialReference) {
   RunRanks(kWorld, [&](Group& world) { EXPECT_OK(CheckRank(world, GetParam())); });
 }
+#endif
 
 INSTANTIATE_TEST_SUITE_P(Layouts, LinkedOptimizersTest,
                          ::testing::Values(Case{"clip"}, Case{"clip_dense_hybrid", true},
@@ -296,6 +310,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, LinkedOptimizersTest,
                                            Case{"track_only", false, 0.0, false, -1, true}),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
+#if !defined(BRAID_LINKED_MPI)
 // One rank's expert reduction fails: no member steps on any rank (the dense trunk, the other
 // expert group and the tensor-parallel shards reduced fine, but one norm makes one decision),
 // every member reports the error, parameters stay at their initial values, nothing hangs.
@@ -366,5 +381,14 @@ TEST(LinkedOptimizersErrors, RefusesOverlapOffAndBadMembers) {
   });
 }
 
+#endif  // !BRAID_LINKED_MPI
+
 }  // namespace
 }  // namespace braid::optim
+
+#if defined(BRAID_LINKED_MPI)
+int main(int argc, char** argv) {
+  return braid::testing::RunTestsOnMpiWorld(argc, argv, absl::Seconds(60),
+                                            &braid::optim::the_world);
+}
+#endif
