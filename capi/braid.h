@@ -62,7 +62,7 @@ extern "C" {
 #endif
 
 #define BRAID_VERSION_MAJOR 0
-#define BRAID_VERSION_MINOR 10
+#define BRAID_VERSION_MINOR 11
 #define BRAID_VERSION_PATCH 0
 /* Bumped whenever a struct layout, enum value or signature changes incompatibly. */
 #define BRAID_ABI_VERSION 1
@@ -773,6 +773,31 @@ BRAID_API void braid_optimizer_options_init(braid_optimizer_options_t* opts);
 BRAID_API braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
                                                 const braid_optimizer_options_t* opts,
                                                 braid_optimizer_t** out);
+/* Since 0.11 (additive): one optimizer over several reducers (a MoE model's dense parameters on
+ * the data-parallel group and experts on their expert-data-parallel group; tensor-parallel
+ * shards on the data-parallel group of their tensor-parallel rank). Creates out[i], an ordinary
+ * optimizer handle on reducers[i] built from opts[i] (its parameter groups and hyper-parameters
+ * are its own), and links them by one global gradient norm: max_grad_norm, skip_nonfinite and
+ * track_grad_norm decide once, from the norm over every reducer's shards on every rank, each
+ * element counted once (a hybrid reducer's replica 0; reducers with tp_replicated[i] = 1, whose
+ * parameters are the same on every rank of `tensor_parallel` and reduced without it, on its
+ * rank 0 only), all-reduced over `span` (every rank of every reducer: usually the world group).
+ * As Megatron-LM's global norm: different experts and different tensor-parallel shards add up.
+ * Each handle is then driven as usual (begin/finish_backward, wait_params) and steps each bucket
+ * as its reduction completes. Every handle must take part in every synced step (each synced
+ * backward of one is a synced backward of all), else the others wait until their timeout;
+ * destroying one handle leaves the others' next clipped step failing with TIMEOUT.
+ * tensor_parallel and tp_replicated may be NULL. Collective over span (one split), then over
+ * each reducer's groups in order. Errors: INVALID_ARGUMENT (n < 1, a reducer given twice,
+ * opts[i] that differ from opts[0] in max_grad_norm, skip_nonfinite or track_grad_norm, overlap
+ * = 0 or kind NONE, naming the reducer), FAILED_PRECONDITION (a reducer already has an
+ * optimizer), and braid_optimizer_create's; no handle is created on error. */
+BRAID_API braid_status_t braid_optimizer_create_linked(braid_reducer_t* const* reducers, int n,
+                                                       const braid_optimizer_options_t* const* opts,
+                                                       const int* tp_replicated,
+                                                       braid_group_t* span,
+                                                       braid_group_t* tensor_parallel,
+                                                       braid_optimizer_t** out);
 /* Initial value of parameter `id`: `values` holds its full count elements in its dtype,
  * identical on every rank. Between steps only; gathered by the next wait_params. */
 BRAID_API braid_status_t braid_optimizer_set_param(braid_optimizer_t* opt, int64_t id,

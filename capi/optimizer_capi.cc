@@ -13,6 +13,7 @@
 #include "capi/handles.h"
 #include "capi/impl.h"
 #include "capi/limits.h"
+#include "capi/optimizer_create.h"
 #include "comm/status_macros.h"
 #include "optim/cuda_step_kernels.h"
 
@@ -91,6 +92,58 @@ absl::StatusOr<optim::OptimizerConfig> ToConfig(const braid_optimizer_options_t&
 
 }  // namespace
 
+absl::StatusOr<optim::ParamOptions> ToParamOptions(optim::TrainingStack& stack,
+                                                   const braid_optimizer_options_t* opts,
+                                                   optim::OptimizerKind* kind) {
+  braid_optimizer_options_t o;
+  braid_optimizer_options_init(&o);
+  // 0.5 and 0.6's struct ended after timeout_ms, 0.7's after gather_stream, 0.8's after
+  // param_groups.
+  RETURN_IF_ERROR(ReadVersionedOptions(opts,
+                                       {offsetof(braid_optimizer_options_t, fully_sharded),
+                                        offsetof(braid_optimizer_options_t, num_groups),
+                                        offsetof(braid_optimizer_options_t, track_grad_norm)},
+                                       "braid_optimizer_options_t", &o));
+  ASSIGN_OR_RETURN(optim::OptimizerConfig config, ToConfig(o));
+  *kind = config.kind;
+  if (o.param_groups != nullptr) {
+    const auto& params = stack.reducer().plan().params();  // registration order
+    for (size_t i = 0; i < params.size(); ++i) {
+      const int g = o.param_groups[i];
+      if (g < 0 || g >= o.num_groups) {
+        return absl::InvalidArgumentError(absl::StrCat("opts->param_groups[", i, "] (",
+                                                       params[i].Label(), ") is ", g,
+                                                       "; num_groups is ", o.num_groups));
+      }
+      if (g != 0) config.group_of[params[i].id] = g;
+    }
+  }
+  // Device parameters: the fused CUDA kernels, queued on the shard group's comm stream.
+  if (stack.on_device()) config.device_kernels = optim::CudaStepKernels();
+  config.offload = o.offload == 1;
+  if (!stack.on_device() && (o.offload == 1 || o.gather_stream != nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("opts->", o.offload == 1 ? "offload" : "gather_stream",
+                     " is for device reducers (this reducer's parameters are in host memory)"));
+  }
+  const bool none = RawEnum(o.kind) == BRAID_OPTIMIZER_NONE;
+  if (none && o.fully_sharded != 1) {
+    return absl::InvalidArgumentError(
+        "opts->kind BRAID_OPTIMIZER_NONE (gather only) needs opts->fully_sharded = 1 (without "
+        "units nothing would gather the framework's updated shards)");
+  }
+  optim::ParamOptions po;
+  if (!none) po.optimizer = config;
+  po.fully_sharded = o.fully_sharded == 1;
+  po.timeout = config.timeout;
+  po.gather_stream = braid::DeviceStream{o.gather_stream};
+  po.units.timeout = config.timeout;
+  po.units.prefetch = o.prefetch;
+  po.units.reshard_after_forward = o.reshard_after_forward == 1;
+  po.units.max_live_bytes = static_cast<size_t>(o.max_live_bytes);
+  return po;
+}
+
 }  // namespace braid::capi
 
 extern "C" {
@@ -145,53 +198,8 @@ braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
           "the reducer is in all-reduce mode; the sharded optimizer needs reduce-scatter or "
           "hybrid mode (each rank steps only its shard)");
     }
-    braid_optimizer_options_t o;
-    braid_optimizer_options_init(&o);
-    // 0.5 and 0.6's struct ended after timeout_ms, 0.7's after gather_stream, 0.8's after
-    // param_groups.
-    RETURN_IF_ERROR(
-        braid::capi::ReadVersionedOptions(opts,
-                                          {offsetof(braid_optimizer_options_t, fully_sharded),
-                                           offsetof(braid_optimizer_options_t, num_groups),
-                                           offsetof(braid_optimizer_options_t, track_grad_norm)},
-                                          "braid_optimizer_options_t", &o));
-    ASSIGN_OR_RETURN(braid::optim::OptimizerConfig config, braid::capi::ToConfig(o));
-    impl->kind = config.kind;
-    if (o.param_groups != nullptr) {
-      const auto& params = stack.reducer().plan().params();  // registration order
-      for (size_t i = 0; i < params.size(); ++i) {
-        const int g = o.param_groups[i];
-        if (g < 0 || g >= o.num_groups) {
-          return absl::InvalidArgumentError(absl::StrCat("opts->param_groups[", i, "] (",
-                                                         params[i].Label(), ") is ", g,
-                                                         "; num_groups is ", o.num_groups));
-        }
-        if (g != 0) config.group_of[params[i].id] = g;
-      }
-    }
-    // Device parameters: the fused CUDA kernels, queued on the shard group's comm stream.
-    if (stack.on_device()) config.device_kernels = braid::optim::CudaStepKernels();
-    config.offload = o.offload == 1;
-    if (!stack.on_device() && (o.offload == 1 || o.gather_stream != nullptr)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("opts->", o.offload == 1 ? "offload" : "gather_stream",
-                       " is for device reducers (this reducer's parameters are in host memory)"));
-    }
-    const bool none = braid::capi::RawEnum(o.kind) == BRAID_OPTIMIZER_NONE;
-    if (none && o.fully_sharded != 1) {
-      return absl::InvalidArgumentError(
-          "opts->kind BRAID_OPTIMIZER_NONE (gather only) needs opts->fully_sharded = 1 (without "
-          "units nothing would gather the framework's updated shards)");
-    }
-    braid::optim::ParamOptions po;
-    if (!none) po.optimizer = config;
-    po.fully_sharded = o.fully_sharded == 1;
-    po.timeout = config.timeout;
-    po.gather_stream = braid::DeviceStream{o.gather_stream};
-    po.units.timeout = config.timeout;
-    po.units.prefetch = o.prefetch;
-    po.units.reshard_after_forward = o.reshard_after_forward == 1;
-    po.units.max_live_bytes = static_cast<size_t>(o.max_live_bytes);
+    ASSIGN_OR_RETURN(braid::optim::ParamOptions po,
+                     braid::capi::ToParamOptions(stack, opts, &impl->kind));
     {
       braid::capi::GroupLocks locks(*impl->reducer);  // collective over the shard group
       RETURN_IF_ERROR(stack.AddParamSide(po));

@@ -32,6 +32,8 @@ using sched::ParamId;
 
 enum class OptimizerKind { kAdamW, kSgd };
 
+class GlobalNorm;  // optim/global_norm.h
+
 // Hyper-parameters of one parameter group (the rule's half is used).
 struct GroupHyper {
   AdamWHyper adamw;
@@ -67,6 +69,11 @@ struct OptimizerConfig {
   // memory (ZeRO-Offload); each bucket's reduced shard is stepped there by the CPU kernels.
   // Costs host memory: the state plus two shard-size staging buffers per bucket.
   bool offload = false;
+  // Optional (optim/global_norm.h): this optimizer is member `norm_member` of a norm shared
+  // with the optimizers of other reducers (experts, tensor-parallel shards): clipping,
+  // skip_nonfinite and track_grad_norm then take one norm over all of them. Needs overlap.
+  std::shared_ptr<GlobalNorm> global_norm;
+  int norm_member = 0;
 };
 
 // What the latest completed step did.

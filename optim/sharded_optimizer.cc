@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "comm/status_macros.h"
 #include "comm/thread_start.h"
+#include "optim/global_norm.h"
 
 namespace braid::optim {
 
@@ -29,6 +30,7 @@ absl::StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::Create(
     sched::GradientReducer* reducer, sched::ParamGatherer* gatherer,
     const OptimizerConfig& config) {
   RETURN_IF_ERROR(CheckOptimizerSetup(reducer, gatherer, config));
+  RETURN_IF_ERROR(CheckGlobalNormConfig(config));
   auto opt = std::unique_ptr<ShardedOptimizer>(new ShardedOptimizer(reducer, gatherer, config));
   RETURN_IF_ERROR(opt->Init());
   return opt;

@@ -157,6 +157,10 @@ class ShardedOptimizer {
   // squared norms (`failed`: this rank dropped buckets, which still takes part), then the
   // step's completion.
   void FinishTrackedRound(double sumsq, bool failed, absl::Time deadline);
+  // The all-reduce of {sum of squares, failed} of a step's norm: over the optimizer's split of
+  // the shard group, or through config.global_norm's span; NormGroupName names either.
+  absl::Status SumNorm(double* sumsq, double* failed, absl::Time deadline);
+  const std::string& NormGroupName() const;
   // A reduction failed: buckets b.. are not stepped, only gathered again (same gathers on every
   // rank), and the step reports `s`.
   void DropFrom(int b, const absl::Status& s);

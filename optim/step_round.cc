@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "comm/status_macros.h"
 #include "optim/device_step.h"
+#include "optim/global_norm.h"
 #include "optim/host_step.h"
 #include "optim/offload_step.h"
 #include "optim/sharded_optimizer.h"
@@ -116,16 +117,16 @@ void ShardedOptimizer::RunRound() {
   // One all-reduce of {sum of squares, ranks that failed}: every rank takes the same decision,
   // a rank whose reduction failed included (it must not skip a collective its peers issue).
   double total = failed_at < 0 ? sumsq : 0.0, others_failed = failed_at < 0 ? 0.0 : 1.0;
-  const absl::Status st = agreement_->Sum2(agreement_->group(), &total, &others_failed, deadline);
+  const absl::Status st = SumNorm(&total, &others_failed, deadline);
   if (!st.ok()) {
     return DropFrom(0,
                     absl::Status(st.code(), absl::StrCat("global gradient norm: ", st.message())));
   }
   if (failed_at >= 0) return DropFrom(0, failure);
   if (others_failed > 0) {
-    return DropFrom(0, absl::AbortedError(absl::StrCat(
-                           others_failed, " other rank(s) of group '", agreement_->group().name(),
-                           "' could not reduce their gradients or take their norm")));
+    return DropFrom(0, absl::AbortedError(
+                           absl::StrCat(others_failed, " other rank(s) of group '", NormGroupName(),
+                                        "' could not reduce their gradients or take their norm")));
   }
   StepReport report;
   report.grad_norm = std::sqrt(total);
@@ -229,7 +230,7 @@ void ShardedOptimizer::CompleteRoundLocked() {
 void ShardedOptimizer::FinishTrackedRound(double sumsq, bool failed, absl::Time deadline) {
   // Every rank takes part, a rank that dropped buckets too (its peers issue the all-reduce).
   double total = failed ? 0.0 : sumsq, failed_ranks = failed ? 1.0 : 0.0;
-  const absl::Status st = agreement_->Sum2(agreement_->group(), &total, &failed_ranks, deadline);
+  const absl::Status st = SumNorm(&total, &failed_ranks, deadline);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!st.ok() && round_report_.error.ok()) {
@@ -243,6 +244,17 @@ void ShardedOptimizer::FinishTrackedRound(double sumsq, bool failed, absl::Time 
     CompleteRoundLocked();
   }
   cv_.notify_all();
+}
+
+absl::Status ShardedOptimizer::SumNorm(double* sumsq, double* failed, absl::Time deadline) {
+  if (config_.global_norm == nullptr) {
+    return agreement_->Sum2(agreement_->group(), sumsq, failed, deadline);
+  }
+  return config_.global_norm->Combine(config_.norm_member, sumsq, failed, deadline);
+}
+
+const std::string& ShardedOptimizer::NormGroupName() const {
+  return config_.global_norm != nullptr ? config_.global_norm->name() : agreement_->group().name();
 }
 
 void ShardedOptimizer::DropFrom(int b, const absl::Status& s) {

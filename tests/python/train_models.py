@@ -28,6 +28,53 @@ class TinyTransformer(torch.nn.Module):
         return self.head(x)
 
 
+class MoETrunk(torch.nn.Module):
+    """The dense part of TinyMoE: an input projection and a top-1 router over the experts this
+    rank holds."""
+
+    def __init__(self, d_in=8, d=16, experts=2):
+        super().__init__()
+        self.proj = torch.nn.Linear(d_in, d)
+        self.router = torch.nn.Linear(d, experts)
+
+    def forward(self, x):
+        h = torch.tanh(self.proj(x))
+        return h, torch.softmax(self.router(h), dim=-1)
+
+
+class MoEExperts(torch.nn.Module):
+    """One expert-parallel rank's experts: each token goes to its top-1 expert, scaled by its
+    gate (every expert computes every token; the mask keeps the chosen one, so the gradients
+    are those of sparse routing)."""
+
+    def __init__(self, d=16, d_out=4, experts=2):
+        super().__init__()
+        self.experts = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(d, 2 * d), torch.nn.Tanh(),
+                                torch.nn.Linear(2 * d, d_out)) for _ in range(experts))
+
+    def forward(self, h, gates):
+        top, choice = gates.max(dim=-1)
+        out = 0
+        for e, expert in enumerate(self.experts):
+            out = out + ((choice == e).to(h.dtype) * top).unsqueeze(-1) * expert(h)
+        return out
+
+
+def make_moe(expert_rank):
+    """TinyMoE's parts: the dense trunk (the same everywhere) and expert-parallel rank
+    `expert_rank`'s experts (different experts per expert-parallel rank). Seeded."""
+    torch.manual_seed(20261127)
+    trunk = MoETrunk()
+    torch.manual_seed(20261127 + 1 + expert_rank)
+    return trunk, MoEExperts()
+
+
+def moe_batch(rank, step, tokens=8):
+    g = torch.Generator().manual_seed(rank * 7919 + step * 31 + 3)
+    return torch.randn(tokens, 8, generator=g), torch.randn(tokens, 4, generator=g)
+
+
 def make_model(kind, width=1):
     """The same initial parameters on every rank and in every run (seeded)."""
     torch.manual_seed(20261122)

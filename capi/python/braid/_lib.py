@@ -216,6 +216,8 @@ _SIGNATURES = {
     "braid_memory_reset_peaks": (_st, [_p]),
     "braid_optimizer_options_init": (None, [ctypes.POINTER(OptimizerOptions)]),
     "braid_optimizer_create": (_st, [_p, ctypes.POINTER(OptimizerOptions), _pp]),
+    "braid_optimizer_create_linked": (_st, [_pp, _i, ctypes.POINTER(ctypes.POINTER(
+        OptimizerOptions)), ctypes.POINTER(_i), _p, _p, _pp]),  # 0.11
     "braid_optimizer_set_param": (_st, [_p, _i64, _p]),
     "braid_optimizer_param": (_st, [_p, _i64, _pp, ctypes.POINTER(_sz)]),
     "braid_optimizer_param_shard": (_st, [_p, _i64, _pp, ctypes.POINTER(_sz),

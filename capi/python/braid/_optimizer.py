@@ -18,6 +18,37 @@ def _phase(phase):
     return PHASES[phase]
 
 
+def _options(reducer, kind="adamw", lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+             momentum=0.9, nesterov=False, max_grad_norm=0.0, skip_nonfinite=False,
+             overlap=True, threads=1, timeout_ms=300000, fully_sharded=False,
+             reshard_after_forward=True, prefetch=1, max_live_bytes=0, offload=False,
+             gather_stream=None, param_groups=None, track_grad_norm=False):
+    """(braid_optimizer_options_t, what must stay alive while the C call reads it)."""
+    opts = _lib.init_options(_lib.OptimizerOptions, "braid_optimizer_options_init")
+    kinds = {"adamw": _lib.OPTIMIZER_ADAMW, "sgd": _lib.OPTIMIZER_SGD,
+             "none": _lib.OPTIMIZER_NONE}
+    if kind not in kinds:
+        raise ValueError("kind %r: one of adamw, sgd, none" % (kind,))
+    opts.kind = kinds[kind]
+    opts.lr, (opts.beta1, opts.beta2), opts.eps = lr, betas, eps
+    opts.weight_decay, opts.momentum, opts.nesterov = weight_decay, momentum, int(nesterov)
+    opts.max_grad_norm, opts.skip_nonfinite = max_grad_norm, int(skip_nonfinite)
+    opts.overlap, opts.threads, opts.timeout_ms = int(overlap), threads, timeout_ms
+    opts.fully_sharded = int(bool(fully_sharded))
+    opts.reshard_after_forward = int(bool(reshard_after_forward))
+    opts.prefetch, opts.max_live_bytes = prefetch, int(max_live_bytes or 0)
+    opts.offload, opts.gather_stream = int(bool(offload)), gather_stream
+    opts.track_grad_norm = int(bool(track_grad_norm))
+    groups = None
+    if param_groups is not None:
+        if len(param_groups) != len(reducer._specs):
+            raise ValueError("param_groups has %d entries for %d parameters" %
+                             (len(param_groups), len(reducer._specs)))
+        groups = (ctypes.c_int * len(param_groups))(*[int(g) for g in param_groups])
+        opts.num_groups, opts.param_groups = max(param_groups) + 1, groups
+    return opts, groups
+
+
 class Optimizer(_Handle):
     """The sharded optimizer (AdamW or SGD) over a reduce_scatter/hybrid reducer.
 
@@ -37,42 +68,46 @@ class Optimizer(_Handle):
 
     _destroy = "braid_optimizer_destroy"
 
-    def __init__(self, reducer, kind="adamw", lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-                 weight_decay=0.01, momentum=0.9, nesterov=False, max_grad_norm=0.0,
-                 skip_nonfinite=False, overlap=True, threads=1, timeout_ms=300000,
-                 fully_sharded=False, reshard_after_forward=True, prefetch=1, max_live_bytes=0,
-                 offload=False, gather_stream=None, param_groups=None, track_grad_norm=False):
-        opts = _lib.init_options(_lib.OptimizerOptions, "braid_optimizer_options_init")
-        kinds = {"adamw": _lib.OPTIMIZER_ADAMW, "sgd": _lib.OPTIMIZER_SGD,
-                 "none": _lib.OPTIMIZER_NONE}
-        if kind not in kinds:
-            raise ValueError("kind %r: one of adamw, sgd, none" % (kind,))
-        opts.kind = kinds[kind]
-        opts.lr, (opts.beta1, opts.beta2), opts.eps = lr, betas, eps
-        opts.weight_decay, opts.momentum, opts.nesterov = weight_decay, momentum, int(nesterov)
-        opts.max_grad_norm, opts.skip_nonfinite = max_grad_norm, int(skip_nonfinite)
-        opts.overlap, opts.threads, opts.timeout_ms = int(overlap), threads, timeout_ms
-        opts.fully_sharded = int(bool(fully_sharded))
-        opts.reshard_after_forward = int(bool(reshard_after_forward))
-        opts.prefetch, opts.max_live_bytes = prefetch, int(max_live_bytes or 0)
-        opts.offload, opts.gather_stream = int(bool(offload)), gather_stream
-        opts.track_grad_norm = int(bool(track_grad_norm))
-        groups = None
-        if param_groups is not None:
-            if len(param_groups) != len(reducer._specs):
-                raise ValueError("param_groups has %d entries for %d parameters" %
-                                 (len(param_groups), len(reducer._specs)))
-            groups = (ctypes.c_int * len(param_groups))(*[int(g) for g in param_groups])
-            opts.num_groups, opts.param_groups = max(param_groups) + 1, groups
+    def __init__(self, reducer, *args, **options):
+        opts, keep = _options(reducer, *args, **options)
         out = _out()
         _lib.call("braid_optimizer_create", reducer.handle, ctypes.byref(opts), ctypes.byref(out))
+        del keep
+        self._adopt(out.value, reducer, opts)
+
+    def _adopt(self, handle, reducer, opts):
         self.reducer = reducer
-        self.fully_sharded = bool(fully_sharded)
-        self.overlap = bool(overlap)
+        self.fully_sharded = bool(opts.fully_sharded)
+        self.overlap = bool(opts.overlap)
         # Callbacks run right before a step is armed (a synced begin_backward with overlap, else
         # step()): the last moment hyper-parameters can change for that step.
         self.before_arm = []
-        super().__init__(out.value, reducer._world)
+        super().__init__(handle, reducer._world)
+
+    @classmethod
+    def create_linked(cls, reducers, options, span, tensor_parallel=None, tp_replicated=None):
+        """0.11 (braid_optimizer_create_linked): one Optimizer per reducer (options[i] its
+        keyword arguments, as Optimizer's), all clipped / checked by one global gradient norm
+        over every reducer's shards, summed over the Group `span`; tp_replicated[i] True: the
+        reducer's parameters are the same on every rank of the Group `tensor_parallel` and
+        count there once. Collective over span, then each reducer's groups."""
+        n = len(reducers)
+        built = [_options(r, **o) for r, o in zip(reducers, options)]
+        handles = (ctypes.c_void_p * n)(*[r.handle for r in reducers])
+        opts = (ctypes.POINTER(_lib.OptimizerOptions) * n)(
+            *[ctypes.pointer(o) for o, _ in built])
+        tp = None
+        if tp_replicated is not None:
+            tp = (ctypes.c_int * n)(*[int(bool(x)) for x in tp_replicated])
+        out = (ctypes.c_void_p * n)()
+        _lib.call("braid_optimizer_create_linked", handles, n, opts, tp, span.handle,
+                  tensor_parallel.handle if tensor_parallel is not None else None, out)
+        linked = []
+        for r, (o, _), h in zip(reducers, built, out):
+            opt = cls.__new__(cls)
+            opt._adopt(h, r, o)
+            linked.append(opt)
+        return linked
 
     def set_param(self, pid, values):
         ptr, n, dt = buffer_info(values, "values of parameter %d" % pid)

@@ -104,7 +104,8 @@ def resolve(who, params, expected=None):
         elif w is not found[0]:
             raise ValueError(
                 "%s(params): %s belongs to a %s and %s to another %s; one sharded optimizer "
-                "steps one wrapped model: create one optimizer per model" % (
+                "steps one wrapped model: create one optimizer per model (or %s.linked(params) "
+                "for one optimizer and one gradient norm over several)" % (
                     who, found[1], type(found[0]).__name__, _where(g, k, p),
-                    type(w).__name__))
+                    type(w).__name__, who))
     return (found[0] if found is not None else expected), groups

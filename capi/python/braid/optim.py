@@ -130,10 +130,26 @@ class _ShardedOptimizer(CheckpointMixin, ParamGroups, AdoptsWrites, GradNorms,
         self._check_unused()
         self._pushed = {}  # group index -> the hyper tuple Braid has
         first = self.param_groups[0]
+        if getattr(self, "_linker", None) is not None:
+            self._deferred = (first["lr"], group_of, options)  # braid/_linked.py attaches
+            return
+        self._attach(first["lr"], group_of, options)
+
+    @classmethod
+    def linked(cls, params, span=None, tensor_parallel_group=None, tp_replicated=(), **kwargs):
+        """One optimizer over the parameters of several DistributedDataParallel wrappers (a
+        MoE model's dense and expert parts, tensor-parallel shards) with one global gradient
+        norm: braid/_linked.py."""
+        from ._linked import LinkedShardedOptimizer
+        return LinkedShardedOptimizer(cls, params, kwargs, span, tensor_parallel_group,
+                                      tp_replicated)
+
+    def _attach(self, lr, group_of, options, core_optimizer=None):
+        ddp, overlap = self.ddp, self._overlap
         if self._fully_sharded:
-            self._init_fully_sharded(ddp, overlap, first["lr"], group_of, options)
+            self._init_fully_sharded(ddp, overlap, lr, group_of, options)
         else:
-            self._init_zero2(ddp, overlap, first["lr"], group_of, options)
+            self._init_zero2(ddp, overlap, lr, group_of, options, core_optimizer)
         self.optimizer.before_arm.append(_weak_call(self._push_hyper))
         # Also at each forward, so a bad value raises there, before any gradient is
         # accumulated (the push when the step is armed then only sends later changes), and
@@ -141,7 +157,7 @@ class _ShardedOptimizer(CheckpointMixin, ParamGroups, AdoptsWrites, GradNorms,
         self._forward_check = ddp.register_forward_pre_hook(self._check_at_forward)
 
     # ---- construction ----------------------------------------------------------------------
-    def _init_zero2(self, ddp, overlap, lr, group_of, options):
+    def _init_zero2(self, ddp, overlap, lr, group_of, options, core_optimizer=None):
         if ddp._main_grad:
             raise ValueError(
                 "%s over DistributedDataParallel(main_grad=True): the sharded optimizer needs "
@@ -154,8 +170,8 @@ class _ShardedOptimizer(CheckpointMixin, ParamGroups, AdoptsWrites, GradNorms,
                     type(self).__name__, "autotune" if ddp._autotune else "rebuild_bucket_order",
                     "autotune" if ddp._autotune else "rebuild_bucket_order"))
         ddp._rebuild_if_due()  # collective: every rank builds its optimizer at the same point
-        self.optimizer = core.Optimizer(ddp.reducer, lr=lr, overlap=overlap,
-                                        param_groups=group_of, **options)
+        self.optimizer = core_optimizer or core.Optimizer(ddp.reducer, lr=lr, overlap=overlap,
+                                                          param_groups=group_of, **options)
         params = ddp._params
         for pid, p in enumerate(params):
             # Host values, also for a device optimizer (braid_optimizer_set_param copies them in).

@@ -1,0 +1,164 @@
+"""ShardedAdamW.linked (braid/_linked.py): one optimizer and one global gradient norm over a
+tiny MoE model's dense trunk (DistributedDataParallel over the 4-rank world) and its experts
+(over 2-rank expert-data-parallel groups from world.split: ranks r and r + 2 hold expert-parallel
+rank r % 2's experts, different from the other pair's), at 4 ranks on `local` threads, against a
+serial single-process reference: each rank's gradients of its own loss, the trunk's averaged
+over the 4 ranks and each expert-parallel rank's experts over their 2 ranks, one global norm
+over the trunk and every expert (each counted once), one clip, torch.optim.AdamW. Also a
+tensor-parallel pair whose replicated layer norm (tp_replicated) counts once in the norm."""
+
+import math
+import unittest
+
+import torch
+
+import braid.pytorch as bt
+from binding_test import run_ranks
+from train_models import make_moe, moe_batch
+
+N, STEPS, LR, MAX_NORM = 4, 3, 0.05, 0.05
+
+
+def _loss(trunk, experts, x, t):
+    h, gates = trunk(x)
+    return torch.nn.functional.mse_loss(experts(h, gates), t)
+
+
+def _reference():
+    """(trunk parameters, [experts of expert-parallel rank 0, of 1], [norm per step])."""
+    trunk, e0 = make_moe(0)
+    _, e1 = make_moe(1)
+    experts = [e0, e1]
+    params = list(trunk.parameters()) + list(e0.parameters()) + list(e1.parameters())
+    opt = torch.optim.AdamW(params, lr=LR)
+    norms = []
+    for step in range(STEPS):
+        grads = {id(p): torch.zeros_like(p) for p in params}
+        for r in range(N):
+            own = list(trunk.parameters()) + list(experts[r % 2].parameters())
+            x, t = moe_batch(r, step)
+            for p, g in zip(own, torch.autograd.grad(_loss(trunk, experts[r % 2], x, t), own)):
+                grads[id(p)] += g
+        for p in trunk.parameters():
+            p.grad = grads[id(p)] / N
+        for e in experts:
+            for p in e.parameters():
+                p.grad = grads[id(p)] / 2  # the two ranks holding these experts
+        norm = math.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in params))
+        coef = min(1.0, MAX_NORM / (norm + 1e-6))
+        for p in params:
+            p.grad.mul_(coef)
+        opt.step()
+        norms.append(norm)
+    return ([p.detach().clone() for p in trunk.parameters()],
+            [[p.detach().clone() for p in e.parameters()] for e in experts], norms)
+
+
+class MoETest(unittest.TestCase):
+    def test_dense_and_experts_one_global_norm_match_serial_reference(self):
+        def body(r, g):
+            edp = g.split(r % 2, r, "expert_dp")
+            trunk, experts = make_moe(r % 2)
+            dense = bt.DistributedDataParallel(trunk, g, mode="reduce_scatter",
+                                               bucket_cap_mb=1e-3, first_bucket_cap_mb=1e-4)
+            moe = bt.DistributedDataParallel(experts, edp, mode="reduce_scatter",
+                                             bucket_cap_mb=1e-3, first_bucket_cap_mb=1e-4)
+            with self.assertRaisesRegex(ValueError, r"ShardedAdamW\.linked\(params\)"):
+                bt.ShardedAdamW(list(trunk.parameters()) + list(experts.parameters()), lr=LR)
+            opt = bt.ShardedAdamW.linked(list(trunk.parameters()) + list(experts.parameters()),
+                                         lr=LR, max_grad_norm=MAX_NORM)
+            self.assertEqual(len(opt.optimizers), 2)
+            norms = []
+            for step in range(STEPS):
+                x, t = moe_batch(r, step)
+                h, gates = dense(x)
+                torch.nn.functional.mse_loss(moe(h, gates), t).backward()
+                norms.append(opt.clip_grad_norm_(MAX_NORM).item())
+                opt.step()
+                opt.zero_grad()
+            opt.synchronize()
+            out = ([p.detach().clone() for p in trunk.parameters()],
+                   [p.detach().clone() for p in experts.parameters()], norms)
+            opt.close()
+            dense.close()
+            moe.close()
+            edp.close()
+            return out
+
+        want_trunk, want_experts, want_norms = _reference()
+        self.assertGreater(min(want_norms), MAX_NORM)  # clipping is active every step
+        for r, (trunk, experts, norms) in enumerate(run_ranks(N, body)):
+            for got, want in zip(norms, want_norms):
+                self.assertAlmostEqual(got, want, delta=1e-5 * want)
+            for a, b in zip(trunk, want_trunk):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+            for a, b in zip(experts, want_experts[r % 2]):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+    def test_tensor_parallel_replicated_parameters_count_once(self):
+        """2 ranks as a tensor-parallel pair: a dense layer on the 2-rank group and a layer
+        norm identical on both ranks (same inputs), reduced over each rank's own group
+        (tp_replicated: its norm counts once, on tensor-parallel rank 0)."""
+        def make():
+            torch.manual_seed(11)
+            return torch.nn.Linear(8, 4), torch.nn.LayerNorm(4)
+
+        def shared(step):  # the layer norm's data: the same on both ranks
+            g = torch.Generator().manual_seed(500 + step)
+            return torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g)
+
+        def body(r, g):
+            solo = g.split(r, 0, "norm_dp")
+            lin, ln = make()
+            dense = bt.DistributedDataParallel(lin, g, mode="reduce_scatter")
+            norm = bt.DistributedDataParallel(ln, solo, mode="reduce_scatter")
+            opt = bt.ShardedAdamW.linked(list(lin.parameters()) + list(ln.parameters()), lr=LR,
+                                         max_grad_norm=MAX_NORM, tensor_parallel_group=g,
+                                         tp_replicated=[norm])
+            norms = []
+            for step in range(STEPS):
+                x, t = moe_batch(r, step)
+                z, u = shared(step)
+                mse = torch.nn.functional.mse_loss
+                (mse(dense(x), t) + mse(norm(z), u)).backward()
+                norms.append(opt.clip_grad_norm_(MAX_NORM).item())
+                opt.step()
+                opt.zero_grad()
+            opt.synchronize()
+            out = [p.detach().clone() for p in list(lin.parameters()) + list(ln.parameters())]
+            opt.close()
+            dense.close()
+            norm.close()
+            solo.close()
+            return out, norms
+
+        lin, ln = make()
+        params = list(lin.parameters()) + list(ln.parameters())
+        opt = torch.optim.AdamW(params, lr=LR)
+        want_norms = []
+        for step in range(STEPS):
+            grads = [torch.zeros_like(p) for p in lin.parameters()]
+            for r in range(2):
+                x, t = moe_batch(r, step)
+                loss = torch.nn.functional.mse_loss(lin(x), t)
+                for acc, gr in zip(grads, torch.autograd.grad(loss, list(lin.parameters()))):
+                    acc += gr / 2
+            z, u = shared(step)
+            grads += torch.autograd.grad(torch.nn.functional.mse_loss(ln(z), u),
+                                         list(ln.parameters()))
+            norm = math.sqrt(sum(float((gr.double() ** 2).sum()) for gr in grads))
+            coef = min(1.0, MAX_NORM / (norm + 1e-6))
+            for p, gr in zip(params, grads):
+                p.grad = gr * coef
+            opt.step()
+            want_norms.append(norm)
+        self.assertGreater(min(want_norms), MAX_NORM)
+        for got_params, norms in run_ranks(2, body):
+            for got, want in zip(norms, want_norms):
+                self.assertAlmostEqual(got, want, delta=1e-5 * want)
+            for a, b in zip(got_params, params):
+                torch.testing.assert_close(a, b.detach(), rtol=1e-5, atol=1e-6)
+
+
+if __name__ == "__main__":
+    unittest.main()
