@@ -8,6 +8,13 @@
 //  - optimizer rounds (tests/optim/optimizer_harness.h CheckAgainstReference): AdamW or SGD,
 //    random parameter sizes and bucket caps, f32 / bf16 / f16 models, world 1/2/4 or a 2x2
 //    mesh, overlap on/off, clipping, skip_nonfinite with an inf or NaN step, accumulation.
+//  - fully sharded rounds (tests/soak_fsdp_round.cc): units in random membership and forward
+//    order, prefetch depths and live-bytes limits, checked at every forward.
+//  - re-plan rounds (tests/soak_replan_round.cc): DDP's rebuild and Replan to random caps
+//    under an optimizer, at random step boundaries.
+//  - offload rounds (tests/soak_offload_round.cc): optimizer state on the host, parameters on
+//    the nccl backend's fake device.
+//  The optimizer-side rounds all draw clipping and skip_nonfinite (tests/soak_rounds.h).
 //
 //   bazel-bin/tests/soak_test [--steps=N] [--seed=S]     (defaults: 200 steps, seed 1)
 //
@@ -27,6 +34,7 @@
 #include "tests/multirank.h"
 #include "tests/optim/optimizer_harness.h"
 #include "tests/reducer_reference.h"
+#include "tests/soak_rounds.h"
 
 namespace braid::testing {
 namespace {
@@ -82,9 +90,12 @@ int ReducerRound(uint64_t seed) {
   sc.schedule = schedule.c_str();
   sc.copy_in = mode == 0 && rng() % 3 == 0;
   sc.reduce_f32 = rng() % 3 == 0;
-  SCOPED_TRACE(absl::StrCat("reducer round seed ", seed, ": ", sched::reference::ScenarioName(sc)));
+  // Named in the failure itself: the rank threads do not see a SCOPED_TRACE of this thread.
+  const std::string what =
+      absl::StrCat("reducer round seed ", seed, ": ", sched::reference::ScenarioName(sc));
   RunRanks(sc.replicas * sc.shards, [&](Group& world) {
-    EXPECT_OK(sched::reference::RunScenario(world, sc, Grad, absl::Seconds(60)));
+    const absl::Status st = sched::reference::RunScenario(world, sc, Grad, absl::Seconds(60));
+    EXPECT_TRUE(st.ok()) << what << ": " << st;
   });
   return 2;
 }
@@ -114,9 +125,11 @@ int OptimizerRound(uint64_t seed) {
                          : c == 'R' ? optim::testing::SyncMode::kReduceScatterOnly
                                     : optim::testing::SyncMode::kNoSync);
   }
-  SCOPED_TRACE(absl::StrCat("optimizer round seed ", seed));
-  RunRanks(s.replicas * s.shards,
-           [&](Group& world) { EXPECT_OK(optim::testing::CheckAgainstReference(world, s)); });
+  const std::string what = absl::StrCat("optimizer round seed ", seed, ": ", DescribeOptimizer(s));
+  RunRanks(s.replicas * s.shards, [&](Group& world) {
+    const absl::Status st = optim::testing::CheckAgainstReference(world, s);
+    EXPECT_TRUE(st.ok()) << what << ": " << st;
+  });
   return s.steps;
 }
 
@@ -130,7 +143,23 @@ TEST(Soak, RandomScenariosMatchTheSerialReferences) {
   const absl::Time start = absl::Now();
   while (steps < flags.steps && !::testing::Test::HasFailure()) {
     const uint64_t seed = rng();
-    steps += rounds % 2 == 0 ? ReducerRound(seed) : OptimizerRound(seed);
+    switch (rounds % 5) {
+      case 0:
+        steps += ReducerRound(seed);
+        break;
+      case 1:
+        steps += OptimizerRound(seed);
+        break;
+      case 2:
+        steps += FsdpRound(seed);
+        break;
+      case 3:
+        steps += ReplanRound(seed);
+        break;
+      default:
+        steps += OffloadRound(seed);
+        break;
+    }
     ++rounds;
   }
   std::printf("soak: seed %llu: %d rounds, %lld steps checked in %s\n",
