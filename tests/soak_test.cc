@@ -17,9 +17,11 @@
 //  The optimizer-side rounds all draw clipping and skip_nonfinite (tests/soak_rounds.h).
 //
 //   bazel-bin/tests/soak_test [--steps=N] [--seed=S]     (defaults: 200 steps, seed 1)
+//   bazel-bin/tests/soak_test --round=fsdp:<round seed>  (one round again, as a failure names it)
 //
-// The seed of every round is printed, so a failure reproduces with --seed=<it> --steps=1.
-// The default suite runs a few hundred steps; docs/hardening.md records a >= 10000-step run.
+// A failure names its round's kind and seed ("fsdp round seed 123: ..."); --round replays
+// that round alone. docs/hardening.md records the long runs.
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -42,6 +44,7 @@ namespace {
 struct SoakFlags {
   int64_t steps = 200;
   uint64_t seed = 1;
+  std::string round;  // --round=KIND:SEED: only that round
 };
 
 // --steps=N and --seed=S from the command line (gtest keeps the arguments it does not know).
@@ -50,6 +53,7 @@ SoakFlags ParseFlags() {
   for (const std::string& a : ::testing::internal::GetArgvs()) {
     if (a.rfind("--steps=", 0) == 0) f.steps = std::strtoll(a.c_str() + 8, nullptr, 10);
     if (a.rfind("--seed=", 0) == 0) f.seed = std::strtoull(a.c_str() + 7, nullptr, 10);
+    if (a.rfind("--round=", 0) == 0) f.round = a.substr(8);
   }
   return f;
 }
@@ -133,8 +137,31 @@ int OptimizerRound(uint64_t seed) {
   return s.steps;
 }
 
+struct RoundKind {
+  const char* name;  // as failures name it: "<name> round seed <seed>"
+  int (*run)(uint64_t seed);
+};
+const std::array<RoundKind, 5> kRounds = {{{"reducer", &ReducerRound},
+                                           {"optimizer", &OptimizerRound},
+                                           {"fsdp", &FsdpRound},
+                                           {"replan", &ReplanRound},
+                                           {"offload", &OffloadRound}}};
+
 TEST(Soak, RandomScenariosMatchTheSerialReferences) {
   const SoakFlags flags = ParseFlags();
+  if (!flags.round.empty()) {
+    const size_t colon = flags.round.find(':');
+    for (const RoundKind& k : kRounds) {
+      if (colon != std::string::npos && flags.round.compare(0, colon, k.name) == 0) {
+        const uint64_t seed = std::strtoull(flags.round.c_str() + colon + 1, nullptr, 10);
+        std::printf("soak: %s round seed %llu: %d steps checked\n", k.name,
+                    static_cast<unsigned long long>(seed), k.run(seed));
+        return;
+      }
+    }
+    FAIL() << "--round=" << flags.round << ": expected KIND:SEED, KIND one of reducer, "
+           << "optimizer, fsdp, replan, offload";
+  }
   std::printf("soak: --steps=%lld --seed=%llu\n", static_cast<long long>(flags.steps),
               static_cast<unsigned long long>(flags.seed));
   std::mt19937_64 rng(flags.seed);
@@ -143,23 +170,7 @@ TEST(Soak, RandomScenariosMatchTheSerialReferences) {
   const absl::Time start = absl::Now();
   while (steps < flags.steps && !::testing::Test::HasFailure()) {
     const uint64_t seed = rng();
-    switch (rounds % 5) {
-      case 0:
-        steps += ReducerRound(seed);
-        break;
-      case 1:
-        steps += OptimizerRound(seed);
-        break;
-      case 2:
-        steps += FsdpRound(seed);
-        break;
-      case 3:
-        steps += ReplanRound(seed);
-        break;
-      default:
-        steps += OffloadRound(seed);
-        break;
-    }
+    steps += kRounds[rounds % kRounds.size()].run(seed);
     ++rounds;
   }
   std::printf("soak: seed %llu: %d rounds, %lld steps checked in %s\n",
