@@ -2,7 +2,7 @@
 // runs it on the ranks it needs, checks every step bit for bit against a serial reference
 // (EXPECT failures carry the seed in their trace) and returns how many steps it checked.
 //
-//   const int steps = FsdpRound(seed);   // re-run one round alone: --seed=<it> --steps=1
+//   const int steps = FsdpRound(seed);   // one round again: soak_test --round=fsdp:<seed>
 //
 // The optimizer-side rounds share tests/optim/optimizer_harness.h: its exact gradients (k/8,
 // power-of-two worlds) make every sum, average, norm and clip factor exact, so the reference
