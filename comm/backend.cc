@@ -12,6 +12,9 @@ namespace braid {
 absl::StatusOr<std::unique_ptr<Group>> Backend::WorldGroup(int rank) {
   ASSIGN_OR_RETURN(std::unique_ptr<Group> g, CreateWorldGroup(rank));
   g->AttachFlightRecorder(FlightRecorder::Create(flight_, rank, g->shared_abort_domain()));
+  if (flight_.signal != 0 && g->flight_recorder() != nullptr) {
+    RETURN_IF_ERROR(g->flight_recorder()->DumpOnSignal(flight_.signal));
+  }
   return g;
 }
 

@@ -12,6 +12,7 @@
 #include "comm/group.h"
 #include "comm/json_string.h"
 #include "comm/logging.h"
+#include "comm/status_macros.h"
 
 namespace braid {
 namespace {
@@ -58,6 +59,7 @@ FlightRecorder::Config FlightRecorder::Config::FromOptions(const Options& o) {
   Config c;
   c.entries = o.flight_recorder_entries;
   c.dir = o.flight_recorder_dir;
+  c.signal = o.flight_recorder_signal;
   return c;
 }
 
@@ -83,7 +85,23 @@ FlightRecorder::FlightRecorder(size_t entries, int rank, std::string auto_path)
       capacity_(entries),
       slots_(new Slot[entries]) {}
 
-FlightRecorder::~FlightRecorder() { on_abort_.Reset(); }
+FlightRecorder::~FlightRecorder() {
+  on_signal_.Reset();
+  on_abort_.Reset();
+}
+
+absl::Status FlightRecorder::DumpOnSignal(int signo) {
+  if (auto_path_.empty()) {
+    return absl::FailedPreconditionError(
+        "BRAID_FLIGHT_RECORDER_SIGNAL needs BRAID_FLIGHT_RECORDER_DIR (where to write the dumps)");
+  }
+  ASSIGN_OR_RETURN(on_signal_, FlightSignal::Subscribe(signo, [this](absl::string_view reason) {
+                     const absl::Status st = DumpTo(auto_path_, reason);
+                     if (!st.ok())
+                       Log().warn("flight recorder dump on a signal: {}", st.ToString());
+                   }));
+  return absl::OkStatus();
+}
 
 int64_t FlightRecorder::NowNs() { return absl::GetCurrentTimeNanos(); }
 

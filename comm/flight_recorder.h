@@ -14,8 +14,10 @@
 // record's late finish. Dumps (docs/hardening.md#flight-recorder has the format) go to
 // `<dir>/braid_flight.rank<R>.jsonl`: automatically, once per recorder, when a recorded
 // collective fails or the job's abort domain aborts, if BRAID_FLIGHT_RECORDER_DIR is set; on
-// demand through DumpTo / braid_flight_recorder_dump. Braid installs no signal handler: a host
-// that wants a dump on a signal calls braid_flight_recorder_dump from the thread that handles it.
+// demand through DumpTo / braid_flight_recorder_dump; and on every SIGUSR1 (or SIGUSR2) when
+// BRAID_FLIGHT_RECORDER_SIGNAL asks for it (DumpOnSignal, comm/flight_signal.h). Otherwise
+// Braid installs no signal handler: a host that handles signals itself calls
+// braid_flight_recorder_dump from the thread that handles them.
 #ifndef BRAID_COMM_FLIGHT_RECORDER_H_
 #define BRAID_COMM_FLIGHT_RECORDER_H_
 
@@ -29,6 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "comm/abort_domain.h"
+#include "comm/flight_signal.h"
 #include "comm/options.h"
 #include "comm/work.h"
 
@@ -65,6 +68,7 @@ class FlightRecorder final : public WorkObserver,
   struct Config {
     size_t entries = 2048;  // ring size; 0: no recorder (Create returns null)
     std::string dir;        // automatic dumps; empty: none
+    int signal = 0;         // SIGUSR1 / SIGUSR2: Backend::WorldGroup calls DumpOnSignal; 0: off
     static Config FromOptions(const Options& o);
   };
   // `rank`: the world rank, naming the dump file. `domain` may be null; if not, an abort of it
@@ -94,6 +98,9 @@ class FlightRecorder final : public WorkObserver,
   const std::string& auto_path() const { return auto_path_; }
   // The automatic dump: the first call writes auto_path() (if any), later calls do nothing.
   void DumpOnce(absl::string_view reason);
+  // From now on every `signo` writes auto_path() again (reason "signal SIGUSR1"), on
+  // FlightSignal's thread. FailedPrecondition without a dir; FlightSignal::Subscribe's errors.
+  absl::Status DumpOnSignal(int signo);
 
  private:
   struct Slot {
@@ -109,7 +116,8 @@ class FlightRecorder final : public WorkObserver,
   const std::unique_ptr<Slot[]> slots_;  // allocated once
   std::atomic<uint64_t> next_id_{0};
   std::atomic<bool> auto_dumped_{false};
-  AbortDomain::Subscription on_abort_;  // last: unsubscribed before the rest goes
+  FlightSignal::Subscription on_signal_;  // unsubscribed first in ~FlightRecorder
+  AbortDomain::Subscription on_abort_;    // last: unsubscribed before the rest goes
 };
 
 // One record as a JSON object on one line (the dump's format; no trailing newline).

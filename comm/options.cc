@@ -1,5 +1,6 @@
 #include "comm/options.h"
 
+#include <csignal>
 #include <cstdlib>
 #include <functional>
 
@@ -162,6 +163,23 @@ const std::vector<Entry>& Entries() {
         "collective fails or the job aborts; empty: only on request (braid_flight_recorder_dump)"},
        [](Options& o, absl::string_view v) {
          o.flight_recorder_dir = std::string(v);
+         return absl::OkStatus();
+       }},
+      {{"BRAID_FLIGHT_RECORDER_SIGNAL", "",
+        "SIGUSR1 or SIGUSR2: every rank of the process also writes its flight recorder to "
+        "BRAID_FLIGHT_RECORDER_DIR each time the process receives that signal (comm/"
+        "flight_signal.h); empty: Braid installs no signal handler"},
+       [](Options& o, absl::string_view v) -> absl::Status {
+         if (v.empty()) {
+           o.flight_recorder_signal = 0;
+         } else if (v == "SIGUSR1" || v == "USR1") {
+           o.flight_recorder_signal = SIGUSR1;
+         } else if (v == "SIGUSR2" || v == "USR2") {
+           o.flight_recorder_signal = SIGUSR2;
+         } else {
+           return absl::InvalidArgumentError(absl::StrCat(
+               "BRAID_FLIGHT_RECORDER_SIGNAL='", v, "': expected SIGUSR1 or SIGUSR2 (or empty)"));
+         }
          return absl::OkStatus();
        }},
       {{"BRAID_TIMELINE", "", "path prefix for per-rank Chrome-trace timelines (off when empty)"},

@@ -38,6 +38,7 @@ struct Options {
   std::string timeline;                          // BRAID_TIMELINE
   size_t flight_recorder_entries = 2048;         // BRAID_FLIGHT_RECORDER_ENTRIES (0: off)
   std::string flight_recorder_dir;               // BRAID_FLIGHT_RECORDER_DIR (empty: no dumps)
+  int flight_recorder_signal = 0;                // BRAID_FLIGHT_RECORDER_SIGNAL (SIGUSR1/2; 0: off)
   bool nccl_blocking = true;                     // BRAID_NCCL_BLOCKING
   std::string mpi_engine = "auto";  // BRAID_MPI_ENGINE: auto, sized, blocking, nonblocking
   int cuda_device = -1;             // BRAID_CUDA_DEVICE (-1: node-local rank % device count)

@@ -8,11 +8,20 @@
 //  - optimizer rounds (tests/optim/optimizer_harness.h CheckAgainstReference): AdamW or SGD,
 //    random parameter sizes and bucket caps, f32 / bf16 / f16 models, world 1/2/4 or a 2x2
 //    mesh, overlap on/off, clipping, skip_nonfinite with an inf or NaN step, accumulation.
+//  - fully sharded rounds (tests/soak_fsdp_round.cc): units in random membership and forward
+//    order, prefetch depths and live-bytes limits, checked at every forward.
+//  - re-plan rounds (tests/soak_replan_round.cc): DDP's rebuild and Replan to random caps
+//    under an optimizer, at random step boundaries.
+//  - offload rounds (tests/soak_offload_round.cc): optimizer state on the host, parameters on
+//    the nccl backend's fake device.
+//  The optimizer-side rounds all draw clipping and skip_nonfinite (tests/soak_rounds.h).
 //
 //   bazel-bin/tests/soak_test [--steps=N] [--seed=S]     (defaults: 200 steps, seed 1)
+//   bazel-bin/tests/soak_test --round=fsdp:<round seed>  (one round again, as a failure names it)
 //
-// The seed of every round is printed, so a failure reproduces with --seed=<it> --steps=1.
-// The default suite runs a few hundred steps; docs/hardening.md records a >= 10000-step run.
+// A failure names its round's kind and seed ("fsdp round seed 123: ..."); --round replays
+// that round alone. docs/hardening.md records the long runs.
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +36,7 @@
 #include "tests/multirank.h"
 #include "tests/optim/optimizer_harness.h"
 #include "tests/reducer_reference.h"
+#include "tests/soak_rounds.h"
 
 namespace braid::testing {
 namespace {
@@ -34,6 +44,7 @@ namespace {
 struct SoakFlags {
   int64_t steps = 200;
   uint64_t seed = 1;
+  std::string round;  // --round=KIND:SEED: only that round
 };
 
 // --steps=N and --seed=S from the command line (gtest keeps the arguments it does not know).
@@ -42,6 +53,7 @@ SoakFlags ParseFlags() {
   for (const std::string& a : ::testing::internal::GetArgvs()) {
     if (a.rfind("--steps=", 0) == 0) f.steps = std::strtoll(a.c_str() + 8, nullptr, 10);
     if (a.rfind("--seed=", 0) == 0) f.seed = std::strtoull(a.c_str() + 7, nullptr, 10);
+    if (a.rfind("--round=", 0) == 0) f.round = a.substr(8);
   }
   return f;
 }
@@ -82,9 +94,12 @@ int ReducerRound(uint64_t seed) {
   sc.schedule = schedule.c_str();
   sc.copy_in = mode == 0 && rng() % 3 == 0;
   sc.reduce_f32 = rng() % 3 == 0;
-  SCOPED_TRACE(absl::StrCat("reducer round seed ", seed, ": ", sched::reference::ScenarioName(sc)));
+  // Named in the failure itself: the rank threads do not see a SCOPED_TRACE of this thread.
+  const std::string what =
+      absl::StrCat("reducer round seed ", seed, ": ", sched::reference::ScenarioName(sc));
   RunRanks(sc.replicas * sc.shards, [&](Group& world) {
-    EXPECT_OK(sched::reference::RunScenario(world, sc, Grad, absl::Seconds(60)));
+    const absl::Status st = sched::reference::RunScenario(world, sc, Grad, absl::Seconds(60));
+    EXPECT_TRUE(st.ok()) << what << ": " << st;
   });
   return 2;
 }
@@ -114,14 +129,39 @@ int OptimizerRound(uint64_t seed) {
                          : c == 'R' ? optim::testing::SyncMode::kReduceScatterOnly
                                     : optim::testing::SyncMode::kNoSync);
   }
-  SCOPED_TRACE(absl::StrCat("optimizer round seed ", seed));
-  RunRanks(s.replicas * s.shards,
-           [&](Group& world) { EXPECT_OK(optim::testing::CheckAgainstReference(world, s)); });
+  const std::string what = absl::StrCat("optimizer round seed ", seed, ": ", DescribeOptimizer(s));
+  RunRanks(s.replicas * s.shards, [&](Group& world) {
+    const absl::Status st = optim::testing::CheckAgainstReference(world, s);
+    EXPECT_TRUE(st.ok()) << what << ": " << st;
+  });
   return s.steps;
 }
 
+struct RoundKind {
+  const char* name;  // as failures name it: "<name> round seed <seed>"
+  int (*run)(uint64_t seed);
+};
+const std::array<RoundKind, 5> kRounds = {{{"reducer", &ReducerRound},
+                                           {"optimizer", &OptimizerRound},
+                                           {"fsdp", &FsdpRound},
+                                           {"replan", &ReplanRound},
+                                           {"offload", &OffloadRound}}};
+
 TEST(Soak, RandomScenariosMatchTheSerialReferences) {
   const SoakFlags flags = ParseFlags();
+  if (!flags.round.empty()) {
+    const size_t colon = flags.round.find(':');
+    for (const RoundKind& k : kRounds) {
+      if (colon != std::string::npos && flags.round.compare(0, colon, k.name) == 0) {
+        const uint64_t seed = std::strtoull(flags.round.c_str() + colon + 1, nullptr, 10);
+        std::printf("soak: %s round seed %llu: %d steps checked\n", k.name,
+                    static_cast<unsigned long long>(seed), k.run(seed));
+        return;
+      }
+    }
+    FAIL() << "--round=" << flags.round << ": expected KIND:SEED, KIND one of reducer, "
+           << "optimizer, fsdp, replan, offload";
+  }
   std::printf("soak: --steps=%lld --seed=%llu\n", static_cast<long long>(flags.steps),
               static_cast<unsigned long long>(flags.seed));
   std::mt19937_64 rng(flags.seed);
@@ -130,7 +170,7 @@ TEST(Soak, RandomScenariosMatchTheSerialReferences) {
   const absl::Time start = absl::Now();
   while (steps < flags.steps && !::testing::Test::HasFailure()) {
     const uint64_t seed = rng();
-    steps += rounds % 2 == 0 ? ReducerRound(seed) : OptimizerRound(seed);
+    steps += kRounds[rounds % kRounds.size()].run(seed);
     ++rounds;
   }
   std::printf("soak: seed %llu: %d rounds, %lld steps checked in %s\n",

@@ -214,7 +214,11 @@ typedef struct braid_backend_v1 {
   /* (required) Releases a comm. Every launch on it that returned BRAID_BACKEND_OK has its
    * callback called before comm_destroy returns (with an error if it had to be abandoned);
    * no callback for this comm runs afterwards. Peers still using the comm should get an error
-   * rather than a hang. fail: nonzero + message is logged as a warning; the comm is gone. */
+   * rather than a hang. fail: nonzero + message is logged as a warning; the comm is gone.
+   * It is also how Braid ends a comm's operations when the job aborts (an operation failed on
+   * some rank, or the framework aborted the job): Braid then calls it early, from a thread of
+   * its own, once no other entry on that comm is running, and never touches the comm again;
+   * the sooner the callbacks come, the sooner every rank learns of the failure. */
   int (*comm_destroy)(void* comm, braid_backend_error_v1* error);
 
   /* (optional) BRAID_BACKEND_CAP_* bits of every comm of this context. NULL: host memory

@@ -68,15 +68,21 @@ absl::StatusOr<std::unique_ptr<Backend>> PluginBackend::Create(const Options& op
   const uint64_t bits =
       t.capabilities != nullptr ? t.capabilities(ctx->handle()) : BRAID_BACKEND_CAP_HOST_MEMORY;
   const Capabilities caps = FromAbiCapabilities(bits, t.comm_split != nullptr);
+  ASSIGN_OR_RETURN(std::shared_ptr<PluginAborter> aborter, PluginAborter::Create(lib->name()));
   Log().info("loaded backend plugin '{}' from {} (ABI version {}): world of {} ranks, {} here",
              lib->name(), lib->path(), BRAID_BACKEND_ABI_VERSION, world_size, local.size());
-  return std::unique_ptr<Backend>(
-      new PluginBackend(std::move(ctx), world_size, std::move(local), caps, options.spin));
+  return std::unique_ptr<Backend>(new PluginBackend(std::move(ctx), std::move(aborter), world_size,
+                                                    std::move(local), caps, options.spin,
+                                                    options.abort_on_failure));
 }
 
-PluginBackend::PluginBackend(std::shared_ptr<PluginContext> ctx, int world_size,
-                             std::vector<int> local_ranks, Capabilities caps, absl::Duration spin)
+PluginBackend::PluginBackend(std::shared_ptr<PluginContext> ctx,
+                             std::shared_ptr<PluginAborter> aborter, int world_size,
+                             std::vector<int> local_ranks, Capabilities caps, absl::Duration spin,
+                             bool abort_on_failure)
     : ctx_(std::move(ctx)),
+      aborter_(std::move(aborter)),
+      abort_on_failure_(abort_on_failure),
       world_size_(world_size),
       local_ranks_(std::move(local_ranks)),
       caps_(caps),
@@ -98,7 +104,8 @@ absl::StatusOr<std::unique_ptr<Group>> PluginBackend::CreateWorldGroup(int rank)
     }
   }
   ASSIGN_OR_RETURN(PluginComm comm, PluginComm::CreateWorld(ctx_, rank));
-  return PluginGroup::Create(std::move(comm), "world", caps_, spin_);
+  return PluginGroup::Create(std::move(comm), "world", caps_, spin_,
+                             GroupAbort{aborter_, rank, abort_on_failure_});
 }
 
 namespace {

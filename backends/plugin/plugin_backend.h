@@ -11,7 +11,8 @@
 // Creating it loads and checks the library (plugin_library.h), calls init with Braid's logger,
 // the world size request and Options::timeout, and asks the plugin for the world size, the
 // ranks hosted here and its capabilities. Groups keep the plugin loaded: the library is
-// finalized and unloaded when the backend and every group are gone.
+// finalized and unloaded when the backend and every group are gone. Its groups share one abort
+// domain (plugin_abort.h, plugin_group.h).
 #ifndef BRAID_BACKENDS_PLUGIN_PLUGIN_BACKEND_H_
 #define BRAID_BACKENDS_PLUGIN_PLUGIN_BACKEND_H_
 
@@ -20,6 +21,7 @@
 #include <set>
 #include <vector>
 
+#include "backends/plugin/plugin_abort.h"
 #include "backends/plugin/plugin_context.h"
 #include "comm/backend.h"
 
@@ -41,10 +43,14 @@ class PluginBackend final : public Backend {
   const PluginLibrary& library() const { return ctx_->library(); }
 
  private:
-  PluginBackend(std::shared_ptr<PluginContext> ctx, int world_size, std::vector<int> local_ranks,
-                Capabilities caps, absl::Duration spin);
+  PluginBackend(std::shared_ptr<PluginContext> ctx, std::shared_ptr<PluginAborter> aborter,
+                int world_size, std::vector<int> local_ranks, Capabilities caps,
+                absl::Duration spin, bool abort_on_failure);
 
   const std::shared_ptr<PluginContext> ctx_;
+  // The job's abort domain, shared by every group of every rank (plugin_abort.h).
+  const std::shared_ptr<PluginAborter> aborter_;
+  const bool abort_on_failure_;
   const int world_size_;
   const std::vector<int> local_ranks_;
   const Capabilities caps_;

@@ -87,27 +87,36 @@ absl::StatusOr<PluginComm> PluginComm::CreateWorld(std::shared_ptr<PluginContext
 }
 
 PluginComm::PluginComm(std::shared_ptr<PluginContext> ctx, void* handle)
-    : ctx_(std::move(ctx)), handle_(handle) {}
+    : ctx_(std::move(ctx)), handle_(handle) {
+  // Raw pointers: the comm is destroyed before this PluginComm lets its context go (~PluginComm
+  // waits for a destroy in progress on the aborter's thread).
+  const PluginContext* c = ctx_.get();
+  gate_ = std::make_shared<CommGate>([c, handle] {
+    braid_backend_error_v1 err = NoError();
+    const int rc = c->table().comm_destroy(handle, &err);
+    if (rc != BRAID_BACKEND_OK) {
+      Log().warn("{}", PluginError(c->library(), "comm_destroy", rc, err).ToString());
+    }
+  });
+}
 
 PluginComm::PluginComm(PluginComm&& other) noexcept
-    : ctx_(std::move(other.ctx_)), handle_(std::exchange(other.handle_, nullptr)) {}
+    : ctx_(std::move(other.ctx_)),
+      handle_(std::exchange(other.handle_, nullptr)),
+      gate_(std::move(other.gate_)) {}
 
 PluginComm& PluginComm::operator=(PluginComm&& other) noexcept {
   if (this != &other) {
     PluginComm dying(std::move(*this));
     ctx_ = std::move(other.ctx_);
     handle_ = std::exchange(other.handle_, nullptr);
+    gate_ = std::move(other.gate_);
   }
   return *this;
 }
 
 PluginComm::~PluginComm() {
-  if (handle_ == nullptr) return;
-  braid_backend_error_v1 err = NoError();
-  const int rc = ctx_->table().comm_destroy(handle_, &err);
-  if (rc != BRAID_BACKEND_OK) {
-    Log().warn("{}", PluginError(ctx_->library(), "comm_destroy", rc, err).ToString());
-  }
+  if (gate_ != nullptr) gate_->Close();
 }
 
 }  // namespace braid::plugin

@@ -5,6 +5,9 @@
 //   ... world.handle() goes to the table's launch entries ...
 //   // ~PluginComm: comm_destroy; last ~PluginContext: finalize, then the library is unloaded
 //
+// A comm's comm_destroy runs once, through its gate (plugin_abort.h): by ~PluginComm, or
+// earlier by the job's abort, which destroys live comms to end their operations.
+//
 // Ownership runs one way, so teardown order is right by construction: a PluginComm holds its
 // PluginContext, which holds the PluginLibrary. A comm is destroyed before the context that
 // made it is finalized, and the library is unloaded only after finalize returns.
@@ -22,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "backends/plugin/plugin_abort.h"
 #include "backends/plugin/plugin_library.h"
 
 namespace braid::plugin {
@@ -69,15 +73,19 @@ class PluginComm {
   PluginComm& operator=(PluginComm&& other) noexcept;
   PluginComm(const PluginComm&) = delete;
   PluginComm& operator=(const PluginComm&) = delete;
-  ~PluginComm();  // comm_destroy; a failure is logged
+  ~PluginComm();  // comm_destroy unless the job's abort did; a failure is logged
 
   void* handle() const { return handle_; }
+  // Every table entry on the comm goes through it (Enter / Leave); shared with the aborter.
+  CommGate& gate() const { return *gate_; }
+  const std::shared_ptr<CommGate>& shared_gate() const { return gate_; }
   PluginContext& context() const { return *ctx_; }
   const std::shared_ptr<PluginContext>& shared_context() const { return ctx_; }
 
  private:
   std::shared_ptr<PluginContext> ctx_;
   void* handle_ = nullptr;
+  std::shared_ptr<CommGate> gate_;  // null once moved from
 };
 
 }  // namespace braid::plugin

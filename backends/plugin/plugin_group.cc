@@ -14,16 +14,31 @@ struct Pending {
   // Outlives the callback: comm_destroy runs every pending callback before it returns, and
   // the comm holds the library.
   const PluginLibrary* lib;
+  std::shared_ptr<AbortDomain> domain;
+  int world_rank;
+  bool abort_on_failure;
 };
 
-// The completion callback handed to every launch.
+// The completion callback handed to every launch. The first failure of the job is the
+// plugin's own error, and aborts the job (abort_on_failure); a failure once the job has
+// aborted (the aborter destroyed the comm, or the plugin failed it because a peer's comm went)
+// reports the abort's cause, as the built-in backends' pending Works do.
 extern "C" void BraidPluginDone(void* arg, int status, const char* message) {
   std::unique_ptr<Pending> p(static_cast<Pending*>(arg));
   if (status == BRAID_BACKEND_OK) {
     p->work->Complete(absl::OkStatus());
-  } else {
-    p->work->Complete(PluginError(*p->lib, p->work->info().Describe(), status, message));
+    return;
   }
+  const absl::Status own = PluginError(*p->lib, p->work->info().Describe(), status, message);
+  const bool first = p->abort_on_failure && p->domain->Abort(p->world_rank, own);
+  if (first || !p->domain->aborted()) {
+    p->work->Complete(own);
+    return;
+  }
+  p->work->Complete(absl::AbortedError(
+      absl::StrCat("plugin '", p->lib->name(), "': ", p->work->info().Describe(), ": ",
+                   p->domain->status().message(), " (the plugin reported: ",
+                   message == nullptr || message[0] == '\0' ? "no message" : message, ")")));
 }
 
 // The table entry that runs `k`, by its field name.
@@ -68,7 +83,8 @@ absl::Status MissingEntry(const PluginLibrary& lib, const char* entry, absl::str
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Group>> PluginGroup::Create(PluginComm comm, std::string name,
-                                                           Capabilities caps, absl::Duration spin) {
+                                                           Capabilities caps, absl::Duration spin,
+                                                           GroupAbort abort) {
   const PluginLibrary& lib = comm.context().library();
   braid_backend_error_v1 err;
   err.message[0] = '\0';
@@ -82,18 +98,24 @@ absl::StatusOr<std::unique_ptr<Group>> PluginGroup::Create(PluginComm comm, std:
     return absl::InternalError(absl::StrCat("plugin '", lib.name(), "': comm_info of group '", name,
                                             "' reported rank ", rank, " of size ", size));
   }
+  if (!abort.aborter->Register(comm.shared_gate())) {
+    return abort.aborter->domain()->RefusalFor(name);  // ~PluginComm destroys the comm
+  }
   return std::unique_ptr<Group>(
-      new PluginGroup(std::move(comm), std::move(name), rank, size, caps, spin));
+      new PluginGroup(std::move(comm), std::move(name), rank, size, caps, spin, std::move(abort)));
 }
 
 PluginGroup::PluginGroup(PluginComm comm, std::string name, int rank, int size, Capabilities caps,
-                         absl::Duration spin)
+                         absl::Duration spin, GroupAbort abort)
     : comm_(std::move(comm)),
       name_(std::move(name)),
       rank_(rank),
       size_(size),
       caps_(caps),
-      spin_(spin) {}
+      spin_(spin),
+      abort_(std::move(abort)) {
+  SetAbortDomain(abort_.aborter->domain());
+}
 
 absl::StatusOr<WorkPtr> PluginGroup::Launch(const CollectiveArgs& a) {
   const braid_backend_v1& t = table();
@@ -103,7 +125,10 @@ absl::StatusOr<WorkPtr> PluginGroup::Launch(const CollectiveArgs& a) {
   if (!HasEntry(t, a.kind)) {
     return MissingEntry(library(), EntryName(a.kind), work->info().Describe());
   }
-  auto pending = std::make_unique<Pending>(Pending{work, &library()});
+  auto pending = std::make_unique<Pending>(Pending{work, &library(), abort_.aborter->domain(),
+                                                   abort_.world_rank, abort_.abort_on_failure});
+  // The job aborted since Group checked: the aborter has closed (or is destroying) the comm.
+  if (!comm_.gate().Enter()) return abort_domain()->RefusalFor(name_);
   void* comm = comm_.handle();
   const int dtype = ToAbiDType(a.dtype);
   const int op = ToAbiReduceKind(a.op.kind);
@@ -131,6 +156,7 @@ absl::StatusOr<WorkPtr> PluginGroup::Launch(const CollectiveArgs& a) {
       rc = t.barrier(comm, &BraidPluginDone, pending.get(), &err);
       break;
   }
+  comm_.gate().Leave();
   if (rc != BRAID_BACKEND_OK) {
     // Nothing started: the callback will never run, `pending` is still ours.
     return PluginError(library(), work->info().Describe(), rc, err);
@@ -147,7 +173,9 @@ absl::StatusOr<std::unique_ptr<Group>> PluginGroup::DoSplit(int color, int key, 
   braid_backend_error_v1 err;
   err.message[0] = '\0';
   void* child = nullptr;
+  if (!comm_.gate().Enter()) return abort_domain()->RefusalFor(name_);
   const int rc = table().comm_split(comm_.handle(), color, key, &child, &err);
+  comm_.gate().Leave();
   if (rc != BRAID_BACKEND_OK) return PluginError(library(), what, rc, err);
   if (child == nullptr) {
     if (color == kNoColor) return std::unique_ptr<Group>();
@@ -159,7 +187,7 @@ absl::StatusOr<std::unique_ptr<Group>> PluginGroup::DoSplit(int color, int key, 
     return absl::InternalError(absl::StrCat("plugin '", library().name(), "': ", what,
                                             " returned a comm for color -1 (no group)"));
   }
-  return Create(std::move(owned), std::move(name), caps_, spin_);
+  return Create(std::move(owned), std::move(name), caps_, spin_, abort_);
 }
 
 }  // namespace braid::plugin

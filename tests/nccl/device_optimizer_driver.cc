@@ -140,6 +140,11 @@ absl::Status RunDeviceSteps(RankStack& st, std::shared_ptr<CudaApi> cuda, const 
             st.reducer->MarkReady(i, pass_events ? DeviceEvent{events[i].get()} : DeviceEvent{}));
       }
       RETURN_IF_ERROR(st.opt->FinishBackward());
+      // A reduce_scatter_only microbatch consumed the gradients (its shard is kept as a
+      // partial sum) and the views start from zero again, as in RunSteps (tests/optim).
+      if (s.schedule[u] == optim::testing::SyncMode::kReduceScatterOnly) {
+        for (int i = 0; i < P; ++i) mirror[i].assign(s.counts[i] * es, 0);
+      }
     }
     if (!s.opt.overlap) RETURN_IF_ERROR(st.opt->Step());
     RETURN_IF_ERROR(st.opt->WaitAllParams());
