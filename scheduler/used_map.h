@@ -59,6 +59,8 @@ class UsedMap {
   absl::Status Finish(absl::Time deadline, bool issue);
   // Not synced: the window goes on (a no_sync / reduce_scatter_only microbatch).
   bool agrees_now() const { return agreeing_; }
+  // agree_unused is on (work() exists after the first synced BeginBackward).
+  bool agrees() const { return config_.agree_unused != UnusedAgreement::kNone; }
   WorkPtr work() const { return agreed_; }
   // Index i (the plan's): some rank used it in the last agreed step.
   bool used(int i) const;
