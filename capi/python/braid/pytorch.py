@@ -50,6 +50,7 @@ from ._ddp_graph import GraphCheck, graph_grad, unreached
 from ._ddp_profile import CollectiveRanges, call_profiled, profiled
 from ._ddp_grads import GradPresence
 from ._ddp_verify import verify_same_model
+from ._used_map import agreement_options, declare_unused
 from ._views import (_broadcast_buffers, _broadcast_module, _ready_event, _sync_scope, _view,
                      _weak_call)
 from .fsdp import FullyShardedDataParallel, FullyShardedParameter  # noqa: F401
@@ -149,7 +150,12 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
             first_bucket_cap_mb=first_bucket_cap_mb,
             allow_unused=self._allow_unused,
             reduce_dtype=reduce_dtype, timeout_ms=timeout_ms, timeline_prefix=timeline_prefix,
-            device=self._device, credit_mb=credit_mb, priorities=priorities)
+            device=self._device, credit_mb=credit_mb, priorities=priorities,
+            **agreement_options(self._allow_unused and mode != "allreduce", "declared",
+                                self.static_graph))
+        # Sharded modes: the reducer agrees on use (declared at each backward's start), so a
+        # sharded optimizer skips parameters no rank used (braid/_used_map.py).
+        self._declares = self._agrees_unused = self._allow_unused and mode != "allreduce"
         self._mode = mode
         self._names = [n for n, _ in named]
         self._graph = GraphCheck(self._names, static_graph, group.rank)
@@ -508,16 +514,17 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         got = bool(grad_outputs) and grad_outputs[0] is not None
         try:
             if not self._in_backward:
-                early = self._armed == "sync" and self._unused
+                early = self._armed == "sync" and self._unused and not self._declares
                 if early:
                     self._zero_unused()
                 self._keep_values(self._unused if early else [])
                 self._owner().begin_backward(self._armed)
+                declared = declare_unused(self.reducer, self._declares, self._armed, self._unused)
                 if self._armed != "no_sync":  # torch profiler ranges (braid/_ddp_profile.py)
                     self._ranges.begin(len(self._params))
                 self._in_backward = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
-                self._early, self._hooked = set(), set()
+                self._early, self._hooked = set(declared), set()
                 if early:
                     self._mark_unused()
             self._bind_grad(pid)  # an undefined gradient reached it: no tensor hook ran
