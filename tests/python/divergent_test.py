@@ -132,6 +132,36 @@ class DivergentTest(unittest.TestCase):
             net, g, mode="reduce_scatter", bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-5,
             find_unused_parameters=True), micros=2)
 
+    def test_zero2_state_dict_has_torchs_per_parameter_steps(self):
+        def body(r, g):
+            net = Routed()
+            model = bt.DistributedDataParallel(
+                net, g, mode="reduce_scatter", bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-5,
+                find_unused_parameters=True)
+            opt = bt.ShardedAdamW(net.parameters(), lr=0.01, weight_decay=0.5)
+            for s in range(STEPS):
+                _loss(model, net, r, s).backward()
+                opt.step()
+            sd = opt.state_dict()
+            opt.close()
+            model.close()
+            return sd
+
+        net = Routed()
+        opt = torch.optim.AdamW(net.parameters(), lr=0.01, weight_decay=0.5)
+        for s in range(STEPS):
+            sum(_loss(net, net, r, s) for r in range(N)).div(N).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        want = opt.state_dict()["state"]
+        for r, sd in enumerate(run_ranks(N, body)):
+            for k, w in want.items():
+                got = sd["state"][k]
+                self.assertEqual(float(got["step"]), float(w["step"]), "rank %d param %d" % (r, k))
+                for key in ("exp_avg", "exp_avg_sq"):
+                    torch.testing.assert_close(got[key], w[key], rtol=0, atol=1e-6)
+        self.assertEqual({float(w["step"]) for w in want.values()}, {2.0, 4.0, 5.0})
+
     def test_fully_sharded(self):
         # Units every rank enters (the stem, the head): a unit some rank skips would change
         # the gathers' order across ranks (refused, as torch FSDP's all-gathers would hang);

@@ -43,7 +43,9 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
           gathered-but-not-released parameter memory (default 2 x the largest unit).
     bucket_cap_mb / first_bucket_cap_mb: the gradient buckets (a bucket never mixes units).
     find_unused_parameters: parameters without a gradient in a backward are reduced as zeros
-          (else finish of the backward raises naming them). Parameters with
+          (else finish of the backward raises naming them), and the ranks agree after the
+          backward which ones some rank used: ShardedAdamW skips the others as torch does
+          (braid/_used_map.py). Divergence must stay inside units every rank enters. Parameters with
           requires_grad=False are not sharded (kept whole on every rank, like buffers).
     Parameters and buffers are broadcast from rank 0 at construction, like torch DDP.
     credit_mb, priorities: communication scheduling (braid.core.Reducer; off by default): the

@@ -93,6 +93,9 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
       later one: wrap the module again (braid/_ddp_graph.py has the state and recovery).
       static_graph=True implies the search and refuses a graph that changes, as torch
       (torch's private _set_static_graph() before the first forward does the same).
+      In "reduce_scatter" / "hybrid" mode the unreached parameters are declared to the
+      reducer, whose used-map agreement lets ShardedAdamW / ShardedSGD skip what no rank
+      used (braid/_used_map.py).
     backward(create_graph=True): reduced; p.grad is the reduced gradient without a graph.
     check_reduction: deprecated in torch; ignored (with torch's warning).
     gradient_as_bucket_view: gradients always live in Braid's buckets; docs/design/pytorch.md,
