@@ -517,12 +517,16 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         got = bool(grad_outputs) and grad_outputs[0] is not None
         try:
             if not self._in_backward:
-                early = self._armed == "sync" and self._unused and not self._declares
+                # With a sharded optimizer the reducer takes the unreached parameters (it zeroes
+                # them and agrees on use); without one they are marked as they are, as before.
+                declaring = self._declares and self._stepper is not None
+                early = self._armed == "sync" and self._unused and not declaring
                 if early:
                     self._zero_unused()
                 self._keep_values(self._unused if early else [])
                 self._owner().begin_backward(self._armed)
-                declared = declare_unused(self.reducer, self._declares, self._armed, self._unused)
+                declared = declare_unused(self.reducer, self._declares, self._armed,
+                                          self._unused if declaring else [])
                 if self._armed != "no_sync":  # torch profiler ranges (braid/_ddp_profile.py)
                     self._ranges.begin(len(self._params))
                 self._in_backward = True
