@@ -846,7 +846,10 @@ BRAID_API braid_status_t braid_optimizer_set_lr(braid_optimizer_t* opt, double l
 BRAID_API braid_status_t braid_optimizer_set_hyper(braid_optimizer_t* opt, int group,
                                                    const braid_optimizer_hyper_t* hyper);
 /* Per-rank state file (master weights, moments, step counts, hyper-parameters); waits for
- * the step in flight. Errors name the file (NOT_FOUND, FAILED_PRECONDITION, ...). */
+ * the step in flight. Errors name the file (NOT_FOUND, FAILED_PRECONDITION, ...). The file keeps
+ * one step count per bucket: after a step skipped parameters no rank used (agree_unused, 0.11)
+ * it fails with FAILED_PRECONDITION naming the bucket; the whole state
+ * (braid_optimizer_get_state) carries each parameter's own count. */
 BRAID_API braid_status_t braid_optimizer_save(braid_optimizer_t* opt, const char* path);
 /* Collective over the shard group: restores a saved state and gathers every bucket. Fails,
  * changing nothing, for a file of another plan, world, rank or kind (FAILED_PRECONDITION) or
@@ -895,7 +898,9 @@ BRAID_API braid_status_t braid_optimizer_gather_event(braid_optimizer_t* opt, in
  * values[k * P + i] holds parameter i's count f32 values of buffer k. "master" is the f32
  * master weights (the parameter's values for f32 parameters). Step counts are per parameter
  * (AdamW's bias correction; SGD's first step starts the momentum buffer), but Braid keeps one
- * per bucket: parameters that share a bucket must have equal counts. `step` is the count of
+ * per bucket: parameters that share a bucket must have equal counts to be set. get_state gives
+ * each parameter its own (they differ after steps that skipped parameters no rank used:
+ * agree_unused, 0.11). `step` is the count of
  * completed steps braid_optimizer_last_step reports. Hyper-parameters are not part of it
  * (braid_optimizer_set_hyper). Both are collective over the shard group, between steps
  * (FAILED_PRECONDITION inside a backward or accumulation window; they wait for a step in

@@ -21,7 +21,13 @@ const std::vector<StepRun>& ParamSkips::Plan(const std::vector<Segment>& segment
   }
   for (const Piece& p : pieces_) {
     if (used != nullptr && used[bucket_params[p.k]] == 0) continue;
-    runs_.push_back(StepRun{p.lo, p.hi, p.group, StepsOf(p.k, steps)});
+    const int64_t own = StepsOf(p.k, steps);
+    if (!runs_.empty() && runs_.back().hi == p.lo && runs_.back().group == p.group &&
+        runs_.back().steps == own) {
+      runs_.back().hi = p.hi;  // adjacent, same group and count: one kernel call (elementwise)
+    } else {
+      runs_.push_back(StepRun{p.lo, p.hi, p.group, own});
+    }
   }
   return runs_;
 }
