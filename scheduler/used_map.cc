@@ -40,6 +40,8 @@ void UsedMap::Begin(SyncMode mode) {
   agreeing_ = config_.agree_unused != UnusedAgreement::kNone && mode == SyncMode::kSync;
   if (!agreeing_) return;
   issued_ = false;
+  issue_error_ = absl::OkStatus();
+  shard_work_.reset();
   agreed_ = Work::Create(WorkInfo{groups_.shard->name(), "used map", 0, "used parameters"});
   if (config_.static_graph && agreed_once_) agreed_->Complete(absl::OkStatus());  // map kept
 }
@@ -54,11 +56,17 @@ absl::Status UsedMap::IssueDeclared(const std::vector<uint8_t>& declared) {
 }
 
 absl::Status UsedMap::IssueShard(const std::vector<int32_t>& local) {
+  issued_ = true;
+  absl::Status st = IssueShardImpl(local);
+  if (!st.ok()) issue_error_ = st;  // Finish reports it (nothing was issued)
+  return st;
+}
+
+absl::Status UsedMap::IssueShardImpl(const std::vector<int32_t>& local) {
   const auto named = [&](const absl::Status& st) {
     return absl::Status(st.code(), absl::StrCat("used-parameter agreement on group '",
                                                 groups_.shard->name(), "': ", st.message()));
   };
-  issued_ = true;
   State& s = *state_;
   s.counts = local;
   const size_t n = local.size(), bytes = n * sizeof(int32_t);
@@ -110,7 +118,7 @@ absl::Status UsedMap::Finish(absl::Time deadline, bool issue) {
     agreed_->Complete(absl::AbortedError("the backward failed: no used-parameter agreement"));
     return absl::OkStatus();
   }
-  absl::Status st;
+  absl::Status st = issue_error_;  // a declared issue that failed: nothing to wait for
   if (!issued_) {
     std::vector<int32_t> local(window_size_);
     for (size_t i = 0; i < window_size_; ++i) local[i] = window_[i].load(std::memory_order_relaxed);

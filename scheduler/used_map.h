@@ -70,7 +70,8 @@ class UsedMap {
 
  private:
   struct State;  // shared with the all-reduce's completion callback
-  absl::Status IssueShard(const std::vector<int32_t>& local);
+  absl::Status IssueShard(const std::vector<int32_t>& local);  // records a failure
+  absl::Status IssueShardImpl(const std::vector<int32_t>& local);
 
   const BucketPlan& plan_;
   const ReducerGroups groups_;
@@ -81,10 +82,11 @@ class UsedMap {
   std::shared_ptr<State> state_;
   bool agreeing_ = false;  // this backward agrees
   bool agreed_once_ = false;
-  bool issued_ = false;  // the shard all-reduce of this backward was issued
-  WorkPtr shard_work_;   // that all-reduce
-  WorkPtr agreed_;       // completes when the map is readable
-  OwnedBuffer device_;   // device groups: the map's int32 counts
+  bool issued_ = false;       // the shard all-reduce of this backward was (tried to be) issued
+  absl::Status issue_error_;  // why that failed (then shard_work_ is null)
+  WorkPtr shard_work_;        // that all-reduce
+  WorkPtr agreed_;            // completes when the map is readable
+  OwnedBuffer device_;        // device groups: the map's int32 counts
 };
 
 }  // namespace braid::sched
