@@ -5,7 +5,9 @@
 // RANK-ORDER CONTRACT: buckets launch strictly in bucket-index order on every rank (a bucket
 // whose parameters are all ready waits for its predecessors), and so do the hybrid replica
 // all-reduces; readiness may arrive in any order, from any thread. Every collective a group
-// sees is therefore issued in the same order on every rank (scheduler/reducer_stages.h).
+// sees is therefore issued in the same order on every rank (scheduler/reducer_stages.h). With
+// agree_unused the used-map all-reduce comes first in a declared backward, else after every
+// bucket (scheduler/used_map.h).
 //
 //   ReducerConfig cfg;
 //   cfg.mode = ReduceMode::kHybrid;
