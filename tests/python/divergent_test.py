@@ -60,20 +60,28 @@ def _batch(r, step, micro=0):
     return torch.randn(4, 5, generator=g), torch.randn(4, 2, generator=g)
 
 
-def _loss(model, net, r, step, micro=0):
-    net.route, net.early_exit = _routing(r, step, micro)
+def _static_routing(r, step, micro=0):
+    """static_graph: the same layers every step on every rank (experts 1, 2 and the block
+    never used)."""
+    del r, step, micro
+    return (0,), True
+
+
+def _loss(model, net, r, step, micro=0, routing=_routing):
+    net.route, net.early_exit = routing(r, step, micro)
     x, y = _batch(r, step, micro)
     return torch.nn.functional.mse_loss(model(x), y)
 
 
-def _reference(micros=1):
+def _reference(micros=1, routing=_routing):
     """torch: AdamW on the mean over ranks of the summed micro-batch losses (parameters no
     rank reaches keep .grad None and are skipped)."""
     net = Routed()
     opt = torch.optim.AdamW(net.parameters(), lr=0.01, weight_decay=0.5)
     out = []
     for s in range(STEPS):
-        sum(_loss(net, net, r, s, m) for r in range(N) for m in range(micros)).div(N).backward()
+        sum(_loss(net, net, r, s, m, routing) for r in range(N)
+            for m in range(micros)).div(N).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         out.append([p.detach().clone() for p in net.parameters()])
@@ -86,7 +94,7 @@ class DivergentTest(unittest.TestCase):
             torch.testing.assert_close(a, w, rtol=0, atol=1e-6,
                                        msg=lambda m, i=i: "%s, param %d: %s" % (what, i, m))
 
-    def _train(self, r, g, wrap, micros=1):
+    def _train(self, r, g, wrap, micros=1, routing=_routing):
         net = Routed()
         model = wrap(net, g)
         opt = bt.ShardedAdamW(net.parameters(), lr=0.01, weight_decay=0.5)
@@ -94,8 +102,8 @@ class DivergentTest(unittest.TestCase):
         for s in range(STEPS):
             for m in range(micros - 1):
                 with model.no_sync():
-                    _loss(model, net, r, s, m).backward()
-            _loss(model, net, r, s, micros - 1).backward()
+                    _loss(model, net, r, s, m, routing).backward()
+            _loss(model, net, r, s, micros - 1, routing).backward()
             opt.step()
             if isinstance(model, bt.FullyShardedDataParallel):
                 with model.summon_full_params():
@@ -106,9 +114,9 @@ class DivergentTest(unittest.TestCase):
         model.close()
         return got
 
-    def _check(self, wrap, micros=1):
-        want = _reference(micros)
-        results = run_ranks(N, lambda r, g: self._train(r, g, wrap, micros))
+    def _check(self, wrap, micros=1, routing=_routing):
+        want = _reference(micros, routing)
+        results = run_ranks(N, lambda r, g: self._train(r, g, wrap, micros, routing))
         for r, got in enumerate(results):
             for s in range(STEPS):
                 self.assertClose(got[s], want[s], "rank %d step %d" % (r, s))
@@ -131,6 +139,13 @@ class DivergentTest(unittest.TestCase):
         self._check(lambda net, g: bt.DistributedDataParallel(
             net, g, mode="reduce_scatter", bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-5,
             find_unused_parameters=True), micros=2)
+
+    def test_zero2_static_graph(self):
+        # static_graph: the reducer agrees once (the first step's map) and the optimizer keeps
+        # skipping what that step left unused.
+        self._check(lambda net, g: bt.DistributedDataParallel(
+            net, g, mode="reduce_scatter", bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-5,
+            static_graph=True), routing=_static_routing)
 
     def test_zero2_state_dict_has_torchs_per_parameter_steps(self):
         def body(r, g):
