@@ -485,7 +485,26 @@ typedef struct braid_reducer_options {
    * not yet issued wait (at most 100 ms each). Only when, never which: every group still
    * issues its collectives in the same order on every rank. 0 (default): off. */
   int priorities;
+  /* ---- since 0.11: divergent control flow (torch DDP's find_unused_parameters). */
+  /* BRAID_UNUSED_NONE (0, default): no agreement. BRAID_UNUSED_AT_FINISH: every synced backward
+   * ends with one all-reduce of a used map (n int32) over the reducer's groups, after every
+   * bucket completed: which parameters some rank marked in that backward or in the
+   * BRAID_NO_SYNC / BRAID_REDUCE_SCATTER_ONLY backwards before it (braid_reducer_param_used).
+   * An optimizer built on the reducer does not step the others (torch's optimizer skips a None
+   * grad: moments, weight decay and that parameter's step count stay), and steps the rest with
+   * the average (zeros from the ranks that did not use them). BRAID_UNUSED_DECLARED: the same
+   * agreement issued as the backward's first collective, so it overlaps the backward, from the
+   * ids every rank passes to braid_reducer_declare_unused in every backward. Both imply
+   * allow_unused. Other values: INVALID_ARGUMENT. */
+  int agree_unused;
+  /* 1: with agree_unused, only the first synced backward agrees; later ones keep its map and
+   * communicate nothing more (torch DDP's static_graph). 0 (default). */
+  int static_graph;
 } braid_reducer_options_t;
+
+#define BRAID_UNUSED_NONE 0      /* braid_reducer_options_t.agree_unused */
+#define BRAID_UNUSED_AT_FINISH 1 /* agreed after the backward's buckets */
+#define BRAID_UNUSED_DECLARED 2  /* agreed first, from braid_reducer_declare_unused */
 
 BRAID_API void braid_reducer_options_init(braid_reducer_options_t* opts);
 
@@ -540,6 +559,21 @@ BRAID_API braid_status_t braid_reducer_mark_ready_grad(braid_reducer_t* reducer,
  * (unmarked parameters, named, without allow_unused; no backward; an optimizer owns the
  * backward), TIMEOUT / PEER_ERROR naming bucket and group. */
 BRAID_API braid_status_t braid_reducer_finish_backward(braid_reducer_t* reducer);
+/* Since 0.11, agree_unused = BRAID_UNUSED_DECLARED: the n ids (NULL when n = 0) this rank will
+ * not mark in the current backward (torch finds them at the forward's end). Every rank calls
+ * it once in every backward (n = 0 too), after begin_backward and before any mark_ready of it.
+ * A synced backward issues the used-map agreement first, then zero-fills the declared
+ * gradients (a BRAID_NO_SYNC window's sums stay) and counts them ready, so later buckets need
+ * not wait for the end of the backward; a BRAID_NO_SYNC backward ignores the list. Errors:
+ * FAILED_PRECONDITION (other agree_unused, outside a backward, twice, after a mark_ready; a
+ * later mark_ready of a declared id fails naming it), NOT_FOUND (unknown id), INVALID_ARGUMENT
+ * (an id listed twice, NULL ids with n > 0). */
+BRAID_API braid_status_t braid_reducer_declare_unused(braid_reducer_t* reducer, const int64_t* ids,
+                                                      size_t n);
+/* Since 0.11: *used = 1 when some rank used parameter `id` in the last agreed synced backward
+ * (readable once finish_backward returned), else 0; 1 for every parameter without agree_unused
+ * or before the first agreement. NOT_FOUND for an unknown id. */
+BRAID_API braid_status_t braid_reducer_param_used(braid_reducer_t* reducer, int64_t id, int* used);
 /* Zeroes every gradient (start of a new accumulation window). FAILED_PRECONDITION during a
  * backward, and while an optimizer built on the reducer is alive (it zeroes each bucket's
  * gradients itself once it stepped them). Device reducer: returns once the zeroes landed (any
@@ -837,7 +871,10 @@ BRAID_API braid_status_t braid_optimizer_set_lr(braid_optimizer_t* opt, double l
 BRAID_API braid_status_t braid_optimizer_set_hyper(braid_optimizer_t* opt, int group,
                                                    const braid_optimizer_hyper_t* hyper);
 /* Per-rank state file (master weights, moments, step counts, hyper-parameters); waits for
- * the step in flight. Errors name the file (NOT_FOUND, FAILED_PRECONDITION, ...). */
+ * the step in flight. Errors name the file (NOT_FOUND, FAILED_PRECONDITION, ...). The file keeps
+ * one step count per bucket: after a step skipped parameters no rank used (agree_unused, 0.11)
+ * it fails with FAILED_PRECONDITION naming the bucket; the whole state
+ * (braid_optimizer_get_state) carries each parameter's own count. */
 BRAID_API braid_status_t braid_optimizer_save(braid_optimizer_t* opt, const char* path);
 /* Collective over the shard group: restores a saved state and gathers every bucket. Fails,
  * changing nothing, for a file of another plan, world, rank or kind (FAILED_PRECONDITION) or
@@ -886,7 +923,9 @@ BRAID_API braid_status_t braid_optimizer_gather_event(braid_optimizer_t* opt, in
  * values[k * P + i] holds parameter i's count f32 values of buffer k. "master" is the f32
  * master weights (the parameter's values for f32 parameters). Step counts are per parameter
  * (AdamW's bias correction; SGD's first step starts the momentum buffer), but Braid keeps one
- * per bucket: parameters that share a bucket must have equal counts. `step` is the count of
+ * per bucket: parameters that share a bucket must have equal counts to be set. get_state gives
+ * each parameter its own (they differ after steps that skipped parameters no rank used:
+ * agree_unused, 0.11). `step` is the count of
  * completed steps braid_optimizer_last_step reports. Hyper-parameters are not part of it
  * (braid_optimizer_set_hyper). Both are collective over the shard group, between steps
  * (FAILED_PRECONDITION inside a backward or accumulation window; they wait for a step in

@@ -99,6 +99,17 @@ absl::StatusOr<sched::ReducerConfig> ToConfig(const braid_reducer_options_t& o) 
         "opts->shard_gradients needs BRAID_MODE_REDUCE_SCATTER or BRAID_MODE_HYBRID (all-reduce "
         "mode keeps every full gradient)");
   }
+  if (o.agree_unused < BRAID_UNUSED_NONE || o.agree_unused > BRAID_UNUSED_DECLARED) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("opts->agree_unused must be BRAID_UNUSED_NONE, _AT_FINISH or _DECLARED, got ",
+                     o.agree_unused));
+  }
+  if (o.static_graph != 0 && o.static_graph != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("opts->static_graph must be 0 or 1, got ", o.static_graph));
+  }
+  c.agree_unused = static_cast<sched::UnusedAgreement>(o.agree_unused);  // same numbering
+  c.static_graph = o.static_graph == 1;
   if (o.device < BRAID_DEVICE_HOST) {
     return absl::InvalidArgumentError(absl::StrCat(
         "opts->device must be BRAID_DEVICE_HOST (-1) or a CUDA device index >= 0, got ", o.device));
@@ -164,7 +175,8 @@ braid_status_t braid_reducer_create(braid_group_t* shard, braid_group_t* replica
     RETURN_IF_ERROR(braid::capi::ReadVersionedOptions(
         opts,
         {offsetof(braid_reducer_options_t, device), offsetof(braid_reducer_options_t, param_units),
-         offsetof(braid_reducer_options_t, credit_bytes)},
+         offsetof(braid_reducer_options_t, credit_bytes),
+         offsetof(braid_reducer_options_t, agree_unused)},
         "braid_reducer_options_t", &o));
     ASSIGN_OR_RETURN(braid::sched::ReducerConfig config, braid::capi::ToConfig(o));
     if (replica != nullptr && config.mode != braid::sched::ReduceMode::kHybrid) {

@@ -88,8 +88,11 @@ absl::Status GatherShardState(const std::vector<OptimizerShard>& shards, Group& 
                               const ShardMemory& mem, absl::Time deadline, Checkpoint* c) {
   const auto& params = c->plan.params();
   const auto& buckets = c->plan.buckets();
-  for (size_t i = 0; i < params.size(); ++i) {
-    c->steps[i] = shards[c->plan.slot(static_cast<int>(i)).bucket].steps;
+  for (int b = 0; b < static_cast<int>(buckets.size()); ++b) {
+    const std::vector<int>& in_bucket = buckets[b].params;
+    for (size_t k = 0; k < in_bucket.size(); ++k) {  // torch's per-parameter count
+      c->steps[in_bucket[k]] = shards[b].skips.StepsOf(static_cast<int>(k), shards[b].steps);
+    }
   }
   std::vector<float> mine, full;
   for (size_t b = 0; b < buckets.size(); ++b) {
@@ -122,7 +125,16 @@ absl::Status SaveShards(const std::string& path, const StateHeader& header,
                         OptimizerKind kind, const ShardMemory& mem) {
   std::vector<int64_t> steps;
   std::vector<StateSection> sections;
-  for (const OptimizerShard& s : shards) steps.push_back(s.steps);
+  for (const OptimizerShard& s : shards) {
+    if (s.skips.any()) {  // one count per bucket in the file: it would lose the skips
+      return absl::FailedPreconditionError(absl::StrCat(
+          "optimizer save(", path, "): ", s.label,
+          " holds parameters whose steps were skipped (no rank used them), so their step counts "
+          "differ; the per-rank file keeps one count per bucket: use the whole state "
+          "(GatherCheckpoint / state_dict()) instead"));
+    }
+    steps.push_back(s.steps);
+  }
   sections.push_back(StateSection{"bucket_steps", static_cast<int32_t>(DType::kI64), steps.size(),
                                   steps.data(), steps.size() * sizeof(int64_t)});
   const int32_t f32 = static_cast<int32_t>(DType::kF32);
@@ -238,6 +250,7 @@ absl::Status ApplyState(const ValidatedState& state, std::vector<OptimizerShard>
     OptimizerShard& s = shards[b];
     const size_t bytes = s.n * sizeof(float);
     s.steps = step_values[b];
+    s.skips.Reset();
     const sched::Bucket& bk = plan.buckets()[b];
     char* out = static_cast<char*>(gatherer.ShardView(static_cast<int>(b))->data);
     if (mem.offload) {

@@ -56,12 +56,15 @@ absl::StatusOr<std::vector<OptimizerShard>> AllocateShards(const sched::BucketPl
                                  absl::StrCat("offload parameter staging of ", s.label)));
     }
     const size_t start = r * bk.shard_count, end = start + bk.shard_count;
-    for (int pi : bk.params) {
+    s.skips.SetParams(bk.params.size());
+    for (size_t k = 0; k < bk.params.size(); ++k) {
+      const int pi = bk.params[k];
       const size_t off = plan.slot(pi).offset, lo = std::max(off, start),
                    hi = std::min(off + plan.params()[pi].count, end);
       if (lo >= hi) continue;
       auto it = config.group_of.find(plan.params()[pi].id);
       const int g = it == config.group_of.end() ? 0 : it->second;
+      s.skips.AddPiece(static_cast<int>(k), lo - start, hi - start, g);
       if (!s.segments.empty() && s.segments.back().hi == lo - start &&
           s.segments.back().group == g) {
         s.segments.back().hi = hi - start;

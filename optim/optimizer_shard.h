@@ -25,6 +25,7 @@
 #include "comm/buffer_ops.h"
 #include "comm/dtype.h"
 #include "optim/optimizer_options.h"
+#include "optim/param_skips.h"
 #include "scheduler/bucket_plan.h"
 
 namespace braid::optim {
@@ -36,12 +37,6 @@ struct FloatBuffer {
   explicit operator bool() const { return static_cast<bool>(buf); }
 };
 
-// A range of this rank's shard holding (parts of) parameters of one group.
-struct Segment {
-  size_t lo, hi;  // elements, relative to the shard start
-  int group;
-};
-
 struct OptimizerShard {
   std::string label;         // "bucket 3"
   size_t n = 0;              // shard_count
@@ -50,6 +45,8 @@ struct OptimizerShard {
   // (bucket dtype, n elements each).
   OwnedBuffer grad_host, param_host;
   std::vector<Segment> segments;
+  // Parameters a step left alone (no rank used them) and their own step counts (param_skips.h).
+  ParamSkips skips;
   int64_t steps = 0;  // updates applied (bias correction); written by the step's runner only
   // Device, clipping / skip_nonfinite: where this bucket's norm block sums (each segment's
   // NormBlocks, back to back) start in NormAgreement's buffers.
@@ -64,6 +61,8 @@ struct ShardStepArgs {
   const char* grad;                      // the reduced gradient shard
   char* out;                             // the model-dtype shard (the gatherer's ShardView)
   double grad_scale;                     // clipping's factor (1: none)
+  // The ranges to step and their counts (ParamSkips::Plan); null: the segments at shard.steps.
+  const std::vector<StepRun>* runs = nullptr;
 };
 
 // Every bucket's shard of this rank (`rank` in the shard group), its state zeroed, in `state_mem`

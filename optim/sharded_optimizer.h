@@ -147,6 +147,8 @@ class ShardedOptimizer {
   // Host: runs the kernels (always OK). Device: queues them on the shard group's stream after
   // a wait on the reduction's event; the error names the bucket.
   absl::Status StepBucket(int b, double grad_scale);
+  // agree_unused reducers: waits for the step's used map and sets round_used_ (param_skips.h).
+  absl::Status WaitUsedMap(absl::Time deadline);
   // Zeroes b's gradients (zero_grads) and starts its all-gather; b's step is then visible to
   // WaitParams. The last bucket's Publish completes the step (track_grad_norm: its all-reduce
   // does). `stepped` (device): b's step was queued; an error there is the bucket's.
@@ -206,6 +208,7 @@ class ShardedOptimizer {
   uint64_t round_ = 0;                   // guarded by mu_: synced backwards so far
   absl::Time round_deadline_;            // guarded by mu_
   std::vector<GroupHyper> round_hyper_;  // the armed step's hyper-parameters
+  const uint8_t* round_used_ = nullptr;  // the armed step's agreed used map (null: all used)
   StepReport report_;                    // guarded by mu_: the last completed step
   StepReport round_report_;              // guarded by mu_: the step in flight
   bool stop_ = false;                    // guarded by mu_: the destructor runs

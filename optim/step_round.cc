@@ -64,7 +64,8 @@ void ShardedOptimizer::RunRound() {
   const auto grad = [this](int b) { return static_cast<const char*>(reducer_->ShardView(b).data); };
   double sumsq = 0;
   int failed_at = -1;
-  absl::Status failure;
+  absl::Status failure = WaitUsedMap(deadline);
+  if (!failure.ok()) failed_at = 0;  // every rank still takes part in the norm's all-reduce
   for (int b = 0; b < static_cast<int>(rounds_.size()) && failed_at < 0; ++b) {
     BucketRound& r = rounds_[b];
     {
@@ -159,12 +160,14 @@ absl::Status ShardedOptimizer::StepBucket(int b, double grad_scale) {
     }
   }
   ++s.steps;
+  const sched::Bucket& bk = reducer_->plan().buckets()[b];
   const ShardStepArgs args{config_.kind,
                            &round_hyper_,
-                           reducer_->plan().buckets()[b].dtype,
+                           bk.dtype,
                            static_cast<const char*>(reducer_->ShardView(b).data),
                            static_cast<char*>(gatherer_->ShardView(b)->data),
-                           grad_scale};
+                           grad_scale,
+                           &s.skips.Plan(s.segments, s.steps, bk.params, round_used_)};
   if (offload_) {
     return OffloadStep(*pool_, s, args, ops(), reducer_->BucketWork(b)->device_event(),
                        config_.timeout, reducer_->groups().shard->name());
@@ -175,6 +178,19 @@ absl::Status ShardedOptimizer::StepBucket(int b, double grad_scale) {
                            reducer_->groups().shard->name());
   }
   HostStep(*pool_, s, args);
+  return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizer::WaitUsedMap(absl::Time deadline) {
+  round_used_ = nullptr;
+  const sched::UsedMap& used = reducer_->used_map();
+  if (!used.agrees()) return absl::OkStatus();
+  // Issued first in the backward (declared) or at its end: parameters no rank used are not
+  // stepped (torch's optimizer skips a None grad).
+  WorkPtr w = used.work();
+  if (w == nullptr) return absl::OkStatus();
+  RETURN_IF_ERROR(WithContext(w->WaitUntil(deadline), "the step's used-parameter agreement"));
+  round_used_ = used.map();
   return absl::OkStatus();
 }
 

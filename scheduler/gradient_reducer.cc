@@ -92,6 +92,7 @@ GradientReducer::GradientReducer(BucketPlan plan, ReducerGroups groups, const Re
     tl_waits_ = tl_->Track("waits");
   }
   stages_ = std::make_unique<ReducerStages>(plan_, groups_, config_, external_, tl_, rows);
+  used_ = std::make_unique<UsedMap>(plan_, groups_, config_);
   if (config_.rebuild_bucket_order) {
     ready_order_.reset(new int[plan_.params().size()]);
     rebuild_pending_ = true;
@@ -191,6 +192,8 @@ absl::Status GradientReducer::BeginBackward(SyncMode mode) {
   recording_.store(rebuild_pending_ && mode == SyncMode::kSync && ready_count_.load() == 0,
                    std::memory_order_relaxed);
   for (size_t i = 0; i < plan_.params().size(); ++i) marked_[i].store(0, std::memory_order_relaxed);
+  declared_.store(false, std::memory_order_relaxed);
+  used_->Begin(mode);
   stages_->Begin(mode);
   in_backward_.store(true, std::memory_order_release);
   return absl::OkStatus();
@@ -216,6 +219,13 @@ absl::Status GradientReducer::MarkReadyImpl(ParamId id, DeviceEvent ready, const
   if (!i.ok()) return absl::NotFoundError(absl::StrCat("MarkReady: unknown parameter id ", id));
   const ParamSpec& p = plan_.params()[*i];
   if (!with_values && !storage_->takes_bare_marks()) return storage_->BareMarkError(*i);
+  if (config_.agree_unused == UnusedAgreement::kDeclared && sync_ != SyncMode::kNoSync &&
+      !declared_.load(std::memory_order_acquire)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("MarkReady(", p.Label(), ") before DeclareUnused: with agree_unused = ",
+                     "declared, every rank declares its unused parameters (an empty list too) "
+                     "before the first mark of each backward"));
+  }
   if (with_values && !config_.gradient_as_bucket_view) {
     return absl::FailedPreconditionError(
         absl::StrCat("MarkReady(", p.Label(),
@@ -255,6 +265,7 @@ absl::Status GradientReducer::MarkReadyImpl(ParamId id, DeviceEvent ready, const
     ready = {};  // waited for
   }
   if (recording_.load(std::memory_order_relaxed)) ready_order_[ready_count_.fetch_add(1)] = *i;
+  used_->NoteMarked(*i);
   if (sync_ == SyncMode::kNoSync) {
     // Nothing reads the gradient in this backward; the synced one that does waits for its own
     // events, and the framework orders its accumulation itself. Keep no reference.
@@ -294,7 +305,12 @@ absl::Status GradientReducer::FinishBackward() {
     if (!marked_[i].load(std::memory_order_acquire)) unmarked.push_back(static_cast<int>(i));
   }
   absl::Status unused_error;
-  if (!unmarked.empty() && !config_.allow_unused) {
+  if (config_.agree_unused == UnusedAgreement::kDeclared && !declared_.load()) {
+    unused_error = absl::FailedPreconditionError(
+        "FinishBackward without DeclareUnused: with agree_unused = declared, every rank "
+        "declares its unused parameters (an empty list too) in every backward");
+  } else if (!unmarked.empty() && !config_.allow_unused &&
+             config_.agree_unused == UnusedAgreement::kNone) {
     std::vector<std::string> names;
     for (size_t k = 0; k < unmarked.size() && k < 10; ++k)
       names.push_back(params[unmarked[k]].Label());
@@ -303,20 +319,7 @@ absl::Status GradientReducer::FinishBackward() {
                      absl::StrJoin(names, ", "), unmarked.size() > 10 ? ", ..." : "",
                      " (set allow_unused to zero-fill and reduce unused parameters)"));
   } else {
-    for (int i : unmarked) {
-      // A parameter unused now but used in an earlier no_sync microbatch keeps that sum.
-      const bool accumulated = accumulated_[i].load(std::memory_order_relaxed);
-      const absl::Status st = accumulated && !config_.gradient_as_bucket_view
-                                  ? Pack(i)  // the framework's buffer holds the no_sync sum
-                                  : storage_->PrepareUnused(i, accumulated);
-      if (!st.ok()) {
-        stages_->RecordError(
-            absl::Status(st.code(), absl::StrCat("FinishBackward: preparing unused parameter ",
-                                                 params[i].Label(), ": ", st.message())));
-      }
-      marked_[i].store(1, std::memory_order_relaxed);
-      stages_->ParamReady(plan_.slot(i).bucket);
-    }
+    for (int i : unmarked) ReduceUnmarked(i, "FinishBackward");
   }
   // Wait for everything launched (all buckets, unless parameters were missing).
   const int launched = stages_->launched();
@@ -333,10 +336,29 @@ absl::Status GradientReducer::FinishBackward() {
     accumulated_[i].store(0, std::memory_order_relaxed);
   recording_.store(false, std::memory_order_relaxed);
   in_backward_.store(false, std::memory_order_release);
-  if (!unused_error.ok()) return unused_error;
   absl::Status first_error = stages_->first_error();
+  // The used-map agreement (agree_unused): issued or completed now that every bucket is done.
+  const absl::Status used_error =
+      used_->Finish(deadline, unused_error.ok() && first_error.ok() && wait_error.ok());
+  if (!unused_error.ok()) return unused_error;
   if (!first_error.ok()) return first_error;
-  return wait_error;
+  if (!wait_error.ok()) return wait_error;
+  return used_error;
+}
+
+void GradientReducer::ReduceUnmarked(int i, const char* caller) {
+  // A parameter unused now but used in an earlier no_sync microbatch keeps that sum.
+  const bool accumulated = accumulated_[i].load(std::memory_order_relaxed);
+  const absl::Status st = accumulated && !config_.gradient_as_bucket_view
+                              ? Pack(i)  // the framework's buffer holds the no_sync sum
+                              : storage_->PrepareUnused(i, accumulated);
+  if (!st.ok()) {
+    stages_->RecordError(
+        absl::Status(st.code(), absl::StrCat(caller, ": preparing unused parameter ",
+                                             plan_.params()[i].Label(), ": ", st.message())));
+  }
+  marked_[i].store(1, std::memory_order_relaxed);
+  stages_->ParamReady(plan_.slot(i).bucket);
 }
 
 absl::Status GradientReducer::ZeroGrads(DeviceEvent after) {

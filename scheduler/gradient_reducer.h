@@ -5,7 +5,9 @@
 // RANK-ORDER CONTRACT: buckets launch strictly in bucket-index order on every rank (a bucket
 // whose parameters are all ready waits for its predecessors), and so do the hybrid replica
 // all-reduces; readiness may arrive in any order, from any thread. Every collective a group
-// sees is therefore issued in the same order on every rank (scheduler/reducer_stages.h).
+// sees is therefore issued in the same order on every rank (scheduler/reducer_stages.h). With
+// agree_unused the used-map all-reduce comes first in a declared backward, else after every
+// bucket (scheduler/used_map.h).
 //
 //   ReducerConfig cfg;
 //   cfg.mode = ReduceMode::kHybrid;
@@ -42,6 +44,7 @@
 #include "comm/tensor.h"
 #include "scheduler/bucket_plan.h"
 #include "scheduler/reducer_config.h"
+#include "scheduler/used_map.h"
 
 namespace braid::sched {
 
@@ -97,6 +100,19 @@ class GradientReducer {
   // names the bucket and group). Unmarked parameters: zero-filled and reduced with
   // allow_unused, else an error naming them.
   absl::Status FinishBackward();
+  // agree_unused = kDeclared: the parameters this rank will not mark in this backward (torch
+  // finds them at forward's end). Once per backward on every rank (an empty list too), after
+  // BeginBackward and before any MarkReady of it. A synced backward first issues the used-map
+  // agreement (scheduler/used_map.h), then zero-fills (unless a no_sync window accumulated into
+  // them) and marks the declared parameters, as FinishBackward does unmarked ones; a later
+  // MarkReady of one is an error naming it. A no_sync backward ignores the list.
+  absl::Status DeclareUnused(const std::vector<ParamId>& ids);
+  // agree_unused: the agreement of the last synced backward (used_map().work() completes when
+  // it is readable, at the latest when FinishBackward returned): used_map().used(i) is whether
+  // some rank used plan index i. Every parameter counts as used before the first agreement.
+  const UsedMap& used_map() const { return *used_; }
+  // The same by id (NotFound for an unknown id).
+  absl::StatusOr<bool> Used(ParamId id) const;
   // Zeroes every bucket (all gradients): the start of a new accumulation window. Device
   // buckets as gradient views: returns once the zeroes landed (a host wait), so the framework
   // may write from any stream afterwards. On device the memsets run on the comm stream, which
@@ -148,6 +164,9 @@ class GradientReducer {
   absl::Status MarkReadyImpl(ParamId id, DeviceEvent ready, const void* grad, bool with_values);
   absl::Status Pack(int param_index);  // copy-in path: framework gradient -> bucket slot
   absl::Status ZeroBucketQueued(int b);
+  // Zero-fills (or keeps the no_sync sum of) unmarked parameter i, marks it and counts it ready;
+  // `caller` names the call in a failure.
+  void ReduceUnmarked(int i, const char* caller);
   absl::Status SyncZeroing();
   // Verifies `plan` across the groups, then moves every gradient into its buckets.
   absl::Status AdoptPlan(BucketPlan plan);
@@ -171,6 +190,8 @@ class GradientReducer {
   int plan_generation_ = 0;
 
   std::atomic<bool> in_backward_{false};
+  std::atomic<bool> declared_{false};  // DeclareUnused ran in this backward
+  std::unique_ptr<UsedMap> used_;      // the used-map agreement (agree_unused)
   SyncMode sync_ = SyncMode::kSync;
 
   // Timeline rows (valid when config_.timeline is enabled).

@@ -29,6 +29,10 @@ namespace braid::sched {
 
 enum class ReduceMode { kAllReduce, kReduceScatter, kHybrid };
 enum class SyncMode { kSync, kNoSync, kReduceScatterOnly };
+// Which parameters some rank used in a synced backward (scheduler/used_map.h): not agreed;
+// agreed at FinishBackward; or agreed as the backward's first collective from the set each rank
+// declares up front (GradientReducer::DeclareUnused, every synced backward on every rank).
+enum class UnusedAgreement { kNone, kAtFinish, kDeclared };
 
 struct ReducerGroups {
   Group* shard = nullptr;    // all-reduce mode: the data-parallel group; else reduce-scatter group
@@ -40,6 +44,12 @@ struct ReducerConfig {
   size_t bucket_cap_bytes = size_t{25} << 20;
   size_t first_bucket_cap_bytes = size_t{1} << 20;
   bool allow_unused = false;  // unmarked parameters are zero-filled and reduced, not an error
+  // Agree each synced backward on which parameters some rank used (GradientReducer::Used; a
+  // sharded optimizer skips the others, as torch's skips a None grad). Implies allow_unused.
+  UnusedAgreement agree_unused = UnusedAgreement::kNone;
+  // With agree_unused: the graph is the same every step (torch DDP's static_graph): only the
+  // first synced backward agrees, later ones reuse its map and communicate nothing more.
+  bool static_graph = false;
   // true (default): gradients are bucket views (zero copy). false: the framework keeps its own
   // gradient buffers (SetGradBuffer); MarkReady packs each into its bucket, and in all-reduce
   // mode the averaged result is unpacked back as each bucket completes.

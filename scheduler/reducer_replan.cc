@@ -72,6 +72,7 @@ absl::Status GradientReducer::AdoptPlan(BucketPlan plan) {
   std::unique_ptr<BucketStorage> old_storage = std::move(storage_);
   storage_ = std::move(fresh);
   stages_->Reset(*storage_);
+  used_->Remap(old_plan);
   for (int i = 0; i < n; ++i) {
     const ParamSpec& p = plan_.params()[i];
     const size_t es = DTypeSize(p.dtype);

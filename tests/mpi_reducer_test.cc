@@ -35,6 +35,7 @@
 #include "tests/partition_checks.h"
 #include "tests/reducer_reference.h"
 #include "tests/reducer_unused_checks.h"
+#include "tests/used_map_checks.h"
 
 namespace braid::sched {
 namespace {
@@ -133,6 +134,21 @@ TEST(MpiPartitions, MatchUnpartitionedOnNoise) {
       EXPECT_OK(testing::CheckPartitionedMatchesUnpartitioned(World(), mode, dtypes, 256, false,
                                                               kTimeout));
     }
+  }
+}
+
+// The used-map agreement (find_unused) with random per-rank use and readiness orders, against the
+// serial reference (tests/used_map_checks.h); hybrid on a 2 x n/2 mesh.
+TEST(MpiUsedMap, AgreedMapAndGradientsMatchTheSerialReference) {
+  using testing::UsedMapCase;
+  std::vector<UsedMapCase> cases = {{ReduceMode::kAllReduce, UnusedAgreement::kDeclared, "NS"},
+                                    {ReduceMode::kReduceScatter, UnusedAgreement::kAtFinish, "S"}};
+  if (World().size() % 2 == 0 && World().size() >= 4) {
+    cases.push_back({ReduceMode::kHybrid, UnusedAgreement::kDeclared, "RS"});
+  }
+  for (const UsedMapCase& c : cases) {
+    SCOPED_TRACE(testing::UsedMapCaseName(c));
+    testing::CheckUsedMapAgainstReference(World(), c, false);
   }
 }
 

@@ -116,7 +116,16 @@ absl::Status RunDeviceSteps(RankStack& st, std::shared_ptr<CudaApi> cuda, const 
       std::iota(order.begin(), order.end(), 0);
       std::mt19937 rng(static_cast<uint32_t>(r * 1000 + t * 10 + u));
       std::shuffle(order.begin(), order.end(), rng);
+      // Divergent scenarios (s.agree): this rank's unused parameters, declared or left unmarked.
+      std::vector<sched::ParamId> unused;
+      for (int i = 0; i < P; ++i) {
+        if (!optim::testing::UsedIn(r, t, u, i, s)) unused.push_back(i);
+      }
+      if (s.agree == sched::UnusedAgreement::kDeclared) {
+        RETURN_IF_ERROR(st.reducer->DeclareUnused(unused));
+      }
       for (int i : order) {
+        if (!optim::testing::UsedIn(r, t, u, i, s)) continue;
         ASSIGN_OR_RETURN(TensorView g, st.reducer->GradView(i));
         for (size_t j = 0; j < g.count; ++j) {
           StoreElement(mirror[i].data(), s.dtype, j,

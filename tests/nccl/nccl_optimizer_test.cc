@@ -63,6 +63,15 @@ NamedScenario Skip(NamedScenario c, float bad, int step) {
   return c;
 }
 
+// Divergent control flow: ranks use different parameters; the reducer agrees on use (the
+// map's all-reduce in device memory) and the device step skips what no rank used.
+NamedScenario Divergent(NamedScenario c, sched::UnusedAgreement how) {
+  c.name += how == sched::UnusedAgreement::kDeclared ? "_DivergentDeclared" : "_DivergentAtFinish";
+  c.s.agree = how;
+  c.s.steps = 4;  // parameter 3: unused by every rank in steps 1 and 3
+  return c;
+}
+
 class NcclOptimizerTest : public ::testing::TestWithParam<NamedScenario> {};
 
 TEST_P(NcclOptimizerTest, MatchesSerialReference) {
@@ -122,7 +131,17 @@ INSTANTIATE_TEST_SUITE_P(
         Offload(Clip(Make("Clip_Hybrid2x2_f32", 2, 2, OptimizerKind::kAdamW, DType::kF32, {kS}),
                      0.5)),
         Offload(Skip(Make("SkipNaN_RS2_bf16", 1, 2, OptimizerKind::kAdamW, DType::kBF16, {kS}),
-                     kNaN, 1))),
+                     kNaN, 1)),
+        Divergent(Make("AdamW_RS2_f32", 1, 2, OptimizerKind::kAdamW, DType::kF32, {kS}),
+                  sched::UnusedAgreement::kDeclared),
+        Divergent(Make("AdamW_Hybrid2x2_bf16_NoSync", 2, 2, OptimizerKind::kAdamW, DType::kBF16,
+                       {kN, kS}),
+                  sched::UnusedAgreement::kAtFinish),
+        Divergent(Clip(Make("Sgd_Hybrid2x2_f32", 2, 2, OptimizerKind::kSgd, DType::kF32, {kS}),
+                       0.5),
+                  sched::UnusedAgreement::kDeclared),
+        Divergent(Offload(Make("AdamW_RS4_f32", 1, 4, OptimizerKind::kAdamW, DType::kF32, {kS})),
+                  sched::UnusedAgreement::kDeclared)),
     [](const ::testing::TestParamInfo<NamedScenario>& i) { return i.param.name; });
 
 // Offload's memory is the host's (device optimizer state 0; host: master, m and v of every

@@ -56,6 +56,13 @@ float Grad(int rank, int t, int u, int i, size_t j, const OptScenario& s) {
   return static_cast<float>(k) / 8.0f;
 }
 
+bool UsedIn(int rank, int t, int u, int i, const OptScenario& s) {
+  if (s.agree == sched::UnusedAgreement::kNone) return true;
+  if (i == 3 && t % 2 == 1) return false;
+  if (i == 4 && t == 2) return rank == 0;
+  return (rank * 5 + t * 3 + u * 7 + i * 13) % 4 != 0;
+}
+
 float InitialValue(int i, size_t j) {
   return static_cast<float>(static_cast<int>((i * 31 + static_cast<int>(j % 1000) * 7) % 23) - 11) /
          16.0f;
@@ -70,6 +77,7 @@ absl::StatusOr<std::unique_ptr<RankStack>> BuildStack(Group& world, const OptSce
   rc.bucket_cap_bytes = s.bucket_cap_bytes;
   rc.first_bucket_cap_bytes = s.bucket_cap_bytes / 2;
   rc.timeout = where.timeout;
+  rc.agree_unused = s.agree;
   sched::ReducerGroups groups;
   if (s.replicas > 1) {
     ASSIGN_OR_RETURN(st->mesh, MakeMesh(world, s.replicas, s.shards));
@@ -114,7 +122,15 @@ absl::Status RunSteps(RankStack& st, const OptScenario& s, int first, int last) 
       std::iota(order.begin(), order.end(), 0);
       std::mt19937 rng(static_cast<uint32_t>(st.world_rank * 1000 + t * 10 + u));
       std::shuffle(order.begin(), order.end(), rng);
+      std::vector<sched::ParamId> unused;
+      for (int i = 0; i < P; ++i) {
+        if (!UsedIn(st.world_rank, t, u, i, s)) unused.push_back(i);
+      }
+      if (s.agree == sched::UnusedAgreement::kDeclared) {
+        RETURN_IF_ERROR(st.reducer->DeclareUnused(unused));
+      }
       for (int i : order) {
+        if (!UsedIn(st.world_rank, t, u, i, s)) continue;
         ASSIGN_OR_RETURN(TensorView g, st.reducer->GradView(i));
         for (size_t j = 0; j < g.count; ++j) {
           StoreElement(g.data, s.dtype, j,
@@ -210,7 +226,9 @@ double AveragedGrad(const OptScenario& s, int t, std::vector<std::vector<float>>
     for (size_t j = 0; j < s.counts[i]; ++j) {
       double sum = 0;
       for (int r = 0; r < n; ++r) {
-        for (int u = 0; u < U; ++u) sum += Grad(r, t, u, i, j, s);
+        for (int u = 0; u < U; ++u) {
+          if (UsedIn(r, t, u, i, s)) sum += Grad(r, t, u, i, j, s);
+        }
       }
       if (t == s.inf_step && i == 0 && j == 0) sum = s.bad_value;
       (*g)[i][j] = static_cast<float>(sum / n);
@@ -240,7 +258,7 @@ std::vector<std::vector<uint8_t>> ReferenceParams(const OptScenario& s, int last
       master[i][j] = Widen(s.dtype, tmp.data(), 0);
     }
   }
-  int64_t steps = 0;
+  std::vector<int64_t> steps(P, 0);  // per parameter, as torch's optimizer state['step']
   for (int t = 0; t < last; ++t) {
     std::vector<std::vector<float>> g;
     const double norm = std::sqrt(AveragedGrad(s, t, &g));
@@ -248,16 +266,21 @@ std::vector<std::vector<uint8_t>> ReferenceParams(const OptScenario& s, int last
     double scale = 1.0;
     if (s.opt.max_grad_norm > 0 && std::isfinite(norm))
       scale = std::min(1.0, s.opt.max_grad_norm / (norm + 1e-6));
-    ++steps;
     const std::vector<GroupHyper> hyper = HyperAt(s, t);
     for (int i = 0; i < P; ++i) {
+      bool used = false;  // by some rank in some microbatch: else skipped (torch: grad None)
+      for (int r = 0; r < s.replicas * s.shards; ++r) {
+        for (int u = 0; u < static_cast<int>(s.schedule.size()); ++u) used |= UsedIn(r, t, u, i, s);
+      }
+      if (!used) continue;
+      ++steps[i];
       const GroupHyper& h = hyper[GroupOf(s, i)];
       for (size_t j = 0; j < s.counts[i]; ++j) {
         if (s.opt.kind == OptimizerKind::kAdamW) {
-          AdamWElement(StepScalars(h.adamw, steps, scale), g[i][j], &master[i][j], &m[i][j],
+          AdamWElement(StepScalars(h.adamw, steps[i], scale), g[i][j], &master[i][j], &m[i][j],
                        &v[i][j]);
         } else {
-          SgdElement(SgdStepScalars(h.sgd, steps, scale), g[i][j], &master[i][j], &m[i][j]);
+          SgdElement(SgdStepScalars(h.sgd, steps[i], scale), g[i][j], &master[i][j], &m[i][j]);
         }
       }
     }

@@ -39,6 +39,9 @@ struct OptScenario {
   int inf_step = -1;  // this step, the last rank puts bad_value into one gradient element
   float bad_value = std::numeric_limits<float>::infinity();  // or a NaN
   int lr_change_step = -1;  // before this step, group 0's lr is halved
+  // Divergent control flow: ranks use different parameters (UsedIn); the reducer agrees on use
+  // this way and the optimizer skips parameters no rank used (kNone: every rank uses all).
+  sched::UnusedAgreement agree = sched::UnusedAgreement::kNone;
 };
 
 // A scenario with a name (gtest parameter), printed by its name.
@@ -78,6 +81,10 @@ absl::StatusOr<std::unique_ptr<RankStack>> BuildStack(Group& world, const OptSce
 // Gradient of element j of parameter i contributed by `rank` in microbatch u of step t.
 float Grad(int rank, int t, int u, int i, size_t j, const OptScenario& s);
 float InitialValue(int i, size_t j);
+// Whether `rank` uses parameter i in microbatch u of step t (always, unless s.agree is set):
+// rank-dependent sets, parameter 3 unused by every rank in odd steps, parameter 4 used by
+// rank 0 only in step 2.
+bool UsedIn(int rank, int t, int u, int i, const OptScenario& s);
 
 // Runs steps [first, last) of `s` on this rank: backwards with random readiness orders (seeded
 // by rank and step), Step() when overlap is off, then WaitAllParams.

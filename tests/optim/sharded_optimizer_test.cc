@@ -102,6 +102,40 @@ std::vector<Case> Cases() {
     c.s.opt.max_grad_norm = 0.5;
     cases.push_back(c);
   }
+  // Divergent control flow: ranks use different parameters; parameters no rank used in a step
+  // are not stepped (their moments, step count and weight decay untouched), as torch skips a
+  // None grad; the others are stepped with the average (zeros from the ranks that skipped).
+  {
+    Case c{"adamw_f32_world4_divergent_declared", Base(1, 4)};
+    c.s.agree = sched::UnusedAgreement::kDeclared;
+    cases.push_back(c);
+  }
+  {
+    Case c{"adamw_bf16_world2_nosync_divergent_at_finish", Base(1, 2)};
+    c.s.dtype = DType::kBF16;
+    c.s.schedule = {SyncMode::kNoSync, SyncMode::kSync};
+    c.s.agree = sched::UnusedAgreement::kAtFinish;
+    cases.push_back(c);
+  }
+  {
+    Case c{"adamw_f32_mesh2x2_rsonly_divergent_declared", Base(2, 2)};
+    c.s.schedule = {SyncMode::kReduceScatterOnly, SyncMode::kSync};
+    c.s.agree = sched::UnusedAgreement::kDeclared;
+    cases.push_back(c);
+  }
+  {
+    Case c{"sgd_f32_world4_clip_divergent_at_finish", Base(1, 4)};
+    c.s.opt.kind = OptimizerKind::kSgd;
+    c.s.opt.max_grad_norm = 0.5;
+    c.s.agree = sched::UnusedAgreement::kAtFinish;
+    cases.push_back(c);
+  }
+  {
+    Case c{"adamw_f32_world2_divergent_explicit_step", Base(1, 2)};
+    c.s.opt.overlap = false;
+    c.s.agree = sched::UnusedAgreement::kDeclared;
+    cases.push_back(c);
+  }
   {
     Case c{"adamw_f32_world2_threads2", Base(1, 2)};
     c.s.opt.threads = 2;
@@ -126,6 +160,33 @@ INSTANTIATE_TEST_SUITE_P(All, OptimizerVsReference, ::testing::ValuesIn(Cases())
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 // The reference itself: a sanity anchor, so a harness bug that made both sides no-ops fails.
+// After skipped steps each parameter has its own step count (torch's state['step']): the whole
+// state carries it; the per-rank file, which keeps one count per bucket, refuses to save.
+TEST(DivergentSteps, PerParameterStepCountsInTheCheckpoint) {
+  OptScenario s = Base(1, 2);
+  s.agree = sched::UnusedAgreement::kDeclared;
+  RunRanks(2, [&](Group& world) {
+    auto st = BuildStack(world, s);
+    ASSERT_TRUE(st.ok()) << st.status();
+    ASSERT_OK(RunSteps(**st, s, 0, 4));
+    absl::StatusOr<Checkpoint> c = (*st)->opt->GatherCheckpoint();
+    ASSERT_TRUE(c.ok()) << c.status();
+    for (int i = 0; i < static_cast<int>(s.counts.size()); ++i) {
+      int64_t want = 0;
+      for (int t = 0; t < 4; ++t) {
+        bool used = false;
+        for (int r = 0; r < 2; ++r) used |= UsedIn(r, t, 0, i, s);
+        want += used ? 1 : 0;
+      }
+      const int pi = *c->plan.IndexOf(i);
+      EXPECT_EQ(c->steps[pi], want) << "parameter " << i;
+    }
+    EXPECT_EQ(c->steps[*c->plan.IndexOf(3)], 2);  // unused by every rank in steps 1 and 3
+    ExpectError((*st)->opt->Save(absl::StrCat(::testing::TempDir(), "/skips", world.rank())),
+                absl::StatusCode::kFailedPrecondition, {"skipped", "GatherCheckpoint"});
+  });
+}
+
 TEST(OptimizerReference, StepsChangeEveryParameter) {
   const OptScenario s = Base(1, 2);
   const auto before = ReferenceParams(s, 0), after = ReferenceParams(s, 2);

@@ -108,7 +108,9 @@ class ReducerOptions(ctypes.Structure):
                 # 0.7: fully sharded training
                 ("param_units", ctypes.POINTER(ctypes.c_int)), ("shard_gradients", ctypes.c_int),
                 # 0.9: communication scheduling
-                ("credit_bytes", ctypes.c_size_t), ("priorities", ctypes.c_int)]
+                ("credit_bytes", ctypes.c_size_t), ("priorities", ctypes.c_int),
+                # 0.11: divergent control flow (the used-map agreement)
+                ("agree_unused", ctypes.c_int), ("static_graph", ctypes.c_int)]
 
 
 class OptimizerOptions(ctypes.Structure):
@@ -202,6 +204,8 @@ _SIGNATURES = {
     "braid_reducer_mark_ready": (_st, [_p, _i64, _p]),
     "braid_reducer_mark_ready_grad": (_st, [_p, _i64, _p, _p]),
     "braid_reducer_finish_backward": (_st, [_p]),
+    "braid_reducer_declare_unused": (_st, [_p, ctypes.POINTER(_i64), ctypes.c_size_t]),
+    "braid_reducer_param_used": (_st, [_p, _i64, ctypes.POINTER(ctypes.c_int)]),
     "braid_reducer_zero_grads": (_st, [_p]),
     "braid_reducer_num_buckets": (_st, [_p, ctypes.POINTER(_i)]),
     "braid_reducer_param_bucket": (_st, [_p, _i64, ctypes.POINTER(_i)]),

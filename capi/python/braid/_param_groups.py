@@ -104,6 +104,8 @@ class ParamGroups:
         unless that is exactly a skip (SGD without momentum and weight decay)."""
         if not getattr(self.ddp, "_find_unused", False):
             return
+        if getattr(self.ddp, "_agrees_unused", False):
+            return  # the reducer agrees on use: parameters no rank used are skipped
         for g, group in enumerate(self.param_groups):
             if not self._zero_grad_is_skip(group):
                 raise ValueError(

@@ -13,6 +13,9 @@ import ctypes
 from . import _lib
 from ._handles import MODES, SYNC_MODES, _Handle, _out, buffer_info, dtype_code, dtype_size
 
+# braid_reducer_options_t.agree_unused (braid.h's BRAID_UNUSED_*).
+AGREE_UNUSED = {None: 0, "at_finish": 1, "declared": 2}
+
 class Reducer(_Handle):
     """The gradient reducer. `params`: (id, count, dtype, name) tuples, in registration order
     (buckets fill in reverse: last registered first). `mode`: "allreduce", "reduce_scatter"
@@ -35,7 +38,8 @@ class Reducer(_Handle):
     def __init__(self, shard, params, replica=None, mode="allreduce", bucket_cap_mb=25.0,
                  first_bucket_cap_mb=1.0, allow_unused=False, reduce_dtype=None,
                  timeout_ms=300000, timeline_prefix=None, device=None, param_units=None,
-                 shard_gradients=False, credit_mb=0.0, priorities=False):
+                 shard_gradients=False, credit_mb=0.0, priorities=False, agree_unused=None,
+                 static_graph=False):
         opts = _lib.init_options(_lib.ReducerOptions, "braid_reducer_options_init")
         if mode not in MODES:
             raise ValueError("mode %r: one of %s" % (mode, ", ".join(MODES)))
@@ -60,6 +64,11 @@ class Reducer(_Handle):
             raise ValueError("credit_mb %r: 0 (off) or a positive size in MiB" % (credit_mb,))
         opts.credit_bytes = int(credit_mb * 1024 * 1024)
         opts.priorities = 1 if priorities else 0
+        if agree_unused not in AGREE_UNUSED:
+            raise ValueError("agree_unused %r: one of %s" % (
+                agree_unused, ", ".join(repr(k) for k in AGREE_UNUSED)))
+        opts.agree_unused = AGREE_UNUSED[agree_unused]
+        opts.static_graph = 1 if static_graph else 0
         array = (_lib.Param * len(params))()
         names = []
         self._specs = {}  # id -> (count, dtype)
@@ -113,6 +122,20 @@ class Reducer(_Handle):
 
     def finish_backward(self):
         _lib.call("braid_reducer_finish_backward", self.handle)
+
+    def declare_unused(self, pids):
+        """agree_unused="declared": the ids this rank will not mark in this backward, once per
+        backward on every rank (an empty list too) before its first mark_ready."""
+        pids = [int(p) for p in pids]
+        array = (ctypes.c_int64 * len(pids))(*pids)
+        _lib.call("braid_reducer_declare_unused", self.handle, array, len(pids))
+
+    def param_used(self, pid):
+        """Whether some rank used parameter `pid` in the last agreed synced backward (True for
+        every parameter without agree_unused or before the first agreement)."""
+        used = ctypes.c_int()
+        _lib.call("braid_reducer_param_used", self.handle, pid, ctypes.byref(used))
+        return bool(used.value)
 
     def zero_grads(self):
         _lib.call("braid_reducer_zero_grads", self.handle)

@@ -10,6 +10,7 @@ from . import _owners, core
 from ._fsdp_local import LocalShards
 from ._fsdp_params import (  # noqa: F401 (FullyShardedParameter: braid.fsdp's too)
     _TENSOR_GRAD, FullyShardedParameter, _released_data, _tensors)
+from ._used_map import agreement_options
 from ._views import _broadcast_module, _sync_scope, _view
 
 
@@ -42,7 +43,9 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
           gathered-but-not-released parameter memory (default 2 x the largest unit).
     bucket_cap_mb / first_bucket_cap_mb: the gradient buckets (a bucket never mixes units).
     find_unused_parameters: parameters without a gradient in a backward are reduced as zeros
-          (else finish of the backward raises naming them). Parameters with
+          (else finish of the backward raises naming them), and the ranks agree after the
+          backward which ones some rank used: ShardedAdamW skips the others as torch does
+          (braid/_used_map.py). Divergence must stay inside units every rank enters. Parameters with
           requires_grad=False are not sharded (kept whole on every rank, like buffers).
     Parameters and buffers are broadcast from rank 0 at construction, like torch DDP.
     credit_mb, priorities: communication scheduling (braid.core.Reducer; off by default): the
@@ -102,7 +105,11 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
             first_bucket_cap_mb=first_bucket_cap_mb, allow_unused=find_unused_parameters,
             reduce_dtype=reduce_dtype, timeout_ms=timeout_ms, timeline_prefix=timeline_prefix,
             param_units=self._unit_of, shard_gradients=True, credit_mb=credit_mb,
-            priorities=priorities)
+            priorities=priorities,
+            **agreement_options(find_unused_parameters, "at_finish", False))
+        # The reducer agrees on use after each backward: the optimizer skips parameters no
+        # rank used (braid/_used_map.py).
+        self._agrees_unused = bool(find_unused_parameters)
         self._mode = mode
         nunits = len(unit_modules) + 1
         self._unit_params = [[] for _ in range(nunits)]

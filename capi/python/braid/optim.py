@@ -23,9 +23,12 @@ Contract:
     or FullyShardedDataParallel, and finds the wrapper through them (braid/_owners.py);
     ShardedAdamW(model) (every trainable parameter) and ShardedAdamW(model, params=[...])
     work too. Errors name the argument and what to change: parameters no Braid wrapper owns,
-    of two wrappers, of an all-reduce DistributedDataParallel (use torch.optim there), a
-    wrapper with find_unused_parameters=True (a parameter without gradient would be stepped
-    with a zero one where torch skips it; allowed only for SGD without momentum and decay).
+    of two wrappers, of an all-reduce DistributedDataParallel (use torch.optim there).
+  - find_unused_parameters=True (divergent control flow, braid/_used_map.py): the ranks agree
+    each step which parameters some rank used; the others are not stepped (moments, weight
+    decay and their own step count untouched, as torch skips a None .grad), the rest get the
+    average with zeros from the ranks that skipped them. state_dict() then carries each
+    parameter's own 'step'; sharded_state_dict() (one count per bucket) raises after a skip.
   - param_groups: Braid steps every trainable parameter, so the groups must cover each
     exactly once (ValueError naming the missing or foreign ones); frozen parameters
     (requires_grad=False when wrapped) may be listed and are never stepped. Per-group keys:

@@ -50,6 +50,7 @@ from ._ddp_graph import GraphCheck, graph_grad, unreached
 from ._ddp_profile import CollectiveRanges, call_profiled, profiled
 from ._ddp_grads import GradPresence
 from ._ddp_verify import verify_same_model
+from ._used_map import agreement_options, declare_unused
 from ._views import (_broadcast_buffers, _broadcast_module, _ready_event, _sync_scope, _view,
                      _weak_call)
 from .fsdp import FullyShardedDataParallel, FullyShardedParameter  # noqa: F401
@@ -92,6 +93,9 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
       later one: wrap the module again (braid/_ddp_graph.py has the state and recovery).
       static_graph=True implies the search and refuses a graph that changes, as torch
       (torch's private _set_static_graph() before the first forward does the same).
+      In "reduce_scatter" / "hybrid" mode the unreached parameters are declared to the
+      reducer, whose used-map agreement lets ShardedAdamW / ShardedSGD skip what no rank
+      used (braid/_used_map.py).
     backward(create_graph=True): reduced; p.grad is the reduced gradient without a graph.
     check_reduction: deprecated in torch; ignored (with torch's warning).
     gradient_as_bucket_view: gradients always live in Braid's buckets; docs/design/pytorch.md,
@@ -149,7 +153,12 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
             first_bucket_cap_mb=first_bucket_cap_mb,
             allow_unused=self._allow_unused,
             reduce_dtype=reduce_dtype, timeout_ms=timeout_ms, timeline_prefix=timeline_prefix,
-            device=self._device, credit_mb=credit_mb, priorities=priorities)
+            device=self._device, credit_mb=credit_mb, priorities=priorities,
+            **agreement_options(self._allow_unused and mode != "allreduce", "declared",
+                                self.static_graph))
+        # Sharded modes: the reducer agrees on use (declared at each backward's start), so a
+        # sharded optimizer skips parameters no rank used (braid/_used_map.py).
+        self._declares = self._agrees_unused = self._allow_unused and mode != "allreduce"
         self._mode = mode
         self._names = [n for n, _ in named]
         self._graph = GraphCheck(self._names, static_graph, group.rank)
@@ -508,16 +517,21 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         got = bool(grad_outputs) and grad_outputs[0] is not None
         try:
             if not self._in_backward:
-                early = self._armed == "sync" and self._unused
+                # With a sharded optimizer the reducer takes the unreached parameters (it zeroes
+                # them and agrees on use); without one they are marked as they are, as before.
+                declaring = self._declares and self._stepper is not None
+                early = self._armed == "sync" and self._unused and not declaring
                 if early:
                     self._zero_unused()
                 self._keep_values(self._unused if early else [])
                 self._owner().begin_backward(self._armed)
+                declared = declare_unused(self.reducer, self._declares, self._armed,
+                                          self._unused if declaring else [])
                 if self._armed != "no_sync":  # torch profiler ranges (braid/_ddp_profile.py)
                     self._ranges.begin(len(self._params))
                 self._in_backward = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
-                self._early, self._hooked = set(), set()
+                self._early, self._hooked = set(declared), set()
                 if early:
                     self._mark_unused()
             self._bind_grad(pid)  # an undefined gradient reached it: no tensor hook ran

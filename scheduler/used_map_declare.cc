@@ -1,0 +1,66 @@
+// GradientReducer's side of the used-map agreement (scheduler/used_map.h): the framework's
+// declaration of the parameters it will not mark, and the agreed map by id.
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "comm/status_macros.h"
+#include "scheduler/gradient_reducer.h"
+#include "scheduler/reducer_stages.h"
+
+namespace braid::sched {
+
+absl::Status GradientReducer::DeclareUnused(const std::vector<ParamId>& ids) {
+  if (config_.agree_unused != UnusedAgreement::kDeclared) {
+    return absl::FailedPreconditionError(
+        "DeclareUnused needs agree_unused = declared (the reducer agrees on use only then)");
+  }
+  if (!in_backward_.load(std::memory_order_acquire)) {
+    return absl::FailedPreconditionError("DeclareUnused outside a backward: call BeginBackward");
+  }
+  if (declared_.load(std::memory_order_acquire)) {
+    return absl::FailedPreconditionError("DeclareUnused called twice in one backward");
+  }
+  const size_t n = plan_.params().size();
+  for (size_t i = 0; i < n; ++i) {
+    if (marked_[i].load(std::memory_order_acquire)) {
+      // A bucket may have launched already: the agreement would not come first on this rank.
+      return absl::FailedPreconditionError(
+          absl::StrCat("DeclareUnused after MarkReady(", plan_.params()[i].Label(),
+                       "): declare before the first mark of the backward"));
+    }
+  }
+  std::vector<uint8_t> declared(n, 0);
+  for (ParamId id : ids) {
+    absl::StatusOr<int> i = plan_.IndexOf(id);
+    if (!i.ok())
+      return absl::NotFoundError(absl::StrCat("DeclareUnused: unknown parameter id ", id));
+    if (declared[*i]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("DeclareUnused: parameter ", plan_.params()[*i].Label(), " listed twice"));
+    }
+    declared[*i] = 1;
+  }
+  if (sync_ == SyncMode::kNoSync) {  // nothing is reduced now
+    declared_.store(true, std::memory_order_release);
+    return absl::OkStatus();
+  }
+  // Marked before any MarkReady is accepted: a later mark of a declared parameter is an error.
+  for (size_t i = 0; i < n; ++i) {
+    if (declared[i]) marked_[i].store(1, std::memory_order_relaxed);
+  }
+  declared_.store(true, std::memory_order_release);
+  // First the agreement (the shard group's first collective of this backward), then the
+  // declared parameters, which may launch buckets.
+  RETURN_IF_ERROR(used_->IssueDeclared(declared));
+  for (size_t i = 0; i < n; ++i) {
+    if (declared[i]) ReduceUnmarked(static_cast<int>(i), "DeclareUnused");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> GradientReducer::Used(ParamId id) const {
+  ASSIGN_OR_RETURN(int i, plan_.IndexOf(id));
+  return used_->used(i);
+}
+
+}  // namespace braid::sched
