@@ -44,7 +44,7 @@ absl::StatusOr<std::unique_ptr<Join>> Join::Create(GradientReducer* reducer, Joi
 Join::Join(GradientReducer* reducer, JoinOptions options, JoinDriver driver)
     : reducer_(reducer), options_(options), driver_(std::move(driver)), host_(new double[4]) {
   if (!driver_.begin) driver_.begin = [r = reducer_](SyncMode m) { return r->BeginBackward(m); };
-  if (!driver_.finish) driver_.finish = [r = reducer_] { return r->FinishBackward(); };
+  if (!driver_.finish) driver_.finish = [r = reducer_](SyncMode) { return r->FinishBackward(); };
 }
 
 Join::~Join() {
@@ -159,7 +159,7 @@ absl::Status Join::Shadow(const JoinStep& step) {
     st = reducer_->MarkReady(p.id);
     if (!st.ok()) break;
   }
-  absl::Status done = driver_.finish();  // ends the backward even after a failed mark
+  absl::Status done = driver_.finish(step.mode);  // ends the backward even after a failed mark
   in_partial_window_ = step.mode == SyncMode::kReduceScatterOnly;
   local_sums_ = false;
   RETURN_IF_ERROR(st);
@@ -187,19 +187,26 @@ absl::StatusOr<int> Join::AuthoritativeRank(bool is_last_joiner) {
 }
 
 absl::Status Join::Broadcast(void* buf, size_t count, DType dtype, int root) {
-  if (root < 0 || root >= world_size()) {
+  return BroadcastOverWorld(*reducer_, buf, count, dtype, root);
+}
+
+absl::Status BroadcastOverWorld(const GradientReducer& reducer, void* buf, size_t count,
+                                DType dtype, int root) {
+  Group& shard = *reducer.groups().shard;
+  Group* replica = reducer.mode() == ReduceMode::kHybrid ? reducer.groups().replica : nullptr;
+  const int world = shard.size() * (replica != nullptr ? replica->size() : 1);
+  if (root < 0 || root >= world) {
     return absl::InvalidArgumentError(
-        absl::StrCat("join: broadcast root ", root, " outside the world of ", world_size()));
+        absl::StrCat("join: broadcast root ", root, " outside the world of ", world));
   }
-  const absl::Time deadline = absl::Now() + reducer_->timeout();
-  Group& shard = *reducer_->groups().shard;
+  const absl::Time deadline = absl::Now() + reducer.timeout();
   // Hybrid: the root's shard rank spreads it along every replica row, then its replica row
   // spreads it to the others.
-  Group& last = replica() != nullptr ? *replica() : shard;
+  Group& last = replica != nullptr ? *replica : shard;
   RETURN_IF_ERROR(WaitFor(shard.Broadcast(buf, count, dtype, root % shard.size()), deadline,
                           last.buffer_ops()));
-  if (replica() != nullptr) {
-    RETURN_IF_ERROR(WaitFor(replica()->Broadcast(buf, count, dtype, root / shard.size()), deadline,
+  if (replica != nullptr) {
+    RETURN_IF_ERROR(WaitFor(replica->Broadcast(buf, count, dtype, root / shard.size()), deadline,
                             last.buffer_ops()));
   }
   return absl::OkStatus();

@@ -45,7 +45,8 @@ struct JoinOptions {
 // BeginBackward / FinishBackward. A sharded optimizer supplies its own (optim/join_driver.h).
 struct JoinDriver {
   std::function<absl::Status(SyncMode)> begin;
-  std::function<absl::Status()> finish;   // the backward's results in place (steps included)
+  // The backward begun in `mode` ends with its results in place (an optimizer's steps too).
+  std::function<absl::Status(SyncMode)> finish;
   std::function<absl::Status()> quiesce;  // nothing reads or writes the buckets afterwards
 };
 
@@ -53,6 +54,12 @@ struct JoinStep {
   int active = 0;                   // ranks with data this step; 0: every rank has joined
   SyncMode mode = SyncMode::kSync;  // the active ranks' backward of this step
 };
+
+// Collective over `reducer`'s groups: `buf` (count elements of memory they reduce) from world
+// rank `root` (Join::world_rank's numbering) to every rank; hybrid: through the shard group,
+// then the replica group. What Join::Broadcast does, without a join.
+absl::Status BroadcastOverWorld(const GradientReducer& reducer, void* buf, size_t count,
+                                DType dtype, int root);
 
 class Join {
  public:
