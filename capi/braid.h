@@ -945,6 +945,10 @@ BRAID_API braid_status_t braid_join_shadow(braid_reducer_t* reducer);
  * in hybrid mode) of the authoritative copy: the largest rank among those that joined last
  * (is_last_joiner = 1: this rank shadowed no step). The reducer's divide is back to normal. */
 BRAID_API braid_status_t braid_join_end(braid_reducer_t* reducer, int is_last_joiner, int* root);
+/* Local (no communication): closes an open join after an error left the ranks out of step
+ * (e.g. an exception inside the join context); the reducer's divide is back to normal. Closing
+ * no join is OK. */
+BRAID_API braid_status_t braid_join_abort(braid_reducer_t* reducer);
 /* Collective: `count` elements of `buf` (memory the reducer's groups use) from world rank
  * `root` (braid_join_end's) to every rank: torch's end-of-join model sync. Needs no open join. */
 BRAID_API braid_status_t braid_join_broadcast(braid_reducer_t* reducer, void* buf, size_t count,

@@ -127,6 +127,17 @@ braid_status_t braid_join_end(braid_reducer_t* reducer, int is_last_joiner, int*
   });
 }
 
+braid_status_t braid_join_abort(braid_reducer_t* reducer) {
+  return Guard("braid_join_abort", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
+    if (r->stack->in_backward())
+      return absl::FailedPreconditionError("braid_join_abort inside a backward");
+    r->join.reset();  // its destructor clears the divide override
+    r->joined = false;
+    return absl::OkStatus();
+  });
+}
+
 braid_status_t braid_join_broadcast(braid_reducer_t* reducer, void* buf, size_t count,
                                     braid_dtype_t dtype, int root) {
   return Guard("braid_join_broadcast", [&]() -> absl::Status {

@@ -5,7 +5,8 @@
  * steps its shard with the gradient it received, so every rank's parameters after each step
  * are the inline AdamW reference of the contributing gradients over 2, bit for bit. Then the
  * last joiner (rank 0) is the root, its broadcast reaches rank 1; and the errors: shadow
- * without a joined agreement, an agreement without a join, throw_on_early_termination. */
+ * without a joined agreement, an agreement without a join, throw_on_early_termination and the
+ * local abort after it. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <pthread.h>
@@ -222,6 +223,11 @@ static void throw_case(int rank) {
   EXPECT_OK(braid_join_begin(red, &jo));
   EXPECT_ERROR(BRAID_OUT_OF_RANGE, rank == 0 ? "throwing across all ranks" : "exhausted all inputs",
                braid_join_agree(red, rank == 0, BRAID_SYNC, &active, NULL));
+  /* The ranks are out of step now: each closes its join locally, and may open one again. */
+  EXPECT_OK(braid_join_abort(red));
+  EXPECT_OK(braid_join_abort(red)); /* none open: OK */
+  EXPECT_OK(braid_join_begin(red, NULL));
+  EXPECT_OK(braid_join_abort(red));
   EXPECT_OK(braid_reducer_destroy(red));
 }
 
