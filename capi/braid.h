@@ -919,7 +919,8 @@ typedef struct braid_join_options {
   size_t struct_size;               /* sizeof(braid_join_options_t) */
   int divide_by_initial_world_size; /* default 1; 0: average over the ranks with data */
   /* 1: the first step at which some rank has run out fails on every rank (OUT_OF_RANGE:
-   * "exhausted all inputs" on that rank, "throwing across all ranks" on the others). */
+   * torch's "Rank r exhausted all inputs." on that rank, "Detected at least one rank that
+   * exhausted inputs. Throwing across all ranks." on the others). */
   int throw_on_early_termination; /* default 0 */
 } braid_join_options_t;
 

@@ -106,12 +106,13 @@ absl::StatusOr<JoinStep> Join::Agree(bool has_data, SyncMode mode) {
   if (step.active == 0) return step;
   if (options_.throw_on_early_termination && step.active < world_size()) {
     return absl::OutOfRangeError(
-        has_data ? absl::StrCat("join: detected at least one rank that exhausted its inputs (",
-                                world_size() - step.active, " of ", world_size(),
-                                "); throwing across all ranks "
-                                "(throw_on_early_termination)")
-                 : absl::StrCat("join: rank ", world_rank(),
-                                " exhausted all inputs (throw_on_early_termination)"));
+        // torch's texts (its tests match them): "Detected at least one rank that exhausted
+        // inputs. Throwing across all ranks." / "Rank r exhausted all inputs."
+        has_data ? absl::StrCat("Detected at least one rank that exhausted inputs. Throwing "
+                                "across all ranks. (join, throw_on_early_termination: ",
+                                world_size() - step.active, " of ", world_size(), " ranks ran out)")
+                 : absl::StrCat("Rank ", world_rank(),
+                                " exhausted all inputs. (join, throw_on_early_termination)"));
   }
   if (n_sync != step.active && n_rso != step.active && n_none != step.active) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -167,7 +167,7 @@ TEST(JoinErrors, ThrowOnEarlyTerminationFailsEveryRank) {
     const bool has_data = world.rank() == 0;
     auto s = join->Agree(has_data, SyncMode::kSync);
     ExpectError(s.status(), absl::StatusCode::kOutOfRange,
-                {has_data ? "throwing across all ranks" : "rank 1 exhausted all inputs",
+                {has_data ? "Throwing across all ranks" : "Rank 1 exhausted all inputs",
                  "throw_on_early_termination"});
   });
 }

@@ -221,7 +221,8 @@ static void throw_case(int rank) {
   braid_join_options_init(&jo);
   jo.throw_on_early_termination = 1;
   EXPECT_OK(braid_join_begin(red, &jo));
-  EXPECT_ERROR(BRAID_OUT_OF_RANGE, rank == 0 ? "throwing across all ranks" : "exhausted all inputs",
+  EXPECT_ERROR(BRAID_OUT_OF_RANGE,
+               rank == 0 ? "Throwing across all ranks" : "Rank 1 exhausted all inputs",
                braid_join_agree(red, rank == 0, BRAID_SYNC, &active, NULL));
   /* The ranks are out of step now: each closes its join locally, and may open one again. */
   EXPECT_OK(braid_join_abort(red));

@@ -9,7 +9,9 @@ are threads): rank r has 2 + 2 r batches, so ranks leave the loop at different s
     serial reference (one torch model and torch's AdamW stepping the contributing ranks'
     gradients over the initial world size, or over the contributors);
   - throw_on_early_termination raises on every rank; an exception inside the block leaves the
-    join so the model can join again; enable=False is a plain loop."""
+    join so the model can join again; enable=False is a plain loop; find_unused_parameters and
+    fully sharded models are refused by name.
+tests/python/join_mpi.py runs the 2-rank comparisons with one process per rank (mpirun)."""
 
 import datetime
 import unittest
@@ -166,7 +168,7 @@ def _serial_adamw(n, divide, steps=None):
 
 class JoinShardedAdamW(unittest.TestCase):
 
-    def check(self, n, mode, divide):
+    def check(self, n, mode, divide, overlap=True):
         def body(r, g):
             kwargs = dict(mode=mode)
             if mode == "hybrid":
@@ -175,7 +177,8 @@ class JoinShardedAdamW(unittest.TestCase):
                 model = bt.DistributedDataParallel(Net(norm=False), **kwargs)
             else:
                 model = bt.DistributedDataParallel(Net(norm=False), g, **kwargs)
-            opt = bt.ShardedAdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+            opt = bt.ShardedAdamW(model.parameters(), lr=0.01, weight_decay=0.1,
+                                  overlap=overlap)
             history = []
             with model.join(divide_by_initial_world_size=divide):
                 for step in range(_steps(r)):
@@ -205,6 +208,9 @@ class JoinShardedAdamW(unittest.TestCase):
     def test_reduce_scatter_two_ranks_contributors(self):
         self.check(2, "reduce_scatter", False)
 
+    def test_reduce_scatter_two_ranks_stepped_after_backward(self):
+        self.check(2, "reduce_scatter", True, overlap=False)  # the joined rank's Step()
+
     def test_hybrid_four_ranks(self):
         self.check(4, "hybrid", True)
 
@@ -229,9 +235,9 @@ class JoinOptions(unittest.TestCase):
 
         (e0, s0), (e1, s1) = run_ranks(2, body)
         self.assertEqual(e0.code, "OUT_OF_RANGE")
-        self.assertIn("exhausted all inputs", str(e0))  # rank 0 ran out
+        self.assertIn("Rank 0 exhausted all inputs", str(e0))  # rank 0 ran out
         self.assertEqual(e1.code, "OUT_OF_RANGE")
-        self.assertIn("throwing across all ranks", str(e1))
+        self.assertIn("Detected at least one rank that exhausted inputs", str(e1))
         self.assertEqual(s1, 2)  # at its first step past rank 0's data
 
     def test_an_exception_leaves_the_join_and_enable_false_is_plain(self):
@@ -256,6 +262,16 @@ class JoinOptions(unittest.TestCase):
             with self.assertRaisesRegex(RuntimeError, "find_unused_parameters"):
                 with model.join():
                     pass
+            model.close()
+            return True
+
+        run_ranks(2, body)
+
+    def test_fully_sharded_models_cannot_join_yet(self):
+        def body(r, g):
+            model = bt.FullyShardedDataParallel(Net(norm=False), g)
+            with self.assertRaisesRegex(NotImplementedError, "fully sharded models cannot join"):
+                model.join()
             model.close()
             return True
 

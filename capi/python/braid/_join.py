@@ -17,6 +17,7 @@ rebuild_bucket_order / autotune (collectives a joined rank would have to shadow 
 sharded models cannot join yet (braid.h's UNIMPLEMENTED).
 """
 
+import collections
 import ctypes
 
 import torch
@@ -27,6 +28,17 @@ from ._views import _broadcast_tensors
 
 _MODE_NAMES = {code: name for name, code in SYNC_MODES.items()}
 
+try:  # torch's record of a joinable's join settings (DDP's _join_config), read by torch's tests
+    from torch.distributed.algorithms.join import _JoinConfig
+except ImportError:  # a torch without it: the same fields
+    _JoinConfig = collections.namedtuple(
+        "_JoinConfig", ["enable", "throw_on_early_termination", "is_first_joinable"])
+
+
+def disabled_config():
+    """torch's _JoinConfig outside any join (DDP's initial _join_config)."""
+    return _JoinConfig(enable=False, throw_on_early_termination=False, is_first_joinable=False)
+
 
 class DDPJoin:
     """The context manager DistributedDataParallel.join() returns."""
@@ -36,6 +48,10 @@ class DDPJoin:
         self._ddp, self._enable = ddp, bool(enable)
         self._divide = bool(divide_by_initial_world_size)
         self._throw = bool(throw_on_early_termination)
+        # As torch's Join() sets it on its joinables (and leaves it after the block).
+        ddp._join_config = _JoinConfig(enable=self._enable,
+                                       throw_on_early_termination=self._throw,
+                                       is_first_joinable=True)
 
     def _handle(self):
         return self._ddp.reducer.handle
@@ -135,6 +151,7 @@ class DDPJoin:
         """torch's _sync_final_model: the module's state from the authoritative rank. With
         ShardedAdamW every rank stepped and gathered every shard, so only the buffers."""
         ddp = self._ddp
+        ddp._authoritative_rank = root  # torch's attribute (its tests read it)
         if ddp._stepper is not None:
             ddp._stepper.wait_all_params()
             tensors = list(ddp.module.buffers())

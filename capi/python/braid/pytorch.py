@@ -191,6 +191,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         self._stepper = None         # the braid.core.Optimizer of a ShardedAdamW, if any
         self._on_replan = []         # called after a re-plan (ShardedAdamW rebinds its views)
         self._join = None            # the open join() context (braid/_join.py), if any
+        self._join_config = _join.disabled_config()  # torch's attribute, set by join()
         self.reducer.before_close.append(_weak_call(self._detach_grads))
         _owners.claim(self, module)  # last: ShardedAdamW(model.parameters()) finds it; a
         # failed construction claims nothing (a second wrapper is refused: _ddp_verify.py)
@@ -514,7 +515,10 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
 
     def _get_ddp_logging_data(self):
         """torch 1.13's private logging data, the keys Braid fills (braid/_ddp_graph.py)."""
-        return self._graph.logging_data()
+        data = self._graph.logging_data()
+        if self._join_config.is_first_joinable:  # join() was called (torch's logger records it)
+            data["join_uneven_inputs"] = 1
+        return data
 
     def _grad_ready(self, pid, grad_inputs=(), grad_outputs=(None,)):
         # grad_outputs[0]: the gradient AccumulateGrad received; None (undefined: a custom
