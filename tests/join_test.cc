@@ -3,11 +3,13 @@
 // the serial reference (the contributing ranks' sum over the initial world size, or over the
 // contributors), in all-reduce, reduce-scatter and hybrid modes; then the last joiner is the
 // authoritative rank and its broadcast reaches everyone; throw_on_early_termination fails
-// every rank at the first uneven step; shard_gradients reducers are refused by name.
+// every rank at the first uneven step; shard_gradients reducers are refused by name; hybrid
+// reduce_scatter_only windows with ranks leaving mid-window keep the partial shards they hold.
 #include "scheduler/join.h"
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -58,16 +60,18 @@ float Expected(const Case& c, int world, int step, int p, size_t i) {
   return sum / static_cast<float>(c.by_world ? world : world - step);
 }
 
-void CheckStep(const Case& c, GradientReducer& r, int world, int step) {
+// Every result of reducer `r` (views in all-reduce mode, this rank's shards otherwise) against
+// want(param, element), within `tol` relative.
+void CheckResults(GradientReducer& r, const std::function<float(int, size_t)>& want, float tol,
+                  int step) {
   const BucketPlan& plan = r.plan();
-  const float tol = c.by_world ? 0.0f : 1e-5f;
-  if (c.mode == ReduceMode::kAllReduce) {
+  if (r.mode() == ReduceMode::kAllReduce) {
     for (size_t p = 0; p < plan.params().size(); ++p) {
       TensorView v = r.GradView(plan.params()[p].id).value();
       const float* x = static_cast<const float*>(v.data);
       for (size_t i = 0; i < v.count; ++i) {
-        const float want = Expected(c, world, step, static_cast<int>(plan.params()[p].id - 10), i);
-        ASSERT_NEAR(x[i], want, tol * std::fabs(want)) << "step " << step << " param " << p;
+        const float w = want(static_cast<int>(plan.params()[p].id - 10), i);
+        ASSERT_NEAR(x[i], w, tol * std::fabs(w)) << "step " << step << " param " << p;
       }
     }
     return;
@@ -79,15 +83,21 @@ void CheckStep(const Case& c, GradientReducer& r, int world, int step) {
     for (int p : bk.params) {
       const int param = static_cast<int>(plan.params()[p].id - 10);
       for (size_t i = 0; i < plan.params()[p].count; ++i)
-        flat[plan.slot(p).offset + i] = Expected(c, world, step, param, i);
+        flat[plan.slot(p).offset + i] = want(param, i);
     }
     TensorView v = r.ShardView(static_cast<int>(b));
     const float* x = static_cast<const float*>(v.data);
     for (size_t j = 0; j < bk.shard_count; ++j) {
-      const float want = flat[s * bk.shard_count + j];
-      ASSERT_NEAR(x[j], want, tol * std::fabs(want)) << "step " << step << " bucket " << b;
+      const float w = flat[s * bk.shard_count + j];
+      ASSERT_NEAR(x[j], w, tol * std::fabs(w)) << "step " << step << " bucket " << b;
     }
   }
+}
+
+void CheckStep(const Case& c, GradientReducer& r, int world, int step) {
+  CheckResults(
+      r, [&](int p, size_t i) { return Expected(c, world, step, p, i); }, c.by_world ? 0.0f : 1e-5f,
+      step);
 }
 
 class JoinTest : public ::testing::TestWithParam<Case> {};
@@ -154,6 +164,62 @@ INSTANTIATE_TEST_SUITE_P(Modes, JoinTest,
                                            Case{ReduceMode::kHybrid, 2, 2, true},
                                            Case{ReduceMode::kHybrid, 2, 2, false}),
                          CaseName);
+
+// Hybrid accumulation windows of two microbatches (reduce_scatter_only, then sync), one
+// agreement per microbatch. mid_window: rank k runs 2k + 1 microbatches, so ranks run out after
+// a reduce_scatter_only one and shadow the window's sync with the partial shard they hold;
+// else 2k + 2 (whole windows), with the contributors' divide.
+void RunWindows(bool mid_window) {
+  constexpr int kWorld = 4;
+  RunRanks(kWorld, [&](Group& world) {
+    Mesh mesh = MakeMesh(world, 2, 2).value();
+    ReducerConfig cfg;
+    cfg.mode = ReduceMode::kHybrid;
+    cfg.bucket_cap_bytes = cfg.first_bucket_cap_bytes = 48;
+    cfg.timeout = absl::Seconds(30);
+    auto r = GradientReducer::Create(Params(), {mesh.shard.get(), mesh.replica.get()}, cfg).value();
+    JoinOptions jo;
+    jo.divide_by_initial_world_size = mid_window;
+    auto join = Join::Create(r.get(), jo).value();
+    const int me = join->world_rank();
+    auto micro = [&](int k) { return mid_window ? 2 * k + 1 : 2 * k + 2; };
+    auto mode_of = [](int m) {
+      return m % 2 == 0 ? SyncMode::kReduceScatterOnly : SyncMode::kSync;
+    };
+    int m = 0;
+    for (; m < micro(me); ++m) {
+      auto agreed = join->Agree(true, mode_of(m));
+      ASSERT_TRUE(agreed.ok()) << agreed.status();
+      ASSERT_OK(r->BeginBackward(mode_of(m)));
+      for (int p = 4; p >= 0; --p) {
+        TensorView v = r->GradView(ParamId(10 + p)).value();
+        float* x = static_cast<float*>(v.data);
+        for (size_t i = 0; i < v.count; ++i) x[i] = G(me, p, m, i);
+        ASSERT_OK(r->MarkReady(ParamId(10 + p)));
+      }
+      ASSERT_OK(r->FinishBackward());
+      if (mode_of(m) != SyncMode::kSync) continue;
+      int active = 0;  // the window's contributors (the same in both microbatches here)
+      for (int k = 0; k < kWorld; ++k) active += m < micro(k) ? 1 : 0;
+      auto want = [&](int p, size_t i) {
+        float sum = 0;
+        for (int mb = m - 1; mb <= m; ++mb) {
+          for (int k = 0; k < kWorld; ++k) sum += mb < micro(k) ? G(k, p, mb, i) : 0.0f;
+        }
+        return sum / static_cast<float>(mid_window ? kWorld : active);
+      };
+      CheckResults(*r, want, mid_window ? 0.0f : 1e-5f, m);
+      ASSERT_OK(r->ZeroGrads());
+    }
+    auto last = join->RunJoined();
+    ASSERT_TRUE(last.ok()) << last.status();
+    EXPECT_EQ(*last, me == kWorld - 1);
+    EXPECT_EQ(join->AuthoritativeRank(*last).value(), kWorld - 1);
+  });
+}
+
+TEST(JoinWindows, HybridReduceScatterOnlyRanksLeavingMidWindow) { RunWindows(true); }
+TEST(JoinWindows, HybridReduceScatterOnlyWholeWindowsContributors) { RunWindows(false); }
 
 TEST(JoinErrors, ThrowOnEarlyTerminationFailsEveryRank) {
   RunRanks(2, [](Group& world) {
