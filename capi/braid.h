@@ -951,6 +951,74 @@ BRAID_API braid_status_t braid_optimizer_set_state(braid_optimizer_t* opt,
                                                    const float* const* values, size_t num_values,
                                                    const int64_t* param_steps, int64_t step);
 
+/* ---- since 0.11: uneven inputs (join) ---------------------------------------------------------
+ * torch DDP's model.join(): ranks may run out of data at different steps. Inside a join every
+ * rank agrees once per step on how many ranks still have data; a rank that ran out shadows
+ * the others' steps with zero gradients (the reducer's bucket reductions in bucket order in
+ * every mode and, with an optimizer on the reducer, its shard's step and the parameter
+ * gathers) until every rank has joined; then the last rank to join is the authoritative copy.
+ *
+ *   braid_join_begin(red, NULL);                      // every rank, before the loop
+ *   while (next_batch()) {
+ *     braid_join_agree(red, 1, BRAID_SYNC, &active, NULL);
+ *     ... forward, begin_backward, mark_ready ..., finish_backward (optimizer: its own) ...
+ *   }
+ *   int last = 1;
+ *   for (;;) {                                        // this rank has run out
+ *     braid_join_agree(red, 0, BRAID_SYNC, &active, NULL);
+ *     if (active == 0) break;                         // every rank joined
+ *     braid_join_shadow(red);
+ *     last = 0;
+ *   }
+ *   braid_join_end(red, last, &root);                 // then, for the model's state:
+ *   braid_join_broadcast(red, params, n, BRAID_F32, root);
+ *
+ * RANK-ORDER CONTRACT: braid_join_agree is a collective over the reducer's groups: every rank
+ * calls it once per step (per forward whose backward follows), at the same point, between
+ * steps; the ranks with data pass the mode their backward will use (they must agree).
+ * Divide: divide_by_initial_world_size = 1 (default) averages over the whole world (joined
+ * ranks add zeros); 0 averages each step over the ranks that had data. Not with fully sharded
+ * units or shard_gradients, nor gradient_as_bucket_view = 0 (UNIMPLEMENTED, naming why). */
+typedef struct braid_join_options {
+  size_t struct_size;               /* sizeof(braid_join_options_t) */
+  int divide_by_initial_world_size; /* default 1; 0: average over the ranks with data */
+  /* 1: the first step at which some rank has run out fails on every rank (OUT_OF_RANGE:
+   * torch's "Rank r exhausted all inputs." on that rank, "Detected at least one rank that
+   * exhausted inputs. Throwing across all ranks." on the others). */
+  int throw_on_early_termination; /* default 0 */
+} braid_join_options_t;
+
+BRAID_API void braid_join_options_init(braid_join_options_t* opts);
+/* Enters a join on `reducer` (the optimizer built on it, if any, shadows its steps too). Local.
+ * FAILED_PRECONDITION when a join is open or inside a backward; UNIMPLEMENTED as above. */
+BRAID_API braid_status_t braid_join_begin(braid_reducer_t* reducer,
+                                          const braid_join_options_t* opts);
+/* Collective (see above). has_data: 1 when this rank runs this step, with backward `mode`;
+ * 0 when it has run out (mode ignored). *active: ranks with data (0: every rank joined);
+ * *agreed (may be NULL): their mode. INVALID_ARGUMENT on every rank when the ranks with data
+ * pass different modes; OUT_OF_RANGE with throw_on_early_termination; FAILED_PRECONDITION
+ * without an open join. */
+BRAID_API braid_status_t braid_join_agree(braid_reducer_t* reducer, int has_data,
+                                          braid_sync_mode_t mode, int* active,
+                                          braid_sync_mode_t* agreed);
+/* A rank that has run out, after braid_join_agree returned *active > 0: runs that step's
+ * backward with zero gradients (nothing for BRAID_NO_SYNC) and, with an optimizer, steps its
+ * shards with the averaged gradients and waits for the gathers. Collective like a step.
+ * FAILED_PRECONDITION when the last agreement was not a joined one, or left nothing to do. */
+BRAID_API braid_status_t braid_join_shadow(braid_reducer_t* reducer);
+/* Collective: closes the join. *root = the world rank (replica rank * shard size + shard rank
+ * in hybrid mode) of the authoritative copy: the largest rank among those that joined last
+ * (is_last_joiner = 1: this rank shadowed no step). The reducer's divide is back to normal. */
+BRAID_API braid_status_t braid_join_end(braid_reducer_t* reducer, int is_last_joiner, int* root);
+/* Local (no communication): closes an open join after an error left the ranks out of step
+ * (e.g. an exception inside the join context); the reducer's divide is back to normal. Closing
+ * no join is OK. */
+BRAID_API braid_status_t braid_join_abort(braid_reducer_t* reducer);
+/* Collective: `count` elements of `buf` (memory the reducer's groups use) from world rank
+ * `root` (braid_join_end's) to every rank: torch's end-of-join model sync. Needs no open join. */
+BRAID_API braid_status_t braid_join_broadcast(braid_reducer_t* reducer, void* buf, size_t count,
+                                              braid_dtype_t dtype, int root);
+
 /* ---- Fully sharded units (braid_optimizer_options_t.fully_sharded) ---------------------------
  * The framework's hooks bracket each unit's use; Braid gathers, releases and prefetches:
  *

@@ -14,6 +14,7 @@
 #include "comm/group.h"
 #include "comm/work.h"
 #include "optim/training_stack.h"
+#include "scheduler/join.h"
 
 namespace braid::capi {
 
@@ -46,6 +47,10 @@ struct ReducerImpl {
   static constexpr Tag kTag = Tag::kReducer;
   std::shared_ptr<GroupImpl> shard, replica;  // replica may be null; outlive the stack
   std::unique_ptr<optim::TrainingStack> stack;
+  // An open join (capi/join_capi.cc), destroyed before the stack it drives.
+  std::unique_ptr<sched::Join> join;
+  sched::JoinStep join_step;  // its last agreement
+  bool joined = false;        // that agreement was a joined rank's
 };
 
 // An optimizer handle: the parameter side of its reducer's stack (gatherer, optimizer, units),

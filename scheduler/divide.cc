@@ -18,4 +18,9 @@ ReduceStep StepFor(DType dtype, int group_size) {
   return {ReduceOp::Avg(), 1};
 }
 
+ReduceStep StepForContributors(int contributors, int stage) {
+  if (stage != 0 || contributors <= 1) return {ReduceOp::Sum(), 1};
+  return {ReduceOp::PreMulSum(1.0 / contributors), 1};
+}
+
 }  // namespace braid::sched

@@ -25,6 +25,11 @@ struct ReduceStep {
 // halved until it divides n, so that pre * post is exactly n (FSDP gives 4 for n = 6).
 int PreDivideFactor(int group_size);
 ReduceStep StepFor(DType dtype, int group_size);
+// The override of a join (scheduler/join.h) with torch's divide_by_initial_world_size=False: a
+// backward whose average is over the `contributors` ranks that brought gradients (the joined
+// ones shadowed it with zeros), in any dtype: the first stage pre-multiplies by 1/contributors
+// and sums (torch DDP's grad * (1/n) before its sum), a hybrid replica stage (stage 1) sums.
+ReduceStep StepForContributors(int contributors, int stage);
 
 }  // namespace braid::sched
 

@@ -113,6 +113,19 @@ absl::Status GradientReducer::SetScheduler(OpScheduler* scheduler) {
   return absl::OkStatus();
 }
 
+absl::Status GradientReducer::SetContributors(int contributors) {
+  const int world =
+      groups_.shard->size() * (config_.mode == ReduceMode::kHybrid ? groups_.replica->size() : 1);
+  if (contributors < 0 || contributors > world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetContributors(", contributors, "): 0 or 1..", world, " ranks"));
+  }
+  if (in_backward_.load())
+    return absl::FailedPreconditionError("SetContributors during a backward");
+  stages_->SetContributors(contributors);
+  return absl::OkStatus();
+}
+
 absl::Status GradientReducer::SetGradBuffer(ParamId id, void* grad) {
   ASSIGN_OR_RETURN(int i, plan_.IndexOf(id));
   if (config_.gradient_as_bucket_view) {

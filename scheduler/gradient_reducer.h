@@ -131,6 +131,7 @@ class GradientReducer {
   // comm stream, so ordered). No reduction of b may be in flight.
   absl::Status ZeroBucket(int b);
   ReduceMode mode() const { return config_.mode; }
+  const ReducerConfig& config() const { return config_; }
   absl::Duration timeout() const { return config_.timeout; }
   const ReducerGroups& groups() const { return groups_; }
 
@@ -156,6 +157,11 @@ class GradientReducer {
   // Replaces ReducerConfig::scheduler (null: none) between backwards, at the same point on every
   // rank (benchmarks compare both on the same buffers). FailedPrecondition during a backward.
   absl::Status SetScheduler(OpScheduler* scheduler);
+  // Join's divide override (scheduler/join.h sets it from each step's agreement): the synced
+  // backwards that follow average over `contributors` ranks (divide.h's StepForContributors)
+  // instead of each group's size; 0 restores the groups' sizes. Between backwards, the same
+  // value on every rank. InvalidArgument outside [0, world size].
+  absl::Status SetContributors(int contributors);
 
  private:
   GradientReducer(BucketPlan plan, ReducerGroups groups, const ReducerConfig& config,

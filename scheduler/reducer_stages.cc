@@ -133,6 +133,11 @@ void ReducerStages::SetScheduler(OpScheduler* scheduler) {
   scheduler_ = scheduler;
 }
 
+void ReducerStages::SetContributors(int contributors) {
+  std::lock_guard<std::mutex> lock(mu_);
+  contributors_ = contributors;
+}
+
 void ReducerStages::LaunchStageLocked(int b, int stage) {
   const Bucket& bk = plan_.buckets()[b];
   ReducerBucketState& s = *buckets_[b];
@@ -144,7 +149,8 @@ void ReducerStages::LaunchStageLocked(int b, int stage) {
   }
   Group& g = stage == 0 ? *groups_.shard : *groups_.replica;
   const DType t = storage_->CommDType(b);
-  const ReduceStep step = StepFor(t, g.size());
+  const ReduceStep step =
+      contributors_ > 0 ? StepForContributors(contributors_, stage) : StepFor(t, g.size());
   ReductionRequest req{
       &g, CollectiveKind::kAllReduce, nullptr, nullptr, bk.shard_count, t, step.op, opts, b};
   if (stage == 1) {

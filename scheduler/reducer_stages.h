@@ -66,6 +66,9 @@ class ReducerStages {
   int FirstPartial() const;  // a bucket holding a reduce_scatter_only sum, or -1
   void ClearPartial(int b) { buckets_[b]->has_partial = false; }
   void SetScheduler(OpScheduler* scheduler);
+  // Join's divide override (divide.h's StepForContributors) for the launches that follow; 0:
+  // each group's size. Between backwards.
+  void SetContributors(int contributors);
   WorkPtr NewWork(WorkInfo info) { return works_.Create(std::move(info)); }
 
  private:
@@ -105,6 +108,7 @@ class ReducerStages {
   int allreduce_cursor_ = 0;  // hybrid: next bucket whose replica all-reduce to launch
   absl::Status first_error_;
   OpScheduler* scheduler_;  // ReducerConfig::scheduler, replaced by SetScheduler
+  int contributors_ = 0;    // join's divide override (SetContributors); 0: none
 };
 
 }  // namespace braid::sched

@@ -131,6 +131,11 @@ class OptimizerOptions(ctypes.Structure):
                 ("track_grad_norm", ctypes.c_int)]
 
 
+class JoinOptions(ctypes.Structure):  # 0.11
+    _fields_ = [("struct_size", ctypes.c_size_t), ("divide_by_initial_world_size", ctypes.c_int),
+                ("throw_on_early_termination", ctypes.c_int)]
+
+
 class OptimizerHyper(ctypes.Structure):  # braid_optimizer_hyper_t (set struct_size)
     _fields_ = [("struct_size", ctypes.c_size_t), ("lr", ctypes.c_double),
                 ("beta1", ctypes.c_double), ("beta2", ctypes.c_double), ("eps", ctypes.c_double),
@@ -243,6 +248,14 @@ _SIGNATURES = {
     "braid_optimizer_get_state": (_st, [_p, _pp, _sz, ctypes.POINTER(_i64),
                                         ctypes.POINTER(_i64)]),
     "braid_optimizer_set_state": (_st, [_p, _pp, _sz, ctypes.POINTER(_i64), _i64]),
+    # 0.11: uneven inputs (join)
+    "braid_join_options_init": (None, [ctypes.POINTER(JoinOptions)]),
+    "braid_join_begin": (_st, [_p, ctypes.POINTER(JoinOptions)]),
+    "braid_join_agree": (_st, [_p, _i, _i, ctypes.POINTER(_i), ctypes.POINTER(_i)]),
+    "braid_join_shadow": (_st, [_p]),
+    "braid_join_end": (_st, [_p, _i, ctypes.POINTER(_i)]),
+    "braid_join_abort": (_st, [_p]),
+    "braid_join_broadcast": (_st, [_p, _p, _sz, _i, _i]),
     "braid_unit_enter": (_st, [_p, _i, _i]),
     "braid_unit_exit": (_st, [_p, _i, _i]),
     "braid_optimizer_end_step": (_st, [_p]),

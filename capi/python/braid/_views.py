@@ -116,22 +116,29 @@ def _broadcast_module(module, groups):
             g.broadcast(t.data, root=0).wait()
 
 
-def _broadcast_buffers(module, groups, device=None):
+def _broadcast_buffers(module, groups, device=None, roots=None):
     """Rank 0's buffers to every rank, coalesced: one broadcast per dtype and group (a flat
     copy of the buffers, broadcast, copied back), as torch DDP's broadcast_buffers does before
     each forward. Returns the number of buffers synced. `device` (CUDA buffers on an nccl
     world): the broadcast waits for the flat copy through an event recorded after it on the
     current stream; wait() returns once the broadcast completed on the device, so the copies
-    back, queued on the current stream, read its result."""
+    back, queued on the current stream, read its result. `roots`: the root in each group
+    (default 0 in each: world rank 0; braid/_join.py passes another rank's)."""
+    return _broadcast_tensors(list(module.buffers()), groups, device, roots)
+
+
+def _broadcast_tensors(tensors, groups, device=None, roots=None):
+    """_broadcast_buffers of any tensors (one broadcast per dtype and group)."""
+    roots = roots or [0] * len(groups)
     by_dtype = {}
-    for b in module.buffers():
+    for b in tensors:
         by_dtype.setdefault(b.dtype, []).append(b)
     events = {}
     for buffers in by_dtype.values():
         flat = torch.cat([b.detach().reshape(-1) for b in buffers])
-        for k, g in enumerate(groups):
+        for k, (g, root) in enumerate(zip(groups, roots)):
             ready = _ready_event(events, k, device) if device is not None else None
-            g.broadcast(flat, root=0, ready_event=ready).wait()
+            g.broadcast(flat, root=root, ready_event=ready).wait()
         offset = 0
         with torch.no_grad():
             for b in buffers:

@@ -540,6 +540,15 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
                                "its step)")
         return opt.clip_grad_norm_(max_norm, norm_type)
 
+    def join(self, divide_by_initial_world_size=True, enable=True,
+             throw_on_early_termination=False):
+        """Uneven inputs are not supported for fully sharded models yet (DistributedDataParallel
+        .join() is, with ShardedAdamW too): raises saying so rather than hang later."""
+        raise NotImplementedError(
+            "join(): fully sharded models cannot join yet (a joined rank would have to shadow "
+            "every unit's gathers); give every rank the same number of batches, or use "
+            "DistributedDataParallel(..., mode='reduce_scatter') with ShardedAdamW")
+
     def close(self):
         """Unhooks the module and frees the reducer. Close the ShardedAdamW / ShardedSGD first
         (its close() gives the parameters their full values back). Without one (local pieces):

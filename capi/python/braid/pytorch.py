@@ -43,7 +43,7 @@ import time
 
 import torch
 
-from . import _ddp_pickle, _grad_guard, _owners, core
+from . import _ddp_pickle, _grad_guard, _join, _owners, core
 from ._ddp_args import WHAT, read_arguments
 from ._ddp_devices import to_device
 from ._ddp_graph import GraphCheck, graph_grad, unreached
@@ -199,6 +199,8 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         self._warned_graph = False   # create_graph=True warned once (graph_grad)
         self._stepper = None         # the braid.core.Optimizer of a ShardedAdamW, if any
         self._on_replan = []         # called after a re-plan (ShardedAdamW rebinds its views)
+        self._join = None            # the open join() context (braid/_join.py), if any
+        self._join_config = _join.disabled_config()  # torch's attribute, set by join()
         self.reducer.before_close.append(_weak_call(self._detach_grads))
         _owners.claim(self, module)  # last: ShardedAdamW(model.parameters()) finds it; a
         # failed construction claims nothing (a second wrapper is refused: _ddp_verify.py)
@@ -328,9 +330,14 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
                                    "backward or in a hook)")
         if torch.is_grad_enabled():
             self._graph.before_forward()  # torch's moment for the unused-parameter error
+        if self._join is not None:  # the step's agreement (uneven inputs, braid/_join.py)
+            self._join.before_forward(self._sync if torch.is_grad_enabled() else "no_sync")
         if self.broadcast_buffers and self._sync_buffers_next:
             with profiled(self._ranges.name.split(":")[0] + ":broadcast"):
-                _broadcast_buffers(self.module, self._groups, self._device)
+                if self._join is not None:
+                    self._join.sync_buffers(True)
+                else:
+                    _broadcast_buffers(self.module, self._groups, self._device)
         synced = torch.is_grad_enabled() and self._sync == "sync"
         if torch.is_grad_enabled():
             self._armed = self._sync
@@ -446,6 +453,14 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         (mode "reduce_scatter_only"). The first forward after the block syncs everything."""
         return _sync_scope(self, mode)
 
+    def join(self, divide_by_initial_world_size=True, enable=True,
+             throw_on_early_termination=False):
+        """torch DDP's uneven-inputs context manager, with its arguments and meanings
+        (braid/_join.py): ranks may leave the loop at different steps; those that did shadow
+        the others' steps until all did; ShardedAdamW's shard steps included."""
+        return _join.DDPJoin(self, divide_by_initial_world_size, enable,
+                             throw_on_early_termination)
+
     def zero_grad(self, set_to_none=False):
         """Zeroes the gradients in place, or with set_to_none=True makes every p.grad None
         (torch's meaning; bound again, zeroed, at the next forward; main_grad is zeroed). With
@@ -509,7 +524,10 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
 
     def _get_ddp_logging_data(self):
         """torch 1.13's private logging data, the keys Braid fills (braid/_ddp_graph.py)."""
-        return self._graph.logging_data()
+        data = self._graph.logging_data()
+        if self._join_config.is_first_joinable:  # join() was called (torch's logger records it)
+            data["join_uneven_inputs"] = 1
+        return data
 
     def _grad_ready(self, pid, grad_inputs=(), grad_outputs=(None,)):
         # grad_outputs[0]: the gradient AccumulateGrad received; None (undefined: a custom
