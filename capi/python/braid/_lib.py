@@ -108,7 +108,8 @@ class ReducerOptions(ctypes.Structure):
                 # 0.7: fully sharded training
                 ("param_units", ctypes.POINTER(ctypes.c_int)), ("shard_gradients", ctypes.c_int),
                 # 0.9: communication scheduling
-                ("credit_bytes", ctypes.c_size_t), ("priorities", ctypes.c_int)]
+                ("credit_bytes", ctypes.c_size_t), ("priorities", ctypes.c_int),
+                ("param_marks", ctypes.POINTER(ctypes.c_int))]  # 0.11: tied / reused
 
 
 class OptimizerOptions(ctypes.Structure):
