@@ -214,6 +214,87 @@ class TiedWeightsTest(unittest.TestCase):
                                            msg=lambda m: "param %d: %s" % (i, m))
 
 
+class TiedNet(torch.nn.Module):
+    """GPT-2's shape for fully_shard: embedding, two blocks, LayerNorm, the head tied to the
+    embedding."""
+
+    def __init__(self):
+        super().__init__()
+        with _INIT_LOCK:
+            torch.manual_seed(4)
+            self.wte = torch.nn.Embedding(V, D)
+            self.blocks = torch.nn.ModuleList([torch.nn.Linear(D, D), torch.nn.Linear(D, D)])
+            self.ln = torch.nn.LayerNorm(D)
+            self.head = torch.nn.Linear(D, V, bias=False)
+        self.head.weight = self.wte.weight
+
+    def forward(self, idx):
+        h = self.wte(idx)
+        for b in self.blocks:
+            h = torch.tanh(b(h)) + h
+        return self.head(self.ln(h))
+
+
+def _fsdp_reference():
+    """torch on one process: each rank's gradient (its two uses of the tied weight summed by
+    autograd, as on the rank), averaged over the ranks (the reduction's order: a sum of the
+    ranks' mean losses would add the four contributions in another order), then SGD with
+    momentum on the full model."""
+    net = TiedNet()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    for s in range(STEPS):
+        grads = []
+        for r in range(N):
+            opt.zero_grad()
+            _loss(net, r, s).backward()
+            grads.append([p.grad.clone() for p in net.parameters()])
+        for p, *gs in zip(net.parameters(), *grads):
+            p.grad = sum(gs) / N
+        opt.step()
+    return [p.detach().clone() for p in net.parameters()]
+
+
+class FullyShardTiedTest(unittest.TestCase):
+    def _train(self, units, sharded=False):
+        def body(r, g):
+            net = TiedNet()
+            for name in units:
+                for m in ([net.wte] if name == "wte" else [net.head] if name == "head"
+                          else list(net.blocks)):
+                    bt.fully_shard(m, group=g)
+            bt.fully_shard(net, group=g)
+            opt = (bt.ShardedSGD(net.parameters(), lr=0.1, momentum=0.9) if sharded
+                   else torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
+            for s in range(STEPS):
+                _loss(net, r, s).backward()
+                opt.step()
+                opt.zero_grad()
+            with net.summon_full_params():
+                full = [p.detach().clone() for p in net.parameters()]
+            if sharded:
+                opt.close()
+            net.close()
+            return full
+        return run_ranks(N, body)
+
+    def test_tied_parameter_in_one_unit_matches_serial_torch(self):
+        want = _fsdp_reference()
+        # wte's unit owns the tied weight; the root (head at the root) or the head's own unit
+        # uses it too and gathers that unit for its forward and backward.
+        for units in (("wte", "blocks"), ("wte", "blocks", "head"), ("blocks", "head", "wte")):
+            with self.subTest(units=units):
+                for full in self._train(units):
+                    for i, (a, w) in enumerate(zip(full, want)):
+                        self.assertTrue(torch.equal(a, w), "param %d: %s" % (i, (a - w).abs().max()))
+
+    def test_tied_parameter_with_sharded_sgd(self):
+        want = _fsdp_reference()
+        for full in self._train(("wte", "blocks", "head"), sharded=True):
+            for i, (a, w) in enumerate(zip(full, want)):
+                torch.testing.assert_close(a, w, rtol=0, atol=1e-6,
+                                           msg=lambda m: "param %d: %s" % (i, m))
+
+
 def mpi_main():
     """Under mpirun -np 2: Braid DDP (static_graph, reentrant, tied) on the "mpi" world against
     a serial reference: each rank's gradient by plain torch, averaged."""
