@@ -11,7 +11,10 @@ on the `local` backend (ranks are threads), each against torch in this process:
   - the same through a no_sync window against plain torch (torch DDP fails an internal assert
     there);
   - ZeRO-2 (mode="reduce_scatter" + ShardedAdamW) with the tied embedding matches serial torch
-    AdamW on the mean of the ranks' losses.
+    AdamW on the mean of the ranks' losses;
+  - at 4 ranks, DDP with both against a serial reference in the reduction's order;
+  - fully_shard: a tied weight owned by one unit and borrowed by another (or the root) against
+    a serial reference, bit for bit with a torch optimizer on the pieces.
 Under mpirun -np 2 (tied_weights_mpi_np2) the script runs the tied + reentrant model in Braid
 DDP on the "mpi" world against a serial single-process reference, bit for bit."""
 
@@ -212,6 +215,46 @@ class TiedWeightsTest(unittest.TestCase):
             for i, (a, w) in enumerate(zip(got, want)):
                 torch.testing.assert_close(a, w, rtol=0, atol=1e-6,
                                            msg=lambda m: "param %d: %s" % (i, m))
+
+
+class FourRanksTest(unittest.TestCase):
+    def test_tied_and_twice_fired_at_four_ranks(self):
+        """DDP static_graph at 4 ranks against a serial reference in the local backend's
+        reduction order: each rank's gradient, summed in rank order, averaged."""
+        n = 4
+        ref = TiedLM(True)
+        opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+        want = []
+        for step in range(STEPS):
+            per_rank = []
+            for r in range(n):
+                opt.zero_grad()
+                _loss(ref, r, step).backward()
+                per_rank.append([p.grad.clone() for p in ref.parameters()])
+            want.append([sum(gs) / n for gs in zip(*per_rank)])
+            for p, g in zip(ref.parameters(), want[-1]):
+                p.grad = g.clone()  # (zero_grad zeroes in place)
+            opt.step()
+
+        def body(r, g):
+            net = TiedLM(True)
+            model = bt.DistributedDataParallel(net, g, static_graph=True, bucket_cap_mb=1e-4,
+                                               first_bucket_cap_mb=1e-5)
+            opt = torch.optim.SGD(net.parameters(), lr=0.1)
+            seen = []
+            for step in range(STEPS):
+                _loss(model, r, step).backward()
+                seen.append([p.grad.clone() for p in net.parameters()])
+                opt.step()
+                opt.zero_grad()
+            model.close()
+            return seen
+
+        for r, seen in enumerate(run_ranks(n, body)):
+            for step, (got, w) in enumerate(zip(seen, want)):
+                for i, (a, b) in enumerate(zip(got, w)):
+                    self.assertTrue(torch.equal(a, b), "rank %d step %d param %d: %s" %
+                                    (r, step, i, (a - b).abs().max()))
 
 
 class TiedNet(torch.nn.Module):
