@@ -183,16 +183,22 @@ class TiedWeightsTest(unittest.TestCase):
                     self.assert_equal(got, want, "gradients")
 
     def test_hook_firing_twice_without_static_graph_is_named(self):
-        def body(r, g):
-            net = TiedLM(True)
-            model = bt.DistributedDataParallel(net, group=g)
-            try:
-                with self.assertRaisesRegex(RuntimeError, r"'mix\.(weight|bias)'.*fired twice"
-                                            r".*static_graph=True"):
-                    _loss(model, r, 0).backward()
-            finally:
-                model.close()
-        _run_ranks(body)
+        for late in (False, True):  # torch's _set_static_graph() after construction
+            def body(r, g):
+                net = TiedLM(True)
+                model = bt.DistributedDataParallel(net, group=g)
+                if late:
+                    model._set_static_graph()
+                try:
+                    with self.assertRaisesRegex(
+                            RuntimeError, r"'mix\.(weight|bias)'.*fired twice.*" +
+                            (r"_set_static_graph\(\) after construction" if late
+                             else r"static_graph=True")):
+                        _loss(model, r, 0).backward()
+                finally:
+                    model.close()
+            with self.subTest(set_static_graph=late):
+                _run_ranks(body)
 
     def test_zero2_tied_matches_serial_adamw(self):
         want = _serial_adamw(False)
