@@ -65,13 +65,15 @@ class Block(torch.nn.Module):
 
 
 class GPT(torch.nn.Module):
-    def __init__(self, vocab, d, layers, heads, context):
+    def __init__(self, vocab, d, layers, heads, context, tie=False):
         super().__init__()
         self.tokens = torch.nn.Embedding(vocab, d)
         self.positions = torch.nn.Embedding(context, d)
         self.blocks = torch.nn.ModuleList(Block(d, heads, context) for _ in range(layers))
         self.ln = torch.nn.LayerNorm(d)
         self.head = torch.nn.Linear(d, vocab, bias=False)
+        if tie:  # GPT-2: the output head shares the token embedding (one parameter)
+            self.head.weight = self.tokens.weight
 
     def forward(self, idx):
         x = self.tokens(idx) + self.positions(torch.arange(idx.shape[1]))
@@ -121,7 +123,7 @@ def schedule(args):
 
 def make_net(args, vocab):
     torch.manual_seed(args.seed)
-    return GPT(vocab, args.width, args.layers, args.heads, args.context)
+    return GPT(vocab, args.width, args.layers, args.heads, args.context, args.tie_embeddings)
 
 
 def train(name, args, model, opt, data, rank, size):
@@ -239,6 +241,8 @@ def main():
     parser.add_argument("--bucket-cap-mb", type=float, default=0.25)
     parser.add_argument("--eval-batches", type=int, default=4)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--tie-embeddings", action="store_true",
+                        help="the output head shares the token embedding's weight (GPT-2)")
     parser.add_argument("--out", default=os.path.join(
         os.environ.get("BUILD_WORKING_DIRECTORY", "."), "train_gpt_out"))
     args = parser.parse_args()

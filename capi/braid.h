@@ -500,11 +500,23 @@ typedef struct braid_reducer_options {
   /* 1: with agree_unused, only the first synced backward agrees; later ones keep its map and
    * communicate nothing more (torch DDP's static_graph). 0 (default). */
   int static_graph;
+  /* ---- since 0.11: tied and reused parameters. NULL (default): every parameter is marked
+   * ready once per backward. Else n entries (the n of braid_reducer_create), copied:
+   * param_marks[i] >= 1 declares that params[i] is marked that many times per backward (once
+   * per contribution: a tied weight, a hook firing inside and outside a reentrant checkpoint;
+   * braid_reducer_mark_ready_grad's gradients are added); BRAID_MARKS_COUNTED (0): counted in
+   * the first synced backward that marks it, whose buckets from that parameter's on then launch
+   * at braid_reducer_finish_backward (torch DDP's static_graph). A bucket launches after its
+   * parameters' last marks. A mark beyond the count fails FAILED_PRECONDITION naming the
+   * parameter and adds nothing; fewer marks than the count (but some) fail finish_backward by
+   * name. < 0: INVALID_ARGUMENT naming params[i]. */
+  const int* param_marks;
 } braid_reducer_options_t;
 
 #define BRAID_UNUSED_NONE 0      /* braid_reducer_options_t.agree_unused */
 #define BRAID_UNUSED_AT_FINISH 1 /* agreed after the backward's buckets */
 #define BRAID_UNUSED_DECLARED 2  /* agreed first, from braid_reducer_declare_unused */
+#define BRAID_MARKS_COUNTED 0 /* braid_reducer_options_t.param_marks: counted, not declared */
 
 BRAID_API void braid_reducer_options_init(braid_reducer_options_t* opts);
 

@@ -28,7 +28,8 @@ namespace braid::capi {
 namespace {
 
 absl::StatusOr<std::vector<sched::ParamSpec>> ToSpecs(const braid_param_t* params, size_t n,
-                                                      Device device, const int* units) {
+                                                      Device device, const int* units,
+                                                      const int* marks) {
   if (params == nullptr && n > 0) {
     return absl::InvalidArgumentError(absl::StrCat("argument 'params' is NULL with n = ", n));
   }
@@ -52,6 +53,7 @@ absl::StatusOr<std::vector<sched::ParamSpec>> ToSpecs(const braid_param_t* param
       }
       specs[i].unit = units[i];
     }
+    if (marks != nullptr) specs[i].marks = marks[i];  // checked (named) by the reducer
   }
   return specs;
 }
@@ -171,7 +173,8 @@ braid_status_t braid_reducer_create(braid_group_t* shard, braid_group_t* replica
     RETURN_IF_ERROR(CheckNotNull(out, "out"));
     braid_reducer_options_t o;
     braid_reducer_options_init(&o);
-    // 0.5's struct ended after timeline_prefix.
+    // 0.5's struct ended after timeline_prefix, 0.6's after device, 0.7's after shard_gradients,
+    // 0.10's after priorities.
     RETURN_IF_ERROR(braid::capi::ReadVersionedOptions(
         opts,
         {offsetof(braid_reducer_options_t, device), offsetof(braid_reducer_options_t, param_units),
@@ -185,7 +188,8 @@ braid_status_t braid_reducer_create(braid_group_t* shard, braid_group_t* replica
     }
     const braid::Device device =
         o.device == BRAID_DEVICE_HOST ? braid::Device::Cpu() : braid::Device::Cuda(o.device);
-    ASSIGN_OR_RETURN(auto specs, braid::capi::ToSpecs(params, n, device, o.param_units));
+    ASSIGN_OR_RETURN(auto specs,
+                     braid::capi::ToSpecs(params, n, device, o.param_units, o.param_marks));
     braid::optim::StackOptions so;
     so.reducer = config;
     if (o.timeline_prefix != nullptr) so.timeline_prefix = o.timeline_prefix;

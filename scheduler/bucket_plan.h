@@ -38,6 +38,9 @@ namespace braid::sched {
 
 using ParamId = int64_t;
 
+// ParamSpec::marks: the reducer counts the marks of the first synced backward that has any.
+inline constexpr int kCountMarks = 0;
+
 struct ParamSpec {
   ParamId id = 0;
   size_t count = 0;
@@ -48,6 +51,11 @@ struct ParamSpec {
   // parameter belongs to, >= 0. A bucket never mixes units, so a unit is gathered and released
   // as whole buckets. Every parameter is in unit 0 unless told otherwise.
   int unit = 0;
+  // Reducer only (not part of the plan's layout): how many times the framework marks this
+  // parameter ready in one backward (a tied or reused parameter: once per contribution). 1 (the
+  // default) or more: declared; kCountMarks: counted in the first synced backward that marks it
+  // (scheduler/reducer_marks.h).
+  int marks = 1;
 
   std::string Label() const;  // "'name' (id 7)" or "id 7"
 };

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +12,7 @@
 #include "comm/reduce_kernels.h"
 #include "comm/status_macros.h"
 #include "scheduler/plan_check.h"
+#include "scheduler/reducer_marks.h"
 #include "scheduler/reducer_stages.h"
 #include "scheduler/reducer_storage.h"
 
@@ -40,6 +42,7 @@ absl::StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
       }
     }
   }
+  RETURN_IF_ERROR(ReducerMarks::Check(params));
   // The storage options (shard_gradients, shared_pool), checked before anything collective.
   ASSIGN_OR_RETURN(std::unique_ptr<BucketStorage> storage, BucketStorage::Create(config, groups));
   if (config.reduce_dtype != DType::kBF16 && config.reduce_dtype != DType::kF16 &&
@@ -72,15 +75,12 @@ GradientReducer::GradientReducer(BucketPlan plan, ReducerGroups groups, const Re
     : plan_(std::move(plan)),
       groups_(groups),
       config_(config),
-      marked_(new std::atomic<uint8_t>[plan_.params().size()]),
+      marks_(std::make_unique<ReducerMarks>(plan_)),
       accumulated_(new std::atomic<uint8_t>[plan_.params().size()]),
       external_(plan_.params().size(), nullptr),
       ops_(groups_.shard->buffer_ops()),
       storage_(std::move(storage)) {
-  for (size_t i = 0; i < plan_.params().size(); ++i) {
-    marked_[i].store(0);
-    accumulated_[i].store(0);
-  }
+  for (size_t i = 0; i < plan_.params().size(); ++i) accumulated_[i].store(0);
   ReducerStages::Rows rows;
   if (config_.timeline != nullptr && config_.timeline->enabled()) {
     tl_ = config_.timeline;
@@ -204,7 +204,7 @@ absl::Status GradientReducer::BeginBackward(SyncMode mode) {
   sync_ = mode;
   recording_.store(rebuild_pending_ && mode == SyncMode::kSync && ready_count_.load() == 0,
                    std::memory_order_relaxed);
-  for (size_t i = 0; i < plan_.params().size(); ++i) marked_[i].store(0, std::memory_order_relaxed);
+  marks_->Begin();
   declared_.store(false, std::memory_order_relaxed);
   used_->Begin(mode);
   stages_->Begin(mode);
@@ -249,39 +249,50 @@ absl::Status GradientReducer::MarkReadyImpl(ParamId id, DeviceEvent ready, const
     return absl::InvalidArgumentError(
         absl::StrCat("MarkReady(", p.Label(), ", grad): null gradient"));
   }
-  if (marked_[*i].exchange(1, std::memory_order_acq_rel) != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("MarkReady: parameter ", plan_.params()[*i].Label(),
-                     " was already marked ready in this backward"));
-  }
+  // Marks passing values: the copy (the window's first contribution) precedes the adds.
+  std::unique_lock<std::mutex> values_lock;
+  if (with_values) values_lock = std::unique_lock<std::mutex>(marks_->lock(*i));
+  ASSIGN_OR_RETURN(const ReducerMarks::Mark mark,
+                   marks_->Add(*i, /*launching=*/sync_ != SyncMode::kNoSync));
   if (tl_ != nullptr) tl_->Instant(tl_marks_, "mark", *i);
   if (with_values) {
     // Into the slot now: the first mark of the window copies (-0.0 survives), later ones add.
+    const bool add = mark.index > 0 || accumulated_[*i].load(std::memory_order_relaxed);
     const ParamSlot& slot = plan_.slot(*i);
     const size_t es = DTypeSize(p.dtype);
     absl::Status st = storage_->Fill(slot.bucket);
     if (st.ok()) st = ops_.WaitFor(ready);
     if (st.ok() && p.count > 0) {
       char* dst = storage_->Data(slot.bucket) + slot.offset * es;
-      st = accumulated_[*i].load(std::memory_order_relaxed)
-               ? ops_.Add(dst, grad, dst, p.count, p.dtype)
-               : ops_.Copy(dst, grad, p.count * es);
+      st = add ? ops_.Add(dst, grad, dst, p.count, p.dtype) : ops_.Copy(dst, grad, p.count * es);
     }
     if (!st.ok()) {
-      marked_[*i].store(0, std::memory_order_release);
-      return absl::Status(
-          st.code(),
-          absl::StrCat("MarkReady(", p.Label(), "): ",
-                       accumulated_[*i].load(std::memory_order_relaxed) ? "adding" : "copying",
-                       " its gradient into its bucket: ", st.message()));
+      marks_->Undo(*i);
+      return absl::Status(st.code(),
+                          absl::StrCat("MarkReady(", p.Label(), "): ", add ? "adding" : "copying",
+                                       " its gradient into its bucket: ", st.message()));
     }
     ready = {};  // waited for
+    values_lock.unlock();
   }
-  if (recording_.load(std::memory_order_relaxed)) ready_order_[ready_count_.fetch_add(1)] = *i;
+  if (recording_.load(std::memory_order_relaxed) && mark.index == 0) {
+    ready_order_[ready_count_.fetch_add(1)] = *i;
+  }
   used_->NoteMarked(*i);
   if (sync_ == SyncMode::kNoSync) {
     // Nothing reads the gradient in this backward; the synced one that does waits for its own
     // events, and the framework orders its accumulation itself. Keep no reference.
+    return absl::OkStatus();
+  }
+  if (!mark.completes) {
+    // More contributions follow (or the count is not known yet: FinishBackward makes the
+    // parameter ready). The comm stream waits for this one's producer now.
+    absl::Status st = ops_.WaitFor(ready);
+    if (!st.ok()) {
+      marks_->Undo(*i);
+      return absl::Status(st.code(), absl::StrCat("MarkReady(", p.Label(),
+                                                  "): waiting for its event: ", st.message()));
+    }
     return absl::OkStatus();
   }
   if (!config_.gradient_as_bucket_view) {
@@ -289,7 +300,7 @@ absl::Status GradientReducer::MarkReadyImpl(ParamId id, DeviceEvent ready, const
     absl::Status st = ops_.WaitFor(ready);
     if (st.ok()) st = Pack(*i);
     if (!st.ok()) {
-      marked_[*i].store(0, std::memory_order_release);
+      marks_->Undo(*i);
       return absl::Status(st.code(), absl::StrCat("MarkReady(", plan_.params()[*i].Label(),
                                                   "): packing into its bucket: ", st.message()));
     }
@@ -307,15 +318,36 @@ absl::Status GradientReducer::FinishBackward() {
   const auto& params = plan_.params();
   if (sync_ == SyncMode::kNoSync) {
     for (size_t i = 0; i < params.size(); ++i) {
-      if (marked_[i].load(std::memory_order_relaxed))
+      if (marks_->count(static_cast<int>(i)) > 0)
         accumulated_[i].store(1, std::memory_order_relaxed);
     }
     in_backward_.store(false, std::memory_order_release);
     return absl::OkStatus();
   }
   std::vector<int> unmarked;
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (!marked_[i].load(std::memory_order_acquire)) unmarked.push_back(static_cast<int>(i));
+  absl::Status count_error;  // a parameter marked fewer times than its count
+  for (size_t n = 0; n < params.size(); ++n) {
+    const int i = static_cast<int>(n);
+    if (marks_->unused(i)) continue;  // declared unused: reduced as zeros already
+    if (marks_->count(i) == 0) {
+      unmarked.push_back(i);
+      continue;
+    }
+    absl::StatusOr<ReducerMarks::Settled> settled = marks_->Settle(i);
+    if (!settled.ok()) {
+      count_error.Update(settled.status());
+    } else if (*settled == ReducerMarks::Settled::kLearned) {
+      // Counted now: ready (its contributions' events were waited for at their marks).
+      if (!config_.gradient_as_bucket_view) {
+        const absl::Status st = Pack(i);
+        if (!st.ok()) {
+          stages_->RecordError(
+              absl::Status(st.code(), absl::StrCat("FinishBackward: packing ", params[i].Label(),
+                                                   " into its bucket: ", st.message())));
+        }
+      }
+      stages_->ParamReady(plan_.slot(i).bucket);
+    }
   }
   absl::Status unused_error;
   if (config_.agree_unused == UnusedAgreement::kDeclared && !declared_.load()) {
@@ -351,9 +383,10 @@ absl::Status GradientReducer::FinishBackward() {
   in_backward_.store(false, std::memory_order_release);
   absl::Status first_error = stages_->first_error();
   // The used-map agreement (agree_unused): issued or completed now that every bucket is done.
-  const absl::Status used_error =
-      used_->Finish(deadline, unused_error.ok() && first_error.ok() && wait_error.ok());
+  const absl::Status used_error = used_->Finish(
+      deadline, unused_error.ok() && count_error.ok() && first_error.ok() && wait_error.ok());
   if (!unused_error.ok()) return unused_error;
+  if (!count_error.ok()) return count_error;
   if (!first_error.ok()) return first_error;
   if (!wait_error.ok()) return wait_error;
   return used_error;
@@ -370,7 +403,7 @@ void GradientReducer::ReduceUnmarked(int i, const char* caller) {
         absl::Status(st.code(), absl::StrCat(caller, ": preparing unused parameter ",
                                              plan_.params()[i].Label(), ": ", st.message())));
   }
-  marked_[i].store(1, std::memory_order_relaxed);
+  marks_->SetUnused(i);
   stages_->ParamReady(plan_.slot(i).bucket);
 }
 

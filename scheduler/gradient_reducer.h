@@ -49,6 +49,7 @@
 namespace braid::sched {
 
 class BucketStorage;
+class ReducerMarks;
 class ReducerStages;
 
 class GradientReducer {
@@ -78,14 +79,17 @@ class GradientReducer {
   WorkPtr BucketWork(int b) const;
 
   absl::Status BeginBackward(SyncMode mode);
-  // Any thread, any order, once per parameter per backward. `ready` is a device event to wait
-  // on before reading the gradient (device backends; ignored for CPU buffers). It must stay
-  // valid until the bucket's collective was issued (FinishBackward returned suffices). In a
-  // no_sync backward it is not used: the events of the synced backward that reduces the sum
-  // must come after every earlier write (one producer stream, as autograd's, does that).
-  // On device a null `ready` is trusted to mean the gradient is complete on the device already:
-  // the comm stream is not ordered after the framework's streams by anything else.
-  // With shard_gradients: FailedPrecondition (pass the gradient, below).
+  // Any thread, any order, once per parameter per backward, or ParamSpec::marks times (a tied
+  // or reused parameter; kCountMarks: as often as the first synced backward marked it, whose
+  // launches wait for FinishBackward until then): the bucket launches after the last one, and
+  // one more is refused with an error naming the parameter (scheduler/reducer_marks.h). `ready` is
+  // a device event to wait on before reading the gradient (device backends; ignored for CPU
+  // buffers). It must stay valid until the bucket's collective was issued (FinishBackward returned
+  // suffices). In a no_sync backward it is not used: the events of the synced backward that reduces
+  // the sum must come after every earlier write (one producer stream, as autograd's, does that). On
+  // device a null `ready` is trusted to mean the gradient is complete on the device already: the
+  // comm stream is not ordered after the framework's streams by anything else. With
+  // shard_gradients: FailedPrecondition (pass the gradient, below).
   absl::Status MarkReady(ParamId id, DeviceEvent ready = {});
   // The same, passing the framework's gradient of `id` (its registered count and dtype; host
   // memory, or device memory on device reducers): copied (first mark of the accumulation
@@ -98,7 +102,8 @@ class GradientReducer {
   absl::Status MarkReady(ParamId id, DeviceEvent ready, const void* grad);
   // Returns once every reduction of this backward completed (or the deadline passed: the error
   // names the bucket and group). Unmarked parameters: zero-filled and reduced with
-  // allow_unused, else an error naming them.
+  // allow_unused, else an error naming them; one marked fewer times than its count: an error
+  // naming it (its bucket is not reduced).
   absl::Status FinishBackward();
   // agree_unused = kDeclared: the parameters this rank will not mark in this backward (torch
   // finds them at forward's end). Once per backward on every rank (an empty list too), after
@@ -180,7 +185,7 @@ class GradientReducer {
   BucketPlan plan_;
   ReducerGroups groups_;
   ReducerConfig config_;
-  std::unique_ptr<std::atomic<uint8_t>[]> marked_;  // per parameter, this backward
+  std::unique_ptr<ReducerMarks> marks_;  // per parameter: marks this backward, and expected
   // Per parameter: marked in a no_sync backward since the last sync. Atomic: the optimizer's
   // stepper resets a bucket's flags (ZeroBucket) while the framework's thread finishes the
   // backward.

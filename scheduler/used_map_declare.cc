@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "comm/status_macros.h"
 #include "scheduler/gradient_reducer.h"
+#include "scheduler/reducer_marks.h"
 #include "scheduler/reducer_stages.h"
 
 namespace braid::sched {
@@ -22,7 +23,7 @@ absl::Status GradientReducer::DeclareUnused(const std::vector<ParamId>& ids) {
   }
   const size_t n = plan_.params().size();
   for (size_t i = 0; i < n; ++i) {
-    if (marked_[i].load(std::memory_order_acquire)) {
+    if (marks_->count(static_cast<int>(i)) > 0) {
       // A bucket may have launched already: the agreement would not come first on this rank.
       return absl::FailedPreconditionError(
           absl::StrCat("DeclareUnused after MarkReady(", plan_.params()[i].Label(),
@@ -46,7 +47,7 @@ absl::Status GradientReducer::DeclareUnused(const std::vector<ParamId>& ids) {
   }
   // Marked before any MarkReady is accepted: a later mark of a declared parameter is an error.
   for (size_t i = 0; i < n; ++i) {
-    if (declared[i]) marked_[i].store(1, std::memory_order_relaxed);
+    if (declared[i]) marks_->SetUnused(static_cast<int>(i));
   }
   declared_.store(true, std::memory_order_release);
   // First the agreement (the shard group's first collective of this backward), then the

@@ -4,12 +4,12 @@
 # from the script: the CSV has a finite loss for every step and both runs, each run's last
 # losses are clearly below its first, the two runs agree, and the PNG decodes to a non-blank
 # image.
-#   train_gpt_test.sh
+#   train_gpt_test.sh [train_gpt.py flags, e.g. --tie-embeddings]
 set -euo pipefail
 out="${TEST_TMPDIR:-$(mktemp -d)}/train_gpt_out"
 steps=20
 tests/run_mpi.sh 2 tests/python/run_python.sh bench/train_gpt.py --steps "${steps}" \
-  --width 32 --heads 2 --context 32 --batch 8 --eval-batches 1 --out "${out}"
+  --width 32 --heads 2 --context 32 --batch 8 --eval-batches 1 --out "${out}" "$@"
 exec tests/python/run_python.sh - "${out}" "${steps}" <<'PY'
 import csv, math, sys
 import matplotlib

@@ -110,7 +110,8 @@ class ReducerOptions(ctypes.Structure):
                 # 0.9: communication scheduling
                 ("credit_bytes", ctypes.c_size_t), ("priorities", ctypes.c_int),
                 # 0.11: divergent control flow (the used-map agreement)
-                ("agree_unused", ctypes.c_int), ("static_graph", ctypes.c_int)]
+                ("agree_unused", ctypes.c_int), ("static_graph", ctypes.c_int),
+                ("param_marks", ctypes.POINTER(ctypes.c_int))]  # 0.11: tied / reused
 
 
 class OptimizerOptions(ctypes.Structure):

@@ -31,7 +31,10 @@ class Reducer(_Handle):
     reduces buckets larger than it as partitions of at most credit_mb MiB, a credit in flight
     per group; `priorities=True` lets an optimizer's parameter all-gathers (the next forward's
     inputs) go ahead of reduction partitions not yet issued. Same results bit for bit; every
-    rank must pass the same values."""
+    rank must pass the same values.
+    Tied and reused parameters (0.11): `param_marks` (one int per entry of `params`: how many
+    times it is marked ready per backward, >= 1, or 0 to have them counted in the first synced
+    backward; default once each)."""
 
     _destroy = "braid_reducer_destroy"
 
@@ -39,7 +42,7 @@ class Reducer(_Handle):
                  first_bucket_cap_mb=1.0, allow_unused=False, reduce_dtype=None,
                  timeout_ms=300000, timeline_prefix=None, device=None, param_units=None,
                  shard_gradients=False, credit_mb=0.0, priorities=False, agree_unused=None,
-                 static_graph=False):
+                 static_graph=False, param_marks=None):
         opts = _lib.init_options(_lib.ReducerOptions, "braid_reducer_options_init")
         if mode not in MODES:
             raise ValueError("mode %r: one of %s" % (mode, ", ".join(MODES)))
@@ -59,6 +62,13 @@ class Reducer(_Handle):
                                  (len(param_units), len(params)))
             units = (ctypes.c_int * len(params))(*[int(u) for u in param_units])
             opts.param_units = units
+        marks = None
+        if param_marks is not None:
+            if len(param_marks) != len(params):
+                raise ValueError("param_marks has %d entries for %d parameters" %
+                                 (len(param_marks), len(params)))
+            marks = (ctypes.c_int * len(params))(*[int(m) for m in param_marks])
+            opts.param_marks = marks
         opts.shard_gradients = 1 if shard_gradients else 0
         if credit_mb < 0:
             raise ValueError("credit_mb %r: 0 (off) or a positive size in MiB" % (credit_mb,))

@@ -8,6 +8,7 @@ import torch
 
 from . import _owners, core
 from ._fsdp_local import LocalShards
+from ._fsdp_tied import TiedUnits, tied_owners
 from ._fsdp_params import (  # noqa: F401 (FullyShardedParameter: braid.fsdp's too)
     _TENSOR_GRAD, FullyShardedParameter, _released_data, _tensors)
 from ._used_map import agreement_options
@@ -86,12 +87,10 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         for unit, m in sorted(enumerate(unit_modules, 1), key=lambda e: depth[id(e[1])]):
             for p in m.parameters():
                 prev = owner.get(id(p))
-                if prev is not None and not self._nested(unit_modules[prev - 1], m):
-                    raise ValueError(
-                        "a parameter is shared by units %r and %r: put both in one unit or "
-                        "leave it to the root" % (names[id(unit_modules[prev - 1])],
-                                                  names[id(m)]))
-                owner[id(p)] = unit
+                if prev is None or self._nested(unit_modules[prev - 1], m):
+                    owner[id(p)] = unit  # else tied across units: resolved below
+        owner, borrows = tied_owners(module, unit_modules, owner)  # braid/_fsdp_tied.py
+        self._tied = TiedUnits(self, borrows) if borrows else None
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self._params = [p for _, p in named]
         self._names = [n for n, _ in named]
@@ -117,6 +116,8 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
             self._unit_params[u].append(pid)
         self._has_buckets = [bool(self._unit_params[u]) and bool(self.reducer.unit_buckets(u))
                              for u in range(nunits)]
+        # Units entered: those with buckets, and those borrowing a tied parameter's unit.
+        self._active = [self._has_buckets[u] or u in borrows for u in range(nunits)]
         self.fsdp_options = dict(reshard_after_forward=bool(reshard_after_forward),
                                  prefetch=prefetch,
                                  max_live_bytes=int((max_live_mb or 0) * 1024 * 1024))
@@ -131,7 +132,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
             self._hooks.append(acc.register_hook(functools.partial(self._grad_ready, pid)))
             self._grad_accs.append(acc)
         for unit, m in enumerate(unit_modules, 1):
-            if self._has_buckets[unit]:
+            if self._active[unit]:
                 self._hooks.append(m.register_forward_pre_hook(
                     functools.partial(self._unit_pre_forward, unit)))
                 self._hooks.append(m.register_forward_hook(
@@ -257,17 +258,29 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
 
     # -- units
     def _enter(self, unit, phase):
-        self._opt.unit_enter(unit, phase)
+        if self._tied is not None:
+            return self._tied.enter(unit, phase)  # and the units it borrows
+        self._enter_unit(unit, phase)
+
+    def _exit(self, unit, phase):
+        if self._tied is not None:
+            return self._tied.exit(unit, phase)  # and what it borrowed, unless still held
+        self._exit_unit(unit, phase)
+
+    def _enter_unit(self, unit, phase):
+        if self._has_buckets[unit]:  # (a unit only borrowing has none)
+            self._opt.unit_enter(unit, phase)
         self._entered[unit] = phase
         self._step_due = True
         for pid in self._unit_params[unit]:
             self._bind(pid)
 
-    def _exit(self, unit, phase):
+    def _exit_unit(self, unit, phase):
         for pid in self._unit_params[unit]:
             self._release(pid)
         del self._entered[unit]
-        self._opt.unit_exit(unit, phase)
+        if self._has_buckets[unit]:
+            self._opt.unit_exit(unit, phase)
         if phase == "forward" and not self.fsdp_options["reshard_after_forward"]:
             self._kept.append(unit)  # gathered until its backward (or _drain)
         elif phase == "backward" and unit in self._kept:
@@ -320,7 +333,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         self._end_step()
         grad = torch.is_grad_enabled()
         self._armed = self._sync
-        if self._has_buckets[_ROOT]:
+        if self._active[_ROOT]:
             self._enter(_ROOT, "forward")
         try:
             if grad:
@@ -335,9 +348,9 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         if needs_grad:
             for t in needs_grad:
                 t.register_hook(self._root_pre_backward)
-            self._root_kept = self._has_buckets[_ROOT]
+            self._root_kept = self._active[_ROOT]
         else:
-            if self._has_buckets[_ROOT]:
+            if self._active[_ROOT]:
                 self._exit(_ROOT, "forward")
             if not self.fsdp_options["reshard_after_forward"]:
                 self._drain()  # no backward will release the kept units
@@ -345,6 +358,8 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
 
     def _exit_all(self, phase):
         """Exits every unit entered in `phase`, innermost (highest) first."""
+        if self._tied is not None:
+            return self._tied.exit_all(phase)
         for unit in sorted((u for u, ph in self._entered.items() if ph == phase), reverse=True):
             self._exit(unit, phase)
 

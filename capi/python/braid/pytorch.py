@@ -48,6 +48,7 @@ from ._ddp_args import WHAT, read_arguments
 from ._ddp_devices import to_device
 from ._ddp_graph import GraphCheck, graph_grad, unreached
 from ._ddp_profile import CollectiveRanges, call_profiled, profiled
+from ._ddp_reuse import mark_again, reuse_marks
 from ._ddp_grads import GradPresence
 from ._ddp_verify import verify_same_model
 from ._used_map import agreement_options, declare_unused
@@ -154,11 +155,13 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
             allow_unused=self._allow_unused,
             reduce_dtype=reduce_dtype, timeout_ms=timeout_ms, timeline_prefix=timeline_prefix,
             device=self._device, credit_mb=credit_mb, priorities=priorities,
+            param_marks=reuse_marks(len(named), self.static_graph),
             **agreement_options(self._allow_unused and mode != "allreduce", "declared",
                                 self.static_graph))
         # Sharded modes: the reducer agrees on use (declared at each backward's start), so a
         # sharded optimizer skips parameters no rank used (braid/_used_map.py).
         self._declares = self._agrees_unused = self._allow_unused and mode != "allreduce"
+        self._marks_counted = self.static_graph  # a hook may fire twice (braid/_ddp_reuse.py)
         self._mode = mode
         self._names = [n for n, _ in named]
         self._graph = GraphCheck(self._names, static_graph, group.rank)
@@ -574,7 +577,8 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
             elif p.grad is None or p.grad.data_ptr() != view.data_ptr():
                 raise RuntimeError("parameter %d: its .grad was replaced during backward; "
                                    "Braid reduces the bucket view bound at forward" % pid)
-            self._mark(pid)
+            if pid not in self._hooked or mark_again(self, pid):  # braid/_ddp_reuse.py
+                self._mark(pid)
             self._hooked.add(pid)
             if got:
                 self._presence.none.discard(pid)  # it has a gradient now
