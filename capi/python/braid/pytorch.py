@@ -50,6 +50,7 @@ from ._ddp_graph import GraphCheck, graph_grad, unreached
 from ._ddp_profile import CollectiveRanges, call_profiled, profiled
 from ._ddp_grads import GradPresence
 from ._ddp_verify import verify_same_model
+from ._recompute import FinishOnce
 from ._views import (_broadcast_buffers, _broadcast_module, _ready_event, _sync_scope, _view,
                      _weak_call)
 from .fsdp import FullyShardedDataParallel, FullyShardedParameter  # noqa: F401
@@ -181,6 +182,8 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         self._sync = "sync"          # the sync mode of forwards run now
         self._armed = "sync"         # the sync mode the next backward uses
         self._in_backward = False
+        # The end-of-backward callback, queued in the outermost backward (_recompute.py).
+        self._finish = FinishOnce(self._finish_backward)
         self._find_unused = self.find_unused_parameters or self.static_graph
         self._unused = []            # ids the last forward's outputs do not reach
         self._early = set()          # ids marked unused at the start of this backward
@@ -332,6 +335,8 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         if self.device_ids:  # torch: inputs go to the module's device first
             args, kwargs = to_device((args, kwargs), self.device_ids[0])
         out = self.module(*args, **kwargs)
+        if torch.is_grad_enabled():
+            self._finish.watch(out)  # activation checkpointing: _recompute.py
         self._sync_buffers_next = synced  # torch DDP's require_forward_param_sync
         if self._find_unused and torch.is_grad_enabled():
             with profiled("search_unused_parameters"):  # torch's range name
@@ -516,7 +521,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
                 if self._armed != "no_sync":  # torch profiler ranges (braid/_ddp_profile.py)
                     self._ranges.begin(len(self._params))
                 self._in_backward = True
-                torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+                self._finish.queue()  # unless an output's hook queued it
                 self._early, self._hooked = set(), set()
                 if early:
                     self._mark_unused()
@@ -556,6 +561,8 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
             self._abandon_backward(str(e))
 
     def _finish_backward(self):
+        if not self._in_backward:
+            return  # an output's hook queued it and no parameter's hook ran (or it ended)
         self._in_backward = False
         self._bind_all()  # then _presence.finish sets None where torch leaves None
         unused = None
