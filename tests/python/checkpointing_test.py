@@ -165,13 +165,13 @@ class CheckpointingTest(unittest.TestCase):
                     what, i, m))
 
     # ---- all-reduce DDP ---------------------------------------------------------------------
-    def _allreduce(self, mode):
+    def _allreduce(self, mode, **kw):
         reentrant = MODES[mode]
         want = _torch_ddp(reentrant)
 
         def body(r, g):
             net = Net(reentrant)
-            model = bt.DistributedDataParallel(net, group=g)
+            model = bt.DistributedDataParallel(net, group=g, **kw)
             grads = _loop(r, model, _adamw(net.parameters()), net)
             out = grads, _params(net)
             model.close()
@@ -185,9 +185,14 @@ class CheckpointingTest(unittest.TestCase):
 
     def test_allreduce_reentrant_equals_torch_ddp(self):
         self._allreduce("reentrant")
+        # torch's own recipe: static_graph=True (no graph search, which cannot see the
+        # parameters behind a reentrant checkpoint).
+        self._allreduce("reentrant", static_graph=True)
 
     def test_allreduce_nonreentrant_equals_torch_ddp(self):
         self._allreduce("nonreentrant")
+        self._allreduce("nonreentrant", static_graph=True)
+        self._allreduce("nonreentrant", find_unused_parameters=True)
 
     # ---- ZeRO-2 -------------------------------------------------------------------------------
     def _zero2_run(self, mode):

@@ -91,8 +91,10 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
       gradient is reduced as it is, and the next forward with grad raises torch's error
       ("Expected to have finished reduction in the prior iteration ..."), as does every
       later one: wrap the module again (braid/_ddp_graph.py has the state and recovery).
-      static_graph=True implies the search and refuses a graph that changes, as torch
-      (torch's private _set_static_graph() before the first forward does the same).
+      static_graph=True: no search (as torch 1.13; reentrant checkpointing needs it): the
+      first synced backward records the unused ones, marked at the start of later ones, and
+      a graph that changes is refused, as torch (torch's private _set_static_graph() before
+      the first forward does the same).
     backward(create_graph=True): reduced; p.grad is the reduced gradient without a graph.
     check_reduction: deprecated in torch; ignored (with torch's warning).
     gradient_as_bucket_view: gradients always live in Braid's buckets; docs/design/pytorch.md,
@@ -338,7 +340,10 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         if torch.is_grad_enabled():
             self._finish.watch(out)  # activation checkpointing: _recompute.py
         self._sync_buffers_next = synced  # torch DDP's require_forward_param_sync
-        if self._find_unused and torch.is_grad_enabled():
+        static = self._graph.static_unused()  # static_graph: no search, as torch
+        if static is not None and torch.is_grad_enabled():
+            self._unused = static
+        elif self._find_unused and torch.is_grad_enabled():
             with profiled("search_unused_parameters"):  # torch's range name
                 self._unused = unreached(out, self._params, self._grad_accs)
         else:
