@@ -171,13 +171,16 @@ def run_ddp(args, vocab, train_data, val_data, rank, size):
 
 def run_braid(args, vocab, group, train_data, val_data, rank, size):
     net = make_net(args, vocab)
+    # Before wrapping: FullyShardedDataParallel makes each parameter a 1-D piece of itself until
+    # a sharded optimizer holds it, so p.dim() no longer tells matrices from vectors.
+    groups = param_groups(net, args.weight_decay)
     if args.braid == "fsdp":
         model = bt.FullyShardedDataParallel(net, group, auto_wrap_policy={Block},
                                             bucket_cap_mb=args.bucket_cap_mb)
     else:
         model = bt.DistributedDataParallel(net, group, mode="reduce_scatter",
                                            bucket_cap_mb=args.bucket_cap_mb)
-    opt = bt.ShardedAdamW(model, lr=args.lr, params=param_groups(net, args.weight_decay))
+    opt = bt.ShardedAdamW(model, lr=args.lr, params=groups)
     name = "Braid " + ("FSDP" if args.braid == "fsdp" else "ZeRO-2")
     losses, lrs, per_step = train(name, args, model, opt, train_data, rank, size)
     val = validation_loss(args, model, val_data, rank, size)
