@@ -11,9 +11,12 @@ braid.pytorch at 2 ranks as threads of a `local` world, several steps with an op
     pieces: bit for bit against a serial single-process reference (the ranks' averaged loss),
     and with ShardedAdamW equal to the same run without checkpointing.
 
-Each parameter lies in one checkpoint region. checkpointing_mpi.py runs the DDP case under
-mpirun."""
+Also: gradient accumulation (a no_sync / set_requires_gradient_sync(False) micro-batch first)
+equal to the same run without checkpointing; units checkpointing their own body; a ZeRO-2
+recompute that reads a bucket whose gradients are complete is refused by name. Each parameter
+lies in one checkpoint region. checkpointing_mpi.py runs DDP and ZeRO-2 under mpirun."""
 
+import contextlib
 import datetime
 import unittest
 
@@ -30,11 +33,19 @@ MODES = {"none": None, "reentrant": True, "nonreentrant": False}
 
 
 class Block(torch.nn.Module):
-    def __init__(self, d):
+    """inner: checkpoints its own body (inside a fully_shard unit) with use_reentrant=inner."""
+
+    def __init__(self, d, inner=None):
         super().__init__()
         self.fc, self.proj = torch.nn.Linear(d, 2 * d), torch.nn.Linear(2 * d, d)
+        self.inner = inner
 
     def forward(self, x):
+        if self.inner is None:
+            return self._body(x)
+        return checkpoint(self._body, x, use_reentrant=self.inner)
+
+    def _body(self, x):
         return x + self.proj(torch.tanh(self.fc(x)))
 
 
@@ -94,13 +105,21 @@ def _adamw(params):
     return torch.optim.AdamW(params, lr=0.01, weight_decay=0.1)
 
 
-def _loop(r, model, opt, net):
-    """STEPS steps; returns each step's gradients (None where not readable) and the final
-    parameters."""
+def _loop(r, model, opt, net, accumulate=1):
+    """STEPS steps of `accumulate` micro-batches (all but the last without gradient sync);
+    returns each step's gradients (None where not readable)."""
     grads = []
     for s in range(STEPS):
-        x, y = _data(r, s)
-        torch.nn.functional.mse_loss(model(x), y).backward()
+        for m in range(accumulate):
+            sync = m == accumulate - 1
+            if hasattr(model, "set_requires_gradient_sync"):  # fully_shard's switch
+                model.set_requires_gradient_sync(sync)
+                window = contextlib.nullcontext()
+            else:
+                window = contextlib.nullcontext() if sync else model.no_sync()
+            with window:
+                x, y = _data(r, s * accumulate + m)
+                torch.nn.functional.mse_loss(model(x), y).backward()
         grads.append([p.grad.clone() if type(p.grad) is torch.Tensor else None
                       for p in net.parameters()])
         opt.step()
@@ -195,13 +214,13 @@ class CheckpointingTest(unittest.TestCase):
         self._allreduce("nonreentrant", find_unused_parameters=True)
 
     # ---- ZeRO-2 -------------------------------------------------------------------------------
-    def _zero2_run(self, mode):
+    def _zero2_run(self, mode, accumulate=1):
         def body(r, g):
             net = Net(MODES[mode])
             model = bt.DistributedDataParallel(net, group=g, mode="reduce_scatter",
                                                bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-4)
             opt = bt.ShardedAdamW(model, lr=0.01, weight_decay=0.1)
-            _loop(r, model, opt, net)
+            _loop(r, model, opt, net, accumulate)
             out = _params(net)
             opt.close()
             model.close()
@@ -221,6 +240,13 @@ class CheckpointingTest(unittest.TestCase):
     def test_zero2_nonreentrant(self):
         self._zero2("nonreentrant")
 
+    def test_zero2_accumulation_equals_no_checkpointing(self):
+        # The recompute in a no_sync backward waits for its buckets as any forward does.
+        plain = self._zero2_run("none", accumulate=2)
+        for mode in ("reentrant", "nonreentrant"):
+            for r, params in enumerate(self._zero2_run(mode, accumulate=2)):
+                self.assertSame(params, plain[r], "%s rank %d, 2 micro-batches" % (mode, r))
+
     def test_zero2_recompute_reading_a_stepped_bucket_raises(self):
         def body(r, g):
             net = Peek()
@@ -236,9 +262,14 @@ class CheckpointingTest(unittest.TestCase):
         run_ranks(N, body)
 
     # ---- fully_shard units ------------------------------------------------------------------
-    def _fully_shard_run(self, mode, sharded_opt):
+    def _fully_shard_run(self, mode, sharded_opt, accumulate=1, inside=False):
+        """inside: each unit checkpoints its own body (the unit's hooks do not run again)
+        instead of the regions around the units."""
         def body(r, g):
-            net = Net(MODES[mode])
+            net = Net(None if inside else MODES[mode])
+            if inside:
+                for b in net.blocks:
+                    b.inner = MODES[mode]
             for b in net.blocks:
                 bt.fully_shard(b, group=g)
             bt.fully_shard(net, group=g)
@@ -246,7 +277,7 @@ class CheckpointingTest(unittest.TestCase):
                 opt = bt.ShardedAdamW(net.parameters(), lr=0.01, weight_decay=0.1)
             else:
                 opt = _adamw(net.parameters())
-            _loop(r, net, opt, net)
+            _loop(r, net, opt, net, accumulate)
             with net.summon_full_params():
                 out = _params(net)
             if sharded_opt:
@@ -271,6 +302,18 @@ class CheckpointingTest(unittest.TestCase):
 
     def test_fully_shard_nonreentrant(self):
         self._fully_shard("nonreentrant")
+
+    def test_fully_shard_checkpoint_inside_units(self):
+        want = _serial(None)
+        for mode in ("reentrant", "nonreentrant"):
+            for r, params in enumerate(self._fully_shard_run(mode, False, inside=True)):
+                self.assertSame(params, want, "%s inside units, rank %d" % (mode, r))
+
+    def test_fully_shard_accumulation_equals_no_checkpointing(self):
+        plain = self._fully_shard_run("none", True, accumulate=2)
+        for mode in ("reentrant", "nonreentrant"):
+            for r, params in enumerate(self._fully_shard_run(mode, True, accumulate=2)):
+                self.assertSame(params, plain[r], "%s rank %d, 2 micro-batches" % (mode, r))
 
 
 if __name__ == "__main__":
