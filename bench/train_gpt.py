@@ -2,18 +2,21 @@
 
     tools/bazelw run //bench:train_gpt                     # 2 ranks under mpirun, 2 x 300 steps
     tools/bazelw run //bench:train_gpt -- --steps 600 --layers 4 --braid zero2 --out /tmp/gpt
+    tools/bazelw run //bench:train_gpt -- --tied-embeddings --checkpoint reentrant
 
 Each rank (a process of mpirun) trains the same character-level GPT (pre-norm transformer
 blocks, causal self-attention) from the same initial weights twice, on the same batches:
   ddp    torch.nn.parallel.DistributedDataParallel (gloo) + torch.optim.AdamW
   braid  braid.pytorch.FullyShardedDataParallel (one unit per block; --braid zero2:
          DistributedDataParallel in reduce_scatter mode) + braid.pytorch.ShardedAdamW
-both with two param groups (weight decay on matrices and embeddings, none on biases and
-LayerNorms) and the same warm-up + cosine schedule (torch.optim.lr_scheduler.LambdaLR). The
-text is the GNU GPL version 3 as Debian ships it (base-files: /usr/share/common-licenses/GPL-3;
---text names another file); its last tenth is held out for the validation loss. Rank 0 shows
-a tqdm progress bar per run and writes to --out (default ./train_gpt_out in the directory
-`bazel run` was started from):
+(--tied-embeddings: the head shares the token embedding's weight, as GPT-2; --checkpoint
+reentrant / nonreentrant: every block under torch.utils.checkpoint, torch DDP then with
+static_graph=True for reentrant, as torch requires), both with two param groups (weight
+decay on matrices and embeddings, none on biases and LayerNorms) and the same warm-up +
+cosine schedule (torch.optim.lr_scheduler.LambdaLR). The text is the GNU GPL version 3 as
+Debian ships it (base-files: /usr/share/common-licenses/GPL-3; --text names another file); its
+last tenth is held out for the validation loss. Rank 0 shows a tqdm progress bar per run and
+writes to --out (default ./train_gpt_out in the directory `bazel run` was started from):
   losses.csv      step, lr, the two runs' training loss (mean over ranks)
   loss_curve.png  both curves on one plot, and their difference below it
 Both runs do the same arithmetic up to the order of floating-point sums (gloo's vs Braid's)
@@ -33,6 +36,7 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch.utils.checkpoint
 
 import braid
 from braid import pytorch as bt
@@ -65,20 +69,30 @@ class Block(torch.nn.Module):
 
 
 class GPT(torch.nn.Module):
-    def __init__(self, vocab, d, layers, heads, context, tie=False):
+    """tied: the output head shares the token embedding's weight (GPT-2's weight tying).
+    checkpoint: "reentrant" / "nonreentrant" recompute each block's activations in the
+    backward (torch.utils.checkpoint with use_reentrant True / False), "none" keeps them."""
+
+    def __init__(self, vocab, d, layers, heads, context, tied=False, checkpoint="none"):
         super().__init__()
         self.tokens = torch.nn.Embedding(vocab, d)
         self.positions = torch.nn.Embedding(context, d)
         self.blocks = torch.nn.ModuleList(Block(d, heads, context) for _ in range(layers))
         self.ln = torch.nn.LayerNorm(d)
         self.head = torch.nn.Linear(d, vocab, bias=False)
-        if tie:  # GPT-2: the output head shares the token embedding (one parameter)
+        if tied:  # GPT-2's init of the shared matrix (N(0, 1) would start at a loss of ~24)
+            torch.nn.init.normal_(self.tokens.weight, std=0.02)
             self.head.weight = self.tokens.weight
+        self.checkpoint = checkpoint
 
     def forward(self, idx):
         x = self.tokens(idx) + self.positions(torch.arange(idx.shape[1]))
         for block in self.blocks:
-            x = block(x)
+            if self.checkpoint == "none" or not torch.is_grad_enabled():  # (evaluation)
+                x = block(x)
+            else:
+                x = torch.utils.checkpoint.checkpoint(
+                    block, x, use_reentrant=self.checkpoint == "reentrant")
         return self.head(self.ln(x))
 
 
@@ -123,7 +137,8 @@ def schedule(args):
 
 def make_net(args, vocab):
     torch.manual_seed(args.seed)
-    return GPT(vocab, args.width, args.layers, args.heads, args.context, args.tie_embeddings)
+    return GPT(vocab, args.width, args.layers, args.heads, args.context,
+               tied=args.tied_embeddings, checkpoint=args.checkpoint)
 
 
 def train(name, args, model, opt, data, rank, size):
@@ -165,7 +180,9 @@ def validation_loss(args, model, data, rank, size):
 
 def run_ddp(args, vocab, train_data, val_data, rank, size):
     net = make_net(args, vocab)
-    model = torch.nn.parallel.DistributedDataParallel(net)
+    # torch DDP supports reentrant checkpointing with static_graph=True only.
+    model = torch.nn.parallel.DistributedDataParallel(
+        net, static_graph=args.checkpoint == "reentrant")
     opt = torch.optim.AdamW(param_groups(net, args.weight_decay), lr=args.lr)
     losses, lrs, per_step = train("torch DDP", args, model, opt, train_data, rank, size)
     return losses, lrs, per_step, validation_loss(args, model, val_data, rank, size)
@@ -173,13 +190,16 @@ def run_ddp(args, vocab, train_data, val_data, rank, size):
 
 def run_braid(args, vocab, group, train_data, val_data, rank, size):
     net = make_net(args, vocab)
+    # Before wrapping: FullyShardedDataParallel makes each parameter a 1-D piece of itself until
+    # a sharded optimizer holds it, so p.dim() no longer tells matrices from vectors.
+    groups = param_groups(net, args.weight_decay)
     if args.braid == "fsdp":
         model = bt.FullyShardedDataParallel(net, group, auto_wrap_policy={Block},
                                             bucket_cap_mb=args.bucket_cap_mb)
     else:
         model = bt.DistributedDataParallel(net, group, mode="reduce_scatter",
                                            bucket_cap_mb=args.bucket_cap_mb)
-    opt = bt.ShardedAdamW(model, lr=args.lr, params=param_groups(net, args.weight_decay))
+    opt = bt.ShardedAdamW(model, lr=args.lr, params=groups)
     name = "Braid " + ("FSDP" if args.braid == "fsdp" else "ZeRO-2")
     losses, lrs, per_step = train(name, args, model, opt, train_data, rank, size)
     val = validation_loss(args, model, val_data, rank, size)
@@ -239,10 +259,12 @@ def main():
     parser.add_argument("--weight-decay", type=float, default=0.1)
     parser.add_argument("--braid", choices=("fsdp", "zero2"), default="fsdp")
     parser.add_argument("--bucket-cap-mb", type=float, default=0.25)
+    parser.add_argument("--tied-embeddings", "--tie-embeddings", action="store_true",
+                        help="the output head shares the token embedding's weight")
+    parser.add_argument("--checkpoint", choices=("none", "reentrant", "nonreentrant"),
+                        default="none", help="activation checkpointing of every block")
     parser.add_argument("--eval-batches", type=int, default=4)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--tie-embeddings", action="store_true",
-                        help="the output head shares the token embedding's weight (GPT-2)")
     parser.add_argument("--out", default=os.path.join(
         os.environ.get("BUILD_WORKING_DIRECTORY", "."), "train_gpt_out"))
     args = parser.parse_args()
@@ -257,9 +279,12 @@ def main():
     if rank == 0:
         n = sum(p.numel() for p in make_net(args, len(chars)).parameters())
         print("train_gpt: %s (%d characters, vocabulary %d), GPT %d layers x %d wide (%d "
-              "parameters), %d ranks x %d sequences of %d, %d steps" % (
+              "parameters%s), %d ranks x %d sequences of %d, %d steps%s" % (
                   args.text, len(train_data) + len(val_data), len(chars), args.layers,
-                  args.width, n, size, args.batch, args.context, args.steps), flush=True)
+                  args.width, n, ", tied embeddings" if args.tied_embeddings else "", size,
+                  args.batch, args.context, args.steps,
+                  "" if args.checkpoint == "none" else
+                  ", %s activation checkpointing" % args.checkpoint), flush=True)
     ddp_losses, lrs, ddp_step, ddp_val = run_ddp(args, len(chars), train_data, val_data,
                                                  rank, size)
     braid_losses, braid_lrs, braid_step, braid_val = run_braid(

@@ -95,6 +95,16 @@ class GraphCheck:
             raise RuntimeError(self._pending)
         self.iteration += 1
 
+    def static_unused(self):
+        """static_graph: the ids a forward marks unused (ready at the start of the backward):
+        none in the first iteration (every one not hooked is reduced at its end), then the
+        first synced backward's, as torch 1.13 (it never searches the graph under
+        static_graph, so a parameter that only a reentrant checkpoint's inner backward reaches
+        counts as used). None without static_graph (find_unused_parameters searches)."""
+        if not self.static_graph:
+            return None
+        return sorted(self._static_unused or ())
+
     def check_hooked(self, pid):
         """A synced backward's hook of `pid` fired: under static_graph, a parameter unused in
         the first iteration is an error (raised into the backward, which ends it)."""

@@ -366,11 +366,20 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
     def _unit_pre_forward(self, unit, module, inputs):
         if self._opt is None or self._summoned:
             return
+        if self._in_backward:
+            # Activation checkpointing's recompute, as FSDP2: a unit entered for its backward
+            # (its outputs' hook) stays gathered through it; one whose forward ran under
+            # no_grad (reentrant checkpoint around it) is gathered for its backward now.
+            if unit not in self._entered:
+                self._enter(unit, "backward")
+            return
         self._enter(unit, "forward")
 
     def _unit_post_forward(self, unit, module, inputs, output):
         if self._opt is None or self._summoned:
             return
+        if self._in_backward:
+            return  # a recompute: the unit exits once its parameters' gradients are marked
         if torch.is_grad_enabled():
             for t in _tensors(output, []):
                 if t.requires_grad:

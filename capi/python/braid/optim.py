@@ -84,6 +84,7 @@ from . import core
 from ._lib import BraidError
 from ._norms import GradNorms
 from ._param_groups import ParamGroups
+from ._recompute import recompute_may_skip_wait
 from ._views import _view, _weak_call
 from ._written import AdoptsWrites, WriteTracker
 from .fsdp import FullyShardedDataParallel
@@ -204,6 +205,9 @@ class _ShardedOptimizer(CheckpointMixin, ParamGroups, AdoptsWrites, GradNorms,
             h.remove()
         self._hooks = []
         index = {id(p): pid for pid, p in enumerate(params)}
+        self._bucket_pids = {}  # bucket -> its parameter ids (_recompute.py)
+        for pid in range(len(params)):
+            self._bucket_pids.setdefault(ddp.reducer.param_bucket(pid), []).append(pid)
         for m in ddp.module.modules():
             buckets = sorted({ddp.reducer.param_bucket(index[id(p)])
                               for p in m.parameters(recurse=False) if id(p) in index})
@@ -213,6 +217,10 @@ class _ShardedOptimizer(CheckpointMixin, ParamGroups, AdoptsWrites, GradNorms,
 
     def _wait_buckets(self, buckets, *unused):
         for b in buckets:
+            # A recompute inside the backward (activation checkpointing) reads the values the
+            # forward read while its bucket is not stepped: no wait (_recompute.py).
+            if self._overlap and recompute_may_skip_wait(self.ddp, self._bucket_pids[b]):
+                continue
             self.optimizer.wait_params(b)
 
     def _init_fully_sharded(self, fsdp, overlap, lr, group_of, options):

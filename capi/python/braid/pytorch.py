@@ -52,6 +52,7 @@ from ._ddp_reuse import mark_again, reuse_marks
 from ._ddp_grads import GradPresence
 from ._ddp_verify import verify_same_model
 from ._used_map import agreement_options, declare_unused
+from ._recompute import FinishOnce
 from ._views import (_broadcast_buffers, _broadcast_module, _ready_event, _sync_scope, _view,
                      _weak_call)
 from .fsdp import FullyShardedDataParallel, FullyShardedParameter  # noqa: F401
@@ -92,8 +93,10 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
       gradient is reduced as it is, and the next forward with grad raises torch's error
       ("Expected to have finished reduction in the prior iteration ..."), as does every
       later one: wrap the module again (braid/_ddp_graph.py has the state and recovery).
-      static_graph=True implies the search and refuses a graph that changes, as torch
-      (torch's private _set_static_graph() before the first forward does the same).
+      static_graph=True: no search (as torch 1.13; reentrant checkpointing needs it): the
+      first synced backward records the unused ones, marked at the start of later ones, and
+      a graph that changes is refused, as torch (torch's private _set_static_graph() before
+      the first forward does the same).
       In "reduce_scatter" / "hybrid" mode the unreached parameters are declared to the
       reducer, whose used-map agreement lets ShardedAdamW / ShardedSGD skip what no rank
       used (braid/_used_map.py).
@@ -193,6 +196,8 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         self._sync = "sync"          # the sync mode of forwards run now
         self._armed = "sync"         # the sync mode the next backward uses
         self._in_backward = False
+        # The end-of-backward callback, queued in the outermost backward (_recompute.py).
+        self._finish = FinishOnce(self._finish_backward)
         self._find_unused = self.find_unused_parameters or self.static_graph
         self._unused = []            # ids the last forward's outputs do not reach
         self._early = set()          # ids marked unused at the start of this backward
@@ -351,8 +356,13 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         if self.device_ids:  # torch: inputs go to the module's device first
             args, kwargs = to_device((args, kwargs), self.device_ids[0])
         out = self.module(*args, **kwargs)
+        if torch.is_grad_enabled():
+            self._finish.watch(out)  # activation checkpointing: _recompute.py
         self._sync_buffers_next = synced  # torch DDP's require_forward_param_sync
-        if self._find_unused and torch.is_grad_enabled():
+        static = self._graph.static_unused()  # static_graph: no search, as torch
+        if static is not None and torch.is_grad_enabled():
+            self._unused = static
+        elif self._find_unused and torch.is_grad_enabled():
             with profiled("search_unused_parameters"):  # torch's range name
                 self._unused = unreached(out, self._params, self._grad_accs)
         else:
@@ -551,7 +561,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
                 if self._armed != "no_sync":  # torch profiler ranges (braid/_ddp_profile.py)
                     self._ranges.begin(len(self._params))
                 self._in_backward = True
-                torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+                self._finish.queue()  # unless an output's hook queued it
                 self._early, self._hooked = set(declared), set()
                 if early:
                     self._mark_unused()
@@ -592,6 +602,8 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
             self._abandon_backward(str(e))
 
     def _finish_backward(self):
+        if not self._in_backward:
+            return  # an output's hook queued it and no parameter's hook ran (or it ended)
         self._in_backward = False
         self._bind_all()  # then _presence.finish sets None where torch leaves None
         unused = None

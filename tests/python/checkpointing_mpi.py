@@ -1,0 +1,72 @@
+"""Activation checkpointing under mpirun -np 2 (Braid's "mpi" world, one process per rank)
+against torch's own DistributedDataParallel (gloo, static_graph=True) in the same process, the
+model and data of checkpointing_test.py with reentrant checkpoints: Braid's
+DistributedDataParallel(static_graph=True) + torch AdamW equal to torch bit for bit after every
+step, and ZeRO-2 (reduce_scatter + ShardedAdamW) to the kernels' rounding."""
+
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+import braid
+from braid import pytorch as bt
+import train_compare  # init_gloo
+from checkpointing_test import STEPS, Net, _adamw, _data
+
+
+def _run(model, opt, net, rank):
+    """STEPS steps; the parameters after each."""
+    after = []
+    for step in range(STEPS):
+        x, y = _data(rank, step)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        after.append([p.detach().clone() for p in net.parameters()])
+    return after
+
+
+def main():
+    torch.set_num_threads(1)
+    world = braid.World("mpi")
+    group = world.group()
+    rank = group.rank
+    train_compare.init_gloo(group, rank, group.size)
+
+    ref_net = Net(True)
+    want = _run(TorchDDP(ref_net, static_graph=True), _adamw(ref_net.parameters()), ref_net,
+                rank)
+    net = Net(True)
+    ddp = bt.DistributedDataParallel(net, group=group, static_graph=True)
+    got_ddp = _run(ddp, _adamw(net.parameters()), net, rank)
+    ddp.close()
+    net = Net(True)
+    zero2 = bt.DistributedDataParallel(net, group=group, mode="reduce_scatter",
+                                       bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-4)
+    opt = bt.ShardedAdamW(zero2, lr=0.01, weight_decay=0.1)
+    got_zero2 = _run(zero2, opt, net, rank)
+    opt.close()
+    zero2.close()
+
+    failures = []
+    names = [n for n, _ in ref_net.named_parameters()]
+    for step, (w, a, z) in enumerate(zip(want, got_ddp, got_zero2)):
+        for name, wp, ap, zp in zip(names, w, a, z):
+            if not torch.equal(wp, ap):
+                failures.append("DDP step %d %s: %g" % (step, name, (wp - ap).abs().max()))
+            if not torch.allclose(wp, zp, rtol=0, atol=1e-6):
+                failures.append("ZeRO-2 step %d %s: %g" % (step, name, (wp - zp).abs().max()))
+    dist.destroy_process_group()
+    group.close()
+    world.close()
+    if failures:
+        print("rank %d: checkpointing differs from torch DDP:\n  %s" % (
+            rank, "\n  ".join(failures)))
+        sys.exit(1)
+    print("rank %d: reentrant checkpointing under DDP and ZeRO-2 equals torch DDP" % rank)
+
+
+if __name__ == "__main__":
+    main()
