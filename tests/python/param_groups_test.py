@@ -212,6 +212,27 @@ class ParamGroupsTest(unittest.TestCase):
         for got in run_ranks(4, body):
             self._close(got, want)
 
+    def test_group_without_trainable_parameters(self):
+        # torch allows a group that holds no parameter (or only frozen ones): Braid used to
+        # refuse it at the first forward (set_hyper: no parameter group 3).
+        want, _ = _reference("adamw")
+
+        def body(r, g):
+            net = Net()
+            model = bt.FullyShardedDataParallel(net, g, units=list(net.blocks))
+            groups = adamw_groups(net.named_parameters()) + [{"params": [], "lr": 0.5}]
+            opt = bt.ShardedAdamW(groups, lr=0.01)
+            _train(model, opt, r)
+            got = _full(model, net)
+            sd = opt.state_dict()
+            opt.close()
+            model.close()
+            return got, sd
+
+        for got, sd in run_ranks(N, body):
+            self._close(got, want)
+            self.assertEqual([len(x["params"]) for x in sd["param_groups"]][-1], 0)
+
     def test_state_dict_has_torch_groups_and_state(self):
         want, want_sd = _reference("adamw")
 
