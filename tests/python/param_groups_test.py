@@ -9,7 +9,8 @@ between uses, so p.dim() put every parameter in the no-decay group and FSDP / fu
 ShardedAdamW (or a torch optimizer over the pieces) silently trained with other groups than
 torch (5e-3 off after 3 steps) while ZeRO-2 matched. Covers FullyShardedDataParallel and
 fully_shard with ShardedAdamW / ShardedSGD, torch AdamW / SGD over the pieces, hybrid 2 x 2,
-and the optimizer's state_dict (torch's group layout and per-parameter state)."""
+the optimizer's state_dict (torch's group layout and per-parameter state), and groups torch
+allows that hold no trainable parameter or a frozen one."""
 
 import unittest
 
@@ -232,6 +233,46 @@ class ParamGroupsTest(unittest.TestCase):
         for got, sd in run_ranks(N, body):
             self._close(got, want)
             self.assertEqual([len(x["params"]) for x in sd["param_groups"]][-1], 0)
+
+    def test_frozen_parameter_in_a_group(self):
+        # A parameter frozen before wrapping may be listed in a group (never stepped, no
+        # state, as torch's): state_dict() raised KeyError, load_state_dict() too.
+        def frozen_net():
+            net = Net()
+            net.blocks[0].norm.weight.requires_grad_(False)
+            return net
+
+        net = frozen_net()
+        opt = TORCH["adamw"](net.named_parameters())
+        for s in range(STEPS):
+            loss = sum(torch.nn.functional.mse_loss(net(x), y)
+                       for x, y in (_data(r, s) for r in range(N))) / N
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        want, want_sd = [p.detach().clone() for p in net.parameters()], opt.state_dict()
+
+        def body(r, g):
+            net = frozen_net()
+            model = bt.FullyShardedDataParallel(net, g, units=list(net.blocks))
+            opt = BRAID["adamw"](net.named_parameters())
+            _train(model, opt, r)
+            got, sd = _full(model, net), opt.state_dict()
+            opt.load_state_dict(want_sd)
+            loaded = opt.state_dict()
+            opt.close()
+            model.close()
+            return got, sd, loaded
+
+        for got, sd, loaded in run_ranks(N, body):
+            self._close(got, want)
+            for d in (sd, loaded):
+                self.assertEqual([x["params"] for x in d["param_groups"]],
+                                 [x["params"] for x in want_sd["param_groups"]])
+                self.assertEqual(sorted(d["state"]), sorted(want_sd["state"]))
+                for i, st in want_sd["state"].items():
+                    torch.testing.assert_close(d["state"][i]["exp_avg"].reshape(
+                        st["exp_avg"].shape), st["exp_avg"], rtol=0, atol=1e-6)
 
     def test_state_dict_has_torch_groups_and_state(self):
         want, want_sd = _reference("adamw")
