@@ -5,8 +5,9 @@
 // unit's parameters and compares them bit for bit with the serial AdamW / SGD reference of
 // tests/optim/optimizer_harness (exact gradients, power-of-two worlds), over reduce-scatter on
 // 2 ranks and hybrid 2 x 2, f32 and bf16, with sync, no_sync and reduce_scatter_only
-// accumulation; memory is checked from the accounting after every step (nothing gathered, no
-// full gradient bucket held beyond the pool, the kept shards exactly the shard bytes).
+// accumulation, one parameter group or two of different hyper-parameters; memory is checked from
+// the accounting after every step (nothing gathered, no full gradient bucket held beyond the pool,
+// the kept shards exactly the shard bytes).
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -309,6 +310,19 @@ std::vector<FsdpCase> Cases() {
   sgd.s.opt.groups[0].sgd.lr = 0.5;
   sgd.s.opt.groups[0].sgd.momentum = 0.5;
   out.push_back(sgd);
+  // Two groups of different lr / betas / weight decay / momentum whose parameters straddle
+  // shards and units: each shard's segments step with their own group's hyper-parameters (the
+  // reference steps every parameter with its group's).
+  for (int replicas : {1, 2}) {
+    for (OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kSgd}) {
+      FsdpCase groups{absl::StrCat(replicas > 1 ? "hybrid2x2" : "rs2",
+                                   kind == OptimizerKind::kSgd ? "_sgd" : "_adamw", "_two_groups"),
+                      TwoGroupScenario(replicas, 2), true, 1, replicas > 1};
+      groups.s.steps = 3;
+      groups.s.opt.kind = kind;
+      out.push_back(groups);
+    }
+  }
   return out;
 }
 

@@ -1,7 +1,8 @@
 """braid.pytorch.fully_shard under mpirun -np 2 (Braid's "mpi" world, one process per rank)
 against torch's own DistributedDataParallel (gloo) in the same process: the same model and
 data, torch.optim.AdamW over the full model under DDP and over this rank's pieces under
-fully_shard, with one step of 2-micro-batch accumulation (DDP's no_sync vs
+fully_shard, with two param groups chosen by p.dim() (weight decay for matrices, another lr
+and none for biases: the pieces keep their parameter's dim()), with one step of 2-micro-batch accumulation (DDP's no_sync vs
 set_requires_gradient_sync(False)); the parameters after every step compared (bit for bit for
 single micro-batch steps), and evaluation without an optimizer equal to the plain module."""
 
@@ -35,6 +36,13 @@ def _data(rank, step, micro):
     return torch.randn(4, 5, generator=g), torch.randn(4, 3, generator=g)
 
 
+def _groups(params):
+    """nanoGPT's idiom, on the wrapped model's parameters."""
+    params = list(params)
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.5},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0, "lr": 0.02}]
+
+
 def main():
     torch.set_num_threads(1)
     world = braid.World("mpi")
@@ -43,12 +51,12 @@ def main():
     train_compare.init_gloo(group, rank, group.size)
 
     ref = TorchDDP(Net())
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.01)
+    ref_opt = torch.optim.AdamW(_groups(ref.parameters()), lr=0.01)
     net = Net()
     for b in net.blocks:
         bt.fully_shard(b, group=group)
     bt.fully_shard(net, group=group)
-    opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+    opt = torch.optim.AdamW(_groups(net.parameters()), lr=0.01)
 
     x = torch.randn(3, 5)
     with torch.no_grad():

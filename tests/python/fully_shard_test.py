@@ -298,7 +298,9 @@ class ApiTest(unittest.TestCase):
             return shapes, pieces
         for shapes, pieces in run_ranks(N, body):
             self.assertEqual(shapes, [tuple(p.shape) for p in Net().parameters()])
-            self.assertTrue(all(len(s) == 1 for s in pieces))
+            # Pieces keep the parameters' dim() ((1, .., 1, count)): groups by p.dim() hold.
+            self.assertEqual([len(s) for s in pieces], [len(s) for s in shapes])
+            self.assertTrue(all(s[:-1] == (1,) * (len(s) - 1) for s in pieces))
 
     def test_prefetch_list_that_braid_cannot_express_is_refused(self):
         def body(r, g):

@@ -12,10 +12,13 @@ between uses, as FSDP1's use_orig_params=True and FSDP2's DTensor locals do:
     model(x)                                       # gathers the stepped pieces
 
 Contract:
-  - Outside a unit's forward/backward, `p.data` is a 1-D view of elements [offset, offset +
+  - Outside a unit's forward/backward, `p.data` is a view of elements [offset, offset +
     count) of p's flat values inside Braid's parameter shard (count may be 0: a parameter that
-    lies in other ranks' shards is empty here). Writes to it (an optimizer's step, an in-place
-    init) are what the next gather publishes. Inside a unit p.data is the gathered full tensor.
+    lies in other ranks' shards is empty here), shaped (1, ..., 1, count) so it keeps p's
+    number of dimensions (piece_shape): param groups chosen by p.dim() / p.ndim (decay for
+    matrices, none for biases and norms) are torch's groups, as with FSDP2's DTensors. Writes
+    to it (an optimizer's step, an in-place init) are what the next gather publishes. Inside a
+    unit p.data is the gathered full tensor.
   - After a synced backward `p.grad` is this rank's piece of the averaged gradient (a copy, so
     Braid's next backward cannot change it): added to a p.grad left from before (no zero_grad),
     as torch accumulates. Backwards under no_sync / set_requires_gradient_sync(False) leave
@@ -43,6 +46,15 @@ _WHOLE_MAX = frozenset(["max", "amax"])
 # Calls whose result stays guarded (clip_grad_norm_ first takes g.detach(), then its norm);
 # other results are plain tensors, so an optimizer's state never becomes a ShardGrad.
 _KEEP = frozenset(["detach", "view", "reshape", "flatten", "view_as", "abs", "__getitem__"])
+
+
+def piece_shape(ndim, count):
+    """The shape of a `count`-element piece of an `ndim`-dimensional parameter: (1, ..., 1,
+    count), so the piece reports the parameter's dim() (a scalar parameter's piece is 0-d when
+    this rank holds it; an empty one is (0,), which no step reads)."""
+    if ndim == 0:
+        return () if count == 1 else (count,)
+    return (1,) * (ndim - 1) + (count,)
 
 
 class ShardGrad(torch.Tensor):
@@ -75,12 +87,13 @@ class LocalShards:
         self.group = shard_group
         self.opt = core.Optimizer(fsdp.reducer, kind="none", fully_sharded=True,
                                   timeout_ms=fsdp._timeout_ms, **fsdp.fsdp_options)
-        self.pieces = []  # pid -> (1-D view into the parameter shard, offset)
+        self.pieces = []  # pid -> (view into the parameter shard, piece_shape; offset)
         try:
             for pid, p in enumerate(fsdp._params):
                 address, count, offset = self.opt.param_shard(pid)
-                local = _view(self.opt, address, count, p.dtype, (count,))
-                local.copy_(p.detach().reshape(-1)[offset:offset + count])
+                shape = piece_shape(len(fsdp._shapes[pid]), count)
+                local = _view(self.opt, address, count, p.dtype, shape)
+                local.view(-1).copy_(p.detach().reshape(-1)[offset:offset + count])
                 self.pieces.append((local, offset))
         except BaseException:
             self.opt.close()
@@ -93,7 +106,7 @@ class LocalShards:
     def write_full(self, pid, full):
         """Full values of parameter `pid` (identical on every rank) -> this rank's piece."""
         local, offset = self.pieces[pid]
-        local.copy_(full.detach().reshape(-1)[offset:offset + local.numel()])
+        local.view(-1).copy_(full.detach().reshape(-1)[offset:offset + local.numel()])
 
     def stash_grads(self):
         """At the start of a backward: p.grad (a piece from earlier steps) is set aside, so
@@ -113,7 +126,8 @@ class LocalShards:
         reducer = self.fsdp.reducer
         for pid, p in enumerate(self.fsdp._params):
             address, count, _ = reducer.grad_shard(pid)
-            mine = _view(reducer, address, count, p.dtype, (count,))
+            shape = piece_shape(len(self.fsdp._shapes[pid]), count)
+            mine = _view(reducer, address, count, p.dtype, shape)
             kept = self.stash[pid]
             self.stash[pid] = None
             if kept is not None and kept.shape == mine.shape:

@@ -22,7 +22,7 @@ def _options(reducer, kind="adamw", lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weigh
              momentum=0.9, nesterov=False, max_grad_norm=0.0, skip_nonfinite=False,
              overlap=True, threads=1, timeout_ms=300000, fully_sharded=False,
              reshard_after_forward=True, prefetch=1, max_live_bytes=0, offload=False,
-             gather_stream=None, param_groups=None, track_grad_norm=False):
+             gather_stream=None, param_groups=None, track_grad_norm=False, num_groups=None):
     """(braid_optimizer_options_t, what must stay alive while the C call reads it)."""
     opts = _lib.init_options(_lib.OptimizerOptions, "braid_optimizer_options_init")
     kinds = {"adamw": _lib.OPTIMIZER_ADAMW, "sgd": _lib.OPTIMIZER_SGD,
@@ -45,7 +45,9 @@ def _options(reducer, kind="adamw", lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weigh
             raise ValueError("param_groups has %d entries for %d parameters" %
                              (len(param_groups), len(reducer._specs)))
         groups = (ctypes.c_int * len(param_groups))(*[int(g) for g in param_groups])
-        opts.num_groups, opts.param_groups = max(param_groups) + 1, groups
+        # num_groups: also groups no parameter is in (default: the highest index + 1).
+        opts.num_groups = max(param_groups) + 1 if num_groups is None else num_groups
+        opts.param_groups = groups
     return opts, groups
 
 
@@ -61,7 +63,8 @@ class Optimizer(_Handle):
     reducers: optimizer state in host memory) and gather_stream (nccl: a cudaStream_t as an
     int) as braid_optimizer_options_t says. param_groups (0.8): one group index per registered
     parameter, in registration order (default: all in group 0); every group starts with the
-    hyper-parameters given here, set_hyper(group, ...) changes one. track_grad_norm (0.10):
+    hyper-parameters given here, set_hyper(group, ...) changes one; num_groups (default: the
+    highest index + 1) counts groups no parameter is in too. track_grad_norm (0.10):
     last_step().grad_norm of every step, also without clipping (host parameters). kind="none"
     (with fully_sharded=True): no optimizer, the units only; the framework steps the pieces of
     param_shard() itself (the hyper-parameters are ignored)."""

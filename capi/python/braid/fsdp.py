@@ -94,7 +94,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self._params = [p for _, p in named]
         self._names = [n for n, _ in named]
-        self._shapes = [p.shape for _, p in named]  # full shapes (local pieces are 1-D)
+        self._shapes = [p.shape for _, p in named]  # full shapes (pieces: (1, .., 1, count))
         self._unit_of = [owner.get(id(p), _ROOT) for p in self._params]
         self.unit_modules = unit_modules
         self.unit_names = ["<root>"] + [names[id(m)] for m in unit_modules]

@@ -134,6 +134,9 @@ class _ShardedOptimizer(CheckpointMixin, ParamGroups, AdoptsWrites, GradNorms,
         self._check_unused()
         self._pushed = {}  # group index -> the hyper tuple Braid has
         first = self.param_groups[0]
+        # Every group, also one with no trainable parameter (empty, or frozen ones only: torch
+        # allows both), has hyper-parameters in Braid: _push_hyper sends each group's.
+        options = dict(options, num_groups=len(self.param_groups))
         if getattr(self, "_linker", None) is not None:
             self._deferred = (first["lr"], group_of, options)  # braid/_linked.py attaches
             return

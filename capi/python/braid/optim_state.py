@@ -111,9 +111,10 @@ class CheckpointMixin:
                 shard.size * (replica.size if replica is not None else 1))
 
     def _torch_order(self):
-        """Registration index (pid) of each parameter, in torch's state_dict order."""
+        """Registration index (pid) of each parameter, in torch's state_dict order; None for
+        a frozen parameter listed in a group (Braid never steps it: no state, as torch's)."""
         index = {id(p): pid for pid, p in enumerate(self.ddp._params)}
-        return [index[id(p)] for group in self.param_groups for p in group["params"]]
+        return [index.get(id(p)) for group in self.param_groups for p in group["params"]]
 
     def _label(self, idx, pid):
         g, k = self._group_position[idx]
@@ -159,6 +160,9 @@ class CheckpointMixin:
                     for p in group["params"]}
         state, masters, sgd_steps = {}, {}, []
         for idx, pid in enumerate(self._torch_order()):
+            if pid is None:  # frozen
+                sgd_steps.append(0)
+                continue
             p, t = params[pid], steps[pid]
             sgd_steps.append(t)
             if values["master"][pid] is not None:
@@ -262,6 +266,8 @@ class CheckpointMixin:
         momentum = [group["momentum"] if kind == "sgd" else 0 for group in groups
                     for _ in group["params"]]
         for idx, pid in enumerate(order):
+            if pid is None:
+                continue  # frozen: Braid never steps it, so keeps no state for it
             p = params[pid]
             where = "state_dict['state'][%d]" % idx
 
