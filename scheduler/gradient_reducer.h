@@ -46,6 +46,7 @@
 namespace braid::sched {
 
 class BucketStorage;
+class CommHook;
 class ReducerStages;
 
 class GradientReducer {
@@ -140,6 +141,12 @@ class GradientReducer {
   // Replaces ReducerConfig::scheduler (null: none) between backwards, at the same point on every
   // rank (benchmarks compare both on the same buffers). FailedPrecondition during a backward.
   absl::Status SetScheduler(OpScheduler* scheduler);
+  // Collective over the reducer's groups, between backwards at the same point on every rank:
+  // `hook` (null: none) runs the bucket stages it handles from the next backward on, after every
+  // rank was verified to register the same one (scheduler/comm_hook.h). FailedPrecondition
+  // during a backward or when ranks differ; Unimplemented on device buckets; InvalidArgument
+  // when it handles none of this mode's stages.
+  absl::Status SetCommHook(std::shared_ptr<CommHook> hook);
 
  private:
   GradientReducer(BucketPlan plan, ReducerGroups groups, const ReducerConfig& config,
