@@ -62,7 +62,7 @@ extern "C" {
 #endif
 
 #define BRAID_VERSION_MAJOR 0
-#define BRAID_VERSION_MINOR 10
+#define BRAID_VERSION_MINOR 11
 #define BRAID_VERSION_PATCH 0
 /* Bumped whenever a struct layout, enum value or signature changes incompatibly. */
 #define BRAID_ABI_VERSION 1
@@ -621,6 +621,38 @@ BRAID_API braid_status_t braid_reducer_grad_shard(braid_reducer_t* reducer, int6
                                                   size_t* count, size_t* offset);
 /* FAILED_PRECONDITION while an optimizer built on it is alive. */
 BRAID_API braid_status_t braid_reducer_destroy(braid_reducer_t* reducer);
+
+/* ---- Communication hooks (since 0.11) ---------------------------------------------------------
+ * torch DDP's register_comm_hook, with Braid's built-in hooks (scheduler/comm_hook.h): a hook
+ * replaces the collective of each bucket stage it handles (all-reduce, the reduce-scatter, the
+ * hybrid replica all-reduce) and leaves the group's average there, run in bucket order on every
+ * rank. BRAID_COMM_HOOK_BF16 / _FP16: torch's bf16_compress_hook / fp16_compress_hook (each
+ * value rounded to the wire dtype, divided by the group size there, summed in the wire dtype,
+ * widened back): half the bytes of f32; f32/f64 buckets only (an f16/bf16 bucket fails its
+ * backward naming the bucket and the hook). replica_only (hybrid reducers): only the replica
+ * all-reduce, the stage that crosses hosts, is compressed.
+ *
+ *   braid_comm_hook_options_t h;  braid_comm_hook_options_init(&h);
+ *   h.kind = BRAID_COMM_HOOK_BF16;
+ *   braid_reducer_set_comm_hook(reducer, &h);   // every rank, between backwards */
+#define BRAID_COMM_HOOK_NONE 0 /* the default collectives */
+#define BRAID_COMM_HOOK_BF16 1
+#define BRAID_COMM_HOOK_FP16 2
+typedef struct braid_comm_hook_options {
+  size_t struct_size;
+  int kind;         /* BRAID_COMM_HOOK_*; default NONE */
+  int replica_only; /* 1: the hybrid replica all-reduce only (hybrid reducers); default 0 */
+} braid_comm_hook_options_t;
+BRAID_API void braid_comm_hook_options_init(braid_comm_hook_options_t* opts);
+/* Collective over the reducer's groups, between backwards at the same point on every rank
+ * (opts NULL: NONE). Every rank must pass the same options: otherwise FAILED_PRECONDITION on
+ * every rank naming each rank's hook (nothing changes). A failing hook fails finish_backward
+ * with an error naming the bucket and the hook, and leaves the gradients as they were: the step
+ * can be retried with the hook removed (BRAID_COMM_HOOK_NONE, then mark every parameter again).
+ * INVALID_ARGUMENT: an unknown kind, replica_only on a non-hybrid reducer. FAILED_PRECONDITION
+ * during a backward. UNIMPLEMENTED on device reducers. */
+BRAID_API braid_status_t braid_reducer_set_comm_hook(braid_reducer_t* reducer,
+                                                     const braid_comm_hook_options_t* opts);
 
 /* ---- Memory accounting -----------------------------------------------------------------------
  * Every byte Braid allocates for a reducer's rank (its buckets, staging and partial sums, and

@@ -8,7 +8,7 @@ BRAID_ABI_VERSION is the soname's major (libbraid.so.<ABI>): bumped only by an i
 change (capi/abi/ and docs/c-sdk.md say which changes are).
 """
 
-BRAID_VERSION = "0.10.0"
+BRAID_VERSION = "0.11.0"
 BRAID_ABI_VERSION = 1
 
 # libbraid.so.1: what programs linked against Braid record (DT_NEEDED) and the loader looks for.
