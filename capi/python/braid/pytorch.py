@@ -49,6 +49,7 @@ from ._ddp_devices import to_device
 from ._ddp_graph import GraphCheck, graph_grad, unreached
 from ._ddp_profile import CollectiveRanges, call_profiled, profiled
 from ._ddp_grads import GradPresence
+from ._ddp_comm_hook import register_comm_hook as _register_comm_hook
 from ._ddp_verify import verify_same_model
 from ._views import (_broadcast_buffers, _broadcast_module, _ready_event, _sync_scope, _view,
                      _weak_call)
@@ -491,6 +492,11 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
     def _bind_all(self):
         for pid in list(self._unbound):
             self._bind_grad(pid)
+
+    def register_comm_hook(self, state, hook):
+        """torch's: how each bucket is reduced (braid.comm_hooks says which hooks Braid runs).
+        Once, on every rank alike, outside a backward."""
+        _register_comm_hook(self, state, hook)
 
     def _set_static_graph(self):
         """torch 1.13's private DistributedDataParallel._set_static_graph(): static_graph=True
