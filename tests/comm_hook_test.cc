@@ -4,6 +4,7 @@
 // hook on every rank, with the bucket's gradients intact for a retry without the hook.
 #include "scheduler/comm_hook.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -15,6 +16,7 @@
 #include "comm/status_macros.h"
 #include "gtest/gtest.h"
 #include "scheduler/gradient_reducer.h"
+#include "scheduler/hooks/int8.h"
 #include "scheduler/hooks/low_precision.h"
 #include "tests/multirank.h"
 
@@ -178,6 +180,78 @@ TEST_P(LowPrecisionTest, HybridReplicaOnlyKeepsTheShardStageExact) {
 
 INSTANTIATE_TEST_SUITE_P(Wires, LowPrecisionTest, ::testing::Values(DType::kBF16, DType::kF16),
                          [](const auto& info) { return std::string(DTypeName(info.param)); });
+
+// The int8 hook's arithmetic, written out: v = x + residual per block, scale = max|v| / 127,
+// q = nearest-even(v / scale) within [-127, 127], residual = v - q * scale. Returns q * scale.
+std::vector<float> Int8Reference(const std::vector<float>& x, std::vector<float>& residual,
+                                 size_t block) {
+  std::vector<float> v(x.size()), deq(x.size());
+  for (size_t i = 0; i < x.size(); ++i) v[i] = x[i] + residual[i];
+  for (size_t lo = 0; lo < x.size(); lo += block) {
+    const size_t hi = std::min(x.size(), lo + block);
+    float amax = 0;
+    for (size_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(v[i]));
+    const float scale = amax / 127.0f;
+    for (size_t i = lo; i < hi; ++i) {
+      const float q = scale > 0 ? std::clamp(std::nearbyint(v[i] / scale), -127.0f, 127.0f) : 0;
+      deq[i] = q * scale;
+      residual[i] = v[i] - deq[i];
+    }
+  }
+  return deq;
+}
+
+class Int8Test : public ::testing::TestWithParam<ReduceMode> {};
+
+// Three steps (the residuals carry over) at 3 ranks, blocks of 7 straddling parameters.
+TEST_P(Int8Test, MatchesSerialReferenceWithErrorFeedback) {
+  const ReduceMode mode = GetParam();
+  constexpr int kRanks = 3, kBlock = 7;
+  RunRanks(kRanks, [mode](Group& g) {
+    auto red = GradientReducer::Create(Params(), {&g, nullptr}, Config(mode));
+    ASSERT_TRUE(red.ok()) << red.status();
+    ASSERT_OK((*red)->SetCommHook(*MakeInt8Hook({kBlock})));
+    const BucketPlan& plan = (*red)->plan();
+    const bool whole = mode == ReduceMode::kAllReduce;
+    // residual[b][r]: rank r's error feedback for bucket b.
+    std::vector<std::vector<std::vector<float>>> residual(plan.buckets().size());
+    for (int step = 0; step < 3; ++step) {
+      ASSERT_OK(Backward(**red, g.rank(), step));
+      for (size_t b = 0; b < plan.buckets().size(); ++b) {
+        const Bucket& bk = plan.buckets()[b];
+        const size_t sent = whole ? bk.count : bk.shard_count * kRanks;
+        const size_t first = whole ? 0 : bk.shard_count * g.rank();
+        const size_t count = whole ? bk.count : bk.shard_count;
+        residual[b].resize(kRanks, std::vector<float>(sent, 0.0f));
+        std::vector<float> want(count);
+        for (int r = 0; r < kRanks; ++r) {
+          std::vector<float> x = BucketOf(plan, b, r, step);
+          x.resize(sent);
+          const std::vector<float> deq = Int8Reference(x, residual[b][r], kBlock);
+          for (size_t j = 0; j < count; ++j)
+            want[j] = r == 0 ? deq[first + j] : want[j] + deq[first + j];
+        }
+        for (float& w : want) w = w / static_cast<float>(kRanks);
+        const float* got =
+            static_cast<const float*>(whole ? (*red)->GradView(plan.params()[bk.params[0]].id)->data
+                                            : (*red)->ShardView(b).data);
+        if (whole) got -= plan.slot(bk.params[0]).offset;  // the bucket's start
+        for (size_t j = 0; j < count; ++j) {
+          if (whole && j >= bk.count) break;
+          ASSERT_EQ(got[j], want[j]) << "bucket " << b << " [" << j << "] step " << step;
+        }
+      }
+      ASSERT_OK((*red)->ZeroGrads());
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, Int8Test,
+                         ::testing::Values(ReduceMode::kAllReduce, ReduceMode::kReduceScatter),
+                         [](const auto& info) {
+                           return info.param == ReduceMode::kAllReduce ? "allreduce"
+                                                                       : "reduce_scatter";
+                         });
 
 // A hook that misbehaves in one of several ways (or passes through the default all-reduce).
 class BadHook : public CommHook {
