@@ -629,8 +629,11 @@ BRAID_API braid_status_t braid_reducer_destroy(braid_reducer_t* reducer);
  * rank. BRAID_COMM_HOOK_BF16 / _FP16: torch's bf16_compress_hook / fp16_compress_hook (each
  * value rounded to the wire dtype, divided by the group size there, summed in the wire dtype,
  * widened back): half the bytes of f32; f32/f64 buckets only (an f16/bf16 bucket fails its
- * backward naming the bucket and the hook). replica_only (hybrid reducers): only the replica
- * all-reduce, the stage that crosses hosts, is compressed.
+ * backward naming the bucket and the hook). BRAID_COMM_HOOK_INT8: int8 values with one f32
+ * scale per `block` elements and error feedback (each rank keeps its quantization error and
+ * adds it to the next step's bucket), all-gathered and summed in f32 in rank order (the same
+ * result on every rank; scheduler/hooks/int8.h); f32 buckets only. replica_only (hybrid
+ * reducers): only the replica all-reduce, the stage that crosses hosts, is compressed.
  *
  *   braid_comm_hook_options_t h;  braid_comm_hook_options_init(&h);
  *   h.kind = BRAID_COMM_HOOK_BF16;
@@ -638,10 +641,12 @@ BRAID_API braid_status_t braid_reducer_destroy(braid_reducer_t* reducer);
 #define BRAID_COMM_HOOK_NONE 0 /* the default collectives */
 #define BRAID_COMM_HOOK_BF16 1
 #define BRAID_COMM_HOOK_FP16 2
+#define BRAID_COMM_HOOK_INT8 3
 typedef struct braid_comm_hook_options {
   size_t struct_size;
   int kind;         /* BRAID_COMM_HOOK_*; default NONE */
   int replica_only; /* 1: the hybrid replica all-reduce only (hybrid reducers); default 0 */
+  int block;        /* INT8: elements per scale, >= 1; default 256 */
 } braid_comm_hook_options_t;
 BRAID_API void braid_comm_hook_options_init(braid_comm_hook_options_t* opts);
 /* Collective over the reducer's groups, between backwards at the same point on every rank

@@ -8,6 +8,7 @@
 #include "capi/handles.h"
 #include "capi/impl.h"
 #include "comm/status_macros.h"
+#include "scheduler/hooks/int8.h"
 #include "scheduler/hooks/low_precision.h"
 
 using braid::capi::Find;
@@ -26,10 +27,13 @@ absl::StatusOr<std::shared_ptr<braid::sched::CommHook>> MakeHook(
       return braid::sched::MakeLowPrecisionHook(
           {o.kind == BRAID_COMM_HOOK_BF16 ? braid::DType::kBF16 : braid::DType::kF16,
            o.replica_only != 0});
+    case BRAID_COMM_HOOK_INT8:
+      return braid::sched::MakeInt8Hook({o.block, o.replica_only != 0});
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           "braid_comm_hook_options_t.kind is ", o.kind,
-          ": one of BRAID_COMM_HOOK_NONE (0), BRAID_COMM_HOOK_BF16 (1), BRAID_COMM_HOOK_FP16 (2)"));
+          ": one of BRAID_COMM_HOOK_NONE (0), BRAID_COMM_HOOK_BF16 (1), BRAID_COMM_HOOK_FP16 (2), "
+          "BRAID_COMM_HOOK_INT8 (3)"));
   }
 }
 
@@ -40,6 +44,7 @@ void braid_comm_hook_options_init(braid_comm_hook_options_t* opts) {
   *opts = braid_comm_hook_options_t{};
   opts->struct_size = sizeof(*opts);
   opts->kind = BRAID_COMM_HOOK_NONE;
+  opts->block = braid::sched::Int8Options{}.block;
 }
 
 braid_status_t braid_reducer_set_comm_hook(braid_reducer_t* reducer,

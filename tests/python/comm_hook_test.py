@@ -107,6 +107,22 @@ class CommHookTest(unittest.TestCase):
         self.against_torch(default_hooks.bf16_compress_hook, comm_hooks.bf16_compress(),
                            _bf16_hook_reference)
 
+    def test_int8_close_to_torch_without_hook(self):
+        """Braid's int8 (error feedback; its exact arithmetic: tests/comm_hook_test.cc) stays
+        within a few quantization steps of torch's uncompressed gradients (a block's scale
+        comes from the largest gradient in it, whichever parameter that is)."""
+        pgs = TorchGroups("comm_hook_int8")
+        plain = run_ranks(N, lambda r, g: _train(r, lambda net: pgs.keep(
+            torch.nn.parallel.DistributedDataParallel(net, process_group=pgs.group(r))),
+            lambda m: None))
+        got = run_ranks(N, lambda r, g: _train(
+            r, lambda net: bt.DistributedDataParallel(net, group=g),
+            lambda m: m.register_comm_hook(None, comm_hooks.int8(block=64))))
+        top = max(float(w.abs().max()) for w in plain[0][0][0])  # step 0, rank 0
+        for k, (g, w) in enumerate(zip(got[0][0][0], plain[0][0][0])):
+            self.assertLessEqual(float((g - w).abs().max()), 2 * top / 127, "parameter %d" % k)
+        self.assertFalse(all(torch.equal(g, w) for g, w in zip(got[0][0][0], plain[0][0][0])))
+
     def test_refusals_name_the_hook(self):
         def body(r, g):
             model = bt.DistributedDataParallel(Net(), group=g)

@@ -17,10 +17,11 @@ def register_comm_hook(ddp, state, hook):
     if resolved.replica_only and ddp._mode != "hybrid":
         raise ValueError("register_comm_hook(%r): replica_only needs mode='hybrid' (this model "
                          "is mode=%r)" % (resolved, ddp._mode))
+    dtypes = (torch.float32,) if resolved.name == "int8" else (torch.float32, torch.float64)
     for name, p, widened in zip(ddp._names, ddp._params, ddp._widened):
-        if not widened and p.dtype not in (torch.float32, torch.float64):
-            raise ValueError("register_comm_hook(%s): parameter %r is %s; Braid's low-precision "
-                             "hooks compress float32/float64 gradients only"
-                             % (resolved.name, name, p.dtype))
-    ddp.reducer.set_comm_hook(resolved.name, resolved.replica_only)
+        if not widened and p.dtype not in dtypes:
+            raise ValueError("register_comm_hook(%s): parameter %r is %s; this hook compresses "
+                             "%s gradients only" % (resolved.name, name, p.dtype,
+                                                    "/".join(str(d) for d in dtypes)))
+    ddp.reducer.set_comm_hook(resolved.name, resolved.replica_only, **resolved.params)
     ddp._comm_hook = resolved

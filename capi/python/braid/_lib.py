@@ -113,11 +113,11 @@ class ReducerOptions(ctypes.Structure):
 
 class CommHookOptions(ctypes.Structure):  # 0.11: braid_comm_hook_options_t
     _fields_ = [("struct_size", ctypes.c_size_t), ("kind", ctypes.c_int),
-                ("replica_only", ctypes.c_int)]
+                ("replica_only", ctypes.c_int), ("block", ctypes.c_int)]
 
 
 # braid.h's BRAID_COMM_HOOK_* (0.11), by the name of the hook.
-COMM_HOOKS = {"none": 0, "bf16_compress": 1, "fp16_compress": 2}
+COMM_HOOKS = {"none": 0, "bf16_compress": 1, "fp16_compress": 2, "int8": 3}
 
 
 class OptimizerOptions(ctypes.Structure):

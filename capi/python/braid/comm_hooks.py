@@ -14,13 +14,16 @@ during the reduction."""
 
 
 class CommHook:
-    """One of Braid's built-in hooks: `name` as braid.core.Reducer.set_comm_hook takes it."""
+    """One of Braid's built-in hooks: `name` and keywords as braid.core.Reducer.set_comm_hook
+    takes them."""
 
-    def __init__(self, name, replica_only=False):
-        self.name, self.replica_only = name, bool(replica_only)
+    def __init__(self, name, replica_only=False, **params):
+        self.name, self.replica_only, self.params = name, bool(replica_only), params
 
     def __repr__(self):
-        return "braid.comm_hooks.%s(replica_only=%s)" % (self.name, self.replica_only)
+        args = ["replica_only=%s" % self.replica_only] + ["%s=%r" % kv
+                                                          for kv in sorted(self.params.items())]
+        return "braid.comm_hooks.%s(%s)" % (self.name, ", ".join(args))
 
 
 def bf16_compress(replica_only=False):
@@ -33,13 +36,19 @@ def fp16_compress(replica_only=False):
     return CommHook("fp16_compress", replica_only)
 
 
+def int8(block=256, replica_only=False):
+    """int8 with one f32 scale per `block` elements and error feedback (Braid's own; the same
+    result on every rank): braid.h's BRAID_COMM_HOOK_INT8."""
+    return CommHook("int8", replica_only, block=int(block))
+
+
 # torch's hooks Braid runs itself, by their module and name.
 _TORCH = {("torch.distributed.algorithms.ddp_comm_hooks.default_hooks", "fp16_compress_hook"):
           "fp16_compress",
           ("torch.distributed.algorithms.ddp_comm_hooks.default_hooks", "bf16_compress_hook"):
           "bf16_compress"}
 ACCEPTED = ("torch's default_hooks.fp16_compress_hook and bf16_compress_hook (state None or "
-            "the model's group), and braid.comm_hooks.fp16_compress() / bf16_compress()")
+            "the model's group), and braid.comm_hooks.fp16_compress() / bf16_compress() / int8()")
 
 
 def _hook_name(hook):
