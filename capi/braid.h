@@ -642,6 +642,7 @@ BRAID_API braid_status_t braid_reducer_destroy(braid_reducer_t* reducer);
 #define BRAID_COMM_HOOK_BF16 1
 #define BRAID_COMM_HOOK_FP16 2
 #define BRAID_COMM_HOOK_INT8 3
+#define BRAID_COMM_HOOK_ALLREDUCE 4 /* torch's allreduce_hook: divide, then sum (any dtype) */
 typedef struct braid_comm_hook_options {
   size_t struct_size;
   int kind;         /* BRAID_COMM_HOOK_*; default NONE */

@@ -27,13 +27,15 @@ absl::StatusOr<std::shared_ptr<braid::sched::CommHook>> MakeHook(
       return braid::sched::MakeLowPrecisionHook(
           {o.kind == BRAID_COMM_HOOK_BF16 ? braid::DType::kBF16 : braid::DType::kF16,
            o.replica_only != 0});
+    case BRAID_COMM_HOOK_ALLREDUCE:
+      return braid::sched::MakeDivideFirstHook(o.replica_only != 0);
     case BRAID_COMM_HOOK_INT8:
       return braid::sched::MakeInt8Hook({o.block, o.replica_only != 0});
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           "braid_comm_hook_options_t.kind is ", o.kind,
           ": one of BRAID_COMM_HOOK_NONE (0), BRAID_COMM_HOOK_BF16 (1), BRAID_COMM_HOOK_FP16 (2), "
-          "BRAID_COMM_HOOK_INT8 (3)"));
+          "BRAID_COMM_HOOK_INT8 (3), BRAID_COMM_HOOK_ALLREDUCE (4)"));
   }
 }
 

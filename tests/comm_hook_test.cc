@@ -128,6 +128,21 @@ TEST_P(LowPrecisionTest, AllReduceMatchesSerialReference) {
   });
 }
 
+// torch's allreduce_hook: divide in f32, then sum (3 ranks: not the default's sum-then-divide).
+TEST(DivideFirstHook, AllReduceMatchesSerialReference) {
+  RunRanks(3, [](Group& g) {
+    auto red = GradientReducer::Create(Params(), {&g, nullptr}, Config(ReduceMode::kAllReduce));
+    ASSERT_TRUE(red.ok()) << red.status();
+    ASSERT_OK((*red)->SetCommHook(MakeDivideFirstHook()));
+    ASSERT_OK(Backward(**red, g.rank(), 0));
+    ExpectAllReduced(**red, 3, 0, [](const std::vector<float>& x) {
+      float acc = x[0] / 3.0f;
+      for (size_t r = 1; r < x.size(); ++r) acc += x[r] / 3.0f;
+      return acc;
+    });
+  });
+}
+
 TEST_P(LowPrecisionTest, ReduceScatterMatchesSerialReference) {
   const DType wire = GetParam();
   RunRanks(3, [wire](Group& g) {

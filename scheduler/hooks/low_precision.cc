@@ -10,14 +10,20 @@
 namespace braid::sched {
 namespace {
 
+// torch's divide-first hooks: round to the wire dtype (`native`: the bucket's own), divide by
+// the group size there, sum.
 class LowPrecisionHook : public CommHook {
  public:
-  explicit LowPrecisionHook(const LowPrecisionOptions& o)
-      : opts_(o), name_(o.wire == DType::kF16 ? "fp16_compress" : "bf16_compress") {}
+  LowPrecisionHook(const LowPrecisionOptions& o, bool native)
+      : opts_(o),
+        native_(native),
+        name_(native                  ? "allreduce"
+              : o.wire == DType::kF16 ? "fp16_compress"
+                                      : "bf16_compress") {}
 
   const std::string& name() const override { return name_; }
   std::vector<NamedOption> Options() const override {
-    return {{"wire_dtype", static_cast<int64_t>(opts_.wire)},
+    return {{"wire_dtype", native_ ? -1 : static_cast<int64_t>(opts_.wire)},
             {"replica_only", opts_.replica_only ? 1 : 0}};
   }
   bool Handles(CommStage stage) const override {
@@ -25,7 +31,7 @@ class LowPrecisionHook : public CommHook {
   }
 
   absl::StatusOr<CommResult> Run(const CommBucket& b) override {
-    if (b.dtype != DType::kF32 && b.dtype != DType::kF64) {
+    if (!native_ && b.dtype != DType::kF32 && b.dtype != DType::kF64) {
       return absl::InvalidArgumentError(absl::StrCat(
           "the bucket is ", DTypeName(b.dtype), "; a low-precision wire compresses f32/f64 only"));
     }
@@ -35,24 +41,26 @@ class LowPrecisionHook : public CommHook {
     // Per (bucket, stage) buffers, kept across steps (sized by the current plan).
     const size_t key = static_cast<size_t>(b.index) * 3 + static_cast<size_t>(b.stage);
     if (buffers_.size() <= key) buffers_.resize(key + 1);
-    std::vector<uint16_t>& wire = buffers_[key];
-    wire.resize(sent + (scatter ? b.count : 0));
+    const DType t = native_ ? b.dtype : opts_.wire;
+    const size_t size = DTypeSize(t);
+    std::vector<char>& wire = buffers_[key];
+    wire.resize((sent + (scatter ? b.count : 0)) * size);
     // As torch's hook: round to the wire dtype, then divide there (the sum cannot overflow).
-    CastScale(b.send, b.dtype, wire.data(), opts_.wire, sent, ScaleSpec{});
-    if (n > 1) CastScale(wire.data(), opts_.wire, wire.data(), opts_.wire, sent, {false, 1.0, n});
-    uint16_t* out = scatter ? wire.data() + sent : wire.data();
-    ASSIGN_OR_RETURN(WorkPtr w, scatter
-                                    ? b.group->ReduceScatter(wire.data(), out, b.count, opts_.wire,
-                                                             ReduceOp::Sum(), b.options)
-                                    : b.group->AllReduce(wire.data(), out, b.count, opts_.wire,
-                                                         ReduceOp::Sum(), b.options));
-    return CommResult{std::move(w), out, opts_.wire, b.count};
+    CastScale(b.send, b.dtype, wire.data(), t, sent, ScaleSpec{});
+    if (n > 1) CastScale(wire.data(), t, wire.data(), t, sent, {false, 1.0, n});
+    char* out = scatter ? wire.data() + sent * size : wire.data();
+    ASSIGN_OR_RETURN(
+        WorkPtr w,
+        scatter ? b.group->ReduceScatter(wire.data(), out, b.count, t, ReduceOp::Sum(), b.options)
+                : b.group->AllReduce(wire.data(), out, b.count, t, ReduceOp::Sum(), b.options));
+    return CommResult{std::move(w), out, t, b.count};
   }
 
  private:
   const LowPrecisionOptions opts_;
+  const bool native_;
   const std::string name_;
-  std::vector<std::vector<uint16_t>> buffers_;  // per (bucket, stage): wire, then RS output
+  std::vector<std::vector<char>> buffers_;  // per (bucket, stage): wire, then RS output
 };
 
 }  // namespace
@@ -62,7 +70,12 @@ absl::StatusOr<std::shared_ptr<CommHook>> MakeLowPrecisionHook(const LowPrecisio
     return absl::InvalidArgumentError(absl::StrCat("low-precision comm hook: wire dtype ",
                                                    DTypeName(opts.wire), "; bf16 or f16"));
   }
-  return std::make_shared<LowPrecisionHook>(opts);
+  return std::make_shared<LowPrecisionHook>(opts, /*native=*/false);
+}
+
+std::shared_ptr<CommHook> MakeDivideFirstHook(bool replica_only) {
+  return std::make_shared<LowPrecisionHook>(LowPrecisionOptions{DType::kF32, replica_only},
+                                            /*native=*/true);
 }
 
 }  // namespace braid::sched

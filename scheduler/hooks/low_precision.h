@@ -28,6 +28,10 @@ struct LowPrecisionOptions {
 
 // InvalidArgument for a wire dtype other than bf16 / f16.
 absl::StatusOr<std::shared_ptr<CommHook>> MakeLowPrecisionHook(const LowPrecisionOptions& opts);
+// torch's allreduce_hook ("allreduce"): the same divide-then-sum in the bucket's own dtype (any
+// floating bucket). The default path sums then divides: equal at power-of-two group sizes,
+// rounded differently otherwise.
+std::shared_ptr<CommHook> MakeDivideFirstHook(bool replica_only = false);
 
 }  // namespace braid::sched
 

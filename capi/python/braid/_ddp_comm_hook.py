@@ -17,9 +17,10 @@ def register_comm_hook(ddp, state, hook):
     if resolved.replica_only and ddp._mode != "hybrid":
         raise ValueError("register_comm_hook(%r): replica_only needs mode='hybrid' (this model "
                          "is mode=%r)" % (resolved, ddp._mode))
-    dtypes = (torch.float32,) if resolved.name == "int8" else (torch.float32, torch.float64)
+    dtypes = {"int8": (torch.float32,), "allreduce": None}.get(resolved.name,
+                                                              (torch.float32, torch.float64))
     for name, p, widened in zip(ddp._names, ddp._params, ddp._widened):
-        if not widened and p.dtype not in dtypes:
+        if dtypes is not None and not widened and p.dtype not in dtypes:
             raise ValueError("register_comm_hook(%s): parameter %r is %s; this hook compresses "
                              "%s gradients only" % (resolved.name, name, p.dtype,
                                                     "/".join(str(d) for d in dtypes)))

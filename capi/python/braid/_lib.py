@@ -117,7 +117,7 @@ class CommHookOptions(ctypes.Structure):  # 0.11: braid_comm_hook_options_t
 
 
 # braid.h's BRAID_COMM_HOOK_* (0.11), by the name of the hook.
-COMM_HOOKS = {"none": 0, "bf16_compress": 1, "fp16_compress": 2, "int8": 3}
+COMM_HOOKS = {"none": 0, "bf16_compress": 1, "fp16_compress": 2, "int8": 3, "allreduce": 4}
 
 
 class OptimizerOptions(ctypes.Structure):

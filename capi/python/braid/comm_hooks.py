@@ -5,9 +5,10 @@ DDP's), run by Braid's reducer (braid.h's braid_reducer_set_comm_hook):
     model.register_comm_hook(None, default_hooks.fp16_compress_hook)     # torch's own hook
     model.register_comm_hook(None, braid.comm_hooks.bf16_compress(replica_only=True))
 
-torch's fp16_compress_hook and bf16_compress_hook are recognised and run as Braid's built-in
-hooks of the same arithmetic (round to the wire dtype, divide by the group size there, sum in
-the wire dtype, widen back); their state must be None or the model's own group. Braid's own
+torch's allreduce_hook, fp16_compress_hook and bf16_compress_hook are recognised and run as
+Braid's built-in hooks of the same arithmetic (round to the wire dtype, or keep the bucket's for
+allreduce_hook; divide by the group size there, sum in that dtype, widen back); their state must
+be None or the model's own group. Braid's own
 hooks add `replica_only` (hybrid mode: only the replica all-reduce, the stage that crosses
 hosts, is compressed). Any other callable is refused by name: Braid does not call Python
 during the reduction."""
@@ -43,11 +44,14 @@ def int8(block=256, replica_only=False):
 
 
 # torch's hooks Braid runs itself, by their module and name.
-_TORCH = {("torch.distributed.algorithms.ddp_comm_hooks.default_hooks", "fp16_compress_hook"):
+_TORCH = {("torch.distributed.algorithms.ddp_comm_hooks.default_hooks", "allreduce_hook"):
+          "allreduce",
+          ("torch.distributed.algorithms.ddp_comm_hooks.default_hooks", "fp16_compress_hook"):
           "fp16_compress",
           ("torch.distributed.algorithms.ddp_comm_hooks.default_hooks", "bf16_compress_hook"):
           "bf16_compress"}
-ACCEPTED = ("torch's default_hooks.fp16_compress_hook and bf16_compress_hook (state None or "
+ACCEPTED = ("torch's default_hooks.allreduce_hook, fp16_compress_hook and bf16_compress_hook "
+            "(state None or "
             "the model's group), and braid.comm_hooks.fp16_compress() / bf16_compress() / int8()")
 
 
