@@ -331,6 +331,26 @@ TEST(CommHookErrors, FailingHooksNameTheBucketAndKeepTheGradients) {
   }
 }
 
+// A hook that fails on one rank only: that rank's error names it; its peer's collective never
+// finds a partner and fails at the collective deadline, naming the bucket and the hook there.
+TEST(CommHookErrors, OneRankFailingEndsWithinTheDeadlineOnEveryRank) {
+  auto backend = CreateBackend(braid::testing::LocalOptions(2, absl::Milliseconds(300)));
+  ASSERT_TRUE(backend.ok());
+  RunRanks(**backend, [](Group& g) {
+    auto red = GradientReducer::Create(Params(), {&g, nullptr}, Config(ReduceMode::kAllReduce));
+    ASSERT_TRUE(red.ok()) << red.status();
+    ASSERT_OK((*red)->SetCommHook(std::make_shared<BadHook>(
+        "bad_hook", g.rank() == 1 ? BadHook::kRunFails : BadHook::kNone)));
+    const absl::Status st = Backward(**red, g.rank(), 0);
+    if (g.rank() == 1) {
+      ExpectError(st, absl::StatusCode::kInternal, {"bucket 0", "comm hook 'bad_hook'", "boom"});
+    } else {
+      ExpectError(st, absl::StatusCode::kDeadlineExceeded,
+                  {"bucket 0", "comm hook 'bad_hook'", "rank(s) 1 did not arrive"});
+    }
+  });
+}
+
 TEST(CommHookErrors, HooksThatDifferAcrossRanksAreRefusedOnEveryRank) {
   RunRanks(2, [](Group& g) {
     auto red = GradientReducer::Create(Params(), {&g, nullptr}, Config(ReduceMode::kAllReduce));
