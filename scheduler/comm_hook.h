@@ -16,7 +16,8 @@
 // do): `count` elements of a floating dtype, which the reducer casts into the bucket. A Run
 // error, a failed work, or a result of the wrong size or dtype fails the bucket with an error
 // naming the bucket and the hook. Per-bucket state (error feedback, warm starts) lives in the
-// hook, keyed by (bucket, stage); bucket indices and sizes change only with a re-plan.
+// hook, keyed by (bucket, stage); bucket indices and sizes change only with a re-plan, which
+// calls OnReplan.
 // Host memory only (device reducers refuse a hook). A hook bypasses the OpScheduler.
 #ifndef BRAID_SCHEDULER_COMM_HOOK_H_
 #define BRAID_SCHEDULER_COMM_HOOK_H_
@@ -70,6 +71,9 @@ class CommHook {
   // Stages it replaces (the others run the default collective). Default: every stage.
   virtual bool Handles(CommStage stage) const { return true; }
   virtual absl::StatusOr<CommResult> Run(const CommBucket& bucket) = 0;
+  // The reducer's buckets changed (a re-plan: indices, sizes and contents move): drop per-bucket
+  // state that follows elements (error feedback). Called between backwards, no Run in flight.
+  virtual void OnReplan() {}
 };
 
 // Collective over `group`: every rank's hook (null: none) has the same name and options; else

@@ -38,6 +38,7 @@ ReducerStages::~ReducerStages() {
 void ReducerStages::Reset(BucketStorage& storage) {
   storage_ = &storage;
   buckets_.clear();
+  if (hook_) hook_->OnReplan();  // per-bucket state no longer matches the buckets
   for (size_t b = 0; b < plan_.buckets().size(); ++b) {
     auto s = std::make_unique<ReducerBucketState>();
     s->label = absl::StrCat("bucket ", b);

@@ -216,48 +216,69 @@ std::vector<float> Int8Reference(const std::vector<float>& x, std::vector<float>
   return deq;
 }
 
+constexpr int kInt8Ranks = 3, kInt8Block = 7;
+// residual[b][r]: rank r's error feedback for bucket b (the reference's).
+using Residuals = std::vector<std::vector<std::vector<float>>>;
+
+// One synced backward of `step` with the int8 hook, every result against the reference.
+void ExpectInt8Step(GradientReducer& red, int rank, int step, Residuals& residual) {
+  ASSERT_OK(Backward(red, rank, step));
+  const BucketPlan& plan = red.plan();
+  const bool whole = red.mode() == ReduceMode::kAllReduce;
+  residual.resize(plan.buckets().size());
+  for (size_t b = 0; b < plan.buckets().size(); ++b) {
+    const Bucket& bk = plan.buckets()[b];
+    const size_t sent = whole ? bk.count : bk.shard_count * kInt8Ranks;
+    const size_t first = whole ? 0 : bk.shard_count * rank;
+    const size_t count = whole ? bk.count : bk.shard_count;
+    residual[b].resize(kInt8Ranks, std::vector<float>(sent, 0.0f));
+    std::vector<float> want(count);
+    for (int r = 0; r < kInt8Ranks; ++r) {
+      std::vector<float> x = BucketOf(plan, b, r, step);
+      x.resize(sent);
+      const std::vector<float> deq = Int8Reference(x, residual[b][r], kInt8Block);
+      for (size_t j = 0; j < count; ++j)
+        want[j] = r == 0 ? deq[first + j] : want[j] + deq[first + j];
+    }
+    for (float& w : want) w = w / static_cast<float>(kInt8Ranks);
+    const float* got = static_cast<const float*>(
+        whole ? red.GradView(plan.params()[bk.params[0]].id)->data : red.ShardView(b).data);
+    if (whole) got -= plan.slot(bk.params[0]).offset;  // the bucket's start
+    for (size_t j = 0; j < count; ++j) {
+      ASSERT_EQ(got[j], want[j]) << "bucket " << b << " [" << j << "] step " << step;
+    }
+  }
+  ASSERT_OK(red.ZeroGrads());
+}
+
 class Int8Test : public ::testing::TestWithParam<ReduceMode> {};
 
 // Three steps (the residuals carry over) at 3 ranks, blocks of 7 straddling parameters.
 TEST_P(Int8Test, MatchesSerialReferenceWithErrorFeedback) {
   const ReduceMode mode = GetParam();
-  constexpr int kRanks = 3, kBlock = 7;
-  RunRanks(kRanks, [mode](Group& g) {
+  RunRanks(kInt8Ranks, [mode](Group& g) {
     auto red = GradientReducer::Create(Params(), {&g, nullptr}, Config(mode));
     ASSERT_TRUE(red.ok()) << red.status();
-    ASSERT_OK((*red)->SetCommHook(*MakeInt8Hook({kBlock})));
-    const BucketPlan& plan = (*red)->plan();
-    const bool whole = mode == ReduceMode::kAllReduce;
-    // residual[b][r]: rank r's error feedback for bucket b.
-    std::vector<std::vector<std::vector<float>>> residual(plan.buckets().size());
-    for (int step = 0; step < 3; ++step) {
-      ASSERT_OK(Backward(**red, g.rank(), step));
-      for (size_t b = 0; b < plan.buckets().size(); ++b) {
-        const Bucket& bk = plan.buckets()[b];
-        const size_t sent = whole ? bk.count : bk.shard_count * kRanks;
-        const size_t first = whole ? 0 : bk.shard_count * g.rank();
-        const size_t count = whole ? bk.count : bk.shard_count;
-        residual[b].resize(kRanks, std::vector<float>(sent, 0.0f));
-        std::vector<float> want(count);
-        for (int r = 0; r < kRanks; ++r) {
-          std::vector<float> x = BucketOf(plan, b, r, step);
-          x.resize(sent);
-          const std::vector<float> deq = Int8Reference(x, residual[b][r], kBlock);
-          for (size_t j = 0; j < count; ++j)
-            want[j] = r == 0 ? deq[first + j] : want[j] + deq[first + j];
-        }
-        for (float& w : want) w = w / static_cast<float>(kRanks);
-        const float* got =
-            static_cast<const float*>(whole ? (*red)->GradView(plan.params()[bk.params[0]].id)->data
-                                            : (*red)->ShardView(b).data);
-        if (whole) got -= plan.slot(bk.params[0]).offset;  // the bucket's start
-        for (size_t j = 0; j < count; ++j) {
-          if (whole && j >= bk.count) break;
-          ASSERT_EQ(got[j], want[j]) << "bucket " << b << " [" << j << "] step " << step;
-        }
-      }
-      ASSERT_OK((*red)->ZeroGrads());
-    }
+    ASSERT_OK((*red)->SetCommHook(*MakeInt8Hook({kInt8Block})));
+    Residuals residual;
+    for (int step = 0; step < 3; ++step) ExpectInt8Step(**red, g.rank(), step, residual);
+  });
+}
+
+// A re-plan moves elements between buckets: the residuals start afresh (not applied to other
+// parameters' elements).
+TEST_P(Int8Test, ReplanDropsTheResiduals) {
+  const ReduceMode mode = GetParam();
+  RunRanks(kInt8Ranks, [mode](Group& g) {
+    auto red = GradientReducer::Create(Params(), {&g, nullptr}, Config(mode));
+    ASSERT_TRUE(red.ok()) << red.status();
+    ASSERT_OK((*red)->SetCommHook(*MakeInt8Hook({kInt8Block})));
+    Residuals residual;
+    ExpectInt8Step(**red, g.rank(), 0, residual);
+    absl::StatusOr<bool> replanned = (*red)->Replan(size_t{1} << 20, size_t{1} << 20);
+    ASSERT_TRUE(replanned.ok() && *replanned) << replanned.status();  // one bucket now
+    residual.clear();
+    ExpectInt8Step(**red, g.rank(), 1, residual);
   });
 }
 

@@ -32,6 +32,8 @@ class Int8Hook : public CommHook {
     return !opts_.replica_only || stage == CommStage::kReplicaAllReduce;
   }
 
+  void OnReplan() override { states_.clear(); }  // residuals follow elements: start afresh
+
   absl::StatusOr<CommResult> Run(const CommBucket& b) override {
     if (b.dtype != DType::kF32) {
       return absl::InvalidArgumentError(
