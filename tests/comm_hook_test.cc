@@ -165,15 +165,15 @@ TEST_P(LowPrecisionTest, ReduceScatterMatchesSerialReference) {
   });
 }
 
-TEST_P(LowPrecisionTest, HybridReplicaOnlyKeepsTheShardStageExact) {
-  const DType wire = GetParam();
-  RunRanks(4, [wire](Group& world) {
+// Hybrid 2x2, replica_only or not: the shard stage exact or on the wire, then the replicas'.
+void CheckHybrid(DType wire, bool replica_only) {
+  RunRanks(4, [wire, replica_only](Group& world) {
     auto mesh = MakeMesh(world, /*replicas=*/2, /*shards=*/2);
     ASSERT_TRUE(mesh.ok()) << mesh.status();
     auto red = GradientReducer::Create(Params(), {mesh->shard.get(), mesh->replica.get()},
                                        Config(ReduceMode::kHybrid));
     ASSERT_TRUE(red.ok()) << red.status();
-    ASSERT_OK((*red)->SetCommHook(*MakeLowPrecisionHook({wire, /*replica_only=*/true})));
+    ASSERT_OK((*red)->SetCommHook(*MakeLowPrecisionHook({wire, replica_only})));
     ASSERT_OK(Backward(**red, world.rank(), 0));
     const BucketPlan& plan = (*red)->plan();
     const int s = world.rank() % 2;  // this rank's shard index
@@ -183,15 +183,22 @@ TEST_P(LowPrecisionTest, HybridReplicaOnlyKeepsTheShardStageExact) {
       std::vector<std::vector<float>> all;
       for (int r = 0; r < 4; ++r) all.push_back(BucketOf(plan, b, r, 0));
       for (size_t k = 0; k < sc; ++k) {
-        std::vector<float> per_replica;  // the exact f32 average inside each replica
+        std::vector<float> per_replica;  // the shard stage's result inside each replica
         for (int q = 0; q < 2; ++q) {
-          per_replica.push_back(Average({all[2 * q][s * sc + k], all[2 * q + 1][s * sc + k]}));
+          const std::vector<float> x = {all[2 * q][s * sc + k], all[2 * q + 1][s * sc + k]};
+          per_replica.push_back(replica_only ? Average(x) : LowPrecision(x, wire));
         }
         ASSERT_EQ(shard[k], LowPrecision(per_replica, wire)) << "bucket " << b << " [" << k << "]";
       }
     }
   });
 }
+
+TEST_P(LowPrecisionTest, HybridReplicaOnlyKeepsTheShardStageExact) {
+  CheckHybrid(GetParam(), /*replica_only=*/true);
+}
+
+TEST_P(LowPrecisionTest, HybridBothStagesOnTheWire) { CheckHybrid(GetParam(), false); }
 
 INSTANTIATE_TEST_SUITE_P(Wires, LowPrecisionTest, ::testing::Values(DType::kBF16, DType::kF16),
                          [](const auto& info) { return std::string(DTypeName(info.param)); });
