@@ -7,8 +7,10 @@
 //
 // RANK-ORDER CONTRACT: Run is called in bucket order on every rank (under the reducer's launch
 // lock, where the default collective would be issued), so collectives a hook issues on
-// `bucket.group` keep the group's order. Run must not block on peers. SetCommHook verifies that
-// every rank registered the same hook with the same Options(); a mismatch fails on every rank.
+// `bucket.group` keep the group's order. Run must not block on peers; a later phase issued from
+// a completion callback (PowerSGD's second all-reduce) would race other buckets' launches, so it
+// needs a group of its own and bucket order kept there. SetCommHook verifies that every rank
+// registered the same hook with the same Options(); a mismatch fails on every rank.
 //
 // Contract of Run: read `send`, never write it (a failed hook leaves the bucket's gradients
 // intact, so the step can be retried without it); return a CommResult whose `work` completes
