@@ -668,6 +668,44 @@ BRAID_API braid_status_t braid_reducer_grad_shard(braid_reducer_t* reducer, int6
 /* FAILED_PRECONDITION while an optimizer built on it is alive. */
 BRAID_API braid_status_t braid_reducer_destroy(braid_reducer_t* reducer);
 
+/* ---- Communication hooks (since 0.11) ---------------------------------------------------------
+ * torch DDP's register_comm_hook, with Braid's built-in hooks (scheduler/comm_hook.h): a hook
+ * replaces the collective of each bucket stage it handles (all-reduce, the reduce-scatter, the
+ * hybrid replica all-reduce) and leaves the group's average there, run in bucket order on every
+ * rank. BRAID_COMM_HOOK_BF16 / _FP16: torch's bf16_compress_hook / fp16_compress_hook (each
+ * value rounded to the wire dtype, divided by the group size there, summed in the wire dtype,
+ * widened back): half the bytes of f32; f32/f64 buckets only (an f16/bf16 bucket fails its
+ * backward naming the bucket and the hook). BRAID_COMM_HOOK_INT8: int8 values with one f32
+ * scale per `block` elements and error feedback (each rank keeps its quantization error and
+ * adds it to the next step's bucket), all-gathered and summed in f32 in rank order (the same
+ * result on every rank; scheduler/hooks/int8.h); f32 buckets only. replica_only (hybrid
+ * reducers): only the replica all-reduce, the stage that crosses hosts, is compressed.
+ *
+ *   braid_comm_hook_options_t h;  braid_comm_hook_options_init(&h);
+ *   h.kind = BRAID_COMM_HOOK_BF16;
+ *   braid_reducer_set_comm_hook(reducer, &h);   // every rank, between backwards */
+#define BRAID_COMM_HOOK_NONE 0 /* the default collectives */
+#define BRAID_COMM_HOOK_BF16 1
+#define BRAID_COMM_HOOK_FP16 2
+#define BRAID_COMM_HOOK_INT8 3
+#define BRAID_COMM_HOOK_ALLREDUCE 4 /* torch's allreduce_hook: divide, then sum (any dtype) */
+typedef struct braid_comm_hook_options {
+  size_t struct_size;
+  int kind;         /* BRAID_COMM_HOOK_*; default NONE */
+  int replica_only; /* 1: the hybrid replica all-reduce only (hybrid reducers); default 0 */
+  int block;        /* INT8: elements per scale, >= 1; default 256 */
+} braid_comm_hook_options_t;
+BRAID_API void braid_comm_hook_options_init(braid_comm_hook_options_t* opts);
+/* Collective over the reducer's groups, between backwards at the same point on every rank
+ * (opts NULL: NONE). Every rank must pass the same options: otherwise FAILED_PRECONDITION on
+ * every rank naming each rank's hook (nothing changes). A failing hook fails finish_backward
+ * with an error naming the bucket and the hook, and leaves the gradients as they were: the step
+ * can be retried with the hook removed (BRAID_COMM_HOOK_NONE, then mark every parameter again).
+ * INVALID_ARGUMENT: an unknown kind, replica_only on a non-hybrid reducer. FAILED_PRECONDITION
+ * during a backward. UNIMPLEMENTED on device reducers. */
+BRAID_API braid_status_t braid_reducer_set_comm_hook(braid_reducer_t* reducer,
+                                                     const braid_comm_hook_options_t* opts);
+
 /* ---- Memory accounting -----------------------------------------------------------------------
  * Every byte Braid allocates for a reducer's rank (its buckets, staging and partial sums, and
  * the gatherer's and optimizer's buffers once an optimizer is built on it) is counted from

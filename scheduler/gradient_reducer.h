@@ -50,6 +50,7 @@ namespace braid::sched {
 
 class BucketStorage;
 class ReducerMarks;
+class CommHook;
 class ReducerStages;
 
 class GradientReducer {
@@ -167,6 +168,12 @@ class GradientReducer {
   // instead of each group's size; 0 restores the groups' sizes. Between backwards, the same
   // value on every rank. InvalidArgument outside [0, world size].
   absl::Status SetContributors(int contributors);
+  // Collective over the reducer's groups, between backwards at the same point on every rank:
+  // `hook` (null: none) runs the bucket stages it handles from the next backward on, after every
+  // rank was verified to register the same one (scheduler/comm_hook.h). FailedPrecondition
+  // during a backward or when ranks differ; Unimplemented on device buckets; InvalidArgument
+  // when it handles none of this mode's stages.
+  absl::Status SetCommHook(std::shared_ptr<CommHook> hook);
 
  private:
   GradientReducer(BucketPlan plan, ReducerGroups groups, const ReducerConfig& config,

@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "comm/tensor.h"
 #include "comm/work.h"
+#include "scheduler/comm_hook.h"
 
 namespace braid::sched {
 
@@ -44,7 +45,15 @@ struct ReducerBucketState {
     WorkPtr work;
     int post_divide = 1;
     int64_t start_ns = 0;  // timeline only
+    // With a comm hook: the hook that ran this stage (null: the default collective), its
+    // result, and where the reducer puts it (`count` elements of the reduction dtype).
+    std::shared_ptr<CommHook> hook;
+    CommResult hooked;
+    char* recv = nullptr;
+    size_t count = 0;
+    CommStage kind = CommStage::kAllReduce;
   } stage[2];
+  std::string hook_label;  // "bucket 3 (comm hook 'bf16')" while a hook is registered
   // Hybrid reduce_scatter_only: BucketStorage::Partial(b) holds the window's sum so far.
   bool has_partial = false;
   WorkPtr handoff;  // device hybrid, pooled storage: the shard copy's point on the shard stream

@@ -38,10 +38,12 @@ ReducerStages::~ReducerStages() {
 void ReducerStages::Reset(BucketStorage& storage) {
   storage_ = &storage;
   buckets_.clear();
+  if (hook_) hook_->OnReplan();  // per-bucket state no longer matches the buckets
   for (size_t b = 0; b < plan_.buckets().size(); ++b) {
     auto s = std::make_unique<ReducerBucketState>();
     s->label = absl::StrCat("bucket ", b);
     s->events.reset(new DeviceEvent[plan_.buckets()[b].params.size()]);
+    if (hook_) s->hook_label = absl::StrCat(s->label, " (comm hook '", hook_->name(), "')");
     buckets_.push_back(std::move(s));
   }
 }
@@ -62,7 +64,8 @@ void ReducerStages::Begin(SyncMode mode) {
     s.stage[1].work.reset();
     s.handoff.reset();
     if (mode != SyncMode::kNoSync) {
-      s.work = works_.Create(WorkInfo{groups_.shard->name(), "reduction", b, s.label});
+      s.work = works_.Create(
+          WorkInfo{groups_.shard->name(), "reduction", b, hook_ ? s.hook_label : s.label});
     }
   }
 }
@@ -128,6 +131,15 @@ int ReducerStages::FirstPartial() const {
   return -1;
 }
 
+void ReducerStages::SetCommHook(std::shared_ptr<CommHook> hook) {
+  std::lock_guard<std::mutex> lock(mu_);
+  hook_ = std::move(hook);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    buckets_[b]->hook_label =
+        hook_ ? absl::StrCat(buckets_[b]->label, " (comm hook '", hook_->name(), "')") : "";
+  }
+}
+
 void ReducerStages::SetScheduler(OpScheduler* scheduler) {
   std::lock_guard<std::mutex> lock(mu_);
   scheduler_ = scheduler;
@@ -163,16 +175,25 @@ void ReducerStages::LaunchStageLocked(int b, int stage) {
     req.send = storage_->CommData(b);
     req.recv = storage_->CommShard(b);
   }
+  ReducerBucketState::Stage& rec = s.stage[stage];
+  const bool prepared = stage == 1 || s.prepare_error.ok();
+  rec.hook =
+      prepared && hook_ != nullptr &&
+              hook_->Handles(stage == 1                               ? CommStage::kReplicaAllReduce
+                             : req.kind == CollectiveKind::kAllReduce ? CommStage::kAllReduce
+                                                                      : CommStage::kReduceScatter)
+          ? hook_
+          : nullptr;
   absl::StatusOr<WorkPtr> w =
-      stage == 0 && !s.prepare_error.ok() ? absl::StatusOr<WorkPtr>(s.prepare_error)
-      : scheduler_ != nullptr             ? scheduler_->SubmitReduction(req)
+      !prepared               ? absl::StatusOr<WorkPtr>(s.prepare_error)
+      : rec.hook != nullptr   ? RunHookLocked(b, stage, req)  // the hook averages
+      : scheduler_ != nullptr ? scheduler_->SubmitReduction(req)
       : req.kind == CollectiveKind::kAllReduce
           ? g.AllReduce(req.send, req.recv, req.count, t, step.op, opts)
           : g.ReduceScatter(req.send, req.recv, req.count, t, step.op, opts);
-  ReducerBucketState::Stage& rec = s.stage[stage];
   rec.work = w.ok() ? *std::move(w)
                     : Work::Completed(WorkInfo{g.name(), "launch", 0, s.label}, w.status());
-  rec.post_divide = w.ok() ? step.post_divide : 1;
+  rec.post_divide = w.ok() && rec.hook == nullptr ? step.post_divide : 1;
   if (tl_ != nullptr) {
     rec.start_ns = Timeline::NowNs();
     if (stage == 0) tl_->Instant(rows_.launches, "launch", b);
@@ -188,9 +209,12 @@ void ReducerStages::Watch(int first, int last, int stage) {
   }
 }
 
-void ReducerStages::OnStageDone(int b, int stage, const absl::Status& done) {
+void ReducerStages::OnStageDone(int b, int stage, const absl::Status& collective) {
   ReducerBucketState& s = *buckets_[b];
   const ReducerBucketState::Stage& rec = s.stage[stage];
+  // A hook's result goes into the stage's buffer first: then the pipeline runs as after the
+  // default collective (its errors, named with the hook, count as the collective's).
+  const absl::Status done = rec.hook != nullptr ? DeliverHook(b, stage, collective) : collective;
   if (tl_ != nullptr) {
     const char* name = stage == 1                               ? "allreduce (replicas)"
                        : config_.mode == ReduceMode::kAllReduce ? "allreduce"

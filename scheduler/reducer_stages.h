@@ -69,6 +69,8 @@ class ReducerStages {
   // Join's divide override (divide.h's StepForContributors) for the launches that follow; 0:
   // each group's size. Between backwards.
   void SetContributors(int contributors);
+  // Replaces the comm hook (null: the default collectives), between backwards.
+  void SetCommHook(std::shared_ptr<CommHook> hook);
   WorkPtr NewWork(WorkInfo info) { return works_.Create(std::move(info)); }
 
  private:
@@ -77,6 +79,12 @@ class ReducerStages {
   // released. Nothing here allocates in steady state.
   void LaunchStageLocked(int b, int stage);
   void Watch(int first, int last, int stage);
+  // With mu_ held: the comm hook runs bucket b's `stage` (reducer_hook_stage.cc); a hook's
+  // error comes back as a completed Work, named at delivery.
+  WorkPtr RunHookLocked(int b, int stage, const ReductionRequest& req);
+  // After a hooked stage completed with `done`: the hook's result into the stage's buffer, or
+  // the error naming the bucket and the hook.
+  absl::Status DeliverHook(int b, int stage, const absl::Status& done);
   void OnStageDone(int b, int stage, const absl::Status& done);
   void OnReplicaStageDone(int b, const absl::Status& done);
   // Hybrid: after bucket b's reduce-scatter result is in place for the replicas (st: its
@@ -107,8 +115,9 @@ class ReducerStages {
   int launch_cursor_ = 0;     // next bucket to launch (first stage)
   int allreduce_cursor_ = 0;  // hybrid: next bucket whose replica all-reduce to launch
   absl::Status first_error_;
-  OpScheduler* scheduler_;  // ReducerConfig::scheduler, replaced by SetScheduler
-  int contributors_ = 0;    // join's divide override (SetContributors); 0: none
+  OpScheduler* scheduler_;          // ReducerConfig::scheduler, replaced by SetScheduler
+  int contributors_ = 0;            // join's divide override (SetContributors); 0: none
+  std::shared_ptr<CommHook> hook_;  // guarded; null: the default collectives
 };
 
 }  // namespace braid::sched

@@ -100,7 +100,8 @@ class HeaderLayoutTest(unittest.TestCase):
                "braid_optimizer_hyper": _lib.OptimizerHyper,
                "braid_memory_counter": _lib.MemoryCounter,
                "braid_memory_stats": _lib.MemoryStats,
-               "braid_join_options": _lib.JoinOptions}
+               "braid_join_options": _lib.JoinOptions,
+               "braid_comm_hook_options": _lib.CommHookOptions}
 
     def setUp(self):
         with open(_header_path()) as f:

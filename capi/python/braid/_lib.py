@@ -114,6 +114,15 @@ class ReducerOptions(ctypes.Structure):
                 ("param_marks", ctypes.POINTER(ctypes.c_int))]  # 0.11: tied / reused
 
 
+class CommHookOptions(ctypes.Structure):  # 0.11: braid_comm_hook_options_t
+    _fields_ = [("struct_size", ctypes.c_size_t), ("kind", ctypes.c_int),
+                ("replica_only", ctypes.c_int), ("block", ctypes.c_int)]
+
+
+# braid.h's BRAID_COMM_HOOK_* (0.11), by the name of the hook.
+COMM_HOOKS = {"none": 0, "bf16_compress": 1, "fp16_compress": 2, "int8": 3, "allreduce": 4}
+
+
 class OptimizerOptions(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("kind", ctypes.c_int),
                 ("threads", ctypes.c_int), ("lr", ctypes.c_double), ("beta1", ctypes.c_double),
@@ -222,6 +231,8 @@ _SIGNATURES = {
     "braid_reducer_shard": (_st, [_p, _i, _pp, ctypes.POINTER(_sz)]),
     "braid_reducer_grad_shard": (_st, [_p, _i64, _pp, ctypes.POINTER(_sz), ctypes.POINTER(_sz)]),
     "braid_reducer_destroy": (_st, [_p]),
+    "braid_comm_hook_options_init": (None, [ctypes.POINTER(CommHookOptions)]),  # 0.11
+    "braid_reducer_set_comm_hook": (_st, [_p, ctypes.POINTER(CommHookOptions)]),
     "braid_memory_stats": (_st, [_p, ctypes.POINTER(MemoryStats)]),
     "braid_memory_reset_peaks": (_st, [_p]),
     "braid_optimizer_options_init": (None, [ctypes.POINTER(OptimizerOptions)]),

@@ -130,6 +130,20 @@ class Reducer(_Handle):
         _lib.call("braid_reducer_mark_ready_grad", self.handle, pid, ctypes.c_void_p(ptr),
                   device_event)
 
+    def set_comm_hook(self, hook="none", replica_only=False, block=256):
+        """A built-in communication hook (braid.h's braid_reducer_set_comm_hook, 0.11):
+        "none" (the default collectives), "bf16_compress" or "fp16_compress" (torch's hooks of
+        those names), "int8" (blockwise scales of `block` elements, error feedback);
+        replica_only: the hybrid replica all-reduce only. Collective: every rank, between
+        backwards, with the same arguments."""
+        if hook not in _lib.COMM_HOOKS:
+            raise ValueError("comm hook %r: one of %s" % (hook, ", ".join(_lib.COMM_HOOKS)))
+        opts = _lib.init_options(_lib.CommHookOptions, "braid_comm_hook_options_init")
+        opts.kind = _lib.COMM_HOOKS[hook]
+        opts.replica_only = 1 if replica_only else 0
+        opts.block = int(block)
+        _lib.call("braid_reducer_set_comm_hook", self.handle, ctypes.byref(opts))
+
     def finish_backward(self):
         _lib.call("braid_reducer_finish_backward", self.handle)
 

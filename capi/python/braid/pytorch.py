@@ -50,6 +50,7 @@ from ._ddp_graph import GraphCheck, graph_grad, unreached
 from ._ddp_profile import CollectiveRanges, call_profiled, profiled
 from ._ddp_reuse import mark_again, reuse_marks
 from ._ddp_grads import GradPresence
+from ._ddp_comm_hook import register_comm_hook as _register_comm_hook
 from ._ddp_verify import verify_same_model
 from ._used_map import agreement_options, declare_unused
 from ._recompute import FinishOnce
@@ -528,6 +529,11 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
     def _bind_all(self):
         for pid in list(self._unbound):
             self._bind_grad(pid)
+
+    def register_comm_hook(self, state, hook):
+        """torch's: how each bucket is reduced (braid.comm_hooks says which hooks Braid runs).
+        Once, on every rank alike, outside a backward."""
+        _register_comm_hook(self, state, hook)
 
     def _set_static_graph(self):
         """torch 1.13's private DistributedDataParallel._set_static_graph(): static_graph=True

@@ -1,0 +1,82 @@
+"""Communication hooks for braid.pytorch.DistributedDataParallel.register_comm_hook (torch
+DDP's), run by Braid's reducer (braid.h's braid_reducer_set_comm_hook):
+
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    model.register_comm_hook(None, default_hooks.fp16_compress_hook)     # torch's own hook
+    model.register_comm_hook(None, braid.comm_hooks.bf16_compress(replica_only=True))
+
+torch's allreduce_hook, fp16_compress_hook and bf16_compress_hook are recognised and run as
+Braid's built-in hooks of the same arithmetic (round to the wire dtype, or keep the bucket's for
+allreduce_hook; divide by the group size there, sum in that dtype, widen back); their state must
+be None or the model's own group. Braid's own
+hooks add `replica_only` (hybrid mode: only the replica all-reduce, the stage that crosses
+hosts, is compressed). Any other callable is refused by name: Braid does not call Python
+during the reduction."""
+
+
+class CommHook:
+    """One of Braid's built-in hooks: `name` and keywords as braid.core.Reducer.set_comm_hook
+    takes them."""
+
+    def __init__(self, name, replica_only=False, **params):
+        self.name, self.replica_only, self.params = name, bool(replica_only), params
+
+    def __repr__(self):
+        args = ["replica_only=%s" % self.replica_only] + ["%s=%r" % kv
+                                                          for kv in sorted(self.params.items())]
+        return "braid.comm_hooks.%s(%s)" % (self.name, ", ".join(args))
+
+
+def bf16_compress(replica_only=False):
+    """torch's bf16_compress_hook, as a Braid hook."""
+    return CommHook("bf16_compress", replica_only)
+
+
+def fp16_compress(replica_only=False):
+    """torch's fp16_compress_hook, as a Braid hook."""
+    return CommHook("fp16_compress", replica_only)
+
+
+def int8(block=256, replica_only=False):
+    """int8 with one f32 scale per `block` elements and error feedback (Braid's own; the same
+    result on every rank): braid.h's BRAID_COMM_HOOK_INT8."""
+    return CommHook("int8", replica_only, block=int(block))
+
+
+# torch's hooks Braid runs itself, by their module and name.
+_TORCH = {("torch.distributed.algorithms.ddp_comm_hooks.default_hooks", "allreduce_hook"):
+          "allreduce",
+          ("torch.distributed.algorithms.ddp_comm_hooks.default_hooks", "fp16_compress_hook"):
+          "fp16_compress",
+          ("torch.distributed.algorithms.ddp_comm_hooks.default_hooks", "bf16_compress_hook"):
+          "bf16_compress"}
+ACCEPTED = ("torch's default_hooks.allreduce_hook, fp16_compress_hook and bf16_compress_hook "
+            "(state None or "
+            "the model's group), and braid.comm_hooks.fp16_compress() / bf16_compress() / int8()")
+
+
+def _hook_name(hook):
+    return "%s.%s" % (getattr(hook, "__module__", "?"),
+                      getattr(hook, "__qualname__", type(hook).__name__))
+
+
+def resolve(hook, state, own_groups):
+    """The Braid hook (a CommHook) for register_comm_hook(state, hook); `own_groups`: what
+    state may be besides None (the model's group, as a torch or a Braid group). Raises
+    TypeError / ValueError naming the hook and saying what Braid accepts."""
+    if isinstance(hook, CommHook):
+        if state is not None and not any(state is g for g in own_groups):
+            raise ValueError("register_comm_hook(%r): state must be None or the model's group; "
+                             "Braid's hooks keep their own state" % (hook,))
+        return hook
+    if not callable(hook):
+        raise TypeError("Communication hook must be callable.")  # torch's message
+    key = (getattr(hook, "__module__", None), getattr(hook, "__qualname__", None))
+    if key in _TORCH:
+        if state is not None and not any(state is g for g in own_groups):
+            raise ValueError(
+                "register_comm_hook(state, %s): Braid runs it over the model's own group; pass "
+                "state=None or that group (got %r)" % (key[1], state))
+        return CommHook(_TORCH[key])
+    raise ValueError("register_comm_hook: %s is not a hook Braid can run (Braid does not call "
+                     "Python during the reduction). Accepted: %s." % (_hook_name(hook), ACCEPTED))

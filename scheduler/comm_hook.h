@@ -1,0 +1,91 @@
+// CommHook: replaces the collective a GradientReducer issues for a bucket (torch DDP's
+// register_comm_hook): it receives the bucket and returns a future of its reduced result, so a
+// framework can change what a bucket sends (a low-precision wire, int8, low rank).
+//
+//   ASSIGN_OR_RETURN(auto hook, MakeLowPrecisionHook({DType::kBF16}));
+//   RETURN_IF_ERROR(reducer->SetCommHook(hook));   // collective, between backwards
+//
+// RANK-ORDER CONTRACT: Run is called in bucket order on every rank (under the reducer's launch
+// lock, where the default collective would be issued), so collectives a hook issues on
+// `bucket.group` keep the group's order. Run must not block on peers; a later phase issued from
+// a completion callback (PowerSGD's second all-reduce) would race other buckets' launches, so it
+// needs a group of its own and bucket order kept there. SetCommHook verifies that every rank
+// registered the same hook with the same Options(); a mismatch fails on every rank.
+//
+// Contract of Run: read `send`, never write it (a failed hook leaves the bucket's gradients
+// intact, so the step can be retried without it); return a CommResult whose `work` completes
+// when `data` holds the group's AVERAGE of this rank's part (the hook divides, as torch's hooks
+// do): `count` elements of a floating dtype, which the reducer casts into the bucket. A Run
+// error, a failed work, or a result of the wrong size or dtype fails the bucket with an error
+// naming the bucket and the hook. Per-bucket state (error feedback, warm starts) lives in the
+// hook, keyed by (bucket, stage); bucket indices and sizes change only with a re-plan, which
+// calls OnReplan.
+// Host memory only (device reducers refuse a hook). A hook bypasses the OpScheduler.
+#ifndef BRAID_SCHEDULER_COMM_HOOK_H_
+#define BRAID_SCHEDULER_COMM_HOOK_H_
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "comm/dtype.h"
+#include "comm/group.h"
+#include "comm/work.h"
+#include "scheduler/plan_check.h"
+
+namespace braid::sched {
+
+// Which collective of the reducer a hook replaces.
+enum class CommStage {
+  kAllReduce,         // all-reduce mode
+  kReduceScatter,     // reduce-scatter mode, and the shard stage of hybrid
+  kReplicaAllReduce,  // hybrid: the all-reduce of the shard across replicas
+};
+absl::string_view CommStageName(CommStage stage);  // "allreduce", "reduce_scatter", ...
+
+struct CommBucket {
+  int index = 0;  // the bucket
+  CommStage stage = CommStage::kAllReduce;
+  Group* group = nullptr;
+  // all-reduce stages: `count` elements; reduce-scatter: group->size() * count, this rank's
+  // result being block group->rank().
+  const void* send = nullptr;
+  size_t count = 0;  // elements of this rank's result (NCCL's count / recvcount)
+  DType dtype = DType::kF32;
+  CollectiveOptions options;  // its label names the bucket and the hook
+};
+
+struct CommResult {
+  WorkPtr work;                // completes when `data` holds the average
+  const void* data = nullptr;  // owned by the hook; valid until its next Run of this bucket
+  DType dtype = DType::kF32;
+  size_t count = 0;  // must equal CommBucket::count
+};
+
+class CommHook {
+ public:
+  virtual ~CommHook() = default;
+  virtual const std::string& name() const = 0;  // "bf16", "powersgd", ... (names it in errors)
+  // What every rank must register alike (agreed at SetCommHook), besides the name.
+  virtual std::vector<NamedOption> Options() const { return {}; }
+  // Stages it replaces (the others run the default collective). Default: every stage.
+  virtual bool Handles(CommStage stage) const { return true; }
+  virtual absl::StatusOr<CommResult> Run(const CommBucket& bucket) = 0;
+  // The reducer's buckets changed (a re-plan: indices, sizes and contents move): drop per-bucket
+  // state that follows elements (error feedback). Called between backwards, no Run in flight.
+  virtual void OnReplan() {}
+};
+
+// Collective over `group`: every rank's hook (null: none) has the same name and options; else
+// FailedPrecondition on every rank naming the hook and what differs.
+absl::Status VerifyCommHookAcrossRanks(const CommHook* hook, Group& group, absl::Duration timeout);
+
+// `st` (from a hook of bucket `label`) named with the bucket and the hook.
+absl::Status CommHookError(absl::string_view label, const CommHook& hook, CommStage stage,
+                           const absl::Status& st);
+
+}  // namespace braid::sched
+
+#endif  // BRAID_SCHEDULER_COMM_HOOK_H_

@@ -1,0 +1,97 @@
+/* braid_reducer_set_comm_hook (0.11) from C99, 2 ranks: local threads, or one rank per process
+ * under `mpirun -np 2` (argument "mpi").
+ *
+ * Rank r's gradients are (r + 1) * 2049: with BRAID_COMM_HOOK_FP16 each is rounded to f16
+ * (2049 -> 2048, 4098 -> 4096: ties to even), halved and summed: 3072 exactly, where the
+ * default path gives the true average 3073.5 (and does again once the hook is removed). Bad
+ * options are named; ranks that register different hooks both fail, naming each rank's. */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "capi/braid.h"
+#include "tests/capi/test_util.h"
+
+#define P 3
+
+static braid_group_t* world_groups[2];
+static const size_t kCounts[P] = {3, 5, 2};
+
+/* One synced backward; every averaged gradient must equal `want`. */
+static void step(braid_reducer_t* red, int rank, float want) {
+  int i;
+  size_t k, count = 0;
+  float* g = NULL;
+  EXPECT_OK(braid_reducer_zero_grads(red));
+  EXPECT_OK(braid_reducer_begin_backward(red, BRAID_SYNC));
+  for (i = 0; i < P; ++i) {
+    EXPECT_OK(braid_reducer_grad(red, 100 + i, (void**)&g, &count));
+    for (k = 0; k < count; ++k) g[k] = (float)((rank + 1) * 2049);
+    EXPECT_OK(braid_reducer_mark_ready(red, 100 + i, NULL));
+  }
+  EXPECT_OK(braid_reducer_finish_backward(red));
+  for (i = 0; i < P; ++i) {
+    EXPECT_OK(braid_reducer_grad(red, 100 + i, (void**)&g, &count));
+    for (k = 0; k < count; ++k) {
+      if (g[k] != want) {
+        char d[128];
+        snprintf(d, sizeof d, "parameter %d element %d: %g, want %g", i, (int)k, (double)g[k],
+                 (double)want);
+        test_fail(__FILE__, __LINE__, "averaged gradient", d);
+        return;
+      }
+    }
+  }
+}
+
+static void* rank_main(void* arg) {
+  const int rank = *(const int*)arg;
+  braid_param_t params[P];
+  braid_reducer_options_t ro;
+  braid_comm_hook_options_t h;
+  braid_reducer_t* red = NULL;
+  int i;
+  for (i = 0; i < P; ++i) {
+    params[i].id = 100 + i;
+    params[i].count = kCounts[i];
+    params[i].dtype = BRAID_DTYPE_F32;
+    params[i].name = NULL;
+  }
+  braid_reducer_options_init(&ro);
+  ro.timeout_ms = 20000;
+  EXPECT_OK(braid_reducer_create(world_groups[rank], NULL, params, P, &ro, &red));
+
+  braid_comm_hook_options_init(&h);
+  EXPECT_TRUE(h.kind == BRAID_COMM_HOOK_NONE && h.replica_only == 0 && h.block == 256);
+  h.kind = BRAID_COMM_HOOK_FP16;
+  EXPECT_OK(braid_reducer_set_comm_hook(red, &h));
+  step(red, rank, 3072.0f);
+  step(red, rank, 3072.0f);                          /* the hook's buffers reused */
+  EXPECT_OK(braid_reducer_set_comm_hook(red, NULL)); /* NULL: none */
+  step(red, rank, 3073.5f);
+
+  /* Local refusals (every rank alike: nothing collective runs). */
+  h.kind = 9;
+  EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "kind is 9", braid_reducer_set_comm_hook(red, &h));
+  h.kind = BRAID_COMM_HOOK_INT8;
+  h.block = 0;
+  EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "block is 0", braid_reducer_set_comm_hook(red, &h));
+  h.block = 64;
+  h.replica_only = 1;
+  EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "hybrid", braid_reducer_set_comm_hook(red, &h));
+  /* Different hooks across ranks: both fail, naming each rank's. */
+  h.replica_only = 0;
+  h.kind = rank == 0 ? BRAID_COMM_HOOK_BF16 : BRAID_COMM_HOOK_FP16;
+  EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "'bf16_compress' on rank 0, 'fp16_compress' on rank 1",
+               braid_reducer_set_comm_hook(red, &h));
+  step(red, rank, 3073.5f); /* nothing was registered */
+  EXPECT_OK(braid_reducer_destroy(red));
+  return NULL;
+}
+
+int main(int argc, char** argv) {
+  test_run_2_ranks(argc, argv, world_groups, rank_main);
+  return test_finish("capi_comm_hook_test");
+}
