@@ -60,7 +60,7 @@ TEST(UsedMap, DeclarationErrorsNameTheParameter) {
     ExpectError(r.DeclareUnused({99}), absl::StatusCode::kNotFound, {"99"});
     ASSERT_OK(r.DeclareUnused({10}));
     ExpectError(r.MarkReady(10), absl::StatusCode::kFailedPrecondition,
-                {"'layer0.weight' (id 10)", "already marked"});
+                {"'layer0.weight' (id 10)", "declared unused in this backward"});
     for (int p = 1; p < kParams; ++p) ASSERT_OK(r.MarkReady(10 + p));
     ASSERT_OK(r.FinishBackward());
     EXPECT_FALSE(*r.Used(10));

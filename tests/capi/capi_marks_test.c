@@ -65,7 +65,7 @@ int main(void) {
                braid_reducer_create(g[0], NULL, p, 2, &ro, &red));
 
   ro.param_marks = declared; /* ignored: a 0.10 caller's struct ends before it */
-  ro.struct_size = offsetof(braid_reducer_options_t, param_marks);
+  ro.struct_size = offsetof(braid_reducer_options_t, agree_unused);
   EXPECT_OK(braid_reducer_create(g[0], NULL, p, 2, &ro, &red));
   EXPECT_OK(backward(red, 1, &late));
   EXPECT_TRUE(first_grad(red) == 1.0f);
