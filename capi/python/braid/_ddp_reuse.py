@@ -13,6 +13,12 @@ static-graph iteration) and reduces each parameter after its last mark from then
 parameter. Without it a second fire in a synced backward raises, naming the parameter and the
 fix, as torch's "Expected to mark a variable ready only once"; in a no_sync backward nothing is
 reduced, so the second fire just accumulates (torch's hooks are idle there too).
+FullyShardedDataParallel / fully_shard refuse a second fire (fired_twice_fully_sharded): their
+units are released and their gradients reduce-scattered after each parameter's one mark.
+Fires tells a ShardedAdamW's recompute check (braid/_recompute.py) when a parameter's last
+mark of this backward was made: never in the counting backward (nothing launches before its
+end), else once its hook fired as often as in the counting backward (once each without
+static_graph).
 """
 
 COUNTED = 0  # braid.h's BRAID_MARKS_COUNTED
@@ -37,11 +43,46 @@ def mark_again(ddp, pid):
            "DistributedDataParallel instead" if ddp.static_graph else
            "pass static_graph=True (as torch DDP requires) if the graph is the same every "
            "iteration")
-    if ddp._stepper is not None:
-        why += ("; a ShardedAdamW over the model refuses static_graph (it implies "
-                "find_unused_parameters): use mode='allreduce' with a torch optimizer, or keep "
-                "the checkpointed region's parameters out of the rest of forward")
     raise RuntimeError(
         "parameter %r: its gradient hook fired twice in one backward (reused across a "
         "reentrant torch.utils.checkpoint region and outside it, or used outside forward); "
         "Braid would reduce it before its last contribution: %s" % (ddp._names[pid], why))
+
+
+class Fires:
+    """How many times each parameter was marked in this backward, and the counts the reducer
+    learned (see the module docstring); `counted`: the reducer counts marks (static_graph)."""
+
+    def __init__(self, counted):
+        self._learned = None if counted else {}  # pid -> marks; missing: one
+        self._now = {}
+
+    def begin(self):
+        self._now = {}
+
+    def fired(self, pid):
+        self._now[pid] = self._now.get(pid, 0) + 1
+
+    def finish(self, launching):
+        """A backward ended normally; `launching`: synced or reduce_scatter_only (the reducer
+        counts marks in the first such backward)."""
+        if launching and self._learned is None:
+            self._learned = dict(self._now)
+
+    def complete(self, pid):
+        """Parameter pid had its last mark of this backward (its bucket may have launched)."""
+        if self._learned is None:
+            return False  # the counting backward: every bucket launches at its end
+        return self._now.get(pid, 0) >= self._learned.get(pid, 1)
+
+
+def fired_twice_fully_sharded(name):
+    """The error of FullyShardedDataParallel / fully_shard when the hook of parameter `name`
+    fires a second time in one backward."""
+    return RuntimeError(
+        "parameter %r: its gradient hook fired twice in one backward (used inside a reentrant "
+        "torch.utils.checkpoint region and outside it); a fully sharded model reduces each "
+        "parameter after its one gradient and cannot wait for a second: use "
+        "torch.utils.checkpoint(..., use_reentrant=False) (autograd then sums both uses "
+        "before the hook), or keep the checkpointed region's parameters out of the rest of "
+        "forward" % name)

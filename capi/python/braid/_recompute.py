@@ -63,14 +63,19 @@ def recompute_may_skip_wait(ddp, bucket_pids):
     backward is ended first, its gradients zeroed, as for a failing gradient hook)."""
     if not ddp._in_backward or ddp._armed != "sync":
         return False
-    marked = ddp._hooked | ddp._early
-    if all(pid in marked for pid in bucket_pids):
+    # Complete: reduced as unused at the start, or marked for the last time in this backward
+    # (a parameter whose hook fires twice, inside a reentrant region and outside it, is not
+    # complete after the first: braid/_ddp_reuse.py's Fires).
+    if all(pid in ddp._early or ddp._fires.complete(pid) for pid in bucket_pids):
         # Ends Braid's backward (as a failing gradient hook does) and raises.
         ddp._abandon_backward(
             "a forward inside the backward (activation checkpointing's recompute) reads %s, "
             "whose gradients were all reduced in this backward already, so the sharded "
             "optimizer may have stepped them: a recomputed region must not use a parameter "
             "whose gradient is complete before the recompute (e.g. one used both inside and "
-            "outside the checkpointed region)" % ", ".join(repr(ddp._names[p])
-                                                          for p in bucket_pids))
+            "outside the checkpointed region%s)" % (
+                ", ".join(repr(ddp._names[p]) for p in bucket_pids),
+                "" if ddp._marks_counted else
+                ": pass static_graph=True to DistributedDataParallel, whose reducer then "
+                "waits for such a parameter's second gradient"))
     return True

@@ -7,6 +7,7 @@ import functools
 import torch
 
 from . import _owners, core
+from ._ddp_reuse import fired_twice_fully_sharded
 from ._fsdp_local import LocalShards
 from ._fsdp_tied import TiedUnits, tied_owners
 from ._fsdp_params import (  # noqa: F401 (FullyShardedParameter: braid.fsdp's too)
@@ -428,9 +429,11 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
             if g is None:
                 raise RuntimeError("parameter %r: no gradient at its AccumulateGrad hook" %
                                    self._names[pid])
+            pending = self._unmarked[unit]
+            if pid not in pending:  # reentrant checkpointing's second fire (_ddp_reuse.py)
+                raise fired_twice_fully_sharded(self._names[pid])
             self.reducer.mark_ready_grad(pid, g.detach().contiguous())
             p.grad = None  # Braid copied it: the full-size gradient is freed now
-            pending = self._unmarked[unit]
             pending.discard(pid)
             if not pending and unit != _ROOT:
                 self._exit(unit, "backward")

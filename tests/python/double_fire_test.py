@@ -1,0 +1,210 @@
+"""A parameter used both inside and outside a reentrant torch.utils.checkpoint region (its
+AccumulateGrad hook fires in the region's nested backward and again in the outer one) under
+ZeRO-2 and fully sharded models (braid/_ddp_reuse.py, braid/_recompute.py), on the `local`
+backend (ranks are threads), each against torch in this process:
+
+  - DistributedDataParallel(mode="reduce_scatter", static_graph=True) + ShardedAdamW matches
+    torch DDP(static_graph=True) + torch AdamW to AdamW's precision at 2 ranks, mode="hybrid"
+    on a 2 x 2 mesh at 4 ranks; the recompute reads the unstepped values (its bucket waits
+    for the second mark); without static_graph the second fire is an error naming the
+    parameter and static_graph=True;
+  - fully_shard (the reused module in the root unit or a unit of its own): the second fire is
+    an error naming the parameter and use_reentrant=False; with use_reentrant=False the same
+    model matches a serial reference bit for bit.
+Under mpirun -np 2 (double_fire_mpi_np2) the script runs the ZeRO-2 case on the "mpi" world
+against serial torch AdamW on the mean of the ranks' losses.
+(DDP with mode="allreduce": tied_weights_test.py.)"""
+
+import datetime
+import os
+import sys
+import unittest
+
+import torch
+import torch.distributed as dist
+from torch.utils.checkpoint import checkpoint
+
+from braid import pytorch as bt
+from binding_test import _INIT_LOCK, run_ranks
+
+V, D = 11, 6
+STEPS = 3
+
+
+class ReusedLM(torch.nn.Module):
+    """Embedding -> checkpoint(tanh(mix)) -> mix(ln) -> head: `mix` is used inside the
+    checkpointed region and outside it."""
+
+    def __init__(self, reentrant=True):
+        super().__init__()
+        with _INIT_LOCK:
+            torch.manual_seed(5)
+            self.wte = torch.nn.Embedding(V, D)
+            self.mix = torch.nn.Linear(D, D)
+            self.ln = torch.nn.LayerNorm(D)
+            self.head = torch.nn.Linear(D, V, bias=False)
+        self.reentrant = reentrant
+
+    def forward(self, idx):
+        h = checkpoint(lambda t: torch.tanh(self.mix(t)), self.wte(idx),
+                       use_reentrant=self.reentrant)
+        return self.head(self.mix(self.ln(h)))
+
+
+def _loss(model, r, step):
+    g = torch.Generator().manual_seed(100 * r + step)
+    idx = torch.randint(0, V, (4, 5), generator=g)
+    tgt = torch.randint(0, V, (4, 5), generator=g)
+    return torch.nn.functional.cross_entropy(model(idx).reshape(-1, V), tgt.reshape(-1))
+
+
+def _torch_ddp_adamw(n):
+    """torch DDP(static_graph=True) + torch AdamW over gloo groups of n rank threads: each
+    rank's parameters after STEPS steps."""
+    store, kept = dist.HashStore(), []
+
+    def body(r, g):
+        pg = dist.ProcessGroupGloo(dist.PrefixStore("df%d" % n, store), r, n,
+                                   datetime.timedelta(seconds=60))
+        net = ReusedLM()
+        ddp = torch.nn.parallel.DistributedDataParallel(net, process_group=pg, static_graph=True)
+        kept.extend([pg, ddp])  # dropped by the main thread
+        opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+        for step in range(STEPS):
+            _loss(ddp, r, step).backward()
+            opt.step()
+            opt.zero_grad()
+        return [p.detach().clone() for p in net.parameters()]
+
+    return run_ranks(n, body)
+
+
+def _braid_zero2(r, g, mode, replica=None, static_graph=True):
+    net = ReusedLM()
+    model = bt.DistributedDataParallel(net, g, mode=mode, replica_group=replica,
+                                       static_graph=static_graph, bucket_cap_mb=1e-4,
+                                       first_bucket_cap_mb=1e-5)
+    opt = bt.ShardedAdamW(net.parameters(), lr=0.01)
+    try:
+        for step in range(STEPS):
+            _loss(model, r, step).backward()
+            opt.step()
+            opt.zero_grad()
+        return [p.detach().clone() for p in net.parameters()]
+    finally:
+        opt.close()
+        model.close()
+
+
+class Zero2DoubleFireTest(unittest.TestCase):
+    def assert_close(self, got, want):
+        for r, params in enumerate(got):
+            for i, (a, w) in enumerate(zip(params, want[r])):
+                torch.testing.assert_close(a, w, rtol=0, atol=1e-6,
+                                           msg=lambda m: "rank %d param %d: %s" % (r, i, m))
+
+    def test_reduce_scatter_matches_torch_static_graph(self):
+        want = _torch_ddp_adamw(2)
+        self.assert_close(run_ranks(2, lambda r, g: _braid_zero2(r, g, "reduce_scatter")), want)
+
+    def test_hybrid_at_four_ranks_matches_torch_static_graph(self):
+        want = _torch_ddp_adamw(4)
+
+        def body(r, g):
+            shard, replica = g.mesh(2, 2)
+            return _braid_zero2(r, shard, "hybrid", replica)
+
+        self.assert_close(run_ranks(4, body), want)
+
+    def test_without_static_graph_is_named(self):
+        def body(r, g):
+            # (the recompute reads 'mix' before its hook fires the second time)
+            with self.assertRaisesRegex(RuntimeError, r"'mix\.(weight|bias)'.*static_graph=True"):
+                _braid_zero2(r, g, "reduce_scatter", static_graph=False)
+
+        run_ranks(2, body)
+
+
+def _serial_sgd(n):
+    """Each rank's gradient by plain torch, averaged over the ranks, then SGD."""
+    net = ReusedLM(reentrant=False)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    for step in range(STEPS):
+        grads = []
+        for r in range(n):
+            opt.zero_grad()
+            _loss(net, r, step).backward()
+            grads.append([p.grad.clone() for p in net.parameters()])
+        for p, *gs in zip(net.parameters(), *grads):
+            p.grad = sum(gs) / n
+        opt.step()
+    return [p.detach().clone() for p in net.parameters()]
+
+
+def _braid_fully_shard(r, g, reentrant, unit):
+    net = ReusedLM(reentrant)
+    if unit:
+        bt.fully_shard(net.mix, group=g)
+    bt.fully_shard(net, group=g)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    try:
+        for step in range(STEPS):
+            _loss(net, r, step).backward()
+            opt.step()
+            opt.zero_grad()
+        with net.summon_full_params():
+            return [p.detach().clone() for p in net.parameters()]
+    finally:
+        net.close()
+
+
+class FullyShardDoubleFireTest(unittest.TestCase):
+    def test_reentrant_reuse_is_named(self):
+        for unit in (False, True):
+            def body(r, g):
+                with self.assertRaisesRegex(RuntimeError, r"'mix\.(weight|bias)'.*fired twice"
+                                            r".*use_reentrant=False"):
+                    _braid_fully_shard(r, g, True, unit)
+
+            with self.subTest(mix_is_a_unit=unit):
+                run_ranks(2, body)
+
+    def test_nonreentrant_reuse_matches_serial_torch(self):
+        want = _serial_sgd(2)
+        # (mix in the root unit: a unit entered twice in one forward is refused at the next
+        # step's forward, checkpointed or not)
+        for got in run_ranks(2, lambda r, g: _braid_fully_shard(r, g, False, False)):
+            for i, (a, w) in enumerate(zip(got, want)):
+                self.assertTrue(torch.equal(a, w), "param %d: %s" % (i, (a - w).abs().max()))
+
+
+def mpi_main():
+    net = ReusedLM()
+    model = bt.DistributedDataParallel(net, mode="reduce_scatter", static_graph=True,
+                                       bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-5)
+    opt = bt.ShardedAdamW(net.parameters(), lr=0.01)
+    r, n = model._groups[0].rank, int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    for step in range(STEPS):
+        _loss(model, r, step).backward()
+        opt.step()
+        opt.zero_grad()
+    got = [p.detach().clone() for p in net.parameters()]
+    opt.close()
+    model.close()
+    ref = ReusedLM()
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.01)
+    for step in range(STEPS):
+        (sum(_loss(ref, k, step) for k in range(n)) / n).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    for i, (a, w) in enumerate(zip(got, ref.parameters())):
+        torch.testing.assert_close(a, w.detach(), rtol=0, atol=1e-6,
+                                   msg=lambda m: "rank %d param %d: %s" % (r, i, m))
+    print("double_fire mpi rank %d: OK" % r)
+
+
+if __name__ == "__main__":
+    if "OMPI_COMM_WORLD_SIZE" in os.environ:
+        mpi_main()
+        sys.exit(0)
+    unittest.main()
