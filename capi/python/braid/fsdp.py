@@ -570,7 +570,8 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
     def join(self, divide_by_initial_world_size=True, enable=True,
              throw_on_early_termination=False):
         """Uneven inputs are not supported for fully sharded models yet (DistributedDataParallel
-        .join() is, with ShardedAdamW too): raises saying so rather than hang later."""
+        .join() is, with ShardedAdamW too): raises saying so rather than hang later
+        (docs/design/join.md says what it would take)."""
         raise NotImplementedError(
             "join(): fully sharded models cannot join yet (a joined rank would have to shadow "
             "every unit's gathers); give every rank the same number of batches, or use "
