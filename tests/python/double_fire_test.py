@@ -8,9 +8,13 @@ backend (ranks are threads), each against torch in this process:
     on a 2 x 2 mesh at 4 ranks; the recompute reads the unstepped values (its bucket waits
     for the second mark); without static_graph the second fire is an error naming the
     parameter and static_graph=True;
-  - fully_shard (the reused module in the root unit or a unit of its own): the second fire is
-    an error naming the parameter and use_reentrant=False; with use_reentrant=False the same
-    model matches a serial reference bit for bit.
+  - fully_shard with static_graph=True (Braid's keyword: marks counted as DDP's): the reused
+    parameter in the root unit (a module of the root, or a root parameter used inside
+    checkpointed block units and outside them, firing three times), through a no_sync window,
+    with torch SGD on the pieces bit for bit and with ShardedAdamW to AdamW's precision,
+    against a serial reference; without static_graph the second fire is an error naming the
+    parameter, static_graph=True and use_reentrant=False; with use_reentrant=False (one fire)
+    the same model matches the serial reference bit for bit.
 Under mpirun -np 2 (double_fire_mpi_np2) the script runs the ZeRO-2 case on the "mpi" world
 against serial torch AdamW on the mean of the ranks' losses.
 (DDP with mode="allreduce": tied_weights_test.py.)"""
@@ -125,57 +129,131 @@ class Zero2DoubleFireTest(unittest.TestCase):
         run_ranks(2, body)
 
 
-def _serial_sgd(n):
-    """Each rank's gradient by plain torch, averaged over the ranks, then SGD."""
-    net = ReusedLM(reentrant=False)
-    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+class SharedBiasNet(torch.nn.Module):
+    """Embedding -> two blocks, each checkpointed (reentrant) around tanh(block(h) + shared) ->
+    head(ln(h) + shared): the root's `shared` is used inside both regions and outside them, so
+    its hook fires three times per backward; the blocks are units."""
+
+    def __init__(self):
+        super().__init__()
+        with _INIT_LOCK:
+            torch.manual_seed(6)
+            self.wte = torch.nn.Embedding(V, D)
+            self.blocks = torch.nn.ModuleList([torch.nn.Linear(D, D), torch.nn.Linear(D, D)])
+            self.shared = torch.nn.Parameter(torch.randn(D) * 0.1)
+            self.ln = torch.nn.LayerNorm(D)
+            self.head = torch.nn.Linear(D, V, bias=False)
+
+    def forward(self, idx):
+        h = self.wte(idx)
+        for b in self.blocks:
+            h = checkpoint(lambda t, b=b: torch.tanh(b(t) + self.shared), h, use_reentrant=True)
+        return self.head(self.ln(h) + self.shared)
+
+
+def _per_rank_grads(net, n, step, window):
+    """Each rank's gradient by plain torch (a no_sync micro-batch first with `window`)."""
+    grads = []
+    for r in range(n):
+        net.zero_grad(set_to_none=True)
+        if window:
+            _loss(net, r, step + 50).backward()
+        _loss(net, r, step).backward()
+        grads.append([p.grad.clone() for p in net.parameters()])
+    return grads
+
+
+def _serial(make, n, adamw=False, window=False):
+    """The ranks' gradients averaged (in the reduction's order), then SGD with momentum or
+    AdamW on the full model: the parameters after STEPS steps."""
+    net = make()
+    opt = (torch.optim.AdamW(net.parameters(), lr=0.01) if adamw
+           else torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
     for step in range(STEPS):
-        grads = []
-        for r in range(n):
-            opt.zero_grad()
-            _loss(net, r, step).backward()
-            grads.append([p.grad.clone() for p in net.parameters()])
+        grads = _per_rank_grads(net, n, step, window and step == 1)
         for p, *gs in zip(net.parameters(), *grads):
             p.grad = sum(gs) / n
         opt.step()
     return [p.detach().clone() for p in net.parameters()]
 
 
-def _braid_fully_shard(r, g, reentrant, unit):
-    net = ReusedLM(reentrant)
-    if unit:
-        bt.fully_shard(net.mix, group=g)
-    bt.fully_shard(net, group=g)
-    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+def _braid_fully_shard(r, g, make, units, static_graph, sharded=False, window=False):
+    net = make()
+    for m in units(net):
+        bt.fully_shard(m, group=g)
+    bt.fully_shard(net, group=g, static_graph=static_graph)
+    opt = (bt.ShardedAdamW(net.parameters(), lr=0.01) if sharded
+           else torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
     try:
         for step in range(STEPS):
+            if window and step == 1:
+                net.set_requires_gradient_sync(False)
+                _loss(net, r, step + 50).backward()
+                net.set_requires_gradient_sync(True)
             _loss(net, r, step).backward()
             opt.step()
             opt.zero_grad()
         with net.summon_full_params():
             return [p.detach().clone() for p in net.parameters()]
     finally:
+        if sharded:
+            opt.close()
         net.close()
 
 
+def _no_units(net):
+    return []
+
+
+def _mix_unit(net):
+    return [net.mix]
+
+
+def _block_units(net):
+    return list(net.blocks)
+
+
 class FullyShardDoubleFireTest(unittest.TestCase):
-    def test_reentrant_reuse_is_named(self):
-        for unit in (False, True):
+    def assert_equal(self, got, want):
+        for r, params in enumerate(got):
+            for i, (a, w) in enumerate(zip(params, want)):
+                self.assertTrue(torch.equal(a, w),
+                                "rank %d param %d: %s" % (r, i, (a - w).abs().max()))
+
+    def test_without_static_graph_is_named(self):
+        for units in (_no_units, _mix_unit):
             def body(r, g):
                 with self.assertRaisesRegex(RuntimeError, r"'mix\.(weight|bias)'.*fired twice"
-                                            r".*use_reentrant=False"):
-                    _braid_fully_shard(r, g, True, unit)
+                                            r".*static_graph=True.*use_reentrant=False"):
+                    _braid_fully_shard(r, g, ReusedLM, units, False)
 
-            with self.subTest(mix_is_a_unit=unit):
+            with self.subTest(units=units.__name__):
                 run_ranks(2, body)
 
+    def test_static_graph_matches_serial_torch(self):
+        # The reused parameter in the root unit (gathered through the backward); the blocks
+        # are units entered for their recompute. Bit for bit with torch's SGD on the pieces.
+        for make, units in ((ReusedLM, _no_units), (SharedBiasNet, _block_units)):
+            for window in (False, True):
+                with self.subTest(model=make.__name__, no_sync=window):
+                    want = _serial(make, 2, window=window)
+                    self.assert_equal(run_ranks(2, lambda r, g: _braid_fully_shard(
+                        r, g, make, units, True, window=window)), want)
+
+    def test_static_graph_with_sharded_adamw(self):
+        want = _serial(SharedBiasNet, 2, adamw=True)
+        for got in run_ranks(2, lambda r, g: _braid_fully_shard(r, g, SharedBiasNet,
+                                                                _block_units, True, True)):
+            for i, (a, w) in enumerate(zip(got, want)):
+                torch.testing.assert_close(a, w, rtol=0, atol=1e-6,
+                                           msg=lambda m: "param %d: %s" % (i, m))
+
     def test_nonreentrant_reuse_matches_serial_torch(self):
-        want = _serial_sgd(2)
         # (mix in the root unit: a unit entered twice in one forward is refused at the next
         # step's forward, checkpointed or not)
-        for got in run_ranks(2, lambda r, g: _braid_fully_shard(r, g, False, False)):
-            for i, (a, w) in enumerate(zip(got, want)):
-                self.assertTrue(torch.equal(a, w), "param %d: %s" % (i, (a - w).abs().max()))
+        want = _serial(lambda: ReusedLM(reentrant=False), 2)
+        self.assert_equal(run_ranks(2, lambda r, g: _braid_fully_shard(
+            r, g, lambda: ReusedLM(reentrant=False), _no_units, False)), want)
 
 
 def mpi_main():

@@ -13,8 +13,9 @@ static-graph iteration) and reduces each parameter after its last mark from then
 parameter. Without it a second fire in a synced backward raises, naming the parameter and the
 fix, as torch's "Expected to mark a variable ready only once"; in a no_sync backward nothing is
 reduced, so the second fire just accumulates (torch's hooks are idle there too).
-FullyShardedDataParallel / fully_shard refuse a second fire (fired_twice_fully_sharded): their
-units are released and their gradients reduce-scattered after each parameter's one mark.
+FullyShardedDataParallel / fully_shard take the same static_graph=True (a keyword torch's FSDP
+lacks): marks counted as above, each a copy (the first) or an add of the gradient into the
+reducer's storage; without it a second fire is refused (fired_twice_fully_sharded).
 Fires tells a ShardedAdamW's recompute check (braid/_recompute.py) when a parameter's last
 mark of this backward was made: never in the counting backward (nothing launches before its
 end), else once its hook fired as often as in the counting backward (once each without
@@ -81,8 +82,7 @@ def fired_twice_fully_sharded(name):
     fires a second time in one backward."""
     return RuntimeError(
         "parameter %r: its gradient hook fired twice in one backward (used inside a reentrant "
-        "torch.utils.checkpoint region and outside it); a fully sharded model reduces each "
-        "parameter after its one gradient and cannot wait for a second: use "
-        "torch.utils.checkpoint(..., use_reentrant=False) (autograd then sums both uses "
-        "before the hook), or keep the checkpointed region's parameters out of the rest of "
-        "forward" % name)
+        "torch.utils.checkpoint region and outside it); Braid would reduce it before its last "
+        "contribution: pass static_graph=True to FullyShardedDataParallel / fully_shard if the "
+        "graph is the same every iteration, or use torch.utils.checkpoint(..., "
+        "use_reentrant=False) (autograd then sums both uses before the hook)" % name)
