@@ -12,6 +12,7 @@ backend (ranks are threads), each against torch in this process:
   - fully_shard with static_graph=True (Braid's keyword: marks counted as DDP's): the reused
     parameter in the root unit (a module of the root, or a root parameter used inside
     checkpointed block units and outside them, firing three times), through a no_sync window,
+    hybrid on a 2 x 2 mesh (to the rounding of its two-stage average),
     with torch SGD on the pieces bit for bit and with ShardedAdamW to AdamW's precision,
     against a serial reference; without static_graph the second fire is an error naming the
     parameter, static_graph=True and use_reentrant=False; with use_reentrant=False (one fire)
@@ -199,11 +200,12 @@ def _serial(make, n, adamw=False, window_at=None):
     return [p.detach().clone() for p in net.parameters()]
 
 
-def _braid_fully_shard(r, g, make, units, static_graph, sharded=False, window=False):
+def _braid_fully_shard(r, g, make, units, static_graph, sharded=False, window=False, mesh=None):
     net = make()
+    where = dict(mesh=mesh) if mesh else dict(group=g)
     for m in units(net):
-        bt.fully_shard(m, group=g)
-    bt.fully_shard(net, group=g, static_graph=static_graph)
+        bt.fully_shard(m, **where)
+    bt.fully_shard(net, static_graph=static_graph, **where)
     opt = (bt.ShardedAdamW(net.parameters(), lr=0.01) if sharded
            else torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
     try:
@@ -266,6 +268,15 @@ class FullyShardDoubleFireTest(unittest.TestCase):
         want = _serial(SharedBiasNet, 2, adamw=True)
         for got in run_ranks(2, lambda r, g: _braid_fully_shard(r, g, SharedBiasNet,
                                                                 _block_units, True, True)):
+            for i, (a, w) in enumerate(zip(got, want)):
+                torch.testing.assert_close(a, w, rtol=0, atol=1e-6,
+                                           msg=lambda m: "param %d: %s" % (i, m))
+
+    def test_static_graph_hybrid_at_four_ranks(self):
+        # HSDP on a 2 x 2 mesh: averaged in two stages, so to the rounding of that order.
+        want = _serial(SharedBiasNet, 4)
+        for got in run_ranks(4, lambda r, g: _braid_fully_shard(
+                r, g, SharedBiasNet, _block_units, True, mesh=g.mesh(2, 2))):
             for i, (a, w) in enumerate(zip(got, want)):
                 torch.testing.assert_close(a, w, rtol=0, atol=1e-6,
                                            msg=lambda m: "param %d: %s" % (i, m))
