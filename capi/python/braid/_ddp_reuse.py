@@ -17,9 +17,9 @@ FullyShardedDataParallel / fully_shard take the same static_graph=True (a keywor
 lacks): marks counted as above, each a copy (the first) or an add of the gradient into the
 reducer's storage; without it a second fire is refused (fired_twice_fully_sharded).
 Fires tells a ShardedAdamW's recompute check (braid/_recompute.py) when a parameter's last
-mark of this backward was made: never in the counting backward (nothing launches before its
-end), else once its hook fired as often as in the counting backward (once each without
-static_graph).
+mark of this backward was made: never while its count is being learned (its bucket launches at
+the end of the backward), else once its hook fired as often as in the backward that counted it
+(once each without static_graph).
 """
 
 COUNTED = 0  # braid.h's BRAID_MARKS_COUNTED
@@ -55,7 +55,8 @@ class Fires:
     learned (see the module docstring); `counted`: the reducer counts marks (static_graph)."""
 
     def __init__(self, counted):
-        self._learned = None if counted else {}  # pid -> marks; missing: one
+        self._counted = counted
+        self._learned = {}  # pid -> its marks per backward, once the reducer counted them
         self._now = {}
 
     def begin(self):
@@ -65,16 +66,21 @@ class Fires:
         self._now[pid] = self._now.get(pid, 0) + 1
 
     def finish(self, launching):
-        """A backward ended normally; `launching`: synced or reduce_scatter_only (the reducer
-        counts marks in the first such backward)."""
-        if launching and self._learned is None:
-            self._learned = dict(self._now)
+        """The reducer's finish_backward ran (also for an abandoned backward); `launching`:
+        synced or reduce_scatter_only. As the reducer (ReducerMarks::Settle), a parameter's
+        count is learned in the first such backward that marks it."""
+        if launching and self._counted:
+            for pid, n in self._now.items():
+                self._learned.setdefault(pid, n)
 
     def complete(self, pid):
         """Parameter pid had its last mark of this backward (its bucket may have launched)."""
-        if self._learned is None:
-            return False  # the counting backward: every bucket launches at its end
-        return self._now.get(pid, 0) >= self._learned.get(pid, 1)
+        if not self._counted:
+            return pid in self._now
+        want = self._learned.get(pid)
+        if want is None:
+            return False  # being counted: its bucket launches at the end of the backward
+        return self._now.get(pid, 0) >= want
 
 
 def fired_twice_fully_sharded(name):

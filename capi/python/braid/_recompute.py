@@ -14,7 +14,8 @@ Contract:
     ends, before the rest of the outer one (torch DDP's _DDPSink queues from its outputs too).
   - recompute_may_skip_wait: a module's forward inside a synced ZeRO-2 backward (a
     recompute) reads the values the step's forward read as long as its buckets were not
-    stepped yet; a bucket is stepped only after every parameter in it was marked, so such a
+    stepped yet; a bucket is stepped only after every parameter in it had its last mark (a
+    hook firing twice under static_graph: braid/_ddp_reuse.py's Fires), so such a
     bucket is the only one that may hold new values, and a recompute reading it raises
     naming the parameters (never a silently stepped value); the backward is ended.
 FullyShardedDataParallel keeps a unit gathered through its recompute (fsdp.py), as FSDP2.
@@ -59,7 +60,7 @@ def recompute_may_skip_wait(ddp, bucket_pids):
     False: wait for the bucket's parameters as usual (not inside a synced backward). True:
     inside one (a checkpointed region's recompute) and the bucket was not stepped yet, so its
     parameters hold the values the forward read: no wait (the optimizer would refuse it).
-    Raises if every parameter of the bucket was marked in this backward already (the
+    Raises if every parameter of the bucket had its last mark in this backward already (the
     backward is ended first, its gradients zeroed, as for a failing gradient hook)."""
     if not ddp._in_backward or ddp._armed != "sync":
         return False

@@ -453,6 +453,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
             detail = ""
         except core.BraidError as e:
             detail = ": " + str(e)
+        self._fires.finish(self._armed != "no_sync")  # the reducer counted these marks too
         self._ranges.end()
         if self._stepper is not None:
             self._stepper.wait_all_params()  # then no step touches the buckets
