@@ -497,8 +497,10 @@ typedef struct braid_reducer_options {
    * ids every rank passes to braid_reducer_declare_unused in every backward. Both imply
    * allow_unused. Other values: INVALID_ARGUMENT. */
   int agree_unused;
-  /* 1: with agree_unused, only the first synced backward agrees; later ones keep its map and
-   * communicate nothing more (torch DDP's static_graph). 0 (default). */
+  /* 1: with agree_unused, only the first synced backward agrees, at its end on what was marked
+   * (DECLARED too: a parameter neither declared nor marked is unused, as in torch's first
+   * iteration); later ones keep its map and communicate nothing more (torch DDP's
+   * static_graph). 0 (default). */
   int static_graph;
   /* ---- since 0.11: tied and reused parameters. NULL (default): every parameter is marked
    * ready once per backward. Else n entries (the n of braid_reducer_create), copied:

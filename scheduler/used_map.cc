@@ -48,6 +48,10 @@ void UsedMap::Begin(SyncMode mode) {
 
 absl::Status UsedMap::IssueDeclared(const std::vector<uint8_t>& declared) {
   if (!agreeing_ || issued_ || (config_.static_graph && agreed_once_)) return absl::OkStatus();
+  // static_graph's first agreement: the framework has not seen the graph yet (torch's first
+  // static iteration searches nothing), so a parameter it neither declares nor marks is unused;
+  // Finish agrees on the marks, as torch's reducer then does.
+  if (config_.static_graph) return absl::OkStatus();
   std::vector<int32_t> local(window_size_);
   for (size_t i = 0; i < window_size_; ++i) {
     local[i] = window_[i].load(std::memory_order_relaxed) || !declared[i] ? 1 : 0;

@@ -16,8 +16,9 @@
 // before the backward's first bucket launches, so it is that group's first collective of the
 // backward on every rank (and overlaps the backward, as torch DDP's); kAtFinish issues it after
 // every bucket completed. The replica-group all-reduce (hybrid) always follows every replica
-// stage of the backward, at Finish. static_graph: only the first synced backward agrees; later
-// ones keep its map and issue nothing.
+// stage of the backward, at Finish. static_graph: only the first synced backward agrees, at
+// Finish on the marks (kDeclared too: a parameter neither declared nor marked is unused, as in
+// torch's first static iteration); later ones keep its map and issue nothing.
 // Contract: work() completes once the agreed map is readable (host groups, kDeclared, not
 // hybrid: as soon as the all-reduce completed; else at Finish). used() is valid after that.
 #ifndef BRAID_SCHEDULER_USED_MAP_H_

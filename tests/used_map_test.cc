@@ -45,6 +45,36 @@ TEST(UsedMap, StaticGraphKeepsTheFirstStepsMap) {
   });
 }
 
+// torch DDP's first static_graph iteration, as braid.pytorch drives it under ZeRO-2: nothing is
+// declared (the graph is not known yet), marks are counted, and a parameter whose hook never
+// fired on any rank is unused -- skipped by an optimizer, not stepped with zeros.
+TEST(UsedMap, StaticGraphFirstBackwardAgreesOnTheMarks) {
+  RunRanks(2, [](Group& world) {
+    std::vector<ParamSpec> params = UsedMapParams();
+    for (ParamSpec& p : params) p.marks = kCountMarks;
+    ReducerConfig cfg;
+    cfg.mode = ReduceMode::kReduceScatter;
+    cfg.agree_unused = UnusedAgreement::kDeclared;
+    cfg.static_graph = true;
+    cfg.allow_unused = true;
+    auto red = GradientReducer::Create(params, {&world, nullptr}, cfg);
+    ASSERT_TRUE(red.ok()) << red.status();
+    GradientReducer& r = **red;
+    for (int step = 0; step < 2; ++step) {
+      ASSERT_OK(r.BeginBackward(SyncMode::kSync));
+      ASSERT_OK(r.DeclareUnused(step == 0 ? std::vector<ParamId>{} : std::vector<ParamId>{12}));
+      for (int p = 0; p < kParams; ++p) {
+        // layer2 used by no rank; layer3 by rank 1 only.
+        if (p != 2 && (p != 3 || world.rank() == 1)) ASSERT_OK(r.MarkReady(10 + p));
+      }
+      ASSERT_OK(r.FinishBackward());
+      EXPECT_FALSE(*r.Used(12)) << "step " << step;
+      EXPECT_TRUE(*r.Used(13)) << "step " << step;
+      EXPECT_TRUE(*r.Used(10)) << "step " << step;
+    }
+  });
+}
+
 TEST(UsedMap, DeclarationErrorsNameTheParameter) {
   RunRanks(2, [](Group& world) {
     ReducerConfig cfg;

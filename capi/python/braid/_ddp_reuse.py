@@ -13,6 +13,13 @@ static-graph iteration) and reduces each parameter after its last mark from then
 parameter. Without it a second fire in a synced backward raises, naming the parameter and the
 fix, as torch's "Expected to mark a variable ready only once"; in a no_sync backward nothing is
 reduced, so the second fire just accumulates (torch's hooks are idle there too).
+FullyShardedDataParallel / fully_shard take the same static_graph=True (a keyword torch's FSDP
+lacks): marks counted as above, each a copy (the first) or an add of the gradient into the
+reducer's storage; without it a second fire is refused (fired_twice_fully_sharded).
+Fires tells a ShardedAdamW's recompute check (braid/_recompute.py) when a parameter's last
+mark of this backward was made: never while its count is being learned (its bucket launches at
+the end of the backward), else once its hook fired as often as in the backward that counted it
+(once each without static_graph).
 """
 
 COUNTED = 0  # braid.h's BRAID_MARKS_COUNTED
@@ -37,11 +44,51 @@ def mark_again(ddp, pid):
            "DistributedDataParallel instead" if ddp.static_graph else
            "pass static_graph=True (as torch DDP requires) if the graph is the same every "
            "iteration")
-    if ddp._stepper is not None:
-        why += ("; a ShardedAdamW over the model refuses static_graph (it implies "
-                "find_unused_parameters): use mode='allreduce' with a torch optimizer, or keep "
-                "the checkpointed region's parameters out of the rest of forward")
     raise RuntimeError(
         "parameter %r: its gradient hook fired twice in one backward (reused across a "
         "reentrant torch.utils.checkpoint region and outside it, or used outside forward); "
         "Braid would reduce it before its last contribution: %s" % (ddp._names[pid], why))
+
+
+class Fires:
+    """How many times each parameter was marked in this backward, and the counts the reducer
+    learned (see the module docstring); `counted`: the reducer counts marks (static_graph)."""
+
+    def __init__(self, counted):
+        self._counted = counted
+        self._learned = {}  # pid -> its marks per backward, once the reducer counted them
+        self._now = {}
+
+    def begin(self):
+        self._now = {}
+
+    def fired(self, pid):
+        self._now[pid] = self._now.get(pid, 0) + 1
+
+    def finish(self, launching):
+        """The reducer's finish_backward ran (also for an abandoned backward); `launching`:
+        synced or reduce_scatter_only. As the reducer (ReducerMarks::Settle), a parameter's
+        count is learned in the first such backward that marks it."""
+        if launching and self._counted:
+            for pid, n in self._now.items():
+                self._learned.setdefault(pid, n)
+
+    def complete(self, pid):
+        """Parameter pid had its last mark of this backward (its bucket may have launched)."""
+        if not self._counted:
+            return pid in self._now
+        want = self._learned.get(pid)
+        if want is None:
+            return False  # being counted: its bucket launches at the end of the backward
+        return self._now.get(pid, 0) >= want
+
+
+def fired_twice_fully_sharded(name):
+    """The error of FullyShardedDataParallel / fully_shard when the hook of parameter `name`
+    fires a second time in one backward."""
+    return RuntimeError(
+        "parameter %r: its gradient hook fired twice in one backward (used inside a reentrant "
+        "torch.utils.checkpoint region and outside it); Braid would reduce it before its last "
+        "contribution: pass static_graph=True to FullyShardedDataParallel / fully_shard if the "
+        "graph is the same every iteration, or use torch.utils.checkpoint(..., "
+        "use_reentrant=False) (autograd then sums both uses before the hook)" % name)

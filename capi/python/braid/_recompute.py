@@ -14,7 +14,8 @@ Contract:
     ends, before the rest of the outer one (torch DDP's _DDPSink queues from its outputs too).
   - recompute_may_skip_wait: a module's forward inside a synced ZeRO-2 backward (a
     recompute) reads the values the step's forward read as long as its buckets were not
-    stepped yet; a bucket is stepped only after every parameter in it was marked, so such a
+    stepped yet; a bucket is stepped only after every parameter in it had its last mark (a
+    hook firing twice under static_graph: braid/_ddp_reuse.py's Fires), so such a
     bucket is the only one that may hold new values, and a recompute reading it raises
     naming the parameters (never a silently stepped value); the backward is ended.
 FullyShardedDataParallel keeps a unit gathered through its recompute (fsdp.py), as FSDP2.
@@ -59,18 +60,23 @@ def recompute_may_skip_wait(ddp, bucket_pids):
     False: wait for the bucket's parameters as usual (not inside a synced backward). True:
     inside one (a checkpointed region's recompute) and the bucket was not stepped yet, so its
     parameters hold the values the forward read: no wait (the optimizer would refuse it).
-    Raises if every parameter of the bucket was marked in this backward already (the
+    Raises if every parameter of the bucket had its last mark in this backward already (the
     backward is ended first, its gradients zeroed, as for a failing gradient hook)."""
     if not ddp._in_backward or ddp._armed != "sync":
         return False
-    marked = ddp._hooked | ddp._early
-    if all(pid in marked for pid in bucket_pids):
+    # Complete: reduced as unused at the start, or marked for the last time in this backward
+    # (a parameter whose hook fires twice, inside a reentrant region and outside it, is not
+    # complete after the first: braid/_ddp_reuse.py's Fires).
+    if all(pid in ddp._early or ddp._fires.complete(pid) for pid in bucket_pids):
         # Ends Braid's backward (as a failing gradient hook does) and raises.
         ddp._abandon_backward(
             "a forward inside the backward (activation checkpointing's recompute) reads %s, "
             "whose gradients were all reduced in this backward already, so the sharded "
             "optimizer may have stepped them: a recomputed region must not use a parameter "
             "whose gradient is complete before the recompute (e.g. one used both inside and "
-            "outside the checkpointed region)" % ", ".join(repr(ddp._names[p])
-                                                          for p in bucket_pids))
+            "outside the checkpointed region%s)" % (
+                ", ".join(repr(ddp._names[p]) for p in bucket_pids),
+                "" if ddp._marks_counted else
+                ": pass static_graph=True to DistributedDataParallel, whose reducer then "
+                "waits for such a parameter's second gradient"))
     return True

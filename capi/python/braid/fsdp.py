@@ -7,6 +7,7 @@ import functools
 import torch
 
 from . import _owners, core
+from ._ddp_reuse import fired_twice_fully_sharded, reuse_marks
 from ._fsdp_local import LocalShards
 from ._fsdp_tied import TiedUnits, tied_owners
 from ._fsdp_params import (  # noqa: F401 (FullyShardedParameter: braid.fsdp's too)
@@ -48,6 +49,12 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
           backward which ones some rank used: ShardedAdamW skips the others as torch does
           (braid/_used_map.py). Divergence must stay inside units every rank enters. Parameters with
           requires_grad=False are not sharded (kept whole on every rank, like buffers).
+    static_graph: a keyword torch's FSDP lacks, with torch DDP's meaning (the graph is the
+          same every step): each parameter's gradient hooks are counted in the first synced
+          backward (whose reductions all launch at its end) and it is reduced after its last one
+          from then on, so a parameter used inside a reentrant torch.utils.checkpoint region and
+          outside it (its hook fires twice) works when its unit stays gathered through the
+          backward (the root unit; braid/_ddp_reuse.py). Without it a second fire is an error.
     Parameters and buffers are broadcast from rank 0 at construction, like torch DDP.
     credit_mb, priorities: communication scheduling (braid.core.Reducer; off by default): the
           gradient reduce-scatters in partitions of at most credit_mb MiB, and with
@@ -58,7 +65,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
                  replica_group=None, reshard_after_forward=True, prefetch=1, max_live_mb=None,
                  bucket_cap_mb=25.0, first_bucket_cap_mb=1.0, find_unused_parameters=False,
                  reduce_dtype=None, broadcast_from_rank0=True, timeout_ms=300000,
-                 timeline_prefix=None, credit_mb=0.0, priorities=False):
+                 timeline_prefix=None, credit_mb=0.0, priorities=False, static_graph=False):
         super().__init__()
         if mode not in ("reduce_scatter", "hybrid"):
             raise ValueError("FullyShardedDataParallel mode %r: reduce_scatter or hybrid (use "
@@ -104,12 +111,13 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
             first_bucket_cap_mb=first_bucket_cap_mb, allow_unused=find_unused_parameters,
             reduce_dtype=reduce_dtype, timeout_ms=timeout_ms, timeline_prefix=timeline_prefix,
             param_units=self._unit_of, shard_gradients=True, credit_mb=credit_mb,
-            priorities=priorities,
+            priorities=priorities, param_marks=reuse_marks(len(named), static_graph),
             **agreement_options(find_unused_parameters, "at_finish", False))
         # The reducer agrees on use after each backward: the optimizer skips parameters no
         # rank used (braid/_used_map.py).
         self._agrees_unused = bool(find_unused_parameters)
         self._mode = mode
+        self._marks_counted = bool(static_graph)  # a hook may fire twice (_ddp_reuse.py)
         nunits = len(unit_modules) + 1
         self._unit_params = [[] for _ in range(nunits)]
         for pid, u in enumerate(self._unit_of):
@@ -421,7 +429,11 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         try:
             self._begin_backward()
             unit = self._unit_of[pid]
-            if unit not in self._entered:  # no gradient reached its outputs' hooks first
+            pending = self._unmarked[unit]
+            if pid not in pending:  # its hook fired again (reentrant checkpoint: _ddp_reuse.py)
+                if not self._marks_counted:
+                    raise fired_twice_fully_sharded(self._names[pid])
+            elif unit not in self._entered:  # no gradient reached its outputs' hooks first
                 self._enter(unit, "backward")
             p = self._params[pid]
             g = _TENSOR_GRAD.__get__(p)  # not the property: its guard is for users
@@ -430,7 +442,6 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
                                    self._names[pid])
             self.reducer.mark_ready_grad(pid, g.detach().contiguous())
             p.grad = None  # Braid copied it: the full-size gradient is freed now
-            pending = self._unmarked[unit]
             pending.discard(pid)
             if not pending and unit != _ROOT:
                 self._exit(unit, "backward")
@@ -567,7 +578,8 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
     def join(self, divide_by_initial_world_size=True, enable=True,
              throw_on_early_termination=False):
         """Uneven inputs are not supported for fully sharded models yet (DistributedDataParallel
-        .join() is, with ShardedAdamW too): raises saying so rather than hang later."""
+        .join() is, with ShardedAdamW too): raises saying so rather than hang later
+        (docs/design/join.md says what it would take)."""
         raise NotImplementedError(
             "join(): fully sharded models cannot join yet (a joined rank would have to shadow "
             "every unit's gathers); give every rank the same number of batches, or use "

@@ -22,7 +22,8 @@ Contract (docs/pytorch.md, "fully_shard", says what maps from FSDP2 and what is 
   - mp_policy / offload_policy: braid/_fsdp_policies.py.
   - Braid's own knobs are keywords FSDP2 lacks, on the root call only: prefetch,
     max_live_mb, bucket_cap_mb, first_bucket_cap_mb, find_unused_parameters, timeout_ms,
-    timeline_prefix, credit_mb, priorities, broadcast_from_rank0.
+    timeline_prefix, credit_mb, priorities, broadcast_from_rank0, static_graph (a hook that
+    fires twice: braid/_ddp_reuse.py).
   - Host modules on local / mpi / gloo worlds. CUDA modules are refused at finalization; the
     device path will hook in at the engine's gathers (a gather stream and events per unit).
 """
@@ -36,7 +37,7 @@ from .fsdp import FullyShardedDataParallel
 
 _BRAID_KEYS = ("prefetch", "max_live_mb", "bucket_cap_mb", "first_bucket_cap_mb",
                "find_unused_parameters", "timeout_ms", "timeline_prefix", "credit_mb",
-               "priorities", "broadcast_from_rank0")
+               "priorities", "broadcast_from_rank0", "static_graph")
 
 
 class _State:

@@ -48,7 +48,7 @@ from ._ddp_args import WHAT, read_arguments
 from ._ddp_devices import to_device
 from ._ddp_graph import GraphCheck, graph_grad, unreached
 from ._ddp_profile import CollectiveRanges, call_profiled, profiled
-from ._ddp_reuse import mark_again, reuse_marks
+from ._ddp_reuse import Fires, mark_again, reuse_marks
 from ._ddp_grads import GradPresence
 from ._ddp_comm_hook import register_comm_hook as _register_comm_hook
 from ._ddp_verify import verify_same_model
@@ -166,6 +166,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         # sharded optimizer skips parameters no rank used (braid/_used_map.py).
         self._declares = self._agrees_unused = self._allow_unused and mode != "allreduce"
         self._marks_counted = self.static_graph  # a hook may fire twice (braid/_ddp_reuse.py)
+        self._fires = Fires(self._marks_counted)  # marks per backward (braid/_recompute.py)
         self._mode = mode
         self._names = [n for n, _ in named]
         self._graph = GraphCheck(self._names, static_graph, group.rank)
@@ -452,6 +453,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
             detail = ""
         except core.BraidError as e:
             detail = ": " + str(e)
+        self._fires.finish(self._armed != "no_sync")  # the reducer counted these marks too
         self._ranges.end()
         if self._stepper is not None:
             self._stepper.wait_all_params()  # then no step touches the buckets
@@ -569,6 +571,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
                 self._in_backward = True
                 self._finish.queue()  # unless an output's hook queued it
                 self._early, self._hooked = set(declared), set()
+                self._fires.begin()
                 if early:
                     self._mark_unused()
             self._bind_grad(pid)  # an undefined gradient reached it: no tensor hook ran
@@ -595,6 +598,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
                                    "Braid reduces the bucket view bound at forward" % pid)
             if pid not in self._hooked or mark_again(self, pid):  # braid/_ddp_reuse.py
                 self._mark(pid)
+                self._fires.fired(pid)
             self._hooked.add(pid)
             if got:
                 self._presence.none.discard(pid)  # it has a gradient now
@@ -635,6 +639,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
             raise
         finally:
             self._ranges.end()
+        self._fires.finish(self._armed != "no_sync")
         # (the used-map agreement is an all-reduce too, as torch's local_used_map)
         call_profiled(self._ranges.name if unused is not None else None, self._presence.finish,
                       self._params, self._grads, self._armed == "sync", unused)
