@@ -7,7 +7,8 @@ ZeRO-2 (DistributedDataParallel(mode="reduce_scatter") + ShardedAdamW) and fully
 not use the parameter) and torch.optim.AdamW skips a parameter no rank used (its .grad is None:
 no weight decay, no moment update, its own step count) -- that is torch AdamW trained serially
 on the mean of the ranks' losses, each rank's loss with its own routing. Weight decay is large
-enough that stepping an unused parameter would show.
+enough that stepping an unused parameter would show. 2 ranks, and ZeRO-2 and hybrid (2 x 2)
+at 4 ranks.
 
 Under mpirun (tests/python/BUILD.bazel's divergent_mpi_np2): the ZeRO-2 case with one process
 per rank, against torch's own DDP(find_unused_parameters=True) over gloo + AdamW."""
@@ -73,15 +74,15 @@ def _loss(model, net, r, step, micro=0, routing=_routing):
     return torch.nn.functional.mse_loss(model(x), y)
 
 
-def _reference(micros=1, routing=_routing):
-    """torch: AdamW on the mean over ranks of the summed micro-batch losses (parameters no
+def _reference(micros=1, routing=_routing, n=N):
+    """torch: AdamW on the mean over n ranks of the summed micro-batch losses (parameters no
     rank reaches keep .grad None and are skipped)."""
     net = Routed()
     opt = torch.optim.AdamW(net.parameters(), lr=0.01, weight_decay=0.5)
     out = []
     for s in range(STEPS):
-        sum(_loss(net, net, r, s, m, routing) for r in range(N)
-            for m in range(micros)).div(N).backward()
+        sum(_loss(net, net, r, s, m, routing) for r in range(n)
+            for m in range(micros)).div(n).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         out.append([p.detach().clone() for p in net.parameters()])
@@ -114,9 +115,9 @@ class DivergentTest(unittest.TestCase):
         model.close()
         return got
 
-    def _check(self, wrap, micros=1, routing=_routing):
-        want = _reference(micros, routing)
-        results = run_ranks(N, lambda r, g: self._train(r, g, wrap, micros, routing))
+    def _check(self, wrap, micros=1, routing=_routing, n=N):
+        want = _reference(micros, routing, n)
+        results = run_ranks(n, lambda r, g: self._train(r, g, wrap, micros, routing))
         for r, got in enumerate(results):
             for s in range(STEPS):
                 self.assertClose(got[s], want[s], "rank %d step %d" % (r, s))
@@ -139,6 +140,22 @@ class DivergentTest(unittest.TestCase):
         self._check(lambda net, g: bt.DistributedDataParallel(
             net, g, mode="reduce_scatter", bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-5,
             find_unused_parameters=True), micros=2)
+
+    def test_zero2_four_ranks(self):
+        # Expert 2 is used by one rank of four in odd steps: three ranks add zeros.
+        self._check(lambda net, g: bt.DistributedDataParallel(
+            net, g, mode="reduce_scatter", bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-5,
+            find_unused_parameters=True), n=4)
+
+    def test_hybrid_four_ranks(self):
+        # 2 x 2: shards over ranks {0, 1} / {2, 3}, replicas over {0, 2} / {1, 3}; the ranks
+        # that use expert 2 and those that skip it sit in different shard and replica groups.
+        def wrap(net, g):
+            shard, replica = g.mesh(2, 2)
+            return bt.DistributedDataParallel(
+                net, mode="hybrid", group=shard, replica_group=replica, bucket_cap_mb=1e-4,
+                first_bucket_cap_mb=1e-5, find_unused_parameters=True)
+        self._check(wrap, n=4)
 
     def test_zero2_static_graph(self):
         # static_graph: the reducer agrees once (the first step's map) and the optimizer keeps
