@@ -4,7 +4,8 @@ tiny MoE model's dense trunk (DistributedDataParallel over the 4-rank world) and
 rank r % 2's experts, different from the other pair's), at 4 ranks on `local` threads, against a
 serial single-process reference: each rank's gradients of its own loss, the trunk's averaged
 over the 4 ranks and each expert-parallel rank's experts over their 2 ranks, one global norm
-over the trunk and every expert (each counted once), one clip, torch.optim.AdamW. Also a
+over the trunk and every expert (each counted once), one clip, torch.optim.AdamW; the trunk in
+ZeRO-2 or hybrid 2 x 2. Also a
 tensor-parallel pair whose replicated layer norm (tp_replicated) counts once in the norm."""
 
 import math
@@ -56,17 +57,30 @@ def _reference():
 
 class MoETest(unittest.TestCase):
     def test_dense_and_experts_one_global_norm_match_serial_reference(self):
+        self._dense_and_experts(hybrid=False)
+
+    def test_hybrid_dense_and_experts_one_global_norm_match_serial_reference(self):
+        # The dense trunk hybrid 2 x 2 (shards over {0, 1} / {2, 3}, replicas across them,
+        # its norm counted on replica 0 only); span= the world, as a hybrid wrapper requires.
+        self._dense_and_experts(hybrid=True)
+
+    def _dense_and_experts(self, hybrid):
         def body(r, g):
             edp = g.split(r % 2, r, "expert_dp")
             trunk, experts = make_moe(r % 2)
-            dense = bt.DistributedDataParallel(trunk, g, mode="reduce_scatter",
+            placement, span, mesh = dict(group=g, mode="reduce_scatter"), None, ()
+            if hybrid:
+                mesh = g.mesh(2, 2)
+                placement = dict(group=mesh[0], replica_group=mesh[1], mode="hybrid")
+                span = g
+            dense = bt.DistributedDataParallel(trunk, **placement,
                                                bucket_cap_mb=1e-3, first_bucket_cap_mb=1e-4)
             moe = bt.DistributedDataParallel(experts, edp, mode="reduce_scatter",
                                              bucket_cap_mb=1e-3, first_bucket_cap_mb=1e-4)
             with self.assertRaisesRegex(ValueError, r"ShardedAdamW\.linked\(params\)"):
                 bt.ShardedAdamW(list(trunk.parameters()) + list(experts.parameters()), lr=LR)
             opt = bt.ShardedAdamW.linked(list(trunk.parameters()) + list(experts.parameters()),
-                                         lr=LR, max_grad_norm=MAX_NORM)
+                                         lr=LR, max_grad_norm=MAX_NORM, span=span)
             self.assertEqual(len(opt.optimizers), 2)
             norms = []
             for step in range(STEPS):
@@ -83,6 +97,8 @@ class MoETest(unittest.TestCase):
             dense.close()
             moe.close()
             edp.close()
+            for grp in mesh:
+                grp.close()
             return out
 
         want_trunk, want_experts, want_norms = _reference()
