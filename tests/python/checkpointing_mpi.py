@@ -1,8 +1,9 @@
 """Activation checkpointing under mpirun -np 2 (Braid's "mpi" world, one process per rank)
-against torch's own DistributedDataParallel (gloo, static_graph=True) in the same process, the
-model and data of checkpointing_test.py with reentrant checkpoints: Braid's
-DistributedDataParallel(static_graph=True) + torch AdamW equal to torch bit for bit after every
-step, and ZeRO-2 (reduce_scatter + ShardedAdamW) to the kernels' rounding."""
+against torch's own DistributedDataParallel (gloo; static_graph=True with reentrant
+checkpoints) in the same process, the model and data of checkpointing_test.py with reentrant
+and non-reentrant checkpoints: Braid's DistributedDataParallel (static_graph=True with
+reentrant) + torch AdamW equal to torch bit for bit after every step, and ZeRO-2
+(reduce_scatter + ShardedAdamW) to the kernels' rounding."""
 
 import sys
 
@@ -28,21 +29,16 @@ def _run(model, opt, net, rank):
     return after
 
 
-def main():
-    torch.set_num_threads(1)
-    world = braid.World("mpi")
-    group = world.group()
-    rank = group.rank
-    train_compare.init_gloo(group, rank, group.size)
-
-    ref_net = Net(True)
-    want = _run(TorchDDP(ref_net, static_graph=True), _adamw(ref_net.parameters()), ref_net,
-                rank)
-    net = Net(True)
-    ddp = bt.DistributedDataParallel(net, group=group, static_graph=True)
+def _compare(group, rank, reentrant):
+    """Failures of Braid DDP (bit for bit) and ZeRO-2 (1e-6) against torch DDP."""
+    ref_net = Net(reentrant)
+    want = _run(TorchDDP(ref_net, static_graph=reentrant), _adamw(ref_net.parameters()),
+                ref_net, rank)
+    net = Net(reentrant)
+    ddp = bt.DistributedDataParallel(net, group=group, static_graph=reentrant)
     got_ddp = _run(ddp, _adamw(net.parameters()), net, rank)
     ddp.close()
-    net = Net(True)
+    net = Net(reentrant)
     zero2 = bt.DistributedDataParallel(net, group=group, mode="reduce_scatter",
                                        bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-4)
     opt = bt.ShardedAdamW(zero2, lr=0.01, weight_decay=0.1)
@@ -51,13 +47,29 @@ def main():
     zero2.close()
 
     failures = []
+    kind = "reentrant" if reentrant else "non-reentrant"
     names = [n for n, _ in ref_net.named_parameters()]
     for step, (w, a, z) in enumerate(zip(want, got_ddp, got_zero2)):
         for name, wp, ap, zp in zip(names, w, a, z):
             if not torch.equal(wp, ap):
-                failures.append("DDP step %d %s: %g" % (step, name, (wp - ap).abs().max()))
+                failures.append("%s DDP step %d %s: %g" % (kind, step, name,
+                                                           (wp - ap).abs().max()))
             if not torch.allclose(wp, zp, rtol=0, atol=1e-6):
-                failures.append("ZeRO-2 step %d %s: %g" % (step, name, (wp - zp).abs().max()))
+                failures.append("%s ZeRO-2 step %d %s: %g" % (kind, step, name,
+                                                              (wp - zp).abs().max()))
+    return failures
+
+
+def main():
+    torch.set_num_threads(1)
+    world = braid.World("mpi")
+    group = world.group()
+    rank = group.rank
+    train_compare.init_gloo(group, rank, group.size)
+
+    failures = []
+    for reentrant in (True, False):  # static_graph with reentrant checkpoints, as torch
+        failures += _compare(group, rank, reentrant)
     dist.destroy_process_group()
     group.close()
     world.close()
@@ -65,7 +77,8 @@ def main():
         print("rank %d: checkpointing differs from torch DDP:\n  %s" % (
             rank, "\n  ".join(failures)))
         sys.exit(1)
-    print("rank %d: reentrant checkpointing under DDP and ZeRO-2 equals torch DDP" % rank)
+    print("rank %d: reentrant and non-reentrant checkpointing under DDP and ZeRO-2 equal torch "
+          "DDP" % rank)
 
 
 if __name__ == "__main__":
