@@ -10,8 +10,9 @@ on the mean of the ranks' losses, each rank's loss with its own routing. Weight 
 enough that stepping an unused parameter would show. 2 ranks, and ZeRO-2 and hybrid (2 x 2)
 at 4 ranks.
 
-Under mpirun (tests/python/BUILD.bazel's divergent_mpi_np2): the ZeRO-2 case with one process
-per rank, against torch's own DDP(find_unused_parameters=True) over gloo + AdamW."""
+Under mpirun (tests/python/BUILD.bazel's divergent_mpi_np2): the ZeRO-2 case, and all-reduce
+DDP + torch AdamW, with one process per rank, against torch's own
+DDP(find_unused_parameters=True) over gloo + AdamW."""
 
 import os
 import unittest
@@ -204,8 +205,9 @@ class DivergentTest(unittest.TestCase):
 
 
 def _mpi_main():
-    """One process per rank under mpirun: ZeRO-2 + ShardedAdamW on the mpi backend against
-    torch's own DDP(find_unused_parameters=True) over gloo + torch AdamW in this process."""
+    """One process per rank under mpirun: ZeRO-2 + ShardedAdamW, and all-reduce DDP + torch
+    AdamW, on the mpi backend against torch's own DDP(find_unused_parameters=True) over gloo +
+    torch AdamW in this process."""
     import braid  # noqa: PLC0415 (only under mpirun)
     import train_compare  # noqa: PLC0415 (init_gloo)
     torch.set_num_threads(1)
@@ -226,8 +228,26 @@ def _mpi_main():
         ref_opt.zero_grad(set_to_none=True)
         case.assertClose(got[s], [p.detach() for p in ref_net.parameters()],
                          "rank %d step %d vs torch DDP" % (r, s))
+    # All-reduce DDP + torch AdamW against the same torch DDP run again: bit for bit (torch's
+    # AdamW skips what no rank used in both: .grad stays None).
+    ref_net, net = Routed(), Routed()
+    ref = torch.nn.parallel.DistributedDataParallel(ref_net, find_unused_parameters=True)
+    ours = bt.DistributedDataParallel(net, g, find_unused_parameters=True, bucket_cap_mb=1e-4,
+                                      first_bucket_cap_mb=1e-5)
+    runs = [(ref, ref_net, torch.optim.AdamW(ref_net.parameters(), lr=0.01, weight_decay=0.5)),
+            (ours, net, torch.optim.AdamW(net.parameters(), lr=0.01, weight_decay=0.5))]
+    for s in range(STEPS):
+        for model, module, opt in runs:
+            _loss(model, module, r, s).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        for i, (a, b) in enumerate(zip(net.parameters(), ref_net.parameters())):
+            assert torch.equal(a, b), "rank %d step %d param %d: all-reduce DDP vs torch" % (
+                r, s, i)
+    ours.close()
     world.close()
-    print("rank %d: divergent ZeRO-2 matches torch DDP(find_unused_parameters=True) + AdamW" % r)
+    print("rank %d: divergent ZeRO-2 and all-reduce DDP match torch "
+          "DDP(find_unused_parameters=True) + AdamW" % r)
 
 
 if __name__ == "__main__":
