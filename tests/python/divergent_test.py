@@ -7,8 +7,8 @@ ZeRO-2 (DistributedDataParallel(mode="reduce_scatter") + ShardedAdamW) and fully
 not use the parameter) and torch.optim.AdamW skips a parameter no rank used (its .grad is None:
 no weight decay, no moment update, its own step count) -- that is torch AdamW trained serially
 on the mean of the ranks' losses, each rank's loss with its own routing. Weight decay is large
-enough that stepping an unused parameter would show. 2 ranks, and ZeRO-2 and hybrid (2 x 2)
-at 4 ranks.
+enough that stepping an unused parameter would show. 2 ranks, and ZeRO-2, hybrid (2 x 2) and
+fully sharded at 4 ranks.
 
 Under mpirun (tests/python/BUILD.bazel's divergent_mpi_np2): the ZeRO-2 case, and all-reduce
 DDP + torch AdamW, with one process per rank, against torch's own
@@ -202,6 +202,11 @@ class DivergentTest(unittest.TestCase):
         self._check(lambda net, g: bt.FullyShardedDataParallel(
             net, g, units=[net.stem, net.head], bucket_cap_mb=1e-4,
             find_unused_parameters=True))
+
+    def test_fully_sharded_four_ranks(self):
+        self._check(lambda net, g: bt.FullyShardedDataParallel(
+            net, g, units=[net.stem, net.head], bucket_cap_mb=1e-4,
+            find_unused_parameters=True), n=4)
 
 
 def _mpi_main():
