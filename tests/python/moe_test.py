@@ -5,7 +5,7 @@ rank r % 2's experts, different from the other pair's), at 4 ranks on `local` th
 serial single-process reference: each rank's gradients of its own loss, the trunk's averaged
 over the 4 ranks and each expert-parallel rank's experts over their 2 ranks, one global norm
 over the trunk and every expert (each counted once), one clip, torch.optim.AdamW; the trunk in
-ZeRO-2 or hybrid 2 x 2. Also a
+ZeRO-2 or hybrid 2 x 2; and at 2 ranks, each rank its own experts. Also a
 tensor-parallel pair whose replicated layer norm (tp_replicated) counts once in the norm."""
 
 import math
@@ -25,8 +25,9 @@ def _loss(trunk, experts, x, t):
     return torch.nn.functional.mse_loss(experts(h, gates), t)
 
 
-def _reference():
-    """(trunk parameters, [experts of expert-parallel rank 0, of 1], [norm per step])."""
+def _reference(n=N):
+    """(trunk parameters, [experts of expert-parallel rank 0, of 1], [norm per step]) of n
+    ranks: rank r holds expert-parallel rank r % 2's experts."""
     trunk, e0 = make_moe(0)
     _, e1 = make_moe(1)
     experts = [e0, e1]
@@ -35,16 +36,16 @@ def _reference():
     norms = []
     for step in range(STEPS):
         grads = {id(p): torch.zeros_like(p) for p in params}
-        for r in range(N):
+        for r in range(n):
             own = list(trunk.parameters()) + list(experts[r % 2].parameters())
             x, t = moe_batch(r, step)
             for p, g in zip(own, torch.autograd.grad(_loss(trunk, experts[r % 2], x, t), own)):
                 grads[id(p)] += g
         for p in trunk.parameters():
-            p.grad = grads[id(p)] / N
+            p.grad = grads[id(p)] / n
         for e in experts:
             for p in e.parameters():
-                p.grad = grads[id(p)] / 2  # the two ranks holding these experts
+                p.grad = grads[id(p)] / (n // 2)  # the ranks holding these experts
         norm = math.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in params))
         coef = min(1.0, MAX_NORM / (norm + 1e-6))
         for p in params:
@@ -64,7 +65,12 @@ class MoETest(unittest.TestCase):
         # its norm counted on replica 0 only); span= the world, as a hybrid wrapper requires.
         self._dense_and_experts(hybrid=True)
 
-    def _dense_and_experts(self, hybrid):
+    def test_two_ranks_each_its_own_experts(self):
+        # Expert-data-parallel groups of one rank: the experts are not reduced, yet both
+        # ranks' experts add to the one norm.
+        self._dense_and_experts(hybrid=False, n=2)
+
+    def _dense_and_experts(self, hybrid, n=N):
         def body(r, g):
             edp = g.split(r % 2, r, "expert_dp")
             trunk, experts = make_moe(r % 2)
@@ -101,9 +107,9 @@ class MoETest(unittest.TestCase):
                 grp.close()
             return out
 
-        want_trunk, want_experts, want_norms = _reference()
+        want_trunk, want_experts, want_norms = _reference(n)
         self.assertGreater(min(want_norms), MAX_NORM)  # clipping is active every step
-        for r, (trunk, experts, norms) in enumerate(run_ranks(N, body)):
+        for r, (trunk, experts, norms) in enumerate(run_ranks(n, body)):
             for got, want in zip(norms, want_norms):
                 self.assertAlmostEqual(got, want, delta=1e-5 * want)
             for a, b in zip(trunk, want_trunk):
