@@ -326,8 +326,8 @@ def main():
                   args.batch, args.context, args.steps,
                   "" if args.checkpoint == "none" else
                   ", %s activation checkpointing" % args.checkpoint), flush=True)
-    ddp_losses, lrs, ddp_step, ddp_val, ddp_norms = run_torch(args, len(chars), train_data, val_data,
-                                                   rank, size)
+    ddp_losses, lrs, ddp_step, ddp_val, ddp_norms = run_torch(args, len(chars), train_data,
+                                                              val_data, rank, size)
     braid_losses, braid_lrs, braid_step, braid_val, braid_norms = run_ours(
         args, len(chars), group, train_data, val_data, rank, size)
     if lrs != braid_lrs:

@@ -233,8 +233,9 @@ def _mpi_main():
         ref_opt.zero_grad(set_to_none=True)
         case.assertClose(got[s], [p.detach() for p in ref_net.parameters()],
                          "rank %d step %d vs torch DDP" % (r, s))
-    # All-reduce DDP + torch AdamW against the same torch DDP run again: bit for bit (torch's
-    # AdamW skips what no rank used in both: .grad stays None).
+    # All-reduce DDP + torch AdamW against the same torch DDP run again: bit for bit at 2 ranks,
+    # to 1e-6 at 4 (gloo's ring adds in another order); torch's AdamW skips what no rank used
+    # in both (.grad stays None).
     ref_net, net = Routed(), Routed()
     ref = torch.nn.parallel.DistributedDataParallel(ref_net, find_unused_parameters=True)
     ours = bt.DistributedDataParallel(net, g, find_unused_parameters=True, bucket_cap_mb=1e-4,
@@ -247,8 +248,8 @@ def _mpi_main():
             opt.step()
             opt.zero_grad(set_to_none=True)
         for i, (a, b) in enumerate(zip(net.parameters(), ref_net.parameters())):
-            assert torch.equal(a, b), "rank %d step %d param %d: all-reduce DDP vs torch" % (
-                r, s, i)
+            assert torch.equal(a, b) or (g.size > 2 and torch.allclose(a, b, rtol=0, atol=1e-6)), (
+                "rank %d step %d param %d: all-reduce DDP vs torch" % (r, s, i))
     ours.close()
     world.close()
     print("rank %d: divergent ZeRO-2 and all-reduce DDP match torch "
