@@ -15,7 +15,7 @@ on the `local` backend (ranks are threads), each against torch in this process:
   - at 4 ranks, DDP with both against a serial reference in the reduction's order, and
     ZeRO-2 and hybrid 2 x 2 with the tied embedding against serial torch AdamW;
   - fully_shard: a tied weight owned by one unit and borrowed by another (or the root) against
-    a serial reference, bit for bit with a torch optimizer on the pieces.
+    a serial reference, bit for bit with a torch optimizer on the pieces (2 and 4 ranks).
 Under mpirun -np 2 (tied_weights_mpi_np2) the script runs the tied + reentrant model in Braid
 DDP on the "mpi" world against a serial single-process reference, bit for bit."""
 
@@ -319,7 +319,7 @@ class TiedNet(torch.nn.Module):
         return self.head(self.ln(h))
 
 
-def _fsdp_reference():
+def _fsdp_reference(n=N):
     """torch on one process: each rank's gradient (its two uses of the tied weight summed by
     autograd, as on the rank), averaged over the ranks (the reduction's order: a sum of the
     ranks' mean losses would add the four contributions in another order), then SGD with
@@ -328,18 +328,18 @@ def _fsdp_reference():
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     for s in range(STEPS):
         grads = []
-        for r in range(N):
+        for r in range(n):
             opt.zero_grad()
             _loss(net, r, s).backward()
             grads.append([p.grad.clone() for p in net.parameters()])
         for p, *gs in zip(net.parameters(), *grads):
-            p.grad = sum(gs) / N
+            p.grad = sum(gs) / n
         opt.step()
     return [p.detach().clone() for p in net.parameters()]
 
 
 class FullyShardTiedTest(unittest.TestCase):
-    def _train(self, units, sharded=False):
+    def _train(self, units, sharded=False, n=N):
         def body(r, g):
             net = TiedNet()
             for name in units:
@@ -359,7 +359,7 @@ class FullyShardTiedTest(unittest.TestCase):
                 opt.close()
             net.close()
             return full
-        return run_ranks(N, body)
+        return run_ranks(n, body)
 
     def test_tied_parameter_in_one_unit_matches_serial_torch(self):
         want = _fsdp_reference()
@@ -370,6 +370,12 @@ class FullyShardTiedTest(unittest.TestCase):
                 for full in self._train(units):
                     for i, (a, w) in enumerate(zip(full, want)):
                         self.assertTrue(torch.equal(a, w), "param %d: %s" % (i, (a - w).abs().max()))
+
+    def test_tied_parameter_at_four_ranks(self):
+        want = _fsdp_reference(4)
+        for full in self._train(("wte", "blocks", "head"), n=4):
+            for i, (a, w) in enumerate(zip(full, want)):
+                self.assertTrue(torch.equal(a, w), "param %d: %s" % (i, (a - w).abs().max()))
 
     def test_tied_parameter_with_sharded_sgd(self):
         want = _fsdp_reference()
