@@ -8,7 +8,7 @@ not use the parameter) and torch.optim.AdamW skips a parameter no rank used (its
 no weight decay, no moment update, its own step count) -- that is torch AdamW trained serially
 on the mean of the ranks' losses, each rank's loss with its own routing. Weight decay is large
 enough that stepping an unused parameter would show. 2 ranks, and ZeRO-2, hybrid (2 x 2) and
-fully sharded at 4 ranks.
+fully sharded at 4 ranks; all-reduce DDP with torch's AdamW at 2 and 4.
 
 Under mpirun (tests/python/BUILD.bazel's divergent_mpi_np2): the ZeRO-2 case, and all-reduce
 DDP + torch AdamW, with one process per rank, against torch's own
@@ -96,10 +96,10 @@ class DivergentTest(unittest.TestCase):
             torch.testing.assert_close(a, w, rtol=0, atol=1e-6,
                                        msg=lambda m, i=i: "%s, param %d: %s" % (what, i, m))
 
-    def _train(self, r, g, wrap, micros=1, routing=_routing):
+    def _train(self, r, g, wrap, micros=1, routing=_routing, optimizer=bt.ShardedAdamW):
         net = Routed()
         model = wrap(net, g)
-        opt = bt.ShardedAdamW(net.parameters(), lr=0.01, weight_decay=0.5)
+        opt = optimizer(net.parameters(), lr=0.01, weight_decay=0.5)
         got = []
         for s in range(STEPS):
             for m in range(micros - 1):
@@ -107,18 +107,22 @@ class DivergentTest(unittest.TestCase):
                     _loss(model, net, r, s, m, routing).backward()
             _loss(model, net, r, s, micros - 1, routing).backward()
             opt.step()
+            if optimizer is torch.optim.AdamW:
+                opt.zero_grad(set_to_none=True)  # torch DDP's way: unused stay None
             if isinstance(model, bt.FullyShardedDataParallel):
                 with model.summon_full_params():
                     got.append([p.detach().clone() for p in net.parameters()])
             else:
                 got.append([p.detach().clone() for p in net.parameters()])
-        opt.close()
+        if optimizer is not torch.optim.AdamW:
+            opt.close()
         model.close()
         return got
 
-    def _check(self, wrap, micros=1, routing=_routing, n=N):
+    def _check(self, wrap, micros=1, routing=_routing, n=N, optimizer=bt.ShardedAdamW):
         want = _reference(micros, routing, n)
-        results = run_ranks(n, lambda r, g: self._train(r, g, wrap, micros, routing))
+        results = run_ranks(n, lambda r, g: self._train(r, g, wrap, micros, routing,
+                                                        optimizer))
         for r, got in enumerate(results):
             for s in range(STEPS):
                 self.assertClose(got[s], want[s], "rank %d step %d" % (r, s))
@@ -141,6 +145,14 @@ class DivergentTest(unittest.TestCase):
         self._check(lambda net, g: bt.DistributedDataParallel(
             net, g, mode="reduce_scatter", bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-5,
             find_unused_parameters=True), micros=2)
+
+    def test_allreduce_with_torch_adamw_two_and_four_ranks(self):
+        # All-reduce DDP: a parameter no rank used keeps .grad None, so torch's AdamW skips it.
+        for n in (2, 4):
+            with self.subTest(ranks=n):
+                self._check(lambda net, g: bt.DistributedDataParallel(
+                    net, g, bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-5,
+                    find_unused_parameters=True), n=n, optimizer=torch.optim.AdamW)
 
     def test_zero2_four_ranks(self):
         # Expert 2 is used by one rank of four in odd steps: three ranks add zeros.
