@@ -3,6 +3,7 @@
     tools/bazelw run //bench:train_gpt                     # 2 ranks under mpirun, 2 x 300 steps
     tools/bazelw run //bench:train_gpt -- --steps 600 --layers 4 --braid zero2 --out /tmp/gpt
     tools/bazelw run //bench:train_gpt -- --tied-embeddings --checkpoint reentrant
+    tools/bazelw run //bench:train_gpt -- --moe 2 --expert-parallel 2 --max-grad-norm 1
 
 Each rank (a process of mpirun) trains the same character-level GPT (pre-norm transformer
 blocks, causal self-attention) from the same initial weights twice, on the same batches:
@@ -11,7 +12,9 @@ blocks, causal self-attention) from the same initial weights twice, on the same 
          DistributedDataParallel in reduce_scatter mode) + braid.pytorch.ShardedAdamW
 (--tied-embeddings: the head shares the token embedding's weight, as GPT-2; --checkpoint
 reentrant / nonreentrant: every block under torch.utils.checkpoint, torch DDP then with
-static_graph=True for reentrant, as torch requires), both with two param groups (weight
+static_graph=True for reentrant, as torch requires; --moe EXPERTS: each block's MLP becomes
+top-1 routed experts reduced over an expert-data-parallel group, bench/train_gpt_moe.py;
+--max-grad-norm: one global-norm clip), both with two param groups (weight
 decay on matrices and embeddings, none on biases and LayerNorms) and the same warm-up +
 cosine schedule (torch.optim.lr_scheduler.LambdaLR). The text is the GNU GPL version 3 as
 Debian ships it (base-files: /usr/share/common-licenses/GPL-3; --text names another file); its
@@ -58,13 +61,17 @@ class Block(torch.nn.Module):
         # A plain attribute, not a buffer: constant, and neither gloo nor Braid moves bools.
         self.causal = torch.tril(torch.ones(context, context)).bool()
 
-    def forward(self, x):
+    def attend(self, x):
+        """x plus the causal self-attention of ln1(x) (the block's first half)."""
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
         att = att.masked_fill(~self.causal[:t, :t], float("-inf")).softmax(dim=-1)
-        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
+        return x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
+
+    def forward(self, x):
+        x = self.attend(x)
         return x + self.out(torch.nn.functional.gelu(self.fc(self.ln2(x))))
 
 
@@ -141,8 +148,9 @@ def make_net(args, vocab):
                tied=args.tied_embeddings, checkpoint=args.checkpoint)
 
 
-def train(name, args, model, opt, data, rank, size):
-    """The step losses of this rank, and seconds per step."""
+def train(name, args, model, opt, data, rank, size, clip=None, norms=None):
+    """The step losses of this rank, and seconds per step. clip(): after each backward, its
+    result (the global gradient norm) appended to norms."""
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule(args))
     losses, lrs = [], []
     steps = range(args.steps)
@@ -157,6 +165,8 @@ def train(name, args, model, opt, data, rank, size):
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                                  y.reshape(-1))
         loss.backward()
+        if clip is not None:
+            norms.append(float(clip()))
         opt.step()
         lrs.append(opt.param_groups[0]["lr"])
         sched.step()
@@ -184,8 +194,14 @@ def run_ddp(args, vocab, train_data, val_data, rank, size):
     model = torch.nn.parallel.DistributedDataParallel(
         net, static_graph=args.checkpoint == "reentrant")
     opt = torch.optim.AdamW(param_groups(net, args.weight_decay), lr=args.lr)
-    losses, lrs, per_step = train("torch DDP", args, model, opt, train_data, rank, size)
-    return losses, lrs, per_step, validation_loss(args, model, val_data, rank, size)
+    clip = None
+    if args.max_grad_norm > 0:
+        def clip():
+            return torch.nn.utils.clip_grad_norm_(net.parameters(), args.max_grad_norm)
+    norms = []
+    losses, lrs, per_step = train("torch DDP", args, model, opt, train_data, rank, size, clip,
+                                  norms)
+    return losses, lrs, per_step, validation_loss(args, model, val_data, rank, size), norms
 
 
 def run_braid(args, vocab, group, train_data, val_data, rank, size):
@@ -199,13 +215,18 @@ def run_braid(args, vocab, group, train_data, val_data, rank, size):
     else:
         model = bt.DistributedDataParallel(net, group, mode="reduce_scatter",
                                            bucket_cap_mb=args.bucket_cap_mb)
-    opt = bt.ShardedAdamW(model, lr=args.lr, params=groups)
+    opt = bt.ShardedAdamW(model, lr=args.lr, params=groups, max_grad_norm=args.max_grad_norm)
+    clip = None
+    if args.max_grad_norm > 0:
+        def clip():  # the step's global norm, clipped inside the step (max_grad_norm)
+            return opt.clip_grad_norm_(args.max_grad_norm)
     name = "Braid " + ("FSDP" if args.braid == "fsdp" else "ZeRO-2")
-    losses, lrs, per_step = train(name, args, model, opt, train_data, rank, size)
+    norms = []
+    losses, lrs, per_step = train(name, args, model, opt, train_data, rank, size, clip, norms)
     val = validation_loss(args, model, val_data, rank, size)
     opt.close()
     model.close()
-    return losses, lrs, per_step, val
+    return losses, lrs, per_step, val, norms
 
 
 def mean_over_ranks(group, values):
@@ -214,13 +235,17 @@ def mean_over_ranks(group, values):
     return t.tolist()
 
 
-def write_outputs(args, lrs, ddp, braid_losses, labels, out):
+def write_outputs(args, lrs, ddp, braid_losses, labels, out, norms=((), ())):
+    """losses.csv (with --max-grad-norm also each run's global gradient norm per step, the
+    same on every rank) and loss_curve.png."""
     os.makedirs(out, exist_ok=True)
     csv_path, png_path = os.path.join(out, "losses.csv"), os.path.join(out, "loss_curve.png")
     with open(csv_path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["step", "lr", "ddp_loss", "braid_loss"])
+        w.writerow(["step", "lr", "ddp_loss", "braid_loss"] +
+                   (["ddp_norm", "braid_norm"] if norms[0] else []))
         for step, row in enumerate(zip(lrs, ddp, braid_losses)):
+            row += (norms[0][step], norms[1][step]) if norms[0] else ()
             w.writerow([step] + ["%.9g" % v for v in row])
     import matplotlib
     matplotlib.use("Agg")
@@ -257,17 +282,30 @@ def main():
     parser.add_argument("--batch", type=int, default=16, help="sequences per rank and step")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--weight-decay", type=float, default=0.1)
-    parser.add_argument("--braid", choices=("fsdp", "zero2"), default="fsdp")
+    parser.add_argument("--braid", choices=("fsdp", "zero2"), default=None,
+                        help="Braid's run: fsdp (the default) or zero2 (the only one with --moe)")
     parser.add_argument("--bucket-cap-mb", type=float, default=0.25)
     parser.add_argument("--tied-embeddings", "--tie-embeddings", action="store_true",
                         help="the output head shares the token embedding's weight")
     parser.add_argument("--checkpoint", choices=("none", "reentrant", "nonreentrant"),
                         default="none", help="activation checkpointing of every block")
+    parser.add_argument("--moe", type=int, default=0, metavar="EXPERTS",
+                        help="each block's MLP: EXPERTS top-1 routed experts per rank")
+    parser.add_argument("--expert-parallel", type=int, default=1, metavar="EP",
+                        help="with --moe: EP ranks hold different experts")
+    parser.add_argument("--max-grad-norm", type=float, default=0.0,
+                        help="clip by the global gradient norm (0: no clipping)")
     parser.add_argument("--eval-batches", type=int, default=4)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", default=os.path.join(
         os.environ.get("BUILD_WORKING_DIRECTORY", "."), "train_gpt_out"))
     args = parser.parse_args()
+    if args.moe:  # ShardedAdamW.linked covers DistributedDataParallel wrappers only
+        if args.braid == "fsdp" or args.checkpoint != "none":
+            parser.error("--moe runs Braid as --braid zero2 without --checkpoint")
+        import train_gpt_moe as moe
+    args.braid = args.braid or ("zero2" if args.moe else "fsdp")
+    run_torch, run_ours = (moe.run_ddp, moe.run_braid) if args.moe else (run_ddp, run_braid)
     torch.set_num_threads(1)
 
     world = braid.World("mpi")
@@ -277,17 +315,20 @@ def main():
     train_compare.init_gloo(group, rank, size)
     chars, train_data, val_data = load_text(args.text)
     if rank == 0:
-        n = sum(p.numel() for p in make_net(args, len(chars)).parameters())
+        n = (moe.parameter_count(args, len(chars)) if args.moe else
+             sum(p.numel() for p in make_net(args, len(chars)).parameters()))
         print("train_gpt: %s (%d characters, vocabulary %d), GPT %d layers x %d wide (%d "
-              "parameters%s), %d ranks x %d sequences of %d, %d steps%s" % (
+              "parameters%s%s), %d ranks x %d sequences of %d, %d steps%s" % (
                   args.text, len(train_data) + len(val_data), len(chars), args.layers,
-                  args.width, n, ", tied embeddings" if args.tied_embeddings else "", size,
+                  args.width, n, ", tied embeddings" if args.tied_embeddings else "",
+                  ", %d x %d experts per block" % (args.expert_parallel, args.moe)
+                  if args.moe else "", size,
                   args.batch, args.context, args.steps,
                   "" if args.checkpoint == "none" else
                   ", %s activation checkpointing" % args.checkpoint), flush=True)
-    ddp_losses, lrs, ddp_step, ddp_val = run_ddp(args, len(chars), train_data, val_data,
-                                                 rank, size)
-    braid_losses, braid_lrs, braid_step, braid_val = run_braid(
+    ddp_losses, lrs, ddp_step, ddp_val, ddp_norms = run_torch(args, len(chars), train_data,
+                                                              val_data, rank, size)
+    braid_losses, braid_lrs, braid_step, braid_val, braid_norms = run_ours(
         args, len(chars), group, train_data, val_data, rank, size)
     if lrs != braid_lrs:
         sys.exit("train_gpt: the two runs' learning rates differ")
@@ -296,8 +337,10 @@ def main():
     if rank == 0:
         labels = ("torch DDP + AdamW", "Braid %s + ShardedAdamW" %
                   ("FSDP" if args.braid == "fsdp" else "ZeRO-2"))
+        if args.moe:
+            labels = ("torch DDP x 2 + AdamW", "Braid ZeRO-2 x 2 + .linked")
         csv_path, png_path = write_outputs(args, lrs, ddp_mean[:-1], braid_mean[:-1], labels,
-                                           args.out)
+                                           args.out, (ddp_norms, braid_norms))
         gap = max(abs(a - b) for a, b in zip(ddp_mean, braid_mean))
         for label, mean, per_step in ((labels[0], ddp_mean, ddp_step),
                                       (labels[1], braid_mean, braid_step)):

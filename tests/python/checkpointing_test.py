@@ -1,5 +1,5 @@
 """Activation checkpointing (torch.utils.checkpoint, use_reentrant=True and False) under
-braid.pytorch at 2 ranks as threads of a `local` world, several steps with an optimizer:
+braid.pytorch at 2 (and 4) ranks as threads of a `local` world, several steps with an optimizer:
 
   - DistributedDataParallel (all-reduce) + torch.optim.AdamW against torch 1.13's own
     DistributedDataParallel (gloo, in the same process; static_graph=True for reentrant
@@ -14,7 +14,9 @@ braid.pytorch at 2 ranks as threads of a `local` world, several steps with an op
 Also: gradient accumulation (a no_sync / set_requires_gradient_sync(False) micro-batch first)
 equal to the same run without checkpointing; units checkpointing their own body; a ZeRO-2
 recompute that reads a bucket whose gradients are complete is refused by name. Each parameter
-lies in one checkpoint region. checkpointing_mpi.py runs DDP and ZeRO-2 under mpirun."""
+lies in one checkpoint region. At 4 ranks: DDP against torch DDP (to gloo's order of sums),
+ZeRO-2, hybrid 2 x 2 and fully_shard against the serial reference. checkpointing_mpi.py runs
+DDP and ZeRO-2 under mpirun."""
 
 import contextlib
 import datetime
@@ -135,19 +137,19 @@ class TorchGroups:
     """One torch ProcessGroupGloo per rank thread over a shared in-process store (kept alive
     by the main thread: see torch_idioms_ddp_test.py)."""
 
-    def __init__(self, tag):
-        self._store, self._tag, self._kept = dist.HashStore(), tag, []
+    def __init__(self, tag, n=N):
+        self._store, self._tag, self._kept, self._n = dist.HashStore(), tag, [], n
 
     def group(self, r):
-        pg = dist.ProcessGroupGloo(dist.PrefixStore(self._tag, self._store), r, N,
+        pg = dist.ProcessGroupGloo(dist.PrefixStore(self._tag, self._store), r, self._n,
                                    datetime.timedelta(seconds=60))
         self._kept.append(pg)
         return pg
 
 
-def _torch_ddp(reentrant):
+def _torch_ddp(reentrant, n=N):
     """torch's own DDP + AdamW with the same checkpointing: per rank (grads, params)."""
-    groups = TorchGroups("torch-%s" % reentrant)
+    groups = TorchGroups("torch-%s-%d" % (reentrant, n), n)
 
     def body(r, _):
         net = Net(reentrant)
@@ -156,16 +158,16 @@ def _torch_ddp(reentrant):
         groups._kept.append(model)
         grads = _loop(r, model, _adamw(net.parameters()), net)
         return grads, _params(net)
-    return run_ranks(N, body)
+    return run_ranks(n, body)
 
 
-def _serial(reentrant):
-    """One process: the ranks' averaged loss, torch's AdamW on the full model."""
+def _serial(reentrant, n=N):
+    """One process: the n ranks' averaged loss, torch's AdamW on the full model."""
     net = Net(reentrant)
     opt = _adamw(net.parameters())
     for s in range(STEPS):
         loss = sum(torch.nn.functional.mse_loss(net(x), y)
-                   for x, y in (_data(r, s) for r in range(N))) / N
+                   for x, y in (_data(r, s) for r in range(n))) / n
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -184,9 +186,11 @@ class CheckpointingTest(unittest.TestCase):
                     what, i, m))
 
     # ---- all-reduce DDP ---------------------------------------------------------------------
-    def _allreduce(self, mode, **kw):
+    def _allreduce(self, mode, n=N, **kw):
+        """Bit for bit at 2 ranks; at 4 gloo's ring adds the ranks in another order."""
         reentrant = MODES[mode]
-        want = _torch_ddp(reentrant)
+        atol = 0.0 if n == 2 else 1e-6
+        want = _torch_ddp(reentrant, n)
 
         def body(r, g):
             net = Net(reentrant)
@@ -197,10 +201,10 @@ class CheckpointingTest(unittest.TestCase):
             return out
 
         for r, ((grads, params), (want_grads, want_params)) in enumerate(
-                zip(run_ranks(N, body), want)):
+                zip(run_ranks(n, body), want)):
             for s, (a, b) in enumerate(zip(grads, want_grads)):
-                self.assertSame(a, b, "%s rank %d step %d gradients" % (mode, r, s))
-            self.assertSame(params, want_params, "%s rank %d parameters" % (mode, r))
+                self.assertSame(a, b, "%s rank %d step %d gradients" % (mode, r, s), atol)
+            self.assertSame(params, want_params, "%s rank %d parameters" % (mode, r), atol)
 
     def test_allreduce_reentrant_equals_torch_ddp(self):
         self._allreduce("reentrant")
@@ -214,18 +218,23 @@ class CheckpointingTest(unittest.TestCase):
         self._allreduce("nonreentrant", find_unused_parameters=True)
 
     # ---- ZeRO-2 -------------------------------------------------------------------------------
-    def _zero2_run(self, mode, accumulate=1):
+    def _zero2_run(self, mode, accumulate=1, n=N, hybrid=False):
+        """hybrid: 2 x n/2 (shards over pairs of ranks, replicas across them)."""
         def body(r, g):
             net = Net(MODES[mode])
-            model = bt.DistributedDataParallel(net, group=g, mode="reduce_scatter",
-                                               bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-4)
+            groups = dict(group=g, mode="reduce_scatter")
+            if hybrid:
+                shard, replica = g.mesh(2, n // 2)
+                groups = dict(group=shard, replica_group=replica, mode="hybrid")
+            model = bt.DistributedDataParallel(net, **groups, bucket_cap_mb=1e-4,
+                                               first_bucket_cap_mb=1e-4)
             opt = bt.ShardedAdamW(model, lr=0.01, weight_decay=0.1)
             _loop(r, model, opt, net, accumulate)
             out = _params(net)
             opt.close()
             model.close()
             return out
-        return run_ranks(N, body)
+        return run_ranks(n, body)
 
     def _zero2(self, mode):
         plain = self._zero2_run("none")
@@ -262,7 +271,7 @@ class CheckpointingTest(unittest.TestCase):
         run_ranks(N, body)
 
     # ---- fully_shard units ------------------------------------------------------------------
-    def _fully_shard_run(self, mode, sharded_opt, accumulate=1, inside=False):
+    def _fully_shard_run(self, mode, sharded_opt, accumulate=1, inside=False, n=N):
         """inside: each unit checkpoints its own body (the unit's hooks do not run again)
         instead of the regions around the units."""
         def body(r, g):
@@ -284,7 +293,7 @@ class CheckpointingTest(unittest.TestCase):
                 opt.close()
             net.close()
             return out
-        return run_ranks(N, body)
+        return run_ranks(n, body)
 
     def _fully_shard(self, mode):
         want = _serial(MODES[mode])
@@ -314,6 +323,30 @@ class CheckpointingTest(unittest.TestCase):
         for mode in ("reentrant", "nonreentrant"):
             for r, params in enumerate(self._fully_shard_run(mode, True, accumulate=2)):
                 self.assertSame(params, plain[r], "%s rank %d, 2 micro-batches" % (mode, r))
+
+    # ---- 4 ranks ------------------------------------------------------------------------------
+    def test_four_ranks_allreduce_equals_torch_ddp(self):
+        self._allreduce("reentrant", n=4, static_graph=True)
+        self._allreduce("nonreentrant", n=4)
+
+    def test_four_ranks_zero2_and_hybrid(self):
+        # Both against the same run without checkpointing (bit for bit) and the serial
+        # reference over 4 ranks (to the sums' order and the AdamW kernels' rounding).
+        for hybrid in (False, True):
+            plain = self._zero2_run("none", n=4, hybrid=hybrid)
+            for mode in ("reentrant", "nonreentrant"):
+                want = _serial(MODES[mode], 4)
+                for r, params in enumerate(self._zero2_run(mode, n=4, hybrid=hybrid)):
+                    what = "%s %s rank %d" % ("hybrid" if hybrid else "ZeRO-2", mode, r)
+                    self.assertSame(params, plain[r], what + " vs no checkpointing")
+                    self.assertSame(params, want, what + " vs serial", atol=1e-6)
+
+    def test_four_ranks_fully_shard(self):
+        for mode in ("reentrant", "nonreentrant"):
+            want = _serial(MODES[mode], 4)
+            for r, params in enumerate(self._fully_shard_run(mode, False, n=4)):
+                self.assertSame(params, want, "%s rank %d of 4 vs serial" % (mode, r),
+                                atol=1e-6)
 
 
 if __name__ == "__main__":

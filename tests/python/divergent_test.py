@@ -7,10 +7,12 @@ ZeRO-2 (DistributedDataParallel(mode="reduce_scatter") + ShardedAdamW) and fully
 not use the parameter) and torch.optim.AdamW skips a parameter no rank used (its .grad is None:
 no weight decay, no moment update, its own step count) -- that is torch AdamW trained serially
 on the mean of the ranks' losses, each rank's loss with its own routing. Weight decay is large
-enough that stepping an unused parameter would show.
+enough that stepping an unused parameter would show. 2 ranks, and ZeRO-2, hybrid (2 x 2) and
+fully sharded at 4 ranks; all-reduce DDP with torch's AdamW at 2 and 4.
 
-Under mpirun (tests/python/BUILD.bazel's divergent_mpi_np2): the ZeRO-2 case with one process
-per rank, against torch's own DDP(find_unused_parameters=True) over gloo + AdamW."""
+Under mpirun (tests/python/BUILD.bazel's divergent_mpi_np2): the ZeRO-2 case, and all-reduce
+DDP + torch AdamW, with one process per rank, against torch's own
+DDP(find_unused_parameters=True) over gloo + AdamW."""
 
 import os
 import unittest
@@ -73,15 +75,15 @@ def _loss(model, net, r, step, micro=0, routing=_routing):
     return torch.nn.functional.mse_loss(model(x), y)
 
 
-def _reference(micros=1, routing=_routing):
-    """torch: AdamW on the mean over ranks of the summed micro-batch losses (parameters no
+def _reference(micros=1, routing=_routing, n=N):
+    """torch: AdamW on the mean over n ranks of the summed micro-batch losses (parameters no
     rank reaches keep .grad None and are skipped)."""
     net = Routed()
     opt = torch.optim.AdamW(net.parameters(), lr=0.01, weight_decay=0.5)
     out = []
     for s in range(STEPS):
-        sum(_loss(net, net, r, s, m, routing) for r in range(N)
-            for m in range(micros)).div(N).backward()
+        sum(_loss(net, net, r, s, m, routing) for r in range(n)
+            for m in range(micros)).div(n).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         out.append([p.detach().clone() for p in net.parameters()])
@@ -94,10 +96,10 @@ class DivergentTest(unittest.TestCase):
             torch.testing.assert_close(a, w, rtol=0, atol=1e-6,
                                        msg=lambda m, i=i: "%s, param %d: %s" % (what, i, m))
 
-    def _train(self, r, g, wrap, micros=1, routing=_routing):
+    def _train(self, r, g, wrap, micros=1, routing=_routing, optimizer=bt.ShardedAdamW):
         net = Routed()
         model = wrap(net, g)
-        opt = bt.ShardedAdamW(net.parameters(), lr=0.01, weight_decay=0.5)
+        opt = optimizer(net.parameters(), lr=0.01, weight_decay=0.5)
         got = []
         for s in range(STEPS):
             for m in range(micros - 1):
@@ -105,18 +107,22 @@ class DivergentTest(unittest.TestCase):
                     _loss(model, net, r, s, m, routing).backward()
             _loss(model, net, r, s, micros - 1, routing).backward()
             opt.step()
+            if optimizer is torch.optim.AdamW:
+                opt.zero_grad(set_to_none=True)  # torch DDP's way: unused stay None
             if isinstance(model, bt.FullyShardedDataParallel):
                 with model.summon_full_params():
                     got.append([p.detach().clone() for p in net.parameters()])
             else:
                 got.append([p.detach().clone() for p in net.parameters()])
-        opt.close()
+        if optimizer is not torch.optim.AdamW:
+            opt.close()
         model.close()
         return got
 
-    def _check(self, wrap, micros=1, routing=_routing):
-        want = _reference(micros, routing)
-        results = run_ranks(N, lambda r, g: self._train(r, g, wrap, micros, routing))
+    def _check(self, wrap, micros=1, routing=_routing, n=N, optimizer=bt.ShardedAdamW):
+        want = _reference(micros, routing, n)
+        results = run_ranks(n, lambda r, g: self._train(r, g, wrap, micros, routing,
+                                                        optimizer))
         for r, got in enumerate(results):
             for s in range(STEPS):
                 self.assertClose(got[s], want[s], "rank %d step %d" % (r, s))
@@ -139,6 +145,30 @@ class DivergentTest(unittest.TestCase):
         self._check(lambda net, g: bt.DistributedDataParallel(
             net, g, mode="reduce_scatter", bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-5,
             find_unused_parameters=True), micros=2)
+
+    def test_allreduce_with_torch_adamw_two_and_four_ranks(self):
+        # All-reduce DDP: a parameter no rank used keeps .grad None, so torch's AdamW skips it.
+        for n in (2, 4):
+            with self.subTest(ranks=n):
+                self._check(lambda net, g: bt.DistributedDataParallel(
+                    net, g, bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-5,
+                    find_unused_parameters=True), n=n, optimizer=torch.optim.AdamW)
+
+    def test_zero2_four_ranks(self):
+        # Expert 2 is used by one rank of four in odd steps: three ranks add zeros.
+        self._check(lambda net, g: bt.DistributedDataParallel(
+            net, g, mode="reduce_scatter", bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-5,
+            find_unused_parameters=True), n=4)
+
+    def test_hybrid_four_ranks(self):
+        # 2 x 2: shards over ranks {0, 1} / {2, 3}, replicas over {0, 2} / {1, 3}; the ranks
+        # that use expert 2 and those that skip it sit in different shard and replica groups.
+        def wrap(net, g):
+            shard, replica = g.mesh(2, 2)
+            return bt.DistributedDataParallel(
+                net, mode="hybrid", group=shard, replica_group=replica, bucket_cap_mb=1e-4,
+                first_bucket_cap_mb=1e-5, find_unused_parameters=True)
+        self._check(wrap, n=4)
 
     def test_zero2_static_graph(self):
         # static_graph: the reducer agrees once (the first step's map) and the optimizer keeps
@@ -185,10 +215,16 @@ class DivergentTest(unittest.TestCase):
             net, g, units=[net.stem, net.head], bucket_cap_mb=1e-4,
             find_unused_parameters=True))
 
+    def test_fully_sharded_four_ranks(self):
+        self._check(lambda net, g: bt.FullyShardedDataParallel(
+            net, g, units=[net.stem, net.head], bucket_cap_mb=1e-4,
+            find_unused_parameters=True), n=4)
+
 
 def _mpi_main():
-    """One process per rank under mpirun: ZeRO-2 + ShardedAdamW on the mpi backend against
-    torch's own DDP(find_unused_parameters=True) over gloo + torch AdamW in this process."""
+    """One process per rank under mpirun: ZeRO-2 + ShardedAdamW, and all-reduce DDP + torch
+    AdamW, on the mpi backend against torch's own DDP(find_unused_parameters=True) over gloo +
+    torch AdamW in this process."""
     import braid  # noqa: PLC0415 (only under mpirun)
     import train_compare  # noqa: PLC0415 (init_gloo)
     torch.set_num_threads(1)
@@ -209,8 +245,27 @@ def _mpi_main():
         ref_opt.zero_grad(set_to_none=True)
         case.assertClose(got[s], [p.detach() for p in ref_net.parameters()],
                          "rank %d step %d vs torch DDP" % (r, s))
+    # All-reduce DDP + torch AdamW against the same torch DDP run again: bit for bit at 2 ranks,
+    # to 1e-6 at 4 (gloo's ring adds in another order); torch's AdamW skips what no rank used
+    # in both (.grad stays None).
+    ref_net, net = Routed(), Routed()
+    ref = torch.nn.parallel.DistributedDataParallel(ref_net, find_unused_parameters=True)
+    ours = bt.DistributedDataParallel(net, g, find_unused_parameters=True, bucket_cap_mb=1e-4,
+                                      first_bucket_cap_mb=1e-5)
+    runs = [(ref, ref_net, torch.optim.AdamW(ref_net.parameters(), lr=0.01, weight_decay=0.5)),
+            (ours, net, torch.optim.AdamW(net.parameters(), lr=0.01, weight_decay=0.5))]
+    for s in range(STEPS):
+        for model, module, opt in runs:
+            _loss(model, module, r, s).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        for i, (a, b) in enumerate(zip(net.parameters(), ref_net.parameters())):
+            assert torch.equal(a, b) or (g.size > 2 and torch.allclose(a, b, rtol=0, atol=1e-6)), (
+                "rank %d step %d param %d: all-reduce DDP vs torch" % (r, s, i))
+    ours.close()
     world.close()
-    print("rank %d: divergent ZeRO-2 matches torch DDP(find_unused_parameters=True) + AdamW" % r)
+    print("rank %d: divergent ZeRO-2 and all-reduce DDP match torch "
+          "DDP(find_unused_parameters=True) + AdamW" % r)
 
 
 if __name__ == "__main__":

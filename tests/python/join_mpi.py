@@ -2,7 +2,8 @@
 world beside torch.distributed over gloo (its default process group, no stand-ins). Rank r
 has 2 + 2 r batches. All-reduce mode against torch's own DDP join(), bit for bit, both divide
 choices (parameters after each step, p.grad, the synced final state); ShardedAdamW in
-reduce_scatter mode against the serial AdamW reference of tests/python/join_test.py."""
+reduce_scatter mode, both divide choices, against the serial AdamW reference of
+tests/python/join_test.py."""
 
 import sys
 
@@ -37,19 +38,21 @@ def main():
         for i, (a, b) in enumerate(zip(grads, ref_grads)):
             assert torch.equal(a, b), "divide %s p.grad %d" % (divide, i)
 
-    model = bt.DistributedDataParallel(join_test.Net(norm=False), group, mode="reduce_scatter")
-    opt = bt.ShardedAdamW(model.parameters(), lr=0.01, weight_decay=0.1)
-    with model.join():
-        for step in range(join_test._steps(rank)):
-            opt.zero_grad()
-            join_test._loss(model, rank, step).backward()
-            opt.step()
-    want = join_test._serial_adamw(size, True)[-1]
-    for i, (p, w) in enumerate(zip(model.parameters(), want)):
-        torch.testing.assert_close(p.detach(), w, rtol=1e-5, atol=1e-6,
-                                   msg="ZeRO-2 final parameter %d" % i)
-    opt.close()
-    model.close()
+    for divide in (True, False):
+        model = bt.DistributedDataParallel(join_test.Net(norm=False), group,
+                                           mode="reduce_scatter")
+        opt = bt.ShardedAdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+        with model.join(divide_by_initial_world_size=divide):
+            for step in range(join_test._steps(rank)):
+                opt.zero_grad()
+                join_test._loss(model, rank, step).backward()
+                opt.step()
+        want = join_test._serial_adamw(size, divide)[-1]
+        for i, (p, w) in enumerate(zip(model.parameters(), want)):
+            torch.testing.assert_close(p.detach(), w, rtol=1e-5, atol=1e-6,
+                                       msg="ZeRO-2 divide %s final parameter %d" % (divide, i))
+        opt.close()
+        model.close()
     group.close()
     world.close()
     print("join_mpi rank %d: all checks passed" % rank)

@@ -5,7 +5,7 @@ are threads): rank r has 2 + 2 r batches, so ranks leave the loop at different s
     torch ProcessGroupGloo per rank thread over a shared HashStore), with a BatchNorm buffer,
     both divide_by_initial_world_size choices, at 2 and 4 ranks: parameters after every step,
     the joined ranks' p.grad and the final (synced) model;
-  - ShardedAdamW (ZeRO-2) in reduce_scatter mode (2 ranks) and hybrid mode (2 x 2) against a
+  - ShardedAdamW (ZeRO-2) in reduce_scatter mode (2, 4 ranks) and hybrid mode (2 x 2) against a
     serial reference (one torch model and torch's AdamW stepping the contributing ranks'
     gradients over the initial world size, or over the contributors);
   - throw_on_early_termination raises on every rank; an exception inside the block leaves the
@@ -222,6 +222,11 @@ class JoinShardedAdamW(unittest.TestCase):
 
     def test_reduce_scatter_two_ranks_stepped_after_backward(self):
         self.check(2, "reduce_scatter", True, overlap=False)  # the joined rank's Step()
+
+    def test_reduce_scatter_four_ranks_both_divides(self):
+        for divide in (True, False):
+            with self.subTest(divide_by_initial_world_size=divide):
+                self.check(4, "reduce_scatter", divide)
 
     def test_hybrid_four_ranks(self):
         self.check(4, "hybrid", True)

@@ -4,8 +4,10 @@ tiny MoE model's dense trunk (DistributedDataParallel over the 4-rank world) and
 rank r % 2's experts, different from the other pair's), at 4 ranks on `local` threads, against a
 serial single-process reference: each rank's gradients of its own loss, the trunk's averaged
 over the 4 ranks and each expert-parallel rank's experts over their 2 ranks, one global norm
-over the trunk and every expert (each counted once), one clip, torch.optim.AdamW. Also a
-tensor-parallel pair whose replicated layer norm (tp_replicated) counts once in the norm."""
+over the trunk and every expert (each counted once), one clip, torch.optim.AdamW; the trunk in
+ZeRO-2 or hybrid 2 x 2; and at 2 ranks, each rank its own experts. Also tensor parallelism: a
+pair whose replicated layer norm (tp_replicated) counts once in the norm, and at 4 ranks
+tensor-parallel pairs by data-parallel pairs."""
 
 import math
 import unittest
@@ -24,8 +26,9 @@ def _loss(trunk, experts, x, t):
     return torch.nn.functional.mse_loss(experts(h, gates), t)
 
 
-def _reference():
-    """(trunk parameters, [experts of expert-parallel rank 0, of 1], [norm per step])."""
+def _reference(n=N):
+    """(trunk parameters, [experts of expert-parallel rank 0, of 1], [norm per step]) of n
+    ranks: rank r holds expert-parallel rank r % 2's experts."""
     trunk, e0 = make_moe(0)
     _, e1 = make_moe(1)
     experts = [e0, e1]
@@ -34,16 +37,16 @@ def _reference():
     norms = []
     for step in range(STEPS):
         grads = {id(p): torch.zeros_like(p) for p in params}
-        for r in range(N):
+        for r in range(n):
             own = list(trunk.parameters()) + list(experts[r % 2].parameters())
             x, t = moe_batch(r, step)
             for p, g in zip(own, torch.autograd.grad(_loss(trunk, experts[r % 2], x, t), own)):
                 grads[id(p)] += g
         for p in trunk.parameters():
-            p.grad = grads[id(p)] / N
+            p.grad = grads[id(p)] / n
         for e in experts:
             for p in e.parameters():
-                p.grad = grads[id(p)] / 2  # the two ranks holding these experts
+                p.grad = grads[id(p)] / (n // 2)  # the ranks holding these experts
         norm = math.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in params))
         coef = min(1.0, MAX_NORM / (norm + 1e-6))
         for p in params:
@@ -56,17 +59,35 @@ def _reference():
 
 class MoETest(unittest.TestCase):
     def test_dense_and_experts_one_global_norm_match_serial_reference(self):
+        self._dense_and_experts(hybrid=False)
+
+    def test_hybrid_dense_and_experts_one_global_norm_match_serial_reference(self):
+        # The dense trunk hybrid 2 x 2 (shards over {0, 1} / {2, 3}, replicas across them,
+        # its norm counted on replica 0 only); span= the world, as a hybrid wrapper requires.
+        self._dense_and_experts(hybrid=True)
+
+    def test_two_ranks_each_its_own_experts(self):
+        # Expert-data-parallel groups of one rank: the experts are not reduced, yet both
+        # ranks' experts add to the one norm.
+        self._dense_and_experts(hybrid=False, n=2)
+
+    def _dense_and_experts(self, hybrid, n=N):
         def body(r, g):
             edp = g.split(r % 2, r, "expert_dp")
             trunk, experts = make_moe(r % 2)
-            dense = bt.DistributedDataParallel(trunk, g, mode="reduce_scatter",
+            placement, span, mesh = dict(group=g, mode="reduce_scatter"), None, ()
+            if hybrid:
+                mesh = g.mesh(2, 2)
+                placement = dict(group=mesh[0], replica_group=mesh[1], mode="hybrid")
+                span = g
+            dense = bt.DistributedDataParallel(trunk, **placement,
                                                bucket_cap_mb=1e-3, first_bucket_cap_mb=1e-4)
             moe = bt.DistributedDataParallel(experts, edp, mode="reduce_scatter",
                                              bucket_cap_mb=1e-3, first_bucket_cap_mb=1e-4)
             with self.assertRaisesRegex(ValueError, r"ShardedAdamW\.linked\(params\)"):
                 bt.ShardedAdamW(list(trunk.parameters()) + list(experts.parameters()), lr=LR)
             opt = bt.ShardedAdamW.linked(list(trunk.parameters()) + list(experts.parameters()),
-                                         lr=LR, max_grad_norm=MAX_NORM)
+                                         lr=LR, max_grad_norm=MAX_NORM, span=span)
             self.assertEqual(len(opt.optimizers), 2)
             norms = []
             for step in range(STEPS):
@@ -83,11 +104,13 @@ class MoETest(unittest.TestCase):
             dense.close()
             moe.close()
             edp.close()
+            for grp in mesh:
+                grp.close()
             return out
 
-        want_trunk, want_experts, want_norms = _reference()
+        want_trunk, want_experts, want_norms = _reference(n)
         self.assertGreater(min(want_norms), MAX_NORM)  # clipping is active every step
-        for r, (trunk, experts, norms) in enumerate(run_ranks(N, body)):
+        for r, (trunk, experts, norms) in enumerate(run_ranks(n, body)):
             for got, want in zip(norms, want_norms):
                 self.assertAlmostEqual(got, want, delta=1e-5 * want)
             for a, b in zip(trunk, want_trunk):
@@ -158,6 +181,83 @@ class MoETest(unittest.TestCase):
                 self.assertAlmostEqual(got, want, delta=1e-5 * want)
             for a, b in zip(got_params, params):
                 torch.testing.assert_close(a, b.detach(), rtol=1e-5, atol=1e-6)
+
+    def test_tensor_parallel_by_data_parallel_four_ranks(self):
+        """4 ranks, tensor-parallel pairs {0, 1} / {2, 3} by data-parallel pairs {0, 2} /
+        {1, 3}: tensor-parallel rank t = r % 2 holds its own shard (a Linear seeded by t),
+        reduced over its data-parallel pair; a layer norm replicated across each
+        tensor-parallel pair (the same inputs there: data-parallel rank d = r // 2's), reduced
+        over the data-parallel pair too, tp_replicated. One norm: both shards plus the layer
+        norm once."""
+        def make(t):
+            torch.manual_seed(11)
+            ln = torch.nn.LayerNorm(4)
+            torch.manual_seed(20 + t)
+            return torch.nn.Linear(8, 4), ln
+
+        def shared(d, step):  # the layer norm's data: data-parallel rank d's
+            g = torch.Generator().manual_seed(600 + 10 * d + step)
+            return torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g)
+
+        mse = torch.nn.functional.mse_loss
+
+        def body(r, g):
+            tp = g.split(r // 2, r, "tp")
+            dp = g.split(r % 2, r, "dp")
+            lin, ln = make(r % 2)
+            shard = bt.DistributedDataParallel(lin, dp, mode="reduce_scatter")
+            norm = bt.DistributedDataParallel(ln, dp, mode="reduce_scatter")
+            opt = bt.ShardedAdamW.linked(list(lin.parameters()) + list(ln.parameters()), lr=LR,
+                                         max_grad_norm=MAX_NORM, span=g,
+                                         tensor_parallel_group=tp, tp_replicated=[norm])
+            norms = []
+            for step in range(STEPS):
+                x, t = moe_batch(r, step)
+                z, u = shared(r // 2, step)
+                (mse(shard(x), t) + mse(norm(z), u)).backward()
+                norms.append(opt.clip_grad_norm_(MAX_NORM).item())
+                opt.step()
+                opt.zero_grad()
+            opt.synchronize()
+            out = [p.detach().clone() for p in list(lin.parameters()) + list(ln.parameters())]
+            opt.close()
+            shard.close()
+            norm.close()
+            tp.close()
+            dp.close()
+            return out, norms
+
+        lins = [make(t)[0] for t in range(2)]
+        ln = make(0)[1]
+        params = [p for m in lins + [ln] for p in m.parameters()]
+        opt = torch.optim.AdamW(params, lr=LR)
+        want_norms = []
+        for step in range(STEPS):
+            grads = {id(p): torch.zeros_like(p) for p in params}
+            for r in range(4):  # each shard's gradient averaged over its data-parallel pair
+                x, t = moe_batch(r, step)
+                own = list(lins[r % 2].parameters())
+                for p, gr in zip(own, torch.autograd.grad(mse(lins[r % 2](x), t), own)):
+                    grads[id(p)] += gr / 2
+            for d in range(2):  # the layer norm's over the data-parallel ranks
+                z, u = shared(d, step)
+                for p, gr in zip(ln.parameters(),
+                                 torch.autograd.grad(mse(ln(z), u), list(ln.parameters()))):
+                    grads[id(p)] += gr / 2
+            norm = math.sqrt(sum(float((gr.double() ** 2).sum()) for gr in grads.values()))
+            coef = min(1.0, MAX_NORM / (norm + 1e-6))
+            for p in params:
+                p.grad = grads[id(p)] * coef
+            opt.step()
+            want_norms.append(norm)
+        self.assertGreater(min(want_norms), MAX_NORM)
+        for r, (got_params, norms) in enumerate(run_ranks(4, body)):
+            for got, want in zip(norms, want_norms):
+                self.assertAlmostEqual(got, want, delta=1e-5 * want)
+            want_params = list(lins[r % 2].parameters()) + list(ln.parameters())
+            for a, b in zip(got_params, want_params):
+                torch.testing.assert_close(a, b.detach(), rtol=1e-5, atol=1e-6)
+
 
 
 if __name__ == "__main__":

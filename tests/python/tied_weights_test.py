@@ -12,9 +12,10 @@ on the `local` backend (ranks are threads), each against torch in this process:
     there);
   - ZeRO-2 (mode="reduce_scatter" + ShardedAdamW) with the tied embedding matches serial torch
     AdamW on the mean of the ranks' losses;
-  - at 4 ranks, DDP with both against a serial reference in the reduction's order;
+  - at 4 ranks, DDP with both against a serial reference in the reduction's order, and
+    ZeRO-2 and hybrid 2 x 2 with the tied embedding against serial torch AdamW;
   - fully_shard: a tied weight owned by one unit and borrowed by another (or the root) against
-    a serial reference, bit for bit with a torch optimizer on the pieces.
+    a serial reference, bit for bit with a torch optimizer on the pieces (2 and 4 ranks).
 Under mpirun -np 2 (tied_weights_mpi_np2) the script runs the tied + reentrant model in Braid
 DDP on the "mpi" world against a serial single-process reference, bit for bit."""
 
@@ -103,11 +104,11 @@ def _train(r, net, model, window=False):
     return out
 
 
-def _serial_adamw(reentrant):
+def _serial_adamw(reentrant, n=N):
     net = TiedLM(reentrant)
     opt = torch.optim.AdamW(net.parameters(), lr=0.01)
     for step in range(STEPS):
-        (sum(_loss(net, r, step) for r in range(N)) / N).backward()
+        (sum(_loss(net, r, step) for r in range(n)) / n).backward()
         opt.step()
         opt.zero_grad()
     return [p.detach().clone() for p in net.parameters()]
@@ -224,6 +225,40 @@ class TiedWeightsTest(unittest.TestCase):
 
 
 class FourRanksTest(unittest.TestCase):
+    def test_zero2_and_hybrid_at_four_ranks_match_serial_adamw(self):
+        """ShardedAdamW over reduce_scatter and hybrid 2 x 2 with the tied embedding against
+        serial torch AdamW on the mean of the 4 ranks' losses. (A parameter used inside and
+        outside a reentrant checkpoint is refused under ZeRO-2: its recompute would read a
+        stepped value; checkpointing_test's Peek.)"""
+        n = 4
+        want = _serial_adamw(False, n)
+        for hybrid in (False, True):
+            def body(r, g, hybrid=hybrid):
+                net = TiedLM(False)
+                placement, mesh = dict(group=g, mode="reduce_scatter"), ()
+                if hybrid:
+                    mesh = g.mesh(2, 2)
+                    placement = dict(group=mesh[0], replica_group=mesh[1], mode="hybrid")
+                model = bt.DistributedDataParallel(net, **placement, bucket_cap_mb=1e-4,
+                                                   first_bucket_cap_mb=1e-5)
+                opt = bt.ShardedAdamW(net.parameters(), lr=0.01)
+                for step in range(STEPS):
+                    _loss(model, r, step).backward()
+                    opt.step()
+                    opt.zero_grad()
+                out = [p.detach().clone() for p in net.parameters()]
+                opt.close()
+                model.close()
+                for grp in mesh:
+                    grp.close()
+                return out
+
+            for r, got in enumerate(run_ranks(n, body)):
+                for i, (a, w) in enumerate(zip(got, want)):
+                    torch.testing.assert_close(
+                        a, w, rtol=0, atol=1e-6, msg=lambda m, i=i, r=r: (
+                            "hybrid %s rank %d param %d: %s" % (hybrid, r, i, m)))
+
     def test_tied_and_twice_fired_at_four_ranks(self):
         """DDP static_graph at 4 ranks against a serial reference in the local backend's
         reduction order: each rank's gradient, summed in rank order, averaged."""
@@ -284,7 +319,7 @@ class TiedNet(torch.nn.Module):
         return self.head(self.ln(h))
 
 
-def _fsdp_reference():
+def _fsdp_reference(n=N):
     """torch on one process: each rank's gradient (its two uses of the tied weight summed by
     autograd, as on the rank), averaged over the ranks (the reduction's order: a sum of the
     ranks' mean losses would add the four contributions in another order), then SGD with
@@ -293,18 +328,18 @@ def _fsdp_reference():
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     for s in range(STEPS):
         grads = []
-        for r in range(N):
+        for r in range(n):
             opt.zero_grad()
             _loss(net, r, s).backward()
             grads.append([p.grad.clone() for p in net.parameters()])
         for p, *gs in zip(net.parameters(), *grads):
-            p.grad = sum(gs) / N
+            p.grad = sum(gs) / n
         opt.step()
     return [p.detach().clone() for p in net.parameters()]
 
 
 class FullyShardTiedTest(unittest.TestCase):
-    def _train(self, units, sharded=False):
+    def _train(self, units, sharded=False, n=N):
         def body(r, g):
             net = TiedNet()
             for name in units:
@@ -324,7 +359,7 @@ class FullyShardTiedTest(unittest.TestCase):
                 opt.close()
             net.close()
             return full
-        return run_ranks(N, body)
+        return run_ranks(n, body)
 
     def test_tied_parameter_in_one_unit_matches_serial_torch(self):
         want = _fsdp_reference()
@@ -335,6 +370,12 @@ class FullyShardTiedTest(unittest.TestCase):
                 for full in self._train(units):
                     for i, (a, w) in enumerate(zip(full, want)):
                         self.assertTrue(torch.equal(a, w), "param %d: %s" % (i, (a - w).abs().max()))
+
+    def test_tied_parameter_at_four_ranks(self):
+        want = _fsdp_reference(4)
+        for full in self._train(("wte", "blocks", "head"), n=4):
+            for i, (a, w) in enumerate(zip(full, want)):
+                self.assertTrue(torch.equal(a, w), "param %d: %s" % (i, (a - w).abs().max()))
 
     def test_tied_parameter_with_sharded_sgd(self):
         want = _fsdp_reference()
