@@ -19,7 +19,7 @@
 // issued in the same bucket order through a cursor: bucket b's Q waits for every earlier
 // bucket's Q to be issued, whatever order the P all-reduces complete in.
 // State (error, P, Q, step count) per bucket survives steps; a re-plan drops it (OnReplan).
-// f32 buckets; host memory; not in optimizer checkpoints.
+// f32 buckets; host memory; one reducer per hook instance; not in optimizer checkpoints.
 #ifndef BRAID_SCHEDULER_HOOKS_POWERSGD_H_
 #define BRAID_SCHEDULER_HOOKS_POWERSGD_H_
 
