@@ -682,6 +682,10 @@ BRAID_API braid_status_t braid_reducer_destroy(braid_reducer_t* reducer);
  * adds it to the next step's bucket), all-gathered and summed in f32 in rank order (the same
  * result on every rank; scheduler/hooks/int8.h); f32 buckets only. replica_only (hybrid
  * reducers): only the replica all-reduce, the stage that crosses hosts, is compressed.
+ * BRAID_COMM_HOOK_POWERSGD: torch's powerSGD_hook (scheduler/hooks/powersgd.h), all-reduce
+ * reducers, f32 buckets: each parameter viewed as param_rows[i] rows is sent as rank-r factors
+ * P and Q when worth it, with error feedback and warm start; the powersgd_* fields are
+ * torch's PowerSGDState fields of the same names.
  *
  *   braid_comm_hook_options_t h;  braid_comm_hook_options_init(&h);
  *   h.kind = BRAID_COMM_HOOK_BF16;
@@ -691,11 +695,24 @@ BRAID_API braid_status_t braid_reducer_destroy(braid_reducer_t* reducer);
 #define BRAID_COMM_HOOK_FP16 2
 #define BRAID_COMM_HOOK_INT8 3
 #define BRAID_COMM_HOOK_ALLREDUCE 4 /* torch's allreduce_hook: divide, then sum (any dtype) */
+#define BRAID_COMM_HOOK_POWERSGD 5
 typedef struct braid_comm_hook_options {
   size_t struct_size;
   int kind;         /* BRAID_COMM_HOOK_*; default NONE */
   int replica_only; /* 1: the hybrid replica all-reduce only (hybrid reducers); default 0 */
   int block;        /* INT8: elements per scale, >= 1; default 256 */
+  /* POWERSGD (torch's PowerSGDState, the same names and defaults): */
+  int matrix_approximation_rank;    /* >= 1; default 1 */
+  int start_powerSGD_iter;          /* steps all-reduced uncompressed, >= 0; default 1000 */
+  int use_error_feedback;           /* 0 or 1; default 1 */
+  int warm_start;                   /* 0 or 1; default 1 */
+  double min_compression_rate;      /* > 0; default 2 */
+  double orthogonalization_epsilon; /* >= 0 (used as f32); default 0 */
+  uint64_t random_seed; /* default 0; the first Q (uniform in [-1, 1)) derives from it */
+  /* One per reducer parameter, in registration order: its shape[0] (1 for a 0-d tensor); each
+   * count a multiple of it (INVALID_ARGUMENT naming the parameter). NULL: nothing compressed. */
+  const int64_t* param_rows;
+  size_t num_param_rows;
 } braid_comm_hook_options_t;
 BRAID_API void braid_comm_hook_options_init(braid_comm_hook_options_t* opts);
 /* Collective over the reducer's groups, between backwards at the same point on every rank

@@ -1,6 +1,7 @@
 // C API: a reducer's communication hook (braid_reducer_set_comm_hook), picked among the
 // built-in hooks (scheduler/hooks/).
 #include <memory>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "capi/braid.h"
@@ -10,12 +11,44 @@
 #include "comm/status_macros.h"
 #include "scheduler/hooks/int8.h"
 #include "scheduler/hooks/low_precision.h"
+#include "scheduler/hooks/powersgd.h"
 
 using braid::capi::Find;
 using braid::capi::Guard;
 using braid::capi::ReducerImpl;
 
 namespace {
+
+absl::StatusOr<std::shared_ptr<braid::sched::CommHook>> MakePowerSGD(
+    const braid_comm_hook_options_t& o) {
+  for (const auto& [name, v] :
+       {std::pair<const char*, int>{"use_error_feedback", o.use_error_feedback},
+        {"warm_start", o.warm_start},
+        {"replica_only", o.replica_only}}) {
+    if (v != 0 && v != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("braid_comm_hook_options_t.", name, " is ", v, ": 0 or 1"));
+    }
+  }
+  if (o.replica_only != 0) {
+    return absl::InvalidArgumentError(
+        "braid_comm_hook_options_t.replica_only: POWERSGD compresses all-reduce reducers only");
+  }
+  if (o.param_rows == nullptr && o.num_param_rows != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "braid_comm_hook_options_t.param_rows is NULL with num_param_rows ", o.num_param_rows));
+  }
+  braid::sched::PowerSGDOptions p;
+  p.rank = o.matrix_approximation_rank;
+  p.start_iter = o.start_powerSGD_iter;
+  p.min_compression_rate = o.min_compression_rate;
+  p.use_error_feedback = o.use_error_feedback != 0;
+  p.warm_start = o.warm_start != 0;
+  p.orthogonalization_epsilon = static_cast<float>(o.orthogonalization_epsilon);
+  p.random_seed = o.random_seed;
+  if (o.param_rows != nullptr) p.rows.assign(o.param_rows, o.param_rows + o.num_param_rows);
+  return braid::sched::MakePowerSGDHook(p);
+}
 
 absl::StatusOr<std::shared_ptr<braid::sched::CommHook>> MakeHook(
     const braid_comm_hook_options_t& o) {
@@ -31,11 +64,13 @@ absl::StatusOr<std::shared_ptr<braid::sched::CommHook>> MakeHook(
       return braid::sched::MakeDivideFirstHook(o.replica_only != 0);
     case BRAID_COMM_HOOK_INT8:
       return braid::sched::MakeInt8Hook({o.block, o.replica_only != 0});
+    case BRAID_COMM_HOOK_POWERSGD:
+      return MakePowerSGD(o);
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           "braid_comm_hook_options_t.kind is ", o.kind,
           ": one of BRAID_COMM_HOOK_NONE (0), BRAID_COMM_HOOK_BF16 (1), BRAID_COMM_HOOK_FP16 (2), "
-          "BRAID_COMM_HOOK_INT8 (3), BRAID_COMM_HOOK_ALLREDUCE (4)"));
+          "BRAID_COMM_HOOK_INT8 (3), BRAID_COMM_HOOK_ALLREDUCE (4), BRAID_COMM_HOOK_POWERSGD (5)"));
   }
 }
 
@@ -47,6 +82,14 @@ void braid_comm_hook_options_init(braid_comm_hook_options_t* opts) {
   opts->struct_size = sizeof(*opts);
   opts->kind = BRAID_COMM_HOOK_NONE;
   opts->block = braid::sched::Int8Options{}.block;
+  const braid::sched::PowerSGDOptions p;
+  opts->matrix_approximation_rank = p.rank;
+  opts->start_powerSGD_iter = p.start_iter;
+  opts->use_error_feedback = p.use_error_feedback ? 1 : 0;
+  opts->warm_start = p.warm_start ? 1 : 0;
+  opts->min_compression_rate = p.min_compression_rate;
+  opts->orthogonalization_epsilon = p.orthogonalization_epsilon;
+  opts->random_seed = p.random_seed;
 }
 
 braid_status_t braid_reducer_set_comm_hook(braid_reducer_t* reducer,

@@ -30,9 +30,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "comm/dtype.h"
 #include "comm/group.h"
 #include "comm/work.h"
+#include "scheduler/bucket_plan.h"
 #include "scheduler/plan_check.h"
 
 namespace braid::sched {
@@ -45,6 +47,13 @@ enum class CommStage {
 };
 absl::string_view CommStageName(CommStage stage);  // "allreduce", "reduce_scatter", ...
 
+// A parameter of an all-reduce bucket, for hooks that work per parameter (PowerSGD).
+struct CommParam {
+  int index = 0;      // registration order number (BucketPlan::params())
+  size_t offset = 0;  // elements from the start of the bucket
+  size_t count = 0;
+};
+
 struct CommBucket {
   int index = 0;  // the bucket
   CommStage stage = CommStage::kAllReduce;
@@ -54,7 +63,15 @@ struct CommBucket {
   const void* send = nullptr;
   size_t count = 0;  // elements of this rank's result (NCCL's count / recvcount)
   DType dtype = DType::kF32;
-  CollectiveOptions options;  // its label names the bucket and the hook
+  CollectiveOptions options;      // its label names the bucket and the hook
+  std::vector<CommParam> params;  // kAllReduce: the bucket's parameters, in bucket order
+};
+
+// What SetCommHook hands a hook on every rank once the ranks agreed on it (CommHook::Attach).
+struct CommAttach {
+  Group* group = nullptr;  // the reducer's shard group (the all-reduce group in all-reduce mode)
+  const std::vector<ParamSpec>* params = nullptr;  // the reducer's, in registration order
+  absl::Duration timeout;
 };
 
 struct CommResult {
@@ -72,6 +89,9 @@ class CommHook {
   virtual std::vector<NamedOption> Options() const { return {}; }
   // Stages it replaces (the others run the default collective). Default: every stage.
   virtual bool Handles(CommStage stage) const { return true; }
+  // Collective (SetCommHook calls it on every rank after the agreement): a hook that needs a
+  // group of its own splits it here. An error fails SetCommHook (nothing is registered).
+  virtual absl::Status Attach(const CommAttach& at) { return absl::OkStatus(); }
   virtual absl::StatusOr<CommResult> Run(const CommBucket& bucket) = 0;
   // The reducer's buckets changed (a re-plan: indices, sizes and contents move): drop per-bucket
   // state that follows elements (error feedback). Called between backwards, no Run in flight.

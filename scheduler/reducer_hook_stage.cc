@@ -22,6 +22,11 @@ WorkPtr ReducerStages::RunHookLocked(int b, int stage, const ReductionRequest& r
   bucket.dtype = req.dtype;
   bucket.options = req.options;
   bucket.options.label = s.hook_label;
+  if (bucket.stage == CommStage::kAllReduce) {
+    for (int i : plan_.buckets()[b].params) {
+      bucket.params.push_back(CommParam{i, plan_.slot(i).offset, plan_.params()[i].count});
+    }
+  }
   rec.kind = bucket.stage;
   rec.recv = static_cast<char*>(req.recv);
   rec.count = req.count;
@@ -79,6 +84,9 @@ absl::Status GradientReducer::SetCommHook(std::shared_ptr<CommHook> hook) {
           config_.mode == ReduceMode::kAllReduce ? "allreduce" : "reduce_scatter",
           "); a replica-only hook needs a hybrid reducer"));
     }
+  }
+  if (hook != nullptr) {
+    RETURN_IF_ERROR(hook->Attach(CommAttach{groups_.shard, &plan_.params(), config_.timeout}));
   }
   stages_->SetCommHook(std::move(hook));
   return absl::OkStatus();

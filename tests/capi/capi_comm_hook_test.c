@@ -4,7 +4,10 @@
  * Rank r's gradients are (r + 1) * 2049: with BRAID_COMM_HOOK_FP16 each is rounded to f16
  * (2049 -> 2048, 4098 -> 4096: ties to even), halved and summed: 3072 exactly, where the
  * default path gives the true average 3073.5 (and does again once the hook is removed). Bad
- * options are named; ranks that register different hooks both fail, naming each rank's. */
+ * options are named; ranks that register different hooks both fail, naming each rank's.
+ * BRAID_COMM_HOOK_POWERSGD with every parameter one row (1 x count, rank 1, worth compressing
+ * at min_compression_rate 0.5): P normalizes to +-1, so P Q^T is the exact average, 3073.5,
+ * on the uncompressed first step and on the compressed ones after it (error feedback 0). */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdio.h>
@@ -87,6 +90,34 @@ static void* rank_main(void* arg) {
   EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "'bf16_compress' on rank 0, 'fp16_compress' on rank 1",
                braid_reducer_set_comm_hook(red, &h));
   step(red, rank, 3073.5f); /* nothing was registered */
+
+  {
+    const int64_t rows[P] = {1, 1, 1}, bad_rows[P] = {2, 1, 1};
+    braid_comm_hook_options_init(&h);
+    EXPECT_TRUE(h.matrix_approximation_rank == 1 && h.start_powerSGD_iter == 1000 &&
+                h.use_error_feedback == 1 && h.warm_start == 1 && h.min_compression_rate == 2.0 &&
+                h.orthogonalization_epsilon == 0.0 && h.random_seed == 0 && h.param_rows == NULL);
+    h.kind = BRAID_COMM_HOOK_POWERSGD;
+    h.param_rows = bad_rows;
+    h.num_param_rows = P;
+    EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "id 100", braid_reducer_set_comm_hook(red, &h));
+    h.num_param_rows = 2;
+    EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "rows has 2 entries for 3 parameters",
+                 braid_reducer_set_comm_hook(red, &h));
+    h.param_rows = rows;
+    h.num_param_rows = P;
+    h.matrix_approximation_rank = 0;
+    EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "matrix_approximation_rank 0",
+                 braid_reducer_set_comm_hook(red, &h));
+    h.matrix_approximation_rank = 1;
+    h.start_powerSGD_iter = 1;
+    h.min_compression_rate = 0.5;
+    EXPECT_OK(braid_reducer_set_comm_hook(red, &h));
+    step(red, rank, 3073.5f); /* uncompressed: 1024.5 + 2049 */
+    step(red, rank, 3073.5f); /* compressed */
+    step(red, rank, 3073.5f); /* with the (zero-sum) error feedback */
+    EXPECT_OK(braid_reducer_set_comm_hook(red, NULL));
+  }
   EXPECT_OK(braid_reducer_destroy(red));
   return NULL;
 }

@@ -136,8 +136,8 @@ class CommHookTest(unittest.TestCase):
                 with self.assertRaisesRegex(ValueError, "my_hook.*Accepted: torch's default"):
                     model.register_comm_hook(None, my_hook)
                 state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=1)
-                with self.assertRaisesRegex(ValueError, "powerSGD_hook is not a hook Braid"):
-                    model.register_comm_hook(state, powersgd.powerSGD_hook)
+                with self.assertRaisesRegex(ValueError, "batched_powerSGD_hook is not a hook"):
+                    model.register_comm_hook(state, powersgd.batched_powerSGD_hook)
                 with self.assertRaisesRegex(TypeError, "must be callable"):
                     model.register_comm_hook(None, 3)
                 with self.assertRaisesRegex(ValueError, "fp16_compress_hook.*model's own group"):

@@ -17,12 +17,15 @@ def register_comm_hook(ddp, state, hook):
     if resolved.replica_only and ddp._mode != "hybrid":
         raise ValueError("register_comm_hook(%r): replica_only needs mode='hybrid' (this model "
                          "is mode=%r)" % (resolved, ddp._mode))
-    dtypes = {"int8": (torch.float32,), "allreduce": None}.get(resolved.name,
-                                                              (torch.float32, torch.float64))
+    dtypes = {"int8": (torch.float32,), "powersgd": (torch.float32,),
+              "allreduce": None}.get(resolved.name, (torch.float32, torch.float64))
     for name, p, widened in zip(ddp._names, ddp._params, ddp._widened):
         if dtypes is not None and not widened and p.dtype not in dtypes:
             raise ValueError("register_comm_hook(%s): parameter %r is %s; this hook compresses "
                              "%s gradients only" % (resolved.name, name, p.dtype,
                                                     "/".join(str(d) for d in dtypes)))
-    ddp.reducer.set_comm_hook(resolved.name, resolved.replica_only, **resolved.params)
+    params = dict(resolved.params)
+    if resolved.name == "powersgd":  # torch's matrix view: shape[0] rows
+        params["param_rows"] = [p.shape[0] if p.dim() > 0 else 1 for p in ddp._params]
+    ddp.reducer.set_comm_hook(resolved.name, resolved.replica_only, **params)
     ddp._comm_hook = resolved

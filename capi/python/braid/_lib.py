@@ -116,11 +116,18 @@ class ReducerOptions(ctypes.Structure):
 
 class CommHookOptions(ctypes.Structure):  # 0.11: braid_comm_hook_options_t
     _fields_ = [("struct_size", ctypes.c_size_t), ("kind", ctypes.c_int),
-                ("replica_only", ctypes.c_int), ("block", ctypes.c_int)]
+                ("replica_only", ctypes.c_int), ("block", ctypes.c_int),
+                # POWERSGD: torch's PowerSGDState fields
+                ("matrix_approximation_rank", ctypes.c_int), ("start_powerSGD_iter", ctypes.c_int),
+                ("use_error_feedback", ctypes.c_int), ("warm_start", ctypes.c_int),
+                ("min_compression_rate", ctypes.c_double),
+                ("orthogonalization_epsilon", ctypes.c_double), ("random_seed", ctypes.c_uint64),
+                ("param_rows", ctypes.POINTER(ctypes.c_int64)), ("num_param_rows", ctypes.c_size_t)]
 
 
 # braid.h's BRAID_COMM_HOOK_* (0.11), by the name of the hook.
-COMM_HOOKS = {"none": 0, "bf16_compress": 1, "fp16_compress": 2, "int8": 3, "allreduce": 4}
+COMM_HOOKS = {"none": 0, "bf16_compress": 1, "fp16_compress": 2, "int8": 3, "allreduce": 4,
+              "powersgd": 5}
 
 
 class OptimizerOptions(ctypes.Structure):

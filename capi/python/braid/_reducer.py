@@ -130,10 +130,11 @@ class Reducer(_Handle):
         _lib.call("braid_reducer_mark_ready_grad", self.handle, pid, ctypes.c_void_p(ptr),
                   device_event)
 
-    def set_comm_hook(self, hook="none", replica_only=False, block=256):
+    def set_comm_hook(self, hook="none", replica_only=False, block=256, **powersgd):
         """A built-in communication hook (braid.h's braid_reducer_set_comm_hook, 0.11):
         "none" (the default collectives), "bf16_compress" or "fp16_compress" (torch's hooks of
-        those names), "int8" (blockwise scales of `block` elements, error feedback);
+        those names), "int8" (blockwise scales of `block` elements, error feedback), "powersgd"
+        (keywords: braid_comm_hook_options_t's PowerSGD fields, param_rows a list);
         replica_only: the hybrid replica all-reduce only. Collective: every rank, between
         backwards, with the same arguments."""
         if hook not in _lib.COMM_HOOKS:
@@ -142,6 +143,14 @@ class Reducer(_Handle):
         opts.kind = _lib.COMM_HOOKS[hook]
         opts.replica_only = 1 if replica_only else 0
         opts.block = int(block)
+        rows = powersgd.pop("param_rows", None)
+        for key, value in powersgd.items():
+            if key not in dict(_lib.CommHookOptions._fields_) or key == "struct_size":
+                raise TypeError("set_comm_hook: unknown keyword %r" % key)
+            setattr(opts, key, value)
+        if rows is not None:
+            array = (ctypes.c_int64 * len(rows))(*[int(r) for r in rows])
+            opts.param_rows, opts.num_param_rows = array, len(rows)
         _lib.call("braid_reducer_set_comm_hook", self.handle, ctypes.byref(opts))
 
     def finish_backward(self):

@@ -8,7 +8,9 @@ DDP's), run by Braid's reducer (braid.h's braid_reducer_set_comm_hook):
 torch's allreduce_hook, fp16_compress_hook and bf16_compress_hook are recognised and run as
 Braid's built-in hooks of the same arithmetic (round to the wire dtype, or keep the bucket's for
 allreduce_hook; divide by the group size there, sum in that dtype, widen back); their state must
-be None or the model's own group. Braid's own
+be None or the model's own group. torch's powerSGD_hook with its PowerSGDState runs as Braid's
+PowerSGD (braid.h's BRAID_COMM_HOOK_POWERSGD: the state's fields mapped; its first Q drawn from
+Braid's generator, not torch's RNG). Braid's own
 hooks add `replica_only` (hybrid mode: only the replica all-reduce, the stage that crosses
 hosts, is compressed). Any other callable is refused by name: Braid does not call Python
 during the reduction."""
@@ -43,6 +45,38 @@ def int8(block=256, replica_only=False):
     return CommHook("int8", replica_only, block=int(block))
 
 
+def powersgd(matrix_approximation_rank=1, start_powerSGD_iter=1000, min_compression_rate=2,
+             use_error_feedback=True, warm_start=True, orthogonalization_epsilon=0,
+             random_seed=0):
+    """torch's powerSGD_hook with a PowerSGDState of these fields (the same names and defaults),
+    as a Braid hook; the model's parameter shapes are passed at registration."""
+    return CommHook("powersgd", False, matrix_approximation_rank=int(matrix_approximation_rank),
+                    start_powerSGD_iter=int(start_powerSGD_iter),
+                    min_compression_rate=float(min_compression_rate),
+                    use_error_feedback=int(bool(use_error_feedback)),
+                    warm_start=int(bool(warm_start)),
+                    orthogonalization_epsilon=float(orthogonalization_epsilon),
+                    random_seed=int(random_seed))
+
+
+def _from_powersgd_state(state, own_groups):
+    """Braid's powersgd for torch's PowerSGDState (its rng gives the seed: one draw, the same on
+    every rank that built the state alike)."""
+    group = getattr(state, "process_group", None)
+    if group is not None and not any(group is g for g in own_groups):
+        raise ValueError("register_comm_hook(PowerSGDState, powerSGD_hook): Braid runs it over "
+                         "the model's own group; pass process_group=None or that group")
+    if state.error_dict or state.p_memory_dict or state.q_memory_dict:
+        raise ValueError("register_comm_hook(PowerSGDState, powerSGD_hook): the state has run "
+                         "already (its error and P/Q memories cannot be carried); pass a new "
+                         "PowerSGDState")
+    return powersgd(state.matrix_approximation_rank,
+                    max(0, state.start_powerSGD_iter - state.iter), state.min_compression_rate,
+                    state.use_error_feedback, state.warm_start, state.orthogonalization_epsilon,
+                    random_seed=int(state.rng.randint(1 << 31)))
+
+
+_POWERSGD = ("torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook", "powerSGD_hook")
 # torch's hooks Braid runs itself, by their module and name.
 _TORCH = {("torch.distributed.algorithms.ddp_comm_hooks.default_hooks", "allreduce_hook"):
           "allreduce",
@@ -51,8 +85,8 @@ _TORCH = {("torch.distributed.algorithms.ddp_comm_hooks.default_hooks", "allredu
           ("torch.distributed.algorithms.ddp_comm_hooks.default_hooks", "bf16_compress_hook"):
           "bf16_compress"}
 ACCEPTED = ("torch's default_hooks.allreduce_hook, fp16_compress_hook and bf16_compress_hook "
-            "(state None or "
-            "the model's group), and braid.comm_hooks.fp16_compress() / bf16_compress() / int8()")
+            "(state None or the model's group), powerSGD_hook.powerSGD_hook (a PowerSGDState), "
+            "and braid.comm_hooks.fp16_compress() / bf16_compress() / int8() / powersgd()")
 
 
 def _hook_name(hook):
@@ -72,6 +106,8 @@ def resolve(hook, state, own_groups):
     if not callable(hook):
         raise TypeError("Communication hook must be callable.")  # torch's message
     key = (getattr(hook, "__module__", None), getattr(hook, "__qualname__", None))
+    if key == _POWERSGD:
+        return _from_powersgd_state(state, own_groups)
     if key in _TORCH:
         if state is not None and not any(state is g for g in own_groups):
             raise ValueError(

@@ -1,0 +1,336 @@
+#include "scheduler/hooks/powersgd.h"
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "comm/status_macros.h"
+#include "scheduler/hooks/low_rank.h"
+
+namespace braid::sched {
+namespace {
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// A compressed parameter: an n x k matrix at `offset`, its factors at p / q in the P and Q
+// buffers (torch's layout: matrices grouped by shape, first appearance first).
+struct Matrix {
+  size_t offset = 0, n = 0, k = 0;
+  int r = 0;
+  size_t p = 0, q = 0;
+};
+
+// One bucket's plan and state, kept across steps.
+struct BucketState {
+  size_t count = 0;
+  std::vector<Matrix> mats;
+  std::vector<std::pair<size_t, size_t>> plain;  // uncompressed (offset, count), bucket order
+  size_t plain_count = 0, p_count = 0, q_count = 0;
+  int iter = 0;   // steps run (torch's state.iter, per bucket)
+  int inits = 0;  // random Q fills so far
+  bool have_q = false;
+  std::vector<float> error;  // error feedback (empty until the first compressed step)
+  std::vector<float> input;  // send + error
+  std::vector<float> first;  // [uncompressed | P], all-reduced in place
+  std::vector<float> q;      // Q, all-reduced in place on the hook's group
+  std::vector<float> out;    // the result
+  std::string label;         // the bucket's label (the Q all-reduce's options point here)
+  absl::Duration timeout;    // the bucket's collective deadline
+  WorkPtr first_work, q_work, done;
+  int group_size = 1;
+};
+
+// Buckets whose Q all-reduce waits to be issued, in Run order (= bucket order on every rank).
+struct Cursor {
+  struct Entry {
+    std::shared_ptr<BucketState> s;
+    bool ready = false;
+    absl::Status status;  // the first all-reduce's
+  };
+  std::mutex mu;
+  std::deque<std::shared_ptr<Entry>> queue;
+  bool draining = false;
+  Group* group = nullptr;  // the hook's own group (owned by the hook)
+  float epsilon = 0.0f;
+  bool warm_start = true, error_feedback = true;
+};
+
+void Finish(BucketState& s, const Cursor& c) {  // after the Q all-reduce: P Q^T, the error
+  const float d = static_cast<float>(s.group_size);
+  for (float& v : s.q) v = v / d;
+  for (const Matrix& m : s.mats) {
+    LowRankProduct(s.first.data() + s.plain_count + m.p, s.q.data() + m.q, s.out.data() + m.offset,
+                   m.n, m.k, m.r);
+  }
+  if (c.error_feedback) {
+    for (size_t i = 0; i < s.count; ++i) s.error[i] = s.input[i] - s.out[i];
+  }
+  if (!c.warm_start) s.have_q = false;
+}
+
+// Issues the Q all-reduces of the ready entries at the head of the queue, in order; one
+// drainer at a time, so the hook's group sees them in Run order.
+void Drain(const std::shared_ptr<Cursor>& c) {
+  std::unique_lock<std::mutex> lock(c->mu);
+  if (c->draining) return;
+  c->draining = true;
+  while (!c->queue.empty() && c->queue.front()->ready) {
+    std::shared_ptr<Cursor::Entry> e = std::move(c->queue.front());
+    c->queue.pop_front();
+    lock.unlock();
+    std::shared_ptr<BucketState> s = e->s;
+    absl::Status st = e->status;
+    if (st.ok()) {
+      CollectiveOptions opts;
+      opts.label = s->label;
+      opts.timeout = s->timeout;
+      absl::StatusOr<WorkPtr> w = c->group->AllReduce(s->q.data(), s->q.data(), s->q_count,
+                                                      DType::kF32, ReduceOp::Sum(), opts);
+      if (w.ok()) {
+        s->q_work = *w;
+        std::weak_ptr<Cursor> weak = c;
+        s->q_work->OnComplete([s, weak](const absl::Status& qs) {
+          std::shared_ptr<Cursor> cur = weak.lock();
+          if (qs.ok() && cur != nullptr) Finish(*s, *cur);
+          s->done->Complete(cur == nullptr ? absl::CancelledError("hook released") : qs);
+        });
+      } else {
+        st = w.status();
+      }
+    }
+    if (!st.ok()) s->done->Complete(st);
+    lock.lock();
+  }
+  c->draining = false;
+}
+
+class PowerSGDHook : public CommHook {
+ public:
+  explicit PowerSGDHook(const PowerSGDOptions& o)
+      : opts_(o), name_("powersgd"), cursor_(std::make_shared<Cursor>()) {
+    cursor_->epsilon = o.orthogonalization_epsilon;
+    cursor_->warm_start = o.warm_start;
+    cursor_->error_feedback = o.use_error_feedback;
+  }
+
+  const std::string& name() const override { return name_; }
+  std::vector<NamedOption> Options() const override {
+    uint64_t rows = 0x5eed;
+    for (int64_t v : opts_.rows) rows = SplitMix64(rows ^ static_cast<uint64_t>(v));
+    int64_t eps_bits = 0, rate_bits = 0;
+    static_assert(sizeof(double) == sizeof(int64_t));
+    std::memcpy(&rate_bits, &opts_.min_compression_rate, sizeof(double));
+    std::memcpy(&eps_bits, &opts_.orthogonalization_epsilon, sizeof(float));
+    return {{"matrix_approximation_rank", opts_.rank},
+            {"start_powerSGD_iter", opts_.start_iter},
+            {"min_compression_rate (bits)", rate_bits},
+            {"use_error_feedback", opts_.use_error_feedback ? 1 : 0},
+            {"warm_start", opts_.warm_start ? 1 : 0},
+            {"orthogonalization_epsilon (bits)", eps_bits},
+            {"random_seed", static_cast<int64_t>(opts_.random_seed)},
+            {"parameter rows (hash)", static_cast<int64_t>(rows)}};
+  }
+  bool Handles(CommStage stage) const override { return stage == CommStage::kAllReduce; }
+  void OnReplan() override { states_.clear(); }
+
+  absl::Status Attach(const CommAttach& at) override {
+    const std::vector<ParamSpec>& params = *at.params;
+    if (!opts_.rows.empty() && opts_.rows.size() != params.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("powersgd: rows has ", opts_.rows.size(),
+                                                     " entries for ", params.size(),
+                                                     " parameters (one per parameter)"));
+    }
+    for (size_t i = 0; i < opts_.rows.size(); ++i) {
+      const int64_t n = opts_.rows[i];
+      if (n < 1 || (params[i].count > 0 && params[i].count % static_cast<size_t>(n) != 0)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("powersgd: parameter ", params[i].Label(), " has ", params[i].count,
+                         " elements, not a whole number of rows of ", n, " (rows[", i, "])"));
+      }
+    }
+    ASSIGN_OR_RETURN(q_group_, at.group->Split(0, at.group->rank(),
+                                               absl::StrCat(at.group->name(), ".powersgd")));
+    cursor_->group = q_group_.get();
+    states_.clear();
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<CommResult> Run(const CommBucket& b) override {
+    if (b.dtype != DType::kF32) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the bucket is ", DTypeName(b.dtype), "; powersgd compresses f32 only"));
+    }
+    if (q_group_ == nullptr) return absl::FailedPreconditionError("not attached to a reducer");
+    std::shared_ptr<BucketState>& slot = states_[b.index];
+    if (slot == nullptr || slot->count != b.count) slot = Plan(b);
+    std::shared_ptr<BucketState> s = slot;
+    s->group_size = b.group->size();
+    s->label = std::string(b.options.label);
+    s->timeout = b.options.timeout;
+    const float* send = static_cast<const float*>(b.send);
+    const float d = static_cast<float>(s->group_size);
+    s->out.resize(s->count);
+    if (s->iter++ < opts_.start_iter) {  // torch's allreduce_hook: divide, then sum
+      for (size_t i = 0; i < s->count; ++i) s->out[i] = send[i] / d;
+      ASSIGN_OR_RETURN(WorkPtr w, b.group->AllReduce(s->out.data(), s->out.data(), s->count,
+                                                     DType::kF32, ReduceOp::Sum(), b.options));
+      return CommResult{w, s->out.data(), DType::kF32, s->count};
+    }
+    Compress(*s, send, b.index);
+    s->done = Work::Create(WorkInfo{q_group_->name(), "powersgd", 0, s->label});
+    auto entry = std::make_shared<Cursor::Entry>();
+    entry->s = s;
+    {
+      std::lock_guard<std::mutex> lock(cursor_->mu);
+      cursor_->queue.push_back(entry);
+    }
+    absl::StatusOr<WorkPtr> w = b.group->AllReduce(
+        s->first.data(), s->first.data(), s->first.size(), DType::kF32, ReduceOp::Sum(), b.options);
+    std::shared_ptr<Cursor> c = cursor_;
+    if (!w.ok()) {
+      entry->status = w.status();
+      entry->ready = true;  // the cursor moves past it (the peers' Q all-reduce then fails)
+      Drain(c);
+      return w.status();
+    }
+    s->first_work = *w;
+    s->first_work->OnComplete([c, entry](const absl::Status& st) {
+      if (st.ok()) Between(*entry->s, *c);
+      {
+        std::lock_guard<std::mutex> lock(c->mu);
+        entry->status = st;
+        entry->ready = true;
+      }
+      Drain(c);
+    });
+    return CommResult{s->done, s->out.data(), DType::kF32, s->count};
+  }
+
+ private:
+  // The bucket's layout: which parameters are compressed, where their factors go.
+  std::shared_ptr<BucketState> Plan(const CommBucket& b) const {
+    auto s = std::make_shared<BucketState>();
+    s->count = b.count;
+    if (b.params.empty()) {  // no layout: the whole bucket as it is
+      s->plain.emplace_back(0, b.count);
+      s->plain_count = b.count;
+    }
+    std::vector<std::pair<std::pair<size_t, size_t>, std::vector<Matrix>>> by_shape;
+    for (const CommParam& p : b.params) {
+      const size_t n = opts_.rows.empty() ? p.count : static_cast<size_t>(opts_.rows[p.index]);
+      const size_t k = n == 0 ? 0 : p.count / n;
+      const int r = static_cast<int>(std::min<size_t>({n, k, static_cast<size_t>(opts_.rank)}));
+      const bool compress =
+          p.count > 0 && static_cast<double>((n + k) * r) * opts_.min_compression_rate <
+                             static_cast<double>(n * k);
+      if (!compress) {
+        s->plain.emplace_back(p.offset, p.count);
+        s->plain_count += p.count;
+        continue;
+      }
+      Matrix m{p.offset, n, k, r, 0, 0};
+      auto it = std::find_if(by_shape.begin(), by_shape.end(),
+                             [&](const auto& e) { return e.first == std::make_pair(n, k); });
+      if (it == by_shape.end()) it = by_shape.insert(by_shape.end(), {{n, k}, {}});
+      it->second.push_back(m);
+    }
+    for (auto& [shape, mats] : by_shape) {
+      for (Matrix& m : mats) {
+        m.p = s->p_count;
+        m.q = s->q_count;
+        s->p_count += m.n * m.r;
+        s->q_count += m.k * m.r;
+        s->mats.push_back(m);
+      }
+    }
+    s->first.resize(s->plain_count + s->p_count);
+    s->q.resize(s->q_count);
+    return s;
+  }
+
+  // Before the first all-reduce: input = send + error; [uncompressed | P = M orth(Q)].
+  void Compress(BucketState& s, const float* send, int bucket) {
+    s.input.assign(send, send + s.count);
+    if (opts_.use_error_feedback) {
+      if (s.error.size() == s.count) {
+        for (size_t i = 0; i < s.count; ++i) s.input[i] += s.error[i];
+      } else {
+        s.error.assign(s.count, 0.0f);
+      }
+    }
+    size_t at = 0;
+    for (const auto& [offset, count] : s.plain) {
+      std::copy(s.input.begin() + offset, s.input.begin() + offset + count, s.first.begin() + at);
+      at += count;
+    }
+    const bool fill = !opts_.warm_start || !s.have_q;
+    const int init = fill ? s.inits++ : 0;
+    for (const Matrix& m : s.mats) {
+      float* q = s.q.data() + m.q;
+      if (fill) {
+        for (size_t i = 0; i < m.k * m.r; ++i) {
+          q[i] = PowerSGDInitValue(opts_.random_seed, bucket, init, m.q + i);
+        }
+      }
+      OrthogonalizeColumns(q, m.k, m.r, opts_.orthogonalization_epsilon);
+      MatMul(s.input.data() + m.offset, q, s.first.data() + s.plain_count + m.p, m.n, m.k, m.r);
+    }
+    s.have_q = true;
+    std::fill(s.out.begin(), s.out.end(), 0.0f);  // padding between parameters stays 0
+  }
+
+  // After the first all-reduce: the uncompressed average; orth(P); Q = M^T P.
+  static void Between(BucketState& s, const Cursor& c) {
+    const float d = static_cast<float>(s.group_size);
+    size_t at = 0;
+    for (const auto& [offset, count] : s.plain) {
+      for (size_t i = 0; i < count; ++i) s.out[offset + i] = s.first[at + i] / d;
+      at += count;
+    }
+    for (const Matrix& m : s.mats) {
+      float* p = s.first.data() + s.plain_count + m.p;
+      OrthogonalizeColumns(p, m.n, m.r, c.epsilon);
+      MatTMul(s.input.data() + m.offset, p, s.q.data() + m.q, m.n, m.k, m.r);
+    }
+  }
+
+  const PowerSGDOptions opts_;
+  const std::string name_;
+  std::shared_ptr<Cursor> cursor_;
+  std::unique_ptr<Group> q_group_;
+  std::map<int, std::shared_ptr<BucketState>> states_;  // per bucket
+};
+
+}  // namespace
+
+float PowerSGDInitValue(uint64_t seed, int bucket, int init, uint64_t k) {
+  const uint64_t key =
+      SplitMix64(seed ^ SplitMix64((static_cast<uint64_t>(static_cast<uint32_t>(bucket)) << 32) |
+                                   static_cast<uint32_t>(init)));
+  const uint64_t x = SplitMix64(key + k * 0x9E3779B97F4A7C15ull);
+  const float u = static_cast<float>(x >> 40) * (1.0f / 16777216.0f);  // [0, 1), 24 bits
+  return 2.0f * u - 1.0f;
+}
+
+absl::StatusOr<std::shared_ptr<CommHook>> MakePowerSGDHook(const PowerSGDOptions& o) {
+  if (o.rank < 1 || o.start_iter < 0 || !(o.min_compression_rate > 0) ||
+      !(o.orthogonalization_epsilon >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "powersgd comm hook: matrix_approximation_rank ", o.rank, " (>= 1), start_powerSGD_iter ",
+        o.start_iter, " (>= 0), min_compression_rate ", o.min_compression_rate,
+        " (> 0), orthogonalization_epsilon ", o.orthogonalization_epsilon, " (>= 0)"));
+  }
+  return std::make_shared<PowerSGDHook>(o);
+}
+
+}  // namespace braid::sched
