@@ -143,7 +143,9 @@ def row_torch_fsdp2(device, data, offload):
     shard_blocks(net, fully_shard, **kw)
     opt = torch.optim.AdamW(net.parameters(), lr=LR, weight_decay=WD)
     losses, times = train(net, opt, data, device)
-    params = [p.full_tensor().detach().cpu() for p in net.parameters()]
+    # One rank: the local shard is the whole parameter (full_tensor() would all-gather, which
+    # NCCL cannot do for the offloaded host shards).
+    params = [p.to_local().detach().cpu().reshape(p.shape) for p in net.parameters()]
     return Row("torch_fsdp2_off" if offload else "torch_fsdp2", losses, params, times,
                torch_peak(device))
 
