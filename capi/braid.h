@@ -516,7 +516,7 @@ typedef struct braid_reducer_options {
 #define BRAID_UNUSED_NONE 0      /* braid_reducer_options_t.agree_unused */
 #define BRAID_UNUSED_AT_FINISH 1 /* agreed after the backward's buckets */
 #define BRAID_UNUSED_DECLARED 2  /* agreed first, from braid_reducer_declare_unused */
-#define BRAID_MARKS_COUNTED 0 /* braid_reducer_options_t.param_marks: counted, not declared */
+#define BRAID_MARKS_COUNTED 0    /* braid_reducer_options_t.param_marks: counted, not declared */
 
 BRAID_API void braid_reducer_options_init(braid_reducer_options_t* opts);
 
