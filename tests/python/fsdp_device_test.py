@@ -4,7 +4,7 @@ is CPU-only, so the streams and events themselves run in the GPU bundle
   - the protocol the engine follows on a device, with a recorder in place of the device side:
     every call that may launch or release a gather (unit_enter, unit_exit, summon_params) is
     preceded by order_gathers(), every gradient goes through mark_grad, local pieces' reads are
-    followed by reads_done(); the recorder hands gradients over as the host path does, and the
+    followed by reads_done(), closing drains torch's stream (settle) before Braid frees; the recorder hands gradients over as the host path does, and the
     training is bit for bit the host run's (the hooks change nothing but the order);
   - placement (a CUDA module needs an nccl world, a CPU one a host world; named) and the
     offload policy's checks (one setting per model; CPUOffloadPolicy a no-op on the host, bit
@@ -44,6 +44,9 @@ class Recorder:
 
     def check_local(self):
         self.log.append("check_local")
+
+    def settle(self):
+        self.log.append("settle")
 
 
 def _record_optimizer(engine, log):
@@ -102,6 +105,10 @@ class ProtocolTest(unittest.TestCase):
                 self.assertEqual(log[i - 1], "order", (i, log[max(0, i - 3):i + 1]))
             n_params = len(list(Net().parameters()))
             self.assertEqual(log.count("grad"), n_params * STEPS)
+            # Closing drains torch's stream before Braid frees what it read: after the last
+            # gather (the full values handed back) and before the reducer goes.
+            self.assertEqual(log[-1], "settle")
+            self.assertIn("settle", log[gathers[-1]:-1])
         return log
 
     def test_sharded_optimizer_path(self):

@@ -23,6 +23,8 @@ Contract (torch's stream semantics, docs/design/pytorch.md "Fully sharded on CUD
     record_stream()ed on that stream (braid_reducer_grad_stream), so torch does not hand its
     memory to another tensor before the copy ran. Reads of Braid's reduced shards by torch
     (local pieces' p.grad) are ordered before Braid's next writes by reads_done().
+  - Closing (the optimizer's close(), the engine's, dropping local pieces) frees Braid's memory
+    right away: settle() drains torch's current stream first, so copies of it are complete.
   - offload (CPUOffloadPolicy): the sharded optimizer keeps master weights and moments in host
     memory and steps them with the CPU kernel as each bucket's reduction completes (the
     optimizer's offload); only ShardedAdamW / ShardedSGD do, so a backward over local pieces
@@ -72,6 +74,9 @@ class HostUnits:
     def check_local(self):
         pass  # offload on the host is a no-op (everything is in host memory)
 
+    def settle(self):
+        pass
+
 
 class DeviceUnits:
     """The engine's CUDA state (see the module docstring)."""
@@ -106,6 +111,12 @@ class DeviceUnits:
     def reads_done(self):
         """Braid's stream waits for torch's reads of the reduced shards queued so far."""
         self.grad_stream.wait_stream(torch.cuda.current_stream(self.device))
+
+    def settle(self):
+        """Before Braid frees memory torch may still read (closing): torch's current stream
+        and the gather stream drained (teardown only, never on the hot path)."""
+        torch.cuda.current_stream(self.device).synchronize()
+        self.gather_stream.synchronize()
 
     def check_local(self):
         """A backward over local pieces (no sharded optimizer) with offload: refused."""

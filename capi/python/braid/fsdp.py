@@ -316,6 +316,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         for p in self._params:
             _TENSOR_GRAD.__set__(p, None)  # pieces' gradients: not the full shape
         self._detach(values)
+        self._cuda.settle()  # the clones read Braid's memory, which close() frees
         local.close()
 
     def _state_dict_guard(self, module, *unused):
@@ -558,6 +559,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         finally:
             self._cuda.order_gathers()  # the copies, before the buffers go back
             self._opt.summon_params(False)
+        self._cuda.settle()  # the optimizer's close() frees what the copies read
         return values
 
     def memory_stats(self):
@@ -610,6 +612,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
             h.remove()
         self._hooks, self._grad_accs = [], []
         _owners.release(self, self.module)
+        self._cuda.settle()
         self.reducer.close()
 
 
