@@ -667,6 +667,13 @@ BRAID_API braid_status_t braid_reducer_shard(braid_reducer_t* reducer, int bucke
  * id; FAILED_PRECONDITION on an all-reduce reducer. */
 BRAID_API braid_status_t braid_reducer_grad_shard(braid_reducer_t* reducer, int64_t id, void** data,
                                                   size_t* count, size_t* offset);
+/* Since 0.11 (additive): *stream = the cudaStream_t on which a device reducer reads the
+ * gradients given to braid_reducer_mark_ready_grad (the shard group's comm stream), so a
+ * framework whose allocator reuses memory in stream order can mark them used there (PyTorch:
+ * grad.record_stream(torch.cuda.ExternalStream(stream)) after the call) and free them at once,
+ * instead of keeping them until finish_backward. Braid owns it; valid while the reducer lives.
+ * NULL on host reducers (nothing to order: the copy is done when mark_ready_grad returns). */
+BRAID_API braid_status_t braid_reducer_grad_stream(braid_reducer_t* reducer, void** stream);
 /* FAILED_PRECONDITION while an optimizer built on it is alive. */
 BRAID_API braid_status_t braid_reducer_destroy(braid_reducer_t* reducer);
 

@@ -339,6 +339,16 @@ braid_status_t braid_reducer_grad_shard(braid_reducer_t* reducer, int64_t id, vo
   });
 }
 
+braid_status_t braid_reducer_grad_stream(braid_reducer_t* reducer, void** stream) {
+  return Guard("braid_reducer_grad_stream", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
+    RETURN_IF_ERROR(CheckNotNull(stream, "stream"));
+    // MarkReady(id, ready, grad) reads the gradient on the shard group's BufferOps stream.
+    *stream = r->stack->reducer().groups().shard->buffer_ops().stream().handle;
+    return absl::OkStatus();
+  });
+}
+
 braid_status_t braid_reducer_destroy(braid_reducer_t* reducer) {
   return Guard("braid_reducer_destroy",
                [&] { return braid::capi::Destroy(reducer, Tag::kReducer, "reducer"); });

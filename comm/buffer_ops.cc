@@ -81,6 +81,10 @@ class HostOps final : public BufferOps {
 
 }  // namespace
 
+absl::StatusOr<OwnedBuffer> BufferOps::AllocateHost(size_t bytes, absl::string_view what) {
+  return HostBufferOps().Allocate(bytes, what);
+}
+
 BufferOps& HostBufferOps() {
   static HostOps* const ops = new HostOps();  // stateless
   return *ops;

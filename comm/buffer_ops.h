@@ -69,6 +69,10 @@ class BufferOps {
   virtual bool synchronous() const = 0;
   // At least `bytes` (64-byte aligned), contents unspecified; `what` names it in errors.
   virtual absl::StatusOr<OwnedBuffer> Allocate(size_t bytes, absl::string_view what) = 0;
+  // Host memory for staging copies to and from this object's memory (at least `bytes`, 64-byte
+  // multiples): page-locked on device implementations (cudaMallocHost), so Copy through it is a
+  // DMA the stream queues rather than a synchronous staged copy; plain host memory by default.
+  virtual absl::StatusOr<OwnedBuffer> AllocateHost(size_t bytes, absl::string_view what);
   virtual absl::Status Zero(void* dst, size_t bytes) = 0;
   // Non-overlapping; either side may be host memory on device implementations.
   virtual absl::Status Copy(void* dst, const void* src, size_t bytes) = 0;

@@ -23,11 +23,21 @@ absl::StatusOr<FloatBuffer> ZeroedFloats(sched::MemoryStats* memory, BufferOps& 
   return f;
 }
 
+// An offload staging buffer: host memory from the device ops (pinned on a GPU), counted as host
+// kStaging.
+absl::StatusOr<OwnedBuffer> PinnedStaging(const OptimizerConfig& config, BufferOps& ops,
+                                          size_t bytes, const std::string& what) {
+  ASSIGN_OR_RETURN(OwnedBuffer b, ops.AllocateHost(bytes, what));
+  if (config.memory == nullptr) return b;
+  return config.memory->Adopt(std::move(b), /*device=*/false, sched::MemoryUse::kStaging);
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<OptimizerShard>> AllocateShards(const sched::BucketPlan& plan, int rank,
                                                            const OptimizerConfig& config,
-                                                           BufferOps& state_mem, bool offload) {
+                                                           BufferOps& state_mem,
+                                                           BufferOps* staging) {
   const size_t r = static_cast<size_t>(rank);
   std::vector<OptimizerShard> shards;
   shards.reserve(plan.buckets().size());
@@ -44,16 +54,14 @@ absl::StatusOr<std::vector<OptimizerShard>> AllocateShards(const sched::BucketPl
       ASSIGN_OR_RETURN(s.v, ZeroedFloats(config.memory, state_mem, s.n,
                                          absl::StrCat("optimizer state of ", s.label)));
     }
-    if (offload) {
+    if (staging != nullptr) {
       const size_t bytes = std::max<size_t>(1, s.n * DTypeSize(bk.dtype));
-      ASSIGN_OR_RETURN(
-          s.grad_host,
-          sched::CountedAllocate(config.memory, HostBufferOps(), bytes, sched::MemoryUse::kStaging,
-                                 absl::StrCat("offload gradient staging of ", s.label)));
-      ASSIGN_OR_RETURN(
-          s.param_host,
-          sched::CountedAllocate(config.memory, HostBufferOps(), bytes, sched::MemoryUse::kStaging,
-                                 absl::StrCat("offload parameter staging of ", s.label)));
+      ASSIGN_OR_RETURN(s.grad_host,
+                       PinnedStaging(config, *staging, bytes,
+                                     absl::StrCat("offload gradient staging of ", s.label)));
+      ASSIGN_OR_RETURN(s.param_host,
+                       PinnedStaging(config, *staging, bytes,
+                                     absl::StrCat("offload parameter staging of ", s.label)));
     }
     const size_t start = r * bk.shard_count, end = start + bk.shard_count;
     s.skips.SetParams(bk.params.size());

@@ -4,7 +4,7 @@
 // offload_step.h) and the state's movers (optimizer_checkpoint.h) work on these.
 //
 //   ASSIGN_OR_RETURN(std::vector<OptimizerShard> shards,
-//                    AllocateShards(reducer.plan(), shard_group.rank(), config, ops, offload));
+//                    AllocateShards(reducer.plan(), shard_group.rank(), config, ops, nullptr));
 //   ++shards[b].steps;
 //   HostStep(pool, shards[b], ShardStepArgs{kind, &hyper, dtype, grad, out, 1.0});
 //
@@ -66,10 +66,12 @@ struct ShardStepArgs {
 };
 
 // Every bucket's shard of this rank (`rank` in the shard group), its state zeroed, in `state_mem`
-// (offload: host memory, plus the two staging buffers per bucket), counted in config.memory.
+// (offload: host memory), counted in config.memory. `staging` (offload: the device group's ops;
+// else null): the two host staging buffers per bucket come from its AllocateHost (pinned).
 absl::StatusOr<std::vector<OptimizerShard>> AllocateShards(const sched::BucketPlan& plan, int rank,
                                                            const OptimizerConfig& config,
-                                                           BufferOps& state_mem, bool offload);
+                                                           BufferOps& state_mem,
+                                                           BufferOps* staging);
 
 }  // namespace braid::optim
 

@@ -45,7 +45,8 @@ absl::Status ShardedOptimizer::Init() {
   const bool global = config_.max_grad_norm > 0 || config_.skip_nonfinite;
   tracked_norm_ = !global && config_.track_grad_norm;
   BufferOps& state_mem = offload_ ? HostBufferOps() : shard.buffer_ops();  // the f32 state's
-  ASSIGN_OR_RETURN(shards_, AllocateShards(plan, shard.rank(), config_, state_mem, offload_));
+  ASSIGN_OR_RETURN(shards_, AllocateShards(plan, shard.rank(), config_, state_mem,
+                                           offload_ ? &shard.buffer_ops() : nullptr));
   rounds_ = std::vector<BucketRound>(shards_.size());
   ASSIGN_OR_RETURN(agreement_,
                    NormAgreement::Create(shard, on_device_, global, shards_, config_.memory));

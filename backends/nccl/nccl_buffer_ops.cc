@@ -34,6 +34,19 @@ absl::StatusOr<OwnedBuffer> NcclBufferOps::Allocate(size_t bytes, absl::string_v
   });
 }
 
+absl::StatusOr<OwnedBuffer> NcclBufferOps::AllocateHost(size_t bytes, absl::string_view what) {
+  RETURN_IF_ERROR(SetDevice());
+  std::shared_ptr<CudaApi> cuda = c_.apis.cuda;
+  const size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+  void* p = nullptr;
+  RETURN_IF_ERROR(CudaStatus(*cuda, cuda->MallocHost(&p, rounded),
+                             absl::StrCat("cudaMallocHost of ", rounded, " bytes for ", what)));
+  return OwnedBuffer(p, rounded, [cuda](void* q) {
+    const cudaError_t rc = cuda->FreeHost(q);
+    if (rc != cudaSuccess) Log().error("cudaFreeHost: {}", cuda->ErrorString(rc));
+  });
+}
+
 absl::Status NcclBufferOps::Zero(void* dst, size_t bytes) {
   if (bytes == 0) return absl::OkStatus();
   RETURN_IF_ERROR(SetDevice());

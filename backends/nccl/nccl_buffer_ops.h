@@ -48,6 +48,8 @@ class NcclBufferOps final : public BufferOps {
 
   bool synchronous() const override { return false; }
   absl::StatusOr<OwnedBuffer> Allocate(size_t bytes, absl::string_view what) override;
+  // Pinned: cudaMallocHost (64-byte multiples, as host allocations).
+  absl::StatusOr<OwnedBuffer> AllocateHost(size_t bytes, absl::string_view what) override;
   absl::Status Zero(void* dst, size_t bytes) override;
   absl::Status Copy(void* dst, const void* src, size_t bytes) override;
   absl::Status CastScale(const void* src, DType src_type, void* dst, DType dst_type, size_t n,

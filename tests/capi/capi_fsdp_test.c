@@ -208,6 +208,12 @@ static void* rank_main(void* arg) {
   EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "unit",
                braid_reducer_unit_buckets(red, -1, NULL, 0, &count));
   {
+    void* stream = &stream; /* a host reducer reads mark_ready_grad's gradient in the call */
+    EXPECT_OK(braid_reducer_grad_stream(red, &stream));
+    EXPECT_TRUE(stream == NULL);
+    EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "stream", braid_reducer_grad_stream(red, NULL));
+  }
+  {
     float* view = NULL;
     size_t c = 0;
     EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "", braid_reducer_grad(red, 0, (void**)&view, &c));

@@ -98,6 +98,11 @@ static void test_reducer_on_device(braid_group_t* g) {
   ro.timeout_ms = 60000;
   EXPECT_OK(braid_reducer_create(g, NULL, params, 2, &ro, &r));
   if (r == NULL) return;
+  {
+    void* stream = NULL; /* the comm stream mark_ready_grad reads on: a real one on a device */
+    EXPECT_OK(braid_reducer_grad_stream(r, &stream));
+    EXPECT_TRUE(stream != NULL);
+  }
   CUDA_OK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
   EXPECT_OK(braid_reducer_begin_backward(r, BRAID_SYNC));
   for (p = 0; p < 2; ++p) {

@@ -169,6 +169,10 @@ cudaError_t FakeCudaApi::Malloc(void** ptr, size_t bytes) {
 
 cudaError_t FakeCudaApi::Free(void* ptr) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (pinned_.count(ptr) != 0) {
+    ErrorLocked("Free of pinned host memory (cudaFreeHost frees it)");
+    return cudaErrorInvalidValue;
+  }
   if (buffers_.erase(ptr) == 0) {
     ErrorLocked("Free of an unknown pointer");
     return cudaErrorInvalidValue;
@@ -176,8 +180,29 @@ cudaError_t FakeCudaApi::Free(void* ptr) {
   return cudaSuccess;
 }
 
-cudaError_t FakeCudaApi::MallocHost(void** ptr, size_t bytes) { return Malloc(ptr, bytes); }
-cudaError_t FakeCudaApi::FreeHost(void* ptr) { return Free(ptr); }
+// Pinned host memory: one of the buffers (live_buffers counts it), freed by FreeHost only.
+cudaError_t FakeCudaApi::MallocHost(void** ptr, size_t bytes) {
+  const cudaError_t rc = Malloc(ptr, bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (rc == cudaSuccess) pinned_.insert(*ptr);
+  return rc;
+}
+
+cudaError_t FakeCudaApi::FreeHost(void* ptr) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pinned_.erase(ptr) == 0) {
+      ErrorLocked("FreeHost of a pointer MallocHost did not return");
+      return cudaErrorInvalidValue;
+    }
+  }
+  return Free(ptr);
+}
+
+int FakeCudaApi::live_pinned_host() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(pinned_.size());
+}
 
 cudaError_t FakeCudaApi::MemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                                      cudaStream_t stream) {

@@ -79,6 +79,7 @@ class FakeCudaApi : public CudaApi {
   int live_streams() const;
   int live_events() const;
   int live_buffers() const;
+  int live_pinned_host() const;  // MallocHost'd, not yet FreeHost'd (also in live_buffers)
   int stream_wait_calls() const;
   std::vector<std::string> errors() const;  // misuse seen (unknown handles, double frees)
   // Every call, in order: "StreamWaitEvent(s1,e3)", "EventRecord(e4,s1)", ...
@@ -105,6 +106,7 @@ class FakeCudaApi : public CudaApi {
   std::map<Event*, std::unique_ptr<Event>> events_;
   Stream legacy_;
   std::map<void*, std::unique_ptr<char[]>> buffers_;
+  std::set<void*> pinned_;  // the MallocHost'd among buffers_
   int next_id_ = 1;
   cudaError_t count_rc_ = cudaSuccess;
   int count_ = 1;

@@ -7,7 +7,7 @@
 //    overlap on and off;
 //  - the accounting for both kinds and every mesh: no optimizer state on the device; host
 //    kOptimizerState == (3 AdamW, 2 SGD) x each bucket's rounded shard bytes; the two staging
-//    buffers per bucket as host kStaging;
+//    buffers per bucket as host kStaging, pinned (cudaMallocHost through the device's BufferOps);
 //  - state files: an offloaded optimizer's file is byte for byte the file of a device optimizer
 //    at the same step (same format), loads into a device optimizer and back, and a Load into
 //    the same offloaded optimizer after steps resumes bit for bit.
@@ -96,7 +96,7 @@ int64_t Rounded(size_t bytes) {
 
 // Device optimizer state 0 (the device holds only the statistics all-reduce's 2 doubles: the
 // stack's reducer and gatherer count nothing); host: master + moments of every bucket's shard
-// as kOptimizerState, the gradient and parameter staging shards as kStaging.
+// as kOptimizerState, the gradient and parameter staging shards as kStaging (pinned).
 class NcclOffloadMemoryTest : public ::testing::TestWithParam<NamedScenario> {};
 
 TEST_P(NcclOffloadMemoryTest, StateOnTheHost) {
@@ -126,6 +126,11 @@ TEST_P(NcclOffloadMemoryTest, StateOnTheHost) {
       EXPECT_EQ(m.device.current, stats) << when << ": optimizer state on the device";
     };
     check("after Create");
+    // The staging buffers are the device's pinned host memory (cudaMallocHost), this rank's
+    // two per bucket at least (the other ranks' may be live too); ExpectClean sees them freed
+    // with cudaFreeHost (the fake flags any other free).
+    EXPECT_GE(gpu.cuda->live_pinned_host(),
+              2 * static_cast<int>((*st)->reducer->plan().buckets().size()));
     ASSERT_OK(RunDeviceSteps(**st, gpu.cuda, s, 0, 2));
     check("after 2 steps");
   });

@@ -9,7 +9,8 @@
 #   then, with the device tool:  run(command="tools/gpu/run.sh", carry=[".gpu_bundle"])
 #
 # What it packs: every test tagged "gpu", //tests/gpu:cuda_smoke_test, the GPU benches, and
-# the PyTorch check (tests/gpu/torch_cuda_check.py with libbraid.so and the braid package in
+# the PyTorch checks (tests/gpu/torch_cuda_check.py, fsdp_cuda_check.py: braid.fully_shard vs
+# torch's FSDP2; with libbraid.so and the braid package in
 # python/; it runs on the GPU machine's own CUDA build of torch).
 set -euo pipefail
 
@@ -50,7 +51,7 @@ cp -L bazel-bin/capi/libbraid.so "$bundle/python/braid/libbraid.so"
 # The backends libbraid.so loads on first use (World("mpi"), World("gloo")), beside it; their
 # system libraries (libmpi, libgloo) come from the GPU machine where it has them.
 cp -L bazel-bin/capi/libbraid-mpi.so bazel-bin/capi/libbraid-gloo.so "$bundle/python/braid/"
-cp tests/gpu/torch_cuda_check.py "$bundle/python/torch_cuda_check.py"
+cp tests/gpu/torch_cuda_check.py tests/gpu/fsdp_cuda_check.py "$bundle/python/"
 while read -r lib path; do
   [[ "$lib" =~ $skip ]] && continue
   [[ -n "$path" && -f "$path" && ! -e "$bundle/lib/$lib" ]] && cp -L "$path" "$bundle/lib/$lib"

@@ -35,7 +35,7 @@ import torch
 
 from . import core
 from ._fsdp_params import _TENSOR_GRAD
-from ._views import _view
+from ._views import _ready_event, _view
 
 # torch calls that compute a norm: on a gradient piece they would silently give this rank's
 # part of the norm, so they raise (torch.nn.utils.clip_grad_norm_ goes through them), as does
@@ -85,20 +85,23 @@ class LocalShards:
     def __init__(self, fsdp, shard_group):
         self.fsdp = fsdp
         self.group = shard_group
+        options = {k: v for k, v in fsdp.fsdp_options.items() if k != "offload"}  # no state
         self.opt = core.Optimizer(fsdp.reducer, kind="none", fully_sharded=True,
-                                  timeout_ms=fsdp._timeout_ms, **fsdp.fsdp_options)
+                                  timeout_ms=fsdp._timeout_ms, **options)
+        device = fsdp._device  # a CUDA module's pieces are device views (braid/_fsdp_device.py)
         self.pieces = []  # pid -> (view into the parameter shard, piece_shape; offset)
         try:
             for pid, p in enumerate(fsdp._params):
                 address, count, offset = self.opt.param_shard(pid)
                 shape = piece_shape(len(fsdp._shapes[pid]), count)
-                local = _view(self.opt, address, count, p.dtype, shape)
+                local = _view(self.opt, address, count, p.dtype, shape, device)
                 local.view(-1).copy_(p.detach().reshape(-1)[offset:offset + count])
                 self.pieces.append((local, offset))
         except BaseException:
             self.opt.close()
             raise
         self.stash = [None] * len(fsdp._params)
+        self._events = {}  # CUDA: the norm all-reduce's readiness event
 
     def piece(self, pid):
         return self.pieces[pid][0]
@@ -127,7 +130,7 @@ class LocalShards:
         for pid, p in enumerate(self.fsdp._params):
             address, count, _ = reducer.grad_shard(pid)
             shape = piece_shape(len(self.fsdp._shapes[pid]), count)
-            mine = _view(reducer, address, count, p.dtype, shape)
+            mine = _view(reducer, address, count, p.dtype, shape, self.fsdp._device)
             kept = self.stash[pid]
             self.stash[pid] = None
             if kept is not None and kept.shape == mine.shape:
@@ -145,22 +148,30 @@ class LocalShards:
         grads = [_TENSOR_GRAD.__get__(p) for p in self.fsdp._params]
         grads = [g.as_subclass(torch.Tensor) for g in grads if g is not None]
         dtype = grads[0].dtype if grads else torch.float32
+        where = "cpu" if self.fsdp._device is None else torch.device("cuda", self.fsdp._device)
         if norm_type == float("inf"):
             local = max([g.abs().max().double() for g in grads if g.numel()] or
-                        [torch.zeros((), dtype=torch.float64)])
+                        [torch.zeros((), dtype=torch.float64, device=where)])
             total = local.reshape(1).clone()
-            self.group.allreduce(total, op="max").wait()
+            self.group.allreduce(total, op="max", ready_event=self._ready(total)).wait()
             norm = total[0]
         else:
             local = sum([g.double().abs().pow(norm_type).sum() for g in grads] or
-                        [torch.zeros((), dtype=torch.float64)])
+                        [torch.zeros((), dtype=torch.float64, device=where)])
             total = local.reshape(1).clone()
-            self.group.allreduce(total).wait()
+            self.group.allreduce(total, ready_event=self._ready(total)).wait()
             norm = total[0].pow(1.0 / norm_type)
         coef = torch.clamp(float(max_norm) / (norm + 1e-6), max=1.0)
         for g in grads:
             g.mul_(coef.to(g.dtype))
         return norm.to(dtype)
+
+    def _ready(self, tensor):
+        """CUDA: an event after `tensor`'s writes on the current stream, for Braid's comm
+        stream to wait on (its wait() returns once the result is on the device); else None."""
+        if not tensor.is_cuda:
+            return None
+        return _ready_event(self._events, 0, tensor.device.index)
 
     def close(self):
         self.opt.close()

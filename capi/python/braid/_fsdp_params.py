@@ -41,8 +41,8 @@ class FullyShardedParameter(torch.nn.Parameter):
             return real
         if self._braid_grad_guard is None:
             self._braid_grad_guard = _grad_guard.guard(
-                _released_data(self.dtype, self.shape), self._braid_name, _sharded,
-                _no_memory)
+                _released_data(self.dtype, self.shape, _cuda_index(self)), self._braid_name,
+                _sharded, _no_memory)
         return self._braid_grad_guard
 
     @grad.setter
@@ -86,6 +86,12 @@ class FullyShardedParameter(torch.nn.Parameter):
 _TENSOR_GRAD = torch._C._TensorBase.grad  # the C-level gradient, under the property above
 
 
+def _cuda_index(p):
+    """None for a host parameter, else its CUDA device index (a metadata read)."""
+    d = p.device
+    return None if d.type == "cpu" else d.index
+
+
 def _sharded():
     return "sharded"
 
@@ -106,16 +112,20 @@ def _find_released(values):
     return None
 
 
-_RELEASED = {}  # dtype -> one NaN element (the storage every released parameter shares)
+_RELEASED = {}  # (dtype, device) -> one NaN element (the storage released parameters share)
 
 
-def _released_data(dtype, shape):
+def _released_data(dtype, shape, device=None):
     """What a released parameter's data is: its shape over one shared NaN element (stride 0),
     so even a read that bypasses the Python check (C++ code) sees NaN, never freed memory, and
-    any in-place write fails (more than one element refers to a single memory location)."""
-    one = _RELEASED.get(dtype)
+    any in-place write fails (more than one element refers to a single memory location).
+    `device`: None (host) or the CUDA index of a CUDA module's parameters (p.device stays)."""
+    key = (dtype, device)
+    one = _RELEASED.get(key)
     if one is None:
-        one = _RELEASED.setdefault(dtype, torch.full((1,), float("nan"), dtype=dtype))
+        where = "cpu" if device is None else torch.device("cuda", device)
+        one = _RELEASED.setdefault(key, torch.full((1,), float("nan"), dtype=dtype,
+                                                   device=where))
     return one.expand(shape) if len(shape) else one.view(())
 
 

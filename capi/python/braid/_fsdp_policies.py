@@ -14,8 +14,12 @@ with each field on host tensors (docs/pytorch.md, "fully_shard"):
   - output_dtype: the root's floating-point outputs are cast to it (autograd flows through).
   - cast_forward_inputs: accepted (it only acts with a param_dtype, which is the parameters').
   - CPUOffloadPolicy on host modules: accepted, and a no-op with a meaning: parameters,
-    gradients and optimizer state already live in host memory (the policy's goal); on CUDA
-    modules (not yet supported by fully_shard) it will move shards to pinned host memory.
+    gradients and optimizer state already live in host memory (the policy's goal). On CUDA
+    modules (nccl worlds) ShardedAdamW / ShardedSGD keep master weights and moments in host
+    memory and step them with the CPU kernel as each bucket's reduction completes; gradient
+    shards go down to the host for it and updated parameter shards come back before their
+    gather (braid/_fsdp_device.py). pin_memory is accepted; see docs/pytorch.md for what is
+    pinned.
 """
 
 import dataclasses
@@ -76,17 +80,19 @@ def reduce_dtype_for(mp, dtypes, where):
         "is not supported" % (where, r, sorted(str(d) for d in dtypes)))
 
 
-def check_offload(policy, devices, where):
-    """OffloadPolicy() / None: nothing. CPUOffloadPolicy on host modules: a no-op (everything
-    is in host memory already); on devices: refused (fully_shard takes host modules)."""
-    if policy is None or type(policy) is OffloadPolicy:
+def check_offload(policy, where):
+    """None, OffloadPolicy() or CPUOffloadPolicy(); TypeError naming `where` otherwise. What
+    CPUOffloadPolicy does: nothing on host modules (everything is in host memory already); on
+    CUDA modules braid/_fsdp_device.py (the sharded optimizer's state in host memory)."""
+    if policy is None or isinstance(policy, OffloadPolicy):
         return
-    if not isinstance(policy, CPUOffloadPolicy):
-        raise TypeError("%s: offload_policy must be an OffloadPolicy or CPUOffloadPolicy, got "
-                        "%s" % (where, type(policy).__name__))
-    if any(d.type != "cpu" for d in devices):
-        raise ValueError("%s: offload_policy=CPUOffloadPolicy() on a CUDA module: fully_shard "
-                         "takes host modules so far" % where)
+    raise TypeError("%s: offload_policy must be an OffloadPolicy or CPUOffloadPolicy, got %s" %
+                    (where, type(policy).__name__))
+
+
+def offloads(policy):
+    """Whether `policy` asks for offload (a CPUOffloadPolicy)."""
+    return isinstance(policy, CPUOffloadPolicy)
 
 
 def cast_outputs(value, dtype):

@@ -237,6 +237,7 @@ _SIGNATURES = {
     "braid_reducer_num_units": (_st, [_p, ctypes.POINTER(_i)]),
     "braid_reducer_shard": (_st, [_p, _i, _pp, ctypes.POINTER(_sz)]),
     "braid_reducer_grad_shard": (_st, [_p, _i64, _pp, ctypes.POINTER(_sz), ctypes.POINTER(_sz)]),
+    "braid_reducer_grad_stream": (_st, [_p, _pp]),  # 0.11
     "braid_reducer_destroy": (_st, [_p]),
     "braid_comm_hook_options_init": (None, [ctypes.POINTER(CommHookOptions)]),  # 0.11
     "braid_reducer_set_comm_hook": (_st, [_p, ctypes.POINTER(CommHookOptions)]),

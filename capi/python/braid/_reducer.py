@@ -130,6 +130,13 @@ class Reducer(_Handle):
         _lib.call("braid_reducer_mark_ready_grad", self.handle, pid, ctypes.c_void_p(ptr),
                   device_event)
 
+    def grad_stream(self):
+        """The cudaStream_t (an int) on which a device reducer reads mark_ready_grad's gradients
+        (braid_reducer_grad_stream); None on host reducers."""
+        out = ctypes.c_void_p()
+        _lib.call("braid_reducer_grad_stream", self.handle, ctypes.byref(out))
+        return out.value
+
     def set_comm_hook(self, hook="none", replica_only=False, block=256, **powersgd):
         """A built-in communication hook (braid.h's braid_reducer_set_comm_hook, 0.11):
         "none" (the default collectives), "bf16_compress" or "fp16_compress" (torch's hooks of

@@ -8,7 +8,9 @@ import torch
 
 from . import _owners, core
 from ._ddp_reuse import fired_twice_fully_sharded, reuse_marks
+from ._fsdp_device import DeviceUnits, HostUnits, device_placement
 from ._fsdp_local import LocalShards
+from ._fsdp_policies import check_offload, offloads
 from ._fsdp_tied import TiedUnits, tied_owners
 from ._fsdp_params import (  # noqa: F401 (FullyShardedParameter: braid.fsdp's too)
     _TENSOR_GRAD, FullyShardedParameter, _released_data, _tensors)
@@ -59,13 +61,15 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
     credit_mb, priorities: communication scheduling (braid.core.Reducer; off by default): the
           gradient reduce-scatters in partitions of at most credit_mb MiB, and with
           priorities=True the unit gathers go ahead of partitions not yet issued.
+    CUDA modules on World("nccl") groups, and offload_policy: braid/_fsdp_device.py.
     """
 
     def __init__(self, module, group, units=None, auto_wrap_policy=None, mode="reduce_scatter",
                  replica_group=None, reshard_after_forward=True, prefetch=1, max_live_mb=None,
                  bucket_cap_mb=25.0, first_bucket_cap_mb=1.0, find_unused_parameters=False,
                  reduce_dtype=None, broadcast_from_rank0=True, timeout_ms=300000,
-                 timeline_prefix=None, credit_mb=0.0, priorities=False, static_graph=False):
+                 timeline_prefix=None, credit_mb=0.0, priorities=False, static_graph=False,
+                 offload_policy=None):
         super().__init__()
         if mode not in ("reduce_scatter", "hybrid"):
             raise ValueError("FullyShardedDataParallel mode %r: reduce_scatter or hybrid (use "
@@ -76,14 +80,10 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         self._timeout_ms = timeout_ms
         self._timeline_prefix = timeline_prefix
         self._local = None  # LocalShards: no sharded optimizer at the first forward
-        on_gpu = [(n, t) for n, t in list(module.named_parameters()) + list(module.named_buffers())
-                  if t.device.type != "cpu"]
-        if on_gpu:
-            raise ValueError(
-                "FullyShardedDataParallel: %r is on %s; the fully sharded wrapper takes CPU "
-                "modules only so far (its unit gathers have no device stream wiring yet); use "
-                "DistributedDataParallel (all-reduce or reduce_scatter + ShardedAdamW) for CUDA "
-                "modules" % (on_gpu[0][0], on_gpu[0][1].device))
+        self._device = device_placement(
+            list(module.named_parameters()) + list(module.named_buffers()), self._groups,
+            "FullyShardedDataParallel")  # None: a host module
+        check_offload(offload_policy, "FullyShardedDataParallel")  # (a no-op on the host)
         if broadcast_from_rank0:
             _broadcast_module(self.module, self._groups)
         unit_modules = self._choose_units(module, units, auto_wrap_policy)
@@ -112,6 +112,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
             reduce_dtype=reduce_dtype, timeout_ms=timeout_ms, timeline_prefix=timeline_prefix,
             param_units=self._unit_of, shard_gradients=True, credit_mb=credit_mb,
             priorities=priorities, param_marks=reuse_marks(len(named), static_graph),
+            device=self._device,
             **agreement_options(find_unused_parameters, "at_finish", False))
         # The reducer agrees on use after each backward: the optimizer skips parameters no
         # rank used (braid/_used_map.py).
@@ -129,6 +130,9 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         self.fsdp_options = dict(reshard_after_forward=bool(reshard_after_forward),
                                  prefetch=prefetch,
                                  max_live_bytes=int((max_live_mb or 0) * 1024 * 1024))
+        self._cuda = HostUnits() if self._device is None else DeviceUnits(
+            self._device, self.reducer, offloads(offload_policy))  # braid/_fsdp_device.py
+        self.fsdp_options.update(self._cuda.optimizer_options())
         for p in module.parameters():
             if p.grad is not None:
                 p.grad = None  # gradients live in Braid's buckets and shards from now on
@@ -218,7 +222,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
     def _bind(self, pid):
         address, count = self._opt.param(pid)
         p = self._params[pid]
-        view = _view(self._opt, address, count, p.dtype, self._shapes[pid])
+        view = _view(self._opt, address, count, p.dtype, self._shapes[pid], self._device)
         self._views[pid] = view
         self._by_address[address] = pid
         p.data = view
@@ -234,7 +238,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
             p.data = self._local.piece(pid)  # this rank's piece (_fsdp_local.py)
             return
         p._braid_released = False  # lets the setter through
-        p.data = _released_data(p.dtype, p.shape)
+        p.data = _released_data(p.dtype, p.shape, self._device)
         p._braid_released = True
 
     def _pack(self, t):
@@ -276,6 +280,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         self._exit_unit(unit, phase)
 
     def _enter_unit(self, unit, phase):
+        self._cuda.order_gathers()
         if self._has_buckets[unit]:  # (a unit only borrowing has none)
             self._opt.unit_enter(unit, phase)
         self._entered[unit] = phase
@@ -284,6 +289,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
             self._bind(pid)
 
     def _exit_unit(self, unit, phase):
+        self._cuda.order_gathers()  # the unit's readers, before its memory is reused
         for pid in self._unit_params[unit]:
             self._release(pid)
         del self._entered[unit]
@@ -320,6 +326,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         for p in self._params:
             _TENSOR_GRAD.__set__(p, None)  # pieces' gradients: not the full shape
         self._detach(values)
+        self._cuda.settle()  # the clones read Braid's memory, which close() frees
         local.close()
 
     def _state_dict_guard(self, module, *unused):
@@ -401,6 +408,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         self._opt.begin_backward(self._armed)
         self._in_backward = True
         if self._local is not None:
+            self._cuda.check_local()
             self._local.stash_grads()
         self._unmarked = {u: set(pids) for u, pids in enumerate(self._unit_params) if pids}
         torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
@@ -440,7 +448,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
             if g is None:
                 raise RuntimeError("parameter %r: no gradient at its AccumulateGrad hook" %
                                    self._names[pid])
-            self.reducer.mark_ready_grad(pid, g.detach().contiguous())
+            self._cuda.mark_grad(self.reducer, pid, g.detach().contiguous())
             p.grad = None  # Braid copied it: the full-size gradient is freed now
             pending.discard(pid)
             if not pending and unit != _ROOT:
@@ -457,6 +465,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         if self._local is not None:
             if self._armed == "sync":
                 self._local.collect_grads()
+                self._cuda.reads_done()  # the copies above, before Braid's next writes
             else:
                 self._local.restore_grads()
 
@@ -527,6 +536,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         if self._summoned:
             raise RuntimeError("summon_full_params() is already active")
         self._end_step()
+        self._cuda.order_gathers()
         self._opt.summon_params(True)
         self._summoned = True
         try:
@@ -537,14 +547,33 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
                 for pid, p in enumerate(self._params):
                     if self._local is not None:
                         self._local.write_full(pid, p)
-                    else:
-                        self._opt.set_param(pid, p.detach().contiguous())
+                    else:  # host values (a device optimizer copies them in)
+                        self._opt.set_param(pid, p.detach().cpu().contiguous())
         finally:
             for pid in range(len(self._params)):
                 if self._views[pid] is not None:
                     self._release(pid)
             self._summoned = False
+            self._cuda.order_gathers()  # the block's reads, before the buffers go back
             self._opt.summon_params(False)
+
+    def _gathered_values(self):
+        """Collective: copies of every parameter's full values, gathered by the sharded
+        optimizer (its close() gives them back to the parameters)."""
+        self._end_step()
+        self._cuda.order_gathers()
+        self._opt.summon_params(True)
+        try:
+            values = []
+            for pid, p in enumerate(self._params):
+                address, count = self._opt.param(pid)
+                values.append(_view(self._opt, address, count, p.dtype, self._shapes[pid],
+                                    self._device).clone())
+        finally:
+            self._cuda.order_gathers()  # the copies, before the buffers go back
+            self._opt.summon_params(False)
+        self._cuda.settle()  # the optimizer's close() frees what the copies read
+        return values
 
     def memory_stats(self):
         """Bytes Braid allocated for this rank (gradient buckets and shards, gathered and
@@ -597,6 +626,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
             h.remove()
         self._hooks, self._grad_accs = [], []
         _owners.release(self, self.module)
+        self._cuda.settle()
         self.reducer.close()
 
 

@@ -24,15 +24,16 @@ Contract (docs/pytorch.md, "fully_shard", says what maps from FSDP2 and what is 
     max_live_mb, bucket_cap_mb, first_bucket_cap_mb, find_unused_parameters, timeout_ms,
     timeline_prefix, credit_mb, priorities, broadcast_from_rank0, static_graph (a hook that
     fires twice: braid/_ddp_reuse.py).
-  - Host modules on local / mpi / gloo worlds. CUDA modules are refused at finalization; the
-    device path will hook in at the engine's gathers (a gather stream and events per unit).
+  - Host modules on local / mpi / gloo worlds; CUDA modules on nccl worlds (streams, events
+    and offload: braid/_fsdp_device.py). One offload setting for the model, as reshard.
 """
 
 import torch
 
 from . import core
 from ._fsdp_policies import (CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy,  # noqa: F401
-                             cast_outputs, check_offload, reduce_dtype_for)
+                             cast_outputs, check_offload, offloads,
+                             reduce_dtype_for)
 from .fsdp import FullyShardedDataParallel
 
 _BRAID_KEYS = ("prefetch", "max_live_mb", "bucket_cap_mb", "first_bucket_cap_mb",
@@ -75,7 +76,7 @@ def fully_shard(module, *, group=None, mesh=None, reshard_after_forward=True, mp
                          "after forward is not supported)" % (where, reshard_after_forward))
     reduce_dtype_for(mp_policy, {p.dtype for p in module.parameters()} or {torch.float32},
                      where)  # refuses here, naming the field
-    check_offload(offload_policy, {p.device for p in module.parameters()}, where)
+    check_offload(offload_policy, where)
     old = getattr(module, "_braid_fsdp", None)
     if old is not None:
         raise ValueError("%s: this module was passed to fully_shard already" % where)
@@ -261,7 +262,12 @@ def _finalize(root):
                 raise ValueError("fully_shard: unit %s has another mp_policy.reduce_dtype than "
                                  "the root; Braid reduces a model in one dtype" %
                                  type(m).__name__)
+        if len({offloads(m._braid_fsdp.offload) for m in units + [root]}) > 1:
+            raise ValueError("fully_shard: offload_policy differs between units; Braid offloads "
+                             "the whole model's optimizer state or none of it")
         options = dict(st.braid)
+        options["offload_policy"] = st.offload if offloads(st.offload) else next(
+            (m._braid_fsdp.offload for m in units if offloads(m._braid_fsdp.offload)), None)
         options["prefetch"] = _prefetch_depth(root, units, options.get("prefetch", 1))
         if mesh is not None:
             shard, replica = mesh

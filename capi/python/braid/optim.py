@@ -233,8 +233,8 @@ class _ShardedOptimizer(CheckpointMixin, ParamGroups, AdoptsWrites, GradNorms,
                                         fully_sharded=True, param_groups=group_of,
                                         **fsdp.fsdp_options, **options)
         try:
-            for pid, p in enumerate(fsdp._params):
-                self.optimizer.set_param(pid, p.detach().contiguous())
+            for pid, p in enumerate(fsdp._params):  # host values (device: copied in)
+                self.optimizer.set_param(pid, p.detach().cpu().contiguous())
         except BaseException:
             self.optimizer.close()
             raise
@@ -368,17 +368,7 @@ class _ShardedOptimizer(CheckpointMixin, ParamGroups, AdoptsWrites, GradNorms,
         An optimizer closed otherwise (World.close(), garbage collection) leaves a fully
         sharded model's parameters released."""
         if self._fully_sharded and not self.optimizer.closed:
-            self.ddp._end_step()
-            self.optimizer.summon_params(True)
-            try:
-                values = []
-                for pid, p in enumerate(self.ddp._params):
-                    address, count = self.optimizer.param(pid)
-                    values.append(_view(self.optimizer, address, count, p.dtype,
-                                        p.shape).clone())
-            finally:
-                self.optimizer.summon_params(False)
-            self._give_back = values
+            self._give_back = self.ddp._gathered_values()
         self.optimizer.close()  # runs _detach_params first
 
 
