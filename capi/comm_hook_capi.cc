@@ -1,6 +1,7 @@
 // C API: a reducer's communication hook (braid_reducer_set_comm_hook), picked among the
 // built-in hooks (scheduler/hooks/).
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -103,8 +104,16 @@ braid_status_t braid_reducer_set_comm_hook(braid_reducer_t* reducer,
       return absl::InvalidArgumentError(
           absl::StrCat("braid_comm_hook_options_t.replica_only is ", o.replica_only, ": 0 or 1"));
     }
+    if (r->join != nullptr) {
+      return absl::FailedPreconditionError(
+          "a join is open on this reducer (braid_join_begin): set the hook before it or after "
+          "braid_join_end");
+    }
     ASSIGN_OR_RETURN(std::shared_ptr<braid::sched::CommHook> hook, MakeHook(o));
+    const std::string name = hook == nullptr ? "" : hook->name();
     braid::capi::GroupLocks locks(*r);  // collective on the reducer's groups
-    return r->stack->reducer().SetCommHook(std::move(hook));
+    RETURN_IF_ERROR(r->stack->reducer().SetCommHook(std::move(hook)));
+    r->comm_hook = name;
+    return absl::OkStatus();
   });
 }

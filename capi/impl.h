@@ -51,6 +51,9 @@ struct ReducerImpl {
   std::unique_ptr<sched::Join> join;
   sched::JoinStep join_step;  // its last agreement
   bool joined = false;        // that agreement was a joined rank's
+  // The registered comm hook's name (braid_reducer_set_comm_hook; empty: none). A hook averages
+  // over its group's size, so it cannot follow join's divide by the contributing ranks.
+  std::string comm_hook;
 };
 
 // An optimizer handle: the parameter side of its reducer's stack (gatherer, optimizer, units),

@@ -2,6 +2,7 @@
 // stack's driver (optim/join_driver.h).
 #include <memory>
 
+#include "absl/strings/str_cat.h"
 #include "capi/braid.h"
 #include "capi/convert.h"
 #include "capi/errors.h"
@@ -63,6 +64,12 @@ braid_status_t braid_join_begin(braid_reducer_t* reducer, const braid_join_optio
     if (r->stack->in_backward())
       return absl::FailedPreconditionError("braid_join_begin inside a backward");
     RETURN_IF_ERROR(braid::optim::JoinableStack(*r->stack));
+    if (o.divide_by_initial_world_size == 0 && !r->comm_hook.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "divide_by_initial_world_size = 0 with comm hook '", r->comm_hook,
+          "': the hook averages over its group's size, not over the ranks that contributed; "
+          "keep the default divide (the initial world size) or remove the hook first"));
+    }
     braid::sched::JoinOptions jo;
     jo.divide_by_initial_world_size = o.divide_by_initial_world_size != 0;
     jo.throw_on_early_termination = o.throw_on_early_termination != 0;

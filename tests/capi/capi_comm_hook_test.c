@@ -91,6 +91,22 @@ static void* rank_main(void* arg) {
                braid_reducer_set_comm_hook(red, &h));
   step(red, rank, 3073.5f); /* nothing was registered */
 
+  /* join's divide by the contributing ranks cannot go through a hook (it averages over the
+   * group's size): refused by name, and no hook while a join is open. */
+  {
+    braid_join_options_t jo;
+    braid_join_options_init(&jo);
+    jo.divide_by_initial_world_size = 0;
+    h.kind = BRAID_COMM_HOOK_FP16;
+    EXPECT_OK(braid_reducer_set_comm_hook(red, &h));
+    EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "comm hook 'fp16_compress'",
+                 braid_join_begin(red, &jo));
+    EXPECT_OK(braid_reducer_set_comm_hook(red, NULL));
+    EXPECT_OK(braid_join_begin(red, &jo));
+    EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "a join is open", braid_reducer_set_comm_hook(red, &h));
+    EXPECT_OK(braid_join_abort(red));
+  }
+
   {
     const int64_t rows[P] = {1, 1, 1}, bad_rows[P] = {2, 1, 1};
     braid_comm_hook_options_init(&h);
