@@ -84,6 +84,8 @@ const char* ModeName(Mode m) {
 
 struct Config {
   std::vector<int> ranks = {2, 4};
+  std::vector<Mode> modes = {Mode::kDdp, Mode::kZero2, Mode::kFullySharded,
+                             Mode::kFullyShardedNoPrefetch};
   double scale = 1.0;
   int blocks = 12;
   int iters = 3, warmup = 1;
@@ -341,6 +343,22 @@ absl::StatusOr<Row> Measure(int ranks, Mode mode, const Config& c, const Overlap
   return row;
 }
 
+absl::Status ParseModes(const std::string& s, std::vector<Mode>* out) {
+  out->clear();
+  for (absl::string_view part : absl::StrSplit(s, ',')) {
+    bool found = false;
+    for (Mode m : {Mode::kDdp, Mode::kZero2, Mode::kFullySharded, Mode::kFullyShardedNoPrefetch}) {
+      if (part == ModeName(m)) {
+        out->push_back(m);
+        found = true;
+      }
+    }
+    if (!found)
+      return absl::InvalidArgumentError(absl::StrCat("--modes: unknown mode '", part, "'"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseRanks(const std::string& s, std::vector<int>* out) {
   out->clear();
   for (absl::string_view part : absl::StrSplit(s, ',')) {
@@ -358,6 +376,8 @@ sharded training on the GPT-2-small shapes; ranks are threads on the local backe
 
 usage: memory [flags]
   --ranks=2,4               rank counts to run
+  --modes=ddp,zero2,fully_sharded,fully_sharded_noprefetch
+                            modes to run, in this order (vs_ddp / vs_zero2 need those rows)
   --scale=1                 fraction of the 124M parameters (smaller for a quick run)
   --blocks=12               transformer blocks
   --iters=3                 timed steps (the median is reported)
@@ -371,6 +391,8 @@ absl::Status Main(int argc, char** argv) {
   if (PrintHelp(f, kUsage)) return absl::OkStatus();
   Config c;
   RETURN_IF_ERROR(ParseRanks(f.Str("ranks", "2,4"), &c.ranks));
+  RETURN_IF_ERROR(
+      ParseModes(f.Str("modes", "ddp,zero2,fully_sharded,fully_sharded_noprefetch"), &c.modes));
   if (!absl::SimpleAtod(f.Str("scale", "1"), &c.scale) || !(c.scale > 0)) {
     return absl::InvalidArgumentError("--scale must be a number > 0");
   }
@@ -401,8 +423,7 @@ absl::Status Main(int argc, char** argv) {
   }
   std::vector<Row> rows;
   for (int ranks : c.ranks) {
-    for (Mode mode :
-         {Mode::kDdp, Mode::kZero2, Mode::kFullySharded, Mode::kFullyShardedNoPrefetch}) {
+    for (Mode mode : c.modes) {
       std::fprintf(stderr, "[memory] ranks=%d mode=%s\n", ranks, ModeName(mode));
       ASSIGN_OR_RETURN(Row r, Measure(ranks, mode, c, model, largest_unit));
       rows.push_back(r);
@@ -420,10 +441,11 @@ absl::Status Main(int argc, char** argv) {
       }
       const double target =
           (static_cast<double>(r.model_state) / r.ranks + 2.0 * r.largest_unit) * 1.1;
-      std::printf(
-          "%5d %-26s %12.1f %14.1f %14.1f %12.2f %10.1f %11.2f\n", r.ranks, ModeName(r.mode),
-          r.peak_host / 1e6, static_cast<double>(r.model_state) / r.ranks / 1e6, target / 1e6,
-          static_cast<double>(r.peak_host) / ddp->peak_host, r.step_ms, r.step_ms / zero2->step_ms);
+      std::printf("%5d %-26s %12.1f %14.1f %14.1f %12.2f %10.1f %11.2f\n", r.ranks,
+                  ModeName(r.mode), r.peak_host / 1e6,
+                  static_cast<double>(r.model_state) / r.ranks / 1e6, target / 1e6,
+                  ddp ? static_cast<double>(r.peak_host) / ddp->peak_host : 0.0, r.step_ms,
+                  zero2 ? r.step_ms / zero2->step_ms : 0.0);
     }
     std::printf("\n");
   }

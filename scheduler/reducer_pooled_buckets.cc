@@ -1,5 +1,6 @@
 #include "scheduler/reducer_pooled_buckets.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +28,20 @@ absl::Status PooledBuckets::Allocate(const BucketPlan& plan) {
           CountedAllocate(config_.memory, ops_, bk.shard_count * DTypeSize(DType::kF32),
                           MemoryUse::kGradShards, absl::StrCat("bucket ", b, " (f32 shard)")));
     }
+    // The gaps no parameter covers (alignment and the shard padding): Fill zeroes only these,
+    // since every slot is written by its first mark (a copy) or zeroed by PrepareUnused.
+    std::vector<std::pair<size_t, size_t>> slots;  // [offset, end) in elements
+    for (int i : bk.params) {
+      const ParamSlot& ps = plan.slot(i);
+      slots.emplace_back(ps.offset, ps.offset + plan.params()[i].count);
+    }
+    std::sort(slots.begin(), slots.end());
+    size_t at = 0;
+    for (const auto& [begin, end] : slots) {
+      if (begin > at) s->gaps.push_back({at, begin - at});
+      at = std::max(at, end);
+    }
+    if (bk.padded_count > at) s->gaps.push_back({at, bk.padded_count - at});
     buckets_.push_back(std::move(s));
   }
   pool_->Reserve(2 * buckets_.size());
@@ -79,9 +94,14 @@ absl::Status PooledBuckets::Fill(int b) {
   if (s.data) return absl::OkStatus();
   const size_t bytes = plan_->buckets()[b].bytes();
   ASSIGN_OR_RETURN(OwnedBuffer data, Take(bytes, b));
-  // Zero-filled before any mark writes (issued under the lock: marks of this bucket on other
-  // threads issue their copies after it).
-  absl::Status st = ops_.Zero(data.get(), bytes);
+  // The gaps zero-filled before any mark writes (issued under the lock: marks of this bucket on
+  // other threads issue their copies after it); the slots are written by their marks.
+  const size_t es = DTypeSize(plan_->buckets()[b].dtype);
+  absl::Status st;
+  for (const Gap& g : s.gaps) {
+    st = ops_.Zero(data.get() + g.offset * es, g.count * es);
+    if (!st.ok()) break;
+  }
   if (!st.ok()) {
     Give(std::move(data), bytes);
     return WithContext(st, absl::StrCat("zero-filling the storage of bucket ", b));
@@ -101,8 +121,12 @@ absl::StatusOr<char*> PooledBuckets::TakeStaging(int b) {
 }
 
 absl::Status PooledBuckets::PrepareUnused(int i, bool accumulated) {
-  // Zero-filled storage: the slot is zero, or the no_sync sum when `accumulated`.
-  return Fill(plan_->slot(i).bucket);
+  // The slot holds the no_sync sum when `accumulated`; else nothing wrote it: zero it.
+  const ParamSlot& slot = plan_->slot(i);
+  RETURN_IF_ERROR(Fill(slot.bucket));
+  if (accumulated) return absl::OkStatus();
+  const size_t es = DTypeSize(plan_->params()[i].dtype);
+  return ops_.Zero(Data(slot.bucket) + slot.offset * es, plan_->params()[i].count * es);
 }
 
 char* PooledBuckets::ReplicaBuffer(int b) const {

@@ -6,14 +6,16 @@
 //    size only: a new one is allocated when none of that size is free, so the pool never holds
 //    more than every bucket's storage and staging once, whatever the timing. The pool is never
 //    trimmed (MemoryUse::kGradBuckets counts every pool buffer, in use or free). A bucket takes
-//    its storage, zero-filled, at its first mark of an accumulation window (the staging when
-//    the bucket is complete) and gives it back once this rank's reduced shard was copied out.
+//    its storage at its first mark of an accumulation window (the staging when the bucket is
+//    complete), zero-filling only the gaps between and after its slots (each slot is written by
+//    its first mark, or zeroed as unused), and gives it back once this rank's reduced shard was
+//    copied out.
 //  - The kept shard: one per bucket, shard_count elements of the bucket's dtype (kGradShards,
 //    allocated with the plan). Hybrid with reduce_dtype f32 also keeps an f32 shard per bucket:
 //    the replica all-reduce and the reduce_scatter_only partial sums run there.
 //  - kNoSync keeps a bucket's storage for the whole window (no_sync's memory cost, as in
 //    FSDP); kReduceScatterOnly adds each microbatch's reduced shard into the kept one and gives
-//    the storage back after each microbatch. Unused parameters read zero from the zero fill.
+//    the storage back after each microbatch. Unused parameters' slots are zeroed when reduced.
 //
 //   config.shard_gradients = true;  // BucketStorage::Create picks it
 //
@@ -57,12 +59,16 @@ class PooledBuckets final : public BucketStorage {
   void Abandon(int b) override;
 
  private:
+  struct Gap {
+    size_t offset, count;  // elements
+  };
   struct Storage {
-    std::mutex mu;        // serializes taking and giving back data / staging
-    OwnedBuffer data;     // from the pool while the bucket is filled and reduced
-    OwnedBuffer staging;  // from the pool while a widened bucket is reduced
-    OwnedBuffer kept;     // this rank's reduced shard (shard_count, bucket dtype)
-    OwnedBuffer reduced;  // hybrid with f32 staging: the f32 shard
+    std::vector<Gap> gaps;  // what no parameter's slot covers (Allocate)
+    std::mutex mu;          // serializes taking and giving back data / staging
+    OwnedBuffer data;       // from the pool while the bucket is filled and reduced
+    OwnedBuffer staging;    // from the pool while a widened bucket is reduced
+    OwnedBuffer kept;       // this rank's reduced shard (shard_count, bucket dtype)
+    OwnedBuffer reduced;    // hybrid with f32 staging: the f32 shard
   };
   // Storage of `bytes` (aligned: the pool's key) from the pool, or a new allocation.
   absl::StatusOr<OwnedBuffer> Take(size_t bytes, int b);

@@ -173,7 +173,7 @@ void ReducerStages::LaunchStageLocked(int b, int stage) {
   } else {
     req.kind = CollectiveKind::kReduceScatter;
     req.send = storage_->CommData(b);
-    req.recv = storage_->CommShard(b);
+    req.recv = ShardRecv(b);
   }
   ReducerBucketState::Stage& rec = s.stage[stage];
   const bool prepared = stage == 1 || s.prepare_error.ok();
@@ -198,6 +198,12 @@ void ReducerStages::LaunchStageLocked(int b, int stage) {
     rec.start_ns = Timeline::NowNs();
     if (stage == 0) tl_->Instant(rows_.launches, "launch", b);
   }
+}
+
+char* ReducerStages::ShardRecv(int b) const {
+  const bool final = config_.mode == ReduceMode::kReduceScatter &&
+                     storage_->CommDType(b) == plan_.buckets()[b].dtype;
+  return final ? storage_->Result(b) : storage_->CommShard(b);
 }
 
 void ReducerStages::Watch(int first, int last, int stage) {
@@ -238,7 +244,7 @@ void ReducerStages::OnStageDone(int b, int stage, const absl::Status& collective
   const bool on_replica =
       feeds_replicas && storage_->handoff() == BucketStorage::Handoff::kOnReplicaStream;
   BufferOps& ops = on_replica ? final_ops_ : ops_;
-  char* comm = whole ? storage_->CommData(b) : storage_->CommShard(b);
+  char* comm = whole ? storage_->CommData(b) : ShardRecv(b);
   absl::Status st = done;
   if (st.ok() && on_replica) st = ops.WaitFor(rec.work->device_event());
   if (st.ok() && rec.post_divide > 1) {  // f16: the divide after the sum

@@ -78,6 +78,10 @@ class ReducerStages {
   // hybrid replica all-reduce); buckets [first, last) of a stage are then watched after mu_ is
   // released. Nothing here allocates in steady state.
   void LaunchStageLocked(int b, int stage);
+  // Where bucket b's reduce-scatter writes: its final place (Result) when the result lands
+  // there unconverted (reduce_scatter mode, the bucket's own dtype): the kept shard of pooled
+  // storage, without a copy; else this rank's shard of the comm buffer.
+  char* ShardRecv(int b) const;
   void Watch(int first, int last, int stage);
   // With mu_ held: the comm hook runs bucket b's `stage` (reducer_hook_stage.cc); a hook's
   // error comes back as a completed Work, named at delivery.

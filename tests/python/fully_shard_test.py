@@ -7,6 +7,8 @@ evaluation without any optimizer; ShardedAdamW as the fast path; the FSDP2 metho
 reshard, prefetch lists) and the policies (what is refused names its argument); memory_stats.
 fully_shard_mpi.py runs the same comparison under mpirun against torch's own DDP (gloo)."""
 
+import os
+import tempfile
 import unittest
 
 import torch
@@ -243,6 +245,47 @@ class EvalAndFastPathTest(unittest.TestCase):
                 self.assertTrue(torch.allclose(a, b, rtol=1e-5, atol=1e-6), (a - b).abs().max())
             self.assertGreater(stats["by_use"]["optimizer_state"][1], 0)
             self.assertGreater(stats["host"][1], 0)
+
+
+    def test_timeline_counters_track_memory_stats(self):
+        """model.timeline_counters(): the timeline file's "host bytes" samples, one per counted
+        allocation and free: mid-run none exceeds the peak so far; after close their maximum
+        is memory_stats()'s host peak, exactly, on each rank's own file."""
+        with tempfile.TemporaryDirectory() as d:
+            prefix = os.path.join(d, "tl")
+
+            def body(r, g):
+                net = _shard(Net(), g, timeline_prefix=prefix)
+                opt = bt.ShardedAdamW(net.parameters(), lr=0.01)
+                for s in range(2):
+                    x, y = _data(r, s)
+                    torch.nn.functional.mse_loss(net(x), y).backward()
+                    opt.step()
+                    opt.zero_grad()
+                opt.synchronize()
+                stats = net.memory_stats()
+                early = net.timeline_counters()
+                opt.close()
+                net.close()
+                return stats, early, net.timeline_counters(), g.rank
+            for stats, early, final, rank in run_ranks(N, body):
+                self.assertTrue(os.path.exists("%s.rank%d.json" % (prefix, rank)))
+                self.assertTrue(all(v <= stats["host"][1] for _, _, v in early))
+                host = [(t, v) for t, n, v in final if n == "host bytes"]
+                self.assertGreater(len(host), len(early) // 2)
+                self.assertEqual([t for t, _ in host], sorted(t for t, _ in host))
+                self.assertEqual(max(v for _, v in host), stats["host"][1])
+                self.assertFalse([n for _, n, _ in final if n not in ("host bytes",
+                                                                       "device bytes")])
+
+        def no_prefix(r, g):
+            net = _shard(Net(), g)
+            try:
+                with self.assertRaisesRegex(ValueError, "timeline_prefix"):
+                    net.timeline_counters()
+            finally:
+                net.close()
+        run_ranks(N, no_prefix)
 
 
 class EngineTest(unittest.TestCase):

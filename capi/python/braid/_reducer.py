@@ -10,7 +10,7 @@ gradients live in the reducer's buckets (grad(pid) gives their address) until cl
 
 import ctypes
 
-from . import _lib
+from . import _lib, _timeline
 from ._handles import MODES, SYNC_MODES, _Handle, _out, buffer_info, dtype_code, dtype_size
 
 # braid_reducer_options_t.agree_unused (braid.h's BRAID_UNUSED_*).
@@ -54,6 +54,7 @@ class Reducer(_Handle):
         opts.allow_unused = 1 if allow_unused else 0
         opts.timeout_ms = timeout_ms
         opts.timeline_prefix = timeline_prefix.encode() if timeline_prefix else None
+        self._timeline = (timeline_prefix, shard._world_rank) if timeline_prefix else None
         opts.device = _lib.DEVICE_HOST if device is None else device
         units = None
         if param_units is not None:
@@ -226,6 +227,21 @@ class Reducer(_Handle):
         n = ctypes.c_int()
         _lib.call("braid_reducer_num_units", self.handle, ctypes.byref(n))
         return n.value
+
+    def timeline_counters(self, names=None):
+        """This rank's timeline counter samples so far, [(ts_us, name, value)], read from its
+        timeline file (braid/_timeline.py): memory_stats()'s "host bytes" / "device bytes" over
+        time. Needs timeline_prefix (ValueError otherwise)."""
+        if self._timeline is None:
+            raise ValueError("timeline_counters(): create the model with timeline_prefix=... "
+                             "(the counters are the timeline file's)")
+        prefix, world_rank = self._timeline
+        if world_rank is None:
+            raise ValueError("timeline_counters(): the group's world rank is unknown (a group "
+                             "not made by braid.World.group/split/mesh); read the timeline "
+                             "file '%s.rank<world rank>.json' with braid._timeline.read_counters"
+                             % prefix)
+        return _timeline.read_counters(_timeline.timeline_path(prefix, world_rank), names)
 
     def memory_stats(self):
         """Bytes Braid allocated for this reducer's rank (its buckets, and the gatherer's and

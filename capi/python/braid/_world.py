@@ -142,7 +142,9 @@ class World(_Handle):
             rank = ranks[0]
         out = _out()
         _lib.call("braid_world_group", self.handle, rank, ctypes.byref(out))
-        return Group(out.value, self)
+        g = Group(out.value, self)
+        g._world_rank = rank  # names this rank's timeline file (braid/_timeline.py)
+        return g
 
     def close(self):
         """Closes every object still open under this world, newest first (children before
@@ -178,6 +180,7 @@ def _close_at_exit(world_ref):
 
 class Group(_Handle):
     _destroy = "braid_group_destroy"
+    _world_rank = None  # set where known: the world rank this group was made from
 
     def _int(self, fn):
         v = ctypes.c_int()
@@ -225,14 +228,19 @@ class Group(_Handle):
         out = _out()
         _lib.call("braid_group_split", self.handle, color, key,
                   name.encode() if name else None, ctypes.byref(out))
-        return Group(out.value, self._world) if out.value else None
+        return self._child(out.value) if out.value else None
 
     def mesh(self, replicas, shards):
         """Collective: (shard group, replica group) of a replicas x shards HSDP mesh."""
         shard, replica = _out(), _out()
         _lib.call("braid_mesh_create", self.handle, replicas, shards, ctypes.byref(shard),
                   ctypes.byref(replica))
-        return Group(shard.value, self._world), Group(replica.value, self._world)
+        return self._child(shard.value), self._child(replica.value)
+
+    def _child(self, handle):
+        g = Group(handle, self._world)
+        g._world_rank = self._world_rank
+        return g
 
     # Collectives: asynchronous, each returns a Work (wait() it). `recv` defaults to `send`
     # (in place).

@@ -582,6 +582,11 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         "memory" counter row of the timeline file "<timeline_prefix>.rank<world rank>.json"."""
         return self.reducer.memory_stats()
 
+    def timeline_counters(self, names=("host bytes", "device bytes")):
+        """memory_stats()'s totals over time: [(ts_us, name, bytes)] from the timeline file
+        (needs timeline_prefix; braid/_timeline.py)."""
+        return self.reducer.timeline_counters(names)
+
     def reset_memory_peaks(self):
         self.reducer.reset_memory_peaks()
 

@@ -190,6 +190,10 @@ class FSDPModule:
         """Braid's memory for this rank (FullyShardedDataParallel.memory_stats)."""
         return self._braid_engine().memory_stats()
 
+    def timeline_counters(self, names=("host bytes", "device bytes")):
+        """memory_stats() over time, from the timeline file (timeline_prefix=...)."""
+        return self._braid_engine().timeline_counters(names)
+
     def reset_memory_peaks(self):
         self._braid_engine().reset_memory_peaks()
 
