@@ -19,7 +19,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +27,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/bench_flags.h"
+#include "bench/hosts_common.h"
 #include "bench/overlap_model.h"
 #include "comm/backend.h"
 #include "comm/status_macros.h"
@@ -41,25 +41,8 @@ namespace {
 
 using sched::GradientReducer;
 using Clock = std::chrono::steady_clock;
-constexpr absl::Duration kTimeout = absl::Seconds(300);
 constexpr const char* kRows[] = {"none", "bf16", "int8", "powersgd_r1", "powersgd_r4"};
 constexpr int kNumRows = 5;
-
-int64_t LinkBytes(const std::string& dev) {  // sent + received on `dev`, or -1
-  int64_t total = 0;
-  for (const char* what : {"tx_bytes", "rx_bytes"}) {
-    std::ifstream in(absl::StrCat("/sys/class/net/", dev, "/statistics/", what));
-    int64_t v = 0;
-    if (!(in >> v)) return -1;
-    total += v;
-  }
-  return total;
-}
-
-absl::Status Barrier(Group& g) {
-  ASSIGN_OR_RETURN(WorkPtr w, g.Barrier());
-  return w->Wait(kTimeout);
-}
 
 // Rows per parameter: a matrix's first dimension (d_model scaled as the counts are), where it
 // divides the count; else the count (a vector: never compressed).
@@ -110,30 +93,40 @@ absl::Status Step(GradientReducer& r, int rank, int64_t it, double* ms) {
   return absl::OkStatus();
 }
 
+constexpr char kUsage[] =
+    R"(hooks_hosts: step time of an all-reduce gradient reduction and the bytes on the link per
+communication hook (none, bf16, int8, PowerSGD r=1 and r=4), on the mpi backend under mpirun
+(2 hosts x 2 ranks: tools/hosts/).
+
+usage: mpirun -np 4 hooks_hosts [flags]
+  --scale=0.0625  fraction of GPT-2 small's 124M f32 parameters, in (0, 1]
+  --blocks=12     transformer blocks
+  --iters=3       timed steps per hook
+  --warmup=1      untimed steps first
+  --link=         network interface whose bytes are counted (none)
+  --csv           CSV only
+)";
+
 absl::Status Run(int argc, char** argv) {
   ASSIGN_OR_RETURN(Flags f, Flags::Parse(argc, argv));
-  double scale = 0;
-  if (!absl::SimpleAtod(f.Str("scale", "0.0625"), &scale) || !(scale > 0) || scale > 1)
-    return absl::InvalidArgumentError("--scale: a number in (0, 1]");
-  ASSIGN_OR_RETURN(int64_t blocks, f.Int("blocks", 12));
-  ASSIGN_OR_RETURN(int64_t iters, f.Int("iters", 3));
-  ASSIGN_OR_RETURN(int64_t warmup, f.Int("warmup", 1));
-  const bool csv = f.Bool("csv", false);
-  const std::string link_dev = f.Str("link", "");
+  if (PrintHelp(f, kUsage)) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const HostsFlags hf, HostsFlags::Read(f, /*default_iters=*/3));
   if (!f.Unused().empty())
     return absl::InvalidArgumentError(absl::StrCat("unknown flag --", f.Unused()[0]));
-  if (blocks < 1 || iters < 1 || warmup < 0)
-    return absl::InvalidArgumentError("--blocks, --iters >= 1, --warmup >= 0");
+  const double scale = hf.scale;
+  const int64_t blocks = hf.blocks, iters = hf.iters, warmup = hf.warmup;
+  const bool csv = hf.csv;
+  const std::string& link_dev = hf.link;
 
   Options options;
   options.backend = "mpi";
-  options.timeout = kTimeout;
+  options.timeout = kHostsTimeout;
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(options));
   ASSIGN_OR_RETURN(std::unique_ptr<Group> world, backend->WorldGroup(backend->local_ranks().at(0)));
   const int n = world->size(), rank = world->rank();
   const OverlapModel model = Gpt2LikeModel(static_cast<int>(blocks), scale);
   sched::ReducerConfig rc;
-  rc.timeout = kTimeout;
+  rc.timeout = kHostsTimeout;
   rc.bucket_cap_bytes = std::max<size_t>(64, static_cast<size_t>((25 << 20) * scale) / 64 * 64);
   rc.first_bucket_cap_bytes =
       std::max<size_t>(64, static_cast<size_t>((1 << 20) * scale) / 64 * 64);
@@ -160,11 +153,11 @@ absl::Status Run(int argc, char** argv) {
   std::vector<int64_t> link(kNumRows, 0);
   for (int64_t it = 0; it < warmup + iters; ++it) {
     for (int j = 0; j < kNumRows; ++j) {
-      RETURN_IF_ERROR(Barrier(*world));
+      RETURN_IF_ERROR(HostsBarrier(*world));
       const int64_t b0 = on_bed ? LinkBytes(link_dev) : 0;
       double ms = 0;
       RETURN_IF_ERROR(Step(*reducers[j], rank, it, &ms));
-      RETURN_IF_ERROR(Barrier(*world));
+      RETURN_IF_ERROR(HostsBarrier(*world));
       if (it >= warmup) {
         times[j].push_back(ms);
         if (on_bed) link[j] += LinkBytes(link_dev) - b0;
@@ -175,7 +168,7 @@ absl::Status Run(int argc, char** argv) {
   for (const auto& v : times) all.insert(all.end(), v.begin(), v.end());
   ASSIGN_OR_RETURN(WorkPtr w, world->AllReduce(all.data(), all.data(), all.size(), DType::kF64,
                                                ReduceOp::Max()));
-  RETURN_IF_ERROR(w->Wait(kTimeout));
+  RETURN_IF_ERROR(w->Wait(kHostsTimeout));
   if (rank == 0) {
     std::printf(csv ? "hook,step_ms,vs_none,link_MB\n" : "%-12s %10s %8s %10s\n", "hook", "step_ms",
                 "vs_none", "link_MB");

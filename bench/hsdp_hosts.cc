@@ -43,7 +43,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,6 +50,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/bench_flags.h"
+#include "bench/hosts_common.h"
 #include "bench/overlap_model.h"
 #include "comm/backend.h"
 #include "comm/mesh.h"
@@ -64,8 +64,6 @@ using sched::GradientReducer;
 using sched::ReduceMode;
 using sched::SyncMode;
 using Clock = std::chrono::steady_clock;
-
-constexpr absl::Duration kTimeout = absl::Seconds(300);
 
 struct Row {
   const char* name;
@@ -82,23 +80,6 @@ constexpr int kNumRows = sizeof(kRows) / sizeof(kRows[0]);
 
 SyncMode ToSync(char c) {
   return c == 'N' ? SyncMode::kNoSync : c == 'R' ? SyncMode::kReduceScatterOnly : SyncMode::kSync;
-}
-
-// Bytes sent plus received on network interface `dev` of this process's namespace, or -1.
-int64_t LinkBytes(const std::string& dev) {
-  int64_t total = 0;
-  for (const char* what : {"tx_bytes", "rx_bytes"}) {
-    std::ifstream in(absl::StrCat("/sys/class/net/", dev, "/statistics/", what));
-    int64_t v = 0;
-    if (!(in >> v)) return -1;
-    total += v;
-  }
-  return total;
-}
-
-absl::Status Barrier(Group& g) {
-  ASSIGN_OR_RETURN(WorkPtr w, g.Barrier());
-  return w->Wait(kTimeout);
 }
 
 // Per reducer: every bucket's gathered buffer (padded_count f32), the all-gather's output.
@@ -121,7 +102,7 @@ absl::Status GatherShards(GradientReducer& r, Gathered& out) {
     ASSIGN_OR_RETURN(WorkPtr w, g.AllGather(shard.data, out[b].data(), shard.count, DType::kF32));
     works.push_back(std::move(w));
   }
-  for (const WorkPtr& w : works) RETURN_IF_ERROR(w->Wait(kTimeout));
+  for (const WorkPtr& w : works) RETURN_IF_ERROR(w->Wait(kHostsTimeout));
   return absl::OkStatus();
 }
 
@@ -199,25 +180,17 @@ usage: mpirun -np 4 hsdp_hosts [flags]
 absl::Status Run(int argc, char** argv) {
   ASSIGN_OR_RETURN(Flags f, Flags::Parse(argc, argv));
   if (PrintHelp(f, kUsage)) return absl::OkStatus();
-  double scale = 0;
-  const std::string scale_s = f.Str("scale", "0.0625");
-  if (!absl::SimpleAtod(scale_s, &scale) || !(scale > 0) || scale > 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--scale='", scale_s, "': expected a number in (0, 1]"));
-  }
-  ASSIGN_OR_RETURN(int64_t blocks, f.Int("blocks", 12));
-  ASSIGN_OR_RETURN(int64_t iters, f.Int("iters", 7));
-  ASSIGN_OR_RETURN(int64_t warmup, f.Int("warmup", 1));
-  const bool csv = f.Bool("csv", false);
-  const std::string link_dev = f.Str("link", "");
+  ASSIGN_OR_RETURN(const HostsFlags hf, HostsFlags::Read(f, /*default_iters=*/7));
   if (!f.Unused().empty())
     return absl::InvalidArgumentError(absl::StrCat("unknown flag --", f.Unused()[0]));
-  if (blocks < 1 || iters < 1 || warmup < 0)
-    return absl::InvalidArgumentError("--blocks, --iters >= 1, --warmup >= 0");
+  const double scale = hf.scale;
+  const int64_t blocks = hf.blocks, iters = hf.iters, warmup = hf.warmup;
+  const bool csv = hf.csv;
+  const std::string& link_dev = hf.link;
 
   Options options;
   options.backend = "mpi";
-  options.timeout = kTimeout;
+  options.timeout = kHostsTimeout;
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(options));
   ASSIGN_OR_RETURN(std::unique_ptr<Group> world, backend->WorldGroup(backend->local_ranks().at(0)));
   const int n = world->size(), rank = world->rank();
@@ -226,7 +199,7 @@ absl::Status Run(int argc, char** argv) {
 
   const OverlapModel model = Gpt2LikeModel(static_cast<int>(blocks), scale);
   sched::ReducerConfig rc;
-  rc.timeout = kTimeout;
+  rc.timeout = kHostsTimeout;
   rc.bucket_cap_bytes = std::max<size_t>(64, static_cast<size_t>((25 << 20) * scale) / 64 * 64);
   rc.first_bucket_cap_bytes =
       std::max<size_t>(64, static_cast<size_t>((1 << 20) * scale) / 64 * 64);
@@ -258,16 +231,16 @@ absl::Status Run(int argc, char** argv) {
     for (int j = 0; j < kNumRows; ++j) {
       const Row& row = kRows[(j + it) % kNumRows];
       const int idx = static_cast<int>(&row - kRows);
-      RETURN_IF_ERROR(Barrier(*world));
+      RETURN_IF_ERROR(HostsBarrier(*world));
       const int64_t b0 = on_bed ? LinkBytes(link_dev) : 0;
-      RETURN_IF_ERROR(Barrier(*world));
+      RETURN_IF_ERROR(HostsBarrier(*world));
       const auto t0 = Clock::now();
       RETURN_IF_ERROR(Step(row.hybrid ? *hybrid : *flat, row.schedule, rank, false));
       if (row.gather)
         RETURN_IF_ERROR(GatherShards(row.hybrid ? *hybrid : *flat,
                                      row.hybrid ? hybrid_gathered : flat_gathered));
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-      RETURN_IF_ERROR(Barrier(*world));
+      RETURN_IF_ERROR(HostsBarrier(*world));
       if (it >= warmup) {
         times[idx].push_back(ms);
         if (on_bed) link[idx] += LinkBytes(link_dev) - b0;
@@ -283,7 +256,7 @@ absl::Status Run(int argc, char** argv) {
   for (const auto& v : times) flat_times.insert(flat_times.end(), v.begin(), v.end());
   ASSIGN_OR_RETURN(WorkPtr w, world->AllReduce(flat_times.data(), flat_times.data(),
                                                flat_times.size(), DType::kF64, ReduceOp::Max()));
-  RETURN_IF_ERROR(w->Wait(kTimeout));
+  RETURN_IF_ERROR(w->Wait(kHostsTimeout));
 
   // The check: every mode once with known gradients, every rank its own shard.
   int64_t wrong = 0;
@@ -303,7 +276,7 @@ absl::Status Run(int argc, char** argv) {
     wrong += bad;
   }
   ASSIGN_OR_RETURN(WorkPtr wc, world->AllReduce(&wrong, &wrong, 1, DType::kI64, ReduceOp::Sum()));
-  RETURN_IF_ERROR(wc->Wait(kTimeout));
+  RETURN_IF_ERROR(wc->Wait(kHostsTimeout));
   if (wrong != 0)
     return absl::InternalError(absl::StrCat(wrong, " wrong gradient elements over all ranks"));
 
