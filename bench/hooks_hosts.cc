@@ -118,11 +118,8 @@ absl::Status Run(int argc, char** argv) {
   const bool csv = hf.csv;
   const std::string& link_dev = hf.link;
 
-  Options options;
-  options.backend = "mpi";
-  options.timeout = kHostsTimeout;
-  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(options));
-  ASSIGN_OR_RETURN(std::unique_ptr<Group> world, backend->WorldGroup(backend->local_ranks().at(0)));
+  ASSIGN_OR_RETURN(HostsWorld hosts, OpenMpiWorld());
+  std::unique_ptr<Group>& world = hosts.world;
   const int n = world->size(), rank = world->rank();
   const OverlapModel model = Gpt2LikeModel(static_cast<int>(blocks), scale);
   sched::ReducerConfig rc;
@@ -184,7 +181,7 @@ absl::Status Run(int argc, char** argv) {
     }
   }
   reducers.clear();
-  backend.reset();  // before the world group: the last group finalizes MPI
+  hosts.backend.reset();  // before the world group: the last group finalizes MPI
   world.reset();
   return absl::OkStatus();
 }

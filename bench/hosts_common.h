@@ -3,7 +3,8 @@
 //
 //   ASSIGN_OR_RETURN(HostsFlags hf, HostsFlags::Read(f, /*default_iters=*/7));
 //   const int64_t b0 = LinkBytes(hf.link);   // -1 when the interface has no counters
-//   RETURN_IF_ERROR(HostsBarrier(*world));
+//   ASSIGN_OR_RETURN(HostsWorld w, OpenMpiWorld());   // the mpirun world, kHostsTimeout
+//   RETURN_IF_ERROR(HostsBarrier(*w.world));
 //
 // Contract: Read consumes --scale (in (0, 1]), --blocks, --iters, --warmup, --csv, --link and
 // refuses bad values by flag name; the caller refuses the flags left unused.
@@ -12,6 +13,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -19,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "bench/bench_flags.h"
+#include "comm/backend.h"
 #include "comm/group.h"
 #include "comm/status_macros.h"
 
@@ -60,6 +63,23 @@ inline int64_t LinkBytes(const std::string& dev) {
     total += v;
   }
   return total;
+}
+
+// The `mpi` backend's world under mpirun (this process's first local rank), with the benches'
+// deadline. Destroyed backend first, then the world group (the last group finalizes MPI).
+struct HostsWorld {
+  std::unique_ptr<Group> world;
+  std::unique_ptr<Backend> backend;
+};
+
+inline absl::StatusOr<HostsWorld> OpenMpiWorld() {
+  Options options;
+  options.backend = "mpi";
+  options.timeout = kHostsTimeout;
+  HostsWorld w;
+  ASSIGN_OR_RETURN(w.backend, CreateBackend(options));
+  ASSIGN_OR_RETURN(w.world, w.backend->WorldGroup(w.backend->local_ranks().at(0)));
+  return w;
 }
 
 inline absl::Status HostsBarrier(Group& g) {

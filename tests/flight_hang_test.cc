@@ -2,7 +2,6 @@
 // another order, a stall, a rank that never arrives), run to their short deadline or to the
 // local backend's mismatch error, each rank's flight recorder is written on the failure or the
 // abort (BRAID_FLIGHT_RECORDER_DIR), and the analysis (tools/braid_flight) names the culprit.
-#include <dirent.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -16,6 +15,7 @@
 #include "comm/backend.h"
 #include "gtest/gtest.h"
 #include "tests/multirank.h"
+#include "tests/temp_dir.h"
 #include "tools/flight_analysis.h"
 
 namespace braid {
@@ -24,27 +24,6 @@ namespace {
 using flight::FlightFinding;
 
 constexpr int kRanks = 4;
-
-class TempDir {
- public:
-  TempDir() {
-    char t[] = "/tmp/braid_flight_hang.XXXXXX";
-    path_ = mkdtemp(t);
-  }
-  ~TempDir() {
-    if (DIR* d = opendir(path_.c_str())) {
-      while (dirent* e = readdir(d)) {
-        if (e->d_name[0] != '.') unlink((path_ + "/" + e->d_name).c_str());
-      }
-      closedir(d);
-    }
-    rmdir(path_.c_str());
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // Runs `body` on kRanks local ranks with a 400 ms deadline and dumps into `dir`; returns the
 // analysis of the ranks' dumps (every rank must have written one).
@@ -102,7 +81,7 @@ void ExpectFirst(const std::vector<FlightFinding>& fs, FlightFinding::Kind kind,
 }
 
 TEST(FlightHangTest, NamesTheRankThatSkippedACollective) {
-  TempDir dir;
+  TempDir dir("braid_flight_hang");
   auto fs = RunAndAnalyze(dir, HoldFirstCall, [](Group& world) {
     if (world.rank() == 1) {
       IssueAll(world, {8, 24, 32});  // skips bucket 1 (16 elements)
@@ -115,7 +94,7 @@ TEST(FlightHangTest, NamesTheRankThatSkippedACollective) {
 }
 
 TEST(FlightHangTest, NamesTheRankThatIssuedInAnotherOrder) {
-  TempDir dir;
+  TempDir dir("braid_flight_hang");
   auto fs = RunAndAnalyze(dir, HoldFirstCall, [](Group& world) {
     if (world.rank() == 2) {
       IssueAll(world, {8, 24, 16, 32});
@@ -127,7 +106,7 @@ TEST(FlightHangTest, NamesTheRankThatIssuedInAnotherOrder) {
 }
 
 TEST(FlightHangTest, NamesTheRankThatStalledInACollective) {
-  TempDir dir;
+  TempDir dir("braid_flight_hang");
   // Rank 3 issues #2 but does not join it (stuck before the transport); the others time out.
   auto fs = RunAndAnalyze(
       dir, [](local::LocalBackend& b) { b.faults().StallRank(3, 2, absl::Seconds(20), "world"); },
@@ -139,7 +118,7 @@ TEST(FlightHangTest, NamesTheRankThatStalledInACollective) {
 }
 
 TEST(FlightHangTest, NamesTheRankThatNeverArrived) {
-  TempDir dir;
+  TempDir dir("braid_flight_hang");
   auto fs = RunAndAnalyze(
       dir, [](local::LocalBackend&) {},
       [](Group& world) {
@@ -161,7 +140,7 @@ TEST(FlightHangTest, NamesTheRankThatNeverArrived) {
 TEST(FlightHangTest, ToolNamesTheCulprit) {
   const char* tool = getenv("FLIGHT_TOOL");
   ASSERT_NE(tool, nullptr);
-  TempDir dir;
+  TempDir dir("braid_flight_hang");
   RunAndAnalyze(dir, HoldFirstCall, [](Group& world) {
     IssueAll(world, world.rank() == 3 ? std::vector<size_t>{8, 24, 32}
                                       : std::vector<size_t>{8, 16, 24, 32});

@@ -6,7 +6,6 @@
 // never replaced, the options' refusals naming the variable.
 #include "comm/flight_signal.h"
 
-#include <dirent.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -21,33 +20,13 @@
 #include "comm/backend.h"
 #include "gtest/gtest.h"
 #include "tests/multirank.h"
+#include "tests/temp_dir.h"
 #include "tools/flight_analysis.h"
 
 namespace braid {
 namespace {
 
 using flight::FlightFinding;
-
-class TempDir {
- public:
-  TempDir() {
-    char t[] = "/tmp/braid_flight_signal.XXXXXX";
-    path_ = mkdtemp(t);
-  }
-  ~TempDir() {
-    if (DIR* d = opendir(path_.c_str())) {
-      while (dirent* e = readdir(d)) {
-        if (e->d_name[0] != '.') unlink((path_ + "/" + e->d_name).c_str());
-      }
-      closedir(d);
-    }
-    rmdir(path_.c_str());
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 bool DefaultDisposition(int signo) {
   struct sigaction sa;
@@ -76,7 +55,7 @@ std::vector<flight::FlightDump> AwaitSignalDumps(const std::string& dir, int ran
 // it. An operator's kill -USR1 then writes every rank's ring, naming rank 2.
 TEST(FlightSignal, SignalWritesEveryRankAndNamesTheRankThatNeverArrived) {
   ASSERT_TRUE(DefaultDisposition(SIGUSR1));
-  TempDir dir;
+  TempDir dir("braid_flight_signal");
   {
     Options o = testing::LocalOptions(3, absl::Seconds(60));
     o.flight_recorder_dir = dir.path();
@@ -115,7 +94,7 @@ TEST(FlightSignal, SignalWritesEveryRankAndNamesTheRankThatNeverArrived) {
 }
 
 TEST(FlightSignal, OffUnlessAsked) {
-  TempDir dir;
+  TempDir dir("braid_flight_signal");
   Options o = testing::LocalOptions(1, absl::Seconds(60));
   o.flight_recorder_dir = dir.path();
   auto b = CreateBackend(o);
@@ -134,7 +113,7 @@ TEST(FlightSignal, NeverReplacesTheHostsHandler) {
   host.sa_handler = &HostHandler;
   sigemptyset(&host.sa_mask);
   ASSERT_EQ(sigaction(SIGUSR2, &host, &before), 0);
-  TempDir dir;
+  TempDir dir("braid_flight_signal");
   Options o = testing::LocalOptions(1, absl::Seconds(60));
   o.flight_recorder_dir = dir.path();
   o.flight_recorder_signal = SIGUSR2;
