@@ -11,7 +11,7 @@ import unittest
 import torch
 
 from braid import pytorch as bt
-from binding_test import _INIT_LOCK, run_ranks
+from rank_threads import INIT_LOCK, run_ranks
 
 # The forwards of the run: "sync" (grad, then backward), "no_sync" (grad, backward inside
 # no_sync()), "no_grad" (a forward under torch.no_grad(), BatchNorm still in train mode).
@@ -19,7 +19,7 @@ SCHEDULE = ["sync", "sync", "no_sync", "sync", "no_grad", "sync", "sync"]
 
 
 def _net():
-    with _INIT_LOCK:
+    with INIT_LOCK:
         torch.manual_seed(3)
         return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.BatchNorm1d(5),
                                    torch.nn.Tanh(), torch.nn.Linear(5, 3))

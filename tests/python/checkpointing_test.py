@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
 from braid import pytorch as bt
-from binding_test import _INIT_LOCK, run_ranks
+from rank_threads import INIT_LOCK, run_ranks
 
 N = 2
 STEPS = 3
@@ -59,7 +59,7 @@ class Net(torch.nn.Module):
 
     def __init__(self, reentrant=None):
         super().__init__()
-        with _INIT_LOCK:
+        with INIT_LOCK:
             torch.manual_seed(11)
             self.inp = torch.nn.Linear(5, 6)
             self.blocks = torch.nn.ModuleList([Block(6), Block(6)])
@@ -84,7 +84,7 @@ class Peek(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        with _INIT_LOCK:
+        with INIT_LOCK:
             torch.manual_seed(12)
             self.inp, self.block, self.out = (torch.nn.Linear(5, 6), Block(6),
                                               torch.nn.Linear(6, 3))

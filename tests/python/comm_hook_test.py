@@ -12,7 +12,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersg
 
 from braid import comm_hooks
 from braid import pytorch as bt
-from binding_test import _INIT_LOCK, run_ranks
+from rank_threads import INIT_LOCK, run_ranks
 from torch_idioms_ddp_test import TorchGroups
 
 N = 2
@@ -22,7 +22,7 @@ STEPS = 3
 class Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        with _INIT_LOCK:
+        with INIT_LOCK:
             torch.manual_seed(11)
             self.a, self.b = torch.nn.Linear(16, 32), torch.nn.Linear(32, 4)
             with torch.no_grad():  # gradients from ~1e-6 to ~1e2: f16 rounds and underflows

@@ -20,7 +20,7 @@ import unittest
 import torch
 
 from braid import pytorch as bt
-from binding_test import _INIT_LOCK, run_ranks
+from rank_threads import INIT_LOCK, run_ranks
 
 N = 2
 STEPS = 5
@@ -31,7 +31,7 @@ class Routed(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        with _INIT_LOCK:
+        with INIT_LOCK:
             torch.manual_seed(3)
             self.stem = torch.nn.Linear(5, 6)
             self.experts = torch.nn.ModuleList([torch.nn.Linear(6, 6) for _ in range(3)])

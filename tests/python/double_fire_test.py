@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
 from braid import pytorch as bt
-from binding_test import _INIT_LOCK, run_ranks
+from rank_threads import INIT_LOCK, run_ranks
 
 V, D = 11, 6
 STEPS = 3
@@ -43,7 +43,7 @@ class ReusedLM(torch.nn.Module):
 
     def __init__(self, reentrant=True):
         super().__init__()
-        with _INIT_LOCK:
+        with INIT_LOCK:
             torch.manual_seed(5)
             self.wte = torch.nn.Embedding(V, D)
             self.mix = torch.nn.Linear(D, D)
@@ -159,7 +159,7 @@ class SharedBiasNet(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        with _INIT_LOCK:
+        with INIT_LOCK:
             torch.manual_seed(6)
             self.wte = torch.nn.Embedding(V, D)
             self.blocks = torch.nn.ModuleList([torch.nn.Linear(D, D), torch.nn.Linear(D, D)])

@@ -18,7 +18,7 @@ import torch
 from braid import pytorch as bt
 from braid._fsdp_device import DeviceUnits, device_placement
 from braid._fsdp_policies import check_offload, offloads
-from binding_test import run_ranks
+from rank_threads import run_ranks
 from fully_shard_test import Net, _data, _shard
 
 N = 2

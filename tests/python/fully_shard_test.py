@@ -14,7 +14,7 @@ import unittest
 import torch
 
 from braid import pytorch as bt
-from binding_test import _INIT_LOCK, run_ranks
+from rank_threads import INIT_LOCK, run_ranks
 
 N = 2
 STEPS = 4
@@ -35,7 +35,7 @@ class Net(torch.nn.Module):
 
     def __init__(self, seed=3):
         super().__init__()
-        with _INIT_LOCK:
+        with INIT_LOCK:
             torch.manual_seed(seed)
             self.inp = torch.nn.Linear(5, 7)
             self.blocks = torch.nn.ModuleList([Block(7), Block(7)])

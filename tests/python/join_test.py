@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 import braid
 from braid import pytorch as bt
-from binding_test import _INIT_LOCK, run_ranks
+from rank_threads import INIT_LOCK, run_ranks
 
 # torch 1.13's Join and DDP ask dist.get_rank(group) for the rank, which needs a default process
 # group; ranks here are threads with a ProcessGroupGloo each, so answer from the group itself.
@@ -44,7 +44,7 @@ def _steps(r):
 class Net(torch.nn.Module):
     def __init__(self, norm=True):
         super().__init__()
-        with _INIT_LOCK:
+        with INIT_LOCK:
             torch.manual_seed(7)
             self.a, self.b = torch.nn.Linear(4, 6), torch.nn.Linear(6, 2)
             self.norm = torch.nn.BatchNorm1d(6) if norm else torch.nn.Identity()

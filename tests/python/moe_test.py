@@ -15,7 +15,7 @@ import unittest
 import torch
 
 import braid.pytorch as bt
-from binding_test import run_ranks
+from rank_threads import run_ranks
 from train_models import make_moe, moe_batch
 
 N, STEPS, LR, MAX_NORM = 4, 3, 0.05, 0.05

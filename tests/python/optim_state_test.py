@@ -18,7 +18,7 @@ import unittest
 import torch
 
 from braid import pytorch as bt
-from binding_test import _INIT_LOCK, run_ranks
+from rank_threads import INIT_LOCK, run_ranks
 
 BATCH = 8  # global rows per step, split evenly over the ranks
 STEPS, HALF = 6, 3
@@ -38,7 +38,7 @@ class _Twin(torch.nn.Module):
 
 
 def _net(seed=5, dtype=torch.float32):
-    with _INIT_LOCK:
+    with INIT_LOCK:
         torch.manual_seed(seed)
         net = _Twin()
     return net.to(dtype)

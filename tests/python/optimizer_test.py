@@ -13,14 +13,14 @@ import torch
 
 import braid
 from braid import pytorch as bt
-from binding_test import _INIT_LOCK, run_ranks
+from rank_threads import INIT_LOCK, run_ranks
 
 N = 2  # ranks
 STEPS = 6
 
 
 def _net(seed=5):
-    with _INIT_LOCK:
+    with INIT_LOCK:
         torch.manual_seed(seed)
         return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
 

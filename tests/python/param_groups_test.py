@@ -17,7 +17,7 @@ import unittest
 import torch
 
 from braid import pytorch as bt
-from binding_test import _INIT_LOCK, run_ranks
+from rank_threads import INIT_LOCK, run_ranks
 
 N = 2
 STEPS = 3
@@ -38,7 +38,7 @@ class Net(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        with _INIT_LOCK:
+        with INIT_LOCK:
             torch.manual_seed(5)
             self.inp = torch.nn.Linear(5, 7)
             self.blocks = torch.nn.ModuleList([Block(7), Block(7)])

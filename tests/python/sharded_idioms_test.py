@@ -12,7 +12,7 @@ import unittest
 import torch
 
 from braid import pytorch as bt
-from binding_test import _INIT_LOCK, run_ranks
+from rank_threads import INIT_LOCK, run_ranks
 
 N = 2  # ranks
 STEPS = 3
@@ -20,7 +20,7 @@ MAX_NORM = 0.2  # below every step's norm here, so the clipping changes every st
 
 
 def _net(seed=5, width=8):
-    with _INIT_LOCK:
+    with INIT_LOCK:
         torch.manual_seed(seed)
         return torch.nn.Sequential(torch.nn.Linear(6, width), torch.nn.Tanh(),
                                    torch.nn.Linear(width, 3))
@@ -407,7 +407,7 @@ class StepTest(Case):
         is read right after step() (the parameters, model.state_dict(), torch.save) is what
         the finished step gathers."""
         def body(r, g):
-            with _INIT_LOCK:
+            with INIT_LOCK:
                 torch.manual_seed(3)
                 net = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Tanh(),
                                           torch.nn.Linear(256, 256))

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
 from braid import pytorch as bt
-from binding_test import _INIT_LOCK, run_ranks
+from rank_threads import INIT_LOCK, run_ranks
 
 N = 2
 V, D = 11, 6
@@ -43,7 +43,7 @@ class TiedLM(torch.nn.Module):
 
     def __init__(self, reentrant=False):
         super().__init__()
-        with _INIT_LOCK:
+        with INIT_LOCK:
             torch.manual_seed(3)
             self.wte = torch.nn.Embedding(V, D)
             self.mix = torch.nn.Linear(D, D)
@@ -304,7 +304,7 @@ class TiedNet(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        with _INIT_LOCK:
+        with INIT_LOCK:
             torch.manual_seed(4)
             self.wte = torch.nn.Embedding(V, D)
             self.blocks = torch.nn.ModuleList([torch.nn.Linear(D, D), torch.nn.Linear(D, D)])

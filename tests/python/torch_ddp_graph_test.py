@@ -21,7 +21,7 @@ import warnings
 import torch
 
 from braid import pytorch as bt
-from binding_test import _INIT_LOCK, run_ranks
+from rank_threads import INIT_LOCK, run_ranks
 from torch_idioms_ddp_test import N, Net, TorchGroups, _batch, _grads
 
 PRIOR = "Expected to have finished reduction in the prior iteration before starting a new one."
@@ -116,7 +116,7 @@ class ControlFlow(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        with _INIT_LOCK:
+        with INIT_LOCK:
             torch.manual_seed(3)
             self.lin1, self.lin2 = torch.nn.Linear(4, 2), torch.nn.Linear(2, 2)
 
@@ -176,7 +176,7 @@ class StaticGraphTest(unittest.TestCase):
         class Nested(torch.nn.Module):
             def __init__(self):
                 super().__init__()
-                with _INIT_LOCK:
+                with INIT_LOCK:
                     torch.manual_seed(11)
                     self.lin = torch.nn.Linear(4, 2, bias=False)
 

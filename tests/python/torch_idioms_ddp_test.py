@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 import braid
 from braid import pytorch as bt
-from binding_test import _INIT_LOCK, run_ranks
+from rank_threads import INIT_LOCK, run_ranks
 
 N = 2
 
@@ -41,7 +41,7 @@ class Net(torch.nn.Module):
 
     def __init__(self, out=2):
         super().__init__()
-        with _INIT_LOCK:
+        with INIT_LOCK:
             torch.manual_seed(5)
             self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
             self.c, self.d = torch.nn.Linear(4, out), torch.nn.Linear(4, 2)
@@ -189,7 +189,7 @@ class TwoOut(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        with _INIT_LOCK:
+        with INIT_LOCK:
             torch.manual_seed(7)
             self.a, self.b, self.c = (torch.nn.Linear(4, 4) for _ in range(3))
 

@@ -14,7 +14,7 @@ import unittest
 import torch
 
 from braid import pytorch as bt
-from binding_test import _INIT_LOCK, run_ranks
+from rank_threads import INIT_LOCK, run_ranks
 
 N = 2
 
@@ -25,7 +25,7 @@ class Branchy(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        with _INIT_LOCK:
+        with INIT_LOCK:
             torch.manual_seed(2)
             self.a, self.b, self.c = (torch.nn.Linear(4, 4), torch.nn.Linear(4, 4),
                                       torch.nn.Linear(4, 2))
