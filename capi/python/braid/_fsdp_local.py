@@ -27,7 +27,8 @@ Contract:
   - Norms over shards are not torch's norm of the full gradient: torch.norm / vector_norm /
     clip_grad_norm_ on a gradient piece raise, naming model.clip_grad_norm_ (the global norm).
     Model state_dict() outside summon_full_params() raises (it would hold pieces).
-  - Mixed precision in this mode: the pieces have the parameters' dtype (see fully_shard's
+  - Mixed precision in this mode: the pieces have the parameters' dtype (float32 under a
+    param_dtype cast: braid/_fsdp_cast.py; see fully_shard's
     mp_policy for what is refused).
 """
 
@@ -94,7 +95,7 @@ class LocalShards:
             for pid, p in enumerate(fsdp._params):
                 address, count, offset = self.opt.param_shard(pid)
                 shape = piece_shape(len(fsdp._shapes[pid]), count)
-                local = _view(self.opt, address, count, p.dtype, shape, device)
+                local = _view(self.opt, address, count, fsdp._dtypes[pid], shape, device)
                 local.view(-1).copy_(p.detach().reshape(-1)[offset:offset + count])
                 self.pieces.append((local, offset))
         except BaseException:
@@ -130,7 +131,7 @@ class LocalShards:
         for pid, p in enumerate(self.fsdp._params):
             address, count, _ = reducer.grad_shard(pid)
             shape = piece_shape(len(self.fsdp._shapes[pid]), count)
-            mine = _view(reducer, address, count, p.dtype, shape, self.fsdp._device)
+            mine = _view(reducer, address, count, self.fsdp._dtypes[pid], shape, self.fsdp._device)
             kept = self.stash[pid]
             self.stash[pid] = None
             if kept is not None and kept.shape == mine.shape:

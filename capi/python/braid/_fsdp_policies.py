@@ -4,15 +4,16 @@ with each field on host tensors (docs/pytorch.md, "fully_shard"):
 
     fully_shard(net, mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.float32))
 
-  - param_dtype: None, or the parameters' own dtype. Another dtype is refused (ValueError naming
-    param_dtype): Braid gathers parameters in their registered dtype and has no cast on the
-    gather; train a bf16 module (net.to(torch.bfloat16)) with ShardedAdamW instead, which keeps
-    f32 master weights of the shards.
+  - param_dtype: None, the parameters' own dtype, or bfloat16 / float16 over float32 parameters:
+    units compute with param_dtype copies of their gathered parameters, gradients are reduced
+    and stepped in float32 (braid/_fsdp_cast.py). Another dtype is refused (ValueError naming
+    param_dtype).
   - reduce_dtype: None or the parameters' dtype (reduce in it), or float32 for bf16/f16
     parameters (reduced in f32, rounded once). A narrower reduce dtype than the parameters'
     is refused, naming reduce_dtype.
   - output_dtype: the root's floating-point outputs are cast to it (autograd flows through).
-  - cast_forward_inputs: accepted (it only acts with a param_dtype, which is the parameters').
+  - cast_forward_inputs: with a param_dtype cast, the root's and every unit's floating-point
+    inputs are cast to it (True, FSDP2's default) or left alone.
   - CPUOffloadPolicy on host modules: accepted, and a no-op with a meaning: parameters,
     gradients and optimizer state already live in host memory (the policy's goal). On CUDA
     modules (nccl worlds) ShardedAdamW / ShardedSGD keep master weights and moments in host
@@ -25,6 +26,8 @@ with each field on host tensors (docs/pytorch.md, "fully_shard"):
 import dataclasses
 
 import torch
+
+from ._fsdp_cast import param_cast
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,13 +65,8 @@ def reduce_dtype_for(mp, dtypes, where):
                                   not value.is_floating_point):
             raise ValueError("%s: mp_policy.%s=%r is not a floating-point torch.dtype" %
                              (where, field, value))
-    if mp.param_dtype is not None and set(dtypes) - {mp.param_dtype}:
-        raise ValueError(
-            "%s: mp_policy.param_dtype=%s with parameters of %s: Braid gathers parameters in "
-            "their own dtype (no cast on the gather); convert the module (net.to(%s)) and "
-            "train it with ShardedAdamW, which keeps f32 master weights of the shards, or leave "
-            "param_dtype None" % (where, mp.param_dtype, sorted(str(d) for d in dtypes),
-                                  mp.param_dtype))
+    param_cast(mp.param_dtype, dtypes, mp.cast_forward_inputs,
+               "%s: mp_policy" % where)  # refuses, naming param_dtype
     r = mp.reduce_dtype
     if r is None or set(dtypes) == {r}:
         return None
@@ -94,15 +92,3 @@ def offloads(policy):
     """Whether `policy` asks for offload (a CPUOffloadPolicy)."""
     return isinstance(policy, CPUOffloadPolicy)
 
-
-def cast_outputs(value, dtype):
-    """`value` (tensors in lists, tuples, dicts) with floating-point tensors cast to dtype."""
-    if isinstance(value, torch.Tensor):
-        return value.to(dtype) if value.is_floating_point() else value
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value)(*[cast_outputs(v, dtype) for v in value])
-    if isinstance(value, (list, tuple)):
-        return type(value)(cast_outputs(v, dtype) for v in value)
-    if isinstance(value, dict):
-        return {k: cast_outputs(v, dtype) for k, v in value.items()}
-    return value

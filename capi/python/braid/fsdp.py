@@ -8,6 +8,7 @@ import torch
 
 from . import _owners, core
 from ._ddp_reuse import fired_twice_fully_sharded, reuse_marks
+from ._fsdp_cast import param_cast
 from ._fsdp_device import DeviceUnits, HostUnits, device_placement
 from ._fsdp_local import LocalShards
 from ._fsdp_policies import check_offload, offloads
@@ -57,6 +58,9 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
           from then on, so a parameter used inside a reentrant torch.utils.checkpoint region and
           outside it (its hook fires twice) works when its unit stays gathered through the
           backward (the root unit; braid/_ddp_reuse.py). Without it a second fire is an error.
+    param_dtype: None, or bfloat16 / float16 over float32 parameters: units compute with
+          param_dtype copies, gradients are reduced and stepped in float32; with
+          cast_forward_inputs the root's and units' floating inputs are cast (_fsdp_cast.py).
     Parameters and buffers are broadcast from rank 0 at construction, like torch DDP.
     credit_mb, priorities: communication scheduling (braid.core.Reducer; off by default): the
           gradient reduce-scatters in partitions of at most credit_mb MiB, and with
@@ -69,7 +73,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
                  bucket_cap_mb=25.0, first_bucket_cap_mb=1.0, find_unused_parameters=False,
                  reduce_dtype=None, broadcast_from_rank0=True, timeout_ms=300000,
                  timeline_prefix=None, credit_mb=0.0, priorities=False, static_graph=False,
-                 offload_policy=None):
+                 offload_policy=None, param_dtype=None, cast_forward_inputs=True):
         super().__init__()
         if mode not in ("reduce_scatter", "hybrid"):
             raise ValueError("FullyShardedDataParallel mode %r: reduce_scatter or hybrid (use "
@@ -102,6 +106,9 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         self._params = [p for _, p in named]
         self._names = [n for n, _ in named]
         self._shapes = [p.shape for _, p in named]  # full shapes (pieces: (1, .., 1, count))
+        self._dtypes = [p.dtype for _, p in named]  # registered (master) dtypes
+        self._cast = param_cast(param_dtype, self._dtypes, cast_forward_inputs,
+                                "FullyShardedDataParallel")  # braid/_fsdp_cast.py
         self._unit_of = [owner.get(id(p), _ROOT) for p in self._params]
         self.unit_modules = unit_modules
         self.unit_names = ["<root>"] + [names[id(m)] for m in unit_modules]
@@ -219,14 +226,23 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         self._kept = []
 
     # -- views
-    def _bind(self, pid):
+    def _bind(self, pid, compute=True):
         address, count = self._opt.param(pid)
         p = self._params[pid]
-        view = _view(self._opt, address, count, p.dtype, self._shapes[pid], self._device)
+        view = _view(self._opt, address, count, self._dtypes[pid], self._shapes[pid],
+                     self._device)
+        if compute:  # a unit entered: its param_dtype copy (braid/_fsdp_cast.py)
+            view = self._cast.compute(pid, view)
+            address = view.data_ptr()
+        old = self._views[pid]
+        if old is not None and old.data_ptr() != address:  # bound again: a new copy
+            self._by_address.pop(old.data_ptr(), None)
         self._views[pid] = view
         self._by_address[address] = pid
         p.data = view
         p._braid_released = False
+        if compute:
+            self._cast.track(pid, p, functools.partial(self._grad_ready, pid))
 
     def _release(self, pid):
         p = self._params[pid]
@@ -238,7 +254,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
             p.data = self._local.piece(pid)  # this rank's piece (_fsdp_local.py)
             return
         p._braid_released = False  # lets the setter through
-        p.data = _released_data(p.dtype, p.shape, self._device)
+        p.data = _released_data(self._dtypes[pid], p.shape, self._device)
         p._braid_released = True
 
     def _pack(self, t):
@@ -347,6 +363,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
                                    "backward or in a hook)")
         self._end_step()
         grad = torch.is_grad_enabled()
+        args, kwargs = self._cast.inputs(args, kwargs)
         self._armed = self._sync
         if self._active[_ROOT]:
             self._enter(_ROOT, "forward")
@@ -387,8 +404,9 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
             # no_grad (reentrant checkpoint around it) is gathered for its backward now.
             if unit not in self._entered:
                 self._enter(unit, "backward")
-            return
+            return self._cast.inputs(inputs, {})[0]
         self._enter(unit, "forward")
+        return self._cast.inputs(inputs, {})[0]
 
     def _unit_post_forward(self, unit, module, inputs, output):
         if self._opt is None or self._summoned:
@@ -448,7 +466,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
             if g is None:
                 raise RuntimeError("parameter %r: no gradient at its AccumulateGrad hook" %
                                    self._names[pid])
-            self._cuda.mark_grad(self.reducer, pid, g.detach().contiguous())
+            self._cuda.mark_grad(self.reducer, pid, self._cast.grad(pid, g.detach()).contiguous())
             p.grad = None  # Braid copied it: the full-size gradient is freed now
             pending.discard(pid)
             if not pending and unit != _ROOT:
@@ -541,7 +559,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         self._summoned = True
         try:
             for pid in range(len(self._params)):
-                self._bind(pid)
+                self._bind(pid, compute=False)  # the master values, as FSDP2's full_tensor()
             yield self
             if writeback:
                 for pid, p in enumerate(self._params):
@@ -567,8 +585,8 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
             values = []
             for pid, p in enumerate(self._params):
                 address, count = self._opt.param(pid)
-                values.append(_view(self._opt, address, count, p.dtype, self._shapes[pid],
-                                    self._device).clone())
+                values.append(_view(self._opt, address, count, self._dtypes[pid],
+                                    self._shapes[pid], self._device).clone())
         finally:
             self._cuda.order_gathers()  # the copies, before the buffers go back
             self._opt.summon_params(False)

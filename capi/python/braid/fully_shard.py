@@ -31,9 +31,9 @@ Contract (docs/pytorch.md, "fully_shard", says what maps from FSDP2 and what is 
 import torch
 
 from . import core
+from ._fsdp_cast import cast_outputs
 from ._fsdp_policies import (CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy,  # noqa: F401
-                             cast_outputs, check_offload, offloads,
-                             reduce_dtype_for)
+                             check_offload, offloads, reduce_dtype_for)
 from .fsdp import FullyShardedDataParallel
 
 _BRAID_KEYS = ("prefetch", "max_live_mb", "bucket_cap_mb", "first_bucket_cap_mb",
@@ -266,6 +266,11 @@ def _finalize(root):
                 raise ValueError("fully_shard: unit %s has another mp_policy.reduce_dtype than "
                                  "the root; Braid reduces a model in one dtype" %
                                  type(m).__name__)
+        casts = {_param_cast(m._braid_fsdp.mp, dtypes) for m in units + [root]}
+        if len(casts) > 1:
+            raise ValueError("fully_shard: mp_policy.param_dtype / cast_forward_inputs differ "
+                             "between units; Braid computes a model in one param_dtype")
+        param_dtype, cast_inputs = casts.pop()
         if len({offloads(m._braid_fsdp.offload) for m in units + [root]}) > 1:
             raise ValueError("fully_shard: offload_policy differs between units; Braid offloads "
                              "the whole model's optimizer state or none of it")
@@ -284,13 +289,22 @@ def _finalize(root):
             st.engine = FullyShardedDataParallel(
                 root, shard, units=units,
                 reshard_after_forward=reshards.pop() if reshards else True,
-                reduce_dtype=reduce_dtype, **options)
+                reduce_dtype=reduce_dtype, param_dtype=param_dtype,
+                cast_forward_inputs=cast_inputs, **options)
         except BaseException:
             for m in units + [root]:
                 m._braid_fsdp.root = None
             raise
     finally:
         st.initializing = False
+
+
+def _param_cast(mp, dtypes):
+    """(param_dtype, cast_forward_inputs) of a unit's mp_policy over parameters of `dtypes`
+    (None: no cast)."""
+    if mp is None or mp.param_dtype is None or set(dtypes) == {mp.param_dtype}:
+        return (None, True)
+    return (mp.param_dtype, bool(mp.cast_forward_inputs))
 
 
 def _prefetch_depth(root, units, depth):
