@@ -12,6 +12,9 @@ Rows (each trains STEPS steps from the same initial weights):
   braid_torchopt   braid fully_shard + torch.optim.AdamW over this rank's pieces
   torch_fsdp2_off  torch's fully_shard with CPUOffloadPolicy (AdamW steps on the CPU)
   braid_off        braid fully_shard with CPUOffloadPolicy + ShardedAdamW (CPU kernel)
+  torch_fsdp2_bf16 torch's fully_shard with MixedPrecisionPolicy(param_dtype=bfloat16,
+                   reduce_dtype=float32) + torch.optim.AdamW: the reference of the next row
+  braid_bf16       braid fully_shard with the same policy + torch.optim.AdamW (its pieces)
 Columns: max |difference| of losses and parameters against `torch`, median step time
 (steps after the first two, device synchronized), peak device memory: torch's
 max_memory_allocated plus, for Braid rows, Braid's own device peak (memory_stats(): Braid
@@ -129,32 +132,39 @@ def row_torch(device, data):
 
 def _fsdp2():
     try:
-        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard  # torch >= 2.6
+        from torch.distributed.fsdp import (  # torch >= 2.6
+            CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard)
     except ImportError:
-        from torch.distributed._composable.fsdp import CPUOffloadPolicy, fully_shard
-    return fully_shard, CPUOffloadPolicy
+        from torch.distributed._composable.fsdp import (
+            CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard)
+    return fully_shard, CPUOffloadPolicy, MixedPrecisionPolicy
 
 
-def row_torch_fsdp2(device, data, offload):
-    fully_shard, cpu_offload = _fsdp2()
+def row_torch_fsdp2(device, data, offload, bf16=False):
+    fully_shard, cpu_offload, mp = _fsdp2()
     net = Net().to(device)
     peak_reset(device)
     kw = {"offload_policy": cpu_offload()} if offload else {}
+    if bf16:
+        kw["mp_policy"] = mp(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     shard_blocks(net, fully_shard, **kw)
     opt = torch.optim.AdamW(net.parameters(), lr=LR, weight_decay=WD)
     losses, times = train(net, opt, data, device)
     # One rank: the local shard is the whole parameter (full_tensor() would all-gather, which
     # NCCL cannot do for the offloaded host shards).
     params = [p.to_local().detach().cpu().reshape(p.shape) for p in net.parameters()]
-    return Row("torch_fsdp2_off" if offload else "torch_fsdp2", losses, params, times,
-               torch_peak(device))
+    name = "torch_fsdp2_bf16" if bf16 else "torch_fsdp2_off" if offload else "torch_fsdp2"
+    return Row(name, losses, params, times, torch_peak(device))
 
 
-def row_braid(device, data, group, optimizer, offload, name, lr=LR):
+def row_braid(device, data, group, optimizer, offload, name, lr=LR, bf16=False):
     import braid.pytorch as bt
     net = Net().to(device)
     peak_reset(device)
     kw = {"offload_policy": bt.CPUOffloadPolicy()} if offload else {}
+    if bf16:
+        kw["mp_policy"] = bt.MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                  reduce_dtype=torch.float32)
     shard_blocks(net, bt.fully_shard, group=group, **kw)
     if optimizer == "sharded":
         opt = bt.ShardedAdamW(net.parameters(), lr=lr, weight_decay=WD)
@@ -235,6 +245,7 @@ def gpu_check():
         try:
             rows.append(guarded("torch_fsdp2", row_torch_fsdp2, device, data, False))
             rows.append(guarded("torch_fsdp2_off", row_torch_fsdp2, device, data, True))
+            bf16_ref = guarded("torch_fsdp2_bf16", row_torch_fsdp2, device, data, False, True)
         finally:
             dist.destroy_process_group()
     uid = braid.nccl_unique_id()
@@ -244,7 +255,14 @@ def gpu_check():
                                ("braid_torchopt", "torch", False),
                                ("braid_off", "sharded", True)):
             rows.append(guarded(name, row_braid, device, data, g, opt, off, name))
+        bf16_row = guarded("braid_bf16", row_braid, device, data, g, "torch", False,
+                           "braid_bf16", LR, True)
     failed = judge(rows, rows[0])
+    print("-- bf16 compute (MixedPrecisionPolicy), against torch_fsdp2_bf16:")
+    if bf16_ref.losses is None:
+        failed.append("torch_fsdp2_bf16")
+    else:
+        failed += judge([bf16_row], bf16_ref)
     print("fsdp_cuda_check %s%s" % ("FAIL: " if failed else "PASS", ", ".join(failed)))
     return not failed
 
