@@ -215,7 +215,7 @@ bool MpiFakeNcclApi::StepLocked(Comm* c, Op* op) {
       case Op::Kind::kReduceScatter: {
         const size_t in = op->count * es * (op->kind == Op::Kind::kAllReduce ? 1 : c->size);
         op->mine.resize(in + sizeof(double));
-        std::memcpy(op->mine.data(), op->send, in);
+        if (in > 0) std::memcpy(op->mine.data(), op->send, in);  // (send may be null when empty)
         std::memcpy(op->mine.data() + in, &op->scalar, sizeof(double));
         op->gathered.resize(op->mine.size() * c->size);
         MPI_Iallgather(op->mine.data(), static_cast<int>(op->mine.size()), MPI_BYTE,
@@ -232,7 +232,7 @@ bool MpiFakeNcclApi::StepLocked(Comm* c, Op* op) {
         break;
       }
       case Op::Kind::kBroadcast:
-        if (c->rank == op->root && op->send != op->recv)
+        if (c->rank == op->root && op->send != op->recv && op->count > 0)
           std::memmove(op->recv, op->send, op->count * es);
         MPI_Ibcast(op->recv, static_cast<int>(op->count * es), MPI_BYTE, op->root, c->mpi,
                    &op->req);
