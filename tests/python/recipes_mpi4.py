@@ -11,9 +11,9 @@ reference, with the models, data and loops of the local tests imported, not copi
   - divergent control flow (divergent_test.Routed, find_unused_parameters) under hybrid and
     FullyShardedDataParallel + ShardedAdamW against torch's DDP(find_unused_parameters=True)
     + AdamW;
-  - MoE expert groups (moe_test: the trunk ZeRO-2 over the world, each expert pair over a
-    2-rank expert-data-parallel group, one ShardedAdamW.linked, one clip) against moe_test's
-    serial reference.
+  - MoE expert groups (moe_test: the trunk ZeRO-2 over the world or hybrid 2 x 2, each expert
+    pair over a 2-rank expert-data-parallel group, one ShardedAdamW.linked, one clip) against
+    moe_test's serial reference.
 Tolerance 1e-6 (1e-5 relative where the local tests use it): gloo's ring adds 4 ranks in
 another order than Braid, and Braid's AdamW kernel rounds as its own. Every failure is
 collected; the process exits 1 naming each."""
@@ -163,13 +163,15 @@ def _divergent(group, mesh):
 def _moe(group):
     case = moe_test.MoETest()
     want_trunk, want_experts, want_norms = moe_test._reference(group.size)
-    try:
-        got = moe_test.dense_and_experts(case, group.rank, group, hybrid=False)
-        moe_test.check_dense_and_experts(case, [got], want_trunk, want_experts, want_norms,
-                                         first_rank=group.rank)
-    except AssertionError as e:
-        return ["MoE ZeRO-2: %s" % e]
-    return []
+    fails = []
+    for hybrid in (False, True):  # the trunk ZeRO-2, or hybrid 2 x 2
+        try:
+            got = moe_test.dense_and_experts(case, group.rank, group, hybrid)
+            moe_test.check_dense_and_experts(case, [got], want_trunk, want_experts, want_norms,
+                                             first_rank=group.rank)
+        except AssertionError as e:
+            fails.append("MoE %s trunk: %s" % ("hybrid" if hybrid else "ZeRO-2", e))
+    return fails
 
 
 def main():
