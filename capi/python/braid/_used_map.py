@@ -35,7 +35,8 @@ DDP_AGREEMENT = "declared_at_finish"
 
 
 def agreement_options(enabled, how, static_graph):
-    """Reducer keyword arguments: the agreement `how` ("declared" / "at_finish") if enabled."""
+    """Reducer keyword arguments: the agreement `how` ("declared_at_finish" / "at_finish" /
+    "declared") if enabled."""
     if not enabled:
         return {}
     return {"agree_unused": how, "static_graph": bool(static_graph)}
