@@ -10,8 +10,10 @@ over gloo + torch.optim.AdamW in the same process (ranks are threads: Braid's `l
 and one torch ProcessGroupGloo per thread, join_test.TorchGroups): all-reduce DDP + torch
 AdamW bit for bit at 2 ranks, ZeRO-2 (reduce_scatter) + ShardedAdamW at 2 and 4 ranks, hybrid
 2 x 2 + ShardedAdamW, and all-reduce at 4 ranks, to 1e-6 (Braid's AdamW kernel, and gloo's
-ring sums 4 ranks in another order). Weight decay is large enough that stepping an unused
-parameter would show."""
+ring sums 4 ranks in another order); ZeRO-2 also with a no_sync window, and with
+static_graph=True (against torch's static_graph: the first step's map is kept). Weight decay is
+large enough that stepping an unused parameter would show. (FullyShardedDataParallel refuses
+a hook with an undefined gradient by name: fsdp.py.)"""
 
 import unittest
 
@@ -55,8 +57,15 @@ def _schedule(r, step):
     return r != step % 2, r == (step + 1) % 2
 
 
-def _loss(model, net, r, step, micro=0):
-    net.blocked, use_aux = _schedule(r, step + micro)
+def _static_schedule(r, step):
+    """static_graph: the same graph every step on every rank (side always blocked: no rank
+    ever gets its gradient; aux always in the loss)."""
+    del r, step
+    return True, True
+
+
+def _loss(model, net, r, step, micro=0, schedule=_schedule):
+    net.blocked, use_aux = schedule(r, step + micro)
     g = torch.Generator().manual_seed(1000 * r + 10 * step + micro)
     x, y = torch.randn(4, 5, generator=g), torch.randn(4, 2, generator=g)
     out, aux = model(x)
@@ -64,15 +73,15 @@ def _loss(model, net, r, step, micro=0):
     return loss + aux.pow(2).mean() if use_aux else loss
 
 
-def _train(r, model, net, opt, window=False):
+def _train(r, model, net, opt, window=False, schedule=_schedule):
     """Parameters after each step. window: odd steps accumulate a no_sync microbatch first
     (with the next step's routing: what it used counts as used, as torch's local_used_map)."""
     history = []
     for s in range(STEPS):
         if window and s % 2 == 1:
             with model.no_sync():
-                _loss(model, net, r, s, 1).backward()
-        _loss(model, net, r, s).backward()
+                _loss(model, net, r, s, 1, schedule).backward()
+        _loss(model, net, r, s, 0, schedule).backward()
         opt.step()
         if isinstance(opt, torch.optim.AdamW):
             opt.zero_grad(set_to_none=True)
@@ -86,24 +95,26 @@ def _train(r, model, net, opt, window=False):
 
 class ReachedWithoutGradientTest(unittest.TestCase):
 
-    def check(self, n, wrap, exact=False, window=False):
+    def check(self, n, wrap, exact=False, window=False, static_graph=False):
         """wrap(net, group) -> (model, optimizer): Braid's run, against torch DDP + AdamW."""
         torch_groups = TorchGroups(n, "reached-%d-%s-%s" % (n, id(wrap), window))
         kept = []
+        schedule = _static_schedule if static_graph else _schedule
 
         def body(r, g):
             net = Gated()
             model, opt = wrap(net, g)
-            mine = _train(r, model, net, opt, window)
+            mine = _train(r, model, net, opt, window, schedule)
             if isinstance(opt, bt.ShardedAdamW):
                 opt.close()
             model.close()
             ref_net = Gated()
             ref = torch.nn.parallel.DistributedDataParallel(
-                ref_net, process_group=torch_groups.group(r), find_unused_parameters=True)
+                ref_net, process_group=torch_groups.group(r),
+                find_unused_parameters=not static_graph, static_graph=static_graph)
             kept.append(ref)
             ref_opt = torch.optim.AdamW(ref_net.parameters(), lr=0.01, weight_decay=0.5)
-            return mine, _train(r, ref, ref_net, ref_opt, window)
+            return mine, _train(r, ref, ref_net, ref_opt, window, schedule)
 
         tol = dict(rtol=0, atol=0) if exact else dict(rtol=0, atol=1e-6)
         for r, (got, want) in enumerate(run_ranks(n, body)):
@@ -148,6 +159,16 @@ class ReachedWithoutGradientTest(unittest.TestCase):
                                                find_unused_parameters=True)
             return model, bt.ShardedAdamW(net.parameters(), lr=0.01, weight_decay=0.5)
         self.check(2, wrap, window=True)
+
+    def test_zero2_static_graph(self):
+        # torch's first static iteration counts side unused (its hooks got undefined
+        # gradients) and keeps that map: side is never stepped.
+        def wrap(net, g):
+            model = bt.DistributedDataParallel(net, g, mode="reduce_scatter",
+                                               bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-5,
+                                               static_graph=True)
+            return model, bt.ShardedAdamW(net.parameters(), lr=0.01, weight_decay=0.5)
+        self.check(2, wrap, static_graph=True)
 
     def test_hybrid_sharded_adamw(self):
         def wrap(net, g):

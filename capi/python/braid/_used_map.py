@@ -23,8 +23,9 @@ Contract:
     stays, and counts as used, as torch's local_used_map accumulated over no_sync).
     The price: ShardedAdamW steps no bucket before the backward ends (the map is final only
     then); the reductions still overlap the backward.
-  - static_graph: the first synced backward agrees on the marks, then that map is kept; a hook
-    with an undefined gradient is still marked there (its marks are counted: braid/_ddp_reuse.py).
+  - static_graph: the first synced backward agrees on the marks, then that map is kept (as
+    torch's first static iteration); a hook with an undefined gradient is left unmarked in
+    every backward alike, so the counted marks (braid/_ddp_reuse.py) stay the same.
   - FullyShardedDataParallel / fully_shard: "at_finish", the parameters this rank marked (those
     that received a gradient in the backward or its no_sync window) agreed after the backward.
 """
@@ -53,9 +54,8 @@ def declare_unused(reducer, agrees, armed, unused):
 
 def marks_hook(ddp, got):
     """In `ddp`'s AccumulateGrad hook: False when the hook got no gradient (`got` False: an
-    undefined one, as torch's _DDPSink or a custom Function returning None send) and the
-    reducer agrees on marks for a sharded optimizer (not static_graph, whose marks are
-    counted): left unmarked, it is zero-filled at the backward's end and unused on this rank.
-    True otherwise (all-reduce mode agrees in braid/_ddp_grads.py from .grad itself)."""
-    agrees_on_marks = ddp._declares and ddp._stepper is not None and not ddp._marks_counted
+    undefined one, as a custom Function returning None sends) and the reducer agrees on marks
+    for a sharded optimizer: left unmarked, it is zero-filled at the backward's end and unused
+    on this rank. True otherwise (all-reduce mode agrees in braid/_ddp_grads.py from .grad)."""
+    agrees_on_marks = ddp._declares and ddp._stepper is not None
     return got or not agrees_on_marks
