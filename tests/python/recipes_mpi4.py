@@ -13,7 +13,9 @@ reference, with the models, data and loops of the local tests imported, not copi
     + AdamW;
   - MoE expert groups (moe_test: the trunk ZeRO-2 over the world or hybrid 2 x 2, each expert
     pair over a 2-rank expert-data-parallel group, one ShardedAdamW.linked, one clip) against
-    moe_test's serial reference.
+    moe_test's serial reference;
+  - parameters reached without a gradient (no_grad_reached_test.Gated, find_unused_parameters)
+    under ZeRO-2 and hybrid + ShardedAdamW against torch's DDP + AdamW.
 Tolerance 1e-6 (1e-5 relative where the local tests use it): gloo's ring adds 4 ranks in
 another order than Braid, and Braid's AdamW kernel rounds as its own. Every failure is
 collected; the process exits 1 naming each."""
@@ -29,6 +31,7 @@ import checkpointing_test
 import divergent_test
 import join_test
 import moe_test
+import no_grad_reached_test as reached
 import tied_weights_test
 import train_compare  # init_gloo
 
@@ -160,6 +163,29 @@ def _divergent(group, mesh):
     return fails
 
 
+def _reached(group, mesh):
+    """find_unused_parameters with parameters reached but without a gradient
+    (no_grad_reached_test.Gated) under ZeRO-2 and hybrid + ShardedAdamW."""
+    rank = group.rank
+    ref_net = reached.Gated()
+    ref = TorchDDP(ref_net, find_unused_parameters=True)
+    want = reached._train(rank, ref, ref_net, torch.optim.AdamW(
+        ref_net.parameters(), lr=0.01, weight_decay=0.5))
+    fails = []
+    for mode, placement in (("ZeRO-2", dict(group=group, mode="reduce_scatter")),
+                            ("hybrid", dict(group=mesh[0], replica_group=mesh[1],
+                                            mode="hybrid"))):
+        net = reached.Gated()
+        model = bt.DistributedDataParallel(net, **placement, bucket_cap_mb=1e-4,
+                                           first_bucket_cap_mb=1e-5, find_unused_parameters=True)
+        opt = bt.ShardedAdamW(net.parameters(), lr=0.01, weight_decay=0.5)
+        fails += _differences("reached without gradient " + mode,
+                              reached._train(rank, model, net, opt), want)
+        opt.close()
+        model.close()
+    return fails
+
+
 def _moe(group):
     case = moe_test.MoETest()
     want_trunk, want_experts, want_norms = moe_test._reference(group.size)
@@ -189,6 +215,7 @@ def main():
     failures += _join(group)
     failures += _divergent(group, mesh)
     failures += _moe(group)
+    failures += _reached(group, mesh)
     for g in mesh:
         g.close()
     group.close()
@@ -198,7 +225,8 @@ def main():
                                                            "\n  ".join(failures)))
         return 1
     print("recipes_mpi4 rank %d: tied weights, checkpointing (both), join, divergent (hybrid, "
-          "fully sharded) and MoE experts match their references" % rank)
+          "fully sharded), MoE experts and reached-without-gradient match their references"
+          % rank)
     return 0
 
 
