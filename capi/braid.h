@@ -494,8 +494,12 @@ typedef struct braid_reducer_options {
    * grad: moments, weight decay and that parameter's step count stay), and steps the rest with
    * the average (zeros from the ranks that did not use them). BRAID_UNUSED_DECLARED: the same
    * agreement issued as the backward's first collective, so it overlaps the backward, from the
-   * ids every rank passes to braid_reducer_declare_unused in every backward. Both imply
-   * allow_unused. Other values: INVALID_ARGUMENT. */
+   * ids every rank passes to braid_reducer_declare_unused in every backward.
+   * BRAID_UNUSED_DECLARED_AT_FINISH: the declared ids are zero-filled and counted ready early,
+   * as with DECLARED, but the agreement runs as with AT_FINISH, on what was marked: a parameter
+   * neither declared nor marked is unused (torch's parameter that the outputs reach but that
+   * gets no gradient); an optimizer then steps nothing before the backward ends. All three
+   * imply allow_unused. Other values: INVALID_ARGUMENT. */
   int agree_unused;
   /* 1: with agree_unused, only the first synced backward agrees, at its end on what was marked
    * (DECLARED too: a parameter neither declared nor marked is unused, as in torch's first
@@ -515,10 +519,11 @@ typedef struct braid_reducer_options {
   const int* param_marks;
 } braid_reducer_options_t;
 
-#define BRAID_UNUSED_NONE 0      /* braid_reducer_options_t.agree_unused */
-#define BRAID_UNUSED_AT_FINISH 1 /* agreed after the backward's buckets */
-#define BRAID_UNUSED_DECLARED 2  /* agreed first, from braid_reducer_declare_unused */
-#define BRAID_MARKS_COUNTED 0    /* braid_reducer_options_t.param_marks: counted, not declared */
+#define BRAID_UNUSED_NONE 0               /* braid_reducer_options_t.agree_unused */
+#define BRAID_UNUSED_AT_FINISH 1          /* agreed after the backward's buckets */
+#define BRAID_UNUSED_DECLARED 2           /* agreed first, from braid_reducer_declare_unused */
+#define BRAID_UNUSED_DECLARED_AT_FINISH 3 /* declared, agreed after the buckets on marks */
+#define BRAID_MARKS_COUNTED 0 /* braid_reducer_options_t.param_marks: counted, not declared */
 
 BRAID_API void braid_reducer_options_init(braid_reducer_options_t* opts);
 
@@ -573,10 +578,11 @@ BRAID_API braid_status_t braid_reducer_mark_ready_grad(braid_reducer_t* reducer,
  * (unmarked parameters, named, without allow_unused; no backward; an optimizer owns the
  * backward), TIMEOUT / PEER_ERROR naming bucket and group. */
 BRAID_API braid_status_t braid_reducer_finish_backward(braid_reducer_t* reducer);
-/* Since 0.11, agree_unused = BRAID_UNUSED_DECLARED: the n ids (NULL when n = 0) this rank will
- * not mark in the current backward (torch finds them at the forward's end). Every rank calls
- * it once in every backward (n = 0 too), after begin_backward and before any mark_ready of it.
- * A synced backward issues the used-map agreement first, then zero-fills the declared
+/* Since 0.11, agree_unused = BRAID_UNUSED_DECLARED or _DECLARED_AT_FINISH: the n ids (NULL
+ * when n = 0) this rank will not mark in the current backward (torch finds them at the
+ * forward's end). Every rank calls it once in every backward (n = 0 too), after begin_backward
+ * and before any mark_ready of it. A synced backward issues the used-map agreement first
+ * (DECLARED; _DECLARED_AT_FINISH agrees at finish_backward), then zero-fills the declared
  * gradients (a BRAID_NO_SYNC window's sums stay) and counts them ready, so later buckets need
  * not wait for the end of the backward; a BRAID_NO_SYNC backward ignores the list. Errors:
  * FAILED_PRECONDITION (other agree_unused, outside a backward, twice, after a mark_ready; a

@@ -101,9 +101,10 @@ absl::StatusOr<sched::ReducerConfig> ToConfig(const braid_reducer_options_t& o) 
         "opts->shard_gradients needs BRAID_MODE_REDUCE_SCATTER or BRAID_MODE_HYBRID (all-reduce "
         "mode keeps every full gradient)");
   }
-  if (o.agree_unused < BRAID_UNUSED_NONE || o.agree_unused > BRAID_UNUSED_DECLARED) {
+  if (o.agree_unused < BRAID_UNUSED_NONE || o.agree_unused > BRAID_UNUSED_DECLARED_AT_FINISH) {
     return absl::InvalidArgumentError(
-        absl::StrCat("opts->agree_unused must be BRAID_UNUSED_NONE, _AT_FINISH or _DECLARED, got ",
+        absl::StrCat("opts->agree_unused must be BRAID_UNUSED_NONE, _AT_FINISH, _DECLARED or "
+                     "_DECLARED_AT_FINISH, got ",
                      o.agree_unused));
   }
   if (o.static_graph != 0 && o.static_graph != 1) {

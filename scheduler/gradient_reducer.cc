@@ -232,7 +232,7 @@ absl::Status GradientReducer::MarkReadyImpl(ParamId id, DeviceEvent ready, const
   if (!i.ok()) return absl::NotFoundError(absl::StrCat("MarkReady: unknown parameter id ", id));
   const ParamSpec& p = plan_.params()[*i];
   if (!with_values && !storage_->takes_bare_marks()) return storage_->BareMarkError(*i);
-  if (config_.agree_unused == UnusedAgreement::kDeclared && sync_ != SyncMode::kNoSync &&
+  if (Declares(config_.agree_unused) && sync_ != SyncMode::kNoSync &&
       !declared_.load(std::memory_order_acquire)) {
     return absl::FailedPreconditionError(
         absl::StrCat("MarkReady(", p.Label(), ") before DeclareUnused: with agree_unused = ",
@@ -350,7 +350,7 @@ absl::Status GradientReducer::FinishBackward() {
     }
   }
   absl::Status unused_error;
-  if (config_.agree_unused == UnusedAgreement::kDeclared && !declared_.load()) {
+  if (Declares(config_.agree_unused) && !declared_.load()) {
     unused_error = absl::FailedPreconditionError(
         "FinishBackward without DeclareUnused: with agree_unused = declared, every rank "
         "declares its unused parameters (an empty list too) in every backward");

@@ -31,8 +31,14 @@ enum class ReduceMode { kAllReduce, kReduceScatter, kHybrid };
 enum class SyncMode { kSync, kNoSync, kReduceScatterOnly };
 // Which parameters some rank used in a synced backward (scheduler/used_map.h): not agreed;
 // agreed at FinishBackward; or agreed as the backward's first collective from the set each rank
-// declares up front (GradientReducer::DeclareUnused, every synced backward on every rank).
-enum class UnusedAgreement { kNone, kAtFinish, kDeclared };
+// declares up front (GradientReducer::DeclareUnused, every synced backward on every rank);
+// or declared up front (zero-filled early) but agreed at FinishBackward on what was marked, so
+// a parameter neither declared nor marked is unused (torch's reached-but-no-gradient).
+enum class UnusedAgreement { kNone, kAtFinish, kDeclared, kDeclaredAtFinish };
+// The framework declares the parameters it will not mark (DeclareUnused) in every backward.
+inline bool Declares(UnusedAgreement a) {
+  return a == UnusedAgreement::kDeclared || a == UnusedAgreement::kDeclaredAtFinish;
+}
 
 struct ReducerGroups {
   Group* shard = nullptr;    // all-reduce mode: the data-parallel group; else reduce-scatter group

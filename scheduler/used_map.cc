@@ -48,6 +48,8 @@ void UsedMap::Begin(SyncMode mode) {
 
 absl::Status UsedMap::IssueDeclared(const std::vector<uint8_t>& declared) {
   if (!agreeing_ || issued_ || (config_.static_graph && agreed_once_)) return absl::OkStatus();
+  // kDeclaredAtFinish: Finish agrees on the marks (a declared parameter is never marked).
+  if (config_.agree_unused == UnusedAgreement::kDeclaredAtFinish) return absl::OkStatus();
   // static_graph's first agreement: the framework has not seen the graph yet (torch's first
   // static iteration searches nothing), so a parameter it neither declares nor marks is unused;
   // Finish agrees on the marks, as torch's reducer then does.

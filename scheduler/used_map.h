@@ -14,8 +14,9 @@
 //
 // RANK-ORDER CONTRACT (scheduler/reducer_stages.h): kDeclared issues the shard-group all-reduce
 // before the backward's first bucket launches, so it is that group's first collective of the
-// backward on every rank (and overlaps the backward, as torch DDP's); kAtFinish issues it after
-// every bucket completed. The replica-group all-reduce (hybrid) always follows every replica
+// backward on every rank (and overlaps the backward); kAtFinish and kDeclaredAtFinish issue it
+// after every bucket completed (the latter from the marks alone: a parameter neither declared
+// nor marked is unused). The replica-group all-reduce (hybrid) always follows every replica
 // stage of the backward, at Finish. static_graph: only the first synced backward agrees, at
 // Finish on the marks (kDeclared too: a parameter neither declared nor marked is unused, as in
 // torch's first static iteration); later ones keep its map and issue nothing.

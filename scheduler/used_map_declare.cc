@@ -11,9 +11,10 @@
 namespace braid::sched {
 
 absl::Status GradientReducer::DeclareUnused(const std::vector<ParamId>& ids) {
-  if (config_.agree_unused != UnusedAgreement::kDeclared) {
+  if (!Declares(config_.agree_unused)) {
     return absl::FailedPreconditionError(
-        "DeclareUnused needs agree_unused = declared (the reducer agrees on use only then)");
+        "DeclareUnused needs agree_unused = declared or declared_at_finish (the reducer "
+        "takes declarations only then)");
   }
   if (!in_backward_.load(std::memory_order_acquire)) {
     return absl::FailedPreconditionError("DeclareUnused outside a backward: call BeginBackward");
@@ -50,8 +51,8 @@ absl::Status GradientReducer::DeclareUnused(const std::vector<ParamId>& ids) {
     if (declared[i]) marks_->SetUnused(static_cast<int>(i));
   }
   declared_.store(true, std::memory_order_release);
-  // First the agreement (the shard group's first collective of this backward), then the
-  // declared parameters, which may launch buckets.
+  // First the agreement (kDeclared: the shard group's first collective of this backward;
+  // kDeclaredAtFinish: nothing now), then the declared parameters, which may launch buckets.
   RETURN_IF_ERROR(used_->IssueDeclared(declared));
   for (size_t i = 0; i < n; ++i) {
     if (declared[i]) ReduceUnmarked(static_cast<int>(i), "DeclareUnused");

@@ -47,7 +47,9 @@ std::string UsedMapCaseName(const UsedMapCase& c) {
   return absl::StrCat(c.mode == ReduceMode::kAllReduce       ? "allreduce"
                       : c.mode == ReduceMode::kReduceScatter ? "reduce_scatter"
                                                              : "hybrid",
-                      c.agree == UnusedAgreement::kDeclared ? "_declared_" : "_at_finish_",
+                      c.agree == UnusedAgreement::kDeclared           ? "_declared_"
+                      : c.agree == UnusedAgreement::kDeclaredAtFinish ? "_declared_at_finish_"
+                                                                      : "_at_finish_",
                       c.window);
 }
 
@@ -91,7 +93,14 @@ void CheckUsedMapAgainstReference(Group& world, const UsedMapCase& c, bool stati
           unused.push_back(10 + p);
         }
       }
-      if (c.agree == UnusedAgreement::kDeclared) ASSERT_OK(red.DeclareUnused(unused));
+      // kDeclaredAtFinish: only every other unused parameter is declared; the rest are
+      // neither declared nor marked (torch's reached-but-no-gradient) and count as unused.
+      if (c.agree == UnusedAgreement::kDeclaredAtFinish) {
+        std::vector<ParamId> some;
+        for (size_t k = 0; k < unused.size(); k += 2) some.push_back(unused[k]);
+        unused = some;
+      }
+      if (Declares(c.agree)) ASSERT_OK(red.DeclareUnused(unused));
       std::shuffle(order.begin(), order.end(), order_rng);
       for (int p : order) {
         absl::StatusOr<TensorView> v = red.GradView(10 + p);

@@ -2,7 +2,9 @@
 // uses a random subset of the parameters in each microbatch and marks them in a random order;
 // the agreed map must be the OR over ranks and microbatches of the window, and every gradient
 // the serial reference's average (a parameter used on some ranks only reduced with zeros from
-// the others), in all three modes, with the agreement at FinishBackward or declared up front.
+// the others), in all three modes, with the agreement at FinishBackward or declared up front
+// (agreed first, or at FinishBackward on the marks: then a parameter neither declared nor
+// marked, torch's reached-but-no-gradient, is unused too).
 #include "gtest/gtest.h"
 #include "scheduler/gradient_reducer.h"
 #include "tests/multirank.h"
@@ -35,7 +37,10 @@ INSTANTIATE_TEST_SUITE_P(
                       UsedMapCase{ReduceMode::kReduceScatter, UnusedAgreement::kAtFinish, "NS"},
                       UsedMapCase{ReduceMode::kReduceScatter, UnusedAgreement::kDeclared, "S"},
                       UsedMapCase{ReduceMode::kHybrid, UnusedAgreement::kAtFinish, "RS"},
-                      UsedMapCase{ReduceMode::kHybrid, UnusedAgreement::kDeclared, "RRS"}),
+                      UsedMapCase{ReduceMode::kHybrid, UnusedAgreement::kDeclared, "RRS"},
+                      UsedMapCase{ReduceMode::kReduceScatter, UnusedAgreement::kDeclaredAtFinish,
+                                  "NS"},
+                      UsedMapCase{ReduceMode::kHybrid, UnusedAgreement::kDeclaredAtFinish, "RS"}),
     [](const ::testing::TestParamInfo<UsedMapCase>& i) { return UsedMapCaseName(i.param); });
 
 TEST(UsedMap, StaticGraphKeepsTheFirstStepsMap) {

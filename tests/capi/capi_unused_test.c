@@ -123,7 +123,7 @@ static void* rank_main(void* arg) {
     braid_reducer_t* bad = NULL;
     braid_param_t p = {100, 3, BRAID_DTYPE_F32, NULL};
     braid_reducer_options_init(&ro);
-    ro.agree_unused = 3;
+    ro.agree_unused = BRAID_UNUSED_DECLARED_AT_FINISH + 1;
     EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "agree_unused",
                  braid_reducer_create(world_groups[rank], NULL, &p, 1, &ro, &bad));
   }

@@ -178,32 +178,34 @@ def _serial_adamw(n, divide, steps=None):
     return history
 
 
+def sharded_join(r, g, mode, divide, overlap=True):
+    """Rank r of ShardedAdamW in `mode` ("reduce_scatter", or "hybrid" 2 x size/2) inside
+    join(): (parameters after each own step, final parameters); also tests/python/recipes_mpi4.py."""
+    kwargs = dict(mode=mode)
+    if mode == "hybrid":
+        shard, replica = g.mesh(2, g.size // 2)
+        kwargs.update(group=shard, replica_group=replica)
+        model = bt.DistributedDataParallel(Net(norm=False), **kwargs)
+    else:
+        model = bt.DistributedDataParallel(Net(norm=False), g, **kwargs)
+    opt = bt.ShardedAdamW(model.parameters(), lr=0.01, weight_decay=0.1, overlap=overlap)
+    history = []
+    with model.join(divide_by_initial_world_size=divide):
+        for step in range(_steps(r)):
+            opt.zero_grad()
+            _loss(model, r, step).backward()
+            opt.step()
+            history.append([p.detach().clone() for p in model.parameters()])
+    final = [p.detach().clone() for p in model.parameters()]
+    opt.close()
+    model.close()
+    return history, final
+
+
 class JoinShardedAdamW(unittest.TestCase):
 
     def check(self, n, mode, divide, overlap=True):
-        def body(r, g):
-            kwargs = dict(mode=mode)
-            if mode == "hybrid":
-                shard, replica = g.mesh(2, n // 2)
-                kwargs.update(group=shard, replica_group=replica)
-                model = bt.DistributedDataParallel(Net(norm=False), **kwargs)
-            else:
-                model = bt.DistributedDataParallel(Net(norm=False), g, **kwargs)
-            opt = bt.ShardedAdamW(model.parameters(), lr=0.01, weight_decay=0.1,
-                                  overlap=overlap)
-            history = []
-            with model.join(divide_by_initial_world_size=divide):
-                for step in range(_steps(r)):
-                    opt.zero_grad()
-                    _loss(model, r, step).backward()
-                    opt.step()
-                    history.append([p.detach().clone() for p in model.parameters()])
-            final = [p.detach().clone() for p in model.parameters()]
-            opt.close()
-            model.close()
-            return history, final
-
-        results = run_ranks(n, body)
+        results = run_ranks(n, lambda r, g: sharded_join(r, g, mode, divide, overlap))
         ref = _serial_adamw(n, divide)
         for r, (hist, final) in enumerate(results):
             for s, got in enumerate(hist):

@@ -57,6 +57,58 @@ def _reference(n=N):
             [[p.detach().clone() for p in e.parameters()] for e in experts], norms)
 
 
+def dense_and_experts(case, r, g, hybrid):
+    """Rank r: the trunk (ZeRO-2 over `g`, or hybrid 2 x 2) and its expert-parallel rank's
+    experts (ZeRO-2 over a 2-rank expert-data-parallel group) under one ShardedAdamW.linked;
+    (trunk parameters, expert parameters, norm per step). `case` asserts. Also
+    tests/python/recipes_mpi4.py."""
+    edp = g.split(r % 2, r, "expert_dp")
+    trunk, experts = make_moe(r % 2)
+    placement, span, mesh = dict(group=g, mode="reduce_scatter"), None, ()
+    if hybrid:
+        mesh = g.mesh(2, 2)
+        placement = dict(group=mesh[0], replica_group=mesh[1], mode="hybrid")
+        span = g
+    dense = bt.DistributedDataParallel(trunk, **placement,
+                                       bucket_cap_mb=1e-3, first_bucket_cap_mb=1e-4)
+    moe = bt.DistributedDataParallel(experts, edp, mode="reduce_scatter",
+                                     bucket_cap_mb=1e-3, first_bucket_cap_mb=1e-4)
+    with case.assertRaisesRegex(ValueError, r"ShardedAdamW\.linked\(params\)"):
+        bt.ShardedAdamW(list(trunk.parameters()) + list(experts.parameters()), lr=LR)
+    opt = bt.ShardedAdamW.linked(list(trunk.parameters()) + list(experts.parameters()),
+                                 lr=LR, max_grad_norm=MAX_NORM, span=span)
+    case.assertEqual(len(opt.optimizers), 2)
+    norms = []
+    for step in range(STEPS):
+        x, t = moe_batch(r, step)
+        h, gates = dense(x)
+        torch.nn.functional.mse_loss(moe(h, gates), t).backward()
+        norms.append(opt.clip_grad_norm_(MAX_NORM).item())
+        opt.step()
+        opt.zero_grad()
+    opt.synchronize()
+    out = ([p.detach().clone() for p in trunk.parameters()],
+           [p.detach().clone() for p in experts.parameters()], norms)
+    opt.close()
+    dense.close()
+    moe.close()
+    edp.close()
+    for grp in mesh:
+        grp.close()
+    return out
+
+
+def check_dense_and_experts(case, results, want_trunk, want_experts, want_norms, first_rank=0):
+    """dense_and_experts' results of ranks first_rank, first_rank + 1, ... against _reference."""
+    for r, (trunk, experts, norms) in enumerate(results, first_rank):
+        for got, want in zip(norms, want_norms):
+            case.assertAlmostEqual(got, want, delta=1e-5 * want)
+        for a, b in zip(trunk, want_trunk):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        for a, b in zip(experts, want_experts[r % 2]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 class MoETest(unittest.TestCase):
     def test_dense_and_experts_one_global_norm_match_serial_reference(self):
         self._dense_and_experts(hybrid=False)
@@ -72,51 +124,10 @@ class MoETest(unittest.TestCase):
         self._dense_and_experts(hybrid=False, n=2)
 
     def _dense_and_experts(self, hybrid, n=N):
-        def body(r, g):
-            edp = g.split(r % 2, r, "expert_dp")
-            trunk, experts = make_moe(r % 2)
-            placement, span, mesh = dict(group=g, mode="reduce_scatter"), None, ()
-            if hybrid:
-                mesh = g.mesh(2, 2)
-                placement = dict(group=mesh[0], replica_group=mesh[1], mode="hybrid")
-                span = g
-            dense = bt.DistributedDataParallel(trunk, **placement,
-                                               bucket_cap_mb=1e-3, first_bucket_cap_mb=1e-4)
-            moe = bt.DistributedDataParallel(experts, edp, mode="reduce_scatter",
-                                             bucket_cap_mb=1e-3, first_bucket_cap_mb=1e-4)
-            with self.assertRaisesRegex(ValueError, r"ShardedAdamW\.linked\(params\)"):
-                bt.ShardedAdamW(list(trunk.parameters()) + list(experts.parameters()), lr=LR)
-            opt = bt.ShardedAdamW.linked(list(trunk.parameters()) + list(experts.parameters()),
-                                         lr=LR, max_grad_norm=MAX_NORM, span=span)
-            self.assertEqual(len(opt.optimizers), 2)
-            norms = []
-            for step in range(STEPS):
-                x, t = moe_batch(r, step)
-                h, gates = dense(x)
-                torch.nn.functional.mse_loss(moe(h, gates), t).backward()
-                norms.append(opt.clip_grad_norm_(MAX_NORM).item())
-                opt.step()
-                opt.zero_grad()
-            opt.synchronize()
-            out = ([p.detach().clone() for p in trunk.parameters()],
-                   [p.detach().clone() for p in experts.parameters()], norms)
-            opt.close()
-            dense.close()
-            moe.close()
-            edp.close()
-            for grp in mesh:
-                grp.close()
-            return out
-
         want_trunk, want_experts, want_norms = _reference(n)
         self.assertGreater(min(want_norms), MAX_NORM)  # clipping is active every step
-        for r, (trunk, experts, norms) in enumerate(run_ranks(n, body)):
-            for got, want in zip(norms, want_norms):
-                self.assertAlmostEqual(got, want, delta=1e-5 * want)
-            for a, b in zip(trunk, want_trunk):
-                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-            for a, b in zip(experts, want_experts[r % 2]):
-                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        results = run_ranks(n, lambda r, g: dense_and_experts(self, r, g, hybrid))
+        check_dense_and_experts(self, results, want_trunk, want_experts, want_norms)
 
     def test_tensor_parallel_replicated_parameters_count_once(self):
         """2 ranks as a tensor-parallel pair: a dense layer on the 2-rank group and a layer

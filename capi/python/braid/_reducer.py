@@ -14,7 +14,7 @@ from . import _lib, _timeline
 from ._handles import MODES, SYNC_MODES, _Handle, _out, buffer_info, dtype_code, dtype_size
 
 # braid_reducer_options_t.agree_unused (braid.h's BRAID_UNUSED_*).
-AGREE_UNUSED = {None: 0, "at_finish": 1, "declared": 2}
+AGREE_UNUSED = {None: 0, "at_finish": 1, "declared": 2, "declared_at_finish": 3}
 
 class Reducer(_Handle):
     """The gradient reducer. `params`: (id, count, dtype, name) tuples, in registration order
@@ -165,8 +165,9 @@ class Reducer(_Handle):
         _lib.call("braid_reducer_finish_backward", self.handle)
 
     def declare_unused(self, pids):
-        """agree_unused="declared": the ids this rank will not mark in this backward, once per
-        backward on every rank (an empty list too) before its first mark_ready."""
+        """agree_unused="declared" / "declared_at_finish": the ids this rank will not mark in
+        this backward, once per backward on every rank (an empty list too) before its first
+        mark_ready."""
         pids = [int(p) for p in pids]
         array = (ctypes.c_int64 * len(pids))(*pids)
         _lib.call("braid_reducer_declare_unused", self.handle, array, len(pids))

@@ -52,7 +52,7 @@ from ._ddp_reuse import Fires, mark_again, reuse_marks
 from ._ddp_grads import GradPresence
 from ._ddp_comm_hook import register_comm_hook as _register_comm_hook
 from ._ddp_verify import verify_same_model
-from ._used_map import agreement_options, declare_unused
+from ._used_map import DDP_AGREEMENT, agreement_options, declare_unused, marks_hook
 from ._recompute import FinishOnce
 from ._views import (_broadcast_buffers, _broadcast_module, _ready_event, _sync_scope, _view,
                      _weak_call)
@@ -160,7 +160,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
             reduce_dtype=reduce_dtype, timeout_ms=timeout_ms, timeline_prefix=timeline_prefix,
             device=self._device, credit_mb=credit_mb, priorities=priorities,
             param_marks=reuse_marks(len(named), self.static_graph),
-            **agreement_options(self._allow_unused and mode != "allreduce", "declared",
+            **agreement_options(self._allow_unused and mode != "allreduce", DDP_AGREEMENT,
                                 self.static_graph))
         # Sharded modes: the reducer agrees on use (declared at each backward's start), so a
         # sharded optimizer skips parameters no rank used (braid/_used_map.py).
@@ -596,7 +596,8 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
             elif p.grad is None or p.grad.data_ptr() != view.data_ptr():
                 raise RuntimeError("parameter %d: its .grad was replaced during backward; "
                                    "Braid reduces the bucket view bound at forward" % pid)
-            if pid not in self._hooked or mark_again(self, pid):  # braid/_ddp_reuse.py
+            if ((pid not in self._hooked or mark_again(self, pid))  # braid/_ddp_reuse.py
+                    and marks_hook(self, got)):  # no gradient: unused here (_used_map.py)
                 self._mark(pid)
                 self._fires.fired(pid)
             self._hooked.add(pid)
