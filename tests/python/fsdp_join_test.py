@@ -8,14 +8,16 @@ sum of the ranks that have data over the initial world size or over the contribu
 by torch's clip_grad_norm_ where asked): ShardedAdamW (overlap on and off, clipping) and torch's
 AdamW over the local pieces at 2 and 4 ranks, both divide choices, two units with and without
 reshard_after_forward, fully_shard's form, hybrid (2 x 2); a BatchNorm buffer ends as the last
-joiner's on every rank. Refusals named: find_unused_parameters, local pieces without
-optimizer=, a forward without grad inside the join.
+joiner's on every rank; throw_on_early_termination raises on every rank. Refusals named:
+find_unused_parameters, local pieces without optimizer=, a forward without grad inside the
+join.
 tests/python/fsdp_join_mpi.py runs the 2-rank comparison with one process per rank (mpirun)."""
 
 import unittest
 
 import torch
 
+import braid
 from braid import pytorch as bt
 from binding_test import run_ranks
 import join_test
@@ -116,8 +118,33 @@ class FullyShardedJoin(unittest.TestCase):
     def test_fully_shard_form(self):
         self.check(2, False, how="fully_shard")
 
-    def test_hybrid_two_by_two(self):
-        self.check(4, True, how="hybrid")
+    def test_hybrid_two_by_two_both_divides(self):
+        for divide in (True, False):
+            with self.subTest(divide_by_initial_world_size=divide):
+                self.check(4, divide, how="hybrid")
+
+    def test_throw_on_early_termination_raises_on_every_rank(self):
+        def body(r, g):
+            model = _wrap(r, g, 2, "units")
+            opt = bt.ShardedAdamW(model.parameters(), lr=0.01)
+            raised = None
+            try:
+                with model.join(throw_on_early_termination=True):
+                    for step in range(_steps(r)):
+                        _loss(model, r, step).backward()
+                        opt.step()
+            except braid.BraidError as e:
+                raised = e
+            opt.close()
+            model.close()
+            return raised, step
+
+        (e0, _), (e1, s1) = run_ranks(2, body)
+        self.assertEqual(e0.code, "OUT_OF_RANGE")
+        self.assertIn("Rank 0 exhausted all inputs", str(e0))
+        self.assertEqual(e1.code, "OUT_OF_RANGE")
+        self.assertIn("Detected at least one rank that exhausted inputs", str(e1))
+        self.assertEqual(s1, 2)  # at its first step past rank 0's data
 
     def test_buffers_end_as_the_last_joiners(self):
         def body(r, g):
