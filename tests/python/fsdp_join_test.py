@@ -7,10 +7,11 @@ Against a serial reference (one torch model and torch's AdamW, each global step'
 sum of the ranks that have data over the initial world size or over the contributors, clipped
 by torch's clip_grad_norm_ where asked): ShardedAdamW (overlap on and off, clipping) and torch's
 AdamW over the local pieces at 2 and 4 ranks, both divide choices, two units with and without
-reshard_after_forward, fully_shard's form, hybrid (2 x 2); a BatchNorm buffer ends as the last
-joiner's on every rank; throw_on_early_termination raises on every rank. Refusals named:
-find_unused_parameters, local pieces without optimizer=, a forward without grad inside the
-join.
+reshard_after_forward, fully_shard's form, hybrid (2 x 2); tied_weights_test's tied embedding
+and head (units borrowing a tied weight, ShardedSGD) at 3 ranks; a BatchNorm buffer ends as
+the last joiner's on every rank; throw_on_early_termination raises on every rank. Refusals
+named: find_unused_parameters, local pieces without optimizer=, a forward without grad inside
+the join.
 tests/python/fsdp_join_mpi.py runs the 2-rank comparison with one process per rank (mpirun)."""
 
 import unittest
@@ -21,6 +22,7 @@ import braid
 from braid import pytorch as bt
 from binding_test import run_ranks
 import join_test
+import tied_weights_test
 from join_test import Net, _loss, _steps
 
 
@@ -43,6 +45,24 @@ def serial_adamw(n, divide, max_norm=None):
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         opt.step()
     return [p.detach().clone() for p in model.parameters()]
+
+
+def serial_tied_sgd(n):
+    """tied_weights_test's TiedNet on one process: rank r has 2 + r steps; each step the active
+    ranks' gradients (autograd sums the tied weight's two uses) over n, SGD with momentum."""
+    net = tied_weights_test.TiedNet()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    for step in range(2 + n - 1):
+        grads = []
+        for r in range(n):
+            if step < 2 + r:
+                opt.zero_grad()
+                tied_weights_test._loss(net, r, step).backward()
+                grads.append([p.grad.clone() for p in net.parameters()])
+        for p, *gs in zip(net.parameters(), *grads):
+            p.grad = sum(gs) / n
+        opt.step()
+    return [p.detach().clone() for p in net.parameters()]
 
 
 def _wrap(r, g, n, how, norm=False, **kw):
@@ -145,6 +165,38 @@ class FullyShardedJoin(unittest.TestCase):
         self.assertEqual(e1.code, "OUT_OF_RANGE")
         self.assertIn("Detected at least one rank that exhausted inputs", str(e1))
         self.assertEqual(s1, 2)  # at its first step past rank 0's data
+
+    def test_tied_units(self):
+        # tied_weights_test's GPT-2 shape (the head tied to the embedding, owned by one unit
+        # and borrowed by another) under fully_shard and under FullyShardedDataParallel's
+        # units; ShardedSGD with momentum; rank r runs 2 + r steps at 3 ranks.
+        n = 3
+        want = serial_tied_sgd(n)
+        for how in ("fully_shard", "units"):
+            def body(r, g):
+                net = tied_weights_test.TiedNet()
+                if how == "fully_shard":
+                    for m in [net.wte] + list(net.blocks) + [net.head]:
+                        bt.fully_shard(m, group=g)
+                    model = bt.fully_shard(net, group=g)
+                else:
+                    model = bt.FullyShardedDataParallel(
+                        net, g, units=[net.wte, net.blocks[0], net.blocks[1], net.head])
+                opt = bt.ShardedSGD(model.parameters(), lr=0.1, momentum=0.9)
+                with model.join():
+                    for step in range(2 + r):
+                        tied_weights_test._loss(model, r, step).backward()
+                        opt.step()
+                with model.summon_full_params():
+                    full = [p.detach().clone() for p in net.parameters()]
+                opt.close()
+                model.close()
+                return full
+
+            for r, full in enumerate(run_ranks(n, body)):
+                for i, (a, b) in enumerate(zip(full, want)):
+                    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6,
+                                               msg="%s rank %d parameter %d" % (how, r, i))
 
     def test_buffers_end_as_the_last_joiners(self):
         def body(r, g):
