@@ -1059,8 +1059,11 @@ BRAID_API braid_status_t braid_optimizer_set_state(braid_optimizer_t* opt,
  * calls it once per step (per forward whose backward follows), at the same point, between
  * steps; the ranks with data pass the mode their backward will use (they must agree).
  * Divide: divide_by_initial_world_size = 1 (default) averages over the whole world (joined
- * ranks add zeros); 0 averages each step over the ranks that had data. Not with fully sharded
- * units or shard_gradients, nor gradient_as_bucket_view = 0 (UNIMPLEMENTED, naming why). */
+ * ranks add zeros); 0 averages each step over the ranks that had data. Fully sharded units
+ * (shard_gradients reducers): agree before the forward's first unit_enter, and a joined rank
+ * replays each step itself (unit_enter/exit in the recorded order, every mark of zeros, its
+ * optimizer's step): braid_join_shadow is UNIMPLEMENTED there. Not with units over a reducer
+ * without shard_gradients, nor gradient_as_bucket_view = 0 (UNIMPLEMENTED, naming why). */
 typedef struct braid_join_options {
   size_t struct_size;               /* sizeof(braid_join_options_t) */
   int divide_by_initial_world_size; /* default 1; 0: average over the ranks with data */
@@ -1086,7 +1089,8 @@ BRAID_API braid_status_t braid_join_agree(braid_reducer_t* reducer, int has_data
 /* A rank that has run out, after braid_join_agree returned *active > 0: runs that step's
  * backward with zero gradients (nothing for BRAID_NO_SYNC) and, with an optimizer, steps its
  * shards with the averaged gradients and waits for the gathers. Collective like a step.
- * FAILED_PRECONDITION when the last agreement was not a joined one, or left nothing to do. */
+ * FAILED_PRECONDITION when the last agreement was not a joined one, or left nothing to do;
+ * UNIMPLEMENTED on a shard_gradients reducer (the caller replays the step, see above). */
 BRAID_API braid_status_t braid_join_shadow(braid_reducer_t* reducer);
 /* Collective: closes the join. *root = the world rank (replica rank * shard size + shard rank
  * in hybrid mode) of the authoritative copy: the largest rank among those that joined last

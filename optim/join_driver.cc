@@ -5,12 +5,16 @@
 namespace braid::optim {
 
 absl::Status JoinableStack(const TrainingStack& stack) {
-  if (stack.units() != nullptr ||
-      (stack.param_options() != nullptr && stack.param_options()->fully_sharded)) {
+  const bool sharded = stack.units() != nullptr ||
+                       (stack.param_options() != nullptr && stack.param_options()->fully_sharded);
+  if (sharded && !stack.reducer().config().shard_gradients) {
     return absl::UnimplementedError(
-        "join: fully sharded units cannot join yet; a rank that runs out of data must stop "
-        "every rank (throw_on_early_termination) or the ranks must get even inputs");
+        "join: fully sharded units over a reducer without shard_gradients cannot join; a rank "
+        "that runs out of data must stop every rank (throw_on_early_termination) or the ranks "
+        "must get even inputs");
   }
+  // Fully sharded units over a shard_gradients reducer: the join agrees and ends here, and the
+  // framework shadows each step itself (sched::Join::Shadow refuses; docs/design/join.md).
   return absl::OkStatus();
 }
 

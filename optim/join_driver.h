@@ -9,8 +9,9 @@
 //                                                   StackJoinDriver(*stack)));
 //
 // Contract: the stack outlives the Join. Each shadow waits for its step's gathers before it
-// returns (the joined rank reads nothing, so nothing else would). Create's check:
-// JoinableStack refuses fully sharded units (they cannot join yet), naming them.
+// returns (the joined rank reads nothing, so nothing else would). Fully sharded units (over a
+// shard_gradients reducer) may join, but their joined rank shadows a step by running its own
+// forward and backward with zero marks: Join::Shadow refuses them (docs/design/join.md).
 #ifndef BRAID_OPTIM_JOIN_DRIVER_H_
 #define BRAID_OPTIM_JOIN_DRIVER_H_
 
@@ -20,7 +21,7 @@
 
 namespace braid::optim {
 
-// OK when a Join may run over `stack`; Unimplemented for fully sharded units.
+// OK when a Join may run over `stack`; Unimplemented for units without shard_gradients.
 absl::Status JoinableStack(const TrainingStack& stack);
 sched::JoinDriver StackJoinDriver(TrainingStack& stack);
 

@@ -22,11 +22,6 @@ absl::StatusOr<std::unique_ptr<Join>> Join::Create(GradientReducer* reducer, Joi
                                                    JoinDriver driver) {
   if (reducer == nullptr) return absl::InvalidArgumentError("join: no reducer");
   const ReducerConfig& c = reducer->config();
-  if (c.shard_gradients) {
-    return absl::UnimplementedError(
-        "join: fully sharded units (shard_gradients reducers) cannot join yet; a rank that runs "
-        "out of data must stop every rank (throw_on_early_termination) or keep them even");
-  }
   if (!c.gradient_as_bucket_view) {
     return absl::UnimplementedError(
         "join: a joined rank shadows with zero gradients in the buckets; with "
@@ -142,6 +137,12 @@ absl::StatusOr<JoinStep> Join::Agree(bool has_data, SyncMode mode) {
 
 absl::Status Join::Shadow(const JoinStep& step) {
   if (step.active <= 0) return absl::FailedPreconditionError("join: Shadow of a step nobody runs");
+  if (reducer_->config().shard_gradients) {
+    return absl::UnimplementedError(
+        "join: a fully sharded (shard_gradients) reducer's joined rank shadows a step by running "
+        "its own forward and backward with zero gradient marks (its unit gathers cannot be "
+        "replayed from here); Agree works, Shadow does not");
+  }
   if (step.mode == SyncMode::kNoSync) return absl::OkStatus();  // nothing communicated
   if (driver_.quiesce) RETURN_IF_ERROR(driver_.quiesce());
   if (!in_partial_window_) {

@@ -21,7 +21,8 @@
 // zeros); with divide_by_initial_world_size = false each step's Agree sets the reducer's
 // contributors to the active count (GradientReducer::SetContributors). throw_on_early_termination:
 // the first Agree with a joined rank fails on every rank (OutOfRange), as torch raises.
-// Not with shard_gradients reducers (fully sharded units cannot join yet: Unimplemented).
+// shard_gradients reducers (fully sharded units): Agree and the end work, Shadow does not
+// (Unimplemented): the framework's joined rank runs its forward and backward with zero marks.
 // docs/design/join.md tells the whole protocol.
 #ifndef BRAID_SCHEDULER_JOIN_H_
 #define BRAID_SCHEDULER_JOIN_H_

@@ -3,8 +3,9 @@
 // the serial reference (the contributing ranks' sum over the initial world size, or over the
 // contributors), in all-reduce, reduce-scatter and hybrid modes; then the last joiner is the
 // authoritative rank and its broadcast reaches everyone; throw_on_early_termination fails
-// every rank at the first uneven step; shard_gradients reducers are refused by name; hybrid
-// reduce_scatter_only windows with ranks leaving mid-window keep the partial shards they hold.
+// every rank at the first uneven step; shard_gradients reducers agree but refuse Shadow (the
+// framework replays the step); hybrid reduce_scatter_only windows with ranks leaving mid-window
+// keep the partial shards they hold.
 #include "scheduler/join.h"
 
 #include <algorithm>
@@ -249,14 +250,21 @@ TEST(JoinErrors, RanksThatDisagreeOnNoSyncAreNamed) {
   });
 }
 
-TEST(JoinErrors, FullyShardedReducersCannotJoinYet) {
+TEST(JoinErrors, FullyShardedReducersAgreeButTheFrameworkShadows) {
   RunRanks(2, [](Group& world) {
     ReducerConfig cfg;
     cfg.mode = ReduceMode::kReduceScatter;
     cfg.shard_gradients = true;
+    cfg.timeout = absl::Seconds(30);
     auto r = GradientReducer::Create(Params(), {&world, nullptr}, cfg).value();
-    ExpectError(Join::Create(r.get(), JoinOptions{}).status(), absl::StatusCode::kUnimplemented,
-                {"fully sharded", "cannot join yet"});
+    auto join = Join::Create(r.get(), JoinOptions{}).value();
+    absl::StatusOr<JoinStep> s = join->Agree(world.rank() == 0, SyncMode::kSync);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s->active, 1);
+    if (world.rank() == 1) {  // its unit gathers cannot be replayed from the reducer
+      ExpectError(join->Shadow(*s), absl::StatusCode::kUnimplemented,
+                  {"shard_gradients", "zero gradient marks"});
+    }
   });
 }
 

@@ -9,8 +9,8 @@ are threads): rank r has 2 + 2 r batches, so ranks leave the loop at different s
     serial reference (one torch model and torch's AdamW stepping the contributing ranks'
     gradients over the initial world size, or over the contributors);
   - throw_on_early_termination raises on every rank; an exception inside the block leaves the
-    join so the model can join again; enable=False is a plain loop; find_unused_parameters and
-    fully sharded models are refused by name.
+    join so the model can join again; enable=False is a plain loop; find_unused_parameters is
+    refused by name. Fully sharded models: tests/python/fsdp_join_test.py.
 tests/python/join_mpi.py runs the 2-rank comparisons with one process per rank (mpirun)."""
 
 import datetime
@@ -281,16 +281,6 @@ class JoinOptions(unittest.TestCase):
             with self.assertRaisesRegex(RuntimeError, "find_unused_parameters"):
                 with model.join():
                     pass
-            model.close()
-            return True
-
-        run_ranks(2, body)
-
-    def test_fully_sharded_models_cannot_join_yet(self):
-        def body(r, g):
-            model = bt.FullyShardedDataParallel(Net(norm=False), g)
-            with self.assertRaisesRegex(NotImplementedError, "fully sharded models cannot join"):
-                model.join()
             model.close()
             return True
 

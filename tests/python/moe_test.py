@@ -9,6 +9,7 @@ ZeRO-2 or hybrid 2 x 2; and at 2 ranks, each rank its own experts. Also tensor p
 pair whose replicated layer norm (tp_replicated) counts once in the norm, and at 4 ranks
 tensor-parallel pairs by data-parallel pairs."""
 
+import contextlib
 import math
 import unittest
 
@@ -107,6 +108,11 @@ def check_dense_and_experts(case, results, want_trunk, want_experts, want_norms,
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
         for a, b in zip(experts, want_experts[r % 2]):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+def full_values(wrapper):
+    """Copies of a wrapper's parameters (a fully sharded one's inside summon_full_params)."""
+    summon = getattr(wrapper, "summon_full_params", None)
+    with summon() if summon is not None else contextlib.nullcontext():
+        return [p.detach().clone() for p in wrapper.module.parameters()]
 
 
 class MoETest(unittest.TestCase):
@@ -130,9 +136,14 @@ class MoETest(unittest.TestCase):
         check_dense_and_experts(self, results, want_trunk, want_experts, want_norms)
 
     def test_tensor_parallel_replicated_parameters_count_once(self):
+        self.tensor_parallel_pair(
+            lambda m, g: bt.DistributedDataParallel(m, g, mode="reduce_scatter"))
+
+    def tensor_parallel_pair(self, wrap):
         """2 ranks as a tensor-parallel pair: a dense layer on the 2-rank group and a layer
         norm identical on both ranks (same inputs), reduced over each rank's own group
-        (tp_replicated: its norm counts once, on tensor-parallel rank 0)."""
+        (tp_replicated: its norm counts once, on tensor-parallel rank 0). wrap(module, group):
+        the wrapper (moe_fsdp_test passes fully sharded ones)."""
         def make():
             torch.manual_seed(11)
             return torch.nn.Linear(8, 4), torch.nn.LayerNorm(4)
@@ -144,8 +155,7 @@ class MoETest(unittest.TestCase):
         def body(r, g):
             solo = g.split(r, 0, "norm_dp")
             lin, ln = make()
-            dense = bt.DistributedDataParallel(lin, g, mode="reduce_scatter")
-            norm = bt.DistributedDataParallel(ln, solo, mode="reduce_scatter")
+            dense, norm = wrap(lin, g), wrap(ln, solo)
             opt = bt.ShardedAdamW.linked(list(lin.parameters()) + list(ln.parameters()), lr=LR,
                                          max_grad_norm=MAX_NORM, tensor_parallel_group=g,
                                          tp_replicated=[norm])
@@ -159,7 +169,7 @@ class MoETest(unittest.TestCase):
                 opt.step()
                 opt.zero_grad()
             opt.synchronize()
-            out = [p.detach().clone() for p in list(lin.parameters()) + list(ln.parameters())]
+            out = full_values(dense) + full_values(norm)
             opt.close()
             dense.close()
             norm.close()

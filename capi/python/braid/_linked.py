@@ -17,7 +17,8 @@ parameters of one wrapped model" (its errors point here); .linked takes the same
 
 Contract:
   - params: as torch.optim's, of DistributedDataParallel wrappers in "reduce_scatter" or
-    "hybrid" mode (not FullyShardedDataParallel yet), each covered entirely; one
+    "hybrid" mode or FullyShardedDataParallel wrappers (a fully sharded dense trunk and
+    fully sharded experts; each keeps its own units), each covered entirely; one
     ShardedAdamW / ShardedSGD per wrapper (in the order its first parameter appears: the same
     model gives the same order on every rank), `optimizers` lists them. overlap must stay on.
   - The norm: every element once (a hybrid wrapper's replica 0; wrappers in `tp_replicated`,
@@ -82,10 +83,6 @@ class LinkedShardedOptimizer(torch.optim.Optimizer):
                              "waits for the others' norms during the backward)" % who)
         parts = _split(who, params)
         wrappers = [w for w, _ in parts]
-        if any(not hasattr(w, "_stepper") for w in wrappers):
-            raise ValueError("%s.linked: FullyShardedDataParallel is not supported yet; wrap "
-                             "each part with DistributedDataParallel(mode='reduce_scatter')" %
-                             who)
         replicated = {id(w) for w in tp_replicated}
         span = self._span(who, wrappers, span)
         tp = None
@@ -98,11 +95,13 @@ class LinkedShardedOptimizer(torch.optim.Optimizer):
             cls.__init__(sub, w, params=groups, **kwargs)
             subs.append(sub)
         for sub in subs:
-            sub.ddp._rebuild_if_due()  # collective, before the optimizers exist (as alone)
+            if not sub._fully_sharded:
+                sub.ddp._rebuild_if_due()  # collective, before the optimizers exist (as alone)
         cores = core.Optimizer.create_linked(
             [s.ddp.reducer for s in subs],
-            [dict(lr=lr, overlap=True, param_groups=group_of, **options)
-             for lr, group_of, options in (s._deferred for s in subs)],
+            [dict(lr=lr, overlap=True, param_groups=group_of, **options,
+                  **(dict(fully_sharded=True, **s.ddp.fsdp_options) if s._fully_sharded else {}))
+             for s, (lr, group_of, options) in ((s, s._deferred) for s in subs)],
             span, tp, [id(w) in replicated for w in wrappers])
         for sub, c in zip(subs, cores):
             lr, group_of, options = sub._deferred

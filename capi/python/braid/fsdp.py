@@ -10,11 +10,13 @@ from . import _owners, core
 from ._ddp_reuse import fired_twice_fully_sharded, reuse_marks
 from ._fsdp_cast import param_cast
 from ._fsdp_device import DeviceUnits, HostUnits, device_placement
+from ._fsdp_join import FSDPJoin
 from ._fsdp_local import LocalShards
 from ._fsdp_policies import check_offload, offloads
 from ._fsdp_tied import TiedUnits, tied_owners
 from ._fsdp_params import (  # noqa: F401 (FullyShardedParameter: braid.fsdp's too)
     _TENSOR_GRAD, FullyShardedParameter, _released_data, _tensors)
+from ._join import disabled_config
 from ._used_map import agreement_options
 from ._views import _broadcast_module, _sync_scope, _view
 
@@ -170,6 +172,8 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         self._step_due = False        # units were used since the last end_step
         self._summoned = False
         self._writeback = False
+        self._join = None             # the open join() context (braid/_fsdp_join.py), if any
+        self._join_config = disabled_config()
         _owners.claim(self, module)  # ShardedAdamW(model.parameters()) finds this wrapper
         # Local pieces from the start, so a torch optimizer built now (Adagrad makes its state
         # in its constructor) sees them; a ShardedAdamW / ShardedSGD drops them (_drop_local).
@@ -362,6 +366,8 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
             self._abandon_backward("the previous backward did not finish (an exception in "
                                    "backward or in a hook)")
         self._end_step()
+        if self._join is not None:  # the step's agreement, before any gather (_fsdp_join.py)
+            self._join.before_forward(args, kwargs)
         grad = torch.is_grad_enabled()
         args, kwargs = self._cast.inputs(args, kwargs)
         self._armed = self._sync
@@ -466,6 +472,8 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
             if g is None:
                 raise RuntimeError("parameter %r: no gradient at its AccumulateGrad hook" %
                                    self._names[pid])
+            if self._join is not None and self._join.shadowing:
+                g = torch.zeros_like(g)  # a joined rank's replayed step contributes zeros
             self._cuda.mark_grad(self.reducer, pid, self._cast.grad(pid, g.detach()).contiguous())
             p.grad = None  # Braid copied it: the full-size gradient is freed now
             pending.discard(pid)
@@ -618,6 +626,8 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         """torch FSDP's idiom: the sharded optimizer's clip_grad_norm_ (braid/_norms.py): the
         step's true global gradient norm, clipped to max_norm inside the step (configure
         max_grad_norm=max_norm on the optimizer)."""
+        if self._join is not None:
+            self._join.check_clip()
         if self._local is not None:
             return self._local.clip_grad_norm_(max_norm, norm_type)
         opt = self._sharded_optimizer() if self._sharded_optimizer is not None else None
@@ -628,14 +638,16 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         return opt.clip_grad_norm_(max_norm, norm_type)
 
     def join(self, divide_by_initial_world_size=True, enable=True,
-             throw_on_early_termination=False):
-        """Uneven inputs are not supported for fully sharded models yet (DistributedDataParallel
-        .join() is, with ShardedAdamW too): raises saying so rather than hang later
-        (docs/design/join.md says what it would take)."""
-        raise NotImplementedError(
-            "join(): fully sharded models cannot join yet (a joined rank would have to shadow "
-            "every unit's gathers); give every rank the same number of batches, or use "
-            "DistributedDataParallel(..., mode='reduce_scatter') with ShardedAdamW")
+             throw_on_early_termination=False, optimizer=None, clip_grad_norm=None,
+             _caller=None):
+        """Uneven inputs (torch DDP join()'s arguments and meaning; torch's FSDP has none):
+        ranks may leave the loop at different steps; those that did replay the others' steps
+        with zero gradients (braid/_fsdp_join.py). Braid's keywords: optimizer, the torch
+        optimizer over the local pieces (needed then: a joined rank steps it; ShardedAdamW /
+        ShardedSGD are found); clip_grad_norm, max_norm or (max_norm, norm_type) when the loop
+        calls model.clip_grad_norm_ (a joined rank shadows it)."""
+        return FSDPJoin(self, _caller or self, divide_by_initial_world_size, enable,
+                        throw_on_early_termination, optimizer, clip_grad_norm)
 
     def close(self):
         """Unhooks the module and frees the reducer. Close the ShardedAdamW / ShardedSGD first

@@ -203,6 +203,13 @@ class FSDPModule:
     def clip_grad_norm_(self, max_norm, norm_type=2.0):
         return self._braid_engine().clip_grad_norm_(max_norm, norm_type)
 
+    def join(self, divide_by_initial_world_size=True, enable=True,
+             throw_on_early_termination=False, optimizer=None, clip_grad_norm=None):
+        """Uneven inputs (FullyShardedDataParallel.join(), braid/_fsdp_join.py); the root's."""
+        engine, _ = self._root_only("join()")
+        return engine.join(divide_by_initial_world_size, enable, throw_on_early_termination,
+                           optimizer, clip_grad_norm, _caller=self)
+
     def close(self):
         """Collective: gives the parameters their full values back and frees Braid's stack
         (close a ShardedAdamW / ShardedSGD first)."""

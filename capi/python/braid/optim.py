@@ -154,7 +154,7 @@ class _ShardedOptimizer(CheckpointMixin, ParamGroups, AdoptsWrites, GradNorms,
     def _attach(self, lr, group_of, options, core_optimizer=None):
         ddp, overlap = self.ddp, self._overlap
         if self._fully_sharded:
-            self._init_fully_sharded(ddp, overlap, lr, group_of, options)
+            self._init_fully_sharded(ddp, overlap, lr, group_of, options, core_optimizer)
         else:
             self._init_zero2(ddp, overlap, lr, group_of, options, core_optimizer)
         self.optimizer.before_arm.append(_weak_call(self._push_hyper))
@@ -226,12 +226,13 @@ class _ShardedOptimizer(CheckpointMixin, ParamGroups, AdoptsWrites, GradNorms,
                 continue
             self.optimizer.wait_params(b)
 
-    def _init_fully_sharded(self, fsdp, overlap, lr, group_of, options):
-        """The core optimizer is fully sharded; it takes every parameter's initial values,
-        which the model then releases (only shards remain)."""
-        self.optimizer = core.Optimizer(fsdp.reducer, lr=lr, overlap=overlap,
-                                        fully_sharded=True, param_groups=group_of,
-                                        **fsdp.fsdp_options, **options)
+    def _init_fully_sharded(self, fsdp, overlap, lr, group_of, options, core_optimizer=None):
+        """The core optimizer is fully sharded (core_optimizer: one braid/_linked.py built so);
+        it takes every parameter's initial values, which the model then releases (only shards
+        remain)."""
+        self.optimizer = core_optimizer or core.Optimizer(
+            fsdp.reducer, lr=lr, overlap=overlap, fully_sharded=True, param_groups=group_of,
+            **fsdp.fsdp_options, **options)
         try:
             for pid, p in enumerate(fsdp._params):  # host values (device: copied in)
                 self.optimizer.set_param(pid, p.detach().cpu().contiguous())
