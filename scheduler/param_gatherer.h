@@ -47,6 +47,7 @@
 #include "comm/work.h"
 #include "scheduler/bucket_plan.h"
 #include "scheduler/buffer_pool.h"
+#include "scheduler/gather_quant.h"
 #include "scheduler/memory_stats.h"
 #include "scheduler/op_scheduler.h"
 #include "scheduler/timeline.h"
@@ -76,6 +77,12 @@ struct GathererConfig {
   // Optional, not owned, must outlive the gatherer: every all-gather is reported to it as
   // urgent (OpScheduler::TrackUrgent), so reductions it schedules wait while gathers run.
   OpScheduler* scheduler = nullptr;
+  // fully_sharded f32 buckets on host groups: gather each shard as int8 or fp8 with one f32
+  // scale per quant.block elements (ZeRO++'s qwZ, scheduler/gather_quant.h), dequantized into
+  // the full buffer; every rank (its own block included) reads the same dequantized values and
+  // the shard (the optimizer's master weights) is never changed. kExact (default): unchanged.
+  // InvalidArgument at Create otherwise, naming the bucket or setting.
+  GatherQuant quant;
 };
 
 class ParamGatherer {
@@ -155,6 +162,15 @@ class ParamGatherer {
   absl::Status CheckBucket(const char* what, int b) const;
   // With mu_ held: allocates the buffer if needed and launches bucket b's all-gather.
   absl::Status LaunchLocked(int b, DeviceEvent ready);
+  // With mu_ held: bucket b's quantized all-gather (config_.quant), whose Work completes once
+  // `full` (bucket b's flat buffer) holds the dequantized values (param_gatherer_quant.cc).
+  absl::StatusOr<WorkPtr> LaunchQuantizedLocked(int b, char* full);
+  // Checks config.quant against the plan and group (Create).
+  static absl::Status CheckQuant(const BucketPlan& plan, Group& group,
+                                 const GathererConfig& config);
+  // With mu_ held: bucket b's gather `w` is in flight (state, launch scheduler, issue log,
+  // timeline).
+  void RecordLaunchLocked(int b, WorkPtr w);
   // Waits for `w` (bucket b's gather) until `deadline` without mu_, then records the outcome.
   // Errors are prefixed with `caller` and name the bucket and group.
   absl::Status AwaitGather(const char* caller, int b, const WorkPtr& w, absl::Time deadline);
