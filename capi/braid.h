@@ -793,6 +793,16 @@ typedef enum braid_optimizer_kind {
   BRAID_OPTIMIZER_NONE = 2
 } braid_optimizer_kind_t;
 
+/* Since 0.11: what a fully sharded unit's parameters cross the wire as (braid_optimizer_options_t
+ * gather_dtype). INT8: symmetric, scale = max|x| / 127 per block, round half to even. FP8_E4M3:
+ * scale = max|x| / 448 per block, OCP E4M3 round half to even, saturating. A block holding an
+ * inf or NaN gathers as NaN. */
+typedef enum braid_gather_dtype {
+  BRAID_GATHER_EXACT = 0,
+  BRAID_GATHER_INT8 = 1,
+  BRAID_GATHER_FP8_E4M3 = 2
+} braid_gather_dtype_t;
+
 typedef struct braid_optimizer_options {
   size_t struct_size;
   braid_optimizer_kind_t kind; /* default ADAMW */
@@ -854,6 +864,17 @@ typedef struct braid_optimizer_options {
    * (wait_all_params waits for it; wait_params does not). Host reducers only (UNIMPLEMENTED
    * on a device: max_grad_norm reports the norm there). 0 (default): off. */
   int track_grad_norm;
+  /* ---- since 0.11: quantized parameter all-gathers (DeepSpeed ZeRO++'s qwZ). */
+  /* gather_dtype != BRAID_GATHER_EXACT: elements per f32 scale, >= 1 (default 4096: DeepSpeed's
+   * qwZ quantizer aims at 4k-8k element groups). INVALID_ARGUMENT below 1. */
+  int64_t gather_block;
+  /* fully_sharded, f32 host parameters: each unit's buckets are all-gathered as 1-byte codes
+   * plus one scale per gather_block elements (about a quarter of the f32 bytes) and dequantized
+   * into the gathered buffer; every rank computes with the same dequantized values, while the
+   * shard the optimizer steps (the master weights) stays exact f32. BRAID_GATHER_EXACT (0,
+   * default): unchanged. INVALID_ARGUMENT without fully_sharded, for another value, or for a
+   * bf16 / f16 bucket (naming its first parameter); UNIMPLEMENTED on device reducers. */
+  braid_gather_dtype_t gather_dtype;
 } braid_optimizer_options_t;
 
 /* One group's hyper-parameters (the kind's half is used: AdamW lr, beta1, beta2, eps,

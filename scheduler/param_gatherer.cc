@@ -175,7 +175,7 @@ absl::StatusOr<TensorView> ParamGatherer::ShardView(int b) const {
   return TensorView{ShardData(b), bk.shard_count, bk.dtype, bk.device};
 }
 
-absl::Status ParamGatherer::LaunchLocked(int b, DeviceEvent ready) {
+absl::Status ParamGatherer::LaunchLocked(int b, DeviceEvent ready, bool exact) {
   BucketState& s = *buckets_[b];
   const Bucket& bk = plan_.buckets()[b];
   const size_t shard_bytes = bk.shard_count * DTypeSize(bk.dtype);
@@ -200,7 +200,7 @@ absl::Status ParamGatherer::LaunchLocked(int b, DeviceEvent ready) {
     }
     s.full = *std::move(full);
   }
-  if (config_.quant.dtype != GatherDType::kExact) {
+  if (config_.quant.dtype != GatherDType::kExact && !exact) {
     absl::StatusOr<WorkPtr> w = LaunchQuantizedLocked(b, s.full.get());
     if (!w.ok()) {
       return WithContext(w.status(), absl::StrCat("gathering ", s.label, " as ",
@@ -249,7 +249,7 @@ void ParamGatherer::RecordLaunchLocked(int b, WorkPtr w) {
   }
 }
 
-absl::Status ParamGatherer::Prefetch(int b, DeviceEvent ready) {
+absl::Status ParamGatherer::Prefetch(int b, DeviceEvent ready, bool exact) {
   RETURN_IF_ERROR(CheckBucket("Prefetch", b));
   std::lock_guard<std::mutex> lock(mu_);
   const BucketState& s = *buckets_[b];
@@ -258,7 +258,7 @@ absl::Status ParamGatherer::Prefetch(int b, DeviceEvent ready) {
         absl::StrCat("Prefetch(", s.label, "): its all-gather on group '", group_->name(),
                      "' is already in flight (Prefetch called twice without WaitParams)"));
   }
-  return LaunchLocked(b, ready);
+  return LaunchLocked(b, ready, exact);
 }
 
 void ParamGatherer::RecordGatherSpanLocked(int b) {

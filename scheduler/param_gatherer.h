@@ -113,7 +113,9 @@ class ParamGatherer {
   // Starts the all-gather of bucket b and returns without waiting. FailedPrecondition naming the
   // bucket if its gather is already in flight; the backend's error (naming bucket and group) if
   // the launch fails. `ready` (device backends) is an event to wait on before reading the shard.
-  absl::Status Prefetch(int b, DeviceEvent ready = {});
+  // `exact`: this gather moves the shard's exact values even with config.quant (every rank
+  // must pass the same; the unit scheduler's GatherAll does, so checkpoints are exact).
+  absl::Status Prefetch(int b, DeviceEvent ready = {}, bool exact = false);
   // Returns once bucket b is gathered: at once if it is; starts the gather first if nobody
   // prefetched it. Error naming the bucket and group when the gather fails or does not complete
   // within config.timeout (a gather that is merely late keeps running: a later WaitParams may
@@ -161,7 +163,7 @@ class ParamGatherer {
 
   absl::Status CheckBucket(const char* what, int b) const;
   // With mu_ held: allocates the buffer if needed and launches bucket b's all-gather.
-  absl::Status LaunchLocked(int b, DeviceEvent ready);
+  absl::Status LaunchLocked(int b, DeviceEvent ready, bool exact = false);
   // With mu_ held: bucket b's quantized all-gather (config_.quant), whose Work completes once
   // `full` (bucket b's flat buffer) holds the dequantized values (param_gatherer_quant.cc).
   absl::StatusOr<WorkPtr> LaunchQuantizedLocked(int b, char* full);

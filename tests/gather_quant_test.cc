@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "scheduler/memory_stats.h"
 #include "scheduler/param_gatherer.h"
+#include "scheduler/unit_scheduler.h"
 #include "tests/multirank.h"
 
 namespace braid::sched {
@@ -220,6 +221,57 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{1, GatherDType::kInt8, 64}, Case{2, GatherDType::kInt8, 64},
                       Case{2, GatherDType::kInt8, 4096}, Case{4, GatherDType::kInt8, 100},
                       Case{2, GatherDType::kFp8E4M3, 64}, Case{4, GatherDType::kFp8E4M3, 4096}));
+
+// Units: a step's gathers are quantized; GatherAll (summoned parameters, checkpoints) is exact.
+TEST(QuantizedGatherUnits, StepGathersQuantizeGatherAllIsExact) {
+  RunRanks(2, [&](Group& g) {
+    const int me = g.rank();
+    std::vector<ParamSpec> ps = F32Params();
+    for (size_t i = 0; i < ps.size(); ++i) ps[i].unit = static_cast<int>(i % 3);
+    GathererConfig gc;
+    gc.timeout = absl::Seconds(60);
+    gc.fully_sharded = true;
+    gc.quant = {GatherDType::kInt8, 128};
+    auto pg = ParamGatherer::Create(MakePlan(ps, 2), &g, gc);
+    ASSERT_TRUE(pg.ok()) << pg.status();
+    const BucketPlan& plan = (*pg)->plan();
+    auto units = UnitScheduler::Create(pg->get(), UnitConfig{});
+    ASSERT_TRUE(units.ok()) << units.status();
+    for (int b = 0; b < (*pg)->num_buckets(); ++b) {
+      float* p = static_cast<float*>((*pg)->ShardView(b)->data);
+      for (size_t j = 0; j < plan.buckets()[b].shard_count; ++j) p[j] = ShardValue(me, b, j, 0);
+    }
+    // Bucket b's parameter p against either the exact shards or the reference quantization.
+    auto check = [&](int b, bool exact) {
+      const Bucket& bk = plan.buckets()[b];
+      std::vector<float> want;
+      for (int r = 0; r < 2; ++r) {
+        std::vector<float> s = ReferenceShard(gc.quant, r, b, bk.shard_count, 0);
+        for (size_t j = 0; j < bk.shard_count; ++j) {
+          want.push_back(exact ? ShardValue(r, b, j, 0) : s[j]);
+        }
+      }
+      for (int p : bk.params) {
+        auto v = (*pg)->ParamView(plan.params()[p].id);
+        ASSERT_TRUE(v.ok()) << v.status();
+        const float* got = static_cast<const float*>(v->data);
+        for (size_t j = 0; j < v->count; ++j) {
+          ASSERT_EQ(Bits(got[j]), Bits(want[plan.slot(p).offset + j]))
+              << (exact ? "GatherAll" : "forward") << ", bucket " << b << " element " << j;
+        }
+      }
+    };
+    for (int u = 0; u < 3; ++u) {
+      ASSERT_OK((*units)->BeginForward(u));
+      for (int b : plan.UnitBuckets(u)) check(b, /*exact=*/false);
+      ASSERT_OK((*units)->EndForward(u));
+    }
+    ASSERT_OK((*units)->EndStep());
+    ASSERT_OK((*units)->GatherAll());
+    for (int b = 0; b < (*pg)->num_buckets(); ++b) check(b, /*exact=*/true);
+    ASSERT_OK((*units)->ReleaseAll());
+  });
+}
 
 TEST(QuantizedGatherErrors, BadSettingsAreNamed) {
   RunRanks(2, [&](Group& g) {
