@@ -77,6 +77,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         if mode not in ("reduce_scatter", "hybrid"):
             raise ValueError("FullyShardedDataParallel mode %r: reduce_scatter or hybrid (use "
                              "DistributedDataParallel for all-reduce)" % (mode,))
+        gather = gather_options(gather_dtype, gather_block, "FullyShardedDataParallel")
         self.module = module
         self._groups = [g for g in (group, replica_group) if g is not None]
         self._find_unused = bool(find_unused_parameters)
@@ -136,8 +137,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         self._cuda = HostUnits() if self._device is None else DeviceUnits(
             self._device, self.reducer, offloads(offload_policy))  # braid/_fsdp_device.py
         self.fsdp_options.update(self._cuda.optimizer_options())
-        self.fsdp_options.update(gather_options(gather_dtype, gather_block,
-                                                "FullyShardedDataParallel"))
+        self.fsdp_options.update(gather)
         for p in module.parameters():
             if p.grad is not None:
                 p.grad = None  # gradients live in Braid's buckets and shards from now on
