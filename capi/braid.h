@@ -731,6 +731,21 @@ BRAID_API void braid_comm_hook_options_init(braid_comm_hook_options_t* opts);
  * during a backward. UNIMPLEMENTED on device reducers. */
 BRAID_API braid_status_t braid_reducer_set_comm_hook(braid_reducer_t* reducer,
                                                      const braid_comm_hook_options_t* opts);
+/* Since 0.11: the hook's state for checkpoints, this rank's (PowerSGD: per bucket its error
+ * feedback, warm-start Q, step and init counts; INT8: its error feedback; stateless hooks and no
+ * hook: 0 bytes). Between backwards. *size = the state's bytes (always written); `data` may be
+ * NULL (size only); OUT_OF_RANGE when capacity < *size. Save it per rank beside the optimizer
+ * state; load it into the same hook (same options, same group size, same rank) and the next
+ * steps equal those of an uninterrupted run bit for bit. Another hook's, rank's or group size's
+ * state: FAILED_PRECONDITION naming what differs (the state follows each rank's elements and
+ * cannot be resharded: after a world size change load the checkpoint without it, and the hook
+ * restarts its warm-up: PowerSGD's start_powerSGD_iter uncompressed steps, int8 with no error
+ * feedback). size 0 clears the state. A bucket plan changed since the save fails that bucket's
+ * next backward by name. FAILED_PRECONDITION inside a backward. */
+BRAID_API braid_status_t braid_reducer_comm_hook_state(braid_reducer_t* reducer, void* data,
+                                                       size_t capacity, size_t* size);
+BRAID_API braid_status_t braid_reducer_comm_hook_load_state(braid_reducer_t* reducer,
+                                                            const void* data, size_t size);
 
 /* ---- Memory accounting -----------------------------------------------------------------------
  * Every byte Braid allocates for a reducer's rank (its buckets, staging and partial sums, and

@@ -244,6 +244,9 @@ _SIGNATURES = {
     "braid_reducer_destroy": (_st, [_p]),
     "braid_comm_hook_options_init": (None, [ctypes.POINTER(CommHookOptions)]),  # 0.11
     "braid_reducer_set_comm_hook": (_st, [_p, ctypes.POINTER(CommHookOptions)]),
+    "braid_reducer_comm_hook_state": (_st, [_p, _p, ctypes.c_size_t,
+                                             ctypes.POINTER(ctypes.c_size_t)]),
+    "braid_reducer_comm_hook_load_state": (_st, [_p, _p, ctypes.c_size_t]),
     "braid_memory_stats": (_st, [_p, ctypes.POINTER(MemoryStats)]),
     "braid_memory_reset_peaks": (_st, [_p]),
     "braid_optimizer_options_init": (None, [ctypes.POINTER(OptimizerOptions)]),
