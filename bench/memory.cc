@@ -26,6 +26,9 @@
 //                           gathered parameters and the gradient storage; prefetch of the
 //                           next unit
 //   fully_sharded_noprefetch  the same without prefetch
+//   fully_sharded_int8 / _fp8  fully_sharded with quantized unit gathers (ZeRO++'s qwZ: 1-byte
+//                           codes + an f32 scale per 4096 elements; not in the default --modes);
+//                           the check reads the exact master weights through GatherAll
 // Memory per rank is everything the rank holds: Braid's buffers plus the framework's
 // (ddp's parameters and AdamW state, the fully sharded backward's gradient scratch), all
 // through one MemoryStats per rank. Columns:
@@ -67,7 +70,14 @@ using Clock = std::chrono::steady_clock;
 using sched::MemoryStats;
 using sched::MemoryUse;
 
-enum class Mode { kDdp, kZero2, kFullySharded, kFullyShardedNoPrefetch };
+enum class Mode {
+  kDdp,
+  kZero2,
+  kFullySharded,
+  kFullyShardedNoPrefetch,
+  kFullyShardedInt8,
+  kFullyShardedFp8
+};
 const char* ModeName(Mode m) {
   switch (m) {
     case Mode::kDdp:
@@ -78,6 +88,10 @@ const char* ModeName(Mode m) {
       return "fully_sharded";
     case Mode::kFullyShardedNoPrefetch:
       return "fully_sharded_noprefetch";
+    case Mode::kFullyShardedInt8:
+      return "fully_sharded_int8";
+    case Mode::kFullyShardedFp8:
+      return "fully_sharded_fp8";
   }
   return "?";
 }
@@ -124,7 +138,8 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
   for (size_t l = 0; l < model.layers.size(); ++l) {
     for (int i : model.layers[l].params) params[i].unit = static_cast<int>(l);
   }
-  const bool fsdp = mode == Mode::kFullySharded || mode == Mode::kFullyShardedNoPrefetch;
+  const bool quant = mode == Mode::kFullyShardedInt8 || mode == Mode::kFullyShardedFp8;
+  const bool fsdp = mode == Mode::kFullySharded || mode == Mode::kFullyShardedNoPrefetch || quant;
   // The stack, as the assembler builds it (optim/training_stack.h). Fully sharded: one pool for
   // gathered parameters and gradient storage (a unit's released parameter buffer becomes its
   // gradient bucket, as PyTorch's caching allocator does for FSDP), one bucket per unit (FSDP's
@@ -172,7 +187,11 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
     po.optimizer->timeout = kTimeout;
     po.fully_sharded = fsdp;
     po.units.timeout = kTimeout;
-    po.units.prefetch = mode == Mode::kFullySharded ? 1 : 0;
+    po.units.prefetch = mode == Mode::kFullyShardedNoPrefetch ? 0 : 1;
+    if (quant) {
+      po.gather_quant.dtype = mode == Mode::kFullyShardedInt8 ? sched::GatherDType::kInt8
+                                                              : sched::GatherDType::kFp8E4M3;
+    }
     po.units.max_live_bytes = 0;  // 2 x the largest unit
     RETURN_IF_ERROR(stack->AddParamSide(po));
     std::vector<float> init;
@@ -269,6 +288,8 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
   // Check: the first element of every layer's first parameter against the serial AdamW of the
   // averaged gradient over the same number of steps (every step sees the same gradients).
   const int steps = c.warmup + c.iters;
+  // Quantized gathers: the exact master weights, through GatherAll (exact gathers).
+  if (quant) RETURN_IF_ERROR(units->GatherAll());
   for (int l = 0; l < num_layers; ++l) {
     const sched::ParamSpec& p = params[model.layers[l].params[0]];
     float avg = 0;
@@ -283,18 +304,20 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
     if (mode == Mode::kDdp) {
       got = reinterpret_cast<const float*>(ddp_p[model.layers[l].params[0]].get())[0];
     } else {
-      if (units) RETURN_IF_ERROR(units->BeginForward(l));
+      if (units && !quant) RETURN_IF_ERROR(units->BeginForward(l));
       if (!units) RETURN_IF_ERROR(opt->WaitAllParams());
       ASSIGN_OR_RETURN(TensorView view, gatherer->ParamView(p.id));
       got = static_cast<const float*>(view.data)[0];
-      if (units) RETURN_IF_ERROR(units->EndForward(l));
+      if (units && !quant) RETURN_IF_ERROR(units->EndForward(l));
     }
     if (got != w) {
+      if (quant) (void)units->ReleaseAll();
       return absl::InternalError(absl::StrCat("rank ", rank, " mode ", ModeName(mode),
                                               ": parameter ", p.Label(), "[0] is ", got, " after ",
                                               steps, " steps, the serial AdamW gives ", w));
     }
   }
+  if (quant) RETURN_IF_ERROR(units->ReleaseAll());
   return absl::OkStatus();
 }
 
@@ -347,7 +370,8 @@ absl::Status ParseModes(const std::string& s, std::vector<Mode>* out) {
   out->clear();
   for (absl::string_view part : absl::StrSplit(s, ',')) {
     bool found = false;
-    for (Mode m : {Mode::kDdp, Mode::kZero2, Mode::kFullySharded, Mode::kFullyShardedNoPrefetch}) {
+    for (Mode m : {Mode::kDdp, Mode::kZero2, Mode::kFullySharded, Mode::kFullyShardedNoPrefetch,
+                   Mode::kFullyShardedInt8, Mode::kFullyShardedFp8}) {
       if (part == ModeName(m)) {
         out->push_back(m);
         found = true;
@@ -376,7 +400,7 @@ sharded training on the GPT-2-small shapes; ranks are threads on the local backe
 
 usage: memory [flags]
   --ranks=2,4               rank counts to run
-  --modes=ddp,zero2,fully_sharded,fully_sharded_noprefetch
+  --modes=ddp,zero2,fully_sharded,fully_sharded_noprefetch[,fully_sharded_int8,fully_sharded_fp8]
                             modes to run, in this order (vs_ddp / vs_zero2 need those rows)
   --scale=1                 fraction of the 124M parameters (smaller for a quick run)
   --blocks=12               transformer blocks

@@ -737,6 +737,21 @@ BRAID_API void braid_comm_hook_options_init(braid_comm_hook_options_t* opts);
  * during a backward. UNIMPLEMENTED on device reducers. */
 BRAID_API braid_status_t braid_reducer_set_comm_hook(braid_reducer_t* reducer,
                                                      const braid_comm_hook_options_t* opts);
+/* Since 0.11: the hook's state for checkpoints, this rank's (PowerSGD: per bucket its error
+ * feedback, warm-start Q, step and init counts; INT8: its error feedback; stateless hooks and no
+ * hook: 0 bytes). Between backwards. *size = the state's bytes (always written); `data` may be
+ * NULL (size only); OUT_OF_RANGE when capacity < *size. Save it per rank beside the optimizer
+ * state; load it into the same hook (same options, same group size, same rank) and the next
+ * steps equal those of an uninterrupted run bit for bit. Another hook's, rank's or group size's
+ * state: FAILED_PRECONDITION naming what differs (the state follows each rank's elements and
+ * cannot be resharded: after a world size change load the checkpoint without it, and the hook
+ * restarts its warm-up: PowerSGD's start_powerSGD_iter uncompressed steps, int8 with no error
+ * feedback). size 0 clears the state. A bucket plan changed since the save fails that bucket's
+ * next backward by name. FAILED_PRECONDITION inside a backward. */
+BRAID_API braid_status_t braid_reducer_comm_hook_state(braid_reducer_t* reducer, void* data,
+                                                       size_t capacity, size_t* size);
+BRAID_API braid_status_t braid_reducer_comm_hook_load_state(braid_reducer_t* reducer,
+                                                            const void* data, size_t size);
 
 /* ---- Memory accounting -----------------------------------------------------------------------
  * Every byte Braid allocates for a reducer's rank (its buckets, staging and partial sums, and
@@ -799,6 +814,16 @@ typedef enum braid_optimizer_kind {
   BRAID_OPTIMIZER_NONE = 2
 } braid_optimizer_kind_t;
 
+/* Since 0.11: what a fully sharded unit's parameters cross the wire as (braid_optimizer_options_t
+ * gather_dtype). INT8: symmetric, scale = max|x| / 127 per block, round half to even. FP8_E4M3:
+ * scale = max|x| / 448 per block, OCP E4M3 round half to even, saturating. A block holding an
+ * inf or NaN gathers as NaN. */
+typedef enum braid_gather_dtype {
+  BRAID_GATHER_EXACT = 0,
+  BRAID_GATHER_INT8 = 1,
+  BRAID_GATHER_FP8_E4M3 = 2
+} braid_gather_dtype_t;
+
 typedef struct braid_optimizer_options {
   size_t struct_size;
   braid_optimizer_kind_t kind; /* default ADAMW */
@@ -860,6 +885,17 @@ typedef struct braid_optimizer_options {
    * (wait_all_params waits for it; wait_params does not). Host reducers only (UNIMPLEMENTED
    * on a device: max_grad_norm reports the norm there). 0 (default): off. */
   int track_grad_norm;
+  /* ---- since 0.11: quantized parameter all-gathers (DeepSpeed ZeRO++'s qwZ). */
+  /* gather_dtype != BRAID_GATHER_EXACT: elements per f32 scale, >= 1 (default 4096: DeepSpeed's
+   * qwZ quantizer aims at 4k-8k element groups). INVALID_ARGUMENT below 1. */
+  int64_t gather_block;
+  /* fully_sharded, f32 host parameters: each unit's buckets are all-gathered as 1-byte codes
+   * plus one scale per gather_block elements (about a quarter of the f32 bytes) and dequantized
+   * into the gathered buffer; every rank computes with the same dequantized values, while the
+   * shard the optimizer steps (the master weights) stays exact f32. BRAID_GATHER_EXACT (0,
+   * default): unchanged. INVALID_ARGUMENT without fully_sharded, for another value, or for a
+   * bf16 / f16 bucket (naming its first parameter); UNIMPLEMENTED on device reducers. */
+  braid_gather_dtype_t gather_dtype;
 } braid_optimizer_options_t;
 
 /* One group's hyper-parameters (the kind's half is used: AdamW lr, beta1, beta2, eps,

@@ -112,8 +112,9 @@ braid_status_t braid_reducer_set_comm_hook(braid_reducer_t* reducer,
     ASSIGN_OR_RETURN(std::shared_ptr<braid::sched::CommHook> hook, MakeHook(o));
     const std::string name = hook == nullptr ? "" : hook->name();
     braid::capi::GroupLocks locks(*r);  // collective on the reducer's groups
-    RETURN_IF_ERROR(r->stack->reducer().SetCommHook(std::move(hook)));
+    RETURN_IF_ERROR(r->stack->reducer().SetCommHook(hook));
     r->comm_hook = name;
+    r->comm_hook_object = std::move(hook);
     return absl::OkStatus();
   });
 }

@@ -54,6 +54,8 @@ struct ReducerImpl {
   // The registered comm hook's name (braid_reducer_set_comm_hook; empty: none). A hook averages
   // over its group's size, so it cannot follow join's divide by the contributing ranks.
   std::string comm_hook;
+  // The hook itself (null: none), for its checkpoint state (comm_hook_state_capi.cc).
+  std::shared_ptr<braid::sched::CommHook> comm_hook_object;
 };
 
 // An optimizer handle: the parameter side of its reducer's stack (gatherer, optimizer, units),

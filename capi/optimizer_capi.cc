@@ -90,6 +90,36 @@ absl::StatusOr<optim::OptimizerConfig> ToConfig(const braid_optimizer_options_t&
   return c;
 }
 
+// 0.11's gather_dtype / gather_block.
+absl::StatusOr<sched::GatherQuant> ToGatherQuant(const braid_optimizer_options_t& o) {
+  sched::GatherQuant q;
+  switch (RawEnum(o.gather_dtype)) {
+    case BRAID_GATHER_EXACT:
+      return q;
+    case BRAID_GATHER_INT8:
+      q.dtype = sched::GatherDType::kInt8;
+      break;
+    case BRAID_GATHER_FP8_E4M3:
+      q.dtype = sched::GatherDType::kFp8E4M3;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("opts->gather_dtype is ", RawEnum(o.gather_dtype),
+                       "; BRAID_GATHER_EXACT, BRAID_GATHER_INT8 or BRAID_GATHER_FP8_E4M3"));
+  }
+  if (o.fully_sharded != 1) {
+    return absl::InvalidArgumentError(
+        "opts->gather_dtype (quantized gathers) needs opts->fully_sharded = 1: without it the "
+        "gathered buffer is where the optimizer steps the master weights");
+  }
+  if (o.gather_block < 1 || o.gather_block > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("opts->gather_block must be in [1, 2^30], got ", o.gather_block));
+  }
+  q.block = static_cast<int>(o.gather_block);
+  return q;
+}
+
 }  // namespace
 
 absl::StatusOr<optim::ParamOptions> ToParamOptions(optim::TrainingStack& stack,
@@ -98,11 +128,12 @@ absl::StatusOr<optim::ParamOptions> ToParamOptions(optim::TrainingStack& stack,
   braid_optimizer_options_t o;
   braid_optimizer_options_init(&o);
   // 0.5 and 0.6's struct ended after timeout_ms, 0.7's after gather_stream, 0.8's after
-  // param_groups.
+  // param_groups, 0.10's after track_grad_norm (gather_block is 8-aligned: 0.10's sizeof).
   RETURN_IF_ERROR(ReadVersionedOptions(opts,
                                        {offsetof(braid_optimizer_options_t, fully_sharded),
                                         offsetof(braid_optimizer_options_t, num_groups),
-                                        offsetof(braid_optimizer_options_t, track_grad_norm)},
+                                        offsetof(braid_optimizer_options_t, track_grad_norm),
+                                        offsetof(braid_optimizer_options_t, gather_block)},
                                        "braid_optimizer_options_t", &o));
   ASSIGN_OR_RETURN(optim::OptimizerConfig config, ToConfig(o));
   *kind = config.kind;
@@ -141,6 +172,7 @@ absl::StatusOr<optim::ParamOptions> ToParamOptions(optim::TrainingStack& stack,
   po.units.prefetch = o.prefetch;
   po.units.reshard_after_forward = o.reshard_after_forward == 1;
   po.units.max_live_bytes = static_cast<size_t>(o.max_live_bytes);
+  ASSIGN_OR_RETURN(po.gather_quant, ToGatherQuant(o));  // 0.11
   return po;
 }
 
@@ -176,7 +208,9 @@ void braid_optimizer_options_init(braid_optimizer_options_t* opts) {
   opts->gather_stream = nullptr;
   opts->num_groups = 1;
   opts->param_groups = nullptr;
-  opts->track_grad_norm = 0;  // 0.10
+  opts->track_grad_norm = 0;                               // 0.10
+  opts->gather_block = braid::sched::GatherQuant{}.block;  // 0.11
+  opts->gather_dtype = BRAID_GATHER_EXACT;
 }
 
 braid_status_t braid_optimizer_create(braid_reducer_t* reducer,

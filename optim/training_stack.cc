@@ -78,6 +78,7 @@ absl::StatusOr<std::unique_ptr<ParamSide>> TrainingStack::BuildParamSide(
   gc.timeline = timeline_.get();
   gc.memory = memory_.get();
   gc.fully_sharded = options.fully_sharded;
+  gc.quant = options.gather_quant;
   gc.scheduler = scheduler_.get();                    // its gathers are the urgent operations
   if (options.fully_sharded) gc.shared_pool = pool_;  // host: one pool with the gradients
   ASSIGN_OR_RETURN(side->gatherer,

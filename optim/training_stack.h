@@ -70,6 +70,7 @@ struct ParamOptions {
   sched::UnitConfig units;
   absl::Duration timeout = absl::Seconds(300);  // the gatherer's deadline
   DeviceStream gather_stream;                   // optional: the gather group's stream
+  sched::GatherQuant gather_quant;              // GathererConfig::quant (fully_sharded)
 };
 
 // A gather group, gatherer, optimizer and units over one reducer; destroyed in reverse.

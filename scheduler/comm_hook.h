@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "comm/dtype.h"
@@ -96,6 +97,17 @@ class CommHook {
   // The reducer's buckets changed (a re-plan: indices, sizes and contents move): drop per-bucket
   // state that follows elements (error feedback). Called between backwards, no Run in flight.
   virtual void OnReplan() {}
+  // Checkpoints (scheduler/hooks/hook_state.h), between backwards with no Run in flight: this
+  // rank's state as bytes ("" for a stateless hook), and those bytes loaded back into a hook
+  // attached with the same options, so that the next steps are those of an uninterrupted run.
+  // LoadState refuses another hook's, group size's or rank's state by name; an empty string
+  // clears the state (the hook starts afresh).
+  virtual absl::StatusOr<std::string> SaveState() const { return std::string(); }
+  virtual absl::Status LoadState(absl::string_view bytes) {
+    if (bytes.empty()) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("the '", name(), "' comm hook keeps no state, but state was given"));
+  }
 };
 
 // Collective over `group`: every rank's hook (null: none) has the same name and options; else

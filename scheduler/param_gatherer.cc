@@ -76,6 +76,7 @@ absl::StatusOr<std::unique_ptr<ParamGatherer>> ParamGatherer::Create(const Bucke
         absl::StrCat("param gatherer: a shared buffer pool is for host groups; group '",
                      shard_group->name(), "' queues its operations on a device stream"));
   }
+  RETURN_IF_ERROR(CheckQuant(plan, *shard_group, config));
   if (config.verify_plan)
     RETURN_IF_ERROR(VerifyPlanAcrossRanks(plan, *shard_group, config.timeout));
   auto g = std::unique_ptr<ParamGatherer>(new ParamGatherer(plan, shard_group, config));
@@ -174,7 +175,7 @@ absl::StatusOr<TensorView> ParamGatherer::ShardView(int b) const {
   return TensorView{ShardData(b), bk.shard_count, bk.dtype, bk.device};
 }
 
-absl::Status ParamGatherer::LaunchLocked(int b, DeviceEvent ready) {
+absl::Status ParamGatherer::LaunchLocked(int b, DeviceEvent ready, bool exact) {
   BucketState& s = *buckets_[b];
   const Bucket& bk = plan_.buckets()[b];
   const size_t shard_bytes = bk.shard_count * DTypeSize(bk.dtype);
@@ -199,6 +200,16 @@ absl::Status ParamGatherer::LaunchLocked(int b, DeviceEvent ready) {
     }
     s.full = *std::move(full);
   }
+  if (config_.quant.dtype != GatherDType::kExact && !exact) {
+    absl::StatusOr<WorkPtr> w = LaunchQuantizedLocked(b, s.full.get());
+    if (!w.ok()) {
+      return WithContext(w.status(), absl::StrCat("gathering ", s.label, " as ",
+                                                  GatherDTypeName(config_.quant.dtype),
+                                                  " on group '", group_->name(), "'"));
+    }
+    RecordLaunchLocked(b, *std::move(w));
+    return absl::OkStatus();
+  }
   char* mine = s.full.get() + static_cast<size_t>(group_->rank()) * shard_bytes;
   // Device: the wait for `ready` (a producer of the shard, e.g. the optimizer's step) comes
   // before the copy that reads it; the all-gather is queued after it on the same stream.
@@ -216,7 +227,13 @@ absl::Status ParamGatherer::LaunchLocked(int b, DeviceEvent ready) {
     return WithContext(w.status(),
                        absl::StrCat("gathering ", s.label, " on group '", group_->name(), "'"));
   }
-  s.work = *w;
+  RecordLaunchLocked(b, *std::move(w));
+  return absl::OkStatus();
+}
+
+void ParamGatherer::RecordLaunchLocked(int b, WorkPtr w) {
+  BucketState& s = *buckets_[b];
+  s.work = std::move(w);
   s.state = GatherState::kInFlight;
   if (OpScheduler* sch = scheduler_.load()) sch->TrackUrgent(s.work, b);
   issue_hash_ = MixIssue(issue_hash_, static_cast<uint64_t>(b));
@@ -230,10 +247,9 @@ absl::Status ParamGatherer::LaunchLocked(int b, DeviceEvent ready) {
     // Runs on the completing thread, possibly after this object is gone: touches only its own.
     s.work->OnComplete([done = s.done_ns](const absl::Status&) { done->store(Timeline::NowNs()); });
   }
-  return absl::OkStatus();
 }
 
-absl::Status ParamGatherer::Prefetch(int b, DeviceEvent ready) {
+absl::Status ParamGatherer::Prefetch(int b, DeviceEvent ready, bool exact) {
   RETURN_IF_ERROR(CheckBucket("Prefetch", b));
   std::lock_guard<std::mutex> lock(mu_);
   const BucketState& s = *buckets_[b];
@@ -242,7 +258,7 @@ absl::Status ParamGatherer::Prefetch(int b, DeviceEvent ready) {
         absl::StrCat("Prefetch(", s.label, "): its all-gather on group '", group_->name(),
                      "' is already in flight (Prefetch called twice without WaitParams)"));
   }
-  return LaunchLocked(b, ready);
+  return LaunchLocked(b, ready, exact);
 }
 
 void ParamGatherer::RecordGatherSpanLocked(int b) {

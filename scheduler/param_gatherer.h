@@ -47,6 +47,7 @@
 #include "comm/work.h"
 #include "scheduler/bucket_plan.h"
 #include "scheduler/buffer_pool.h"
+#include "scheduler/gather_quant.h"
 #include "scheduler/memory_stats.h"
 #include "scheduler/op_scheduler.h"
 #include "scheduler/timeline.h"
@@ -76,6 +77,12 @@ struct GathererConfig {
   // Optional, not owned, must outlive the gatherer: every all-gather is reported to it as
   // urgent (OpScheduler::TrackUrgent), so reductions it schedules wait while gathers run.
   OpScheduler* scheduler = nullptr;
+  // fully_sharded f32 buckets on host groups: gather each shard as int8 or fp8 with one f32
+  // scale per quant.block elements (ZeRO++'s qwZ, scheduler/gather_quant.h), dequantized into
+  // the full buffer; every rank (its own block included) reads the same dequantized values and
+  // the shard (the optimizer's master weights) is never changed. kExact (default): unchanged.
+  // InvalidArgument at Create otherwise, naming the bucket or setting.
+  GatherQuant quant;
 };
 
 class ParamGatherer {
@@ -106,7 +113,9 @@ class ParamGatherer {
   // Starts the all-gather of bucket b and returns without waiting. FailedPrecondition naming the
   // bucket if its gather is already in flight; the backend's error (naming bucket and group) if
   // the launch fails. `ready` (device backends) is an event to wait on before reading the shard.
-  absl::Status Prefetch(int b, DeviceEvent ready = {});
+  // `exact`: this gather moves the shard's exact values even with config.quant (every rank
+  // must pass the same; the unit scheduler's GatherAll does, so checkpoints are exact).
+  absl::Status Prefetch(int b, DeviceEvent ready = {}, bool exact = false);
   // Returns once bucket b is gathered: at once if it is; starts the gather first if nobody
   // prefetched it. Error naming the bucket and group when the gather fails or does not complete
   // within config.timeout (a gather that is merely late keeps running: a later WaitParams may
@@ -154,7 +163,16 @@ class ParamGatherer {
 
   absl::Status CheckBucket(const char* what, int b) const;
   // With mu_ held: allocates the buffer if needed and launches bucket b's all-gather.
-  absl::Status LaunchLocked(int b, DeviceEvent ready);
+  absl::Status LaunchLocked(int b, DeviceEvent ready, bool exact = false);
+  // With mu_ held: bucket b's quantized all-gather (config_.quant), whose Work completes once
+  // `full` (bucket b's flat buffer) holds the dequantized values (param_gatherer_quant.cc).
+  absl::StatusOr<WorkPtr> LaunchQuantizedLocked(int b, char* full);
+  // Checks config.quant against the plan and group (Create).
+  static absl::Status CheckQuant(const BucketPlan& plan, Group& group,
+                                 const GathererConfig& config);
+  // With mu_ held: bucket b's gather `w` is in flight (state, launch scheduler, issue log,
+  // timeline).
+  void RecordLaunchLocked(int b, WorkPtr w);
   // Waits for `w` (bucket b's gather) until `deadline` without mu_, then records the outcome.
   // Errors are prefixed with `caller` and name the bucket and group.
   absl::Status AwaitGather(const char* caller, int b, const WorkPtr& w, absl::Time deadline);

@@ -136,6 +136,7 @@ absl::Status UnitScheduler::LaunchLocked(std::unique_lock<std::mutex>& lock,
     buckets.insert(buckets.end(), un.buckets.begin(), un.buckets.end());
   }
   if (gathered_all_) std::sort(buckets.begin(), buckets.end());  // GatherAll: bucket order
+  const bool exact = gathered_all_;  // read under the lock (see the launch below)
   const uint64_t ticket = next_ticket_++;
   cv_.wait(lock, [&] { return serving_ticket_ == ticket; });
   lock.unlock();
@@ -152,7 +153,9 @@ absl::Status UnitScheduler::LaunchLocked(std::unique_lock<std::mutex>& lock,
         break;
       }
     }
-    st = gatherer_->Prefetch(b, ready);
+    // GatherAll (summoned parameters, checkpoints) moves exact values even with quantized
+    // gathers; every rank's GatherAll is the same collective, so the ranks agree.
+    st = gatherer_->Prefetch(b, ready, exact);
     if (!st.ok()) break;
   }
   lock.lock();

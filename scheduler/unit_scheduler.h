@@ -87,7 +87,9 @@ class UnitScheduler {
   absl::Status BeginBackward(int unit);  // gather, prefetch the next units in backward order, wait
   absl::Status EndBackward(int unit);    // release; any thread
   absl::Status EndStep();                // see above
-  absl::Status GatherAll();   // outside a step: gather every bucket in bucket order and keep it
+  // Outside a step: gather every bucket in bucket order and keep it; exact values even with
+  // GathererConfig::quant (summoned parameters and checkpoints are never quantized).
+  absl::Status GatherAll();
   absl::Status ReleaseAll();  // release everything GatherAll gathered (OK when nothing) and
                               // free the gatherer's pool of buffers (TrimPool)
 

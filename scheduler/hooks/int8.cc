@@ -4,10 +4,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "comm/status_macros.h"
+#include "scheduler/hooks/hook_state.h"
 
 namespace braid::sched {
 namespace {
@@ -32,7 +36,47 @@ class Int8Hook : public CommHook {
     return !opts_.replica_only || stage == CommStage::kReplicaAllReduce;
   }
 
-  void OnReplan() override { states_.clear(); }  // residuals follow elements: start afresh
+  void OnReplan() override {  // residuals follow elements: start afresh
+    states_.clear();
+    loaded_.clear();
+  }
+
+  absl::Status Attach(const CommAttach& at) override {
+    group_size_ = at.group->size();
+    rank_ = at.group->rank();
+    return absl::OkStatus();
+  }
+
+  // Per (bucket, stage): its key and residual (hooks/hook_state.h).
+  absl::StatusOr<std::string> SaveState() const override {
+    HookStateWriter w(name_, group_size_, rank_);
+    std::map<size_t, const std::vector<float>*> all;
+    for (const auto& [key, residual] : loaded_) all[key] = &residual;  // not yet run again
+    for (size_t key = 0; key < states_.size(); ++key) {
+      if (states_[key] != nullptr) all[key] = &states_[key]->residual;
+    }
+    for (const auto& [key, residual] : all) {
+      w.Int(static_cast<int64_t>(key));
+      w.Floats(*residual);
+    }
+    return w.Finish();
+  }
+
+  absl::Status LoadState(absl::string_view bytes) override {
+    std::map<size_t, std::vector<float>> loaded;
+    if (!bytes.empty()) {
+      ASSIGN_OR_RETURN(HookStateReader r, HookStateReader::Open(bytes, name_, group_size_, rank_));
+      while (!r.AtEnd()) {
+        ASSIGN_OR_RETURN(int64_t key, r.Int());
+        ASSIGN_OR_RETURN(std::vector<float> residual, r.Floats());
+        if (key < 0) return absl::InvalidArgumentError("int8 comm hook state: negative key");
+        loaded[static_cast<size_t>(key)] = std::move(residual);
+      }
+    }
+    states_.clear();
+    loaded_ = std::move(loaded);
+    return absl::OkStatus();
+  }
 
   absl::StatusOr<CommResult> Run(const CommBucket& b) override {
     if (b.dtype != DType::kF32) {
@@ -48,6 +92,15 @@ class Int8Hook : public CommHook {
     if (states_.size() <= key) states_.resize(key + 1);
     if (states_[key] == nullptr) states_[key] = std::make_shared<Int8State>();
     std::shared_ptr<Int8State> s = states_[key];
+    if (auto it = loaded_.find(key); it != loaded_.end()) {  // from a checkpoint
+      if (it->second.size() != sent) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the loaded int8 state of this bucket's ", CommStageName(b.stage), " holds ",
+            it->second.size(), " residuals; the bucket sends ", sent, " (another bucket plan)"));
+      }
+      s->residual = std::move(it->second);
+      loaded_.erase(it);
+    }
     if (s->residual.size() != sent) s->residual.assign(sent, 0.0f);  // a new plan: no residual
     s->mine.resize(record);
     s->all.resize(record * n);
@@ -108,6 +161,8 @@ class Int8Hook : public CommHook {
   const Int8Options opts_;
   const std::string name_;
   std::vector<std::shared_ptr<Int8State>> states_;  // per (bucket, stage)
+  std::map<size_t, std::vector<float>> loaded_;     // LoadState's, until the key runs again
+  int group_size_ = 1, rank_ = 0;                   // the attached group's
 };
 
 }  // namespace

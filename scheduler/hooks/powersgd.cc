@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/status_macros.h"
+#include "scheduler/hooks/hook_state.h"
 #include "scheduler/hooks/low_rank.h"
 
 namespace braid::sched {
@@ -141,7 +142,60 @@ class PowerSGDHook : public CommHook {
             {"parameter rows (hash)", static_cast<int64_t>(rows)}};
   }
   bool Handles(CommStage stage) const override { return stage == CommStage::kAllReduce; }
-  void OnReplan() override { states_.clear(); }
+  void OnReplan() override {
+    states_.clear();
+    loaded_.clear();
+  }
+
+  // Per bucket: count, iter, inits, have_q, error, Q (hooks/hook_state.h).
+  absl::StatusOr<std::string> SaveState() const override {
+    HookStateWriter w(name_, group_size_, rank_);
+    std::map<int, const Saved*> all;
+    for (const auto& [b, saved] : loaded_) all[b] = &saved;  // not yet run again
+    std::map<int, Saved> live;
+    for (const auto& [b, s] : states_) {
+      live[b] = Saved{s->count, s->iter, s->inits, s->have_q, s->error, s->q};
+      all[b] = &live[b];
+    }
+    for (const auto& [b, v] : all) {
+      w.Int(b);
+      w.Int(static_cast<int64_t>(v->count));
+      w.Int(v->iter);
+      w.Int(v->inits);
+      w.Int(v->have_q ? 1 : 0);
+      w.Floats(v->error);
+      w.Floats(v->q);
+    }
+    return w.Finish();
+  }
+
+  absl::Status LoadState(absl::string_view bytes) override {
+    std::map<int, Saved> loaded;
+    if (!bytes.empty()) {
+      ASSIGN_OR_RETURN(HookStateReader r, HookStateReader::Open(bytes, name_, group_size_, rank_));
+      while (!r.AtEnd()) {
+        Saved v;
+        ASSIGN_OR_RETURN(int64_t b, r.Int());
+        ASSIGN_OR_RETURN(int64_t count, r.Int());
+        ASSIGN_OR_RETURN(int64_t iter, r.Int());
+        ASSIGN_OR_RETURN(int64_t inits, r.Int());
+        ASSIGN_OR_RETURN(int64_t have_q, r.Int());
+        ASSIGN_OR_RETURN(v.error, r.Floats());
+        ASSIGN_OR_RETURN(v.q, r.Floats());
+        if (b < 0 || count < 0 || iter < 0 || inits < 0) {
+          return absl::InvalidArgumentError("powersgd comm hook state: a negative field");
+        }
+        v.count = static_cast<size_t>(count);
+        v.iter = static_cast<int>(iter);
+        v.inits = static_cast<int>(inits);
+        v.have_q = have_q != 0;
+        loaded[static_cast<int>(b)] = std::move(v);
+      }
+    }
+    states_.clear();
+    loaded_ = std::move(loaded);
+    return absl::OkStatus();
+  }
 
   absl::Status Attach(const CommAttach& at) override {
     const std::vector<ParamSpec>& params = *at.params;
@@ -158,6 +212,8 @@ class PowerSGDHook : public CommHook {
                          " elements, not a whole number of rows of ", n, " (rows[", i, "])"));
       }
     }
+    group_size_ = at.group->size();
+    rank_ = at.group->rank();
     ASSIGN_OR_RETURN(q_group_, at.group->Split(0, at.group->rank(),
                                                absl::StrCat(at.group->name(), ".powersgd")));
     cursor_->group = q_group_.get();
@@ -172,7 +228,25 @@ class PowerSGDHook : public CommHook {
     }
     if (q_group_ == nullptr) return absl::FailedPreconditionError("not attached to a reducer");
     std::shared_ptr<BucketState>& slot = states_[b.index];
-    if (slot == nullptr || slot->count != b.count) slot = Plan(b);
+    if (slot == nullptr || slot->count != b.count) {
+      slot = Plan(b);
+      if (auto it = loaded_.find(b.index); it != loaded_.end()) {  // from a checkpoint
+        Saved& v = it->second;
+        if (v.count != slot->count || (v.have_q && v.q.size() != slot->q.size()) ||
+            (!v.error.empty() && v.error.size() != slot->count)) {
+          slot = nullptr;
+          return absl::FailedPreconditionError(absl::StrCat(
+              "the loaded powersgd state of this bucket is for ", v.count, " elements and ",
+              v.q.size(), " Q values; the bucket has ", b.count, " (another bucket plan)"));
+        }
+        slot->iter = v.iter;
+        slot->inits = v.inits;
+        slot->have_q = v.have_q;
+        slot->error = std::move(v.error);
+        if (v.have_q) slot->q = std::move(v.q);
+        loaded_.erase(it);
+      }
+    }
     std::shared_ptr<BucketState> s = slot;
     s->group_size = b.group->size();
     s->label = std::string(b.options.label);
@@ -309,6 +383,15 @@ class PowerSGDHook : public CommHook {
   std::shared_ptr<Cursor> cursor_;
   std::unique_ptr<Group> q_group_;
   std::map<int, std::shared_ptr<BucketState>> states_;  // per bucket
+  // A bucket's state in a checkpoint; LoadState's wait here until their bucket runs again.
+  struct Saved {
+    size_t count = 0;
+    int iter = 0, inits = 0;
+    bool have_q = false;
+    std::vector<float> error, q;
+  };
+  std::map<int, Saved> loaded_;
+  int group_size_ = 1, rank_ = 0;  // the attached group's
 };
 
 }  // namespace

@@ -18,8 +18,9 @@
 // Q all-reduce, which depends on it, runs on a group of the hook's own (split at Attach) and is
 // issued in the same bucket order through a cursor: bucket b's Q waits for every earlier
 // bucket's Q to be issued, whatever order the P all-reduces complete in.
-// State (error, P, Q, step count) per bucket survives steps; a re-plan drops it (OnReplan).
-// f32 buckets; host memory; one reducer per hook instance; not in optimizer checkpoints.
+// State (error, Q, step counts) per bucket survives steps; a re-plan drops it (OnReplan);
+// SaveState / LoadState carry it through checkpoints (per rank, the same group size).
+// f32 buckets; host memory; one reducer per hook instance.
 #ifndef BRAID_SCHEDULER_HOOKS_POWERSGD_H_
 #define BRAID_SCHEDULER_HOOKS_POWERSGD_H_
 

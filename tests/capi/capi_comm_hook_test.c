@@ -134,6 +134,32 @@ static void* rank_main(void* arg) {
     step(red, rank, 3073.5f); /* with the (zero-sum) error feedback */
     EXPECT_OK(braid_reducer_set_comm_hook(red, NULL));
   }
+  { /* since 0.11: the hook's checkpoint state (exactness: tests/hook_state_test.cc) */
+    size_t n = 99, m = 0;
+    unsigned char buf[4096];
+    EXPECT_OK(braid_reducer_comm_hook_state(red, NULL, 0, &n)); /* no hook: no state */
+    EXPECT_TRUE(n == 0);
+    EXPECT_OK(braid_reducer_comm_hook_load_state(red, NULL, 0));
+    EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "no comm hook",
+                 braid_reducer_comm_hook_load_state(red, "x", 1));
+    braid_comm_hook_options_init(&h);
+    h.kind = BRAID_COMM_HOOK_INT8;
+    EXPECT_OK(braid_reducer_set_comm_hook(red, &h));
+    EXPECT_OK(braid_reducer_comm_hook_state(red, NULL, 0, &n));
+    EXPECT_TRUE(n > 0 && n < sizeof buf);
+    EXPECT_ERROR(BRAID_OUT_OF_RANGE, "capacity is 1",
+                 braid_reducer_comm_hook_state(red, buf, 1, &m));
+    EXPECT_OK(braid_reducer_comm_hook_state(red, buf, sizeof buf, &m));
+    EXPECT_TRUE(m == n);
+    EXPECT_OK(braid_reducer_comm_hook_load_state(red, buf, m));
+    EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "not a Braid comm hook state",
+                 braid_reducer_comm_hook_load_state(red, "junk", 4));
+    h.kind = BRAID_COMM_HOOK_FP16; /* stateless: refuses int8's state by name */
+    EXPECT_OK(braid_reducer_set_comm_hook(red, &h));
+    EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "'fp16_compress' comm hook keeps no state",
+                 braid_reducer_comm_hook_load_state(red, buf, m));
+    EXPECT_OK(braid_reducer_set_comm_hook(red, NULL));
+  }
   EXPECT_OK(braid_reducer_destroy(red));
   return NULL;
 }

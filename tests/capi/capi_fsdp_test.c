@@ -231,7 +231,21 @@ static void* rank_main(void* arg) {
   oo.offload = 1;
   EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "offload", braid_optimizer_create(red, &oo, &opt));
   oo.offload = 0;
+  /* 0.11: quantized gathers (qwZ) need fully_sharded; bad values named (exactness:
+   * tests/gather_quant_test.cc, tests/python/qwz_test.py). */
+  EXPECT_TRUE(oo.gather_dtype == BRAID_GATHER_EXACT && oo.gather_block == 4096);
+  oo.gather_dtype = BRAID_GATHER_INT8;
+  EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "needs opts->fully_sharded = 1",
+               braid_optimizer_create(red, &oo, &opt));
   oo.fully_sharded = 1;
+  oo.gather_block = 0;
+  EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "opts->gather_block must be in [1, 2^30], got 0",
+               braid_optimizer_create(red, &oo, &opt));
+  oo.gather_block = 4096;
+  oo.gather_dtype = (braid_gather_dtype_t)7;
+  EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "opts->gather_dtype is 7",
+               braid_optimizer_create(red, &oo, &opt));
+  oo.gather_dtype = BRAID_GATHER_EXACT;
   EXPECT_OK(braid_optimizer_create(red, &oo, &opt));
   for (i = 0; i < P; ++i) {
     float* init = malloc(kCounts[i] * sizeof(float));

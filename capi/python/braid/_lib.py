@@ -42,6 +42,7 @@ MODE_ALLREDUCE, MODE_REDUCE_SCATTER, MODE_HYBRID = range(3)
 SYNC, NO_SYNC, REDUCE_SCATTER_ONLY = range(3)
 # braid_optimizer_kind_t
 OPTIMIZER_ADAMW, OPTIMIZER_SGD, OPTIMIZER_NONE = range(3)
+GATHER_EXACT, GATHER_INT8, GATHER_FP8_E4M3 = range(3)  # braid_gather_dtype_t (0.11)
 # braid_phase_t
 PHASE_FORWARD, PHASE_BACKWARD = range(2)
 NO_COLOR = -1
@@ -145,7 +146,9 @@ class OptimizerOptions(ctypes.Structure):
                 # 0.8: parameter groups
                 ("num_groups", ctypes.c_int), ("param_groups", ctypes.POINTER(ctypes.c_int)),
                 # 0.10: every step's gradient norm
-                ("track_grad_norm", ctypes.c_int)]
+                ("track_grad_norm", ctypes.c_int),
+                # 0.11: quantized parameter all-gathers (qwZ)
+                ("gather_block", ctypes.c_int64), ("gather_dtype", ctypes.c_int)]
 
 
 class JoinOptions(ctypes.Structure):  # 0.11
@@ -241,6 +244,9 @@ _SIGNATURES = {
     "braid_reducer_destroy": (_st, [_p]),
     "braid_comm_hook_options_init": (None, [ctypes.POINTER(CommHookOptions)]),  # 0.11
     "braid_reducer_set_comm_hook": (_st, [_p, ctypes.POINTER(CommHookOptions)]),
+    "braid_reducer_comm_hook_state": (_st, [_p, _p, ctypes.c_size_t,
+                                             ctypes.POINTER(ctypes.c_size_t)]),
+    "braid_reducer_comm_hook_load_state": (_st, [_p, _p, ctypes.c_size_t]),
     "braid_memory_stats": (_st, [_p, ctypes.POINTER(MemoryStats)]),
     "braid_memory_reset_peaks": (_st, [_p]),
     "braid_optimizer_options_init": (None, [ctypes.POINTER(OptimizerOptions)]),

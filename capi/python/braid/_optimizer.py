@@ -22,7 +22,8 @@ def _options(reducer, kind="adamw", lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weigh
              momentum=0.9, nesterov=False, max_grad_norm=0.0, skip_nonfinite=False,
              overlap=True, threads=1, timeout_ms=300000, fully_sharded=False,
              reshard_after_forward=True, prefetch=1, max_live_bytes=0, offload=False,
-             gather_stream=None, param_groups=None, track_grad_norm=False, num_groups=None):
+             gather_stream=None, param_groups=None, track_grad_norm=False, num_groups=None,
+             gather_dtype=_lib.GATHER_EXACT, gather_block=4096):
     """(braid_optimizer_options_t, what must stay alive while the C call reads it)."""
     opts = _lib.init_options(_lib.OptimizerOptions, "braid_optimizer_options_init")
     kinds = {"adamw": _lib.OPTIMIZER_ADAMW, "sgd": _lib.OPTIMIZER_SGD,
@@ -39,6 +40,7 @@ def _options(reducer, kind="adamw", lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weigh
     opts.prefetch, opts.max_live_bytes = prefetch, int(max_live_bytes or 0)
     opts.offload, opts.gather_stream = int(bool(offload)), gather_stream
     opts.track_grad_norm = int(bool(track_grad_norm))
+    opts.gather_dtype, opts.gather_block = gather_dtype, gather_block  # 0.11 (_fsdp_quant.py)
     groups = None
     if param_groups is not None:
         if len(param_groups) != len(reducer._specs):
@@ -67,7 +69,8 @@ class Optimizer(_Handle):
     highest index + 1) counts groups no parameter is in too. track_grad_norm (0.10):
     last_step().grad_norm of every step, also without clipping (host parameters). kind="none"
     (with fully_sharded=True): no optimizer, the units only; the framework steps the pieces of
-    param_shard() itself (the hyper-parameters are ignored)."""
+    param_shard() itself (the hyper-parameters are ignored). gather_dtype / gather_block
+    (0.11, fully_sharded): quantized unit gathers, braid/_fsdp_quant.py."""
 
     _destroy = "braid_optimizer_destroy"
 

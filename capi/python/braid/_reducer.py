@@ -161,6 +161,20 @@ class Reducer(_Handle):
             opts.param_rows, opts.num_param_rows = array, len(rows)
         _lib.call("braid_reducer_set_comm_hook", self.handle, ctypes.byref(opts))
 
+    def comm_hook_state(self):
+        """This rank's comm hook state as bytes (braid_reducer_comm_hook_state, 0.11)."""
+        size = ctypes.c_size_t()
+        _lib.call("braid_reducer_comm_hook_state", self.handle, None, 0, ctypes.byref(size))
+        buf = ctypes.create_string_buffer(size.value)
+        _lib.call("braid_reducer_comm_hook_state", self.handle, buf, size.value,
+                  ctypes.byref(size))
+        return buf.raw[:size.value]
+
+    def load_comm_hook_state(self, state):
+        """Loads comm_hook_state()'s bytes into the same hook (braid.h says what is refused)."""
+        state = bytes(state)
+        _lib.call("braid_reducer_comm_hook_load_state", self.handle, state, len(state))
+
     def finish_backward(self):
         _lib.call("braid_reducer_finish_backward", self.handle)
 

@@ -13,6 +13,7 @@ from ._fsdp_device import DeviceUnits, HostUnits, device_placement
 from ._fsdp_join import FSDPJoin
 from ._fsdp_local import LocalShards
 from ._fsdp_policies import check_offload, offloads
+from ._fsdp_quant import gather_options
 from ._fsdp_tied import TiedUnits, tied_owners
 from ._fsdp_params import (  # noqa: F401 (FullyShardedParameter: braid.fsdp's too)
     _TENSOR_GRAD, FullyShardedParameter, _released_data, _tensors)
@@ -68,6 +69,8 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
           gradient reduce-scatters in partitions of at most credit_mb MiB, and with
           priorities=True the unit gathers go ahead of partitions not yet issued.
     CUDA modules on World("nccl") groups, and offload_policy: braid/_fsdp_device.py.
+    gather_dtype, gather_block: quantized unit gathers (ZeRO++'s qwZ; exact master weights),
+          braid/_fsdp_quant.py.
     """
 
     def __init__(self, module, group, units=None, auto_wrap_policy=None, mode="reduce_scatter",
@@ -75,11 +78,13 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
                  bucket_cap_mb=25.0, first_bucket_cap_mb=1.0, find_unused_parameters=False,
                  reduce_dtype=None, broadcast_from_rank0=True, timeout_ms=300000,
                  timeline_prefix=None, credit_mb=0.0, priorities=False, static_graph=False,
-                 offload_policy=None, param_dtype=None, cast_forward_inputs=True):
+                 offload_policy=None, param_dtype=None, cast_forward_inputs=True,
+                 gather_dtype=None, gather_block=4096):
         super().__init__()
         if mode not in ("reduce_scatter", "hybrid"):
             raise ValueError("FullyShardedDataParallel mode %r: reduce_scatter or hybrid (use "
                              "DistributedDataParallel for all-reduce)" % (mode,))
+        gather = gather_options(gather_dtype, gather_block, "FullyShardedDataParallel")
         self.module = module
         self._groups = [g for g in (group, replica_group) if g is not None]
         self._find_unused = bool(find_unused_parameters)
@@ -142,6 +147,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         self._cuda = HostUnits() if self._device is None else DeviceUnits(
             self._device, self.reducer, offloads(offload_policy))  # braid/_fsdp_device.py
         self.fsdp_options.update(self._cuda.optimizer_options())
+        self.fsdp_options.update(gather)
         for p in module.parameters():
             if p.grad is not None:
                 p.grad = None  # gradients live in Braid's buckets and shards from now on

@@ -50,6 +50,8 @@ from ._ddp_graph import GraphCheck, graph_grad, unreached
 from ._ddp_profile import CollectiveRanges, call_profiled, profiled
 from ._ddp_reuse import Fires, mark_again, reuse_marks
 from ._ddp_grads import GradPresence
+from ._ddp_comm_hook import comm_hook_state_dict as _comm_hook_state_dict
+from ._ddp_comm_hook import load_comm_hook_state_dict as _load_comm_hook_state_dict
 from ._ddp_comm_hook import register_comm_hook as _register_comm_hook
 from ._ddp_verify import verify_same_model
 from ._used_map import DDP_AGREEMENT, agreement_options, declare_unused, marks_hook
@@ -536,6 +538,14 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         """torch's: how each bucket is reduced (braid.comm_hooks says which hooks Braid runs).
         Once, on every rank alike, outside a backward."""
         _register_comm_hook(self, state, hook)
+
+    def comm_hook_state_dict(self):
+        """Braid's: this rank's comm hook state for its checkpoint (braid/_ddp_comm_hook.py)."""
+        return _comm_hook_state_dict(self)
+
+    def load_comm_hook_state_dict(self, state_dict, restart_hook=False):
+        """Braid's: loads comm_hook_state_dict() into the same hook (braid/_ddp_comm_hook.py)."""
+        _load_comm_hook_state_dict(self, state_dict, restart_hook)
 
     def _set_static_graph(self):
         """torch 1.13's private DistributedDataParallel._set_static_graph(): static_graph=True
