@@ -51,6 +51,7 @@ from ._ddp_profile import CollectiveRanges, call_profiled, profiled
 from ._ddp_reuse import Fires, mark_again, reuse_marks
 from ._ddp_grads import GradPresence
 from ._ddp_comm_hook import register_comm_hook as _register_comm_hook
+from . import _ddp_comm_hook, _python_hook
 from ._ddp_verify import verify_same_model
 from ._used_map import agreement_options, declare_unused
 from ._recompute import FinishOnce
@@ -474,6 +475,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         """torch DDP's uneven-inputs context manager, with its arguments and meanings
         (braid/_join.py): ranks may leave the loop at different steps; those that did shadow
         the others' steps until all did; ShardedAdamW's shard steps included."""
+        _python_hook.refuse_join(self)
         return _join.DDPJoin(self, divide_by_initial_world_size, enable,
                              throw_on_early_termination)
 
@@ -537,6 +539,10 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         Once, on every rank alike, outside a backward."""
         _register_comm_hook(self, state, hook)
 
+    def _register_builtin_comm_hook(self, comm_hook_type):
+        """torch's private: dist.BuiltinCommHookType.ALLREDUCE / FP16_COMPRESS."""
+        _ddp_comm_hook.register_builtin_comm_hook(self, comm_hook_type)
+
     def _set_static_graph(self):
         """torch 1.13's private DistributedDataParallel._set_static_graph(): static_graph=True
         after construction, before the first forward with grad (torch's rule)."""
@@ -546,6 +552,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
     def _get_ddp_logging_data(self):
         """torch 1.13's private logging data, the keys Braid fills (braid/_ddp_graph.py)."""
         data = self._graph.logging_data()
+        data.update(_ddp_comm_hook.logging_keys(self))
         if self._join_config.is_first_joinable:  # join() was called (torch's logger records it)
             data["join_uneven_inputs"] = 1
         return data
@@ -563,7 +570,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
                 if early:
                     self._zero_unused()
                 self._keep_values(self._unused if early else [])
-                self._owner().begin_backward(self._armed)
+                self._owner().begin_backward(_python_hook.reducer_sync(self, self._armed))
                 declared = declare_unused(self.reducer, self._declares, self._armed,
                                           self._unused if declaring else [])
                 if self._armed != "no_sync":  # torch profiler ranges (braid/_ddp_profile.py)
@@ -634,6 +641,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
             self._accumulated = set()
         try:
             self._owner().finish_backward()
+            _python_hook.after_finish(self, self._armed)  # a Python comm hook reduces now
         except Exception:
             self._presence.drop()
             raise
