@@ -66,6 +66,8 @@ def _from_powersgd_state(state, own_groups):
     """Braid's powersgd for torch's PowerSGDState (its rng gives the seed: one draw, the same on
     every rank that built the state alike); None (run torch's hook as a Python hook) for a
     state that has run already: its error and P/Q memories carry on only in torch's hook."""
+    if not hasattr(state, "error_dict"):  # not a PowerSGDState: torch's hook, as torch does
+        return None
     if state.error_dict or state.p_memory_dict or state.q_memory_dict:
         return None
     group = getattr(state, "process_group", None)

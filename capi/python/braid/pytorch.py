@@ -51,7 +51,7 @@ from ._ddp_profile import CollectiveRanges, call_profiled, profiled
 from ._ddp_reuse import Fires, mark_again, reuse_marks
 from ._ddp_grads import GradPresence
 from ._ddp_comm_hook import register_comm_hook as _register_comm_hook
-from . import _ddp_comm_hook, _python_hook
+from . import _buffer_hook, _ddp_comm_hook, _ddp_introspect, _python_hook
 from ._ddp_verify import verify_same_model
 from ._used_map import agreement_options, declare_unused
 from ._recompute import FinishOnce
@@ -213,6 +213,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         self._join = None            # the open join() context (braid/_join.py), if any
         self._join_config = _join.disabled_config()  # torch's attribute, set by join()
         self.reducer.before_close.append(_weak_call(self._detach_grads))
+        _ddp_introspect.attach(self)  # torch's private reducer._get_local_used_map()
         _owners.claim(self, module)  # last: ShardedAdamW(model.parameters()) finds it; a
         # failed construction claims nothing (a second wrapper is refused: _ddp_verify.py)
 
@@ -262,6 +263,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         self._rebuild = self._rebuild_due = False
         self._sync_stream()
         if self.reducer.rebuild_buckets():
+            self._has_rebuilt_buckets = True  # torch's logging key (braid/_ddp_introspect.py)
             self._refresh_views()
 
     def _autotune_step(self):
@@ -343,7 +345,10 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
             self._graph.before_forward()  # torch's moment for the unused-parameter error
         if self._join is not None:  # the step's agreement (uneven inputs, braid/_join.py)
             self._join.before_forward(self._sync if torch.is_grad_enabled() else "no_sync")
-        if self.broadcast_buffers and self._sync_buffers_next:
+        buffer_hook = _buffer_hook.location(self)  # torch's private buffer hook, if any
+        if buffer_hook == "pre":
+            _buffer_hook.run(self)
+        elif self.broadcast_buffers and self._sync_buffers_next and buffer_hook is None:
             with profiled(self._ranges.name.split(":")[0] + ":broadcast"):
                 if self._join is not None:
                     self._join.sync_buffers(True)
@@ -359,6 +364,8 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         if self.device_ids:  # torch: inputs go to the module's device first
             args, kwargs = to_device((args, kwargs), self.device_ids[0])
         out = self.module(*args, **kwargs)
+        if buffer_hook == "post":
+            _buffer_hook.run(self)
         if torch.is_grad_enabled():
             self._finish.watch(out)  # activation checkpointing: _recompute.py
         self._sync_buffers_next = synced  # torch DDP's require_forward_param_sync
@@ -539,6 +546,13 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         Once, on every rank alike, outside a backward."""
         _register_comm_hook(self, state, hook)
 
+    # torch's private introspection (braid/_ddp_introspect.py).
+    _build_params_for_reducer = _ddp_introspect.build_params_for_reducer
+    _build_debug_param_to_name_mapping = _ddp_introspect.build_debug_param_to_name_mapping
+    __getattr__ = _ddp_introspect.module_getattr  # `logger` refused by name
+    _register_buffer_comm_hook = _buffer_hook.register  # braid/_buffer_hook.py
+    _default_broadcast_coalesced = _buffer_hook.default_broadcast_coalesced
+
     def _register_builtin_comm_hook(self, comm_hook_type):
         """torch's private: dist.BuiltinCommHookType.ALLREDUCE / FP16_COMPRESS."""
         _ddp_comm_hook.register_builtin_comm_hook(self, comm_hook_type)
@@ -552,7 +566,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
     def _get_ddp_logging_data(self):
         """torch 1.13's private logging data, the keys Braid fills (braid/_ddp_graph.py)."""
         data = self._graph.logging_data()
-        data.update(_ddp_comm_hook.logging_keys(self))
+        data.update(_ddp_comm_hook.logging_keys(self), **_ddp_introspect.logging_keys(self))
         if self._join_config.is_first_joinable:  # join() was called (torch's logger records it)
             data["join_uneven_inputs"] = 1
         return data
@@ -642,6 +656,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         try:
             self._owner().finish_backward()
             _python_hook.after_finish(self, self._armed)  # a Python comm hook reduces now
+            _buffer_hook.wait(self)
         except Exception:
             self._presence.drop()
             raise
