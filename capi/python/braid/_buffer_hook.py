@@ -16,6 +16,7 @@ join() (refused by name: Braid's join broadcasts from an agreed rank itself).
 
 import torch
 
+from . import _ddp_ignore
 from ._views import _broadcast_tensors
 
 
@@ -46,7 +47,7 @@ def location(ddp):
 def run(ddp):
     """The hook, where torch would sync the buffers (see the contract)."""
     hook = ddp._buffer_hook
-    named = dict(ddp.module.named_buffers())
+    named = dict(_ddp_ignore.named_buffers(ddp.module, ddp._ignored))
     if not (ddp.broadcast_buffers and ddp._sync_buffers_next and named):
         return
     if ddp._join is not None:
@@ -75,7 +76,9 @@ def wait(ddp):
 def default_broadcast_coalesced(ddp, bufs=None, bucket_size=None, authoritative_rank=0):
     """torch's _default_broadcast_coalesced: `bufs` (default: the module's buffers) from
     `authoritative_rank` of the model's group (coalesced per dtype; bucket_size unused)."""
-    bufs = list(ddp.module.buffers()) if bufs is None else list(bufs)
+    if bufs is None:
+        bufs = [b for _, b in _ddp_ignore.named_buffers(ddp.module, ddp._ignored)]
+    bufs = list(bufs)
     if not bufs:
         return
     if authoritative_rank != 0 and len(ddp._groups) > 1:

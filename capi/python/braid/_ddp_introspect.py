@@ -2,6 +2,7 @@
 torch's meaning where Braid has the same fact, and a clear refusal where it has not:
 
     model.reducer._get_local_used_map()   # the last agreed used-map: int32, ranks per param
+    model.reducer._ddp_graph_static()     # the unused set never changed (find_unused only)
     model._build_params_for_reducer()     # (the parameters Braid reduces, expect_sparse)
     model._build_debug_param_to_name_mapping(params)   # {index: name} (debug level not OFF)
     model._get_ddp_logging_data()["has_rebuilt_buckets"]   # Braid's bucket rebuild ran
@@ -24,6 +25,20 @@ def attach(ddp):
     """Gives ddp.reducer torch's _get_local_used_map (a weak reference back to `ddp`)."""
     ref = weakref.ref(ddp)
     ddp.reducer._get_local_used_map = lambda: local_used_map(ref())
+    ddp.reducer._ddp_graph_static = lambda: getattr(ref(), "_graph_static", True)
+
+
+def note_unused(ddp, synced):
+    """find_unused_parameters=True (not static_graph), a forward with grad that syncs: torch's
+    ddp_graph_static turns False for good once this rank's set of unused parameters differs
+    from the first such forward's."""
+    if not synced:
+        return
+    first = getattr(ddp, "_first_unused", None)
+    if first is None:
+        ddp._first_unused = frozenset(ddp._unused)
+    elif first != frozenset(ddp._unused):
+        ddp._graph_static = False
 
 
 def local_used_map(ddp):

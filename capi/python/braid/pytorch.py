@@ -51,7 +51,7 @@ from ._ddp_profile import CollectiveRanges, call_profiled, profiled
 from ._ddp_reuse import Fires, mark_again, reuse_marks
 from ._ddp_grads import GradPresence
 from ._ddp_comm_hook import register_comm_hook as _register_comm_hook
-from . import _buffer_hook, _ddp_comm_hook, _ddp_introspect, _python_hook
+from . import _buffer_hook, _ddp_comm_hook, _ddp_ignore, _ddp_introspect, _python_hook
 from ._ddp_verify import verify_same_model
 from ._used_map import agreement_options, declare_unused
 from ._recompute import FinishOnce
@@ -135,15 +135,17 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
                                                              a.output_device)
         self.process_group, self.dim = a.process_group, dim
         self.broadcast_bucket_size = int(250 * 1024 * 1024)  # torch's attribute and value
-        self.parameters_to_ignore = []  # torch's attribute (refused when non-empty)
+        self._ignored = a.ignored  # torch's parameters_to_ignore (braid/_ddp_ignore.py)
+        self.parameters_to_ignore = sorted(a.ignored)
         self.find_unused_parameters = bool(find_unused_parameters)
         self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
         self.static_graph = bool(static_graph)
         group, mode, named = a.group, a.config["mode"], a.named
-        verify_same_model(module, self._groups, WHAT)  # collective: before any broadcast
+        verify_same_model(module, self._groups, WHAT, a.ignored)  # collective: before any
+        # broadcast
         self._events = {}  # parameter id -> its torch.cuda.Event (CUDA modules)
         if broadcast_from_rank0:
-            _broadcast_module(self.module, self._groups)
+            _broadcast_module(self.module, self._groups, a.ignored)
         self.broadcast_buffers = broadcast_buffers
         self._sync_buffers_next = True  # torch's require_forward_param_sync starts True
         self._params = [p for _, p in named]
@@ -353,7 +355,8 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
                 if self._join is not None:
                     self._join.sync_buffers(True)
                 else:
-                    _broadcast_buffers(self.module, self._groups, self._device)
+                    _broadcast_buffers(self.module, self._groups, self._device,
+                                       ignore=self._ignored)
         synced = torch.is_grad_enabled() and self._sync == "sync"
         if torch.is_grad_enabled():
             self._armed = self._sync
@@ -375,6 +378,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         elif self._find_unused and torch.is_grad_enabled():
             with profiled("search_unused_parameters"):  # torch's range name
                 self._unused = unreached(out, self._params, self._grad_accs)
+            _ddp_introspect.note_unused(self, synced)  # torch's reducer._ddp_graph_static()
         else:
             self._unused = []
         return out
@@ -483,6 +487,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         (braid/_join.py): ranks may leave the loop at different steps; those that did shadow
         the others' steps until all did; ShardedAdamW's shard steps included."""
         _python_hook.refuse_join(self)
+        _ddp_ignore.refuse_join(self)
         return _join.DDPJoin(self, divide_by_initial_world_size, enable,
                              throw_on_early_termination)
 
@@ -552,6 +557,10 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
     __getattr__ = _ddp_introspect.module_getattr  # `logger` refused by name
     _register_buffer_comm_hook = _buffer_hook.register  # braid/_buffer_hook.py
     _default_broadcast_coalesced = _buffer_hook.default_broadcast_coalesced
+    _set_params_and_buffers_to_ignore_for_model = staticmethod(_ddp_ignore.set_for_model)
+
+    def _build_replicated_tensor_module(self):
+        """torch 1.13's private ReplicatedTensor module (off by default there): nothing."""
 
     def _register_builtin_comm_hook(self, comm_hook_type):
         """torch's private: dist.BuiltinCommHookType.ALLREDUCE / FP16_COMPRESS."""
