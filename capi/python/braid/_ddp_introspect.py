@@ -90,7 +90,7 @@ def module_getattr(ddp, name):
     """torch.nn.Module's __getattr__, with `logger` refused by name."""
     if name == "logger":
         raise AttributeError(
-            "DistributedDataParallel.logger: torch's C++ dist.Logger belongs to torch's own "
-            "reducer, which Braid's wrapper does not have; read _get_ddp_logging_data() (the "
-            "keys Braid keeps) instead")
+            "'DistributedDataParallel' object has no attribute 'logger': torch's C++ "
+            "dist.Logger belongs to torch's own reducer, which Braid's wrapper does not have; "
+            "read _get_ddp_logging_data() (the keys Braid keeps) instead")
     return torch.nn.Module.__getattr__(ddp, name)
