@@ -33,10 +33,15 @@ def register_builtin_comm_hook(ddp, comm_hook_type):
     ddp._comm_hook_name = str(comm_hook_type)
 
 
-def logging_keys(ddp):
-    """_get_ddp_logging_data()'s "comm_hook": the registered hook's __qualname__ (torch's),
-    None before one is registered (torch leaves the key out: .get() gives None)."""
-    return {"comm_hook": getattr(ddp, "_comm_hook_name", None)}
+def add_logging(ddp, data):
+    """_get_ddp_logging_data()'s "comm_hook": the registered hook's __qualname__ (torch's);
+    before one is registered torch leaves the key out, and so does Braid (`data.get` gives
+    its default)."""
+    name = getattr(ddp, "_comm_hook_name", None)
+    if name is None:
+        data.absent = data.absent + ("comm_hook",)
+    else:
+        data["comm_hook"] = name
 
 
 def _register(ddp, state, hook):

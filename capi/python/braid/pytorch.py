@@ -575,7 +575,8 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
     def _get_ddp_logging_data(self):
         """torch 1.13's private logging data, the keys Braid fills (braid/_ddp_graph.py)."""
         data = self._graph.logging_data()
-        data.update(_ddp_comm_hook.logging_keys(self), **_ddp_introspect.logging_keys(self))
+        data.update(_ddp_introspect.logging_keys(self))
+        _ddp_comm_hook.add_logging(self, data)
         if self._join_config.is_first_joinable:  # join() was called (torch's logger records it)
             data["join_uneven_inputs"] = 1
         return data
