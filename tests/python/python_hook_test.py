@@ -66,7 +66,8 @@ def fp16_per_tensor_hook(process_group, bucket):
 
 def _same(test, got, want, where):
     if isinstance(want, torch.Tensor):
-        test.assertTrue(torch.equal(got, want), "%s: max diff %g" % (where, (got - want).abs().max()))
+        test.assertTrue(torch.equal(got, want),
+                        "%s: max diff %g" % (where, (got - want).abs().max()))
         return
     test.assertEqual(len(got), len(want), where)
     for k, (g, w) in enumerate(zip(got, want)):
