@@ -53,9 +53,9 @@ def _register(ddp, state, hook):
     if resolved is None:
         _python_hook.check_model(ddp, hook)
         timeout_ms = ddp._config.get("timeout_ms") or 300000
-        ddp._python_hook = _python_hook.PythonCommHook(state, hook, timeout_ms / 1000.0)
-        ddp._on_replan.append(ddp._python_hook.replanned)
-        ddp._comm_hook = ddp._python_hook
+        ddp._py_comm_hook = _python_hook.PythonCommHook(state, hook, timeout_ms / 1000.0)
+        ddp._on_replan.append(ddp._py_comm_hook.replanned)
+        ddp._comm_hook = ddp._py_comm_hook
         return
     if resolved.replica_only and ddp._mode != "hybrid":
         raise ValueError("register_comm_hook(%r): replica_only needs mode='hybrid' (this model "

@@ -166,7 +166,7 @@ def reducer_sync(ddp, armed):
     """The sync mode braid's reducer runs a backward armed `armed` in: no_sync under a Python
     hook (the hook reduces at the end), else `armed`. Refuses a sharded optimizer added
     after the hook."""
-    hook = getattr(ddp, "_python_hook", None)
+    hook = getattr(ddp, "_py_comm_hook", None)
     if hook is None:
         return armed
     if ddp._stepper is not None:
@@ -178,7 +178,7 @@ def reducer_sync(ddp, armed):
 
 def after_finish(ddp, armed):
     """End of a backward, after the reducer's finish: a synced one runs the Python hook."""
-    hook = getattr(ddp, "_python_hook", None)
+    hook = getattr(ddp, "_py_comm_hook", None)
     if hook is not None and armed == "sync":
         hook.run(ddp)
 
@@ -186,7 +186,7 @@ def after_finish(ddp, armed):
 def refuse_join(ddp):
     """join() under a Python hook: refused (the joined ranks' shadow reductions are Braid's
     collectives, which the active ranks' hook would not match)."""
-    hook = getattr(ddp, "_python_hook", None)
+    hook = getattr(ddp, "_py_comm_hook", None)
     if hook is not None:
         raise ValueError("join(): this model reduces with the Python comm hook %s; Braid's "
                          "join() shadows Braid's own reductions only (register no hook, or one "

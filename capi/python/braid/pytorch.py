@@ -213,6 +213,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         self._stepper = None         # the braid.core.Optimizer of a ShardedAdamW, if any
         self._on_replan = []         # called after a re-plan (ShardedAdamW rebinds its views)
         self._join = None            # the open join() context (braid/_join.py), if any
+        self._py_comm_hook = None    # a Python comm hook (braid/_python_hook.py), if any
         self._join_config = _join.disabled_config()  # torch's attribute, set by join()
         self.reducer.before_close.append(_weak_call(self._detach_grads))
         _ddp_introspect.attach(self)  # torch's private reducer._get_local_used_map()
@@ -597,7 +598,8 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
                 self._owner().begin_backward(_python_hook.reducer_sync(self, self._armed))
                 declared = declare_unused(self.reducer, self._declares, self._armed,
                                           self._unused if declaring else [])
-                if self._armed != "no_sync":  # torch profiler ranges (braid/_ddp_profile.py)
+                if self._armed != "no_sync" and self._py_comm_hook is None:
+                    # torch profiler ranges of Braid's collectives (braid/_ddp_profile.py)
                     self._ranges.begin(len(self._params))
                 self._in_backward = True
                 self._finish.queue()  # unless an output's hook queued it
