@@ -426,12 +426,19 @@ class SameModelTest(unittest.TestCase):
 class DefaultGroupTest(unittest.TestCase):
     """This process's default world is local with one rank (no launcher)."""
 
-    def test_params_to_ignore_are_refused_by_name(self):
-        # torch skips them; Braid would reduce them: refused rather than a silent difference.
+    def test_params_to_ignore_are_left_alone(self):
+        # torch's private API, as torch: not registered with the reducer (no hook, no bucket).
+        # Against torch across ranks: torch_ddp_private_test.py.
         net = Net()
-        net._ddp_params_and_buffers_to_ignore = ["a.weight"]
-        with self.assertRaisesRegex(NotImplementedError, "'a.weight'.*requires_grad=False"):
-            bt.DistributedDataParallel(net)
+        bt.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(net, ["a.weight"])
+        model = bt.DistributedDataParallel(net)
+        try:
+            self.assertEqual(model.parameters_to_ignore, ["a.weight"])
+            reduced, _ = model._build_params_for_reducer()
+            self.assertFalse(any(p is net.a.weight for p in reduced))
+            self.assertEqual(len(reduced), len(list(net.parameters())) - 1)
+        finally:
+            model.close()
 
     def test_check_reduction_is_deprecated_as_in_torch(self):
         with self.assertWarnsRegex(UserWarning, "check_reduction"):

@@ -27,7 +27,7 @@ Contract:
 import types
 import warnings
 
-from . import core
+from . import _ddp_ignore, core
 from ._ddp_devices import check_devices
 from ._ddp_verify import check_not_wrapped
 from ._torch_groups import resolve_group
@@ -64,14 +64,9 @@ def read_arguments(module, args):
         raise TypeError("%s: replica_group= takes a braid Group, not %s" %
                         (WHAT, type(replica).__name__))
     a.groups = [g for g in (a.group, replica) if g is not None]
-    ignored = getattr(module, "_ddp_params_and_buffers_to_ignore", None)
-    if ignored:
-        raise NotImplementedError(
-            "%s: the module has parameters and buffers to ignore (%s, set by torch's "
-            "DistributedDataParallel._set_params_and_buffers_to_ignore_for_model); Braid "
-            "reduces every trainable parameter: set requires_grad=False on them instead" %
-            (WHAT, ", ".join(repr(n) for n in list(ignored)[:3])))
-    a.named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    a.ignored = _ddp_ignore.ignored(module)  # torch's parameters_to_ignore
+    a.named = [(n, p) for n, p in _ddp_ignore.named_parameters(module, a.ignored)
+               if p.requires_grad]
     if not a.named:
         raise RuntimeError("DistributedDataParallel is not needed when a module doesn't have "
                            "any parameter that requires a gradient.")

@@ -46,6 +46,7 @@ class GradPresence:
         self._used = None      # the used-map being all-reduced
         self._work = None
         self._stash = {}       # id -> the value to restore when no rank used it
+        self.used_map = None   # the last agreed used-map (counts of ranks per parameter)
 
     def keep(self, pids, grads, widened):
         """gradient_as_bucket_view=False: copies of the gradients of `pids` that have a value
@@ -94,6 +95,7 @@ class GradPresence:
         self._groups[0].allreduce(used, ready_event=ready).wait()
         for group in self._groups[1:]:  # hybrid: over the replica group too
             group.allreduce(used).wait()
+        self.used_map = used  # torch's reducer._get_local_used_map() (braid/_ddp_introspect.py)
         for pid, count in enumerate(used.tolist()):
             if count:
                 self.none.discard(pid)  # reduced: p.grad is the averaged gradient

@@ -156,7 +156,11 @@ class LoggingData(dict):
         raise KeyError("%r: braid.pytorch.DistributedDataParallel keeps only %s of torch's "
                        "private DDP logging data" % (key, ", ".join(sorted(self))))
 
-    def get(self, key, default=None):  # pylint: disable=unused-argument
+    absent = ()  # keys torch too leaves out in this state: .get() gives its default
+
+    def get(self, key, default=None):
+        if key in self.absent:
+            return default
         return self[key]
 
 

@@ -66,12 +66,12 @@ def check_not_wrapped(module, named, what):
                     type(owner.module).__name__))
 
 
-def _describe(module):
-    """(names, rows): one row per parameter and buffer: [kind, dtype code, requires_grad,
-    ndim, *shape]."""
+def _describe(module, ignore=()):
+    """(names, rows): one row per parameter and buffer not named in `ignore`: [kind, dtype
+    code, requires_grad, ndim, *shape]."""
     names, rows = [], []
-    tensors = ([("parameter", n, t) for n, t in module.named_parameters()] +
-               [("buffer", n, t) for n, t in module.named_buffers()])
+    tensors = ([("parameter", n, t) for n, t in module.named_parameters() if n not in ignore] +
+               [("buffer", n, t) for n, t in module.named_buffers() if n not in ignore])
     for kind, name, t in tensors:
         try:
             code = core.dtype_code(t.dtype)
@@ -161,9 +161,9 @@ class ModelMismatchError(RuntimeError, ValueError):
     ValueError (the argument, the module, is wrong)."""
 
 
-def verify_same_model(module, groups, what):
-    """Collective over `groups` (see the module docstring)."""
-    names, mine = _describe(module)
+def verify_same_model(module, groups, what, ignore=()):
+    """Collective over `groups` (see the module docstring); `ignore`: names left out."""
+    names, mine = _describe(module, ignore)
     message, failed = None, 0
     for group in groups:
         table = [_unflatten(flat) for flat in _gather(group, _flatten(failed, mine))]

@@ -104,10 +104,11 @@ def _sync_scope(owner, mode):
         owner._sync = previous
 
 
-def _broadcast_module(module, groups):
+def _broadcast_module(module, groups, ignore=()):
     """Rank 0's parameters and buffers to every rank (hybrid: over the shard group, then the
-    replica group, so rank 0's values end up everywhere)."""
-    tensors = list(module.parameters()) + list(module.buffers())
+    replica group, so rank 0's values end up everywhere), but those named in `ignore`."""
+    tensors = [t for named in (module.named_parameters(), module.named_buffers())
+               for n, t in named if n not in ignore]
     if any(t.is_cuda for t in tensors):
         # Construction only: Braid's streams read what torch wrote, on the tensors' device.
         torch.cuda.synchronize(next(t.device for t in tensors if t.is_cuda))
@@ -116,15 +117,17 @@ def _broadcast_module(module, groups):
             g.broadcast(t.data, root=0).wait()
 
 
-def _broadcast_buffers(module, groups, device=None, roots=None):
+def _broadcast_buffers(module, groups, device=None, roots=None, ignore=()):
     """Rank 0's buffers to every rank, coalesced: one broadcast per dtype and group (a flat
     copy of the buffers, broadcast, copied back), as torch DDP's broadcast_buffers does before
     each forward. Returns the number of buffers synced. `device` (CUDA buffers on an nccl
     world): the broadcast waits for the flat copy through an event recorded after it on the
     current stream; wait() returns once the broadcast completed on the device, so the copies
     back, queued on the current stream, read its result. `roots`: the root in each group
-    (default 0 in each: world rank 0; braid/_join.py passes another rank's)."""
-    return _broadcast_tensors(list(module.buffers()), groups, device, roots)
+    (default 0 in each: world rank 0; braid/_join.py passes another rank's). Buffers named in
+    `ignore` are left out."""
+    return _broadcast_tensors([b for n, b in module.named_buffers() if n not in ignore],
+                              groups, device, roots)
 
 
 def _broadcast_tensors(tensors, groups, device=None, roots=None):

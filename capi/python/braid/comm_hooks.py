@@ -10,10 +10,13 @@ Braid's built-in hooks of the same arithmetic (round to the wire dtype, or keep 
 allreduce_hook; divide by the group size there, sum in that dtype, widen back); their state must
 be None or the model's own group. torch's powerSGD_hook with its PowerSGDState runs as Braid's
 PowerSGD (braid.h's BRAID_COMM_HOOK_POWERSGD: the state's fields mapped; its first Q drawn from
-Braid's generator, not torch's RNG). Braid's own
+Braid's generator, not torch's RNG); a PowerSGDState that has run already (a loaded checkpoint's)
+runs torch's own hook instead, as a Python hook. Braid's own
 hooks add `replica_only` (hybrid mode: only the replica all-reduce, the stage that crosses
-hosts, is compressed). Any other callable is refused by name: Braid does not call Python
-during the reduction."""
+hosts, is compressed). Any other callable (a hook of your own, torch's batched_powerSGD_hook,
+post_localSGD_hook, quantization hooks) runs as a Python hook with torch's meaning: called per
+bucket at the end of each synced backward, its future's value written as the bucket's reduced
+gradient (braid/_python_hook.py)."""
 
 
 class CommHook:
@@ -61,15 +64,16 @@ def powersgd(matrix_approximation_rank=1, start_powerSGD_iter=1000, min_compress
 
 def _from_powersgd_state(state, own_groups):
     """Braid's powersgd for torch's PowerSGDState (its rng gives the seed: one draw, the same on
-    every rank that built the state alike)."""
+    every rank that built the state alike); None (run torch's hook as a Python hook) for a
+    state that has run already: its error and P/Q memories carry on only in torch's hook."""
+    if not hasattr(state, "error_dict"):  # not a PowerSGDState: torch's hook, as torch does
+        return None
+    if state.error_dict or state.p_memory_dict or state.q_memory_dict:
+        return None
     group = getattr(state, "process_group", None)
     if group is not None and not any(group is g for g in own_groups):
         raise ValueError("register_comm_hook(PowerSGDState, powerSGD_hook): Braid runs it over "
                          "the model's own group; pass process_group=None or that group")
-    if state.error_dict or state.p_memory_dict or state.q_memory_dict:
-        raise ValueError("register_comm_hook(PowerSGDState, powerSGD_hook): the state has run "
-                         "already (its error and P/Q memories cannot be carried); pass a new "
-                         "PowerSGDState")
     return powersgd(state.matrix_approximation_rank,
                     max(0, state.start_powerSGD_iter - state.iter), state.min_compression_rate,
                     state.use_error_feedback, state.warm_start, state.orthogonalization_epsilon,
@@ -84,19 +88,11 @@ _TORCH = {("torch.distributed.algorithms.ddp_comm_hooks.default_hooks", "allredu
           "fp16_compress",
           ("torch.distributed.algorithms.ddp_comm_hooks.default_hooks", "bf16_compress_hook"):
           "bf16_compress"}
-ACCEPTED = ("torch's default_hooks.allreduce_hook, fp16_compress_hook and bf16_compress_hook "
-            "(state None or the model's group), powerSGD_hook.powerSGD_hook (a PowerSGDState), "
-            "and braid.comm_hooks.fp16_compress() / bf16_compress() / int8() / powersgd()")
-
-
-def _hook_name(hook):
-    return "%s.%s" % (getattr(hook, "__module__", "?"),
-                      getattr(hook, "__qualname__", type(hook).__name__))
-
 
 def resolve(hook, state, own_groups):
-    """The Braid hook (a CommHook) for register_comm_hook(state, hook); `own_groups`: what
-    state may be besides None (the model's group, as a torch or a Braid group). Raises
+    """The Braid hook (a CommHook) for register_comm_hook(state, hook), or None where the
+    callable runs as a Python hook (braid/_python_hook.py); `own_groups`: what state may be
+    besides None for Braid's hooks (the model's group, as a torch or a Braid group). Raises
     TypeError / ValueError naming the hook and saying what Braid accepts."""
     if isinstance(hook, CommHook):
         if state is not None and not any(state is g for g in own_groups):
@@ -114,5 +110,4 @@ def resolve(hook, state, own_groups):
                 "register_comm_hook(state, %s): Braid runs it over the model's own group; pass "
                 "state=None or that group (got %r)" % (key[1], state))
         return CommHook(_TORCH[key])
-    raise ValueError("register_comm_hook: %s is not a hook Braid can run (Braid does not call "
-                     "Python during the reduction). Accepted: %s." % (_hook_name(hook), ACCEPTED))
+    return None  # a Python hook

@@ -53,6 +53,7 @@ from ._ddp_grads import GradPresence
 from ._ddp_comm_hook import comm_hook_state_dict as _comm_hook_state_dict
 from ._ddp_comm_hook import load_comm_hook_state_dict as _load_comm_hook_state_dict
 from ._ddp_comm_hook import register_comm_hook as _register_comm_hook
+from . import _buffer_hook, _ddp_comm_hook, _ddp_ignore, _ddp_introspect, _python_hook
 from ._ddp_verify import verify_same_model
 from ._used_map import DDP_AGREEMENT, agreement_options, declare_unused, marks_hook
 from ._recompute import FinishOnce
@@ -136,15 +137,17 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
                                                              a.output_device)
         self.process_group, self.dim = a.process_group, dim
         self.broadcast_bucket_size = int(250 * 1024 * 1024)  # torch's attribute and value
-        self.parameters_to_ignore = []  # torch's attribute (refused when non-empty)
+        self._ignored = a.ignored  # torch's parameters_to_ignore (braid/_ddp_ignore.py)
+        self.parameters_to_ignore = sorted(a.ignored)
         self.find_unused_parameters = bool(find_unused_parameters)
         self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
         self.static_graph = bool(static_graph)
         group, mode, named = a.group, a.config["mode"], a.named
-        verify_same_model(module, self._groups, WHAT)  # collective: before any broadcast
+        verify_same_model(module, self._groups, WHAT, a.ignored)  # collective: before any
+        # broadcast
         self._events = {}  # parameter id -> its torch.cuda.Event (CUDA modules)
         if broadcast_from_rank0:
-            _broadcast_module(self.module, self._groups)
+            _broadcast_module(self.module, self._groups, a.ignored)
         self.broadcast_buffers = broadcast_buffers
         self._sync_buffers_next = True  # torch's require_forward_param_sync starts True
         self._params = [p for _, p in named]
@@ -212,8 +215,10 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         self._stepper = None         # the braid.core.Optimizer of a ShardedAdamW, if any
         self._on_replan = []         # called after a re-plan (ShardedAdamW rebinds its views)
         self._join = None            # the open join() context (braid/_join.py), if any
+        self._py_comm_hook = None    # a Python comm hook (braid/_python_hook.py), if any
         self._join_config = _join.disabled_config()  # torch's attribute, set by join()
         self.reducer.before_close.append(_weak_call(self._detach_grads))
+        _ddp_introspect.attach(self)  # torch's private reducer._get_local_used_map()
         _owners.claim(self, module)  # last: ShardedAdamW(model.parameters()) finds it; a
         # failed construction claims nothing (a second wrapper is refused: _ddp_verify.py)
 
@@ -263,6 +268,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         self._rebuild = self._rebuild_due = False
         self._sync_stream()
         if self.reducer.rebuild_buckets():
+            self._has_rebuilt_buckets = True  # torch's logging key (braid/_ddp_introspect.py)
             self._refresh_views()
 
     def _autotune_step(self):
@@ -344,12 +350,16 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
             self._graph.before_forward()  # torch's moment for the unused-parameter error
         if self._join is not None:  # the step's agreement (uneven inputs, braid/_join.py)
             self._join.before_forward(self._sync if torch.is_grad_enabled() else "no_sync")
-        if self.broadcast_buffers and self._sync_buffers_next:
+        buffer_hook = _buffer_hook.location(self)  # torch's private buffer hook, if any
+        if buffer_hook == "pre":
+            _buffer_hook.run(self)
+        elif self.broadcast_buffers and self._sync_buffers_next and buffer_hook is None:
             with profiled(self._ranges.name.split(":")[0] + ":broadcast"):
                 if self._join is not None:
                     self._join.sync_buffers(True)
                 else:
-                    _broadcast_buffers(self.module, self._groups, self._device)
+                    _broadcast_buffers(self.module, self._groups, self._device,
+                                       ignore=self._ignored)
         synced = torch.is_grad_enabled() and self._sync == "sync"
         if torch.is_grad_enabled():
             self._armed = self._sync
@@ -360,6 +370,8 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         if self.device_ids:  # torch: inputs go to the module's device first
             args, kwargs = to_device((args, kwargs), self.device_ids[0])
         out = self.module(*args, **kwargs)
+        if buffer_hook == "post":
+            _buffer_hook.run(self)
         if torch.is_grad_enabled():
             self._finish.watch(out)  # activation checkpointing: _recompute.py
         self._sync_buffers_next = synced  # torch DDP's require_forward_param_sync
@@ -369,6 +381,7 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         elif self._find_unused and torch.is_grad_enabled():
             with profiled("search_unused_parameters"):  # torch's range name
                 self._unused = unreached(out, self._params, self._grad_accs)
+            _ddp_introspect.note_unused(self, synced)  # torch's reducer._ddp_graph_static()
         else:
             self._unused = []
         return out
@@ -476,6 +489,8 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
         """torch DDP's uneven-inputs context manager, with its arguments and meanings
         (braid/_join.py): ranks may leave the loop at different steps; those that did shadow
         the others' steps until all did; ShardedAdamW's shard steps included."""
+        _python_hook.refuse_join(self)
+        _ddp_ignore.refuse_join(self)
         return _join.DDPJoin(self, divide_by_initial_world_size, enable,
                              throw_on_early_termination)
 
@@ -546,6 +561,20 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
     def load_comm_hook_state_dict(self, state_dict, restart_hook=False):
         """Braid's: loads comm_hook_state_dict() into the same hook (braid/_ddp_comm_hook.py)."""
         _load_comm_hook_state_dict(self, state_dict, restart_hook)
+    # torch's private introspection (braid/_ddp_introspect.py).
+    _build_params_for_reducer = _ddp_introspect.build_params_for_reducer
+    _build_debug_param_to_name_mapping = _ddp_introspect.build_debug_param_to_name_mapping
+    __getattr__ = _ddp_introspect.module_getattr  # `logger` refused by name
+    _register_buffer_comm_hook = _buffer_hook.register  # braid/_buffer_hook.py
+    _default_broadcast_coalesced = _buffer_hook.default_broadcast_coalesced
+    _set_params_and_buffers_to_ignore_for_model = staticmethod(_ddp_ignore.set_for_model)
+
+    def _build_replicated_tensor_module(self):
+        """torch 1.13's private ReplicatedTensor module (off by default there): nothing."""
+
+    def _register_builtin_comm_hook(self, comm_hook_type):
+        """torch's private: dist.BuiltinCommHookType.ALLREDUCE / FP16_COMPRESS."""
+        _ddp_comm_hook.register_builtin_comm_hook(self, comm_hook_type)
 
     def _set_static_graph(self):
         """torch 1.13's private DistributedDataParallel._set_static_graph(): static_graph=True
@@ -556,6 +585,8 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
     def _get_ddp_logging_data(self):
         """torch 1.13's private logging data, the keys Braid fills (braid/_ddp_graph.py)."""
         data = self._graph.logging_data()
+        data.update(_ddp_introspect.logging_keys(self))
+        _ddp_comm_hook.add_logging(self, data)
         if self._join_config.is_first_joinable:  # join() was called (torch's logger records it)
             data["join_uneven_inputs"] = 1
         return data
@@ -573,10 +604,11 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
                 if early:
                     self._zero_unused()
                 self._keep_values(self._unused if early else [])
-                self._owner().begin_backward(self._armed)
+                self._owner().begin_backward(_python_hook.reducer_sync(self, self._armed))
                 declared = declare_unused(self.reducer, self._declares, self._armed,
                                           self._unused if declaring else [])
-                if self._armed != "no_sync":  # torch profiler ranges (braid/_ddp_profile.py)
+                if self._armed != "no_sync" and self._py_comm_hook is None:
+                    # torch profiler ranges of Braid's collectives (braid/_ddp_profile.py)
                     self._ranges.begin(len(self._params))
                 self._in_backward = True
                 self._finish.queue()  # unless an output's hook queued it
@@ -645,6 +677,8 @@ class DistributedDataParallel(torch.nn.Module, _owners.Wrapper):
             self._accumulated = set()
         try:
             self._owner().finish_backward()
+            _python_hook.after_finish(self, self._armed)  # a Python comm hook reduces now
+            _buffer_hook.wait(self)
         except Exception:
             self._presence.drop()
             raise
