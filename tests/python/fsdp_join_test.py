@@ -20,7 +20,7 @@ import torch
 
 import braid
 from braid import pytorch as bt
-from binding_test import run_ranks
+from rank_threads import run_ranks
 import join_test
 import tied_weights_test
 from join_test import Net, _loss, _steps

@@ -14,7 +14,7 @@ import torch
 import braid
 from braid import comm_hooks
 from braid import pytorch as bt
-from binding_test import TIMEOUT_MS, run_ranks
+from rank_threads import TIMEOUT_MS, run_ranks
 from comm_hook_test import N, Net, _batch
 
 STEPS = 6

@@ -13,7 +13,7 @@ import unittest
 import torch
 
 import braid.pytorch as bt
-from binding_test import run_ranks
+from rank_threads import run_ranks
 import moe_test
 from moe_test import LR, MAX_NORM, N, STEPS
 from train_models import make_moe, moe_batch

@@ -20,7 +20,7 @@ import unittest
 import torch
 
 from braid import pytorch as bt
-from binding_test import _INIT_LOCK, run_ranks
+from rank_threads import INIT_LOCK, run_ranks
 from join_test import TorchGroups
 from torch_idioms_ddp_test import _NoGrad
 
@@ -33,7 +33,7 @@ class Gated(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        with _INIT_LOCK:
+        with INIT_LOCK:
             torch.manual_seed(5)
             self.stem = torch.nn.Linear(5, 6)
             self.side = torch.nn.Linear(6, 6)

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
 from braid import pytorch as bt
-from binding_test import run_ranks
+from rank_threads import run_ranks
 from comm_hook_test import N, Net, _batch
 from torch_idioms_ddp_test import TorchGroups
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from braid import pytorch as bt
-from binding_test import _INIT_LOCK, run_ranks
+from rank_threads import INIT_LOCK, run_ranks
 
 STEPS = 4
 BIG_BLOCK = 1 << 20  # one block per rank's shard of a unit
@@ -34,7 +34,7 @@ class Net(torch.nn.Module):
 
     def __init__(self, seed=3, d=7):
         super().__init__()
-        with _INIT_LOCK:
+        with INIT_LOCK:
             torch.manual_seed(seed)
             self.inp = torch.nn.Linear(5, d)
             self.blocks = torch.nn.ModuleList([Block(d), Block(d)])

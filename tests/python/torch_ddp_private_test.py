@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch.nn.parallel.distributed import _BufferCommHookLocation
 
 from braid import pytorch as bt
-from binding_test import _INIT_LOCK, run_ranks
+from rank_threads import INIT_LOCK, run_ranks
 from torch_idioms_ddp_test import TorchGroups
 
 N = 2
@@ -23,7 +23,7 @@ class Net(torch.nn.Module):
 
     def __init__(self, r):
         super().__init__()
-        with _INIT_LOCK:
+        with INIT_LOCK:
             torch.manual_seed(5 + r)  # different on each rank: the broadcast makes them equal
             self.fc1, self.fc2 = torch.nn.Linear(4, 4), torch.nn.Linear(4, 3 + r)
             self.norm = torch.nn.BatchNorm1d(4)
