@@ -17,7 +17,7 @@
 //   domain->Abort(/*rank=*/2, absl::InternalError("allreduce #5 on group 'world': ..."));
 //   domain->status();   // Aborted: "job aborted: rank 2 reported INTERNAL: allreduce #5 on ..."
 //
-// Invariants: the first cause wins (later Aborts and AbortFromPeers are ignored and return
+// Invariants: the first cause wins (later Abort and AbortFromPeer calls are ignored and return
 // false); every listener subscribed before the abort is called exactly once with it, and one
 // subscribed after is called at once on Subscribe; the notifier is called only for an abort
 // that started on this process (Abort), never for one a peer reported, so nothing echoes.

@@ -25,7 +25,7 @@ absl::string_view CollectiveName(CollectiveKind k) {
 }
 
 absl::Status Group::UseStream(DeviceStream stream) {
-  return absl::UnimplementedError(absl::StrCat("UseStream on group '", name(), "' (backend ",
+  return absl::UnimplementedError(absl::StrCat("a stream for group '", name(), "' (backend ",
                                                backend_name(),
                                                "): its collectives run on no stream"));
 }
@@ -224,12 +224,13 @@ absl::StatusOr<std::unique_ptr<Group>> Group::Split(int color, int key, absl::st
 
 absl::Status Group::AbortJob(const absl::Status& cause) {
   if (abort_domain_ == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("AbortJob on group '", name(), "': backend ",
-                                                      backend_name(), " has no abort domain"));
+    return absl::FailedPreconditionError(absl::StrCat("aborting the job from group '", name(),
+                                                      "': backend ", backend_name(),
+                                                      " has no abort domain"));
   }
   if (cause.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("AbortJob on group '", name(), "': the cause must be an error"));
+        absl::StrCat("aborting the job from group '", name(), "': the cause must be an error"));
   }
   abort_domain_->Abort(world_rank(), cause);
   return absl::OkStatus();

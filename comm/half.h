@@ -1,7 +1,7 @@
 // bf16 and IEEE f16 storage types with exact float conversions (round to nearest even).
 //
 // Braid reduces bf16/f16 with f32 accumulation: widen with ToFloat, accumulate, narrow once
-// with FromFloat. Both conversions are branch-light so loops over them vectorize.
+// with ToBF16 / ToF16. Both conversions are branch-light so loops over them vectorize.
 #ifndef BRAID_COMM_HALF_H_
 #define BRAID_COMM_HALF_H_
 

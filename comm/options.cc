@@ -87,7 +87,8 @@ const std::vector<Entry>& Entries() {
          return absl::OkStatus();
        }},
       {{"BRAID_ABORT_ON_FAILURE", "1",
-        "1: a failure on any group of any rank (deadline, transport error, AbortJob) fails every "
+        "1: a failure on any group of any rank (deadline, transport error, braid_group_abort) "
+        "fails every "
         "group of every rank at once, naming the rank (comm/abort_domain.h); 0: only the failed "
         "group fails, and the other ranks learn of it at their own deadlines"},
        [](Options& o, absl::string_view v) -> absl::Status {

@@ -131,7 +131,7 @@ absl::Status SaveShards(const std::string& path, const StateHeader& header,
           "optimizer save(", path, "): ", s.label,
           " holds parameters whose steps were skipped (no rank used them), so their step counts "
           "differ; the per-rank file keeps one count per bucket: use the whole state "
-          "(GatherCheckpoint / state_dict()) instead"));
+          "(braid_optimizer_get_state, or state_dict() in Python) instead"));
     }
     steps.push_back(s.steps);
   }

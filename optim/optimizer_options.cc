@@ -46,7 +46,7 @@ absl::Status CheckOptimizerSetup(sched::GradientReducer* reducer, sched::ParamGa
   if (gatherer->plan().Fingerprint() != reducer->plan().Fingerprint()) {
     return absl::FailedPreconditionError(
         "optimizer: the gatherer was built for another bucket plan than the reducer's (rebuilt "
-        "buckets? create the gatherer from reducer->plan() after RebuildBucketsIfPending)");
+        "buckets? create the gatherer from the reducer's plan after the rebuild)");
   }
   Group& shard = *reducer->groups().shard;
   if (&gatherer->group() == reducer->groups().shard ||
@@ -84,6 +84,7 @@ absl::Status CheckOptimizerSetup(sched::GradientReducer* reducer, sched::ParamGa
   if (first != nullptr && first->device.type != DeviceType::kCpu) {
     const std::string where = absl::StrCat("the parameters are on ", first->device.ToString());
     if (config.device_kernels == nullptr) {
+      // C++ callers (the C API passes optim::CudaStepKernels() for device parameters).
       return absl::InvalidArgumentError(
           absl::StrCat("optimizer: ", where,
                        ": OptimizerConfig::device_kernels is required (optim::CudaStepKernels())"));

@@ -226,7 +226,16 @@ absl::StatusOr<bool> TrainingStack::RebuildBuckets() {
 
 absl::StatusOr<bool> TrainingStack::Replan(size_t bucket_cap_bytes, size_t first_bucket_cap_bytes) {
   RETURN_IF_ERROR(CheckReplannable());
+  return ReplanCaps(bucket_cap_bytes, first_bucket_cap_bytes);
+}
+
+absl::StatusOr<bool> TrainingStack::ReplanCaps(size_t bucket_cap_bytes,
+                                               size_t first_bucket_cap_bytes) {
   sched::GradientReducer& red = *reducer_;
+  // Caps giving the same buckets change nothing: the optimizer (if any) is not rebuilt, so
+  // every pointer stays valid (the same answer on every rank: plan data only).
+  ASSIGN_OR_RETURN(const bool changes, red.ReplanChanges(bucket_cap_bytes, first_bucket_cap_bytes));
+  if (!changes) return red.Replan(bucket_cap_bytes, first_bucket_cap_bytes);  // false
   return ReplanCarrying([&red, bucket_cap_bytes, first_bucket_cap_bytes] {
     return red.Replan(bucket_cap_bytes, first_bucket_cap_bytes);
   });
@@ -258,9 +267,7 @@ absl::StatusOr<TrainingStack::TuneStep> TrainingStack::Autotune(absl::Duration s
   if (changed) {
     const size_t cap = tuner_->current().bucket_cap_bytes;
     const size_t first = std::min(first_cap_, cap);
-    sched::GradientReducer& red = *reducer_;
-    ASSIGN_OR_RETURN(out.replanned,
-                     ReplanCarrying([&red, cap, first] { return red.Replan(cap, first); }));
+    ASSIGN_OR_RETURN(out.replanned, ReplanCaps(cap, first));
   }
   out.done = tuner_->done();
   return out;
@@ -301,8 +308,7 @@ absl::StatusOr<bool> TrainingStack::ReplanCarrying(
   if (!st.ok()) return WithContext(st, "re-plan: carrying the optimizer state over");
   side_ = std::move(side);
   side_lost_ = false;
-  // The optimizer was built again (new parameter pointers) even when the buckets did not
-  // move (caps that give the same plan): the caller must fetch its pointers again.
+  // The optimizer was built again (new parameter pointers): the caller fetches them again.
   return true;
 }
 

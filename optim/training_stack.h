@@ -147,10 +147,11 @@ class TrainingStack {
   // `scheduler` (not owned; null: none) from now on.
   absl::Status SetScheduler(sched::OpScheduler* scheduler);
 
-  // Re-plans: collective, between steps. An installed optimizer is carried over (its whole
-  // state gathered, the side rebuilt over the new plan, this rank's part loaded): every
-  // parameter pointer changes, and the result is then true. FailedPrecondition (naming why)
-  // for a fully sharded or device optimizer, shard_gradients, or inside a backward.
+  // Re-plans: collective, between steps. Each returns whether the buckets changed; when they
+  // did, an installed optimizer is carried over (its whole state gathered, the side rebuilt
+  // over the new plan, this rank's part loaded) and every parameter pointer changes; when not
+  // (caps giving the same buckets), nothing is rebuilt. FailedPrecondition (naming why) for a
+  // fully sharded or device optimizer, shard_gradients, or inside a backward.
   absl::Status CheckReplannable() const;
   // DDP's one-time rebuild from the first backward's readiness order; false: nothing pending.
   absl::StatusOr<bool> RebuildBuckets();
@@ -166,6 +167,7 @@ class TrainingStack {
 
  private:
   TrainingStack() = default;
+  absl::StatusOr<bool> ReplanCaps(size_t bucket_cap_bytes, size_t first_bucket_cap_bytes);
   absl::StatusOr<bool> ReplanCarrying(const std::function<absl::StatusOr<bool>()>& replan);
   absl::StatusOr<ShardPiece> Piece(sched::ParamId id, char* shard) const;
 

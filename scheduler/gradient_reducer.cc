@@ -15,6 +15,7 @@
 #include "scheduler/reducer_marks.h"
 #include "scheduler/reducer_stages.h"
 #include "scheduler/reducer_storage.h"
+#include "scheduler/user_calls.h"
 
 namespace braid::sched {
 
@@ -22,7 +23,8 @@ absl::StatusOr<std::unique_ptr<GradientReducer>> GradientReducer::Create(
     std::vector<ParamSpec> params, ReducerGroups groups, const ReducerConfig& config) {
   if (groups.shard == nullptr) return absl::InvalidArgumentError("reducer: no group given");
   if (config.mode == ReduceMode::kHybrid && groups.replica == nullptr) {
-    return absl::InvalidArgumentError("reducer: hybrid mode needs a replica group (see MakeMesh)");
+    return absl::InvalidArgumentError(
+        "reducer: hybrid mode needs a replica group (see braid_mesh_create)");
   }
   for (const ParamSpec& p : params) {
     if (!IsValidDType(static_cast<int>(p.dtype)) || !IsFloating(p.dtype)) {
@@ -107,7 +109,8 @@ absl::StatusOr<TensorView> GradientReducer::GradView(ParamId id) const {
 }
 
 absl::Status GradientReducer::SetScheduler(OpScheduler* scheduler) {
-  if (in_backward_.load()) return absl::FailedPreconditionError("SetScheduler during a backward");
+  if (in_backward_.load())
+    return absl::FailedPreconditionError("setting the op scheduler during a backward");
   config_.scheduler = scheduler;
   stages_->SetScheduler(scheduler);
   return absl::OkStatus();
@@ -118,10 +121,10 @@ absl::Status GradientReducer::SetContributors(int contributors) {
       groups_.shard->size() * (config_.mode == ReduceMode::kHybrid ? groups_.replica->size() : 1);
   if (contributors < 0 || contributors > world) {
     return absl::InvalidArgumentError(
-        absl::StrCat("SetContributors(", contributors, "): 0 or 1..", world, " ranks"));
+        absl::StrCat("join: ", contributors, " contributors: 0 or 1..", world, " ranks"));
   }
   if (in_backward_.load())
-    return absl::FailedPreconditionError("SetContributors during a backward");
+    return absl::FailedPreconditionError("join: setting the contributors during a backward");
   stages_->SetContributors(contributors);
   return absl::OkStatus();
 }
@@ -130,16 +133,17 @@ absl::Status GradientReducer::SetGradBuffer(ParamId id, void* grad) {
   ASSIGN_OR_RETURN(int i, plan_.IndexOf(id));
   if (config_.gradient_as_bucket_view) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "SetGradBuffer(", plan_.params()[i].Label(),
-        "): gradients are bucket views (gradient_as_bucket_view); use GradView instead"));
+        "parameter ", plan_.params()[i].Label(),
+        ": gradients are bucket views (gradient_as_bucket_view); write into braid_reducer_grad's "
+        "buffer instead"));
   }
   if (grad == nullptr && plan_.params()[i].count > 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("SetGradBuffer(", plan_.params()[i].Label(), "): null buffer"));
+        absl::StrCat("parameter ", plan_.params()[i].Label(), ": null buffer"));
   }
   if (in_backward_.load()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("SetGradBuffer(", plan_.params()[i].Label(), ") during a backward"));
+        absl::StrCat("parameter ", plan_.params()[i].Label(), ": during a backward"));
   }
   external_[i] = grad;
   return absl::OkStatus();
@@ -162,42 +166,42 @@ WorkPtr GradientReducer::BucketWork(int b) const { return stages_->work(b); }
 absl::Status GradientReducer::BeginBackward(SyncMode mode) {
   if (mode == SyncMode::kReduceScatterOnly && config_.mode != ReduceMode::kHybrid) {
     return absl::InvalidArgumentError(
-        "BeginBackward(reduce_scatter_only) needs hybrid mode: it skips the replica all-reduce");
+        "a reduce_scatter_only backward needs hybrid mode: it skips the replica all-reduce");
   }
   if (in_backward_.load()) {
     return absl::FailedPreconditionError(
-        "BeginBackward: the previous backward is not finished (call FinishBackward first)");
+        "the previous backward is not finished (call braid_reducer_finish_backward first)");
   }
   BufferOps& replica_ops =
       config_.mode == ReduceMode::kHybrid ? groups_.replica->buffer_ops() : ops_;
   if (mode == SyncMode::kReduceScatterOnly && !(ops_.can_add() && replica_ops.can_add())) {
     return absl::UnimplementedError(absl::StrCat(
-        "BeginBackward(reduce_scatter_only): group '", groups_.shard->name(), "' (backend ",
+        "a reduce_scatter_only backward: group '", groups_.shard->name(), "' (backend ",
         groups_.shard->backend_name(), ") cannot add partial shards in its memory"));
   }
   if (mode == SyncMode::kReduceScatterOnly && !ops_.synchronous()) {
     // The device add kernels take f32, bf16 and f16: refuse f64 here, not mid-window.
     for (size_t b = 0; b < plan_.buckets().size(); ++b) {
       if (plan_.buckets()[b].dtype == DType::kF64) {
-        return absl::UnimplementedError(
-            absl::StrCat("BeginBackward(reduce_scatter_only): bucket ", b,
-                         " holds f64 gradients (first parameter ",
-                         plan_.params()[plan_.buckets()[b].params[0]].Label(),
-                         "), which the device cannot add"));
+        return absl::UnimplementedError(absl::StrCat(
+            "a reduce_scatter_only backward: bucket ", b, " holds f64 gradients (first parameter ",
+            plan_.params()[plan_.buckets()[b].params[0]].Label(),
+            "), which the device cannot add"));
       }
     }
   }
   if (!config_.gradient_as_bucket_view) {
     if (mode == SyncMode::kReduceScatterOnly) {
       return absl::InvalidArgumentError(
-          "BeginBackward(reduce_scatter_only) needs gradients as bucket views: it zeroes the "
+          "a reduce_scatter_only backward needs gradients as bucket views: it zeroes the "
           "consumed gradients between microbatches, which it cannot do to the framework's buffers");
     }
     for (size_t i = 0; i < external_.size(); ++i) {
       if (external_[i] == nullptr && plan_.params()[i].count > 0) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "BeginBackward: parameter ", plan_.params()[i].Label(),
-            " has no gradient buffer (copy-in path: call SetGradBuffer for every parameter)"));
+            "parameter ", plan_.params()[i].Label(),
+            " has no gradient buffer (copy-in path: call braid_reducer_set_grad_buffer for every "
+            "parameter)"));
       }
     }
   }
@@ -225,29 +229,29 @@ absl::Status GradientReducer::MarkReadyImpl(ParamId id, DeviceEvent ready, const
   if (!in_backward_.load(std::memory_order_acquire)) {
     auto i = plan_.IndexOf(id);
     return absl::FailedPreconditionError(
-        absl::StrCat("MarkReady(", i.ok() ? plan_.params()[*i].Label() : absl::StrCat("id ", id),
-                     ") outside a backward: call BeginBackward first"));
+        absl::StrCat("parameter ", i.ok() ? plan_.params()[*i].Label() : absl::StrCat("id ", id),
+                     " marked ready outside a backward: call ", kBeginBackward, " first"));
   }
   absl::StatusOr<int> i = plan_.IndexOf(id);
-  if (!i.ok()) return absl::NotFoundError(absl::StrCat("MarkReady: unknown parameter id ", id));
+  if (!i.ok()) return absl::NotFoundError(absl::StrCat("unknown parameter id ", id));
   const ParamSpec& p = plan_.params()[*i];
   if (!with_values && !storage_->takes_bare_marks()) return storage_->BareMarkError(*i);
   if (Declares(config_.agree_unused) && sync_ != SyncMode::kNoSync &&
       !declared_.load(std::memory_order_acquire)) {
     return absl::FailedPreconditionError(
-        absl::StrCat("MarkReady(", p.Label(), ") before DeclareUnused: with agree_unused = ",
+        absl::StrCat("parameter ", p.Label(),
+                     " marked ready before braid_reducer_declare_unused: with agree_unused = ",
                      "declared, every rank declares its unused parameters (an empty list too) "
                      "before the first mark of each backward"));
   }
   if (with_values && !config_.gradient_as_bucket_view) {
     return absl::FailedPreconditionError(
-        absl::StrCat("MarkReady(", p.Label(),
-                     ", grad): the copy-in path (gradient_as_bucket_view = false) "
-                     "packs the SetGradBuffer buffer; use MarkReady(id, ready)"));
+        absl::StrCat("parameter ", p.Label(),
+                     ": the copy-in path (gradient_as_bucket_view = false) packs the "
+                     "braid_reducer_set_grad_buffer buffer; use braid_reducer_mark_ready"));
   }
   if (with_values && grad == nullptr && p.count > 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("MarkReady(", p.Label(), ", grad): null gradient"));
+    return absl::InvalidArgumentError(absl::StrCat("parameter ", p.Label(), ": null gradient"));
   }
   // Marks passing values: the copy (the window's first contribution) precedes the adds.
   std::unique_lock<std::mutex> values_lock;
@@ -269,7 +273,7 @@ absl::Status GradientReducer::MarkReadyImpl(ParamId id, DeviceEvent ready, const
     if (!st.ok()) {
       marks_->Undo(*i);
       return absl::Status(st.code(),
-                          absl::StrCat("MarkReady(", p.Label(), "): ", add ? "adding" : "copying",
+                          absl::StrCat("parameter ", p.Label(), ": ", add ? "adding" : "copying",
                                        " its gradient into its bucket: ", st.message()));
     }
     ready = {};  // waited for
@@ -290,8 +294,8 @@ absl::Status GradientReducer::MarkReadyImpl(ParamId id, DeviceEvent ready, const
     absl::Status st = ops_.WaitFor(ready);
     if (!st.ok()) {
       marks_->Undo(*i);
-      return absl::Status(st.code(), absl::StrCat("MarkReady(", p.Label(),
-                                                  "): waiting for its event: ", st.message()));
+      return absl::Status(st.code(), absl::StrCat("parameter ", p.Label(),
+                                                  ": waiting for its event: ", st.message()));
     }
     return absl::OkStatus();
   }
@@ -301,8 +305,8 @@ absl::Status GradientReducer::MarkReadyImpl(ParamId id, DeviceEvent ready, const
     if (st.ok()) st = Pack(*i);
     if (!st.ok()) {
       marks_->Undo(*i);
-      return absl::Status(st.code(), absl::StrCat("MarkReady(", plan_.params()[*i].Label(),
-                                                  "): packing into its bucket: ", st.message()));
+      return absl::Status(st.code(), absl::StrCat("parameter ", plan_.params()[*i].Label(),
+                                                  ": packing into its bucket: ", st.message()));
     }
   } else if (ready) {
     stages_->AddEvent(plan_.slot(*i).bucket, ready);
@@ -313,7 +317,8 @@ absl::Status GradientReducer::MarkReadyImpl(ParamId id, DeviceEvent ready, const
 
 absl::Status GradientReducer::FinishBackward() {
   if (!in_backward_.load(std::memory_order_acquire)) {
-    return absl::FailedPreconditionError("FinishBackward without BeginBackward");
+    return absl::FailedPreconditionError(
+        absl::StrCat("no backward in progress: call ", kBeginBackward, " first"));
   }
   const auto& params = plan_.params();
   if (sync_ == SyncMode::kNoSync) {
@@ -342,7 +347,7 @@ absl::Status GradientReducer::FinishBackward() {
         const absl::Status st = Pack(i);
         if (!st.ok()) {
           stages_->RecordError(
-              absl::Status(st.code(), absl::StrCat("FinishBackward: packing ", params[i].Label(),
+              absl::Status(st.code(), absl::StrCat("packing parameter ", params[i].Label(),
                                                    " into its bucket: ", st.message())));
         }
       }
@@ -352,7 +357,8 @@ absl::Status GradientReducer::FinishBackward() {
   absl::Status unused_error;
   if (Declares(config_.agree_unused) && !declared_.load()) {
     unused_error = absl::FailedPreconditionError(
-        "FinishBackward without DeclareUnused: with agree_unused = declared, every rank "
+        "the backward ends without braid_reducer_declare_unused: with agree_unused = declared, "
+        "every rank "
         "declares its unused parameters (an empty list too) in every backward");
   } else if (!unmarked.empty() && !config_.allow_unused &&
              config_.agree_unused == UnusedAgreement::kNone) {
@@ -364,7 +370,7 @@ absl::Status GradientReducer::FinishBackward() {
                      absl::StrJoin(names, ", "), unmarked.size() > 10 ? ", ..." : "",
                      " (set allow_unused to zero-fill and reduce unused parameters)"));
   } else {
-    for (int i : unmarked) ReduceUnmarked(i, "FinishBackward");
+    for (int i : unmarked) ReduceUnmarked(i, "braid_reducer_finish_backward");
   }
   // Wait for everything launched (all buckets, unless parameters were missing).
   const int launched = stages_->launched();
@@ -376,7 +382,7 @@ absl::Status GradientReducer::FinishBackward() {
     if (!s.ok() && wait_error.ok()) wait_error = s;
   }
   if (tl_ != nullptr)
-    tl_->Complete(tl_waits_, "FinishBackward wait", wait_start, Timeline::NowNs());
+    tl_->Complete(tl_waits_, "finish_backward wait", wait_start, Timeline::NowNs());
   for (size_t i = 0; i < plan_.params().size(); ++i)
     accumulated_[i].store(0, std::memory_order_relaxed);
   recording_.store(false, std::memory_order_relaxed);

@@ -35,6 +35,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -160,6 +161,9 @@ class GradientReducer {
   // the same buckets. FailedPrecondition during a backward, with shard_gradients, or while a
   // reduce_scatter_only window holds partial shards (they are per bucket).
   absl::StatusOr<bool> Replan(size_t bucket_cap_bytes, size_t first_bucket_cap_bytes);
+  // Whether Replan with these caps would change the buckets (local, and the same answer on
+  // every rank: plan data only). InvalidArgument for a zero cap, as Replan.
+  absl::StatusOr<bool> ReplanChanges(size_t bucket_cap_bytes, size_t first_bucket_cap_bytes) const;
   // Replaces ReducerConfig::scheduler (null: none) between backwards, at the same point on every
   // rank (benchmarks compare both on the same buffers). FailedPrecondition during a backward.
   absl::Status SetScheduler(OpScheduler* scheduler);
@@ -186,6 +190,10 @@ class GradientReducer {
   // `caller` names the call in a failure.
   void ReduceUnmarked(int i, const char* caller);
   absl::Status SyncZeroing();
+  // The plan Replan(caps) adopts, keeping the parameter order; nullopt when the caps are
+  // already these or give the same buckets.
+  absl::StatusOr<std::optional<BucketPlan>> PlanForCaps(size_t bucket_cap_bytes,
+                                                        size_t first_bucket_cap_bytes) const;
   // Verifies `plan` across the groups, then moves every gradient into its buckets.
   absl::Status AdoptPlan(BucketPlan plan);
 

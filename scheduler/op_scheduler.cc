@@ -70,7 +70,7 @@ struct OpScheduler::Outbox {
 absl::StatusOr<std::unique_ptr<OpScheduler>> OpScheduler::Create(const OpSchedulerConfig& config,
                                                                  Group* verify) {
   if (config.max_hold <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("OpScheduler: max_hold must be positive");
+    return absl::InvalidArgumentError("op scheduler: max_hold must be positive");
   }
   if (verify != nullptr && verify->size() > 1) {
     std::vector<int64_t> mine = {static_cast<int64_t>(config.credit_bytes),
@@ -87,7 +87,7 @@ absl::StatusOr<std::unique_ptr<OpScheduler>> OpScheduler::Create(const OpSchedul
                                       " priorities=", all[2 * k + 1]));
         }
         return absl::FailedPreconditionError(
-            absl::StrCat("OpScheduler on group '", verify->name(),
+            absl::StrCat("the op scheduler on group '", verify->name(),
                          "': ranks were configured differently (partitions would not match): ",
                          absl::StrJoin(each, "; ")));
       }
@@ -153,10 +153,10 @@ OpScheduler::Lane& OpScheduler::LaneLocked(Group* g) {
 }
 
 absl::StatusOr<WorkPtr> OpScheduler::SubmitReduction(const ReductionRequest& r) {
-  if (r.group == nullptr) return absl::InvalidArgumentError("SubmitReduction: no group");
+  if (r.group == nullptr) return absl::InvalidArgumentError("submitting a reduction: no group");
   if (r.kind != CollectiveKind::kAllReduce && r.kind != CollectiveKind::kReduceScatter) {
     return absl::InvalidArgumentError(
-        absl::StrCat("SubmitReduction: ", CollectiveName(r.kind), " is not a reduction"));
+        absl::StrCat("submitting a reduction: ", CollectiveName(r.kind), " is not a reduction"));
   }
   InCall in_call;
   auto p = std::make_shared<Pending>();
@@ -175,7 +175,8 @@ absl::StatusOr<WorkPtr> OpScheduler::SubmitReduction(const ReductionRequest& r) 
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_)
-      return absl::FailedPreconditionError("SubmitReduction: the scheduler is being destroyed");
+      return absl::FailedPreconditionError(
+          "submitting a reduction: the scheduler is being destroyed");
     ++submitted_;
     LaneLocked(r.group).queue.push_back(std::move(p));
     PumpLocked(&out);

@@ -143,7 +143,7 @@ ParamGatherer::~ParamGatherer() {
 
 absl::Status ParamGatherer::CheckBucket(const char* what, int b) const {
   if (b >= 0 && b < num_buckets()) return absl::OkStatus();
-  return absl::OutOfRangeError(absl::StrCat(what, "(bucket ", b, "): no such bucket (the plan has ",
+  return absl::OutOfRangeError(absl::StrCat(what, " bucket ", b, ": no such bucket (the plan has ",
                                             num_buckets(), " buckets)"));
 }
 
@@ -156,21 +156,21 @@ char* ParamGatherer::ShardData(int b) const {
 
 absl::StatusOr<TensorView> ParamGatherer::ParamView(ParamId id) const {
   absl::StatusOr<int> i = plan_.IndexOf(id);
-  if (!i.ok()) return WithContext(i.status(), "ParamView");
+  if (!i.ok()) return WithContext(i.status(), "parameter view");
   const ParamSpec& p = plan_.params()[*i];
   const ParamSlot& slot = plan_.slot(*i);
   std::lock_guard<std::mutex> lock(mu_);
   const BucketState& s = *buckets_[slot.bucket];
   if (!s.full) {
     return absl::FailedPreconditionError(
-        absl::StrCat("ParamView(", p.Label(), "): ", s.label,
-                     " is released (fully_sharded); call WaitParams(", slot.bucket, ") first"));
+        absl::StrCat("parameter ", p.Label(), ": ", s.label,
+                     " is released (fully_sharded); enter its unit first (braid_unit_enter)"));
   }
   return TensorView{s.full.get() + slot.offset * DTypeSize(p.dtype), p.count, p.dtype, p.device};
 }
 
 absl::StatusOr<TensorView> ParamGatherer::ShardView(int b) const {
-  RETURN_IF_ERROR(CheckBucket("ShardView", b));
+  RETURN_IF_ERROR(CheckBucket("the shard of", b));
   const Bucket& bk = plan_.buckets()[b];
   return TensorView{ShardData(b), bk.shard_count, bk.dtype, bk.device};
 }
@@ -250,13 +250,13 @@ void ParamGatherer::RecordLaunchLocked(int b, WorkPtr w) {
 }
 
 absl::Status ParamGatherer::Prefetch(int b, DeviceEvent ready, bool exact) {
-  RETURN_IF_ERROR(CheckBucket("Prefetch", b));
+  RETURN_IF_ERROR(CheckBucket("prefetching", b));
   std::lock_guard<std::mutex> lock(mu_);
   const BucketState& s = *buckets_[b];
   if (s.state == GatherState::kInFlight) {
     return absl::FailedPreconditionError(
-        absl::StrCat("Prefetch(", s.label, "): its all-gather on group '", group_->name(),
-                     "' is already in flight (Prefetch called twice without WaitParams)"));
+        absl::StrCat("prefetching ", s.label, ": its all-gather on group '", group_->name(),
+                     "' is already in flight (prefetched twice without a wait)"));
   }
   return LaunchLocked(b, ready, exact);
 }
@@ -297,7 +297,7 @@ absl::Status ParamGatherer::AwaitGather(const char* caller, int b, const WorkPtr
 }
 
 absl::Status ParamGatherer::WaitParams(int b) {
-  RETURN_IF_ERROR(CheckBucket("WaitParams", b));
+  RETURN_IF_ERROR(CheckBucket("waiting for", b));
   WorkPtr w;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -306,7 +306,7 @@ absl::Status ParamGatherer::WaitParams(int b) {
     if (s.state == GatherState::kNotGathered) RETURN_IF_ERROR(LaunchLocked(b, DeviceEvent{}));
     w = s.work;
   }
-  return AwaitGather("WaitParams", b, w, absl::Now() + config_.timeout);
+  return AwaitGather("waiting for parameters", b, w, absl::Now() + config_.timeout);
 }
 
 absl::Status ParamGatherer::WaitAll() {
@@ -321,20 +321,20 @@ absl::Status ParamGatherer::WaitAll() {
   const absl::Time deadline = absl::Now() + config_.timeout;
   absl::Status first;
   for (const auto& [b, w] : in_flight) {
-    absl::Status st = AwaitGather("WaitAll", b, w, deadline);
+    absl::Status st = AwaitGather("waiting for every parameter", b, w, deadline);
     if (first.ok()) first = st;
   }
   return first;
 }
 
 absl::Status ParamGatherer::Release(int b) {
-  RETURN_IF_ERROR(CheckBucket("Release", b));
+  RETURN_IF_ERROR(CheckBucket("releasing", b));
   std::lock_guard<std::mutex> lock(mu_);
   BucketState& s = *buckets_[b];
   if (s.state == GatherState::kInFlight) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("Release(", s.label, "): its all-gather on group '", group_->name(),
-                     "' is in flight; call WaitParams first"));
+    return absl::FailedPreconditionError(absl::StrCat("releasing ", s.label,
+                                                      ": its all-gather on group '", group_->name(),
+                                                      "' is in flight; wait for it first"));
   }
   if (!config_.fully_sharded) return absl::OkStatus();
   if (s.full && config_.shared_pool) {
@@ -379,12 +379,12 @@ absl::Status ParamGatherer::CheckIssueOrder() {
     CollectiveOptions opts;
     opts.label = "gather order check";
     absl::StatusOr<WorkPtr> launched = group_->AllGather(mine, all, kRecord, DType::kI64, opts);
-    if (!launched.ok()) return WithContext(launched.status(), "CheckIssueOrder");
+    if (!launched.ok()) return WithContext(launched.status(), "checking the gather order");
     w = *launched;
   }
   w->OnComplete([bufs](const absl::Status&) {});
   const absl::Status st = w->Wait(config_.timeout);
-  if (!st.ok()) return WithContext(st, "CheckIssueOrder");
+  if (!st.ok()) return WithContext(st, "checking the gather order");
   bool same = true;
   for (int r = 1; r < n && same; ++r) same = std::equal(all, all + 2, all + r * kRecord);
   if (same) return absl::OkStatus();
@@ -396,11 +396,12 @@ absl::Status ParamGatherer::CheckIssueOrder() {
     per_rank.push_back(absl::StrCat("rank ", r, " issued ", rec[0], " gather(s), latest buckets [",
                                     absl::StrJoin(seq, ", "), "]"));
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "all-gather order differs across the ranks of group '", group_->name(),
-      "' (rank-order contract broken: Prefetch/WaitParams must gather the same buckets in the same "
-      "order on every rank; gathered contents may be in the wrong buckets): ",
-      absl::StrJoin(per_rank, "; ")));
+  return absl::FailedPreconditionError(
+      absl::StrCat("all-gather order differs across the ranks of group '", group_->name(),
+                   "' (rank-order contract broken: parameter gathers (braid_unit_enter, "
+                   "braid_optimizer_wait_params) must take the same buckets in the same "
+                   "order on every rank; gathered contents may be in the wrong buckets): ",
+                   absl::StrJoin(per_rank, "; ")));
 }
 
 absl::StatusOr<std::vector<int64_t>> ParamGatherer::ExchangeInts(const std::vector<int64_t>& mine,

@@ -62,7 +62,8 @@ absl::Status ReducerStages::DeliverHook(int b, int stage, const absl::Status& do
 }
 
 absl::Status GradientReducer::SetCommHook(std::shared_ptr<CommHook> hook) {
-  if (in_backward_.load()) return absl::FailedPreconditionError("SetCommHook during a backward");
+  if (in_backward_.load())
+    return absl::FailedPreconditionError("setting a comm hook during a backward");
   if (hook != nullptr && !ops_.synchronous()) {
     return absl::UnimplementedError(
         absl::StrCat("comm hook '", hook->name(), "': hooks run on host buckets only (group '",

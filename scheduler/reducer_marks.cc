@@ -36,8 +36,9 @@ absl::StatusOr<ReducerMarks::Mark> ReducerMarks::Add(int i, bool launching) {
   State& s = state_[i];
   if (s.unused.load(std::memory_order_acquire)) {
     return absl::FailedPreconditionError(
-        absl::StrCat("MarkReady: parameter ", plan_.params()[i].Label(),
-                     " was declared unused in this backward (DeclareUnused) and is reduced as "
+        absl::StrCat("parameter ", plan_.params()[i].Label(),
+                     " was declared unused in this backward (braid_reducer_declare_unused) and "
+                     "is reduced as "
                      "zeros; a gradient for it now would be left out"));
   }
   const int index = s.count.fetch_add(1, std::memory_order_acq_rel);
@@ -46,12 +47,13 @@ absl::StatusOr<ReducerMarks::Mark> ReducerMarks::Add(int i, bool launching) {
     const std::string label = plan_.params()[i].Label();
     if (s.expected == 1 && s.declared) {  // the default: one mark per backward
       return absl::FailedPreconditionError(absl::StrCat(
-          "MarkReady: parameter ", label,
+          "parameter ", label,
           " was already marked ready in this backward (a parameter used several times, e.g. "
-          "tied, declares its marks per backward, or kCountMarks to have them counted)"));
+          "tied, declares its marks per backward in param_marks, or 0 there to have them "
+          "counted)"));
     }
     return absl::FailedPreconditionError(absl::StrCat(
-        "MarkReady: parameter ", label, " was marked ready more than its ", s.expected,
+        "parameter ", label, " was marked ready more than its ", s.expected,
         " times in this backward (",
         s.declared ? "declared" : "counted in the first synced backward",
         "): its bucket may already be reduced without this contribution, which is refused"));
@@ -70,7 +72,7 @@ absl::StatusOr<ReducerMarks::Settled> ReducerMarks::Settle(int i) {
   }
   if (n == s.expected) return Settled::kComplete;
   return absl::FailedPreconditionError(absl::StrCat(
-      "FinishBackward: parameter ", plan_.params()[i].Label(), " was marked ready ", n,
+      "parameter ", plan_.params()[i].Label(), " was marked ready ", n,
       " time(s) in this backward, but ", s.expected, " ",
       s.declared ? "were declared" : "were counted in the first synced backward",
       ": its bucket was not reduced (a count that changes between backwards is an error; a "

@@ -54,21 +54,22 @@ std::unique_ptr<BucketStorage> PooledBuckets::Fresh() const {
 
 absl::Status PooledBuckets::CheckReplan() const {
   return absl::FailedPreconditionError(
-      "Replan with shard_gradients: buckets hold no full-size storage to move gradients through");
+      "a shard_gradients reducer does not re-plan: buckets hold no full-size storage to move "
+      "gradients through");
 }
 
 absl::StatusOr<TensorView> PooledBuckets::GradView(int i) const {
   return absl::FailedPreconditionError(
-      absl::StrCat("GradView(", plan_->params()[i].Label(),
-                   "): with shard_gradients gradients are passed at "
-                   "MarkReady(id, ready, grad); buckets hold no storage between backwards"));
+      absl::StrCat("parameter ", plan_->params()[i].Label(),
+                   ": with shard_gradients gradients are passed at "
+                   "braid_reducer_mark_ready_grad; buckets hold no storage between backwards"));
 }
 
 absl::Status PooledBuckets::BareMarkError(int i) const {
   return absl::FailedPreconditionError(
-      absl::StrCat("MarkReady(", plan_->params()[i].Label(),
-                   ") without its gradient: with shard_gradients pass it, "
-                   "MarkReady(id, ready, grad)"));
+      absl::StrCat("parameter ", plan_->params()[i].Label(),
+                   " marked ready without its gradient: with shard_gradients pass it with "
+                   "braid_reducer_mark_ready_grad"));
 }
 
 absl::StatusOr<OwnedBuffer> PooledBuckets::Take(size_t bytes, int b) {

@@ -1,6 +1,7 @@
 // GradientReducer's plan changes between steps (declared in gradient_reducer.h): the one-time
 // bucket-order rebuild (RebuildBucketsIfPending), new caps (Replan), and what both share
 // (AdoptPlan: the plan checked across ranks, new storage, every gradient moved to its slot).
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -19,7 +20,7 @@ bool GradientReducer::RebuildPending() const {
 
 absl::StatusOr<bool> GradientReducer::RebuildBucketsIfPending() {
   if (in_backward_.load()) {
-    return absl::FailedPreconditionError("RebuildBucketsIfPending during a backward");
+    return absl::FailedPreconditionError("rebuilding the buckets during a backward");
   }
   if (!RebuildPending()) return false;
   // This rank's order: the recorded marks, then parameters never marked (reverse registration).
@@ -86,17 +87,15 @@ absl::Status GradientReducer::AdoptPlan(BucketPlan plan) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> GradientReducer::Replan(size_t bucket_cap_bytes,
-                                             size_t first_bucket_cap_bytes) {
-  if (in_backward_.load()) return absl::FailedPreconditionError("Replan during a backward");
-  RETURN_IF_ERROR(storage_->CheckReplan());
+absl::StatusOr<std::optional<BucketPlan>> GradientReducer::PlanForCaps(
+    size_t bucket_cap_bytes, size_t first_bucket_cap_bytes) const {
   if (bucket_cap_bytes == 0 || first_bucket_cap_bytes == 0) {
-    return absl::InvalidArgumentError("Replan: bucket caps must be positive");
+    return absl::InvalidArgumentError("re-plan: bucket caps must be positive");
   }
   const PlanOptions& cur = plan_.options();
   if (cur.bucket_cap_bytes == bucket_cap_bytes &&
       cur.first_bucket_cap_bytes == first_bucket_cap_bytes)
-    return false;
+    return std::nullopt;
   PlanOptions po = cur;
   po.bucket_cap_bytes = bucket_cap_bytes;
   po.first_bucket_cap_bytes = first_bucket_cap_bytes;
@@ -104,15 +103,33 @@ absl::StatusOr<bool> GradientReducer::Replan(size_t bucket_cap_bytes,
   for (const Bucket& bk : plan_.buckets())
     order.insert(order.end(), bk.params.begin(), bk.params.end());
   ASSIGN_OR_RETURN(BucketPlan plan, BucketPlan::BuildInOrder(plan_.params(), order, po));
-  if (plan.Fingerprint() == plan_.Fingerprint()) {  // the same buckets (identical on every rank)
+  // The same buckets (identical on every rank: plan data only).
+  if (plan.Fingerprint() == plan_.Fingerprint()) return std::nullopt;
+  return plan;
+}
+
+absl::StatusOr<bool> GradientReducer::ReplanChanges(size_t bucket_cap_bytes,
+                                                    size_t first_bucket_cap_bytes) const {
+  ASSIGN_OR_RETURN(std::optional<BucketPlan> plan,
+                   PlanForCaps(bucket_cap_bytes, first_bucket_cap_bytes));
+  return plan.has_value();
+}
+
+absl::StatusOr<bool> GradientReducer::Replan(size_t bucket_cap_bytes,
+                                             size_t first_bucket_cap_bytes) {
+  if (in_backward_.load()) return absl::FailedPreconditionError("re-plan during a backward");
+  RETURN_IF_ERROR(storage_->CheckReplan());
+  const PlanOptions& cur = plan_.options();
+  const bool same_caps = cur.bucket_cap_bytes == bucket_cap_bytes &&
+                         cur.first_bucket_cap_bytes == first_bucket_cap_bytes;
+  ASSIGN_OR_RETURN(std::optional<BucketPlan> plan,
+                   PlanForCaps(bucket_cap_bytes, first_bucket_cap_bytes));
+  if (plan.has_value()) RETURN_IF_ERROR(AdoptPlan(*std::move(plan)));
+  if (plan.has_value() || !same_caps) {  // the same buckets under new caps: the caps recorded
     config_.bucket_cap_bytes = bucket_cap_bytes;
     config_.first_bucket_cap_bytes = first_bucket_cap_bytes;
-    return false;
   }
-  RETURN_IF_ERROR(AdoptPlan(std::move(plan)));
-  config_.bucket_cap_bytes = bucket_cap_bytes;
-  config_.first_bucket_cap_bytes = first_bucket_cap_bytes;
-  return true;
+  return plan.has_value();
 }
 
 }  // namespace braid::sched

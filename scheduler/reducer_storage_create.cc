@@ -27,7 +27,7 @@ absl::StatusOr<std::unique_ptr<BucketStorage>> BucketStorage::Create(const Reduc
   }
   if (!config.gradient_as_bucket_view) {
     return absl::InvalidArgumentError(
-        "shard_gradients passes gradients at MarkReady(id, ready, grad): it does not use the "
+        "shard_gradients passes gradients at braid_reducer_mark_ready_grad: it does not use the "
         "copy-in path (gradient_as_bucket_view = false)");
   }
   if (config.rebuild_bucket_order) {

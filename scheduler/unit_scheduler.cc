@@ -11,11 +11,12 @@
 namespace braid::sched {
 namespace {
 
-constexpr size_t kShownUnits = 16;  // units of each rank's order in the EndStep check
+constexpr size_t kShownUnits = 16;  // units of each rank's order in the end-of-step check
 
+// What a braid_unit_enter / braid_unit_exit call was doing, as its errors say it.
 const char* Name(bool forward, bool begin) {
-  if (forward) return begin ? "BeginForward" : "EndForward";
-  return begin ? "BeginBackward" : "EndBackward";
+  if (forward) return begin ? "entering the forward of" : "leaving the forward of";
+  return begin ? "entering the backward of" : "leaving the backward of";
 }
 
 uint64_t HashOrder(const std::vector<int>& order) {
@@ -88,10 +89,10 @@ const std::vector<int>& UnitScheduler::forward_order() const { return order_; }
 absl::Status UnitScheduler::CheckUnit(const char* what, int unit) const {
   if (unit < 0 || unit >= static_cast<int>(units_.size())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, "(unit ", unit, "): no such unit (the plan has ", units_.size(), " units)"));
+        what, " unit ", unit, ": no such unit (the plan has ", units_.size(), " units)"));
   }
   if (units_[unit].buckets.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, "(unit ", unit, "): unit ", unit,
+    return absl::InvalidArgumentError(absl::StrCat(what, " unit ", unit, ": unit ", unit,
                                                    " has no bucket (no parameter names it)"));
   }
   return absl::OkStatus();
@@ -210,11 +211,13 @@ absl::Status UnitScheduler::Begin(int unit, bool forward) {
   if (!broken_.ok()) return broken_;
   if (gathered_all_) {
     return absl::FailedPreconditionError(absl::StrCat(
-        what, "(unit ", unit, "): every unit is gathered by GatherAll; call ReleaseAll first"));
+        what, " unit ", unit,
+        ": every unit is gathered by braid_optimizer_summon_params; end the summon first"));
   }
   if (forward && phase_ == Phase::kBackward) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, "(unit ", unit, "): the backward of this step has begun; call EndStep first"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " unit ", unit,
+                     ": the backward of this step has begun; call braid_optimizer_end_step first"));
   }
   const Phase want = forward ? Phase::kForward : Phase::kBackward;
   if (phase_ != want) StartPhaseLocked(want);
@@ -235,21 +238,21 @@ absl::Status UnitScheduler::Begin(int unit, bool forward) {
                                    : "backward order (the reverse of the recorded forward order)";
       if (p == sched_.size()) {
         return absl::FailedPreconditionError(
-            absl::StrCat(what, "(unit ", unit, "): unit ", unit,
+            absl::StrCat(what, " unit ", unit, ": unit ", unit,
                          " is not gathered and no unit is expected any "
                          "more in this phase (the ",
                          sched_name, " is ", OrderString(sched_), ")"));
       }
       if (sched_[p] != unit) {
         return absl::FailedPreconditionError(
-            absl::StrCat(what, "(unit ", unit, "): expected unit ", sched_[p], " next, got unit ",
+            absl::StrCat(what, " unit ", unit, ": expected unit ", sched_[p], " next, got unit ",
                          unit, " (not gathered; the ", sched_name, " is ", OrderString(sched_),
                          "; every rank must follow it)"));
       }
       // The launch cursor is at p: positions before it were launched, entered or skipped.
       while (launch_pos_ < p && SkippableLocked(launch_pos_)) skipped_[launch_pos_++] = true;
       if (launch_pos_ != p) {
-        return absl::InternalError(absl::StrCat(what, "(unit ", unit, "): launch cursor at ",
+        return absl::InternalError(absl::StrCat(what, " unit ", unit, ": launch cursor at ",
                                                 launch_pos_, ", expected position ", p));
       }
       ++launch_pos_;
@@ -263,13 +266,13 @@ absl::Status UnitScheduler::Begin(int unit, bool forward) {
   if (!cv_.wait_for(lock, absl::ToChronoSeconds(config_.timeout),
                     [&] { return un.state != UnitState::kLaunching; })) {
     return absl::DeadlineExceededError(
-        absl::StrCat(what, "(unit ", unit, "): its launch on another thread did not finish within ",
+        absl::StrCat(what, " unit ", unit, ": its launch on another thread did not finish within ",
                      absl::FormatDuration(config_.timeout)));
   }
   lock.unlock();
   for (int b : un.buckets) {
     st = gatherer_->WaitParams(b);
-    if (!st.ok()) return WithContext(st, absl::StrCat(what, "(unit ", unit, ")"));
+    if (!st.ok()) return WithContext(st, absl::StrCat(what, " unit ", unit));
   }
   lock.lock();
   if (un.state == UnitState::kLaunched) un.state = UnitState::kGathered;
@@ -301,9 +304,10 @@ absl::Status UnitScheduler::End(int unit, bool forward) {
   Unit& un = units_[unit];
   int& active = forward ? un.fwd_active : un.bwd_active;
   if (active == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, "(unit ", unit, "): unit ", unit, " is not in its ", forward ? "forward" : "backward",
-        " (no ", Name(forward, true), "(", unit, ") before it)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " unit ", unit, ": unit ", unit, " is not in its ",
+                     forward ? "forward" : "backward", " (no braid_unit_enter(", unit, ", ",
+                     forward ? "BRAID_PHASE_FORWARD" : "BRAID_PHASE_BACKWARD", ") before it)"));
   }
   --active;
   bool release;
@@ -335,7 +339,7 @@ absl::Status UnitScheduler::EndStep() {
   if (!cv_.wait_for(lock, absl::ToChronoSeconds(config_.timeout),
                     [&] { return serving_ticket_ == next_ticket_; })) {
     return absl::DeadlineExceededError(
-        absl::StrCat("EndStep: launches on other threads did not finish within ",
+        absl::StrCat("ending the step: launches on other threads did not finish within ",
                      absl::FormatDuration(config_.timeout)));
   }
   std::vector<std::string> held;
@@ -349,8 +353,9 @@ absl::Status UnitScheduler::EndStep() {
     held.push_back(absl::StrCat("unit ", u, " (", absl::StrJoin(why, ", "), ")"));
   }
   const std::string held_msg = absl::StrCat(
-      "EndStep: units still held: ", absl::StrJoin(held, "; "),
-      gathered_all_ ? " (GatherAll: call ReleaseAll first)" : " (every BeginX needs its EndX)");
+      "units still held at the end of the step: ", absl::StrJoin(held, "; "),
+      gathered_all_ ? " (braid_optimizer_summon_params gathered them: end the summon first)"
+                    : " (every braid_unit_enter needs its braid_unit_exit)");
   if (recording_) {
     // Collective: [units held, order length, order hash, first kShownUnits units (-1 padded)].
     std::vector<int64_t> mine(3 + kShownUnits, -1);
@@ -359,7 +364,7 @@ absl::Status UnitScheduler::EndStep() {
     mine[2] = static_cast<int64_t>(HashOrder(order_));
     for (size_t k = 0; k < kShownUnits && k < order_.size(); ++k) mine[3 + k] = order_[k];
     absl::StatusOr<std::vector<int64_t>> all =
-        gatherer_->ExchangeInts(mine, "EndStep: forward order check");
+        gatherer_->ExchangeInts(mine, "end of step: forward order check");
     if (!all.ok()) return all.status();
     const size_t n = all->size() / mine.size();
     bool same = true, any_held = false;
@@ -379,7 +384,7 @@ absl::Status UnitScheduler::EndStep() {
     }
     if (!same) {
       broken_ = absl::FailedPreconditionError(absl::StrCat(
-          "EndStep: the forward order recorded in the first step differs across the ranks of group "
+          "the forward order recorded in the first step differs across the ranks of group "
           "'",
           gatherer_->group().name(), "' (every rank must enter the units in the same order): ",
           absl::StrJoin(per_rank, "; ")));
@@ -387,7 +392,7 @@ absl::Status UnitScheduler::EndStep() {
     }
     if (any_held) {
       return absl::FailedPreconditionError(
-          held.empty() ? absl::StrCat("EndStep: other ranks still hold units: ",
+          held.empty() ? absl::StrCat("other ranks still hold units at the end of the step: ",
                                       absl::StrJoin(holders, "; "))
                        : held_msg);
     }
@@ -404,14 +409,15 @@ absl::Status UnitScheduler::GatherAll() {
   std::unique_lock<std::mutex> lock(mu_);
   if (!broken_.ok()) return broken_;
   if (gathered_all_)
-    return absl::FailedPreconditionError("GatherAll: already gathered (call ReleaseAll)");
+    return absl::FailedPreconditionError("every unit is already summoned (end the summon first)");
   std::vector<int> launch;
   for (size_t u = 0; u < units_.size(); ++u) {
     const Unit& un = units_[u];
     if (un.fwd_active > 0 || un.bwd_active > 0 || un.state != UnitState::kReleased) {
       return absl::FailedPreconditionError(
-          absl::StrCat("GatherAll: unit ", u,
-                       " is entered or gathered (call it outside a step, after EndStep)"));
+          absl::StrCat("summoning every unit: unit ", u,
+                       " is entered or gathered (summon outside a step, after "
+                       "braid_optimizer_end_step)"));
     }
     if (!un.buckets.empty()) launch.push_back(static_cast<int>(u));
   }
@@ -419,7 +425,7 @@ absl::Status UnitScheduler::GatherAll() {
   RETURN_IF_ERROR(LaunchLocked(lock, launch, /*call_before_gather=*/true));
   lock.unlock();
   for (int b = 0; b < gatherer_->num_buckets(); ++b) {
-    RETURN_IF_ERROR(WithContext(gatherer_->WaitParams(b), "GatherAll"));
+    RETURN_IF_ERROR(WithContext(gatherer_->WaitParams(b), "summoning every unit"));
   }
   lock.lock();
   for (int u : launch) {

@@ -7,38 +7,39 @@
 #include "scheduler/gradient_reducer.h"
 #include "scheduler/reducer_marks.h"
 #include "scheduler/reducer_stages.h"
+#include "scheduler/user_calls.h"
 
 namespace braid::sched {
 
 absl::Status GradientReducer::DeclareUnused(const std::vector<ParamId>& ids) {
   if (!Declares(config_.agree_unused)) {
     return absl::FailedPreconditionError(
-        "DeclareUnused needs agree_unused = declared or declared_at_finish (the reducer "
-        "takes declarations only then)");
+        "needs agree_unused = declared or declared_at_finish (the reducer takes declarations "
+        "only then)");
   }
   if (!in_backward_.load(std::memory_order_acquire)) {
-    return absl::FailedPreconditionError("DeclareUnused outside a backward: call BeginBackward");
+    return absl::FailedPreconditionError(
+        absl::StrCat("outside a backward: call ", kBeginBackward, " first"));
   }
   if (declared_.load(std::memory_order_acquire)) {
-    return absl::FailedPreconditionError("DeclareUnused called twice in one backward");
+    return absl::FailedPreconditionError("called twice in one backward");
   }
   const size_t n = plan_.params().size();
   for (size_t i = 0; i < n; ++i) {
     if (marks_->count(static_cast<int>(i)) > 0) {
       // A bucket may have launched already: the agreement would not come first on this rank.
       return absl::FailedPreconditionError(
-          absl::StrCat("DeclareUnused after MarkReady(", plan_.params()[i].Label(),
-                       "): declare before the first mark of the backward"));
+          absl::StrCat("after parameter ", plan_.params()[i].Label(),
+                       " was marked ready: declare before the first mark of the backward"));
     }
   }
   std::vector<uint8_t> declared(n, 0);
   for (ParamId id : ids) {
     absl::StatusOr<int> i = plan_.IndexOf(id);
-    if (!i.ok())
-      return absl::NotFoundError(absl::StrCat("DeclareUnused: unknown parameter id ", id));
+    if (!i.ok()) return absl::NotFoundError(absl::StrCat("unknown parameter id ", id));
     if (declared[*i]) {
       return absl::InvalidArgumentError(
-          absl::StrCat("DeclareUnused: parameter ", plan_.params()[*i].Label(), " listed twice"));
+          absl::StrCat("parameter ", plan_.params()[*i].Label(), " listed twice"));
     }
     declared[*i] = 1;
   }
@@ -55,7 +56,7 @@ absl::Status GradientReducer::DeclareUnused(const std::vector<ParamId>& ids) {
   // kDeclaredAtFinish: nothing now), then the declared parameters, which may launch buckets.
   RETURN_IF_ERROR(used_->IssueDeclared(declared));
   for (size_t i = 0; i < n; ++i) {
-    if (declared[i]) ReduceUnmarked(static_cast<int>(i), "DeclareUnused");
+    if (declared[i]) ReduceUnmarked(static_cast<int>(i), "braid_reducer_declare_unused");
   }
   return absl::OkStatus();
 }

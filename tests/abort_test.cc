@@ -167,7 +167,7 @@ TEST(LocalAbort, AbortJobReleasesRanksBlockedInACollective) {
   // The cause must be an error.
   RunRanks(1, [](Group& world) {
     ExpectError(world.AbortJob(absl::OkStatus()), absl::StatusCode::kInvalidArgument,
-                {"AbortJob", "must be an error"});
+                {"aborting the job", "must be an error"});
   });
 }
 

@@ -127,7 +127,9 @@ TEST(FlightRecorderTest, ConcurrentWritersLeaveWholeRecords) {
     EXPECT_EQ(r.count, static_cast<uint64_t>(t) * 1000000 + r.seq);
     EXPECT_EQ(r.issued_ns, static_cast<int64_t>(r.seq));
     EXPECT_EQ(r.state, r.seq % 2 == 0 ? FlightState::kCompleted : FlightState::kFailed);
-    if (r.seq % 2 == 1) EXPECT_EQ(std::string(r.error), absl::StrCat(t, ":", r.seq));
+    if (r.seq % 2 == 1) {
+      EXPECT_EQ(std::string(r.error), absl::StrCat(t, ":", r.seq));
+    }
   }
 }
 

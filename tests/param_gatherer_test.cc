@@ -254,22 +254,25 @@ TEST(ParamGathererErrors, DoublePrefetchUnknownIdsAndBucketsReleaseInFlight) {
     WriteShards(pg, g.rank(), 0);
     ASSERT_OK(pg.Prefetch(2));
     ExpectError(pg.Prefetch(2), absl::StatusCode::kFailedPrecondition,
-                {"Prefetch(bucket 2)", "already in flight", "'world'"});
+                {"prefetching bucket 2", "already in flight", "'world'"});
     ExpectError(pg.Release(2), absl::StatusCode::kFailedPrecondition,
-                {"Release(bucket 2)", "in flight", "WaitParams"});
+                {"releasing bucket 2", "in flight", "wait for it"});
     ASSERT_OK(pg.WaitParams(2));
     ExpectBucketMatches(pg, 2, 2, 0, g.rank());  // the refused calls changed nothing
 
-    ExpectError(pg.ParamView(999).status(), absl::StatusCode::kNotFound, {"ParamView", "999"});
+    ExpectError(pg.ParamView(999).status(), absl::StatusCode::kNotFound, {"parameter view", "999"});
     const ParamSpec& in0 = pg.plan().params()[pg.plan().buckets()[0].params[0]];
     ExpectError(pg.ParamView(in0.id).status(), absl::StatusCode::kFailedPrecondition,
-                {in0.Label(), "bucket 0", "released", "WaitParams(0)"});
+                {in0.Label(), "bucket 0", "released", "braid_unit_enter"});
     const int nb = pg.num_buckets();
     ExpectError(pg.Prefetch(nb), absl::StatusCode::kOutOfRange,
-                {absl::StrCat("Prefetch(bucket ", nb, ")"), "no such bucket"});
-    ExpectError(pg.WaitParams(-1), absl::StatusCode::kOutOfRange, {"WaitParams(bucket -1)"});
-    ExpectError(pg.Release(nb + 5), absl::StatusCode::kOutOfRange, {"Release(bucket"});
-    ExpectError(pg.ShardView(nb).status(), absl::StatusCode::kOutOfRange, {"ShardView(bucket"});
+                {absl::StrCat("prefetching bucket ", nb, ":"), "no such bucket"});
+    ExpectError(pg.WaitParams(-1), absl::StatusCode::kOutOfRange,
+                {"waiting for bucket -1:", "no such bucket"});
+    ExpectError(pg.Release(nb + 5), absl::StatusCode::kOutOfRange,
+                {"releasing bucket", "no such bucket"});
+    ExpectError(pg.ShardView(nb).status(), absl::StatusCode::kOutOfRange,
+                {"the shard of bucket", "no such bucket"});
     EXPECT_EQ(pg.GatherWork(nb), nullptr);
     EXPECT_FALSE(pg.IsGathered(-3));
     EXPECT_OK(pg.Release(0));  // never gathered: nothing to free
@@ -307,7 +310,7 @@ TEST(ParamGathererErrors, StalledPeerIsADeadlineErrorNamingBucketAndGroup) {
     ASSERT_TRUE(made.ok()) << made.status();
     if (g.rank() != 0) return;
     ExpectError((*made)->WaitParams(1), absl::StatusCode::kDeadlineExceeded,
-                {"WaitParams: gathering bucket 1 on group 'world'", "allgather #0",
+                {"waiting for parameters: gathering bucket 1 on group 'world'", "allgather #0",
                  "rank(s) 1 did not arrive"});
     EXPECT_FALSE((*made)->IsGathered(1));
   });
@@ -331,7 +334,7 @@ TEST(ParamGathererErrors, LatePeerMissesTheWaitDeadlineThenArrives) {
       ASSERT_OK(pg.Prefetch(0));
     } else {
       ExpectError(pg.WaitParams(0), absl::StatusCode::kDeadlineExceeded,
-                  {"WaitParams: gathering bucket 0 on group 'world'", "(bucket 0)"});
+                  {"waiting for parameters: gathering bucket 0 on group 'world'", "(bucket 0)"});
       ExpectError(pg.Prefetch(0), absl::StatusCode::kFailedPrecondition, {"already in flight"});
     }
     absl::Status st;

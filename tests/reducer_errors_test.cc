@@ -31,7 +31,7 @@ TEST(ReducerErrors, MarksOutsideBackwardUnknownAndTwice) {
     ExpectError((*red)->MarkReady(1), absl::StatusCode::kFailedPrecondition,
                 {"'fc.weight' (id 1)", "outside a backward"});
     ExpectError((*red)->FinishBackward(), absl::StatusCode::kFailedPrecondition,
-                {"without BeginBackward"});
+                {"no backward in progress", "braid_reducer_begin_backward"});
     ASSERT_OK((*red)->BeginBackward(SyncMode::kSync));
     ExpectError((*red)->BeginBackward(SyncMode::kSync), absl::StatusCode::kFailedPrecondition,
                 {"not finished"});
@@ -78,7 +78,7 @@ TEST(ReducerErrors, CopyInPathMisuse) {
     ExpectError((*copy)->SetGradBuffer(2, nullptr), absl::StatusCode::kInvalidArgument,
                 {"'fc.bias'", "null"});
     ExpectError((*copy)->BeginBackward(SyncMode::kSync), absl::StatusCode::kFailedPrecondition,
-                {"'fc.bias' (id 2)", "SetGradBuffer"});
+                {"'fc.bias' (id 2)", "braid_reducer_set_grad_buffer"});
     ExpectError((*copy)->SetGradBuffer(7, buf), absl::StatusCode::kNotFound, {"id 7"});
   });
 }
@@ -142,7 +142,7 @@ TEST(ReducerTimeline, TraceShowsMarksLaunchesCollectivesAndWaits) {
     std::ifstream in((*tl)->path());
     const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     for (const char* part : {"\"mark\"", "\"launch\"", "\"reduce_scatter\"",
-                             "\"allreduce (replicas)\"", "\"FinishBackward wait\"",
+                             "\"allreduce (replicas)\"", "\"finish_backward wait\"",
                              "group world/shard", "group world/replica", "bucket launches"}) {
       EXPECT_NE(json.find(part), std::string::npos) << part << " missing from " << (*tl)->path();
     }

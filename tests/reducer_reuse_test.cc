@@ -286,7 +286,7 @@ TEST(ReuseErrors, DefaultOneMarkAndBadDeclarations) {
     absl::Status late;
     ASSERT_OK(Backward(**red, 2, false, &late));
     ExpectError(late, absl::StatusCode::kFailedPrecondition,
-                {"'wte.weight' (id 1)", "already marked", "kCountMarks"});
+                {"'wte.weight' (id 1)", "already marked", "param_marks"});
     ExpectError(GradientReducer::Create(Tied(-1), {&g, nullptr}, ReducerConfig{}).status(),
                 absl::StatusCode::kInvalidArgument, {"'wte.weight' (id 1)", "got -1"});
   });

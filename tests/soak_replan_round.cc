@@ -115,12 +115,16 @@ absl::Status RunReplan(Group& world, const ReplanScenario& r) {
       if (!rebuilt) return absl::InternalError(at + "RebuildBuckets had nothing to rebuild");
     }
     if (t >= 1 && r.caps[t] != 0) {
-      // Caps that give the buckets the plan has leave it (and its options) as it was; the
-      // optimizer is carried over either way.
+      // Caps that give the buckets the plan has leave it (and its options) as it was and
+      // rebuild nothing (false); new buckets carry the optimizer over (true).
       const uint64_t before = st.reducer().plan().Fingerprint();
-      RETURN_IF_ERROR(st.Replan(r.caps[t], r.caps[t] / 2).status());
-      if (st.reducer().plan().Fingerprint() != before &&
-          st.reducer().plan().options().bucket_cap_bytes != r.caps[t])
+      ASSIGN_OR_RETURN(const bool moved, st.Replan(r.caps[t], r.caps[t] / 2));
+      const bool changed = st.reducer().plan().Fingerprint() != before;
+      if (moved != changed) {
+        return absl::InternalError(absl::StrCat(at, "Replan(", r.caps[t], ") returned ", moved,
+                                                " but the buckets changed: ", changed));
+      }
+      if (changed && st.reducer().plan().options().bucket_cap_bytes != r.caps[t])
         return absl::InternalError(absl::StrCat(at, "Replan(", r.caps[t], ") did not adopt it"));
     }
     RETURN_IF_ERROR(Step(st, s, t, world.rank(), world.size()));

@@ -408,8 +408,9 @@ TEST(UnitSchedulerErrors, DeviationAfterRecordingNamesExpectedAndActual) {
     WriteShards(*rig.pg, g.rank(), 1);
     ASSERT_OK(us.BeginForward(2));  // prefetches 0
     const int64_t issued = us.gathers_issued();
-    ExpectError(us.BeginForward(1), absl::StatusCode::kFailedPrecondition,
-                {"BeginForward(unit 1)", "expected unit 0 next", "got unit 1", "[2, 0, 1, 3]"});
+    ExpectError(
+        us.BeginForward(1), absl::StatusCode::kFailedPrecondition,
+        {"entering the forward of unit 1", "expected unit 0 next", "got unit 1", "[2, 0, 1, 3]"});
     EXPECT_EQ(us.gathers_issued(), issued);  // the error launched nothing
     // Back on track: the step completes, values right.
     ASSERT_OK(us.EndForward(2));
@@ -419,8 +420,9 @@ TEST(UnitSchedulerErrors, DeviationAfterRecordingNamesExpectedAndActual) {
       ASSERT_OK(us.EndForward(u));
     }
     ASSERT_OK(us.BeginBackward(3));
-    ExpectError(us.BeginBackward(0), absl::StatusCode::kFailedPrecondition,
-                {"BeginBackward(unit 0)", "expected unit 1 next", "got unit 0", "[3, 1, 0, 2]"});
+    ExpectError(
+        us.BeginBackward(0), absl::StatusCode::kFailedPrecondition,
+        {"entering the backward of unit 0", "expected unit 1 next", "got unit 0", "[3, 1, 0, 2]"});
     ASSERT_OK(us.EndBackward(3));
     for (int u : {1, 0, 2}) {
       ASSERT_OK(us.BeginBackward(u));
@@ -509,7 +511,7 @@ TEST(UnitScheduler, GatherAllKeepsEverythingUntilReleaseAll) {
     ASSERT_OK(us.GatherAll());
     for (int u = 0; u < kUnits; ++u) ExpectUnitMatches(*rig.pg, u, 4, 7);
     ExpectError(us.BeginForward(0), absl::StatusCode::kFailedPrecondition,
-                {"unit 0", "ReleaseAll"});
+                {"unit 0", "end the summon"});
     ASSERT_OK(us.ReleaseAll());
     EXPECT_EQ(us.live_bytes(), 0);
     EXPECT_EQ(rig.pg->held_bytes(), 0);
@@ -553,17 +555,17 @@ TEST(UnitSchedulerErrors, BadInputNamesTheItem) {
     ExpectError(us.BeginForward(-1), absl::StatusCode::kInvalidArgument, {"unit -1"});
     ExpectError(us.BeginBackward(2), absl::StatusCode::kInvalidArgument, {"unit 2 has no bucket"});
     ExpectError(us.EndForward(1), absl::StatusCode::kFailedPrecondition,
-                {"EndForward(unit 1)", "forward"});
+                {"leaving the forward of unit 1", "forward"});
     ExpectError(us.EndBackward(3), absl::StatusCode::kFailedPrecondition,
-                {"EndBackward(unit 3)", "backward"});
+                {"leaving the backward of unit 3", "backward"});
     ASSERT_OK(us.BeginForward(0));
     ExpectError(us.EndBackward(0), absl::StatusCode::kFailedPrecondition,
-                {"EndBackward(unit 0)", "backward"});
+                {"leaving the backward of unit 0", "backward"});
     ExpectError(us.EndStep(), absl::StatusCode::kFailedPrecondition, {"unit 0"});
     ASSERT_OK(us.EndForward(0));
     ASSERT_OK(us.BeginBackward(0));
     ExpectError(us.BeginForward(1), absl::StatusCode::kFailedPrecondition,
-                {"BeginForward(unit 1)", "backward"});
+                {"entering the forward of unit 1", "backward"});
     ASSERT_OK(us.EndBackward(0));
     ASSERT_OK(us.EndStep());
     // Later EndSteps are local and name what is still held.

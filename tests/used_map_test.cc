@@ -89,7 +89,7 @@ TEST(UsedMap, DeclarationErrorsNameTheParameter) {
     GradientReducer& r = **red;
     ASSERT_OK(r.BeginBackward(SyncMode::kSync));
     ExpectError(r.MarkReady(11), absl::StatusCode::kFailedPrecondition,
-                {"'layer1.weight' (id 11)", "before DeclareUnused"});
+                {"'layer1.weight' (id 11)", "before braid_reducer_declare_unused"});
     ExpectError(r.DeclareUnused({10, 10}), absl::StatusCode::kInvalidArgument,
                 {"layer0.weight", "twice"});
     ExpectError(r.DeclareUnused({99}), absl::StatusCode::kNotFound, {"99"});

@@ -129,14 +129,15 @@ static void test_reducer(void) {
                braid_reducer_create(g[0], NULL, params, 2, NULL, &red));
   params[0].dtype = BRAID_DTYPE_F32;
   EXPECT_OK(braid_reducer_create(g[0], NULL, params, 2, NULL, &red));
-  EXPECT_ERROR(pre, "MarkReady('w' (id 7)) outside a backward",
+  EXPECT_ERROR(pre,
+               "braid_reducer_mark_ready: parameter 'w' (id 7) marked ready outside a backward",
                braid_reducer_mark_ready(red, 7, NULL));
   EXPECT_OK(braid_reducer_begin_backward(red, BRAID_SYNC));
   EXPECT_ERROR(pre, "previous backward is not finished",
                braid_reducer_begin_backward(red, BRAID_SYNC));
   EXPECT_ERROR(pre, "in progress", braid_reducer_zero_grads(red));
   EXPECT_OK(braid_reducer_mark_ready(red, 7, NULL));
-  EXPECT_ERROR(pre, "braid_reducer_mark_ready: MarkReady: parameter 'w' (id 7) was already marked",
+  EXPECT_ERROR(pre, "braid_reducer_mark_ready: parameter 'w' (id 7) was already marked",
                braid_reducer_mark_ready(red, 7, NULL));
   EXPECT_ERROR(BRAID_NOT_FOUND, "unknown parameter id 99", braid_reducer_mark_ready(red, 99, NULL));
   EXPECT_ERROR(pre, "id 8", braid_reducer_finish_backward(red)); /* 8 was never marked */

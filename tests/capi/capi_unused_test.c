@@ -107,7 +107,7 @@ static void* rank_main(void* arg) {
   EXPECT_OK(braid_reducer_param_used(red, 103, &used));
   EXPECT_TRUE(used == 0);
   EXPECT_OK(braid_reducer_begin_backward(red, BRAID_SYNC));
-  EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "before DeclareUnused",
+  EXPECT_ERROR(BRAID_FAILED_PRECONDITION, "before braid_reducer_declare_unused",
                braid_reducer_mark_ready(red, 100, NULL));
   EXPECT_ERROR(BRAID_INVALID_ARGUMENT, "ids", braid_reducer_declare_unused(red, NULL, 1));
   EXPECT_ERROR(BRAID_NOT_FOUND, "unknown parameter id 7",

@@ -160,6 +160,40 @@ TEST(TrainingStack, ReplanAndRebuildKeepResults) {
   });
 }
 
+// Replan answers whether the buckets changed: caps giving the same buckets rebuild nothing
+// (the gatherer is the same object; a rebuild retires it and makes another), and the steps
+// after still match the reference.
+TEST(TrainingStack, ReplanReportsWhetherBucketsChanged) {
+  OptScenario s = TwoGroupScenario(1, 2);
+  s.steps = 3;
+  RunRanks(2, [&](Group& world) {
+    absl::StatusOr<Built> built = Build(world, s);
+    ASSERT_TRUE(built.ok()) << built.status();
+    TrainingStack& st = *built->stack;
+    ASSERT_GT(st.reducer().plan().buckets().size(), 1u);
+    ASSERT_OK(StackStep(st, s, 0, world.rank()));
+    const size_t one = size_t{1} << 30;  // every parameter in one bucket
+    const sched::ParamGatherer* before = st.gatherer();
+    absl::StatusOr<bool> moved = st.Replan(one, one);
+    ASSERT_TRUE(moved.ok()) << moved.status();
+    EXPECT_TRUE(*moved);
+    EXPECT_EQ(st.reducer().plan().buckets().size(), 1u);
+    EXPECT_NE(st.gatherer(), before);
+    ASSERT_OK(StackStep(st, s, 1, world.rank()));
+    EXPECT_OK(Compare(st, s, ReferenceParams(s, 2), "the reference, step 1"));
+    before = st.gatherer();
+    for (size_t cap : {one, 2 * one}) {  // the same caps; caps that give the same bucket
+      absl::StatusOr<bool> again = st.Replan(cap, cap);
+      ASSERT_TRUE(again.ok()) << again.status();
+      EXPECT_FALSE(*again) << cap;
+      EXPECT_EQ(st.gatherer(), before) << cap;
+    }
+    EXPECT_EQ(st.reducer().config().bucket_cap_bytes, 2 * one);
+    ASSERT_OK(StackStep(st, s, 2, world.rank()));
+    EXPECT_OK(Compare(st, s, ReferenceParams(s, 3), "the reference, step 2"));
+  });
+}
+
 TEST(TrainingStack, AutotuneAdoptsAndKeepsResults) {
   OptScenario s = TwoGroupScenario(1, 2);
   s.steps = 100;  // the tuner needs about 50 (successive halving over 5 candidates)
