@@ -138,7 +138,7 @@ void GlooAbortLink::Watch() {
   const std::string key(kKey);
   std::unique_lock<std::mutex> lock(mu_);
   bool store_gone = false;
-  bool acked = false;  // this watcher acknowledged a leave notice (kSeenKey), once
+  int acked = -1;  // the rank whose leave notice this watcher acknowledged last (kSeenKey)
   while (!stopping_ && !domain_->aborted() && !(store_gone && !leave_.has_value())) {
     cv_.wait_for(lock, std::chrono::milliseconds(absl::ToInt64Milliseconds(kPoll)));
     if (stopping_) break;
@@ -168,8 +168,8 @@ void GlooAbortLink::Watch() {
           lock.lock();
           if (rank == world_rank_) continue;  // its own notice, sent at exit: no peer left
           if (!leave_.has_value()) leave_ = Leave{rank, parts[2], absl::Now() + kLeaveGrace};
-          if (!acked) {  // held, then acknowledged: the leaver may wait for it (LeaveAtExit)
-            acked = true;
+          if (acked != rank) {  // held, then acknowledged: the leaver may wait (LeaveAtExit)
+            acked = rank;
             lock.unlock();
             (void)store_->Add(kSeenKey, 1);
             lock.lock();
