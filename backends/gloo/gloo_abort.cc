@@ -51,13 +51,15 @@ void GlooAbortLink::SendLeave(absl::string_view how) {
 }
 
 void GlooAbortLink::LeaveAtExit() {
-  if (domain_->aborted() || left_.load()) return;
+  if (world_size_ < 2 || domain_->aborted() || left_.load()) return;  // no peer to tell
   // Acknowledgements counted before this notice (of an earlier one) do not count for it.
-  absl::StatusOr<int64_t> before = store_->Add(kSeenKey, 0);
+  const bool host = world_rank_ == 0;
+  const absl::StatusOr<int64_t> before =
+      host ? store_->Add(kSeenKey, 0) : absl::StatusOr<int64_t>(0);
   SendLeave(
       "its process ended with its gloo world alive (a return from main or exit(), without "
       "braid_world_destroy)");
-  if (world_rank_ != 0 || world_size_ < 2 || !before.ok()) return;
+  if (!host || !before.ok()) return;
   // Rank 0 serves the store, which closes with this process: wait (bounded) until every peer's
   // watcher has read the notice, so a peer whose call then fails on the closed connection, or
   // calls later, names this rank instead of the connection.
