@@ -918,10 +918,10 @@ BRAID_API void braid_optimizer_options_init(braid_optimizer_options_t* opts);
  * device pointers; set_param copies host values in). Errors: INVALID_ARGUMENT (bad
  * hyper-parameters: out of range, or non-finite where the kind uses them, naming the field,
  * e.g. "opts->lr must be finite, got inf"; threads or num_groups outside their range;
- * all-reduce mode reducer), UNIMPLEMENTED (a feature the device optimizer lacks, named; see
- * optim/sharded_optimizer.h), INTERNAL (a thread or buffer the machine could not provide,
- * "could not start ... thread": nothing is left started; the reducer stays usable),
- * TIMEOUT / PEER_ERROR from the collectives. */
+ * all-reduce mode reducer; a parameter other than f32, bf16 or f16, named), UNIMPLEMENTED (a
+ * feature the device optimizer lacks, named; see optim/sharded_optimizer.h), INTERNAL (a thread
+ * or buffer the machine could not provide, "could not start ... thread": nothing is left
+ * started; the reducer stays usable), TIMEOUT / PEER_ERROR from the collectives. */
 BRAID_API braid_status_t braid_optimizer_create(braid_reducer_t* reducer,
                                                 const braid_optimizer_options_t* opts,
                                                 braid_optimizer_t** out);

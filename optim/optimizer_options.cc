@@ -79,6 +79,16 @@ absl::Status CheckOptimizerSetup(sched::GradientReducer* reducer, sched::ParamGa
                        g, "; there are ", config.groups.size()));
     }
   }
+  // The kernels (host and device) read f32, bf16 and f16 gradients and write those model
+  // dtypes from f32 master weights; any other floating dtype (f64) is refused here, where the
+  // caller sees it, not on the stepper thread.
+  for (const sched::ParamSpec& p : plan.params()) {
+    if (p.dtype != DType::kF32 && p.dtype != DType::kBF16 && p.dtype != DType::kF16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer: parameter ", p.Label(), " is ", DTypeName(p.dtype),
+          "; the sharded optimizer steps f32, bf16 and f16 parameters (f32 master weights)"));
+    }
+  }
   if (config.threads < 1) return absl::InvalidArgumentError("optimizer: threads must be >= 1");
   const sched::Bucket* first = plan.buckets().empty() ? nullptr : &plan.buckets()[0];
   if (first != nullptr && first->device.type != DeviceType::kCpu) {

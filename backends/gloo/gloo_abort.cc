@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "backends/gloo/leave_at_exit.h"
 #include "comm/logging.h"
 #include "comm/status_macros.h"
 #include "comm/thread_start.h"
@@ -15,8 +16,9 @@
 namespace braid::gloo_backend {
 
 absl::StatusOr<std::shared_ptr<GlooAbortLink>> GlooAbortLink::Start(rendezvous::TcpStore* store,
-                                                                    int world_rank, bool report) {
-  std::shared_ptr<GlooAbortLink> link(new GlooAbortLink(store, world_rank, report));
+                                                                    int world_rank, int world_size,
+                                                                    bool report) {
+  std::shared_ptr<GlooAbortLink> link(new GlooAbortLink(store, world_rank, world_size, report));
   GlooAbortLink* raw = link.get();
   // The notifier and listener run under the domain's lock; the link outlives neither (they
   // are removed in the destructor before anything they touch goes).
@@ -29,23 +31,52 @@ absl::StatusOr<std::shared_ptr<GlooAbortLink>> GlooAbortLink::Start(rendezvous::
   link->sub_ = link->domain_->Subscribe([raw](const absl::Status&) { raw->CloseAll(); });
   // On failure the destructor unsubscribes and clears the notifier.
   RETURN_IF_ERROR(StartThread(&link->watcher_, "the gloo abort watcher", [raw] { raw->Watch(); }));
+  NoticeLeaveAtExit(link);
   return link;
 }
 
-GlooAbortLink::GlooAbortLink(rendezvous::TcpStore* store, int world_rank, bool report)
-    : store_(store), world_rank_(world_rank), report_(report) {}
+GlooAbortLink::GlooAbortLink(rendezvous::TcpStore* store, int world_rank, int world_size,
+                             bool report)
+    : store_(store), world_rank_(world_rank), world_size_(world_size), report_(report) {}
+
+void GlooAbortLink::SendLeave(absl::string_view how) {
+  // Peers still waiting for this process, or calling it later, fail instead of waiting out
+  // their deadlines. Under a collective shutdown they leave too (and the store may be gone).
+  if (domain_->aborted() || left_.exchange(true)) return;
+  (void)store_->Add(kLeftKey, 1);  // a rank 0 leaving at exit waits for no ack of this one
+  const absl::Status s =
+      store_->Set(kKey, absl::StrCat(world_rank_, "\n", kLeftCode, "\n", "rank ", world_rank_,
+                                     " left the job: ", how, " while this rank still needed it"));
+  if (!s.ok()) Log().debug("gloo backend: leave notice not published: {}", s.ToString());
+}
+
+void GlooAbortLink::LeaveAtExit() {
+  if (world_size_ < 2 || domain_->aborted() || left_.load()) return;  // no peer to tell
+  // Acknowledgements counted before this notice (of an earlier one) do not count for it.
+  const bool host = world_rank_ == 0;
+  const absl::StatusOr<int64_t> before =
+      host ? store_->Add(kSeenKey, 0) : absl::StatusOr<int64_t>(0);
+  SendLeave(
+      "its process ended with its gloo world alive (a return from main or exit(), without "
+      "braid_world_destroy)");
+  if (!host || !before.ok()) return;
+  // Rank 0 serves the store, which closes with this process: wait (bounded) until every peer's
+  // watcher has read the notice, so a peer whose call then fails on the closed connection, or
+  // calls later, names this rank instead of the connection.
+  // Peers that left themselves (a normal end without braid_world_destroy) are not waited for.
+  const absl::Time until = absl::Now() + kExitWait;
+  while (absl::Now() < until) {
+    absl::StatusOr<int64_t> seen = store_->Add(kSeenKey, 0);
+    absl::StatusOr<int64_t> left = store_->Add(kLeftKey, 0);  // this rank included
+    if (!seen.ok() || !left.ok() || *seen - *before >= world_size_ - *left) return;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+}
 
 GlooAbortLink::~GlooAbortLink() {
-  if (!domain_->aborted()) {
-    // Peers still waiting for this process, or calling it later, fail instead of waiting out
-    // their deadlines. Under a collective shutdown they leave too (and the store may be gone).
-    const absl::Status s = store_->Set(
-        kKey, absl::StrCat(world_rank_, "\n", kLeftCode, "\n", "rank ", world_rank_,
-                           " left the job: its gloo world was shut down (at process exit, after "
-                           "an exception or sys.exit, or by braid_world_destroy) while this rank "
-                           "still needed it"));
-    if (!s.ok()) Log().debug("gloo backend: leave notice not published: {}", s.ToString());
-  }
+  SendLeave(
+      "its gloo world was shut down (at process exit, after an exception or sys.exit, or by "
+      "braid_world_destroy)");
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
@@ -109,6 +140,7 @@ void GlooAbortLink::Watch() {
   const std::string key(kKey);
   std::unique_lock<std::mutex> lock(mu_);
   bool store_gone = false;
+  int acked = -1;  // the rank whose leave notice this watcher acknowledged last (kSeenKey)
   while (!stopping_ && !domain_->aborted() && !(store_gone && !leave_.has_value())) {
     cv_.wait_for(lock, std::chrono::milliseconds(absl::ToInt64Milliseconds(kPoll)));
     if (stopping_) break;
@@ -136,7 +168,14 @@ void GlooAbortLink::Watch() {
         if (parts.size() == 3 && absl::SimpleAtoi(parts[0], &rank) &&
             absl::SimpleAtoi(parts[1], &code) && code == kLeftCode) {
           lock.lock();
+          if (rank == world_rank_) continue;  // its own notice, sent at exit: no peer left
           if (!leave_.has_value()) leave_ = Leave{rank, parts[2], absl::Now() + kLeaveGrace};
+          if (acked != rank) {  // held, then acknowledged: the leaver may wait (LeaveAtExit)
+            acked = rank;
+            lock.unlock();
+            (void)store_->Add(kSeenKey, 1);
+            lock.lock();
+          }
           continue;
         }
         if (parts.size() == 3 && absl::SimpleAtoi(parts[0], &rank) &&

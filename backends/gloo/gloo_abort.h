@@ -16,10 +16,14 @@
 //     braid_world_destroy) writes a leave notice there (code kLeftCode): peers hand it to the
 //     domain kLeaveGrace after they saw it (what the leaver completed completes meanwhile), or
 //     at once when a call of theirs fails on a connection the leaver closed (TakeLeaveNotice).
+//     A world still alive when its process ends (a return from main) sends it at exit
+//     (leave_at_exit.h, LeaveAtExit); there the store's host (rank 0) waits up to kExitWait
+//     until every peer that has not left (kLeftKey) acknowledged it (kSeenKey), since the
+//     store closes with the process.
 //
-//   ASSIGN_OR_RETURN(auto link, GlooAbortLink::Start(store, rank, /*report=*/true));  // per
-//   process link->Register(context, busy);  // every group's Gloo context link->Report(status); //
-//   a group failed by itself
+//   ASSIGN_OR_RETURN(auto link, GlooAbortLink::Start(store, rank, size, /*report=*/true));
+//   link->Register(context, busy);  // every group's Gloo context
+//   link->Report(status);           // a group failed by itself
 //
 // Cost: one small store round trip per process every 20 ms (to rank 0's store), so a job of
 // N ranks sends rank 0 N/0.02 requests a second: fine for tens of ranks; a push from the store
@@ -38,6 +42,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "backends/rendezvous/store_client.h"
 #include "comm/abort_domain.h"
@@ -51,12 +56,16 @@ class GlooAbortLink {
   static constexpr absl::Duration kPoll = absl::Milliseconds(20);
   static constexpr int kLeftCode = -1;  // the code field of a leave notice
   static constexpr absl::Duration kLeaveGrace = absl::Milliseconds(500);
+  static constexpr char kSeenKey[] = "braid/abort/seen";  // peers that saw a leave notice
+  static constexpr char kLeftKey[] = "braid/abort/left";  // ranks that sent one
+  static constexpr absl::Duration kExitWait = absl::Milliseconds(200);
 
   // `store` is not owned. `report`: a group's own failure aborts the job
-  // (BRAID_ABORT_ON_FAILURE).
+  // (BRAID_ABORT_ON_FAILURE). Registered for the leave notice at exit (leave_at_exit.h).
   // ResourceExhausted when the watcher thread cannot be started.
   static absl::StatusOr<std::shared_ptr<GlooAbortLink>> Start(rendezvous::TcpStore* store,
-                                                              int world_rank, bool report);
+                                                              int world_rank, int world_size,
+                                                              bool report);
   ~GlooAbortLink();  // leaves the job (the notice, unless aborted); stops and joins the watcher
   GlooAbortLink(const GlooAbortLink&) = delete;
   GlooAbortLink& operator=(const GlooAbortLink&) = delete;
@@ -71,18 +80,25 @@ class GlooAbortLink {
   // A call failed on a closed connection: a peer's leave notice seen (in its grace) is handed
   // to the domain now (true), naming the rank that left.
   bool TakeLeaveNotice();
+  // The process ends with this world alive: the destructor's leave notice (once; not after an
+  // abort), then, on rank 0 of a world of several, up to kExitWait for the peers to see it.
+  void LeaveAtExit();
 
   const std::shared_ptr<AbortDomain>& domain() const { return domain_; }
   int world_rank() const { return world_rank_; }
 
  private:
-  GlooAbortLink(rendezvous::TcpStore* store, int world_rank, bool report);
+  GlooAbortLink(rendezvous::TcpStore* store, int world_rank, int world_size, bool report);
+  // The leave notice, `how` saying how this rank left: once, and only while the job runs.
+  void SendLeave(absl::string_view how);
   void Watch();
   void CloseAll();
 
   rendezvous::TcpStore* const store_;
   const int world_rank_;
+  const int world_size_;
   const bool report_;
+  std::atomic<bool> left_{false};  // the leave notice was sent
   const std::shared_ptr<AbortDomain> domain_ = AbortDomain::Create();
   std::mutex mu_;
   std::condition_variable cv_;

@@ -56,8 +56,8 @@ absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::CreateFromLauncher(
   world->store_owner = std::shared_ptr<rendezvous::LauncherRendezvous>(std::move(rv));
   world->timeout = config.timeout;
   world->spin = config.spin;
-  ASSIGN_OR_RETURN(world->aborts,
-                   GlooAbortLink::Start(world->store, env.rank, config.abort_on_failure));
+  ASSIGN_OR_RETURN(world->aborts, GlooAbortLink::Start(world->store, env.rank, env.world_size,
+                                                       config.abort_on_failure));
   return std::unique_ptr<GlooBackend>(new GlooBackend(std::move(world), env.rank, env.world_size));
 }
 
@@ -74,7 +74,8 @@ absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::CreateSingleRank(
   world->store_owner = std::move(own);
   world->timeout = config.timeout;
   world->spin = config.spin;
-  ASSIGN_OR_RETURN(world->aborts, GlooAbortLink::Start(world->store, 0, config.abort_on_failure));
+  ASSIGN_OR_RETURN(world->aborts,
+                   GlooAbortLink::Start(world->store, 0, 1, config.abort_on_failure));
   return std::unique_ptr<GlooBackend>(new GlooBackend(std::move(world), 0, 1));
 }
 

@@ -96,6 +96,40 @@ static void test_create_limits(braid_group_t* g) {
   EXPECT_OK(braid_reducer_destroy(red));
 }
 
+/* An f64 parameter: the reducer reduces it, the sharded optimizer (f32 / bf16 / f16 kernels)
+ * refuses it at creation, naming it. Found by the capi fuzz target (session 13): the optimizer
+ * was created and its stepper thread hit a BRAID_CHECK at the first step, ending the host.
+ * The reducer stays usable: its f64 gradient is reduced after the refusal. */
+static void test_optimizer_dtypes(braid_group_t* g) {
+  braid_param_t params[2] = {{1, 4, BRAID_DTYPE_F32, "w"}, {2, 3, BRAID_DTYPE_F64, "d"}};
+  braid_reducer_options_t ro;
+  braid_reducer_t* red = NULL;
+  braid_optimizer_t* opt = NULL;
+  double* grad = NULL;
+  size_t count = 0, i;
+  int bucket = -1;
+  braid_reducer_options_init(&ro);
+  ro.mode = BRAID_MODE_REDUCE_SCATTER;
+  EXPECT_OK(braid_reducer_create(g, NULL, params, 2, &ro, &red));
+  EXPECT_ERROR(inval,
+               "braid_optimizer_create: optimizer: parameter 'd' (id 2) is f64; the sharded "
+               "optimizer steps f32, bf16 and f16 parameters",
+               braid_optimizer_create(red, NULL, &opt));
+  EXPECT_TRUE(opt == NULL);
+  EXPECT_OK(braid_reducer_begin_backward(red, BRAID_SYNC));
+  EXPECT_OK(braid_reducer_grad(red, 2, (void**)&grad, &count));
+  EXPECT_TRUE(count == 3);
+  for (i = 0; i < count; ++i) grad[i] = 0.25 + (double)i;
+  EXPECT_OK(braid_reducer_mark_ready(red, 2, NULL));
+  EXPECT_OK(braid_reducer_mark_ready(red, 1, NULL));
+  EXPECT_OK(braid_reducer_finish_backward(red));
+  EXPECT_OK(braid_reducer_param_bucket(red, 2, &bucket));
+  EXPECT_OK(braid_reducer_shard(red, bucket, (void**)&grad, &count));
+  EXPECT_TRUE(count >= 3); /* one rank: its shard is the whole bucket, averaged over 1 */
+  for (i = 0; i < 3 && i < count; ++i) EXPECT_TRUE(grad[i] == 0.25 + (double)i);
+  EXPECT_OK(braid_reducer_destroy(red));
+}
+
 /* One SGD step with gradient 1 from parameter 2: p = 2 - lr exactly (momentum 0, decay 0). */
 static void step_and_check(braid_optimizer_t* opt, braid_reducer_t* red, float want) {
   float* grad = NULL;
@@ -218,6 +252,7 @@ int main(void) {
   w = test_local_world(1, g);
   test_param_bytes(g[0]);
   test_create_limits(g[0]);
+  test_optimizer_dtypes(g[0]);
   test_setter_limits(g[0]);
   test_differing_options();
   EXPECT_OK(braid_group_destroy(g[0]));

@@ -93,6 +93,12 @@ def main():
     optimizer = bytes([18, 0, 0x01, 0]) + bytes([19, 0, 0, 1, 0, 0]) + marks + \
         bytes([19, 0, 0, 1, 4]) + bytes([20, 0, 0, 1, 0])
     write("capi", "optimizer", world + group + reducer + optimizer)
+    # An optimizer over an f64 parameter (reduce-scatter, overlap on): refused at creation since
+    # session 13; before, its stepper thread hit a BRAID_CHECK at the first reduction.
+    f64_reducer = bytes([13, 0, 1, 2, 0, 1, 1, 8, 0, 1, 0, 1, 1, 1, 8, 0, 0, 0, 0x31, 3, 3, 1])
+    write("capi", "optimizer_f64_param", world + group + f64_reducer + bytes([18, 0, 0x09, 0]) +
+          bytes([19, 0, 0, 1, 0, 0]) + bytes([14, 0, 0, 1, 1]) + bytes([14, 0, 1, 1, 1]) +
+          bytes([19, 0, 0, 1, 1]) + bytes([19, 0, 0, 1, 4]))
     write("capi", "wrong_handles", world + group + bytes([1, 201, 4, 250, 12, 0, 0, 23, 0, 201]) +
           bytes([23, 0, 0, 4, 0, 23, 1, 0]))
     # 2-rank runs (first byte 7 mod 8): both ranks decode the rest; the pool starts with each
