@@ -207,11 +207,12 @@ def run_ddp(args, vocab, train_data, val_data, rank, size):
 
 
 def comm_hook(args):
-    """--comm-hook as a braid.comm_hooks hook (PowerSGD from step 0, as bench/hooks_hosts)."""
+    """--comm-hook as a braid.comm_hooks hook."""
     from braid import comm_hooks
     return {"bf16": comm_hooks.bf16_compress, "fp16": comm_hooks.fp16_compress,
             "int8": comm_hooks.int8,
-            "powersgd": lambda: comm_hooks.powersgd(args.powersgd_rank, start_powerSGD_iter=0)
+            "powersgd": lambda: comm_hooks.powersgd(
+                args.powersgd_rank, start_powerSGD_iter=args.powersgd_start_iter)
             }[args.comm_hook]()
 
 
@@ -327,6 +328,8 @@ def main():
                         "communication hook and torch's AdamW (the torch DDP run: uncompressed)")
     parser.add_argument("--powersgd-rank", type=int, default=4,
                         help="--comm-hook powersgd: matrix_approximation_rank")
+    parser.add_argument("--powersgd-start-iter", type=int, default=0,
+                        help="--comm-hook powersgd: start_powerSGD_iter (steps uncompressed)")
     parser.add_argument("--eval-batches", type=int, default=4)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", default=os.path.join(
