@@ -15,7 +15,8 @@
 // iterations. link_MB: bytes host 0's interface sent plus received per step. PowerSGD views
 // every matrix as (shape[0], -1) as torch does (see Rows); vectors go uncompressed. PowerSGD
 // starts at once (start_powerSGD_iter 0).
-// Not here: the loss after N steps (a training run), torch DDP's hooks on the same link.
+// Beside it: the loss after N steps per hook (train_gpt.py --comm-hook), torch DDP's own
+// hooks on the same model and link (hooks_torch.py).
 #include <algorithm>
 #include <chrono>
 #include <cmath>

@@ -48,13 +48,13 @@ def main():
     fig, ax = plt.subplots(figsize=(8, 5))
     ax.plot(range(len(base)), base, label="uncompressed (torch DDP)", linewidth=2.5, alpha=0.5,
             color="black")
-    print("%-14s %10s %10s" % ("hook", "final_loss", "vs_none"))
+    print("%-20s %10s %10s" % ("hook", "final_loss", "vs_none"))
     b = tail_mean(base)
-    print("%-14s %10.4f %9.2f%%" % ("none", b, 0.0))
+    print("%-20s %10.4f %9.2f%%" % ("none", b, 0.0))
     for label, _, hooked in runs:
         ax.plot(range(len(hooked)), hooked, label=label, linewidth=1.0)
         f = tail_mean(hooked)
-        print("%-14s %10.4f %+9.2f%%" % (label, f, 100 * (f - b) / b))
+        print("%-20s %10.4f %+9.2f%%" % (label, f, 100 * (f - b) / b))
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (mean over ranks)")
     ax.set_title("train_gpt.py per communication hook (Braid DDP + AdamW)")
