@@ -1,6 +1,7 @@
 // hooks_hosts: what each communication hook buys across a slow inter-host link. Step time of
 // an all-reduce (DDP) gradient reduction of a GPT-2-like model and the bytes on the link, per
-// hook: none, bf16, int8, PowerSGD rank 1 and 4 (issue 20, item 3; docs/performance.md).
+// hook: none, bf16 (2-byte wire, and the f32 wire), fp16, int8, PowerSGD rank 1 and 4 (issue
+// 20, item 3; docs/performance.md).
 //
 //   tools/hosts/up.sh -p braid -n 2 -r 200mbit -s 2
 //   tools/hosts/mpirun.sh -p braid -np 4 bazel-bin/bench/hooks_hosts --link=eth0
@@ -11,10 +12,11 @@
 // One reducer per hook (their state survives steps: error feedback, warm start), rows
 // interleaved per iteration. step_ms: the slowest rank's BeginBackward..FinishBackward (every
 // parameter marked at once: the reduction alone, no compute to overlap), median over
-// iterations. link_MB: bytes host 0's interface sent plus received per step. PowerSGD needs
-// each parameter's rows: matrices get GPT-2's (d_model, scaled like the counts); vectors and
-// counts that do not divide go uncompressed. PowerSGD starts at once (start_powerSGD_iter 0).
-// Not here: the loss after N steps (a training run), torch DDP's hooks on the same link.
+// iterations. link_MB: bytes host 0's interface sent plus received per step. PowerSGD views
+// every matrix as (shape[0], -1) as torch does (see Rows); vectors go uncompressed. PowerSGD
+// starts at once (start_powerSGD_iter 0).
+// Beside it: the loss after N steps per hook (train_gpt.py --comm-hook), torch DDP's own
+// hooks on the same model and link (hooks_torch.py).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -41,19 +43,37 @@ namespace {
 
 using sched::GradientReducer;
 using Clock = std::chrono::steady_clock;
-constexpr const char* kRows[] = {"none", "bf16", "int8", "powersgd_r1", "powersgd_r4"};
-constexpr int kNumRows = 5;
+constexpr const char* kRows[] = {"none", "bf16",        "bf16_f32wire", "fp16",
+                                 "int8", "powersgd_r1", "powersgd_r4"};
+constexpr int kNumRows = 7;
 
-// Rows per parameter: a matrix's first dimension (d_model scaled as the counts are), where it
-// divides the count; else the count (a vector: never compressed).
+// The divisor of c nearest to `target` (ties: the smaller).
+int64_t NearestDivisor(int64_t c, double target) {
+  int64_t best = 1;
+  for (int64_t r = 1; r * r <= c; ++r) {
+    if (c % r != 0) continue;
+    for (int64_t v : {r, c / r})
+      if (std::abs(v - target) < std::abs(best - target) ||
+          (std::abs(v - target) == std::abs(best - target) && v < best))
+        best = v;
+  }
+  return best;
+}
+
+// Rows per parameter, as torch's PowerSGD views a gradient: (shape[0], -1) for every tensor of
+// 2 or more dimensions. GPT-2's matrices are (d, k) (Conv1D weights) and (vocab or positions,
+// d) (wte, wpe); the scaled counts are no longer exact products, so each matrix gets the
+// divisor of its count nearest its scaled shape[0] (wte at scale 0.0625: 13864 x 174 for
+// 12564.25 x 192). Vectors (biases, layer norms) stay uncompressed.
 std::vector<int64_t> Rows(const std::vector<sched::ParamSpec>& params, double scale) {
-  const int64_t d = std::max<int64_t>(1, std::llround(768 * std::sqrt(scale)));
+  const double d = std::max(1.0, 768 * std::sqrt(scale));
   std::vector<int64_t> rows;
   for (const auto& p : params) {
     const bool matrix = absl::EndsWith(p.name, "weight") && !absl::StrContains(p.name, "ln_");
-    const bool wte = p.name == "wte" || p.name == "wpe";
+    const bool embedding = p.name == "wte" || p.name == "wpe";
     const int64_t c = static_cast<int64_t>(p.count);
-    rows.push_back((matrix || wte) && c % d == 0 && c > d ? d : std::max<int64_t>(1, c));
+    const int64_t r = NearestDivisor(c, embedding ? c / d : d);
+    rows.push_back((matrix || embedding) && r > 1 && r < c ? r : std::max<int64_t>(1, c));
   }
   return rows;
 }
@@ -64,11 +84,15 @@ absl::StatusOr<std::shared_ptr<sched::CommHook>> Hook(int row, std::vector<int64
       return nullptr;
     case 1:
       return sched::MakeLowPrecisionHook({DType::kBF16});
-    case 2:
+    case 2:  // the f32 wire of mpi/gloo: bf16 values, 4 bytes each on the link
+      return sched::MakeLowPrecisionHook({DType::kBF16, false, /*half_wire=*/false});
+    case 3:
+      return sched::MakeLowPrecisionHook({DType::kF16});
+    case 4:
       return sched::MakeInt8Hook({256});
     default: {
       sched::PowerSGDOptions o;
-      o.rank = row == 3 ? 1 : 4;
+      o.rank = row == 5 ? 1 : 4;
       o.start_iter = 0;
       o.rows = std::move(rows);
       return sched::MakePowerSGDHook(o);
@@ -95,7 +119,8 @@ absl::Status Step(GradientReducer& r, int rank, int64_t it, double* ms) {
 
 constexpr char kUsage[] =
     R"(hooks_hosts: step time of an all-reduce gradient reduction and the bytes on the link per
-communication hook (none, bf16, int8, PowerSGD r=1 and r=4), on the mpi backend under mpirun
+communication hook (none, bf16, bf16 on the f32 wire, fp16, int8, PowerSGD r=1 and r=4), on
+the mpi backend under mpirun
 (2 hosts x 2 ranks: tools/hosts/).
 
 usage: mpirun -np 4 hooks_hosts [flags]
@@ -104,6 +129,7 @@ usage: mpirun -np 4 hooks_hosts [flags]
   --iters=3       timed steps per hook
   --warmup=1      untimed steps first
   --link=         network interface whose bytes are counted (none)
+  --backend=mpi   or gloo (torchrun's environment: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE)
   --csv           CSV only
 )";
 
@@ -111,6 +137,7 @@ absl::Status Run(int argc, char** argv) {
   ASSIGN_OR_RETURN(Flags f, Flags::Parse(argc, argv));
   if (PrintHelp(f, kUsage)) return absl::OkStatus();
   ASSIGN_OR_RETURN(const HostsFlags hf, HostsFlags::Read(f, /*default_iters=*/3));
+  const std::string backend = f.Str("backend", "mpi");
   if (!f.Unused().empty())
     return absl::InvalidArgumentError(absl::StrCat("unknown flag --", f.Unused()[0]));
   const double scale = hf.scale;
@@ -118,7 +145,7 @@ absl::Status Run(int argc, char** argv) {
   const bool csv = hf.csv;
   const std::string& link_dev = hf.link;
 
-  ASSIGN_OR_RETURN(HostsWorld hosts, OpenMpiWorld());
+  ASSIGN_OR_RETURN(HostsWorld hosts, OpenMpiWorld(backend));
   std::unique_ptr<Group>& world = hosts.world;
   const int n = world->size(), rank = world->rank();
   const OverlapModel model = Gpt2LikeModel(static_cast<int>(blocks), scale);
@@ -167,7 +194,7 @@ absl::Status Run(int argc, char** argv) {
                                                ReduceOp::Max()));
   RETURN_IF_ERROR(w->Wait(kHostsTimeout));
   if (rank == 0) {
-    std::printf(csv ? "hook,step_ms,vs_none,link_MB\n" : "%-12s %10s %8s %10s\n", "hook", "step_ms",
+    std::printf(csv ? "hook,step_ms,vs_none,link_MB\n" : "%-13s %10s %8s %10s\n", "hook", "step_ms",
                 "vs_none", "link_MB");
     double none = 0;
     for (int j = 0; j < kNumRows; ++j) {
@@ -176,7 +203,7 @@ absl::Status Run(int argc, char** argv) {
       const double med = v[v.size() / 2];
       if (j == 0) none = med;
       const std::string mb = on_bed ? absl::StrCat(absl::SixDigits(link[j] / 1e6 / iters)) : "-";
-      std::printf(csv ? "%s,%.1f,%.2f,%s\n" : "%-12s %10.1f %7.2fx %10s\n", kRows[j], med,
+      std::printf(csv ? "%s,%.1f,%.2f,%s\n" : "%-13s %10.1f %7.2fx %10s\n", kRows[j], med,
                   none / med, mb.c_str());
     }
   }

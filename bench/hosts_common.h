@@ -23,6 +23,7 @@
 #include "bench/bench_flags.h"
 #include "comm/backend.h"
 #include "comm/group.h"
+#include "comm/options.h"
 #include "comm/status_macros.h"
 
 namespace braid::bench {
@@ -66,15 +67,21 @@ inline int64_t LinkBytes(const std::string& dev) {
 }
 
 // The `mpi` backend's world under mpirun (this process's first local rank), with the benches'
-// deadline. Destroyed backend first, then the world group (the last group finalizes MPI).
+// deadline; or another backend's. Destroyed backend first, then the world group (the last group
+// finalizes MPI).
 struct HostsWorld {
   std::unique_ptr<Group> world;
   std::unique_ptr<Backend> backend;
 };
 
-inline absl::StatusOr<HostsWorld> OpenMpiWorld() {
+// backend "gloo": torchrun's environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE) read
+// by Options::FromEnv; under mpirun a wrapper sets RANK and WORLD_SIZE from OMPI_COMM_WORLD_*.
+inline absl::StatusOr<HostsWorld> OpenMpiWorld(const std::string& backend = "mpi") {
   Options options;
-  options.backend = "mpi";
+  if (backend != "mpi") {
+    ASSIGN_OR_RETURN(options, Options::FromEnv());
+  }
+  options.backend = backend;
   options.timeout = kHostsTimeout;
   HostsWorld w;
   ASSIGN_OR_RETURN(w.backend, CreateBackend(options));

@@ -14,7 +14,9 @@ blocks, causal self-attention) from the same initial weights twice, on the same 
 reentrant / nonreentrant: every block under torch.utils.checkpoint, torch DDP then with
 static_graph=True for reentrant, as torch requires; --moe EXPERTS: each block's MLP becomes
 top-1 routed experts reduced over an expert-data-parallel group, bench/train_gpt_moe.py;
---max-grad-norm: one global-norm clip), both with two param groups (weight
+--max-grad-norm: one global-norm clip; --comm-hook HOOK: the Braid run is all-reduce DDP with
+that communication hook and torch's AdamW, the torch run its uncompressed reference), both with
+two param groups (weight
 decay on matrices and embeddings, none on biases and LayerNorms) and the same warm-up +
 cosine schedule (torch.optim.lr_scheduler.LambdaLR). The text is the GNU GPL version 3 as
 Debian ships it (base-files: /usr/share/common-licenses/GPL-3; --text names another file); its
@@ -204,7 +206,33 @@ def run_ddp(args, vocab, train_data, val_data, rank, size):
     return losses, lrs, per_step, validation_loss(args, model, val_data, rank, size), norms
 
 
+def comm_hook(args):
+    """--comm-hook as a braid.comm_hooks hook."""
+    from braid import comm_hooks
+    return {"bf16": comm_hooks.bf16_compress, "fp16": comm_hooks.fp16_compress,
+            "int8": comm_hooks.int8,
+            "powersgd": lambda: comm_hooks.powersgd(
+                args.powersgd_rank, start_powerSGD_iter=args.powersgd_start_iter)
+            }[args.comm_hook]()
+
+
+def run_braid_hooked(args, vocab, group, train_data, val_data, rank, size):
+    """--comm-hook: Braid's all-reduce DDP with the hook + torch's AdamW, the same optimizer
+    arithmetic as the torch DDP run, which is the uncompressed reference."""
+    net = make_net(args, vocab)
+    model = bt.DistributedDataParallel(net, group, bucket_cap_mb=args.bucket_cap_mb)
+    model.register_comm_hook(None, comm_hook(args))
+    opt = torch.optim.AdamW(param_groups(net, args.weight_decay), lr=args.lr)
+    name = "Braid DDP + " + args.comm_hook
+    losses, lrs, per_step = train(name, args, model, opt, train_data, rank, size)
+    val = validation_loss(args, model, val_data, rank, size)
+    model.close()
+    return losses, lrs, per_step, val, []
+
+
 def run_braid(args, vocab, group, train_data, val_data, rank, size):
+    if args.comm_hook != "none":
+        return run_braid_hooked(args, vocab, group, train_data, val_data, rank, size)
     net = make_net(args, vocab)
     # Before wrapping: FullyShardedDataParallel makes each parameter a 1-D piece of itself until
     # a sharded optimizer holds it, so p.dim() no longer tells matrices from vectors.
@@ -295,11 +323,20 @@ def main():
                         help="with --moe: EP ranks hold different experts")
     parser.add_argument("--max-grad-norm", type=float, default=0.0,
                         help="clip by the global gradient norm (0: no clipping)")
+    parser.add_argument("--comm-hook", choices=("none", "bf16", "fp16", "int8", "powersgd"),
+                        default="none", help="the Braid run: all-reduce DDP with this "
+                        "communication hook and torch's AdamW (the torch DDP run: uncompressed)")
+    parser.add_argument("--powersgd-rank", type=int, default=4,
+                        help="--comm-hook powersgd: matrix_approximation_rank")
+    parser.add_argument("--powersgd-start-iter", type=int, default=0,
+                        help="--comm-hook powersgd: start_powerSGD_iter (steps uncompressed)")
     parser.add_argument("--eval-batches", type=int, default=4)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", default=os.path.join(
         os.environ.get("BUILD_WORKING_DIRECTORY", "."), "train_gpt_out"))
     args = parser.parse_args()
+    if args.comm_hook != "none" and (args.moe or args.checkpoint != "none"):
+        parser.error("--comm-hook runs without --moe and --checkpoint")
     if args.moe:  # ShardedAdamW.linked covers DistributedDataParallel wrappers only
         if args.braid == "fsdp" or args.checkpoint != "none":
             parser.error("--moe runs Braid as --braid zero2 without --checkpoint")
@@ -337,6 +374,10 @@ def main():
     if rank == 0:
         labels = ("torch DDP + AdamW", "Braid %s + ShardedAdamW" %
                   ("FSDP" if args.braid == "fsdp" else "ZeRO-2"))
+        if args.comm_hook != "none":
+            labels = ("torch DDP + AdamW (uncompressed)", "Braid DDP + AdamW, %s hook%s" % (
+                args.comm_hook,
+                " r=%d" % args.powersgd_rank if args.comm_hook == "powersgd" else ""))
         if args.moe:
             labels = ("torch DDP x 2 + AdamW", "Braid ZeRO-2 x 2 + .linked")
         csv_path, png_path = write_outputs(args, lrs, ddp_mean[:-1], braid_mean[:-1], labels,

@@ -59,6 +59,10 @@ struct CollectiveOptions {
   absl::Span<const DeviceEvent> ready_events;
   absl::Duration timeout = absl::ZeroDuration();  // 0: the group's default (BRAID_TIMEOUT_MS)
   absl::string_view label;                        // names the caller's unit in errors
+  // bf16/f16 sum, avg and premul_sum on a backend that stages halves in f32 (mpi, gloo): carry
+  // 2 bytes per element instead, each hop widening both operands to f32, adding, rounding back
+  // (NCCL's half sum). Every rank must pass the same value. Backends with native_half ignore it.
+  bool half_wire = false;
 };
 
 enum class CollectiveKind : int { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier };

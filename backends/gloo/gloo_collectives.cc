@@ -43,6 +43,14 @@ void MinFn(void* out, const void* a, const void* b, size_t n) {
   for (size_t i = 0; i < n; ++i) o[i] = y[i] < x[i] ? y[i] : x[i];
 }
 
+// bf16/f16 on the 2-byte wire (CollectiveOptions::half_wire): out = half(f32(a) + f32(b)),
+// rounded once per hop (ReduceInto of two inputs).
+template <DType kHalf>
+void HalfSumFn(void* out, const void* a, const void* b, size_t n) {
+  const void* inputs[] = {a, b};
+  ReduceInto(inputs, 2, out, n, kHalf, ReduceOp::Sum(), 2);
+}
+
 template <typename T>
 void GlooAllreduce(const std::shared_ptr<::gloo::Context>& ctx, void* buf, size_t count,
                    ReduceKind kind, uint32_t tag, std::chrono::milliseconds timeout) {
@@ -81,6 +89,16 @@ absl::Status AllreduceWire(const std::shared_ptr<::gloo::Context>& ctx, void* bu
         return GlooAllreduce<int64_t>(ctx, buf, count, kind, tag, ms);
       case DType::kU8:
         return GlooAllreduce<uint8_t>(ctx, buf, count, kind, tag, ms);
+      case DType::kBF16:
+      case DType::kF16: {  // the half wire: sums only (Reduce plans max/min through f32)
+        ::gloo::AllreduceOptions o(ctx);
+        o.setOutput<uint16_t>(static_cast<uint16_t*>(buf), count);
+        o.setReduceFunction(wire == DType::kBF16 ? &HalfSumFn<DType::kBF16>
+                                                 : &HalfSumFn<DType::kF16>);
+        o.setTag(tag);
+        o.setTimeout(ms);
+        return ::gloo::allreduce(o);
+      }
       default:
         throw std::logic_error("half dtypes are reduced through f32");
     }
@@ -93,10 +111,12 @@ absl::Status Reduce(const std::shared_ptr<::gloo::Context>& ctx, const Collectiv
   const int n = ctx->size;
   const size_t total = rs ? a.count * static_cast<size_t>(n) : a.count;
   const DType dtype = a.dtype;
-  const bool half = IsHalf(dtype);
-  const DType wire = half ? DType::kF32 : dtype;
   const bool premul = a.op.kind == ReduceKind::kPreMulSum;
   const bool avg = a.op.kind == ReduceKind::kAvg;
+  const bool half_wire =
+      IsHalf(dtype) && a.options.half_wire && (a.op.kind == ReduceKind::kSum || avg || premul);
+  const bool half = IsHalf(dtype) && !half_wire;  // staged in f32
+  const DType wire = half ? DType::kF32 : dtype;
   const size_t wsize = DTypeSize(wire);
   // An all-reduce in the caller's dtype works in recv itself; otherwise in owned staging (the
   // send buffer is never written).

@@ -7,6 +7,10 @@
 //   f32/f64    premul_sum  x scalar into recv (or staging)      sum            -
 //   f32/f64    avg         copy into recv (or staging)          sum            / n
 //   integers   sum/max/min copy into recv (or staging)          same           -
+//   bf16/f16   sum/avg/    copy (premul: x its own scalar,      half sum:      avg: / n
+//   half_wire  premul      rounded to dtype) into staging       f32 per hop
+// half_wire (CollectiveOptions): 2 bytes per element; each hop widens both operands to f32,
+// adds and rounds back (NCCL's half sum), in the association of Gloo's ring.
 //
 // The element-wise reduction Gloo calls is ours, in the wire type, so every Braid dtype is
 // supported; a dtype this file does not know is refused with Unimplemented naming it.

@@ -77,7 +77,9 @@ WorkPtr Enqueue(SerialWorker& worker, const std::shared_ptr<::gloo::Context>& ct
                 absl::Time deadline, absl::Duration spin, std::shared_ptr<void> keep,
                 std::shared_ptr<GlooAbortLink> aborts, std::shared_ptr<std::atomic<bool>> busy) {
   WorkPtr work = Work::Create(std::move(info), spin);
+  const bool half_wire = args.options.half_wire;
   args.options = CollectiveOptions{};  // holds views the caller does not keep alive
+  args.options.half_wire = half_wire;
   worker.Post([work, args, ctx, failure, deadline, keep = std::move(keep),
                aborts = std::move(aborts), busy = std::move(busy)](bool run) {
     const std::string what = work->info().Describe();

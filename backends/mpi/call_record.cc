@@ -15,7 +15,7 @@ bool SameCall(const CallRecord& a, const CallRecord& b) {
   if (a.tag != b.tag) return false;
   if (a.tag == CallRecord::kSplit) return true;
   return a.kind == b.kind && a.count == b.count && a.dtype == b.dtype && a.op == b.op &&
-         a.root == b.root;
+         a.root == b.root && a.half_wire == b.half_wire;
 }
 
 }  // namespace
@@ -28,7 +28,10 @@ CallRecord CollectiveRecord(const CollectiveArgs& args, int world_rank) {
   if (args.kind == CollectiveKind::kBarrier) return r;
   r.count = static_cast<int64_t>(args.count);
   r.dtype = static_cast<int64_t>(args.dtype);
-  if (Reduces(r.kind)) r.op = static_cast<int64_t>(args.op.kind);
+  if (Reduces(r.kind)) {
+    r.op = static_cast<int64_t>(args.op.kind);
+    r.half_wire = IsHalf(args.dtype) && args.options.half_wire ? 1 : 0;
+  }
   if (args.kind == CollectiveKind::kBroadcast) r.root = args.root;
   return r;
 }
@@ -55,6 +58,7 @@ std::string DescribeRecord(const CallRecord& r) {
     absl::StrAppend(&s, "?", r.dtype);
   }
   if (Reduces(r.kind)) absl::StrAppend(&s, " op=", ReduceKindName(static_cast<ReduceKind>(r.op)));
+  if (r.half_wire != 0) absl::StrAppend(&s, " half_wire");
   if (kind == CollectiveKind::kBroadcast) absl::StrAppend(&s, " root=", r.root);
   return s;
 }

@@ -24,7 +24,7 @@
 namespace braid::mpi {
 
 struct CallRecord {
-  static constexpr int kWords = 9;
+  static constexpr int kWords = 10;
   static constexpr int64_t kCollective = 1;
   static constexpr int64_t kSplit = 2;
 
@@ -33,10 +33,11 @@ struct CallRecord {
   int64_t kind = 0;   // CollectiveKind
   int64_t count = 0;  // CollectiveArgs::count
   int64_t dtype = 0;
-  int64_t op = -1;    // ReduceKind for all-reduce / reduce-scatter
-  int64_t root = 0;   // broadcast
-  int64_t color = 0;  // split
-  int64_t key = 0;    // split
+  int64_t op = -1;        // ReduceKind for all-reduce / reduce-scatter
+  int64_t root = 0;       // broadcast
+  int64_t color = 0;      // split
+  int64_t key = 0;        // split
+  int64_t half_wire = 0;  // 1: a bf16/f16 reduction on the 2-byte wire (CollectiveOptions)
 };
 static_assert(sizeof(CallRecord) == CallRecord::kWords * sizeof(int64_t), "no padding");
 

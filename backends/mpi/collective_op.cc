@@ -53,7 +53,7 @@ absl::Status CollectiveOp::Prepare() {
                                                      bytes, " bytes of host staging memory"));
   };
   const int n = group()->size;
-  plan_ = PlanReduce(args_.dtype, args_.op, n);
+  plan_ = PlanReduce(args_.dtype, args_.op, n, args_.options.half_wire);
   if (plan_.stage_input) {
     const size_t elems = args_.send_count(n);
     RETURN_IF_ERROR(stage(elems * DTypeSize(plan_.wire)));

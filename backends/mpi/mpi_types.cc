@@ -4,6 +4,7 @@
 
 #include "backends/mpi/mpi_errors.h"
 #include "comm/check.h"
+#include "comm/reduce_kernels.h"
 
 namespace braid::mpi {
 namespace {
@@ -13,6 +14,14 @@ void WrappingU8Sum(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
   const auto* a = static_cast<const uint8_t*>(in);
   auto* b = static_cast<uint8_t*>(inout);
   for (int i = 0; i < *len; ++i) b[i] = static_cast<uint8_t>(a[i] + b[i]);
+}
+
+// inout[i] = half(f32(in[i]) + f32(inout[i])), rounded to nearest even (comm's ReduceInto
+// of two inputs: f32 accumulation, narrowed once).
+template <DType kHalf>
+void HalfSum(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
+  const void* inputs[] = {in, inout};
+  ReduceInto(inputs, 2, inout, static_cast<size_t>(*len), kHalf, ReduceOp::Sum(), 2);
 }
 
 }  // namespace
@@ -41,11 +50,15 @@ MPI_Datatype MpiDatatype(DType t) {
 absl::StatusOr<std::unique_ptr<MpiOps>> MpiOps::Create() {
   std::unique_ptr<MpiOps> ops(new MpiOps());
   RETURN_IF_MPI_ERROR(MPI_Op_create(&WrappingU8Sum, /*commute=*/1, &ops->wrapping_u8_sum_));
+  RETURN_IF_MPI_ERROR(MPI_Op_create(&HalfSum<DType::kBF16>, /*commute=*/1, &ops->bf16_sum_));
+  RETURN_IF_MPI_ERROR(MPI_Op_create(&HalfSum<DType::kF16>, /*commute=*/1, &ops->f16_sum_));
   return ops;
 }
 
 MpiOps::~MpiOps() {
-  if (wrapping_u8_sum_ != MPI_OP_NULL) MPI_Op_free(&wrapping_u8_sum_);
+  for (MPI_Op* op : {&wrapping_u8_sum_, &bf16_sum_, &f16_sum_}) {
+    if (*op != MPI_OP_NULL) MPI_Op_free(op);
+  }
 }
 
 MPI_Op MpiOps::For(ReduceKind k, DType wire) const {
@@ -55,6 +68,8 @@ MPI_Op MpiOps::For(ReduceKind k, DType wire) const {
     case ReduceKind::kMin:
       return MPI_MIN;
     case ReduceKind::kSum:
+      if (wire == DType::kBF16) return bf16_sum_;
+      if (wire == DType::kF16) return f16_sum_;
       return wire == DType::kU8 ? wrapping_u8_sum_ : MPI_SUM;
     default:
       break;

@@ -4,8 +4,9 @@
 //   MPI_Iallreduce(s, r, n, MpiDatatype(DType::kI64), ops->For(ReduceKind::kMax, DType::kI64),
 //                  comm, &request);
 //
-// bf16/f16 map to MPI_UINT16_T: MPI moves their bits (broadcast, all-gather) but never reduces
-// them; reductions go through f32 staging (see reduce_plan.h).
+// bf16/f16 map to MPI_UINT16_T: MPI moves their bits (broadcast, all-gather); their sums go
+// through f32 staging, or with CollectiveOptions::half_wire through a half-sum op of our own
+// (each pair widened to f32, added, rounded back; see reduce_plan.h).
 //
 // u8 sums use an op of our own: Open MPI 4.1.0-4.1.4's AVX op component (the one Debian
 // ships) saturates 8-bit MPI_SUM instead of wrapping, which breaks Braid's "integer sums
@@ -41,6 +42,8 @@ class MpiOps {
  private:
   MpiOps() = default;
   MPI_Op wrapping_u8_sum_ = MPI_OP_NULL;
+  MPI_Op bf16_sum_ = MPI_OP_NULL;
+  MPI_Op f16_sum_ = MPI_OP_NULL;
 };
 
 }  // namespace braid::mpi

@@ -2,9 +2,11 @@
 
 namespace braid::mpi {
 
-ReducePlan PlanReduce(DType dtype, const ReduceOp& op, int group_size) {
+ReducePlan PlanReduce(DType dtype, const ReduceOp& op, int group_size, bool half_wire) {
   ReducePlan p;
-  p.wire = IsHalf(dtype) ? DType::kF32 : dtype;
+  const bool two_byte_wire =
+      IsHalf(dtype) && half_wire && op.kind != ReduceKind::kMax && op.kind != ReduceKind::kMin;
+  p.wire = IsHalf(dtype) && !two_byte_wire ? DType::kF32 : dtype;
   switch (op.kind) {
     case ReduceKind::kMax:
     case ReduceKind::kMin:
@@ -23,7 +25,7 @@ ReducePlan PlanReduce(DType dtype, const ReduceOp& op, int group_size) {
       p.mpi_op = ReduceKind::kSum;
       break;
   }
-  if (IsHalf(dtype)) {
+  if (IsHalf(dtype) && !two_byte_wire) {
     p.stage_input = true;
     p.narrow_output = true;
   }

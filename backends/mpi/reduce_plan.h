@@ -12,6 +12,12 @@
 //   f32/f64    premul_sum  scale into staging         sum       -
 //   f32/f64    avg         as is                      sum       divide by n in place
 //   any        sum/max/min as is                      same      -
+//   bf16/f16   sum/avg/    as is (premul: scaled into  half sum  avg: divide by n in place
+//   half_wire  premul      dtype staging)              (own op)
+// half_wire (CollectiveOptions): 2 bytes per element on the wire; the backend's half-sum op
+// widens each pair to f32, adds and rounds back (RNE) at every hop, in the association MPI's
+// algorithm picks (NCCL's half sum). Without it (the default), halves cross as f32 and are
+// rounded once. max/min ignore half_wire.
 // Staging never touches the caller's send buffer. avg/premul on integers never get here
 // (comm/group.cc rejects them).
 #ifndef BRAID_BACKENDS_MPI_REDUCE_PLAN_H_
@@ -32,7 +38,7 @@ struct ReducePlan {
   int divide_by = 0;                     // > 0: divide the result by this (avg)
 };
 
-ReducePlan PlanReduce(DType dtype, const ReduceOp& op, int group_size);
+ReducePlan PlanReduce(DType dtype, const ReduceOp& op, int group_size, bool half_wire = false);
 
 }  // namespace braid::mpi
 

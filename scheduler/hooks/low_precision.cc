@@ -24,7 +24,8 @@ class LowPrecisionHook : public CommHook {
   const std::string& name() const override { return name_; }
   std::vector<NamedOption> Options() const override {
     return {{"wire_dtype", native_ ? -1 : static_cast<int64_t>(opts_.wire)},
-            {"replica_only", opts_.replica_only ? 1 : 0}};
+            {"replica_only", opts_.replica_only ? 1 : 0},
+            {"half_wire", !native_ && opts_.half_wire ? 1 : 0}};
   }
   bool Handles(CommStage stage) const override {
     return !opts_.replica_only || stage == CommStage::kReplicaAllReduce;
@@ -49,10 +50,12 @@ class LowPrecisionHook : public CommHook {
     CastScale(b.send, b.dtype, wire.data(), t, sent, ScaleSpec{});
     if (n > 1) CastScale(wire.data(), t, wire.data(), t, sent, {false, 1.0, n});
     char* out = scatter ? wire.data() + sent * size : wire.data();
+    CollectiveOptions options = b.options;
+    options.half_wire = !native_ && opts_.half_wire;  // 2 bytes per element on mpi and gloo too
     ASSIGN_OR_RETURN(
         WorkPtr w,
-        scatter ? b.group->ReduceScatter(wire.data(), out, b.count, t, ReduceOp::Sum(), b.options)
-                : b.group->AllReduce(wire.data(), out, b.count, t, ReduceOp::Sum(), b.options));
+        scatter ? b.group->ReduceScatter(wire.data(), out, b.count, t, ReduceOp::Sum(), options)
+                : b.group->AllReduce(wire.data(), out, b.count, t, ReduceOp::Sum(), options));
     return CommResult{std::move(w), out, t, b.count};
   }
 

@@ -6,11 +6,13 @@
 //   RETURN_IF_ERROR(reducer->SetCommHook(hook));
 //
 // Exact in its own terms: per element, h_r = wire(wire(x_r) / n) on every rank r, then the
-// backend's sum of the h_r in the wire dtype (CPU backends: an f32 sum in group-rank order,
-// rounded once), widened. `replica_only` (hybrid reducers): only the replica all-reduce, the
-// stage that crosses hosts, goes on the low-precision wire; the shard stage stays exact.
-// Host memory; refuses a bucket that is not f32 or f64 (nothing to gain, and the rounding
-// would be double).
+// backend's sum of the h_r in the wire dtype, widened. With `half_wire` (the default) the sum
+// crosses as 2 bytes per element everywhere: local, an f32 sum in group-rank order rounded once;
+// nccl, mpi and gloo, each hop widened to f32, added and rounded back, in the association of
+// the backend's algorithm. half_wire = false: mpi and gloo sum in f32, rounded once. `replica_only`
+// (hybrid reducers): only the replica all-reduce, the stage that crosses hosts, goes on the
+// low-precision wire; the shard stage stays exact. Host memory; refuses a bucket that is not f32 or
+// f64 (nothing to gain, and the rounding would be double).
 #ifndef BRAID_SCHEDULER_HOOKS_LOW_PRECISION_H_
 #define BRAID_SCHEDULER_HOOKS_LOW_PRECISION_H_
 
@@ -24,6 +26,7 @@ namespace braid::sched {
 struct LowPrecisionOptions {
   DType wire = DType::kBF16;  // kBF16 or kF16
   bool replica_only = false;
+  bool half_wire = true;  // CollectiveOptions::half_wire on the hook's collectives
 };
 
 // InvalidArgument for a wire dtype other than bf16 / f16.
