@@ -10,16 +10,21 @@
 // global norm over everything (every expert, every tensor-parallel shard, the layer norm
 // once), one clip, AdamW. Gradients are k/8 and averages over 2 or 4 ranks, so every sum and
 // squared norm is exact and the comparison is bit for bit. Built twice: on `local` threads
-// (with a fault-injection case) and, with BRAID_LINKED_MPI, under mpirun -np 4.
+// (with a fault-injection case) and, with BRAID_LINKED_MPI, under mpirun -np 4. The stress
+// cases run many steps with random sleeps between the marks, so each member's stepper reaches
+// the global norm first or last in turn, and check every step; one gives each member its own
+// optimizer and norm (the unlinked path) for comparison.
 #include "optim/linked_optimizers.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -51,6 +56,9 @@ struct Case {
   bool skip_nonfinite = false;
   int inf_step = -1;   // at this step rank 3 puts inf into expert 1's first gradient
   bool track = false;  // track_grad_norm
+  bool linked = true;  // false: each member its own optimizer, clipped by its own norm
+  int steps = kSteps;
+  bool jitter = false;  // random sleeps between the marks (seeded by rank and step)
 };
 
 // Which copy of a member's parameters `rank` holds (its expert / tensor-parallel shard).
@@ -90,6 +98,7 @@ float Averaged(const Case& c, int m, int rank, int t, int i, size_t j) {
 struct Reference {
   std::vector<std::vector<std::vector<float>>> params;  // [member][param][element]
   double norm = -1;
+  std::vector<double> member_norm;  // unlinked: each member's own, for the copy `rank` holds
 };
 Reference Serial(const Case& c, int rank, const AdamWHyper& h, int steps) {
   // Every copy of every member (rank 0 and 1 cover both experts and both TP shards).
@@ -113,19 +122,38 @@ Reference Serial(const Case& c, int rank, const AdamWHyper& h, int steps) {
   Reference ref;
   int64_t taken = 0;
   for (int t = 0; t < steps; ++t) {
-    double sumsq = 0;  // dense and layer norm once; each expert and TP shard once
+    double sumsq = 0;              // dense and layer norm once; each expert and TP shard once
+    double own[2][kMembers] = {};  // [copy][m]: each member's own norm (unlinked)
     for (int m = 0; m < kMembers; ++m) {
       const int copies = m == kExpert || m == kTp ? 2 : 1;
-      for (int copy = 0; copy < copies; ++copy) {
+      for (int copy = 0; copy < 2; ++copy) {
         for (size_t i = 0; i < kCounts[m].size(); ++i) {
           for (size_t j = 0; j < kCounts[m][i]; ++j) {
             const double g = Averaged(c, m, copy, t, i, j);
-            sumsq += g * g;
+            if (copy < copies) sumsq += g * g;
+            own[copy][m] += g * g;
           }
         }
       }
     }
     ref.norm = std::sqrt(sumsq);
+    ref.member_norm.assign(kMembers, 0.0);
+    for (int m = 0; m < kMembers; ++m) ref.member_norm[m] = std::sqrt(own[rank % 2][m]);
+    if (!c.linked) {  // the case has no inf: every member steps, each clipped by its own norm
+      for (int copy = 0; copy < 2; ++copy) {
+        for (int m = 0; m < kMembers; ++m) {
+          const double n = std::sqrt(own[copy][m]);
+          const AdamWScalars k = StepScalars(h, t + 1, std::min(1.0, c.max_grad_norm / (n + 1e-6)));
+          for (size_t i = 0; i < kCounts[m].size(); ++i) {
+            for (size_t j = 0; j < kCounts[m][i]; ++j) {
+              AdamWElement(k, Averaged(c, m, copy, t, i, j), &p[copy][m][i][j], &mo[copy][m][i][j],
+                           &v[copy][m][i][j]);
+            }
+          }
+        }
+      }
+      continue;
+    }
     if (c.skip_nonfinite && !std::isfinite(ref.norm)) continue;
     const double scale = c.max_grad_norm > 0 && std::isfinite(ref.norm)
                              ? std::min(1.0, c.max_grad_norm / (ref.norm + 1e-6))
@@ -202,9 +230,13 @@ absl::StatusOr<std::unique_ptr<Rank>> Build(Group& world, const Case& c, Optimiz
   oc.timeout = absl::Seconds(60);
   po.optimizer = oc;
   po.timeout = absl::Seconds(60);
-  std::vector<LinkedMember> members;
-  for (int m = 0; m < kMembers; ++m) members.push_back({r->stacks[m].get(), po, m == kNorm});
-  RETURN_IF_ERROR(AddLinkedParamSides(members, world, r->tp.get()));
+  if (c.linked) {
+    std::vector<LinkedMember> members;
+    for (int m = 0; m < kMembers; ++m) members.push_back({r->stacks[m].get(), po, m == kNorm});
+    RETURN_IF_ERROR(AddLinkedParamSides(members, world, r->tp.get()));
+  } else {
+    for (int m = 0; m < kMembers; ++m) RETURN_IF_ERROR(r->stacks[m]->AddParamSide(po));
+  }
   for (int m = 0; m < kMembers; ++m) {
     ShardedOptimizer* opt = r->stacks[m]->optimizer();
     for (size_t i = 0; i < kCounts[m].size(); ++i) {
@@ -230,6 +262,9 @@ absl::Status RunStep(Rank& r, const Case& c, int me, int t) {
   std::shuffle(order.begin(), order.end(), rng);
   absl::Status first;
   for (auto [m, i] : order) {
+    if (c.jitter && rng() % 3 == 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 400));
+    }
     sched::GradientReducer& red = r.stacks[m]->reducer();
     absl::StatusOr<TensorView> g = red.GradView(i);
     if (!g.ok()) return g.status();
@@ -256,17 +291,17 @@ absl::Status CheckRank(Group& world, const Case& c) {
   oc.groups[0].adamw.lr = 0.05;  // large enough that a wrong clip factor changes the bits
   ASSIGN_OR_RETURN(std::unique_ptr<Rank> r, Build(world, c, oc));
   const int me = world.rank();
-  for (int t = 0; t < kSteps; ++t) {
+  for (int t = 0; t < c.steps; ++t) {
     RETURN_IF_ERROR(RunStep(*r, c, me, t));
     const Reference ref = Serial(c, me, oc.groups[0].adamw, t + 1);
     for (int m = 0; m < kMembers; ++m) {
       const StepReport rep = r->stacks[m]->optimizer()->last_step();
       RETURN_IF_ERROR(rep.error);
-      const bool same =
-          std::isnan(ref.norm) ? std::isnan(rep.grad_norm) : rep.grad_norm == ref.norm;
+      const double norm = c.linked ? ref.norm : ref.member_norm[m];
+      const bool same = std::isnan(norm) ? std::isnan(rep.grad_norm) : rep.grad_norm == norm;
       if (!same) {
         return absl::InternalError(absl::StrCat("rank ", me, " member ", m, " step ", t, ": norm ",
-                                                rep.grad_norm, ", reference ", ref.norm));
+                                                rep.grad_norm, ", reference ", norm));
       }
       if (rep.skipped != (t == c.inf_step && c.skip_nonfinite))
         return absl::InternalError(absl::StrCat("member ", m, " step ", t, ": skipped flag"));
@@ -303,12 +338,17 @@ TEST_P(LinkedOptimizersTest, MatchesSerialReference) {
 }
 #endif
 
-INSTANTIATE_TEST_SUITE_P(Layouts, LinkedOptimizersTest,
-                         ::testing::Values(Case{"clip"}, Case{"clip_dense_hybrid", true},
-                                           Case{"skip_nonfinite_expert", false, 0.5, true, 1},
-                                           Case{"skip_only", false, 0.0, true},
-                                           Case{"track_only", false, 0.0, false, -1, true}),
-                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, LinkedOptimizersTest,
+    ::testing::Values(Case{"clip"}, Case{"clip_dense_hybrid", true},
+                      Case{"skip_nonfinite_expert", false, 0.5, true, 1},
+                      Case{"skip_only", false, 0.0, true},
+                      Case{"track_only", false, 0.0, false, -1, true},
+                      Case{"stress_jitter", false, 0.5, false, -1, false, true, 16, true},
+                      Case{"stress_jitter_hybrid", true, 0.5, false, -1, false, true, 16, true},
+                      Case{"stress_unlinked_jitter", false, 0.5, false, -1, false, false, 16,
+                           true}),
+    [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 #if !defined(BRAID_LINKED_MPI)
 // One rank's expert reduction fails: no member steps on any rank (the dense trunk, the other

@@ -16,9 +16,7 @@ import braid
 from braid import _lib
 from braid import pytorch as bt
 import wrapper_models as wm
-from rank_threads import INIT_LOCK, TIMEOUT_MS, run_ranks
-
-_INIT_LOCK = INIT_LOCK  # for tests still importing it from here
+from rank_threads import TIMEOUT_MS, run_ranks
 
 
 class VersionTest(unittest.TestCase):

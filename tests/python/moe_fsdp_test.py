@@ -13,7 +13,7 @@ import unittest
 import torch
 
 import braid.pytorch as bt
-from rank_threads import run_ranks
+from rank_threads import INIT_LOCK, run_ranks
 import moe_test
 from moe_test import LR, MAX_NORM, N, STEPS
 from train_models import make_moe, moe_batch
@@ -23,7 +23,8 @@ class LinkedFullyShardedTest(unittest.TestCase):
     def check(self, n, dense_kind="fsdp"):
         def body(r, g):
             edp = g.split(r % 2, r, "expert_dp")
-            trunk, experts = make_moe(r % 2)
+            with INIT_LOCK:  # seeds torch's global RNG: rank threads must not interleave
+                trunk, experts = make_moe(r % 2)
             small = dict(bucket_cap_mb=1e-3, first_bucket_cap_mb=1e-4)
             if dense_kind == "fsdp":
                 dense = bt.FullyShardedDataParallel(trunk, g, units=[trunk.proj, trunk.router],

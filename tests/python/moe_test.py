@@ -16,7 +16,7 @@ import unittest
 import torch
 
 import braid.pytorch as bt
-from rank_threads import run_ranks
+from rank_threads import INIT_LOCK, run_ranks
 from train_models import make_moe, moe_batch
 
 N, STEPS, LR, MAX_NORM = 4, 3, 0.05, 0.05
@@ -64,7 +64,8 @@ def dense_and_experts(case, r, g, hybrid):
     (trunk parameters, expert parameters, norm per step). `case` asserts. Also
     tests/python/recipes_mpi4.py."""
     edp = g.split(r % 2, r, "expert_dp")
-    trunk, experts = make_moe(r % 2)
+    with INIT_LOCK:  # seeds torch's global RNG: rank threads must not interleave
+        trunk, experts = make_moe(r % 2)
     placement, span, mesh = dict(group=g, mode="reduce_scatter"), None, ()
     if hybrid:
         mesh = g.mesh(2, 2)
@@ -145,8 +146,9 @@ class MoETest(unittest.TestCase):
         (tp_replicated: its norm counts once, on tensor-parallel rank 0). wrap(module, group):
         the wrapper (moe_fsdp_test passes fully sharded ones)."""
         def make():
-            torch.manual_seed(11)
-            return torch.nn.Linear(8, 4), torch.nn.LayerNorm(4)
+            with INIT_LOCK:
+                torch.manual_seed(11)
+                return torch.nn.Linear(8, 4), torch.nn.LayerNorm(4)
 
         def shared(step):  # the layer norm's data: the same on both ranks
             g = torch.Generator().manual_seed(500 + step)
@@ -211,10 +213,11 @@ class MoETest(unittest.TestCase):
         over the data-parallel pair too, tp_replicated. One norm: both shards plus the layer
         norm once."""
         def make(t):
-            torch.manual_seed(11)
-            ln = torch.nn.LayerNorm(4)
-            torch.manual_seed(20 + t)
-            return torch.nn.Linear(8, 4), ln
+            with INIT_LOCK:
+                torch.manual_seed(11)
+                ln = torch.nn.LayerNorm(4)
+                torch.manual_seed(20 + t)
+                return torch.nn.Linear(8, 4), ln
 
         def shared(d, step):  # the layer norm's data: data-parallel rank d's
             g = torch.Generator().manual_seed(600 + 10 * d + step)

@@ -63,7 +63,8 @@ class MoEExperts(torch.nn.Module):
 
 def make_moe(expert_rank):
     """TinyMoE's parts: the dense trunk (the same everywhere) and expert-parallel rank
-    `expert_rank`'s experts (different experts per expert-parallel rank). Seeded."""
+    `expert_rank`'s experts (different experts per expert-parallel rank). Seeded through
+    torch's global RNG: rank threads call it under binding_test._INIT_LOCK."""
     torch.manual_seed(20261127)
     trunk = MoETrunk()
     torch.manual_seed(20261127 + 1 + expert_rank)
