@@ -22,7 +22,10 @@ run=tests/python/run_python.sh
 expect_usage bench/run_train_gpt.sh --help        # //bench:train_gpt
 expect_usage bench/run_torch_step.sh --help       # //bench:torch_step
 expect_usage "${run}" bench/memory_pytorch.py --help  # //bench:memory_pytorch
-for script in bench/train_gpt.py bench/torch_step_bench.py bench/memory_pytorch.py; do
+expect_usage "${run}" bench/hooks_torch.py --help     # torch's hooks on the slow-link bed
+expect_usage "${run}" bench/plot_hook_losses.py --help
+for script in bench/train_gpt.py bench/torch_step_bench.py bench/memory_pytorch.py \
+    bench/hooks_torch.py bench/plot_hook_losses.py; do
   expect_refusal "${run}" "${script}" --no_such_flag_xyz
 done
 [[ ${fail} -eq 0 ]] && echo "py_help_test: the Python bench programs answer --help"
