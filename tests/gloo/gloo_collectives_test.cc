@@ -9,18 +9,15 @@
 // Every process runs the same tests in the same order (the rank-order contract applies to the
 // test itself). Every call has a deadline and the launcher script a wall-clock limit.
 #include <atomic>
-#include <cstdio>
 #include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "comm/backend.h"
-#include "comm/options.h"
 #include "gtest/gtest.h"
 #include "tests/collective_check.h"
-#include "tests/mpi_gtest.h"
+#include "tests/gloo/gloo_gtest_main.h"
 #include "tests/multirank.h"
 
 namespace braid::testing {
@@ -203,32 +200,6 @@ TEST(GlooErrors, AMissedDeadlineFailsTheOpThenTheGroup) {
 }  // namespace braid::testing
 
 int main(int argc, char** argv) {
-  auto options = braid::Options::FromEnv();
-  if (!options.ok()) {
-    std::fprintf(stderr, "options: %s\n", options.status().ToString().c_str());
-    return 1;
-  }
-  options->backend = "gloo";  // BRAID_TIMEOUT_MS from the launcher script (the BUILD's env)
-  auto backend = braid::CreateBackend(*options);
-  if (!backend.ok()) {
-    std::fprintf(stderr, "creating the gloo backend: %s\n", backend.status().ToString().c_str());
-    return 1;
-  }
-  const int rank = (*backend)->local_ranks().at(0);
-  braid::testing::BeforeInitGoogleTest(rank);
-  ::testing::InitGoogleTest(&argc, argv);
-  auto world = (*backend)->WorldGroup(rank);
-  if (!world.ok()) {
-    std::fprintf(stderr, "creating the world group: %s\n", world.status().ToString().c_str());
-    return 1;
-  }
-  braid::testing::TheWorld() = world->get();
-  braid::testing::AfterInitGoogleTest(rank);
-  const int result = RUN_ALL_TESTS();
-  // Everyone finishes before rank 0's store goes away with its backend.
-  auto done = (*world)->Barrier();
-  if (done.ok()) (void)(*done)->Wait(braid::testing::kTimeout);
-  world->reset();
-  backend->reset();
-  return result;
+  return braid::testing::RunGlooTests(
+      argc, argv, [](braid::Group* world) { braid::testing::TheWorld() = world; });
 }
