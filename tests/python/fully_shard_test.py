@@ -33,13 +33,13 @@ class Net(torch.nn.Module):
     """Odd sizes: a unit's bucket holds weight and bias, so a parameter straddles the two
     ranks' shards and a bias lies wholly in one rank's (an empty piece on the other)."""
 
-    def __init__(self, seed=3):
+    def __init__(self, seed=3, d=7):
         super().__init__()
         with INIT_LOCK:
             torch.manual_seed(seed)
-            self.inp = torch.nn.Linear(5, 7)
-            self.blocks = torch.nn.ModuleList([Block(7), Block(7)])
-            self.out = torch.nn.Linear(7, 3)
+            self.inp = torch.nn.Linear(5, d)
+            self.blocks = torch.nn.ModuleList([Block(d), Block(d)])
+            self.out = torch.nn.Linear(d, 3)
 
     def forward(self, x):
         x = self.inp(x)

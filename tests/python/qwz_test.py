@@ -14,37 +14,16 @@ import numpy as np
 import torch
 
 from braid import pytorch as bt
-from rank_threads import INIT_LOCK, run_ranks
+import fully_shard_test
+from rank_threads import run_ranks
 
 STEPS = 4
 BIG_BLOCK = 1 << 20  # one block per rank's shard of a unit
 
 
-class Block(torch.nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.lin = torch.nn.Linear(d, d)
-
-    def forward(self, x):
-        return torch.tanh(self.lin(x)) + x
-
-
-class Net(torch.nn.Module):
-    """Units: each Block (one bucket each), and the root (inp and out)."""
-
-    def __init__(self, seed=3, d=7):
-        super().__init__()
-        with INIT_LOCK:
-            torch.manual_seed(seed)
-            self.inp = torch.nn.Linear(5, d)
-            self.blocks = torch.nn.ModuleList([Block(d), Block(d)])
-            self.out = torch.nn.Linear(d, 3)
-
-    def forward(self, x):
-        x = self.inp(x)
-        for b in self.blocks:
-            x = b(x)
-        return self.out(x)
+class Net(fully_shard_test.Net):
+    """fully_shard_test's model. Units: each Block (one bucket each), and the root (inp and
+    out)."""
 
     def linears(self):  # in forward order
         return [self.inp] + [b.lin for b in self.blocks] + [self.out]
