@@ -223,8 +223,8 @@ class DivergentTest(unittest.TestCase):
 
 def _mpi_main():
     """One process per rank under mpirun: ZeRO-2 (and at 2 ranks fully sharded) + ShardedAdamW,
-    and all-reduce DDP + torch AdamW, on the mpi backend against torch's own DDP(find_unused_parameters=True) over gloo +
-    torch AdamW in this process."""
+    and all-reduce DDP + torch AdamW, on the mpi backend against torch's own
+    DDP(find_unused_parameters=True) over gloo + torch AdamW in this process."""
     import braid  # noqa: PLC0415 (only under mpirun)
     import train_compare  # noqa: PLC0415 (init_gloo)
     torch.set_num_threads(1)
