@@ -10,9 +10,9 @@ on the mean of the ranks' losses, each rank's loss with its own routing. Weight 
 enough that stepping an unused parameter would show. 2 ranks, and ZeRO-2, hybrid (2 x 2) and
 fully sharded at 4 ranks; all-reduce DDP with torch's AdamW at 2 and 4.
 
-Under mpirun (tests/python/BUILD.bazel's divergent_mpi_np2): the ZeRO-2 case, and all-reduce
-DDP + torch AdamW, with one process per rank, against torch's own
-DDP(find_unused_parameters=True) over gloo + AdamW."""
+Under mpirun (tests/python/BUILD.bazel's divergent_mpi_np2 / _np4): the ZeRO-2 case, the fully
+sharded case (2 processes; recipes_mpi4.py runs it at 4), and all-reduce DDP + torch AdamW, with
+one process per rank, against torch's own DDP(find_unused_parameters=True) over gloo + AdamW."""
 
 import os
 import unittest
@@ -222,9 +222,9 @@ class DivergentTest(unittest.TestCase):
 
 
 def _mpi_main():
-    """One process per rank under mpirun: ZeRO-2 + ShardedAdamW, and all-reduce DDP + torch
-    AdamW, on the mpi backend against torch's own DDP(find_unused_parameters=True) over gloo +
-    torch AdamW in this process."""
+    """One process per rank under mpirun: ZeRO-2 (and at 2 ranks fully sharded) + ShardedAdamW,
+    and all-reduce DDP + torch AdamW, on the mpi backend against torch's own
+    DDP(find_unused_parameters=True) over gloo + torch AdamW in this process."""
     import braid  # noqa: PLC0415 (only under mpirun)
     import train_compare  # noqa: PLC0415 (init_gloo)
     torch.set_num_threads(1)
@@ -235,16 +235,24 @@ def _mpi_main():
     ref_net = Routed()
     ref = torch.nn.parallel.DistributedDataParallel(ref_net, find_unused_parameters=True)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.01, weight_decay=0.5)
-    case = DivergentTest()
-    got = case._train(r, g, lambda net, grp: bt.DistributedDataParallel(
-        net, grp, mode="reduce_scatter", bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-5,
-        find_unused_parameters=True))
+    want = []
     for s in range(STEPS):
         _loss(ref, ref_net, r, s).backward()
         ref_opt.step()
         ref_opt.zero_grad(set_to_none=True)
-        case.assertClose(got[s], [p.detach() for p in ref_net.parameters()],
-                         "rank %d step %d vs torch DDP" % (r, s))
+        want.append([p.detach().clone() for p in ref_net.parameters()])
+    case = DivergentTest()
+    wraps = [("ZeRO-2", lambda net, grp: bt.DistributedDataParallel(
+        net, grp, mode="reduce_scatter", bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-5,
+        find_unused_parameters=True))]
+    if g.size == 2:  # 4 processes: tests/python/recipes_mpi4.py runs it in its launch
+        wraps.append(("fully sharded", lambda net, grp: bt.FullyShardedDataParallel(
+            net, grp, units=[net.stem, net.head], bucket_cap_mb=1e-4,
+            find_unused_parameters=True)))  # test_fully_sharded's units
+    for what, wrap in wraps:
+        got = case._train(r, g, wrap)
+        for s in range(STEPS):
+            case.assertClose(got[s], want[s], "rank %d step %d %s vs torch DDP" % (r, s, what))
     # All-reduce DDP + torch AdamW against the same torch DDP run again: bit for bit at 2 ranks,
     # to 1e-6 at 4 (gloo's ring adds in another order); torch's AdamW skips what no rank used
     # in both (.grad stays None).
@@ -264,8 +272,8 @@ def _mpi_main():
                 "rank %d step %d param %d: all-reduce DDP vs torch" % (r, s, i))
     ours.close()
     world.close()
-    print("rank %d: divergent ZeRO-2 and all-reduce DDP match torch "
-          "DDP(find_unused_parameters=True) + AdamW" % r)
+    print("rank %d: divergent %s and all-reduce DDP match torch "
+          "DDP(find_unused_parameters=True) + AdamW" % (r, ", ".join(w for w, _ in wraps)))
 
 
 if __name__ == "__main__":

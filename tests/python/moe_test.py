@@ -109,11 +109,172 @@ def check_dense_and_experts(case, results, want_trunk, want_experts, want_norms,
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
         for a, b in zip(experts, want_experts[r % 2]):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def full_values(wrapper):
     """Copies of a wrapper's parameters (a fully sharded one's inside summon_full_params)."""
     summon = getattr(wrapper, "summon_full_params", None)
     with summon() if summon is not None else contextlib.nullcontext():
         return [p.detach().clone() for p in wrapper.module.parameters()]
+
+
+def _tp_pair_make():
+    with INIT_LOCK:
+        torch.manual_seed(11)
+        return torch.nn.Linear(8, 4), torch.nn.LayerNorm(4)
+
+
+def _tp_pair_shared(step):  # the layer norm's data: the same on both ranks
+    g = torch.Generator().manual_seed(500 + step)
+    return torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g)
+
+
+def tensor_parallel_pair(r, g, wrap):
+    """Rank r of a 2-rank group g as a tensor-parallel pair: a dense layer on g and a layer
+    norm identical on both ranks (same inputs), reduced over each rank's own group
+    (tp_replicated: its norm counts once, on tensor-parallel rank 0). wrap(module, group): the
+    wrapper (moe_fsdp_test passes fully sharded ones). (full parameters, norm per step); also
+    tests/python/recipes_mpi2.py."""
+    mse = torch.nn.functional.mse_loss
+    solo = g.split(r, 0, "norm_dp")
+    lin, ln = _tp_pair_make()
+    dense, norm = wrap(lin, g), wrap(ln, solo)
+    opt = bt.ShardedAdamW.linked(list(lin.parameters()) + list(ln.parameters()), lr=LR,
+                                 max_grad_norm=MAX_NORM, tensor_parallel_group=g,
+                                 tp_replicated=[norm])
+    norms = []
+    for step in range(STEPS):
+        x, t = moe_batch(r, step)
+        z, u = _tp_pair_shared(step)
+        (mse(dense(x), t) + mse(norm(z), u)).backward()
+        norms.append(opt.clip_grad_norm_(MAX_NORM).item())
+        opt.step()
+        opt.zero_grad()
+    opt.synchronize()
+    out = full_values(dense) + full_values(norm)
+    opt.close()
+    dense.close()
+    norm.close()
+    solo.close()
+    return out, norms
+
+
+def tensor_parallel_pair_reference():
+    """Serial: each rank's (full parameters) and the norm per step of tensor_parallel_pair."""
+    mse = torch.nn.functional.mse_loss
+    lin, ln = _tp_pair_make()
+    params = list(lin.parameters()) + list(ln.parameters())
+    opt = torch.optim.AdamW(params, lr=LR)
+    want_norms = []
+    for step in range(STEPS):
+        grads = [torch.zeros_like(p) for p in lin.parameters()]
+        for r in range(2):
+            x, t = moe_batch(r, step)
+            loss = mse(lin(x), t)
+            for acc, gr in zip(grads, torch.autograd.grad(loss, list(lin.parameters()))):
+                acc += gr / 2
+        z, u = _tp_pair_shared(step)
+        grads += torch.autograd.grad(mse(ln(z), u), list(ln.parameters()))
+        norm = math.sqrt(sum(float((gr.double() ** 2).sum()) for gr in grads))
+        coef = min(1.0, MAX_NORM / (norm + 1e-6))
+        for p, gr in zip(params, grads):
+            p.grad = gr * coef
+        opt.step()
+        want_norms.append(norm)
+    want = [p.detach().clone() for p in params]
+    return [want, want], want_norms
+
+
+def _tp_dp_make(t):
+    with INIT_LOCK:
+        torch.manual_seed(11)
+        ln = torch.nn.LayerNorm(4)
+        torch.manual_seed(20 + t)
+        return torch.nn.Linear(8, 4), ln
+
+
+def _tp_dp_shared(d, step):  # the layer norm's data: data-parallel rank d's
+    g = torch.Generator().manual_seed(600 + 10 * d + step)
+    return torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g)
+
+
+def tensor_parallel_by_data_parallel(r, g, wrap):
+    """Rank r of a 4-rank group g: tensor-parallel pairs {0, 1} / {2, 3} (g.split) by
+    data-parallel pairs {0, 2} / {1, 3}: tensor-parallel rank t = r % 2 holds its own shard (a
+    Linear seeded by t), reduced over its data-parallel pair; a layer norm replicated across
+    each tensor-parallel pair (the same inputs there: data-parallel rank d = r // 2's), reduced
+    over the data-parallel pair too, tp_replicated. One norm: both shards plus the layer norm
+    once. wrap(module, group): the wrapper. (full parameters, norm per step); also
+    tests/python/recipes_mpi4.py."""
+    mse = torch.nn.functional.mse_loss
+    tp = g.split(r // 2, r, "tp")
+    dp = g.split(r % 2, r, "dp")
+    lin, ln = _tp_dp_make(r % 2)
+    shard, norm = wrap(lin, dp), wrap(ln, dp)
+    opt = bt.ShardedAdamW.linked(list(lin.parameters()) + list(ln.parameters()), lr=LR,
+                                 max_grad_norm=MAX_NORM, span=g,
+                                 tensor_parallel_group=tp, tp_replicated=[norm])
+    norms = []
+    for step in range(STEPS):
+        x, t = moe_batch(r, step)
+        z, u = _tp_dp_shared(r // 2, step)
+        (mse(shard(x), t) + mse(norm(z), u)).backward()
+        norms.append(opt.clip_grad_norm_(MAX_NORM).item())
+        opt.step()
+        opt.zero_grad()
+    opt.synchronize()
+    out = full_values(shard) + full_values(norm)
+    opt.close()
+    shard.close()
+    norm.close()
+    tp.close()
+    dp.close()
+    return out, norms
+
+
+def tensor_parallel_by_data_parallel_reference():
+    """Serial: each of the 4 ranks' (full parameters) and the norm per step of
+    tensor_parallel_by_data_parallel."""
+    mse = torch.nn.functional.mse_loss
+    lins = [_tp_dp_make(t)[0] for t in range(2)]
+    ln = _tp_dp_make(0)[1]
+    params = [p for m in lins + [ln] for p in m.parameters()]
+    opt = torch.optim.AdamW(params, lr=LR)
+    want_norms = []
+    for step in range(STEPS):
+        grads = {id(p): torch.zeros_like(p) for p in params}
+        for r in range(4):  # each shard's gradient averaged over its data-parallel pair
+            x, t = moe_batch(r, step)
+            own = list(lins[r % 2].parameters())
+            for p, gr in zip(own, torch.autograd.grad(mse(lins[r % 2](x), t), own)):
+                grads[id(p)] += gr / 2
+        for d in range(2):  # the layer norm's over the data-parallel ranks
+            z, u = _tp_dp_shared(d, step)
+            for p, gr in zip(ln.parameters(),
+                             torch.autograd.grad(mse(ln(z), u), list(ln.parameters()))):
+                grads[id(p)] += gr / 2
+        norm = math.sqrt(sum(float((gr.double() ** 2).sum()) for gr in grads.values()))
+        coef = min(1.0, MAX_NORM / (norm + 1e-6))
+        for p in params:
+            p.grad = grads[id(p)] * coef
+        opt.step()
+        want_norms.append(norm)
+    want = [[p.detach().clone() for p in list(lins[r % 2].parameters()) + list(ln.parameters())]
+            for r in range(4)]
+    return want, want_norms
+
+
+def check_tensor_parallel(case, results, want, want_norms, first_rank=0):
+    """Ranks first_rank, first_rank + 1, ...'s (parameters, norms) against a reference's (each
+    rank's parameters, norms); clipping must be active every step."""
+    case.assertGreater(min(want_norms), MAX_NORM)
+    for r, (got_params, norms) in enumerate(results, first_rank):
+        case.assertEqual(len(norms), STEPS)
+        for got, w in zip(norms, want_norms):
+            case.assertAlmostEqual(got, w, delta=1e-5 * w)
+        for i, (a, b) in enumerate(zip(got_params, want[r])):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6,
+                                       msg="rank %d parameter %d" % (r, i))
 
 
 class MoETest(unittest.TestCase):
@@ -141,147 +302,19 @@ class MoETest(unittest.TestCase):
             lambda m, g: bt.DistributedDataParallel(m, g, mode="reduce_scatter"))
 
     def tensor_parallel_pair(self, wrap):
-        """2 ranks as a tensor-parallel pair: a dense layer on the 2-rank group and a layer
-        norm identical on both ranks (same inputs), reduced over each rank's own group
-        (tp_replicated: its norm counts once, on tensor-parallel rank 0). wrap(module, group):
-        the wrapper (moe_fsdp_test passes fully sharded ones)."""
-        def make():
-            with INIT_LOCK:
-                torch.manual_seed(11)
-                return torch.nn.Linear(8, 4), torch.nn.LayerNorm(4)
-
-        def shared(step):  # the layer norm's data: the same on both ranks
-            g = torch.Generator().manual_seed(500 + step)
-            return torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g)
-
-        def body(r, g):
-            solo = g.split(r, 0, "norm_dp")
-            lin, ln = make()
-            dense, norm = wrap(lin, g), wrap(ln, solo)
-            opt = bt.ShardedAdamW.linked(list(lin.parameters()) + list(ln.parameters()), lr=LR,
-                                         max_grad_norm=MAX_NORM, tensor_parallel_group=g,
-                                         tp_replicated=[norm])
-            norms = []
-            for step in range(STEPS):
-                x, t = moe_batch(r, step)
-                z, u = shared(step)
-                mse = torch.nn.functional.mse_loss
-                (mse(dense(x), t) + mse(norm(z), u)).backward()
-                norms.append(opt.clip_grad_norm_(MAX_NORM).item())
-                opt.step()
-                opt.zero_grad()
-            opt.synchronize()
-            out = full_values(dense) + full_values(norm)
-            opt.close()
-            dense.close()
-            norm.close()
-            solo.close()
-            return out, norms
-
-        lin, ln = make()
-        params = list(lin.parameters()) + list(ln.parameters())
-        opt = torch.optim.AdamW(params, lr=LR)
-        want_norms = []
-        for step in range(STEPS):
-            grads = [torch.zeros_like(p) for p in lin.parameters()]
-            for r in range(2):
-                x, t = moe_batch(r, step)
-                loss = torch.nn.functional.mse_loss(lin(x), t)
-                for acc, gr in zip(grads, torch.autograd.grad(loss, list(lin.parameters()))):
-                    acc += gr / 2
-            z, u = shared(step)
-            grads += torch.autograd.grad(torch.nn.functional.mse_loss(ln(z), u),
-                                         list(ln.parameters()))
-            norm = math.sqrt(sum(float((gr.double() ** 2).sum()) for gr in grads))
-            coef = min(1.0, MAX_NORM / (norm + 1e-6))
-            for p, gr in zip(params, grads):
-                p.grad = gr * coef
-            opt.step()
-            want_norms.append(norm)
-        self.assertGreater(min(want_norms), MAX_NORM)
-        for got_params, norms in run_ranks(2, body):
-            for got, want in zip(norms, want_norms):
-                self.assertAlmostEqual(got, want, delta=1e-5 * want)
-            for a, b in zip(got_params, params):
-                torch.testing.assert_close(a, b.detach(), rtol=1e-5, atol=1e-6)
+        """tensor_parallel_pair at 2 rank threads against its serial reference."""
+        check_tensor_parallel(self, run_ranks(2, lambda r, g: tensor_parallel_pair(r, g, wrap)),
+                              *tensor_parallel_pair_reference())
 
     def test_tensor_parallel_by_data_parallel_four_ranks(self):
-        """4 ranks, tensor-parallel pairs {0, 1} / {2, 3} by data-parallel pairs {0, 2} /
-        {1, 3}: tensor-parallel rank t = r % 2 holds its own shard (a Linear seeded by t),
-        reduced over its data-parallel pair; a layer norm replicated across each
-        tensor-parallel pair (the same inputs there: data-parallel rank d = r // 2's), reduced
-        over the data-parallel pair too, tp_replicated. One norm: both shards plus the layer
-        norm once."""
-        def make(t):
-            with INIT_LOCK:
-                torch.manual_seed(11)
-                ln = torch.nn.LayerNorm(4)
-                torch.manual_seed(20 + t)
-                return torch.nn.Linear(8, 4), ln
+        self.tensor_parallel_by_data_parallel(
+            lambda m, g: bt.DistributedDataParallel(m, g, mode="reduce_scatter"))
 
-        def shared(d, step):  # the layer norm's data: data-parallel rank d's
-            g = torch.Generator().manual_seed(600 + 10 * d + step)
-            return torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g)
-
-        mse = torch.nn.functional.mse_loss
-
-        def body(r, g):
-            tp = g.split(r // 2, r, "tp")
-            dp = g.split(r % 2, r, "dp")
-            lin, ln = make(r % 2)
-            shard = bt.DistributedDataParallel(lin, dp, mode="reduce_scatter")
-            norm = bt.DistributedDataParallel(ln, dp, mode="reduce_scatter")
-            opt = bt.ShardedAdamW.linked(list(lin.parameters()) + list(ln.parameters()), lr=LR,
-                                         max_grad_norm=MAX_NORM, span=g,
-                                         tensor_parallel_group=tp, tp_replicated=[norm])
-            norms = []
-            for step in range(STEPS):
-                x, t = moe_batch(r, step)
-                z, u = shared(r // 2, step)
-                (mse(shard(x), t) + mse(norm(z), u)).backward()
-                norms.append(opt.clip_grad_norm_(MAX_NORM).item())
-                opt.step()
-                opt.zero_grad()
-            opt.synchronize()
-            out = [p.detach().clone() for p in list(lin.parameters()) + list(ln.parameters())]
-            opt.close()
-            shard.close()
-            norm.close()
-            tp.close()
-            dp.close()
-            return out, norms
-
-        lins = [make(t)[0] for t in range(2)]
-        ln = make(0)[1]
-        params = [p for m in lins + [ln] for p in m.parameters()]
-        opt = torch.optim.AdamW(params, lr=LR)
-        want_norms = []
-        for step in range(STEPS):
-            grads = {id(p): torch.zeros_like(p) for p in params}
-            for r in range(4):  # each shard's gradient averaged over its data-parallel pair
-                x, t = moe_batch(r, step)
-                own = list(lins[r % 2].parameters())
-                for p, gr in zip(own, torch.autograd.grad(mse(lins[r % 2](x), t), own)):
-                    grads[id(p)] += gr / 2
-            for d in range(2):  # the layer norm's over the data-parallel ranks
-                z, u = shared(d, step)
-                for p, gr in zip(ln.parameters(),
-                                 torch.autograd.grad(mse(ln(z), u), list(ln.parameters()))):
-                    grads[id(p)] += gr / 2
-            norm = math.sqrt(sum(float((gr.double() ** 2).sum()) for gr in grads.values()))
-            coef = min(1.0, MAX_NORM / (norm + 1e-6))
-            for p in params:
-                p.grad = grads[id(p)] * coef
-            opt.step()
-            want_norms.append(norm)
-        self.assertGreater(min(want_norms), MAX_NORM)
-        for r, (got_params, norms) in enumerate(run_ranks(4, body)):
-            for got, want in zip(norms, want_norms):
-                self.assertAlmostEqual(got, want, delta=1e-5 * want)
-            want_params = list(lins[r % 2].parameters()) + list(ln.parameters())
-            for a, b in zip(got_params, want_params):
-                torch.testing.assert_close(a, b.detach(), rtol=1e-5, atol=1e-6)
-
+    def tensor_parallel_by_data_parallel(self, wrap):
+        """tensor_parallel_by_data_parallel at 4 rank threads against its serial reference."""
+        check_tensor_parallel(
+            self, run_ranks(4, lambda r, g: tensor_parallel_by_data_parallel(r, g, wrap)),
+            *tensor_parallel_by_data_parallel_reference())
 
 
 if __name__ == "__main__":

@@ -8,12 +8,16 @@ reference, with the models, data and loops of the local tests imported, not copi
     against torch's own DDP + AdamW (static_graph=True with reentrant checkpoints, as torch);
   - join() (join_test: rank r has 2 + 2 r batches): all-reduce against torch's DDP join(), both
     divide choices; ZeRO-2 and hybrid + ShardedAdamW against join_test's serial AdamW;
+    FullyShardedDataParallel + ShardedAdamW (fsdp_join_test's units) against fsdp_join_test's;
   - divergent control flow (divergent_test.Routed, find_unused_parameters) under hybrid and
     FullyShardedDataParallel + ShardedAdamW against torch's DDP(find_unused_parameters=True)
     + AdamW;
   - MoE expert groups (moe_test: the trunk ZeRO-2 over the world or hybrid 2 x 2, each expert
-    pair over a 2-rank expert-data-parallel group, one ShardedAdamW.linked, one clip) against
-    moe_test's serial reference;
+    pair over a 2-rank expert-data-parallel group, one ShardedAdamW.linked, one clip; and
+    moe_fsdp_test's trunk and experts fully sharded) against moe_test's serial reference;
+  - the tensor-parallel norm (moe_test.tensor_parallel_by_data_parallel: tensor-parallel pairs
+    by data-parallel pairs from this world's splits, a replicated layer norm, one global norm)
+    in ZeRO-2 and fully sharded, against its serial reference;
   - parameters reached without a gradient (no_grad_reached_test.Gated, find_unused_parameters)
     under ZeRO-2 and hybrid + ShardedAdamW against torch's DDP + AdamW.
 Tolerance 1e-6 (1e-5 relative where the local tests use it): gloo's ring adds 4 ranks in
@@ -29,7 +33,9 @@ import braid
 from braid import pytorch as bt
 import checkpointing_test
 import divergent_test
+import fsdp_join_test
 import join_test
+import moe_fsdp_test
 import moe_test
 import no_grad_reached_test as reached
 import tied_weights_test
@@ -137,6 +143,10 @@ def _join(group):
             what = "join %s divide %s" % (mode, divide)
             fails += _differences(what, hist, want[:len(hist)], rtol=1e-5)  # its own steps
             fails += _differences(what + " final", [final], want[-1:], rtol=1e-5)
+        model = fsdp_join_test._wrap(rank, group, size, "units")  # fully sharded + ShardedAdamW
+        final, _ = fsdp_join_test._train(rank, model, divide)
+        fails += _differences("join fully sharded divide %s final" % divide, [final],
+                              [fsdp_join_test.serial_adamw(size, divide)], rtol=1e-5)
     return fails
 
 
@@ -197,6 +207,28 @@ def _moe(group):
                                              first_rank=group.rank)
         except AssertionError as e:
             fails.append("MoE %s trunk: %s" % ("hybrid" if hybrid else "ZeRO-2", e))
+    try:  # trunk and experts fully sharded
+        moe_fsdp_test.check_fully_sharded_moe(
+            case, [moe_fsdp_test.fully_sharded_moe(group.rank, group)], group.size,
+            first_rank=group.rank)
+    except AssertionError as e:
+        fails.append("MoE fully sharded: %s" % e)
+    return fails
+
+
+def _tensor_parallel(group):
+    """moe_test's tensor-parallel pairs by data-parallel pairs, built from this world's splits,
+    in ZeRO-2 and fully sharded, against its serial reference."""
+    case = moe_test.MoETest()
+    want = moe_test.tensor_parallel_by_data_parallel_reference()
+    fails = []
+    for what, wrap in (("ZeRO-2", lambda m, g: bt.DistributedDataParallel(
+            m, g, mode="reduce_scatter")), ("fully sharded", bt.FullyShardedDataParallel)):
+        try:
+            moe_test.check_tensor_parallel(case, [moe_test.tensor_parallel_by_data_parallel(
+                group.rank, group, wrap)], *want, first_rank=group.rank)
+        except AssertionError as e:
+            fails.append("tensor-parallel norm %s: %s" % (what, e))
     return fails
 
 
@@ -215,6 +247,7 @@ def main():
     failures += _join(group)
     failures += _divergent(group, mesh)
     failures += _moe(group)
+    failures += _tensor_parallel(group)
     failures += _reached(group, mesh)
     for g in mesh:
         g.close()
@@ -224,9 +257,9 @@ def main():
         print("rank %d: %d recipe checks differ:\n  %s" % (rank, len(failures),
                                                            "\n  ".join(failures)))
         return 1
-    print("recipes_mpi4 rank %d: tied weights, checkpointing (both), join, divergent (hybrid, "
-          "fully sharded), MoE experts and reached-without-gradient match their references"
-          % rank)
+    print("recipes_mpi4 rank %d: tied weights, checkpointing (both), join (also fully sharded), "
+          "divergent (hybrid, fully sharded), MoE experts (also fully sharded), the "
+          "tensor-parallel norm and reached-without-gradient match their references" % rank)
     return 0
 
 
