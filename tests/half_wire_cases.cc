@@ -123,7 +123,9 @@ TEST_P(HalfWire, IsAPerHopRoundedTreeOfTheHalves) {
       ASSERT_TRUE(want.count(recv[i]) == 1)
           << Name(c) << " element " << i << ": 0x" << std::hex << recv[i] << " is no tree of " << n
           << " ranks (sum rounded once: 0x" << once << ")";
-      if (n == 2) ASSERT_EQ(want.size(), 1u);
+      if (n == 2) {
+        ASSERT_EQ(want.size(), 1u);
+      }
       once_differs += recv[i] != once;
     }
     if (half_wire && n >= 3 && c.op == ReduceKind::kSum) {
