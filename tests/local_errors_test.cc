@@ -271,7 +271,10 @@ TEST(LocalFaults, NoPeerWritesIntoABufferAfterItsWorkCompleted) {
     CollectiveOptions opts;
     opts.timeout = absl::Milliseconds(5);  // shorter than the data phase
     auto w = g.AllReduce(send.data(), recv.data(), n, DType::kF32, ReduceOp::Sum(), opts);
-    ASSERT_TRUE(w.ok());
+    if (!w.ok()) {  // a peer's 5 ms passed before this rank called (a loaded machine): refused
+      ExpectError(w.status(), absl::StatusCode::kAborted, {"refuses new calls"});
+      return;
+    }
     (void)(*w)->Wait(absl::Seconds(60));  // fails or succeeds: either way it is over
     ASSERT_TRUE((*w)->Done());
     std::fill(recv.begin(), recv.end(), -7.0f);
