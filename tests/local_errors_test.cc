@@ -1,5 +1,7 @@
 // Bad input, broken rank-order contracts, splits, and injected faults on the `local` backend:
 // each returns an error that names the problem; nothing hangs.
+#include <sanitizer/asan_interface.h>
+
 #include <atomic>
 #include <vector>
 
@@ -269,7 +271,10 @@ TEST(LocalFaults, NoPeerWritesIntoABufferAfterItsWorkCompleted) {
     CollectiveOptions opts;
     opts.timeout = absl::Milliseconds(5);  // shorter than the data phase
     auto w = g.AllReduce(send.data(), recv.data(), n, DType::kF32, ReduceOp::Sum(), opts);
-    ASSERT_TRUE(w.ok());
+    if (!w.ok()) {  // a peer's 5 ms passed before this rank called (a loaded machine): refused
+      ExpectError(w.status(), absl::StatusCode::kAborted, {"refuses new calls"});
+      return;
+    }
     (void)(*w)->Wait(absl::Seconds(60));  // fails or succeeds: either way it is over
     ASSERT_TRUE((*w)->Done());
     std::fill(recv.begin(), recv.end(), -7.0f);
@@ -277,6 +282,53 @@ TEST(LocalFaults, NoPeerWritesIntoABufferAfterItsWorkCompleted) {
     size_t changed = 0;
     for (float x : recv) changed += x != -7.0f;
     EXPECT_EQ(changed, 0u) << "elements written by peers after the Work completed";
+  });
+}
+
+// Fuzz finding 9 (docs/hardening.md): a rank whose Work failed at its deadline waited only a
+// bounded time for a peer still inside the collective, then completed; its caller freed the
+// buffers and the peer, descheduled between the rendezvous and its copy, read them. Here rank
+// 1 stalls 1 s after the rendezvous, past rank 0's 100 ms deadline plus the 100 ms world
+// timeout that bounded the wait. Rank 0's Work must complete only once rank 1 is out: from
+// the moment its Wait returns, its buffers are poisoned (ASan reports any later access, as
+// after a free) and must not change. Both ranks fail; neither reports a result.
+TEST(LocalFaults, AFailedWorkCompletesOnlyAfterAPeerMidCopyLeft) {
+  auto backend = CreateBackend(LocalOptions(2, absl::Milliseconds(100)));
+  ASSERT_TRUE(backend.ok());
+  static_cast<local::LocalBackend*>(backend->get())
+      ->faults()
+      .StallRankInCopy(1, /*seq=*/1, absl::Seconds(1), "world");
+  std::atomic<bool> rank1_done{false};
+  RunRanks(**backend, [&](Group& g) {
+    constexpr size_t kCount = 64;  // f32: rank 1 reduces chunk [32, 64) into both outputs
+    std::vector<float> send(kCount, 1.0f + g.rank()), recv(kCount, 0.0f);
+    CollectiveOptions start;
+    start.timeout = absl::Seconds(30);
+    auto sync = g.Barrier(start);  // seq 0: both ranks ready
+    ASSERT_TRUE(sync.ok());
+    ASSERT_OK((*sync)->Wait(absl::Seconds(30)));
+    CollectiveOptions opts;
+    opts.timeout = absl::Milliseconds(100);
+    auto w = g.AllReduce(send.data(), recv.data(), kCount, DType::kF32, ReduceOp::Sum(), opts);
+    ASSERT_TRUE(w.ok());
+    const absl::Status s = (*w)->Wait(absl::Seconds(30));
+    ExpectError(s, absl::StatusCode::kDeadlineExceeded,
+                {"allreduce #1", "rank(s) 1 did not arrive before the deadline"});
+    if (g.rank() == 1) {
+      rank1_done = true;
+      return;
+    }
+    const std::vector<float> seen = recv;
+    ASAN_POISON_MEMORY_REGION(send.data(), kCount * sizeof(float));
+    ASAN_POISON_MEMORY_REGION(recv.data(), kCount * sizeof(float));
+    const absl::Time end = absl::Now() + absl::Seconds(30);
+    while (!rank1_done && absl::Now() < end) absl::SleepFor(absl::Milliseconds(1));
+    ASAN_UNPOISON_MEMORY_REGION(send.data(), kCount * sizeof(float));
+    ASAN_UNPOISON_MEMORY_REGION(recv.data(), kCount * sizeof(float));
+    EXPECT_TRUE(rank1_done);
+    size_t changed = 0;
+    for (size_t i = 0; i < kCount; ++i) changed += recv[i] != seen[i];
+    EXPECT_EQ(changed, 0u) << "elements rank 1 wrote into rank 0's output after its Work completed";
   });
 }
 

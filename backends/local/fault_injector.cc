@@ -17,6 +17,13 @@ void FaultInjector::StallRank(int world_rank, uint64_t seq, absl::Duration durat
       Fault{Fault::Kind::kStall, world_rank, seq, std::move(group), duration, "injected stall"});
 }
 
+void FaultInjector::StallRankInCopy(int world_rank, uint64_t seq, absl::Duration duration,
+                                    std::string group) {
+  std::lock_guard<std::mutex> lock(mu_);
+  faults_.push_back(Fault{Fault::Kind::kStallInCopy, world_rank, seq, std::move(group), duration,
+                          "injected stall in the copy"});
+}
+
 std::optional<Fault> FaultInjector::Take(int world_rank, absl::string_view group, uint64_t seq) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = faults_.begin(); it != faults_.end(); ++it) {

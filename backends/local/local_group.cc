@@ -68,16 +68,23 @@ class LocalComm {
   // caller may free its buffers as soon as Wait() returns, error or not.
   std::unique_ptr<std::atomic<bool>[]> busy_;
 
-  // After the barrier failed: returns once no peer is inside an op. Bounded: a peer blocked
-  // in the failed barrier returns at once, and a data phase is finite memory work.
-  void WaitForPeersToLeave(int rank, absl::Duration limit) const {
-    const absl::Time end = absl::Now() + limit;
+  // After the barrier failed: returns once no peer is inside an op, however long that takes.
+  // A peer past the rendezvous may still read or write this rank's buffers, which the caller
+  // may free as soon as the Work completes, so giving up would be a use after free (fuzz
+  // finding 9, docs/hardening.md). It ends: a peer blocked in the failed barrier returns at
+  // once, and a data phase is finite memory work (a peer descheduled mid-copy resumes).
+  // `warn_after`: when to log that a peer is still inside.
+  void WaitForPeersToLeave(int rank, absl::Duration warn_after) const {
+    const absl::Time warn_at = absl::Now() + warn_after;
+    bool warned = false;
     for (int k = 0; k < size(); ++k) {
       while (k != rank && busy_[k].load(std::memory_order_acquire)) {
-        if (absl::Now() > end) {
-          Log().error("group '{}': rank {} still inside an op after the group failed", name_,
-                      world_ranks_[k]);
-          return;
+        if (!warned && absl::Now() > warn_at) {
+          Log().warn(
+              "group '{}': rank {} still inside an op {} after the group failed; rank {} waits "
+              "for it to leave before its Work completes (the op may use its buffers)",
+              name_, world_ranks_[k], absl::FormatDuration(warn_after), world_ranks_[rank]);
+          warned = true;
         }
         absl::SleepFor(absl::Microseconds(50));
       }
@@ -260,6 +267,7 @@ absl::Status LocalGroup::Execute(Op& op) {
   const absl::Duration timeout = op.posted.args.options.timeout > absl::ZeroDuration()
                                      ? op.posted.args.options.timeout
                                      : comm_->timeout_;
+  copy_stall_ = absl::ZeroDuration();
   if (comm_->faults_ != nullptr) {
     if (auto fault = comm_->faults_->Take(world_rank, comm_->name_, info.seq)) {
       if (fault->kind == Fault::Kind::kFail) {
@@ -268,9 +276,13 @@ absl::Status LocalGroup::Execute(Op& op) {
         comm_->barrier_.Fail(s);
         return s;
       }
-      const absl::Time until = absl::Now() + fault->stall;
-      while (absl::Now() < until && !comm_->barrier_.failed())
-        absl::SleepFor(absl::Milliseconds(1));
+      if (fault->kind == Fault::Kind::kStallInCopy) {
+        copy_stall_ = fault->stall;  // RunCollective sleeps it after the rendezvous
+      } else {
+        const absl::Time until = absl::Now() + fault->stall;
+        while (absl::Now() < until && !comm_->barrier_.failed())
+          absl::SleepFor(absl::Milliseconds(1));
+      }
     }
   }
   // A failed group takes no more calls: nothing is posted into slots peers may still read.
@@ -322,6 +334,7 @@ absl::Status LocalGroup::RunCollective(const CollectiveArgs& a, const std::vecto
   auto& barrier = comm_->barrier_;
   const size_t es = DTypeSize(a.dtype);
   char* recv = static_cast<char*>(a.recv);
+  if (copy_stall_ > absl::ZeroDuration()) absl::SleepFor(copy_stall_);  // injected (tests)
   switch (a.kind) {
     case CollectiveKind::kBarrier:
       return absl::OkStatus();

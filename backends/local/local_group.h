@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "backends/local/fault_injector.h"
 #include "backends/local/rank_barrier.h"
 #include "backends/local/ring_queue.h"
@@ -101,7 +102,8 @@ class LocalGroup final : public Group {
   std::vector<const void*> in_;
   std::vector<void*> out_;
   std::vector<double> scalars_;
-  std::thread worker_;  // last: starts after everything it uses
+  absl::Duration copy_stall_;  // worker only: an injected stall before this op's copy (tests)
+  std::thread worker_;         // last: starts after everything it uses
 };
 
 // What every group of one local world shares: the fault injector (tests), the job's abort

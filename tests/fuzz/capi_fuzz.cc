@@ -13,7 +13,9 @@
 // small integers), and are passed to functions of any handle type. Sizes, counts, dtypes,
 // modes, ids and option struct sizes are fuzzed; buffers come from arenas large enough for
 // the largest count, so the caller's side of every contract is kept and anything that breaks
-// is Braid's.
+// is Braid's. Arenas outlive every group of their session: a work destroyed unfinished leaves
+// its group's destruction as the point its operation has ended (local: the worker is joined,
+// and a failed op ends only once no peer can touch its buffers; finding 9).
 // Checks: no crash, leak or hang; every failing call leaves a non-empty braid_last_error();
 // a call with a handle of the wrong type or a destroyed handle fails with INVALID_ARGUMENT;
 // at the end every live handle can be destroyed (children first) and nothing stays alive.
