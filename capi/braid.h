@@ -551,8 +551,10 @@ BRAID_API braid_status_t braid_reducer_grad(braid_reducer_t* reducer, int64_t id
 BRAID_API braid_status_t braid_reducer_set_grad_buffer(braid_reducer_t* reducer, int64_t id,
                                                        void* grad);
 /* Starts a backward. FAILED_PRECONDITION when one is in progress or an optimizer was built on
- * this reducer (use braid_optimizer_begin_backward); INVALID_ARGUMENT for
- * REDUCE_SCATTER_ONLY outside hybrid mode. */
+ * this reducer (use braid_optimizer_begin_backward), and while a reduction of an earlier
+ * backward whose finish_backward failed at its deadline is still running (naming the bucket:
+ * its storage is not reused under it; retry once it completed, or destroy the reducer);
+ * INVALID_ARGUMENT for REDUCE_SCATTER_ONLY outside hybrid mode. */
 BRAID_API braid_status_t braid_reducer_begin_backward(braid_reducer_t* reducer,
                                                       braid_sync_mode_t mode);
 /* Parameter `id`'s gradient is final for this backward; any thread, any order, once per
@@ -680,7 +682,9 @@ BRAID_API braid_status_t braid_reducer_grad_shard(braid_reducer_t* reducer, int6
  * instead of keeping them until finish_backward. Braid owns it; valid while the reducer lives.
  * NULL on host reducers (nothing to order: the copy is done when mark_ready_grad returns). */
 BRAID_API braid_status_t braid_reducer_grad_stream(braid_reducer_t* reducer, void** stream);
-/* FAILED_PRECONDITION while an optimizer built on it is alive. */
+/* FAILED_PRECONDITION while an optimizer built on it is alive. A reduction still running (its
+ * backward's finish_backward failed at its deadline) is waited for up to the reducer's
+ * timeout; past it, that bucket's storage is leaked (logged), never freed under it. */
 BRAID_API braid_status_t braid_reducer_destroy(braid_reducer_t* reducer);
 
 /* ---- Communication hooks (since 0.11) ---------------------------------------------------------

@@ -172,6 +172,7 @@ absl::Status GradientReducer::BeginBackward(SyncMode mode) {
     return absl::FailedPreconditionError(
         "the previous backward is not finished (call braid_reducer_finish_backward first)");
   }
+  RETURN_IF_ERROR(stages_->NoneInFlight(kBeginBackward));  // an earlier backward's wait failed
   BufferOps& replica_ops =
       config_.mode == ReduceMode::kHybrid ? groups_.replica->buffer_ops() : ops_;
   if (mode == SyncMode::kReduceScatterOnly && !(ops_.can_add() && replica_ops.can_add())) {
@@ -211,7 +212,7 @@ absl::Status GradientReducer::BeginBackward(SyncMode mode) {
   marks_->Begin();
   declared_.store(false, std::memory_order_relaxed);
   used_->Begin(mode);
-  stages_->Begin(mode);
+  RETURN_IF_ERROR(stages_->Begin(mode, kBeginBackward));
   in_backward_.store(true, std::memory_order_release);
   return absl::OkStatus();
 }

@@ -51,6 +51,7 @@ absl::StatusOr<bool> GradientReducer::RebuildBucketsIfPending() {
 }
 
 absl::Status GradientReducer::AdoptPlan(BucketPlan plan) {
+  RETURN_IF_ERROR(stages_->NoneInFlight("re-planning the buckets"));
   const int partial = stages_->FirstPartial();
   if (partial >= 0) {
     return absl::FailedPreconditionError(absl::StrCat(

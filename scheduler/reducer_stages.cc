@@ -1,9 +1,11 @@
 #include "scheduler/reducer_stages.h"
 
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "comm/logging.h"
+#include "comm/status_macros.h"
 #include "scheduler/divide.h"
 
 namespace braid::sched {
@@ -19,20 +21,43 @@ ReducerStages::ReducerStages(const BucketPlan& plan, const ReducerGroups& groups
       final_ops_(config_.mode == ReduceMode::kHybrid ? groups_.replica->buffer_ops() : ops_),
       tl_(timeline),
       rows_(rows),
-      scheduler_(config.scheduler) {}
+      anchor_(new CallbackAnchor),
+      scheduler_(config.scheduler) {
+  anchor_->stages = this;
+}
 
 ReducerStages::~ReducerStages() {
-  const int n = launched();
-  for (int i = 0; i < n; ++i) {  // buckets never launched have nothing in flight
-    ReducerBucketState& b = *buckets_[i];
-    if (b.work == nullptr || b.work->Done()) continue;
-    if (!b.work->Wait(config_.timeout).ok() && !b.work->Done()) {
-      // A collective may still write into this bucket: leak it rather than free it under one.
-      Log().error("gradient reducer destroyed with {} still in flight; leaking its storage",
-                  b.label);
-      storage_->Abandon(i);
+  // Every reduction in flight (this backward's, or an earlier one's whose wait failed at its
+  // deadline) may still write into its bucket: wait for it, then leak what still runs.
+  const absl::Time deadline = absl::Now() + config_.timeout;
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    const int b = static_cast<int>(i);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!InFlightLocked(b)) continue;
     }
+    const ReducerBucketState& s = *buckets_[i];
+    for (const WorkPtr& w : {s.stage[0].work, s.stage[1].work, s.work}) {
+      if (w != nullptr) (void)w->WaitUntil(deadline);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!InFlightLocked(b)) continue;
+    // A collective may still write into this bucket: leak it rather than free it under one.
+    Log().error("gradient reducer destroyed with {} still in flight; leaking its storage", s.label);
+    storage_->Abandon(b);
   }
+  // Callbacks that come later find the anchor detached; wait for those already inside.
+  anchor_->detached.store(true);
+  const absl::Time inside = absl::Now() + config_.timeout;
+  while (anchor_->active.load() > 0 && absl::Now() < inside) std::this_thread::yield();
+  if (anchor_->active.load() > 0) {
+    Log().error("gradient reducer destroyed while a completion callback still runs");
+  }
+  CallbackAnchor::Release(anchor_);  // freed now, or by the last callback still to come
+}
+
+void ReducerStages::CallbackAnchor::Release(CallbackAnchor* anchor) {
+  if (anchor->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete anchor;
 }
 
 void ReducerStages::Reset(BucketStorage& storage) {
@@ -48,9 +73,10 @@ void ReducerStages::Reset(BucketStorage& storage) {
   }
 }
 
-void ReducerStages::Begin(SyncMode mode) {
-  sync_ = mode;
+absl::Status ReducerStages::Begin(SyncMode mode, absl::string_view caller) {
   std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(NoneInFlightLocked(caller));
+  sync_ = mode;
   launch_cursor_ = 0;
   allreduce_cursor_ = 0;
   first_error_ = absl::OkStatus();
@@ -68,6 +94,34 @@ void ReducerStages::Begin(SyncMode mode) {
           WorkInfo{groups_.shard->name(), "reduction", b, hook_ ? s.hook_label : s.label});
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status ReducerStages::NoneInFlight(absl::string_view doing) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return NoneInFlightLocked(doing);
+}
+
+absl::Status ReducerStages::NoneInFlightLocked(absl::string_view doing) const {
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (!InFlightLocked(static_cast<int>(b))) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        doing, ": ", buckets_[b]->label,
+        "'s reduction from an earlier backward is still in flight (that backward's wait ended "
+        "at its deadline); its storage cannot be reused until the reduction completes: retry "
+        "later, or destroy the reducer"));
+  }
+  return absl::OkStatus();
+}
+
+bool ReducerStages::InFlightLocked(int b) const {
+  const ReducerBucketState& s = *buckets_[b];
+  for (const ReducerBucketState::Stage& st : s.stage) {
+    if (st.work != nullptr && !st.work->Done()) return true;
+  }
+  // Launched, and its result not final yet: a callback still to run, or a replica all-reduce
+  // waiting for an earlier bucket's.
+  return s.stage[0].work != nullptr && s.work != nullptr && !s.work->Done();
 }
 
 void ReducerStages::AddEvent(int b, DeviceEvent ready) {
@@ -210,8 +264,14 @@ void ReducerStages::Watch(int first, int last, int stage) {
   for (int b = first; b < last; ++b) {
     const WorkPtr& w = buckets_[b]->stage[stage].work;
     if (w == nullptr) continue;  // hybrid: a bucket whose reduce-scatter failed
-    // [this, b, stage] fits std::function's inline buffer: no allocation per launch.
-    w->OnComplete([this, b, stage](const absl::Status& st) { OnStageDone(b, stage, st); });
+    // [anchor, b, stage] fits std::function's inline buffer: no allocation per launch.
+    anchor_->refs.fetch_add(1, std::memory_order_relaxed);
+    w->OnComplete([anchor = anchor_, b, stage](const absl::Status& st) {
+      anchor->active.fetch_add(1);  // before reading detached: the destructor waits for it
+      if (!anchor->detached.load()) anchor->stages->OnStageDone(b, stage, st);
+      anchor->active.fetch_sub(1);
+      CallbackAnchor::Release(anchor);
+    });
   }
 }
 
@@ -298,8 +358,8 @@ void ReducerStages::OnStageDone(int b, int stage, const absl::Status& collective
     if (st.ok()) st = final_ops_.WaitFor(s.handoff->device_event());
   }
   st = OpError(b, done, st);
-  if (!st.ok()) FinishBucket(b, st, ops);
   LaunchReplicaStages(b, st);
+  if (!st.ok()) FinishBucket(b, st, ops);  // last: a completed Work means its callbacks ran
 }
 
 void ReducerStages::OnReplicaStageDone(int b, const absl::Status& done) {

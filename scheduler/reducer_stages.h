@@ -13,21 +13,26 @@
 //
 //   ReducerStages stages(plan, groups, config, external, timeline, rows);
 //   stages.Reset(*storage);           // after every plan change
-//   stages.Begin(SyncMode::kSync);
+//   RETURN_IF_ERROR(stages.Begin(SyncMode::kSync, "braid_reducer_begin_backward"));
 //   stages.ParamReady(b);             // per marked parameter of bucket b, any thread
 //   ... stages.work(b)->WaitUntil(deadline) for b < stages.launched() ...
 //
 // Contract: ParamReady may be called from any thread; completion callbacks run on the
-// backends' threads. Memory is reached only through the BucketStorage. The destructor waits
-// (up to the timeout) for launched buckets and leaks the storage of any still in flight.
+// backends' threads. Memory is reached only through the BucketStorage. A bucket's reduction is
+// in flight from its launch until its Work completed: a backward whose wait failed at its
+// deadline can leave it so, and then Begin and a re-plan are refused (NoneInFlight) rather than
+// reuse the storage under it. The destructor waits (up to the timeout) for every reduction in
+// flight, then leaks the storage of any still running, and a late completion finds no stages.
 #ifndef BRAID_SCHEDULER_REDUCER_STAGES_H_
 #define BRAID_SCHEDULER_REDUCER_STAGES_H_
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "comm/buffer_ops.h"
 #include "comm/work_pool.h"
 #include "scheduler/bucket_plan.h"
@@ -53,7 +58,13 @@ class ReducerStages {
   // The buckets of the current plan, over `storage` (after Create and after each re-plan).
   void Reset(BucketStorage& storage);
   // A new backward: every bucket's counters and flags, and (unless kNoSync) a fresh Work.
-  void Begin(SyncMode mode);
+  // FailedPrecondition (naming the bucket, `caller` first) while a reduction of an earlier
+  // backward is in flight; nothing is changed then.
+  absl::Status Begin(SyncMode mode, absl::string_view caller);
+  // OK when no bucket's reduction is in flight (see the contract above), else
+  // FailedPrecondition naming the first such bucket, `doing` first: before anything replaces
+  // the storage or the bucket states.
+  absl::Status NoneInFlight(absl::string_view doing);
   // A device event that bucket b's collective waits for (one per marked parameter at most).
   void AddEvent(int b, DeviceEvent ready);
   // One more parameter of bucket b is ready: the last one widens b (f32 staging) and launches
@@ -83,6 +94,10 @@ class ReducerStages {
   // storage, without a copy; else this rank's shard of the comm buffer.
   char* ShardRecv(int b) const;
   void Watch(int first, int last, int stage);
+  // With mu_ held: bucket b's reduction was launched and has not completed (its final Work,
+  // or a collective of one of its stages).
+  bool InFlightLocked(int b) const;
+  absl::Status NoneInFlightLocked(absl::string_view doing) const;
   // With mu_ held: the comm hook runs bucket b's `stage` (reducer_hook_stage.cc); a hook's
   // error comes back as a completed Work, named at delivery.
   WorkPtr RunHookLocked(int b, int stage, const ReductionRequest& req);
@@ -112,6 +127,18 @@ class ReducerStages {
   Timeline* tl_;
   const Rows rows_;
   SyncMode sync_ = SyncMode::kSync;  // set by Begin, before any launch of the backward
+
+  // What a collective's completion callback reaches (Watch): these stages while they live. The
+  // destructor detaches it, waiting for callbacks already inside; a collective still running
+  // then finds no stages when it completes, and the last of the anchor's holders frees it.
+  struct CallbackAnchor {
+    static void Release(CallbackAnchor* anchor);  // one holder less; the last one deletes
+    std::atomic<int> refs{1};    // the stages, and each callback registered and not yet run
+    std::atomic<int> active{0};  // callbacks inside OnStageDone
+    std::atomic<bool> detached{false};
+    ReducerStages* stages = nullptr;
+  };
+  CallbackAnchor* anchor_;  // shared with the callbacks (refs)
 
   std::vector<std::unique_ptr<ReducerBucketState>> buckets_;
   WorkPool works_;            // each bucket's per-backward result Work

@@ -119,6 +119,92 @@ TEST(ReducerErrors, StalledPeerFailsFinishBackwardNamingBucketAndGroup) {
   });
 }
 
+// Fuzz finding 10 (docs/hardening.md): a backward whose wait fails at the reducer's deadline
+// leaves its collectives in flight (here rank 1 sleeps 2 s inside its copy of bucket 0's
+// all-reduce); they still read and write the buckets. The next backward and a re-plan must
+// not reuse that storage, and destroying the reducer must leak it, not free it.
+class InFlightBackward {
+ public:
+  // The first collective of the backward started next on `g` has rank 1 stall in its copy.
+  static void StallRankOnesNextCollective(local::LocalBackend& b, Group& g) {
+    auto first = g.Barrier();
+    ASSERT_TRUE(first.ok());
+    ASSERT_OK((*first)->Wait(absl::Seconds(30)));
+    if (g.rank() == 0) b.faults().StallRankInCopy(1, (*first)->info().seq + 2, kStall, "world");
+    auto second = g.Barrier();  // the fault is in place before either rank launches
+    ASSERT_TRUE(second.ok());
+    ASSERT_OK((*second)->Wait(absl::Seconds(30)));
+  }
+  // A backward of TwoParams() whose wait ends at the reducer's deadline, bucket 0 in flight.
+  static void LeaveInFlight(GradientReducer& r) {
+    ASSERT_OK(r.BeginBackward(SyncMode::kSync));
+    ASSERT_OK(r.MarkReady(2));
+    ASSERT_OK(r.MarkReady(1));
+    ExpectError(r.FinishBackward(), absl::StatusCode::kDeadlineExceeded, {"bucket 0"});
+    ExpectError(r.BeginBackward(SyncMode::kSync), absl::StatusCode::kFailedPrecondition,
+                {"braid_reducer_begin_backward", "bucket 0's reduction", "still in flight"});
+    ExpectError(r.Replan(1 << 20, 1 << 20).status(), absl::StatusCode::kFailedPrecondition,
+                {"re-planning the buckets", "bucket 0's reduction", "still in flight"});
+  }
+  static ReducerConfig Config() {
+    ReducerConfig cfg;
+    cfg.timeout = absl::Milliseconds(150);  // far below the stall
+    cfg.first_bucket_cap_bytes = 16;        // two buckets: the bias, then the weight
+    return cfg;
+  }
+  static constexpr absl::Duration kStall = absl::Seconds(2);
+};
+
+TEST(ReducerErrors, ABackwardLeftInFlightRefusesTheNextUntilItCompletes) {
+  auto backend = CreateBackend(LocalOptions(2));
+  ASSERT_TRUE(backend.ok());
+  auto& local = static_cast<local::LocalBackend&>(**backend);
+  RunRanks(local, [&](Group& g) {
+    auto red = GradientReducer::Create(TwoParams(), {&g, nullptr}, InFlightBackward::Config());
+    ASSERT_TRUE(red.ok()) << red.status();
+    GradientReducer& r = **red;
+    InFlightBackward::StallRankOnesNextCollective(local, g);
+    InFlightBackward::LeaveInFlight(r);
+    // Once the stalled collective completed, the reducer is usable again and reduces right.
+    absl::Status begin;
+    const absl::Time end = absl::Now() + absl::Seconds(30);
+    while (!(begin = r.BeginBackward(SyncMode::kSync)).ok() && absl::Now() < end) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    ASSERT_OK(begin);
+    for (ParamId id : {1, 2}) {
+      TensorView v = *r.GradView(id);
+      std::fill_n(static_cast<float*>(v.data), v.count, 1.0f + g.rank());
+    }
+    ASSERT_OK(r.MarkReady(2));
+    ASSERT_OK(r.MarkReady(1));
+    ASSERT_OK(r.FinishBackward());
+    for (ParamId id : {1, 2}) {
+      TensorView v = *r.GradView(id);
+      const float* d = static_cast<const float*>(v.data);
+      EXPECT_TRUE(std::all_of(d, d + v.count, [](float x) { return x == 1.5f; })) << id;
+    }
+  });
+}
+
+TEST(ReducerErrors, DestroyedWithABackwardInFlightLeaksItsStorage) {
+  auto backend = CreateBackend(LocalOptions(2));
+  ASSERT_TRUE(backend.ok());
+  auto& local = static_cast<local::LocalBackend&>(**backend);
+  RunRanks(local, [&](Group& g) {
+    auto red = GradientReducer::Create(TwoParams(), {&g, nullptr}, InFlightBackward::Config());
+    ASSERT_TRUE(red.ok()) << red.status();
+    InFlightBackward::StallRankOnesNextCollective(local, g);
+    InFlightBackward::LeaveInFlight(**red);
+    red->reset();  // waits its 150 ms, then leaks the buckets still in flight
+    // The stalled rank now reads rank 0's bucket and the collectives complete, their callbacks
+    // reaching no freed reducer (under ASan any of it would be a use after free).
+    auto after = g.Barrier();
+    ASSERT_TRUE(after.ok());
+    ASSERT_OK((*after)->Wait(absl::Seconds(30)));
+  });
+}
+
 // With a timeline, each rank's trace shows the marks, the launches, each bucket's collective on
 // its group's row (both rows in hybrid mode) and the wait.
 TEST(ReducerTimeline, TraceShowsMarksLaunchesCollectivesAndWaits) {
