@@ -4,6 +4,7 @@
 //
 //   tools/bazelw run //bench:memory -- --csv
 //   bazel-bin/bench/memory --ranks=2,4 --scale=1 --iters=3 --layer_compute_us=20000
+//   bazel-bin/bench/memory --ranks=4 --modes=zero2,fully_sharded --pool_limit=0  # unbounded
 //
 // Flags: kUsage below (--help). Each layer's forward sleeps --layer_compute_us and its backward
 // twice as long: an accelerator's host thread waiting on its device, so the cores stay free
@@ -23,7 +24,8 @@
 //                           backward as soon as the unit's compute is done, before its
 //                           gradients are handed over, as FSDP2's post-backward does);
 //                           gradients kept only as shards; one BufferPool shared by the
-//                           gathered parameters and the gradient storage; prefetch of the
+//                           gathered parameters and the gradient storage, bounded by
+//                           --pool_limit (backpressure: buffer_pool.h); prefetch of the
 //                           next unit
 //   fully_sharded_noprefetch  the same without prefetch
 //   fully_sharded_int8 / _fp8  fully_sharded with quantized unit gathers (ZeRO++'s qwZ: 1-byte
@@ -105,7 +107,17 @@ struct Config {
   int iters = 3, warmup = 1;
   int64_t layer_compute_us = 20000;
   bool csv = false;
+  // Fully sharded: the shared pool's limit (ReducerConfig::pool_limit_bytes). -1: what the
+  // target allows (below); 0: none.
+  int64_t pool_limit = -1;
 };
+
+// What the issue's bound leaves the pool of a fully sharded rank: the target, less the sharded
+// state and the framework's gradient scratch (one largest unit), which the rank holds anyway.
+int64_t TargetPoolLimit(int ranks, const OverlapModel& model, int64_t largest_unit) {
+  const double state = static_cast<double>(model.elems()) * 20 / ranks;
+  return static_cast<int64_t>((state + 2.0 * largest_unit) * 1.1 - state - largest_unit);
+}
 
 constexpr double kLr = 1e-3;
 constexpr absl::Duration kTimeout = absl::Seconds(300);
@@ -150,6 +162,8 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
   so.reducer.timeout = kTimeout;
   so.reducer.shard_gradients = fsdp;
   if (fsdp) {
+    so.reducer.pool_limit_bytes =
+        c.pool_limit >= 0 ? c.pool_limit : TargetPoolLimit(n, model, largest_unit);
     so.reducer.bucket_cap_bytes = size_t{1} << 40;
     so.reducer.first_bucket_cap_bytes = size_t{1} << 40;
   }
@@ -285,6 +299,13 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
     }
   }
   out->device_peak[rank] = snap.device.peak;
+  if (fsdp && rank == 0) {
+    std::fprintf(stderr,
+                 "[memory]   rank 0: pool limit %.1f MB, %lld waits for a reduction's storage "
+                 "(%.1f ms), %lld growths past the limit\n",
+                 so.reducer.pool_limit_bytes / 1e6, static_cast<long long>(snap.pool_waits),
+                 snap.pool_wait_ns / 1e6, static_cast<long long>(snap.pool_over_limit));
+  }
   // Check: the first element of every layer's first parameter against the serial AdamW of the
   // averaged gradient over the same number of steps (every step sees the same gradients).
   const int steps = c.warmup + c.iters;
@@ -407,6 +428,9 @@ usage: memory [flags]
   --iters=3                 timed steps (the median is reported)
   --warmup=1                untimed steps first
   --layer_compute_us=20000  each layer's forward sleep (its backward sleeps twice as long)
+  --pool_limit=auto         fully sharded: bytes the shared buffer pool may hold (auto: the
+                            target less the sharded state and one unit's gradient scratch;
+                            0: no limit)
   --csv                     CSV only
 )";
 
@@ -425,6 +449,10 @@ absl::Status Main(int argc, char** argv) {
   ASSIGN_OR_RETURN(int64_t warmup, f.Int("warmup", 1));
   ASSIGN_OR_RETURN(c.layer_compute_us, f.Int("layer_compute_us", 20000));
   c.csv = f.Bool("csv", false);
+  const std::string pool_limit = f.Str("pool_limit", "auto");
+  if (pool_limit != "auto" && (!absl::SimpleAtoi(pool_limit, &c.pool_limit) || c.pool_limit < 0)) {
+    return absl::InvalidArgumentError("--pool_limit must be auto or a number of bytes >= 0");
+  }
   if (blocks < 1 || iters < 1 || warmup < 0 || c.layer_compute_us < 0) {
     return absl::InvalidArgumentError(
         "--blocks and --iters must be >= 1, --warmup and --layer_compute_us >= 0");

@@ -29,7 +29,9 @@ absl::StatusOr<std::unique_ptr<TrainingStack>> TrainingStack::Create(
   });
   s->shard_gradients_ = config.shard_gradients;
   if (s->shard_gradients_ && !s->on_device_) {
-    s->pool_ = std::make_shared<sched::BufferPool>();
+    // Bounded by the reducer's pool_limit_bytes (gathered parameters and gradient storage).
+    s->pool_ = std::make_shared<sched::BufferPool>(
+        sched::BufferPool::Options{config.pool_limit_bytes, s->memory_.get()});
     config.shared_pool = s->pool_;
   }
   // Before anything whose collectives depend on them (a launch scheduler only some ranks made

@@ -2,10 +2,11 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 namespace braid::sched {
 
-OwnedBuffer BufferPool::Take(size_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+OwnedBuffer BufferPool::TakeLocked(size_t bytes) {
   for (size_t k = 0; k < free_.size(); ++k) {
     if (free_[k].key != bytes) continue;
     OwnedBuffer out = std::move(free_[k].buffer);
@@ -17,16 +18,104 @@ OwnedBuffer BufferPool::Take(size_t bytes) {
   return OwnedBuffer();
 }
 
-void BufferPool::Give(OwnedBuffer buffer, size_t bytes) {
-  if (!buffer) return;
+bool BufferPool::OverLimitLocked(size_t bytes) const {
+  return options_.limit_bytes > 0 && held_ + static_cast<int64_t>(bytes) > options_.limit_bytes;
+}
+
+absl::StatusOr<OwnedBuffer> BufferPool::Acquire(size_t bytes, absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  absl::Time wait_start = absl::InfinitePast();
+  const auto note_wait = [&] {
+    if (wait_start != absl::InfinitePast() && options_.memory != nullptr) {
+      options_.memory->NotePoolWait(absl::ToInt64Nanoseconds(absl::Now() - wait_start));
+    }
+  };
+  for (;;) {
+    if (OwnedBuffer out = TakeLocked(bytes)) {
+      note_wait();
+      return out;
+    }
+    const bool over = OverLimitLocked(bytes);
+    if (!over || returning_ == 0) {
+      // Grow: within the limit, or past it when nothing in use comes back on its own.
+      if (over && options_.memory != nullptr) options_.memory->NotePoolOverLimit();
+      held_ += static_cast<int64_t>(bytes);
+      if (held_ > peak_held_) peak_held_ = held_;
+      note_wait();
+      return OwnedBuffer();
+    }
+    if (wait_start == absl::InfinitePast()) {
+      wait_start = absl::Now();
+    } else if (absl::Now() - wait_start >= timeout) {
+      note_wait();
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the buffer pool holds ", held_, " of its limit of ", options_.limit_bytes,
+          " bytes and none of the ", returning_, " buffer(s) of reductions in flight came back ",
+          "within ", absl::FormatDuration(timeout), " (", bytes, " bytes wanted)"));
+    }
+    ++waiters_;
+    cv_.wait_until(lock, absl::ToChronoTime(wait_start + timeout));
+    --waiters_;
+  }
+}
+
+void BufferPool::Unhold(size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  free_bytes_ += static_cast<int64_t>(buffer.bytes());
-  free_.push_back(Entry{bytes, std::move(buffer)});
+  held_ -= static_cast<int64_t>(bytes);
+  if (held_ < 0) held_ = 0;  // buffers given in that Acquire never counted (tests)
+  if (waiters_ > 0) cv_.notify_all();
+}
+
+bool BufferPool::Fits(size_t bytes) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!OverLimitLocked(bytes)) return true;
+  for (const Entry& e : free_) {
+    if (e.key == bytes) return true;
+  }
+  return false;
+}
+
+OwnedBuffer BufferPool::Take(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return TakeLocked(bytes);
+}
+
+void BufferPool::Give(OwnedBuffer buffer, size_t bytes, bool returning) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (returning) --returning_;
+  if (buffer) {
+    free_bytes_ += static_cast<int64_t>(buffer.bytes());
+    free_.push_back(Entry{bytes, std::move(buffer)});
+  }
+  if (waiters_ > 0) cv_.notify_all();
+}
+
+void BufferPool::StartReturning(int n) {
+  if (n == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  returning_ += n;
+}
+
+void BufferPool::EndReturning(int n) {
+  if (n == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  returning_ -= n;
+  if (waiters_ > 0) cv_.notify_all();
 }
 
 int64_t BufferPool::free_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return free_bytes_;
+}
+
+int64_t BufferPool::held_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return held_;
+}
+
+int64_t BufferPool::peak_held_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peak_held_;
 }
 
 void BufferPool::Reserve(size_t buffers) {
@@ -37,13 +126,19 @@ void BufferPool::Reserve(size_t buffers) {
 void BufferPool::Trim() {
   std::vector<Entry> freed;  // destroyed after the lock is released
   std::lock_guard<std::mutex> lock(mu_);
+  for (const Entry& e : free_) held_ -= static_cast<int64_t>(e.key);
+  if (held_ < 0) held_ = 0;  // buffers given in that Acquire never counted (tests)
   freed.swap(free_);
   free_bytes_ = 0;
 }
 
 void BufferPool::Abandon() {
   std::lock_guard<std::mutex> lock(mu_);
-  for (Entry& e : free_) (void)e.buffer.release();
+  for (Entry& e : free_) {
+    held_ -= static_cast<int64_t>(e.key);
+    (void)e.buffer.release();
+  }
+  if (held_ < 0) held_ = 0;
   free_.clear();
   free_bytes_ = 0;
 }

@@ -49,6 +49,7 @@ struct MemoryStats::Counters {
   AtomicCounter host, device;
   AtomicCounter by_use[kMemoryUses];
   std::atomic<int64_t> allocations{0};
+  std::atomic<int64_t> pool_waits{0}, pool_wait_ns{0}, pool_over_limit{0};
 
   std::mutex tl_mu;  // the timeline and its row
   Timeline* timeline = nullptr;
@@ -96,7 +97,19 @@ MemorySnapshot MemoryStats::Snapshot() const {
   s.device = counters_->device.Read();
   for (int u = 0; u < kMemoryUses; ++u) s.by_use[u] = counters_->by_use[u].Read();
   s.allocations = counters_->allocations.load(std::memory_order_relaxed);
+  s.pool_waits = counters_->pool_waits.load(std::memory_order_relaxed);
+  s.pool_wait_ns = counters_->pool_wait_ns.load(std::memory_order_relaxed);
+  s.pool_over_limit = counters_->pool_over_limit.load(std::memory_order_relaxed);
   return s;
+}
+
+void MemoryStats::NotePoolWait(int64_t ns) {
+  counters_->pool_waits.fetch_add(1, std::memory_order_relaxed);
+  counters_->pool_wait_ns.fetch_add(ns, std::memory_order_relaxed);
+}
+
+void MemoryStats::NotePoolOverLimit() {
+  counters_->pool_over_limit.fetch_add(1, std::memory_order_relaxed);
 }
 
 void MemoryStats::ResetPeaks() {

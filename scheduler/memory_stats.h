@@ -58,6 +58,12 @@ struct MemorySnapshot {
   MemoryCounter host, device;
   MemoryCounter by_use[kMemoryUses];  // host and device together, per MemoryUse
   int64_t allocations = 0;            // buffers allocated so far (a churn measure)
+  // A bounded BufferPool (scheduler/buffer_pool.h): takers that waited for a buffer to come
+  // back from a reduction in flight, their total wait, and growths past the limit (nothing was
+  // coming back).
+  int64_t pool_waits = 0;
+  int64_t pool_wait_ns = 0;
+  int64_t pool_over_limit = 0;
 };
 
 class MemoryStats {
@@ -72,6 +78,10 @@ class MemoryStats {
                                        absl::string_view what);
   // Counts an existing allocation from now until it is freed, as `bytes` (0: buffer.bytes()).
   OwnedBuffer Adopt(OwnedBuffer buffer, bool device, MemoryUse use, size_t bytes = 0);
+
+  // A bounded BufferPool's backpressure: one wait of `ns`; one growth past its limit.
+  void NotePoolWait(int64_t ns);
+  void NotePoolOverLimit();
 
   MemorySnapshot Snapshot() const;
   // Every peak becomes the current value (to measure one phase's peak).

@@ -139,6 +139,10 @@ ParamGatherer::~ParamGatherer() {
         s.label);
     (void)s.full.release();
   }
+  // Buffers still attached leave the shared pool's count with this gatherer.
+  for (int b = 0; config_.fully_sharded && config_.shared_pool && b < num_buckets(); ++b) {
+    if (buckets_[b]->full) config_.shared_pool->Unhold(plan_.buckets()[b].bytes());
+  }
 }
 
 absl::Status ParamGatherer::CheckBucket(const char* what, int b) const {
@@ -180,7 +184,19 @@ absl::Status ParamGatherer::LaunchLocked(int b, DeviceEvent ready, bool exact) {
   const Bucket& bk = plan_.buckets()[b];
   const size_t shard_bytes = bk.shard_count * DTypeSize(bk.dtype);
   BufferOps& ops = group_->buffer_ops();
-  if (!s.full && config_.shared_pool) s.full = config_.shared_pool->Take(bk.bytes());
+  bool pool_counted = false;  // the shared pool counts the buffer allocated below
+  if (!s.full && config_.shared_pool) {
+    // At a bounded pool's limit this waits (mu_ held) for a launched reduction's storage to
+    // come back; such a wait ends without any call into this gatherer (buffer_pool.h).
+    absl::StatusOr<OwnedBuffer> pooled = config_.shared_pool->Acquire(bk.bytes(), config_.timeout);
+    if (!pooled.ok()) {
+      return absl::Status(pooled.status().code(),
+                          absl::StrCat("gathering ", s.label, ": ", pooled.status().message(),
+                                       "; raise pool_limit_bytes (0: no limit) or the timeout"));
+    }
+    s.full = *std::move(pooled);
+    pool_counted = !s.full;
+  }
   if (!s.full && config_.reuse_buffers) {
     // Best fit from the pool: the smallest buffer of at least bk.bytes(), wasting at most half.
     auto it = pool_.lower_bound(bk.bytes());
@@ -194,6 +210,7 @@ absl::Status ParamGatherer::LaunchLocked(int b, DeviceEvent ready, bool exact) {
     absl::StatusOr<OwnedBuffer> full =
         AllocateZeroed(config_.memory, ops, bk.bytes(), MemoryUse::kParamGather, s.label);
     if (!full.ok()) {
+      if (pool_counted) config_.shared_pool->Unhold(bk.bytes());
       return absl::Status(full.status().code(),
                           absl::StrCat("gathering ", s.label, ": cannot allocate ", bk.bytes(),
                                        " bytes: ", full.status().message()));
@@ -347,6 +364,13 @@ absl::Status ParamGatherer::Release(int b) {
   s.full.Reset();
   s.state = GatherState::kNotGathered;
   return absl::OkStatus();
+}
+
+bool ParamGatherer::PoolFits(int b) const {
+  if (b < 0 || b >= num_buckets() || !config_.fully_sharded || !config_.shared_pool) return true;
+  // Not under mu_ (a launch may hold it while it waits on the pool); a released bucket, the
+  // only kind a prefetch launches, holds no buffer.
+  return config_.shared_pool->Fits(plan_.buckets()[b].bytes());
 }
 
 WorkPtr ParamGatherer::GatherWork(int b) const {

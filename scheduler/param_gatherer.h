@@ -133,6 +133,9 @@ class ParamGatherer {
   // True once a WaitParams / WaitAll saw bucket b's latest gather complete OK (and b was not
   // released since); a gather that finished unobserved still counts as in flight.
   bool IsGathered(int b) const;
+  // Whether gathering bucket b now would take its buffer without waiting on, or growing past
+  // the limit of, a bounded shared pool (a prefetch is deferred otherwise). True without one.
+  bool PoolFits(int b) const;
 
   // Collective over the group (call it at the same point on every rank): compares the sequence
   // of buckets every rank has gathered so far. FailedPrecondition naming the group and each

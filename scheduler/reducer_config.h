@@ -83,6 +83,14 @@ struct ReducerConfig {
   // shared with the parameter gatherer (scheduler/buffer_pool.h), instead of the reducer's own.
   // InvalidArgument at Create on device groups or without shard_gradients.
   std::shared_ptr<BufferPool> shared_pool;
+  // shard_gradients: the most bytes the reducer's own pool of full-size storage may hold, in use
+  // and free (0: no limit, the pool grows to what is in flight at once). At the limit, taking
+  // storage waits for a launched reduction's storage to come back (up to `timeout`), stalling
+  // the hand-over in MarkReady; it never waits for anything not yet launched
+  // (scheduler/buffer_pool.h). With shared_pool the shared pool's own limit applies: this must
+  // be 0 or equal to it. InvalidArgument at Create without shard_gradients, and at Allocate when
+  // below one bucket's storage (and staging).
+  int64_t pool_limit_bytes = 0;
   // Optional: every reduce-scatter / all-reduce goes through it (credit-sized partitions,
   // priorities; scheduler/op_scheduler.h), still submitted in bucket order. Results are bit for
   // bit those without it (see partition.h).

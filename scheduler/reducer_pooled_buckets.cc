@@ -10,7 +10,17 @@ namespace braid::sched {
 
 PooledBuckets::PooledBuckets(BufferOps& ops, const ReducerConfig& config, int shard_rank)
     : BucketStorage(ops, config, shard_rank, /*takes_bare_marks=*/false),
-      pool_(config.shared_pool ? config.shared_pool : std::make_shared<BufferPool>()) {}
+      pool_(config.shared_pool ? config.shared_pool
+                               : std::make_shared<BufferPool>(BufferPool::Options{
+                                     config.pool_limit_bytes, config.memory})) {}
+
+PooledBuckets::~PooledBuckets() {
+  // A shared pool outlives this storage: what it counted as coming back no longer will.
+  for (auto& s : buckets_) {
+    std::lock_guard<std::mutex> lock(s->mu);
+    EndReturningLocked(*s);
+  }
+}
 
 absl::Status PooledBuckets::Allocate(const BucketPlan& plan) {
   plan_ = &plan;
@@ -45,6 +55,20 @@ absl::Status PooledBuckets::Allocate(const BucketPlan& plan) {
     buckets_.push_back(std::move(s));
   }
   pool_->Reserve(2 * buckets_.size());
+  const int64_t limit = pool_->limit_bytes();
+  for (size_t b = 0; limit > 0 && b < buckets_.size(); ++b) {
+    // What one bucket holds at once: it must fit, or every take would pass the limit.
+    const Bucket& bk = plan.buckets()[b];
+    int64_t need = static_cast<int64_t>(AlignedStorageBytes(bk.bytes()));
+    if (Widened(static_cast<int>(b))) {
+      need += static_cast<int64_t>(AlignedStorageBytes(bk.padded_count * DTypeSize(DType::kF32)));
+    }
+    if (need > limit) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pool_limit_bytes ", limit, " is below the ", need,
+                       " bytes of full-size storage that bucket ", b, " holds while reduced"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -74,12 +98,24 @@ absl::Status PooledBuckets::BareMarkError(int i) const {
 
 absl::StatusOr<OwnedBuffer> PooledBuckets::Take(size_t bytes, int b) {
   bytes = AlignedStorageBytes(bytes);
-  OwnedBuffer pooled = pool_->Take(bytes);
-  if (pooled) return pooled;
-  // None fits: the pool grows (never in steady state).
-  ASSIGN_OR_RETURN(OwnedBuffer out,
-                   CountedAllocate(config_.memory, ops_, bytes, MemoryUse::kGradBuckets,
-                                   absl::StrCat("bucket ", b, " (pooled gradient storage)")));
+  // At the pool's limit this waits for a launched bucket's storage (never for one not launched:
+  // see buffer_pool.h).
+  absl::StatusOr<OwnedBuffer> pooled = pool_->Acquire(bytes, config_.timeout);
+  if (!pooled.ok()) {
+    return absl::Status(
+        pooled.status().code(),
+        absl::StrCat("bucket ", b, " (pooled gradient storage): ", pooled.status().message(),
+                     "; raise pool_limit_bytes (0: no limit) or the reducer's timeout"));
+  }
+  if (*pooled) return *std::move(pooled);
+  // None free: the pool grows (never in steady state).
+  absl::StatusOr<OwnedBuffer> out =
+      CountedAllocate(config_.memory, ops_, bytes, MemoryUse::kGradBuckets,
+                      absl::StrCat("bucket ", b, " (pooled gradient storage)"));
+  if (!out.ok()) {
+    pool_->Unhold(bytes);
+    return out.status();
+  }
   pool_->Reserve(++pool_buffers_);  // giving it back never allocates
   return out;
 }
@@ -87,6 +123,24 @@ absl::StatusOr<OwnedBuffer> PooledBuckets::Take(size_t bytes, int b) {
 void PooledBuckets::Give(OwnedBuffer buffer, size_t bytes) {
   if (!buffer) return;
   pool_->Give(std::move(buffer), AlignedStorageBytes(bytes));
+}
+
+void PooledBuckets::EndReturningLocked(Storage& s) {
+  pool_->EndReturning(s.returning);
+  s.returning = 0;
+}
+
+void PooledBuckets::Launched(int b) {
+  Storage& s = *buckets_[b];
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.returning = (s.data ? 1 : 0) + (s.staging ? 1 : 0);
+  pool_->StartReturning(s.returning);
+}
+
+void PooledBuckets::Settled(int b) {
+  Storage& s = *buckets_[b];
+  std::lock_guard<std::mutex> lock(s.mu);
+  EndReturningLocked(s);
 }
 
 absl::Status PooledBuckets::Fill(int b) {
@@ -139,10 +193,16 @@ void PooledBuckets::Release(int b) {
   Storage& s = *buckets_[b];
   std::lock_guard<std::mutex> lock(s.mu);
   const Bucket& bk = plan_->buckets()[b];
-  Give(std::move(s.staging), bk.padded_count * DTypeSize(DType::kF32));
-  Give(std::move(s.data), bk.bytes());
-  s.staging.Reset();
-  s.data.Reset();
+  for (auto [buffer, bytes] :
+       {std::pair<OwnedBuffer*, size_t>{&s.staging, bk.padded_count * DTypeSize(DType::kF32)},
+        {&s.data, bk.bytes()}}) {
+    if (!*buffer) continue;
+    const bool returning = s.returning > 0;  // a launched bucket's: its waiters are told
+    if (returning) --s.returning;
+    pool_->Give(std::move(*buffer), AlignedStorageBytes(bytes), returning);
+    buffer->Reset();
+  }
+  EndReturningLocked(s);
 }
 
 absl::Status PooledBuckets::Consume(int b, BufferOps& ops) {
@@ -160,6 +220,10 @@ absl::Status PooledBuckets::Zero(int b) {
 
 void PooledBuckets::Abandon(int b) {
   Storage& s = *buckets_[b];
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    EndReturningLocked(s);  // leaked: it never comes back
+  }
   (void)s.data.release();
   (void)s.staging.release();
   (void)s.kept.release();

@@ -13,6 +13,11 @@
 //  - The kept shard: one per bucket, shard_count elements of the bucket's dtype (kGradShards,
 //    allocated with the plan). Hybrid with reduce_dtype f32 also keeps an f32 shard per bucket:
 //    the replica all-reduce and the reduce_scatter_only partial sums run there.
+//  - Bounded pool (ReducerConfig::pool_limit_bytes, or the shared pool's limit): where taking
+//    storage would grow the pool past its limit, Fill / TakeStaging wait for the storage of a
+//    bucket already launched to come back (Launched .. Release / Settled), up to the reducer's
+//    timeout (DeadlineExceeded naming the bucket and pool_limit_bytes); never for a bucket not
+//    yet launched, and with nothing in flight the pool grows (MemoryStats::pool_over_limit).
 //  - kNoSync keeps a bucket's storage for the whole window (no_sync's memory cost, as in
 //    FSDP); kReduceScatterOnly adds each microbatch's reduced shard into the kept one and gives
 //    the storage back after each microbatch. Unused parameters' slots are zeroed when reduced.
@@ -37,6 +42,7 @@ namespace braid::sched {
 class PooledBuckets final : public BucketStorage {
  public:
   PooledBuckets(BufferOps& ops, const ReducerConfig& config, int shard_rank);
+  ~PooledBuckets() override;
 
   absl::Status Allocate(const BucketPlan& plan) override;
   std::unique_ptr<BucketStorage> Fresh() const override;
@@ -52,6 +58,8 @@ class PooledBuckets final : public BucketStorage {
   char* ReplicaBuffer(int b) const override;
   absl::StatusOr<char*> Partial(int b) override { return ReplicaBuffer(b); }
   Handoff handoff() const override { return Handoff::kOnShardStream; }
+  void Launched(int b) override;
+  void Settled(int b) override;
   void Release(int b) override;
   absl::Status Consume(int b, BufferOps& ops) override;
   absl::Status Zero(int b) override;
@@ -69,7 +77,9 @@ class PooledBuckets final : public BucketStorage {
     OwnedBuffer staging;    // from the pool while a widened bucket is reduced
     OwnedBuffer kept;       // this rank's reduced shard (shard_count, bucket dtype)
     OwnedBuffer reduced;    // hybrid with f32 staging: the f32 shard
+    int returning = 0;      // of data / staging: counted as coming back (BufferPool)
   };
+  void EndReturningLocked(Storage& s);
   // Storage of `bytes` (aligned: the pool's key) from the pool, or a new allocation.
   absl::StatusOr<OwnedBuffer> Take(size_t bytes, int b);
   void Give(OwnedBuffer buffer, size_t bytes);

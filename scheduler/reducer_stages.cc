@@ -209,7 +209,8 @@ void ReducerStages::LaunchStageLocked(int b, int stage) {
   ReducerBucketState& s = *buckets_[b];
   CollectiveOptions opts;
   opts.label = s.label;
-  if (stage == 0) {  // the group's stream waits for every producer of the bucket
+  if (stage == 0) {         // the group's stream waits for every producer of the bucket
+    storage_->Launched(b);  // its storage comes back on its own now (a bounded pool waits)
     opts.ready_events =
         absl::MakeConstSpan(s.events.get(), s.n_events.load(std::memory_order_relaxed));
   }
@@ -410,6 +411,7 @@ absl::Status ReducerStages::Unpack(int b) {
 
 void ReducerStages::FinishBucket(int b, absl::Status s, BufferOps& ops) {
   WorkPtr w = buckets_[b]->work;  // keeps the Work alive while its callbacks run
+  storage_->Settled(b);           // a failed bucket keeps its storage: not coming back
   if (s.ok() && !ops.synchronous()) {
     // Device: the bucket's result is final once the operations queued after the collective
     // have run; the Work completes then (and exposes that point as its device event).

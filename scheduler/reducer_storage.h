@@ -79,6 +79,11 @@ class BucketStorage {
   // followed by an event the replica stream waits for (storage read only on the shard stream).
   enum class Handoff { kOnReplicaStream, kOnShardStream };
   virtual Handoff handoff() const = 0;
+  // Bucket b's reduction was launched: its full-size storage comes back without the framework
+  // (a bounded pool may wait for it). Settled: its Work completed; storage it still holds (a
+  // failed bucket's) no longer counts as coming back. Both with the stages' launch order.
+  virtual void Launched(int b) {}
+  virtual void Settled(int b) {}
   // The full bucket was read for the last time (its result delivered), on the shard stream.
   virtual void Release(int b) = 0;
   // A reduce_scatter_only microbatch's gradients were consumed: the next marks start at zero.

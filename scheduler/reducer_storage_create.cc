@@ -3,6 +3,7 @@
 // nothing of its implementations).
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "scheduler/reducer_full_buckets.h"
 #include "scheduler/reducer_pooled_buckets.h"
 #include "scheduler/reducer_storage.h"
@@ -18,6 +19,10 @@ absl::StatusOr<std::unique_ptr<BucketStorage>> BucketStorage::Create(const Reduc
       return absl::InvalidArgumentError(
           "shared_pool is for shard_gradients reducers on host groups (device groups queue "
           "their operations on different streams)");
+    }
+    if (config.pool_limit_bytes != 0) {
+      return absl::InvalidArgumentError(
+          "pool_limit_bytes bounds the pooled storage of shard_gradients reducers");
     }
     return std::unique_ptr<BucketStorage>(new FullBuckets(ops, config, shard_rank));
   }
@@ -39,6 +44,16 @@ absl::StatusOr<std::unique_ptr<BucketStorage>> BucketStorage::Create(const Reduc
     return absl::InvalidArgumentError(
         "shared_pool is for shard_gradients reducers on host groups (device groups queue their "
         "operations on different streams)");
+  }
+  if (config.pool_limit_bytes < 0 ||
+      (config.shared_pool != nullptr && config.pool_limit_bytes != 0 &&
+       config.pool_limit_bytes != config.shared_pool->limit_bytes())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pool_limit_bytes ", config.pool_limit_bytes,
+        config.pool_limit_bytes < 0 ? " is negative (0: no limit)"
+                                    : absl::StrCat(" differs from the shared_pool's limit of ",
+                                                   config.shared_pool->limit_bytes(),
+                                                   " bytes (set it when creating the pool)")));
   }
   return std::unique_ptr<BucketStorage>(new PooledBuckets(ops, config, shard_rank));
 }

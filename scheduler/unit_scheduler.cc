@@ -120,6 +120,13 @@ void UnitScheduler::StartPhaseLocked(Phase phase) {
   skipped_.assign(sched_.size(), false);
 }
 
+bool UnitScheduler::PoolFitsLocked(int u) const {
+  for (int b : units_[u].buckets) {
+    if (!gatherer_->PoolFits(b)) return false;
+  }
+  return true;
+}
+
 bool UnitScheduler::SkippableLocked(size_t p) const {
   const Unit& un = units_[sched_[p]];
   return un.state != UnitState::kReleased || un.entered_in_phase > occurrence_[p];
@@ -193,7 +200,9 @@ absl::Status UnitScheduler::DecideAndLaunchLocked(std::unique_lock<std::mutex>& 
         continue;
       }
       const int u = sched_[launch_pos_];
-      if (live + units_[u].bytes > limit_) break;  // deferred: retried at the next call
+      // Deferred (retried at the next call) past the live limit, or where a bounded buffer
+      // pool shared with the gradients has no room: a prefetch never waits for the pool.
+      if (live + units_[u].bytes > limit_ || !PoolFitsLocked(u)) break;
       live += units_[u].bytes;
       launch.push_back(u);
       units_[u].state = UnitState::kLaunching;  // reserved: later positions see it live

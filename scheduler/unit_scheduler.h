@@ -17,9 +17,11 @@
 //  - Rank order: every launch is decided and ticketed under one mutex; a launch is always the
 //    next position of the current schedule (a required gather of any other unit is an error
 //    naming the expected and the actual unit); the limit and the prefetch depth decide only WHEN.
-//  - Limit: a prefetch that would take live_bytes() above max_live_bytes waits; a required
-//    gather never does. peak_live_bytes() <= max_live_bytes when it is >= 2x the largest unit
-//    and units are released in order.
+//  - Limit: a prefetch that would take live_bytes() above max_live_bytes waits, and so does
+//    one for which a bounded buffer pool shared with the gradients has no room
+//    (ParamGatherer::PoolFits); a required gather never does (it may wait inside the pool).
+//    peak_live_bytes() <= max_live_bytes when it is >= 2x the largest unit and units are released
+//    in order.
 //  - EndForward (reshard_after_forward) and EndBackward release the unit's buckets. EndStep
 //    names units still entered or gathered. GatherAll / ReleaseAll only outside a step.
 //  - A failed launch is kept and returned from every later call that could launch (the ranks'
@@ -123,6 +125,7 @@ class UnitScheduler {
                             bool call_before_gather);
   // With mu_ held: whether schedule position p needs no launch (see contract item 3).
   bool SkippableLocked(size_t p) const;
+  bool PoolFitsLocked(int u) const;  // the gatherer's shared pool has room for unit u's buckets
   // With mu_ held: releases unit u (waits for a gather still in flight).
   absl::Status ReleaseLocked(int u);
   void AddLive(int64_t bytes);

@@ -20,6 +20,7 @@
 #include "comm/status_macros.h"
 #include "gtest/gtest.h"
 #include "scheduler/memory_stats.h"
+#include "scheduler/reducer_storage.h"
 #include "scheduler/unit_scheduler.h"
 #include "tests/multirank.h"
 #include "tests/optim/optimizer_harness.h"
@@ -38,6 +39,8 @@ struct FsdpCase {
   bool reshard_after_forward = true;
   int prefetch = 1;
   bool shared_pool = false;  // one BufferPool for gathered parameters and gradient storage
+  // With shared_pool: its limit, in units' bytes (equal units, one bucket each; 0: none).
+  int pool_limit_units = 0;
 };
 
 void PrintTo(const FsdpCase& c, std::ostream* os) { *os << c.name; }
@@ -65,7 +68,16 @@ absl::StatusOr<std::unique_ptr<FsdpStack>> Build(Group& world, const FsdpCase& c
   rc.timeout = absl::Seconds(60);
   rc.memory = &st->memory;
   rc.shard_gradients = true;
-  if (c.shared_pool) st->pool = std::make_shared<sched::BufferPool>();
+  if (c.pool_limit_units > 0) {
+    // Equal units of one bucket each (all the first bucket's size too): one pool key.
+    rc.first_bucket_cap_bytes = s.bucket_cap_bytes;
+    const size_t unit =
+        s.counts[0] * static_cast<size_t>(s.counts.size() / kUnits) * DTypeSize(s.dtype);
+    st->pool = std::make_shared<sched::BufferPool>(sched::BufferPool::Options{
+        c.pool_limit_units * static_cast<int64_t>(sched::AlignedStorageBytes(unit)), &st->memory});
+  } else if (c.shared_pool) {
+    st->pool = std::make_shared<sched::BufferPool>();
+  }
   rc.shared_pool = st->pool;
   sched::ReducerGroups groups;
   if (s.replicas > 1) {
@@ -205,6 +217,12 @@ absl::Status CheckMemory(FsdpStack& st, const FsdpCase& c, int rank, int t) {
     return absl::InternalError(absl::StrCat(at, "peak live gathered bytes ",
                                             st.units->peak_live_bytes(), " above ", bound));
   }
+  if (st.pool != nullptr && st.pool->limit_bytes() > 0 &&
+      (st.pool->peak_held_bytes() > st.pool->limit_bytes() || m.pool_over_limit != 0)) {
+    return absl::InternalError(absl::StrCat(
+        at, "the pool held ", st.pool->peak_held_bytes(), " bytes at most (", m.pool_over_limit,
+        " growths past its limit of ", st.pool->limit_bytes(), ")"));
+  }
   if (current(MemoryUse::kParamShards) != shards) {
     return absl::InternalError(absl::StrCat(at, current(MemoryUse::kParamShards),
                                             " parameter shard bytes, want ", shards));
@@ -303,6 +321,20 @@ std::vector<FsdpCase> Cases() {
       shared.s.schedule = {sched::SyncMode::kReduceScatterOnly, sched::SyncMode::kSync};
     }
     out.push_back(shared);
+  }
+  // A bounded shared pool (backpressure, scheduler/buffer_pool.h): 4 equal units, at most 3
+  // units' buffers (gathered and gradient storage together), with and without prefetch.
+  for (int prefetch : {1, 0}) {
+    FsdpCase bounded{prefetch ? "rs2_f32_pool_limit" : "rs2_f32_pool_limit_no_prefetch",
+                     OptScenario{},
+                     true,
+                     prefetch,
+                     true,
+                     3};
+    bounded.s.steps = 3;
+    bounded.s.counts = std::vector<size_t>(8, 256);
+    bounded.s.bucket_cap_bytes = 2 * 256 * 4;
+    out.push_back(bounded);
   }
   FsdpCase sgd{"rs2_sgd", OptScenario{}, true, 1};
   sgd.s.steps = 3;
