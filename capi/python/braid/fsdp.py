@@ -7,7 +7,8 @@ import functools
 import torch
 
 from . import _owners, core
-from ._ddp_reuse import fired_twice_fully_sharded, reuse_marks
+from ._ddp_reuse import reuse_marks
+from ._fsdp_backward import ROOT, UnitBackward  # the hooks and end of a backward
 from ._fsdp_cast import param_cast
 from ._fsdp_device import DeviceUnits, HostUnits, device_placement
 from ._fsdp_join import FSDPJoin
@@ -22,10 +23,7 @@ from ._used_map import agreement_options
 from ._views import _broadcast_module, _sync_scope, _view
 
 
-_ROOT = 0  # the root unit: the wrapped module's parameters that no unit holds
-
-
-class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
+class FullyShardedDataParallel(UnitBackward, torch.nn.Module, _owners.Wrapper):
     """Fully sharded data parallel (ZeRO-3 / FSDP) over Braid: between uses every parameter
     exists only as this rank's shard; each *unit* (a submodule, e.g. one transformer block)
     is all-gathered just before its forward and its backward and released after, with
@@ -116,7 +114,7 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         self._dtypes = [p.dtype for _, p in named]  # registered (master) dtypes
         self._cast = param_cast(param_dtype, self._dtypes, cast_forward_inputs,
                                 "FullyShardedDataParallel")  # braid/_fsdp_cast.py
-        self._unit_of = [owner.get(id(p), _ROOT) for p in self._params]
+        self._unit_of = [owner.get(id(p), ROOT) for p in self._params]
         self.unit_modules = unit_modules
         self.unit_names = ["<root>"] + [names[id(m)] for m in unit_modules]
         self.reducer = core.Reducer(
@@ -377,8 +375,8 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         grad = torch.is_grad_enabled()
         args, kwargs = self._cast.inputs(args, kwargs)
         self._armed = self._sync
-        if self._active[_ROOT]:
-            self._enter(_ROOT, "forward")
+        if self._active[ROOT]:
+            self._enter(ROOT, "forward")
         try:
             if grad:
                 with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
@@ -392,10 +390,10 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
         if needs_grad:
             for t in needs_grad:
                 t.register_hook(self._root_pre_backward)
-            self._root_kept = self._active[_ROOT]
+            self._root_kept = self._active[ROOT]
         else:
-            if self._active[_ROOT]:
-                self._exit(_ROOT, "forward")
+            if self._active[ROOT]:
+                self._exit(ROOT, "forward")
             if not self.fsdp_options["reshard_after_forward"]:
                 self._drain()  # no backward will release the kept units
         return out
@@ -431,92 +429,6 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
                     t.register_hook(functools.partial(self._unit_pre_backward, unit))
         self._exit(unit, "forward")
 
-    # -- backward
-    def _begin_backward(self):
-        if self._in_backward:
-            return
-        self._opt.begin_backward(self._armed)
-        self._in_backward = True
-        if self._local is not None:
-            self._cuda.check_local()
-            self._local.stash_grads()
-        self._unmarked = {u: set(pids) for u, pids in enumerate(self._unit_params) if pids}
-        torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
-        if self._root_kept:
-            # The root unit is still gathered from its forward (entered, never exited there):
-            # entering it for backward now, out of the reverse order, is allowed for a gathered
-            # unit, and its exit at the end of the backward ends its forward use too.
-            self._root_kept = False
-            self._enter(_ROOT, "backward")
-
-    def _root_pre_backward(self, grad):
-        try:
-            self._begin_backward()
-        except Exception as e:  # pylint: disable=broad-except
-            self._abandon_backward(str(e))
-
-    def _unit_pre_backward(self, unit, grad):
-        try:
-            self._begin_backward()
-            if unit not in self._entered:
-                self._enter(unit, "backward")
-        except Exception as e:  # pylint: disable=broad-except
-            self._abandon_backward(str(e))
-
-    def _grad_ready(self, pid, *unused):
-        try:
-            self._begin_backward()
-            unit = self._unit_of[pid]
-            pending = self._unmarked[unit]
-            if pid not in pending:  # its hook fired again (reentrant checkpoint: _ddp_reuse.py)
-                if not self._marks_counted:
-                    raise fired_twice_fully_sharded(self._names[pid])
-            elif unit not in self._entered:  # no gradient reached its outputs' hooks first
-                self._enter(unit, "backward")
-            p = self._params[pid]
-            g = _TENSOR_GRAD.__get__(p)  # not the property: its guard is for users
-            if g is None:
-                raise RuntimeError("parameter %r: no gradient at its AccumulateGrad hook" %
-                                   self._names[pid])
-            if self._join is not None and self._join.shadowing:
-                g = torch.zeros_like(g)  # a joined rank's replayed step contributes zeros
-            self._cuda.mark_grad(self.reducer, pid, self._cast.grad(pid, g.detach()).contiguous())
-            p.grad = None  # Braid copied it: the full-size gradient is freed now
-            pending.discard(pid)
-            if not pending and unit != _ROOT:
-                self._exit(unit, "backward")
-        except Exception as e:  # pylint: disable=broad-except
-            # torch runs no queued callback after a hook raised: end the backward here.
-            self._abandon_backward(str(e))
-
-    def _finish_backward(self):
-        self._in_backward = False
-        # Units with unmarked (unused) parameters, and the root, end their backward here.
-        self._exit_all("backward")
-        self._opt.finish_backward()
-        if self._local is not None:
-            if self._armed == "sync":
-                self._local.collect_grads()
-                self._cuda.reads_done()  # the copies above, before Braid's next writes
-            else:
-                self._local.restore_grads()
-
-    def _abandon_backward(self, why):
-        """Ends a backward that cannot complete and raises (see DistributedDataParallel)."""
-        self._in_backward = False
-        detail = ""
-        try:
-            self._exit_all("backward")
-            self._exit_all("forward")
-            self._root_kept = False
-            self._kept = []
-            self._opt.finish_backward()
-        except core.BraidError as e:
-            detail = ": " + str(e)
-        if self._local is not None:
-            self._local.restore_grads()
-        raise RuntimeError("%s; Braid ended the backward%s" % (why, detail))
-
     def _end_step(self):
         """end_step once the step's units are done (at the next forward, the optimizer's
         step(), summon_full_params(), save/load): collective at the same point on every
@@ -537,10 +449,10 @@ class FullyShardedDataParallel(torch.nn.Module, _owners.Wrapper):
             if self.fsdp_options["reshard_after_forward"]:
                 # Its forward ends here: entering it in backward would start the backward's
                 # schedule, whose first prefetch no backward would release.
-                self._exit(_ROOT, "forward")
+                self._exit(ROOT, "forward")
             else:
-                self._enter(_ROOT, "backward")
-                self._exit(_ROOT, "backward")
+                self._enter(ROOT, "backward")
+                self._exit(ROOT, "backward")
         for unit in reversed(self._kept):
             self._enter(unit, "backward")
             self._exit(unit, "backward")
