@@ -821,11 +821,15 @@ typedef enum braid_optimizer_kind {
 /* Since 0.11: what a fully sharded unit's parameters cross the wire as (braid_optimizer_options_t
  * gather_dtype). INT8: symmetric, scale = max|x| / 127 per block, round half to even. FP8_E4M3:
  * scale = max|x| / 448 per block, OCP E4M3 round half to even, saturating. A block holding an
- * inf or NaN gathers as NaN. */
+ * inf or NaN gathers as NaN. BF16 / F16: each value rounded to nearest even, 2 bytes, no scales
+ * (gather_block unused): a framework computing in that dtype gets the values it would get by
+ * casting exact gathers. */
 typedef enum braid_gather_dtype {
   BRAID_GATHER_EXACT = 0,
   BRAID_GATHER_INT8 = 1,
-  BRAID_GATHER_FP8_E4M3 = 2
+  BRAID_GATHER_FP8_E4M3 = 2,
+  BRAID_GATHER_BF16 = 3,
+  BRAID_GATHER_F16 = 4
 } braid_gather_dtype_t;
 
 typedef struct braid_optimizer_options {

@@ -102,10 +102,17 @@ absl::StatusOr<sched::GatherQuant> ToGatherQuant(const braid_optimizer_options_t
     case BRAID_GATHER_FP8_E4M3:
       q.dtype = sched::GatherDType::kFp8E4M3;
       break;
+    case BRAID_GATHER_BF16:
+      q.dtype = sched::GatherDType::kBF16;
+      break;
+    case BRAID_GATHER_F16:
+      q.dtype = sched::GatherDType::kF16;
+      break;
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("opts->gather_dtype is ", RawEnum(o.gather_dtype),
-                       "; BRAID_GATHER_EXACT, BRAID_GATHER_INT8 or BRAID_GATHER_FP8_E4M3"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "opts->gather_dtype is ", RawEnum(o.gather_dtype),
+          "; BRAID_GATHER_EXACT, BRAID_GATHER_INT8, BRAID_GATHER_FP8_E4M3, BRAID_GATHER_BF16 or "
+          "BRAID_GATHER_F16"));
   }
   if (o.fully_sharded != 1) {
     return absl::InvalidArgumentError(

@@ -47,7 +47,7 @@ class BufferPool {
     int64_t limit_bytes = 0;        // most bytes held at once (see above); 0: no limit
     MemoryStats* memory = nullptr;  // optional: waits and growth past the limit counted here
   };
-  BufferPool() = default;
+  BufferPool() : BufferPool(Options{}) {}
   explicit BufferPool(Options options) : options_(options) {}
 
   // A free buffer allocated for exactly `bytes`, or, when none is free, an empty one: the caller

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <limits>
 
+#include "comm/reduce_kernels.h"
+
 namespace braid::sched {
 namespace {
 
@@ -80,15 +82,27 @@ absl::string_view GatherDTypeName(GatherDType t) {
       return "int8";
     case GatherDType::kFp8E4M3:
       return "fp8_e4m3";
+    case GatherDType::kBF16:
+      return "bf16";
+    case GatherDType::kF16:
+      return "f16";
   }
   return "?";
 }
 
-size_t QuantRecordBytes(const GatherQuant& q, size_t n) { return Blocks(q, n) * sizeof(float) + n; }
+bool IsCastGather(GatherDType t) { return t == GatherDType::kBF16 || t == GatherDType::kF16; }
+
+size_t QuantRecordBytes(const GatherQuant& q, size_t n) {
+  if (IsCastGather(q.dtype)) return n * sizeof(uint16_t);
+  return Blocks(q, n) * sizeof(float) + n;
+}
 
 void QuantizeBlocks(const GatherQuant& q, const float* x, size_t n, uint8_t* record) {
   const size_t block = static_cast<size_t>(q.block);
-  if (q.dtype == GatherDType::kInt8) {
+  if (IsCastGather(q.dtype)) {  // rounded to nearest even, as torch casts (comm/half.h)
+    CastScale(x, DType::kF32, record, q.dtype == GatherDType::kBF16 ? DType::kBF16 : DType::kF16, n,
+              ScaleSpec{});
+  } else if (q.dtype == GatherDType::kInt8) {
     QuantizeT<GatherDType::kInt8>(block, x, n, Blocks(q, n), record);
   } else {
     QuantizeT<GatherDType::kFp8E4M3>(block, x, n, Blocks(q, n), record);
@@ -97,7 +111,10 @@ void QuantizeBlocks(const GatherQuant& q, const float* x, size_t n, uint8_t* rec
 
 void DequantizeBlocks(const GatherQuant& q, const uint8_t* record, size_t n, float* out) {
   const size_t block = static_cast<size_t>(q.block);
-  if (q.dtype == GatherDType::kInt8) {
+  if (IsCastGather(q.dtype)) {
+    CastScale(record, q.dtype == GatherDType::kBF16 ? DType::kBF16 : DType::kF16, out, DType::kF32,
+              n, ScaleSpec{});
+  } else if (q.dtype == GatherDType::kInt8) {
     DequantizeT<GatherDType::kInt8>(block, record, n, Blocks(q, n), out);
   } else {
     DequantizeT<GatherDType::kFp8E4M3>(block, record, n, Blocks(q, n), out);

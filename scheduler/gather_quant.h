@@ -15,6 +15,10 @@
 // rounded half-even to OCP FP8 E4M3 (saturating at 448, no NaN produced), value = e4m3 * scale.
 // A block of zeroes has scale 0 and decodes to zeroes. A block holding an inf or NaN gets a NaN
 // scale: all its values decode to NaN (never to a finite value).
+// bf16 / f16 (cast gathers: MixedPrecisionPolicy.param_dtype's wire, as FSDP2 gathers): the
+// record is the n elements rounded to nearest even (comm/half.h), no scales, `block` unused;
+// decoding widens exactly, so a param_dtype cast after the gather gives the values a cast
+// before a float32 gather gives, at half its bytes.
 #ifndef BRAID_SCHEDULER_GATHER_QUANT_H_
 #define BRAID_SCHEDULER_GATHER_QUANT_H_
 
@@ -25,8 +29,9 @@
 
 namespace braid::sched {
 
-enum class GatherDType { kExact = 0, kInt8 = 1, kFp8E4M3 = 2 };
-absl::string_view GatherDTypeName(GatherDType t);  // "exact", "int8", "fp8_e4m3"
+enum class GatherDType { kExact = 0, kInt8 = 1, kFp8E4M3 = 2, kBF16 = 3, kF16 = 4 };
+absl::string_view GatherDTypeName(GatherDType t);  // "exact", "int8", "fp8_e4m3", "bf16", "f16"
+bool IsCastGather(GatherDType t);                  // bf16 or f16: no scales
 
 struct GatherQuant {
   GatherDType dtype = GatherDType::kExact;
@@ -35,7 +40,7 @@ struct GatherQuant {
   int block = 4096;
 };
 
-// Bytes of one record of n elements (scales, then codes).
+// Bytes of one record of n elements (scales, then codes; cast gathers: 2 n).
 size_t QuantRecordBytes(const GatherQuant& q, size_t n);
 void QuantizeBlocks(const GatherQuant& q, const float* x, size_t n, uint8_t* record);
 void DequantizeBlocks(const GatherQuant& q, const uint8_t* record, size_t n, float* out);

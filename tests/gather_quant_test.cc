@@ -1,9 +1,9 @@
 // Quantized parameter all-gathers (GathererConfig::quant, ZeRO++'s qwZ) on the local backend.
 // The codec against values fixed by the formats (E4M3 by brute force over its value table, built
-// here from the format's definition); the gathered buckets at 1, 2 and 4 ranks against a serial
-// reference that quantizes every rank's shard the same way, written here independently, bit for
-// bit on every rank; the shard (the optimizer's master weights) left exact; staging memory
-// returned; bad settings refused by name.
+// here from the format's definition; bf16 / f16 casts against the nearest values); the gathered
+// buckets at 1, 2 and 4 ranks against a serial reference that quantizes every rank's shard the
+// same way, written here independently, bit for bit on every rank; the shard (the optimizer's
+// master weights) left exact; staging memory returned; bad settings refused by name.
 #include "scheduler/gather_quant.h"
 
 #include <cmath>
@@ -127,10 +127,31 @@ float ShardValue(int r, int b, size_t j, int k) {
   return static_cast<float>(std::sin(phase) * std::pow(10.0, static_cast<int>((j / 50) % 5) - 3));
 }
 
+// The bf16 value nearest to x, ties to the even mantissa (x finite): of the two bf16 values
+// around it (x's bits truncated, and the next one up), by distance in double.
+float NearestBf16(float x) {
+  const uint32_t down = Bits(x) & 0xffff0000u, up = down + 0x10000u;
+  float lo, hi;
+  std::memcpy(&lo, &down, 4);
+  std::memcpy(&hi, &up, 4);
+  const double dl = std::fabs(static_cast<double>(x) - lo),
+               dh = std::fabs(static_cast<double>(hi) - x);
+  return dl < dh || (dl == dh && (down & 0x10000u) == 0) ? lo : hi;
+}
+
 // Serial reference of one shard through the wire: per block, scale = amax / qmax, value =
-// code * scale, code = round-half-even(x / scale) clamped (int8) or the nearest E4M3 (fp8).
+// code * scale, code = round-half-even(x / scale) clamped (int8) or the nearest E4M3 (fp8);
+// bf16 / f16: each value rounded to the nearest (f16: the compiler's _Float16 conversion).
 std::vector<float> ReferenceShard(const GatherQuant& q, int r, int b, size_t count, int k) {
   std::vector<float> out(count);
+  if (IsCastGather(q.dtype)) {
+    for (size_t j = 0; j < count; ++j) {
+      const float x = ShardValue(r, b, j, k);
+      out[j] = q.dtype == GatherDType::kBF16 ? NearestBf16(x)
+                                             : static_cast<float>(static_cast<_Float16>(x));
+    }
+    return out;
+  }
   const float qmax = q.dtype == GatherDType::kInt8 ? 127.0f : 448.0f;
   for (size_t lo = 0; lo < count; lo += q.block) {
     const size_t hi = std::min(count, lo + static_cast<size_t>(q.block));
@@ -220,7 +241,36 @@ INSTANTIATE_TEST_SUITE_P(
     Ranks, QuantizedGather,
     ::testing::Values(Case{1, GatherDType::kInt8, 64}, Case{2, GatherDType::kInt8, 64},
                       Case{2, GatherDType::kInt8, 4096}, Case{4, GatherDType::kInt8, 100},
-                      Case{2, GatherDType::kFp8E4M3, 64}, Case{4, GatherDType::kFp8E4M3, 4096}));
+                      Case{2, GatherDType::kFp8E4M3, 64}, Case{4, GatherDType::kFp8E4M3, 4096},
+                      Case{2, GatherDType::kBF16, 4096}, Case{4, GatherDType::kBF16, 4096},
+                      Case{2, GatherDType::kF16, 4096}, Case{4, GatherDType::kF16, 4096}));
+
+// The cast gathers' codec: 2 bytes an element, no scales; what a param_dtype cast gives
+// (nearest, ties to even; inf, -0 and subnormals kept; NaN stays NaN).
+TEST(GatherQuantCodec, CastGathersRoundToNearestAndKeepSpecials) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> x = {0.0f,         -0.0f,    1.0f,     1.00390625f, 1.005859375f,
+                                -3.14159265f, 65504.0f, 65520.0f, 1e-7f,       6e-8f,
+                                1e-40f,       3.0e38f,  inf,      -inf};
+  for (GatherDType t : {GatherDType::kBF16, GatherDType::kF16}) {
+    const GatherQuant q{t, 4096};
+    ASSERT_TRUE(IsCastGather(t));
+    ASSERT_EQ(QuantRecordBytes(q, x.size()), 2 * x.size());
+    std::vector<uint8_t> rec(QuantRecordBytes(q, x.size()));
+    std::vector<float> out(x.size());
+    QuantizeBlocks(q, x.data(), x.size(), rec.data());
+    DequantizeBlocks(q, rec.data(), x.size(), out.data());
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float want = t == GatherDType::kBF16 ? (std::isinf(x[i]) ? x[i] : NearestBf16(x[i]))
+                                                 : static_cast<float>(static_cast<_Float16>(x[i]));
+      EXPECT_EQ(Bits(out[i]), Bits(want)) << GatherDTypeName(t) << " of " << x[i];
+    }
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    QuantizeBlocks(q, &nan, 1, rec.data());
+    DequantizeBlocks(q, rec.data(), 1, out.data());
+    EXPECT_TRUE(std::isnan(out[0])) << GatherDTypeName(t);
+  }
+}
 
 // Units: a step's gathers are quantized; GatherAll (summoned parameters, checkpoints) is exact.
 TEST(QuantizedGatherUnits, StepGathersQuantizeGatherAllIsExact) {

@@ -3,8 +3,9 @@ of a `local` world, against torch in the same process: each step, a param_dtype 
 float32 master model computes every rank's loss, the ranks' gradients (cast to float32) are
 averaged, and the same optimizer steps the float32 master — FSDP2's mixed precision with
 reduce_dtype float32. torch optimizers over the pieces match it bit for bit (losses and master
-weights), also under gradient accumulation; ShardedAdamW within its usual tolerance; what cannot
-be cast is refused naming param_dtype."""
+weights), also under gradient accumulation, with the units gathered in param_dtype (FSDP2's
+wire); ShardedAdamW within its usual tolerance; what cannot be cast is refused naming
+param_dtype."""
 
 import copy
 import unittest
@@ -133,6 +134,33 @@ class ParamDtypeTest(unittest.TestCase):
         want32, _ = _reference("adamw", torch.float32)
         want16, _ = _reference("adamw", torch.bfloat16)
         self.assertFalse(all(torch.equal(a, b) for a, b in zip(want32, want16)))
+
+    def test_a_host_param_dtype_gathers_in_param_dtype(self):
+        # FSDP2's wire: the bit-for-bit checks above ran over bf16 / f16 gathers, which this
+        # shows; gather_dtype="float32" keeps float32 gathers, with the same values.
+        from braid import _lib
+
+        def body(r, g):
+            wires = {}
+            for gather in (None, "float32"):
+                net = Net()
+                for b in net.blocks:
+                    bt.fully_shard(b, group=g, mp_policy=_mp(torch.bfloat16))
+                bt.fully_shard(net, group=g, mp_policy=_mp(torch.bfloat16), gather_dtype=gather)
+                opt = torch.optim.SGD(net.parameters(), lr=0.1)
+                x, y = _data(r, 0, 0)
+                loss = torch.nn.functional.mse_loss(net(x), y)
+                loss.backward()
+                opt.step()
+                engine = net._braid_fsdp.engine
+                wires[gather] = (engine.fsdp_options.get("gather_dtype", _lib.GATHER_EXACT),
+                                 loss.detach())
+                net.close()
+            return wires
+        for wires in run_ranks(N, body):
+            self.assertEqual(wires[None][0], _lib.GATHER_BF16)
+            self.assertEqual(wires["float32"][0], _lib.GATHER_EXACT)
+            self.assertTrue(torch.equal(wires[None][1], wires["float32"][1]))
 
     def test_what_cannot_be_cast_is_refused(self):
         def body(r, g):

@@ -68,7 +68,8 @@ class FullyShardedDataParallel(UnitBackward, torch.nn.Module, _owners.Wrapper):
           priorities=True the unit gathers go ahead of partitions not yet issued.
     CUDA modules on World("nccl") groups, and offload_policy: braid/_fsdp_device.py.
     gather_dtype, gather_block: quantized unit gathers (ZeRO++'s qwZ; exact master weights),
-          braid/_fsdp_quant.py.
+          or bfloat16 / float16 ones; None gathers a host model's param_dtype (FSDP2's wire),
+          else float32: braid/_fsdp_quant.py.
     """
 
     def __init__(self, module, group, units=None, auto_wrap_policy=None, mode="reduce_scatter",
@@ -82,7 +83,7 @@ class FullyShardedDataParallel(UnitBackward, torch.nn.Module, _owners.Wrapper):
         if mode not in ("reduce_scatter", "hybrid"):
             raise ValueError("FullyShardedDataParallel mode %r: reduce_scatter or hybrid (use "
                              "DistributedDataParallel for all-reduce)" % (mode,))
-        gather = gather_options(gather_dtype, gather_block, "FullyShardedDataParallel")
+        gather_options(gather_dtype, gather_block, "FullyShardedDataParallel")  # checked early
         self.module = module
         self._groups = [g for g in (group, replica_group) if g is not None]
         self._find_unused = bool(find_unused_parameters)
@@ -114,6 +115,10 @@ class FullyShardedDataParallel(UnitBackward, torch.nn.Module, _owners.Wrapper):
         self._dtypes = [p.dtype for _, p in named]  # registered (master) dtypes
         self._cast = param_cast(param_dtype, self._dtypes, cast_forward_inputs,
                                 "FullyShardedDataParallel")  # braid/_fsdp_cast.py
+        # A host model's param_dtype gathers in param_dtype (braid/_fsdp_quant.py).
+        gather = gather_options(
+            gather_dtype, gather_block, "FullyShardedDataParallel",
+            param_dtype if self._cast.active and self._device is None else None)
         self._unit_of = [owner.get(id(p), ROOT) for p in self._params]
         self.unit_modules = unit_modules
         self.unit_names = ["<root>"] + [names[id(m)] for m in unit_modules]
