@@ -44,6 +44,10 @@ def _environment(args, world_size):
     os.environ["INIT_METHOD"] = "file://" + os.path.join(args.temp_dir, "init_dir",
                                                          "shared_init_file")
     os.environ["TORCH_SHOW_CPP_STACKTRACES"] = "1"  # as MultiProcessTestCase.run_test
+    # TestDistBackend.setUpClass's (no MASTER_PORT): torch inits from the file, and Braid's
+    # default world (on gloo, as torch's default group) finds rank 0's host here.
+    from torch._utils_internal import TEST_MASTER_ADDR  # pylint: disable=import-outside-toplevel
+    os.environ["MASTER_ADDR"] = str(TEST_MASTER_ADDR)
     try:
         import expecttest  # noqa: F401 (torch's test utilities import it)
     except ImportError:
