@@ -273,13 +273,18 @@ class DistributedDataParallel(BackwardHooks, torch.nn.Module, _owners.Wrapper):
             return
         self._rebuild = self._rebuild_due = False
         self._sync_stream()
+        # The rebuild frees the old buckets: every view Braid handed out (p.grad, main_grad, a
+        # tensor the caller kept from them) first gets its own copy of its values.
+        bound = [view.data_ptr() for view in self._grads]
+        with torch.no_grad():
+            for view in self._grads:
+                view.set_(view.clone())
         # Its communication: world rank 0's order broadcast (then the plan check's all-gather),
         # torch's rebuild broadcast and range name.
         with profiled(self._ranges.backend + ":broadcast"):
             rebuilt = self.reducer.rebuild_buckets()
-        if rebuilt:
-            self._has_rebuilt_buckets = True  # torch's logging key (braid/_ddp_introspect.py)
-            self._refresh_views()
+        self._has_rebuilt_buckets = rebuilt  # torch's logging key (braid/_ddp_introspect.py)
+        self._refresh_views(bound)  # (over the same buckets when nothing was rebuilt)
 
     def _autotune_step(self):
         """autotune: at each step boundary (a forward with grad after a synced backward), the
@@ -305,13 +310,16 @@ class DistributedDataParallel(BackwardHooks, torch.nn.Module, _owners.Wrapper):
         if self._device is not None:
             torch.cuda.current_stream(self._device).synchronize()
 
-    def _refresh_views(self):
+    def _refresh_views(self, bound=None):
         """After a re-plan: new views over the new buckets; p.grad (and main_grad) of every
-        parameter still bound to its old view is rebound (the values moved with it)."""
+        parameter still bound to its old view is rebound (the values moved with it). `bound`:
+        the old views' data pointers, when the views were given copies before the re-plan."""
         old, self._grads = self._grads, self._bucket_views()
         self._exposed = self._expose(self._grads)
-        for p, before, exposed, widened in zip(self._params, old, self._exposed, self._widened):
-            if not widened and p.grad is not None and p.grad.data_ptr() == before.data_ptr():
+        bound = bound or [view.data_ptr() for view in old]
+        for p, before, exposed, widened in zip(self._params, bound, self._exposed,
+                                               self._widened):
+            if not widened and p.grad is not None and p.grad.data_ptr() == before:
                 p.grad = exposed
             if self._main_grad:
                 p.main_grad = exposed

@@ -7,9 +7,11 @@ DDP construction would fail with it.
 
     mpirun ... -np 2 /usr/bin/python3 ddp_rank.py --impl braid --temp-dir DIR test_ddp_namedtuple
 
---impl torch runs the test on torch's DDP; --impl braid first creates Braid's World("mpi")
-(once for the process) and puts braid_ddp_adapter's subclass of Braid's wrapper in the place of
-torch.nn.parallel.DistributedDataParallel (and of distributed_test's own import of it). Either
+--impl torch runs the test on torch's DDP; --impl braid puts braid_ddp_adapter's subclass of
+Braid's wrapper in the place of torch.nn.parallel.DistributedDataParallel (and of
+distributed_test's own import of it); Braid's default world, made at the first wrapper after
+torch's init, runs torch's backend, gloo, meeting through torch's store at MASTER_ADDR (a
+wrapper of the older signature: a World("mpi") created once for the process instead). Either
 way the test runs inside cpu_placement.cuda_on_cpu (torch.cuda reports one device per rank,
 every GPU placement stays on the CPU; torch's class is cpu_placement's thin subclass that keeps
 device_ids on the CPU too), and torch's collectives run on gloo, initialized from a file in
