@@ -77,7 +77,10 @@ class _Watcher:
     def watch(self, wait, rf):
         """Ends `rf` (a record_function entered) once wait() returned or raised."""
         fut = torch.futures.Future()
-        self._closed.append(rf._call_end_callbacks_on_future(fut))  # pylint: disable=W0212
+        # torch's own way to end a range later, where a future completes (carrying over the
+        # profiler's thread state): what torch's RPC profiling uses.
+        closed = rf._call_end_callbacks_on_future(fut)  # pylint: disable=protected-access
+        self._closed.append(closed)
         self._launched.put((wait, fut))
 
     def _run(self):
