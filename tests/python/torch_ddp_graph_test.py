@@ -280,6 +280,7 @@ class ProfilerTest(unittest.TestCase):
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 for step in range(3):
                     _step(model, r, 1 + step)
+                time.sleep(0.2)  # torch's last range may end on gloo's thread after backward
             _step(model, r, 9)
             counts = {}
             for e in prof.events():
@@ -307,6 +308,10 @@ class ProfilerTest(unittest.TestCase):
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 for step in range(4):
                     _step(model, r, step)
+                # torch ends its last collective's range on gloo's thread, possibly after the
+                # backward returned: let it land before the profiler stops (Braid's ranges
+                # have all ended when the backward returns).
+                time.sleep(0.2)
             counts = {"async": 0}
             for e in prof.events():
                 kind = e.name.rsplit(":", 1)[-1]

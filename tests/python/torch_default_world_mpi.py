@@ -14,6 +14,7 @@ exported alone (no RANK), the default world made after torch's:
 import os
 import sys
 import tempfile
+import time
 import traceback
 
 import torch
@@ -42,6 +43,9 @@ def _profiled_steps(wrap, rank, steps=3):
             model(torch.randn(3, 6, generator=g)).sum().backward()
             grads.append(net.weight.grad.clone())
             net.weight.grad = None
+        # torch ends its last collective's range on gloo's thread, possibly after the backward
+        # returned: let it land before the profiler stops (Braid's have ended by then).
+        time.sleep(0.2)
     events = {}
     for e in prof.events():
         if e.name.startswith("gloo:"):
