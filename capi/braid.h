@@ -580,6 +580,14 @@ BRAID_API braid_status_t braid_reducer_mark_ready_grad(braid_reducer_t* reducer,
  * (unmarked parameters, named, without allow_unused; no backward; an optimizer owns the
  * backward), TIMEOUT / PEER_ERROR naming bucket and group. */
 BRAID_API braid_status_t braid_reducer_finish_backward(braid_reducer_t* reducer);
+/* Since 0.11 (additive): waits up to timeout_ms (< 0: no limit) until bucket `bucket`'s
+ * reduction in the current synced backward completed, and returns its status (BRAID_TIMEOUT
+ * while it still runs). Callable from any thread once the bucket launched (its last parameter
+ * was marked) until finish_backward returned on the backward's thread, beside it: what a
+ * profiler needs to observe each collective's completion off that thread (braid.pytorch's
+ * torch profiler ranges). OUT_OF_RANGE for no such bucket. */
+BRAID_API braid_status_t braid_reducer_wait_bucket(braid_reducer_t* reducer, int bucket,
+                                                   int64_t timeout_ms);
 /* Since 0.11, agree_unused = BRAID_UNUSED_DECLARED or _DECLARED_AT_FINISH: the n ids (NULL
  * when n = 0) this rank will not mark in the current backward (torch finds them at the
  * forward's end). Every rank calls it once in every backward (n = 0 too), after begin_backward

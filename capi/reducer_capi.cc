@@ -280,6 +280,17 @@ braid_status_t braid_reducer_num_buckets(braid_reducer_t* reducer, int* count) {
   });
 }
 
+braid_status_t braid_reducer_wait_bucket(braid_reducer_t* reducer, int bucket,
+                                         int64_t timeout_ms) {
+  return Guard("braid_reducer_wait_bucket", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
+    // "No limit" is ten years, as braid_work_wait's.
+    const absl::Duration timeout =
+        timeout_ms < 0 ? absl::Hours(24 * 365 * 10) : absl::Milliseconds(timeout_ms);
+    return r->stack->reducer().WaitBucket(bucket, absl::Now() + timeout);
+  });
+}
+
 braid_status_t braid_reducer_rebuild_buckets(braid_reducer_t* reducer, int* rebuilt) {
   return Guard("braid_reducer_rebuild_buckets", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));

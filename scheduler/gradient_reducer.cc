@@ -316,6 +316,15 @@ absl::Status GradientReducer::MarkReadyImpl(ParamId id, DeviceEvent ready, const
   return absl::OkStatus();
 }
 
+absl::Status GradientReducer::WaitBucket(int bucket, absl::Time deadline) const {
+  const int n = static_cast<int>(plan_.buckets().size());
+  if (bucket < 0 || bucket >= n) {
+    return absl::OutOfRangeError(absl::StrCat("bucket ", bucket, ": the reducer has ", n));
+  }
+  WorkPtr work = stages_->work(bucket);
+  return work ? work->WaitUntil(deadline) : absl::OkStatus();
+}
+
 absl::Status GradientReducer::FinishBackward() {
   if (!in_backward_.load(std::memory_order_acquire)) {
     return absl::FailedPreconditionError(

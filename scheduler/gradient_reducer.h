@@ -152,6 +152,12 @@ class GradientReducer {
   // Whether RebuildBucketsIfPending would rebuild now (local; the same answer on every rank
   // between steps).
   bool RebuildPending() const;
+  // Waits (up to `deadline`) until bucket `bucket`'s reduction in the current synced backward
+  // completed; its status. Any thread, after the bucket launched and before the backward's
+  // FinishBackward returned (the next BeginBackward gives each bucket a new Work): a profiler
+  // observes each collective's completion off the backward's thread. OutOfRange for no such
+  // bucket.
+  absl::Status WaitBucket(int bucket, absl::Time deadline) const;
   int plan_generation() const { return plan_generation_; }
   // Collective over the reducer's groups, between steps at the same point on every rank (e.g.
   // when an Autotuner adopts a bucket cap, scheduler/autotuner.h): rebuilds the plan with these

@@ -152,8 +152,36 @@ bool LaunchedByMpi(const std::map<std::string, std::string>& vars) {
 
 bool LaunchedByMpi() { return LaunchedByMpi(LauncherVariables()); }
 
-absl::StatusOr<std::optional<LauncherEnv>> LauncherEnvFor(
+namespace {
+
+// An explicit rendezvous names the rank and world size itself, so a world size exported alone
+// (torch.distributed's own multi-process tests set WORLD_SIZE, never RANK) is no half-set
+// launcher: it must agree with the explicit size, and is then left out of the launcher's
+// variables. Without a rendezvous, or with the rank variable set too, `vars` as they are.
+absl::StatusOr<std::map<std::string, std::string>> WithoutALoneSize(
     const Options& options, const std::map<std::string, std::string>& vars) {
+  std::map<std::string, std::string> out = vars;
+  if (!options.rendezvous.has_value()) return out;
+  for (auto [rank, size] : {std::pair<const char*, const char*>{"RANK", "WORLD_SIZE"},
+                            std::pair<const char*, const char*>{"SLURM_PROCID", "SLURM_NTASKS"}}) {
+    if (Find(vars, rank) != nullptr || Find(vars, size) == nullptr) continue;
+    ASSIGN_OR_RETURN(int n, ParseInt(vars, size, "launcher"));
+    if (n != options.rendezvous->world_size) {
+      return absl::InvalidArgumentError(absl::StrCat("explicit rendezvous world_size ",
+                                                     options.rendezvous->world_size,
+                                                     " disagrees with ", size, "=", n));
+    }
+    out.erase(size);
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::optional<LauncherEnv>> LauncherEnvFor(
+    const Options& options, const std::map<std::string, std::string>& given) {
+  using Vars = std::map<std::string, std::string>;
+  ASSIGN_OR_RETURN(const Vars vars, WithoutALoneSize(options, given));
   ASSIGN_OR_RETURN(std::optional<LauncherEnv> env, LauncherEnvFromMap(vars));
   if (options.rendezvous.has_value()) {
     const RendezvousSpec& spec = *options.rendezvous;

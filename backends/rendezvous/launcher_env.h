@@ -70,7 +70,9 @@ bool LaunchedByMpi();
 // gives them), else LauncherEnvFromMap(vars); store_port from options either way.
 // InvalidArgument when the explicit rendezvous disagrees with the launcher's RANK /
 // WORLD_SIZE (naming both), has no master address, or has neither an exchange, a store_port
-// nor a MASTER_PORT to meet at (world_size > 1).
+// nor a MASTER_PORT to meet at (world_size > 1). With a rendezvous, WORLD_SIZE (SLURM_NTASKS)
+// set without RANK (SLURM_PROCID) -- torch.distributed's own multi-process tests export it
+// alone -- must equal its world_size and is not taken as a launcher.
 absl::StatusOr<std::optional<LauncherEnv>> LauncherEnvFor(
     const Options& options, const std::map<std::string, std::string>& vars);
 // LauncherEnvFor over the process environment's launcher variables.

@@ -7,6 +7,7 @@ import ctypes
 import gc
 import os
 import tempfile
+import threading
 import unittest
 import weakref
 
@@ -344,6 +345,41 @@ class ErrorsTest(unittest.TestCase):
             self.assertBraidError("FAILED_PRECONDITION", g.close)  # the reducer uses it
             red.close()
             g.close()
+
+    def test_wait_bucket_from_another_thread(self):
+        """braid_reducer_wait_bucket (what braid.pytorch's profiler ranges end on): from a
+        thread beside the backward's, it returns once the bucket's averaged result is in."""
+        def body(r, g):
+            red = braid.Reducer(g, [(0, 4, "float32", "w"), (1, 2, "float32", "b")],
+                                bucket_cap_mb=1e-6, first_bucket_cap_mb=1e-6)
+            self.assertEqual(red.num_buckets, 2)
+            grads = [(ctypes.c_float * count).from_address(address)
+                     for address, count in (red.grad(0), red.grad(1))]
+            for pid, grad in enumerate(grads):
+                for k in range(len(grad)):
+                    grad[k] = float(r + 1 + pid)
+            seen = []
+
+            def wait(bucket):
+                try:
+                    red.wait_bucket(bucket, TIMEOUT_MS)
+                    seen.extend(grads[1])
+                except braid.BraidError as e:
+                    seen.append(e)
+
+            red.begin_backward()
+            red.mark_ready(1)  # the last registered: the first bucket, launched now
+            waiter = threading.Thread(target=wait, args=(red.param_bucket(1),))
+            waiter.start()
+            waiter.join()
+            red.mark_ready(0)
+            red.finish_backward()
+            self.assertBraidError("OUT_OF_RANGE", lambda: red.wait_bucket(5), "bucket 5")
+            red.close()
+            return seen
+
+        for seen in run_ranks(2, body):
+            self.assertEqual(seen, [2.5] * 2)  # (2 + 3) / 2, before finish_backward
 
     def test_memory_stats(self):
         with braid.World("local", local_ranks=1, read_env=False) as world:

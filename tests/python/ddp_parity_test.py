@@ -103,6 +103,28 @@ class RebuildTest(unittest.TestCase):
                 self.assertTrue(torch.equal(got, same), "parameter %d" % i)
                 torch.testing.assert_close(got, w, rtol=0, atol=1e-6, msg="parameter %d" % i)
 
+    def test_default_rebuild_as_torch_and_kept_gradients_stay_readable(self):
+        """rebuild_bucket_order=None (the default): torch's policy, one rebuild at the second
+        forward (not with find_unused_parameters); a p.grad kept from before it keeps its
+        values (the old buckets are freed: the kept tensor got its own copy first)."""
+        def body(r, g, **kwargs):
+            model = _ddp(g, **kwargs)
+            before = [model.reducer.param_bucket(i) for i in range(6)]
+            _loss(model, r, 0).backward()
+            kept = [p.grad for p in model.parameters()]
+            values = [k.clone() for k in kept]
+            _loss(model, r, 1).backward()  # its forward rebuilds
+            after = [model.reducer.param_bucket(i) for i in range(6)]
+            readable = all(torch.equal(k, v) for k, v in zip(kept, values))
+            rebuilt = model._get_ddp_logging_data()["has_rebuilt_buckets"]
+            model.close()
+            return before != after, rebuilt, readable
+
+        self.assertEqual(run_ranks(N, body), [(True, 1, True)] * N)
+        # (no rebuild: the kept p.grad is still p.grad, and the second backward accumulated)
+        unused = run_ranks(N, lambda r, g: body(r, g, find_unused_parameters=True))
+        self.assertEqual(unused, [(False, 0, False)] * N)
+
     def test_sharded_optimizer_built_first_follows_the_rebuild(self):
         """ShardedAdamW built before the first backward: the rebuild at the next forward
         carries its state (moments, step counts) over to the new buckets (braid.h 0.9); the
@@ -169,8 +191,10 @@ class AutotuneTest(unittest.TestCase):
 
     def test_tunes_settles_and_changes_no_result(self):
         def body(r, g, tune):
+            # (the tuner's re-plans alone: without torch's one-time rebuild, the default)
             model = bt.DistributedDataParallel(Backwards(), g, autotune=tune,
-                                               bucket_cap_mb=2e-4, first_bucket_cap_mb=1e-4)
+                                               bucket_cap_mb=2e-4, first_bucket_cap_mb=1e-4,
+                                               rebuild_bucket_order=False)
             opt = torch.optim.SGD(model.parameters(), lr=0.01)
             plans = set()
             for s in range(self.STEPS):

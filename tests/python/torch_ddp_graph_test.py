@@ -10,7 +10,11 @@ torch_idioms_ddp_test.py):
     refused at torch's moments with torch's wording; a static one (nested outputs too)
     trains as torch's;
   - backward(create_graph=True): torch's reduced gradients, accumulated over steps;
-  - torch.profiler sees Braid's collectives as "<backend>:all_reduce" ranges, one per bucket.
+  - torch.profiler sees Braid's collectives as "<backend>:all_reduce" ranges, one per bucket,
+    async as torch's (begun where the bucket launches, ended where its completion is seen);
+    by default both rebuild their buckets once after the first synced backward (torch's
+    policy: not with find_unused_parameters), a "<backend>:broadcast" range each, and a
+    model without buffers broadcasts nothing else.
 """
 
 import os
@@ -276,6 +280,7 @@ class ProfilerTest(unittest.TestCase):
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 for step in range(3):
                     _step(model, r, 1 + step)
+                time.sleep(0.2)  # torch's last range may end on gloo's thread after backward
             _step(model, r, 9)
             counts = {}
             for e in prof.events():
@@ -292,6 +297,44 @@ class ProfilerTest(unittest.TestCase):
             self.assertEqual(tcounts, {"all_reduce": 6, "search_unused_parameters": 3,
                                        "name": "gloo:all_reduce"})
             self.assertEqual(counts, dict(tcounts, name="local:all_reduce"))
+
+    def test_ranges_are_async_and_the_default_rebuild_broadcasts_as_torch(self):
+        def body(r, wrap, **kwargs):
+            with INIT_LOCK:
+                torch.manual_seed(5)
+                net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(),
+                                          torch.nn.Linear(4, 2))  # no buffer
+            model = wrap(net, **kwargs)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                for step in range(4):
+                    _step(model, r, step)
+                # torch ends its last collective's range on gloo's thread, possibly after the
+                # backward returned: let it land before the profiler stops (Braid's ranges
+                # have all ended when the backward returns).
+                time.sleep(0.2)
+            counts = {"async": 0}
+            for e in prof.events():
+                kind = e.name.rsplit(":", 1)[-1]
+                if kind in ("all_reduce", "broadcast"):
+                    counts[kind] = counts.get(kind, 0) + e.count
+                    # (Braid's rebuild broadcast runs inside the call: not async)
+                    counts["async"] += int(e.is_async and kind == "all_reduce")
+            counts["rebuilt"] = model._get_ddp_logging_data()["has_rebuilt_buckets"]
+            return counts, _grads(net)
+
+        for kwargs, want in (({}, {"all_reduce": 4, "broadcast": 1, "async": 4, "rebuilt": 1}),
+                             ({"find_unused_parameters": True},
+                              # a bucket and the used-map agreement per step, no rebuild
+                              {"all_reduce": 8, "async": 8, "rebuilt": 0})):
+            ref, got = _pair(self, lambda r, wrap: body(r, wrap, **kwargs))
+            for r, ((counts, grads), (tcounts, tgrads)) in enumerate(zip(got, ref)):
+                self.assertEqual(counts, want, kwargs)
+                if "broadcast" in want:  # torch broadcasts the bucket sizes too
+                    self.assertGreaterEqual(tcounts.pop("broadcast"), want["broadcast"])
+                    tcounts["broadcast"] = want["broadcast"]
+                self.assertEqual(tcounts, want, kwargs)
+                for k, (g, t) in enumerate(zip(grads, tgrads)):
+                    self.assertTrue(torch.equal(g, t), "rank %d gradient %d" % (r, k))
 
 
 if __name__ == "__main__":

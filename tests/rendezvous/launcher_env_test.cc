@@ -189,6 +189,31 @@ TEST(LauncherEnvTest, AnExplicitRendezvousTakesTheLaunchersMasterAndLocalRank) {
   EXPECT_FALSE((*bare)->exchange.empty());
 }
 
+TEST(LauncherEnvTest, AnExplicitRendezvousTakesAWorldSizeExportedAlone) {
+  // torch.distributed's own multi-process tests export WORLD_SIZE without RANK, then init
+  // torch from a file; Braid's world meets through torch (an explicit rendezvous).
+  auto with_port = [](int rank, int world_size) {
+    Options o = Explicit(rank, world_size, "127.0.0.1");
+    o.store_port = 4000;
+    return o;
+  };
+  const Vars lone = {{"WORLD_SIZE", "2"}};
+  auto env = LauncherEnvFor(with_port(1, 2), lone);
+  ASSERT_TRUE(env.ok() && env->has_value()) << env.status();
+  EXPECT_EQ((*env)->launcher, "explicit");
+  EXPECT_EQ((*env)->rank, 1);
+  EXPECT_EQ((*env)->world_size, 2);
+  EXPECT_EQ((*env)->local_rank, 1);
+  EXPECT_TRUE(LauncherEnvFor(with_port(0, 4), {{"SLURM_NTASKS", "4"}}).ok());
+  auto wrong = LauncherEnvFor(with_port(1, 4), lone);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(wrong.status().message(),
+              HasSubstr("explicit rendezvous world_size 4 disagrees with WORLD_SIZE=2"));
+  // Without an explicit rendezvous it is still a half-set launcher, named.
+  EXPECT_THAT(Error(lone), HasSubstr("WORLD_SIZE is set but RANK is not"));
+}
+
 TEST(LauncherEnvTest, AnExplicitRendezvousThatCannotMeetIsNamed) {
   auto error = [](const Options& o, const Vars& v) {
     auto env = LauncherEnvFor(o, v);

@@ -124,3 +124,11 @@ def _torch_default_group():
     """torch's default ProcessGroup when torch.distributed is initialized (never imports it)."""
     dist = initialized_torch_distributed()
     return dist.distributed_c10d._get_default_group() if dist is not None else None
+
+
+def rebuild_policy(mode, find_unused_parameters, static_graph):
+    """rebuild_bucket_order=None (the default): torch 1.13 DDP's policy (reducer.cpp's
+    should_rebuild_buckets), one rebuild in the first synced backward's readiness order when
+    `static_graph or not find_unused_parameters`; in "allreduce" mode only (torch's DDP: the
+    sharded modes have no torch counterpart, and their optimizers re-plan on their own)."""
+    return mode == "allreduce" and (bool(static_graph) or not find_unused_parameters)

@@ -14,7 +14,6 @@ It reads and writes the wrapper's state set up in its constructor and forward
 
 from . import _buffer_hook, _python_hook, core
 from ._ddp_graph import graph_grad
-from ._ddp_profile import call_profiled
 from ._ddp_reuse import mark_again
 from ._used_map import declare_unused, marks_hook
 from ._views import _ready_event
@@ -196,8 +195,8 @@ class BackwardHooks:
             self._ranges.end()
         self._fires.finish(self._armed != "no_sync")
         # (the used-map agreement is an all-reduce too, as torch's local_used_map)
-        call_profiled(self._ranges.name if unused is not None else None, self._presence.finish,
-                      self._params, self._grads, self._armed == "sync", unused)
+        self._presence.finish(self._params, self._grads, self._armed == "sync", unused,
+                              self._ranges.backend + ":all_reduce")
         if self._armed == "sync":
             self._rebuild_due = self._rebuild
             self._stepped = True

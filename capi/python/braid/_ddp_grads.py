@@ -32,6 +32,7 @@ import sys
 
 import torch
 
+from ._ddp_profile import wait_profiled
 from ._views import _ready_event
 
 
@@ -74,11 +75,12 @@ class GradPresence:
         """A backward abandoned: forgets the copies kept for it."""
         self._stash = {}
 
-    def finish(self, params, grads, synced, unused=None):
+    def finish(self, params, grads, synced, unused=None, profile_name=None):
         """End of a backward, after Braid's reductions completed (the groups are idle): p.grad
         of `params` (views `grads`) as torch leaves it. `unused` (a synced backward with
         find_unused_parameters): the ids this rank did not use; collective then (the used-map
-        all-reduce over the shard group, then the replica group)."""
+        all-reduce over the shard group, then the replica group; each a torch profiler range
+        `profile_name` when given, braid/_ddp_profile.py)."""
         if unused is None:
             if not synced:  # nothing accumulated into these: None again
                 for pid in self.none:
@@ -92,9 +94,9 @@ class GradPresence:
         ready = (None if self._device is None else
                  _ready_event(self._events, 0, self._device))
         stash, self._stash = self._stash, {}
-        self._groups[0].allreduce(used, ready_event=ready).wait()
+        wait_profiled(profile_name, self._groups[0].allreduce(used, ready_event=ready))
         for group in self._groups[1:]:  # hybrid: over the replica group too
-            group.allreduce(used).wait()
+            wait_profiled(profile_name, group.allreduce(used))
         self.used_map = used  # torch's reducer._get_local_used_map() (braid/_ddp_introspect.py)
         for pid, count in enumerate(used.tolist()):
             if count:

@@ -11,9 +11,9 @@ torch's meaning where Braid has the same fact, and a clear refusal where it has 
 Contract: the used-map is the one braid/_ddp_grads.py all-reduces at the end of each synced
 backward (find_unused_parameters / static_graph, mode="allreduce" with a torch optimizer),
 a count per parameter of the ranks that used it, as torch's after its all-reduce; elsewhere it
-raises, naming what keeps one. Braid rebuilds its buckets only with rebuild_bucket_order=True
-(torch rebuilds by default when find_unused_parameters=False or static_graph=True), so
-has_rebuilt_buckets is 0 otherwise: Braid's fact, not torch's.
+raises, naming what keeps one. has_rebuilt_buckets is Braid's fact: 1 once its one-time rebuild
+ran, which by default (rebuild_bucket_order=None) follows torch's policy (after the first
+synced backward when find_unused_parameters=False or static_graph=True, mode="allreduce").
 """
 
 import weakref

@@ -2,25 +2,35 @@
 as torch's process groups name theirs: "<backend>:all_reduce" (Braid's world backend: "mpi",
 "gloo", "nccl", "local"; "<backend>:reduce_scatter" in reduce_scatter / hybrid mode).
 
-    ranges = CollectiveRanges(reducer, backend, mode)
+    ranges = CollectiveRanges(reducer, backend, mode, timeout_ms)
     ranges.begin()       # a backward begins; records only while a torch profiler does
     if ranges.recording: ranges.marked(pid)   # its bucket's range opens once it is full
-    ranges.end()         # the backward ended: every open range closes
+    ranges.end()         # the backward ended: every range has closed
     with profiled("search_unused_parameters"): ...   # a range only while profiling
-    call_profiled(name, fn, *args)   # fn(*args), in a range `name` (if not None) then
+    wait_profiled(name, work)        # work.wait(), its range ended where it is seen complete
 
 Contract: one range per bucket and synced backward, from the moment Braid launches the
-bucket's collective (its last parameter marked ready) to the end of the backward, where
-Braid has observed its completion; recorded with torch.autograd.profiler.record_function,
-so torch.profiler.profile and torch.autograd.profiler.profile both list them (with their
-counts; unlike torch's, they open and close on the thread running the backward, so the
-profiler does not mark them async). With no profiler recording, begin() costs one check
-per backward and the caller tests `recording` per parameter; nothing else runs.
+bucket's collective (its last parameter marked ready, on the backward's thread) to the moment
+Braid reports it complete (braid_reducer_wait_bucket), observed on a watcher thread that lives
+while the backward records; so, as torch's collective ranges (begun on the calling thread,
+ended on the process group's), they span two threads and the profiler marks them async. They
+are torch.autograd.profiler.record_function ranges ended through a torch Future the watcher
+completes (torch carries the profiler's thread state over), so torch.profiler.profile and
+torch.autograd.profiler.profile both list them, with their counts. end() returns once every
+range of the backward closed: the watcher's waits return at the latest when finish_backward
+has (a failed bucket ends its range too; finish_backward raises its error on the backward's
+thread). With no profiler recording, begin() costs one check per backward and the caller
+tests `recording` per parameter; nothing else runs, and no thread is started.
 """
 
 import contextlib
+import functools
+import queue
+import threading
 
 import torch
+
+from ._lib import BraidError
 
 
 def _recording():
@@ -37,26 +47,74 @@ def profiled(name):
         yield
 
 
-def call_profiled(name, fn, *args):
-    """fn(*args), inside record_function(name) when `name` is given and a profiler records
-    (no context manager is entered otherwise)."""
+def wait_profiled(name, work):
+    """work.wait() for a braid Work just issued; while a profiler records (and `name` is
+    given), in a range `name` that a watcher thread ends when it sees the work complete,
+    async as torch's collective ranges."""
     if name is None or not _recording():
-        return fn(*args)
-    with torch.autograd.profiler.record_function(name):
-        return fn(*args)
+        return work.wait()
+    watcher = _Watcher()
+    rf = torch.autograd.profiler.record_function(name)
+    rf.__enter__()
+    watcher.watch(work.wait, rf)
+    try:
+        return work.wait()
+    finally:
+        watcher.close()
+
+
+class _Watcher:
+    """The thread that ends each range when the wait given with it returns (in the order
+    given: Braid launches buckets in bucket order)."""
+
+    def __init__(self):
+        self._launched = queue.SimpleQueue()  # (wait, torch Future), then None
+        self._closed = []                     # each range's end: a Future done once it ran
+        self._thread = threading.Thread(target=self._run, name="braid-profiler-ranges",
+                                        daemon=True)
+        self._thread.start()
+
+    def watch(self, wait, rf):
+        """Ends `rf` (a record_function entered) once wait() returned or raised."""
+        fut = torch.futures.Future()
+        # torch's own way to end a range later, where a future completes (carrying over the
+        # profiler's thread state): what torch's RPC profiling uses.
+        closed = rf._call_end_callbacks_on_future(fut)  # pylint: disable=protected-access
+        self._closed.append(closed)
+        self._launched.put((wait, fut))
+
+    def _run(self):
+        while True:
+            item = self._launched.get()
+            if item is None:
+                return
+            wait, fut = item
+            try:
+                wait()
+            except BraidError:
+                pass  # it failed: the backward's thread waits for it too, and raises it
+            fut.set_result(None)  # the range ends here, on this thread
+
+    def close(self):
+        self._launched.put(None)
+        self._thread.join()
+        for closed in self._closed:
+            closed.wait()
 
 
 class CollectiveRanges:
     """The ranges of one wrapper's bucket collectives (see the module docstring)."""
 
-    def __init__(self, reducer, backend, mode):
+    def __init__(self, reducer, backend, mode, timeout_ms):
         self._reducer = reducer
+        self._timeout_ms = timeout_ms
+        self.backend = backend
         self.name = "%s:%s" % (backend, "all_reduce" if mode == "allreduce" else
                                "reduce_scatter")
         self.recording = False
         self._left = None    # bucket -> parameters still to be marked, while recording
         self._bucket = None  # parameter id -> bucket, while recording
-        self._open = []
+        self._watcher = None
 
     def begin(self, num_params):
         self.end()
@@ -67,6 +125,7 @@ class CollectiveRanges:
         self._left = {}
         for b in self._bucket:
             self._left[b] = self._left.get(b, 0) + 1
+        self._watcher = _Watcher()
 
     def marked(self, pid):
         b = self._bucket[pid]
@@ -74,9 +133,11 @@ class CollectiveRanges:
         if self._left[b] == 0:
             rf = torch.autograd.profiler.record_function(self.name)
             rf.__enter__()
-            self._open.append(rf)
+            self._watcher.watch(functools.partial(self._reducer.wait_bucket, b,
+                                                  self._timeout_ms), rf)
 
     def end(self):
-        while self._open:
-            self._open.pop().__exit__(None, None, None)
+        if self._watcher is not None:
+            watcher, self._watcher = self._watcher, None
+            watcher.close()
         self.recording, self._left = False, None

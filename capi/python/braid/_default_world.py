@@ -5,11 +5,17 @@ default process group (init_process_group) is what torch DDP uses without proces
     world = braid.core.default_world()                   # the same World, made on first use
 
 Contract:
-  - default_world() makes World() (no arguments: the backend follows the launcher, braid.h's
-    rule: mpirun -> mpi, torchrun / srun -> nccl or gloo, none -> local; BRAID_* variables
-    apply) on its first call and returns that same World on every later call, from any
-    thread, for the rest of the process (closed at interpreter exit, or by close()). Once
-    it is closed, the next call makes a new one.
+  - default_world() makes the World on its first call and returns that same World on every
+    later call, from any thread, for the rest of the process (closed at interpreter exit, or
+    by close()). Once it is closed, the next call makes a new one. Which backend:
+      * BRAID_BACKEND set: World() (that backend; BRAID_* variables apply);
+      * else torch.distributed initialized, its default group on "gloo", "nccl" or "mpi":
+        World(<that backend>), so DistributedDataParallel(net) without a group reduces on the
+        library torch's DDP would use (and its profiler ranges carry torch's backend name);
+        gloo and nccl meet through torch's rendezvous (braid/_torch_rendezvous.py: rank 0's
+        host is MASTER_ADDR or the host of torch's TCPStore);
+      * else World() (the launcher decides, braid.h's rule: mpirun -> mpi, torchrun / srun
+        -> nccl or gloo, none -> local).
   - default_group() is that world's group for this process's rank, also made once. A world
     hosting several ranks in this process (the local backend with BRAID_LOCAL_RANKS > 1) has
     no one group for the process: ValueError, pass group= (the rank's own Group).
@@ -22,9 +28,40 @@ The state lives in one locked object (_DEFAULT below), like the registry of back
 place Braid keeps process-wide state, as torch keeps its default group.
 """
 
+import os
 import threading
 
+from . import _torch_rendezvous
 from ._world import World
+
+# torch.distributed's backend names Braid has a backend of the same name for.
+_TORCH_BACKENDS = ("gloo", "nccl", "mpi")
+
+
+def _backend_like_torch():
+    """The backend of torch's default process group when torch.distributed is initialized,
+    Braid has that backend and BRAID_BACKEND does not name another; else None (World()'s
+    own rule)."""
+    if os.environ.get("BRAID_BACKEND"):
+        return None
+    dist = _torch_rendezvous.initialized_torch_distributed()
+    if dist is None:
+        return None
+    backend = str(dist.get_backend())
+    return backend if backend in _TORCH_BACKENDS else None
+
+
+def _make_world():
+    backend = _backend_like_torch()
+    try:
+        return World(backend)
+    except ValueError as e:
+        if backend is None:
+            raise
+        raise ValueError(
+            "Braid's default world runs the backend of torch's default process group (%r) "
+            "and meets through torch.distributed: %s (or set BRAID_BACKEND to choose Braid's "
+            "backend, or pass group= a braid Group)" % (backend, e)) from e
 
 
 class _ProcessDefault:
@@ -40,7 +77,7 @@ class _ProcessDefault:
     def world(self):
         with self._lock:
             if self._world is None or self._world.closed:
-                self._world, self._group, self._subgroups = World(), None, {}
+                self._world, self._group, self._subgroups = _make_world(), None, {}
             return self._world
 
     def group(self, what):

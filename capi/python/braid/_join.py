@@ -13,7 +13,9 @@ steps and gathers) until every rank has joined, then the model's state is broadc
 last rank to join, as torch's _sync_final_model. An exception inside the block leaves the
 join at once (locally), as torch propagates it. Refused (RuntimeError naming it): the used-map
 agreement of find_unused_parameters / static_graph without a sharded optimizer, and a pending
-rebuild_bucket_order / autotune (collectives a joined rank would have to shadow too); fully
+rebuild_bucket_order=True / autotune (collectives a joined rank would have to shadow too;
+torch's default rebuild, rebuild_bucket_order=None, runs at __enter__ when due, and is dropped
+when no synced backward preceded it: the buckets keep their order); fully
 sharded models cannot join yet (braid.h's UNIMPLEMENTED).
 """
 
@@ -66,6 +68,12 @@ class DDPJoin:
             raise RuntimeError("join() with find_unused_parameters=True or static_graph=True is "
                                "not supported yet (a joined rank cannot shadow the used-map "
                                "agreement); wrap without them, or use ShardedAdamW")
+        if ddp._rebuild_due and ddp._rebuild_by_policy:
+            ddp._rebuild_if_due()  # collective: every rank enters join() at the same point
+        elif ddp._rebuild and ddp._rebuild_by_policy:
+            # torch's default rebuild, before any synced backward: a rank that joins early
+            # could not shadow its broadcast, so the buckets keep their order, on every rank.
+            ddp._rebuild = False
         if ddp._rebuild or ddp._rebuild_due or ddp._autotune:
             raise RuntimeError("join() while rebuild_bucket_order / autotune has not settled: "
                                "run a synced step first (their re-plans are collectives a "

@@ -233,6 +233,7 @@ _SIGNATURES = {
     "braid_reducer_param_used": (_st, [_p, _i64, ctypes.POINTER(ctypes.c_int)]),
     "braid_reducer_zero_grads": (_st, [_p]),
     "braid_reducer_num_buckets": (_st, [_p, ctypes.POINTER(_i)]),
+    "braid_reducer_wait_bucket": (_st, [_p, _i, _i64]),
     "braid_reducer_param_bucket": (_st, [_p, _i64, ctypes.POINTER(_i)]),
     "braid_reducer_rebuild_buckets": (_st, [_p, ctypes.POINTER(_i)]),
     "braid_reducer_autotune": (_st, [_p, ctypes.c_double, ctypes.POINTER(_i), ctypes.POINTER(_i)]),

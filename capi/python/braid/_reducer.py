@@ -207,6 +207,12 @@ class Reducer(_Handle):
         _lib.call("braid_reducer_param_bucket", self.handle, pid, ctypes.byref(b))
         return b.value
 
+    def wait_bucket(self, bucket, timeout_ms=-1):
+        """braid_reducer_wait_bucket: returns once bucket `bucket`'s reduction in the current
+        synced backward completed (raises its error, or TIMEOUT); from any thread, between the
+        bucket's launch and finish_backward's return (ctypes releases the GIL meanwhile)."""
+        _lib.call("braid_reducer_wait_bucket", self.handle, bucket, timeout_ms)
+
     def rebuild_buckets(self):
         """torch DDP's one-time bucket rebuild (braid_reducer_rebuild_buckets): between steps,
         at the same point on every rank; True when the buckets were rebuilt in world rank 0's

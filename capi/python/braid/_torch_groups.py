@@ -10,8 +10,9 @@ Contract (torch 1.13's meaning of process_group, mapped onto Braid's default wor
     initialized, the group made by init_process_group / new_group (torch records its global
     ranks then: distributed_c10d.get_process_group_ranks), torch's world as large as Braid's
     default world, and torch's global rank of every process equal to its Braid world rank
-    (the default world reuses torch's rendezvous when torch is initialized first; under
-    mpirun both follow the launcher). Then the whole world in rank order is the default
+    (the default world made after torch.distributed's runs torch's backend and meets through
+    torch's rendezvous, braid/_default_world.py; made first, under mpirun, both follow the
+    launcher). Then the whole world in rank order is the default
     world's group, and a subgroup is a braid Group split from the default world with the same
     members in the same rank order. Checking this is collective over the default world (one
     small all-gather), and so is the split: for a subgroup, every rank of the world

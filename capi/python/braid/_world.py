@@ -54,7 +54,8 @@ class World(_Handle):
     torch.distributed is already initialized, the world is torch's (its rank and world size,
     checked against RANK / WORLD_SIZE when set) and the ranks find Braid's store through
     torch's default store, so MASTER_PORT is not opened again (braid/_torch_rendezvous.py);
-    under mpirun, World() with no backend stays "mpi" (it opens no port). Launched by
+    under mpirun, World() with no backend stays "mpi" (it opens no port; braid's default world,
+    braid/_default_world.py, runs torch's backend instead). Launched by
     torchrun / srun before
     torch.distributed is initialized, rank 0 holds MASTER_PORT only while World() runs, so
     init_process_group may follow. Ports: rank 0's store listens on store_port (default

@@ -44,7 +44,7 @@ import time
 import torch
 
 from . import _ddp_pickle, _grad_guard, _join, _owners, core
-from ._ddp_args import WHAT, read_arguments
+from ._ddp_args import WHAT, read_arguments, rebuild_policy
 from ._ddp_backward import BackwardHooks  # the hooks and end of a backward
 from ._ddp_devices import to_device
 from ._ddp_graph import GraphCheck, unreached
@@ -115,7 +115,9 @@ class DistributedDataParallel(BackwardHooks, torch.nn.Module, _owners.Wrapper):
     Braid's keywords: group (a braid Group, or a torch ProcessGroup; not with process_group);
     mode: "allreduce" (like torch DDP), "reduce_scatter" (each rank gets its averaged shard;
     use with ShardedAdamW) or "hybrid" (reduce-scatter in `group`, all-reduce across
-    `replica_group`; HSDP); rebuild_bucket_order, main_grad, autotune (docs/design/pytorch.md);
+    `replica_group`; HSDP); rebuild_bucket_order (None: torch's policy, one rebuild after the
+    first synced backward when static_graph or not find_unused_parameters, mode="allreduce"),
+    main_grad, autotune (docs/design/pytorch.md);
     credit_mb, priorities (communication scheduling, braid.core.Reducer; same results bit for
     bit); first_bucket_cap_mb, reduce_dtype, timeout_ms, timeline_prefix (braid.core.Reducer);
     broadcast_from_rank0=False skips the construction broadcast.
@@ -127,7 +129,7 @@ class DistributedDataParallel(BackwardHooks, torch.nn.Module, _owners.Wrapper):
                  gradient_as_bucket_view=False, static_graph=False, *, group=None,
                  mode="allreduce", replica_group=None, first_bucket_cap_mb=1.0,
                  reduce_dtype=None, broadcast_from_rank0=True, timeout_ms=300000,
-                 timeline_prefix=None, rebuild_bucket_order=False, main_grad=False,
+                 timeline_prefix=None, rebuild_bucket_order=None, main_grad=False,
                  autotune=False, credit_mb=0.0, priorities=False):
         args = {k: v for k, v in locals().items() if k not in ("self", "module", "__class__")}
         super().__init__()
@@ -150,6 +152,7 @@ class DistributedDataParallel(BackwardHooks, torch.nn.Module, _owners.Wrapper):
             _broadcast_module(self.module, self._groups, a.ignored)
         self.broadcast_buffers = broadcast_buffers
         self._sync_buffers_next = True  # torch's require_forward_param_sync starts True
+        self._has_buffers = any(n not in a.ignored for n, _ in module.named_buffers())
         self._params = [p for _, p in named]
         self._main_grad = bool(main_grad)
         self._allow_unused = self.find_unused_parameters or self.static_graph
@@ -175,7 +178,7 @@ class DistributedDataParallel(BackwardHooks, torch.nn.Module, _owners.Wrapper):
         self._mode = mode
         self._names = [n for n, _ in named]
         self._graph = GraphCheck(self._names, static_graph, group.rank)
-        self._ranges = CollectiveRanges(self.reducer, group._world.backend, mode)
+        self._ranges = CollectiveRanges(self.reducer, group._world.backend, mode, timeout_ms)
         self._grads = self._bucket_views()
         self._exposed = self._expose(self._grads)
         self.reducer.zero_grads()
@@ -187,7 +190,10 @@ class DistributedDataParallel(BackwardHooks, torch.nn.Module, _owners.Wrapper):
             if self._main_grad:
                 p.main_grad = exposed
         self._presence = GradPresence(self._groups, self._device)
-        self._rebuild = bool(rebuild_bucket_order)  # a rebuild is still to come
+        # A rebuild is still to come; None: torch's policy (rebuild_policy below).
+        self._rebuild_by_policy = rebuild_bucket_order is None
+        self._rebuild = (rebuild_policy(mode, self.find_unused_parameters, self.static_graph)
+                         if rebuild_bucket_order is None else bool(rebuild_bucket_order))
         self._rebuild_due = False                   # a synced backward recorded the order
         self._autotune = bool(autotune)             # still tuning
         self._step_start = None                     # perf_counter() at the last step boundary
@@ -267,9 +273,18 @@ class DistributedDataParallel(BackwardHooks, torch.nn.Module, _owners.Wrapper):
             return
         self._rebuild = self._rebuild_due = False
         self._sync_stream()
-        if self.reducer.rebuild_buckets():
-            self._has_rebuilt_buckets = True  # torch's logging key (braid/_ddp_introspect.py)
-            self._refresh_views()
+        # The rebuild frees the old buckets: every view Braid handed out (p.grad, main_grad, a
+        # tensor the caller kept from them) first gets its own copy of its values.
+        bound = [view.data_ptr() for view in self._grads]
+        with torch.no_grad():
+            for view in self._grads:
+                view.set_(view.clone())
+        # Its communication: world rank 0's order broadcast (then the plan check's all-gather),
+        # torch's rebuild broadcast and range name.
+        with profiled(self._ranges.backend + ":broadcast"):
+            rebuilt = self.reducer.rebuild_buckets()
+        self._has_rebuilt_buckets = rebuilt  # torch's logging key (braid/_ddp_introspect.py)
+        self._refresh_views(bound)  # (over the same buckets when nothing was rebuilt)
 
     def _autotune_step(self):
         """autotune: at each step boundary (a forward with grad after a synced backward), the
@@ -295,13 +310,16 @@ class DistributedDataParallel(BackwardHooks, torch.nn.Module, _owners.Wrapper):
         if self._device is not None:
             torch.cuda.current_stream(self._device).synchronize()
 
-    def _refresh_views(self):
+    def _refresh_views(self, bound=None):
         """After a re-plan: new views over the new buckets; p.grad (and main_grad) of every
-        parameter still bound to its old view is rebound (the values moved with it)."""
+        parameter still bound to its old view is rebound (the values moved with it). `bound`:
+        the old views' data pointers, when the views were given copies before the re-plan."""
         old, self._grads = self._grads, self._bucket_views()
         self._exposed = self._expose(self._grads)
-        for p, before, exposed, widened in zip(self._params, old, self._exposed, self._widened):
-            if not widened and p.grad is not None and p.grad.data_ptr() == before.data_ptr():
+        bound = bound or [view.data_ptr() for view in old]
+        for p, before, exposed, widened in zip(self._params, bound, self._exposed,
+                                               self._widened):
+            if not widened and p.grad is not None and p.grad.data_ptr() == before:
                 p.grad = exposed
             if self._main_grad:
                 p.main_grad = exposed
@@ -353,8 +371,9 @@ class DistributedDataParallel(BackwardHooks, torch.nn.Module, _owners.Wrapper):
         buffer_hook = _buffer_hook.location(self)  # torch's private buffer hook, if any
         if buffer_hook == "pre":
             _buffer_hook.run(self)
-        elif self.broadcast_buffers and self._sync_buffers_next and buffer_hook is None:
-            with profiled(self._ranges.name.split(":")[0] + ":broadcast"):
+        elif (self.broadcast_buffers and self._sync_buffers_next and buffer_hook is None and
+              self._has_buffers):  # torch's will_sync_module_buffers()
+            with profiled(self._ranges.backend + ":broadcast"):
                 if self._join is not None:
                     self._join.sync_buffers(True)
                 else:
@@ -503,6 +522,8 @@ class DistributedDataParallel(BackwardHooks, torch.nn.Module, _owners.Wrapper):
         after construction, before the first forward with grad (torch's rule)."""
         self._graph.set_static_graph()  # refused after the first forward with grad
         self.static_graph = self._find_unused = True
+        if self._rebuild_by_policy:  # torch's should_rebuild_buckets() turns true with it
+            self._rebuild = rebuild_policy(self._mode, self.find_unused_parameters, True)
 
     def _get_ddp_logging_data(self):
         """torch 1.13's private logging data, the keys Braid fills (braid/_ddp_graph.py)."""

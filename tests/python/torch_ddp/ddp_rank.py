@@ -7,9 +7,11 @@ DDP construction would fail with it.
 
     mpirun ... -np 2 /usr/bin/python3 ddp_rank.py --impl braid --temp-dir DIR test_ddp_namedtuple
 
---impl torch runs the test on torch's DDP; --impl braid first creates Braid's World("mpi")
-(once for the process) and puts braid_ddp_adapter's subclass of Braid's wrapper in the place of
-torch.nn.parallel.DistributedDataParallel (and of distributed_test's own import of it). Either
+--impl torch runs the test on torch's DDP; --impl braid puts braid_ddp_adapter's subclass of
+Braid's wrapper in the place of torch.nn.parallel.DistributedDataParallel (and of
+distributed_test's own import of it); Braid's default world, made at the first wrapper after
+torch's init, runs torch's backend, gloo, meeting through torch's store at MASTER_ADDR (a
+wrapper of the older signature: a World("mpi") created once for the process instead). Either
 way the test runs inside cpu_placement.cuda_on_cpu (torch.cuda reports one device per rank,
 every GPU placement stays on the CPU; torch's class is cpu_placement's thin subclass that keeps
 device_ids on the CPU too), and torch's collectives run on gloo, initialized from a file in
@@ -44,6 +46,10 @@ def _environment(args, world_size):
     os.environ["INIT_METHOD"] = "file://" + os.path.join(args.temp_dir, "init_dir",
                                                          "shared_init_file")
     os.environ["TORCH_SHOW_CPP_STACKTRACES"] = "1"  # as MultiProcessTestCase.run_test
+    # TestDistBackend.setUpClass's (no MASTER_PORT): torch inits from the file, and Braid's
+    # default world (on gloo, as torch's default group) finds rank 0's host here.
+    from torch._utils_internal import TEST_MASTER_ADDR  # pylint: disable=import-outside-toplevel
+    os.environ["MASTER_ADDR"] = str(TEST_MASTER_ADDR)
     try:
         import expecttest  # noqa: F401 (torch's test utilities import it)
     except ImportError:
