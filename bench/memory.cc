@@ -31,6 +31,7 @@
 //   fully_sharded_int8 / _fp8  fully_sharded with quantized unit gathers (ZeRO++'s qwZ: 1-byte
 //                           codes + an f32 scale per 4096 elements; not in the default --modes);
 //                           the check reads the exact master weights through GatherAll
+//   fully_sharded_bf16      fully_sharded gathering bf16 (a param_dtype's wire, FSDP2's bytes)
 // Memory per rank is everything the rank holds: Braid's buffers plus the framework's
 // (ddp's parameters and AdamW state, the fully sharded backward's gradient scratch), all
 // through one MemoryStats per rank. Columns:
@@ -78,7 +79,8 @@ enum class Mode {
   kFullySharded,
   kFullyShardedNoPrefetch,
   kFullyShardedInt8,
-  kFullyShardedFp8
+  kFullyShardedFp8,
+  kFullyShardedBf16
 };
 const char* ModeName(Mode m) {
   switch (m) {
@@ -94,6 +96,8 @@ const char* ModeName(Mode m) {
       return "fully_sharded_int8";
     case Mode::kFullyShardedFp8:
       return "fully_sharded_fp8";
+    case Mode::kFullyShardedBf16:
+      return "fully_sharded_bf16";
   }
   return "?";
 }
@@ -150,7 +154,8 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
   for (size_t l = 0; l < model.layers.size(); ++l) {
     for (int i : model.layers[l].params) params[i].unit = static_cast<int>(l);
   }
-  const bool quant = mode == Mode::kFullyShardedInt8 || mode == Mode::kFullyShardedFp8;
+  const bool quant = mode == Mode::kFullyShardedInt8 || mode == Mode::kFullyShardedFp8 ||
+                     mode == Mode::kFullyShardedBf16;
   const bool fsdp = mode == Mode::kFullySharded || mode == Mode::kFullyShardedNoPrefetch || quant;
   // The stack, as the assembler builds it (optim/training_stack.h). Fully sharded: one pool for
   // gathered parameters and gradient storage (a unit's released parameter buffer becomes its
@@ -203,8 +208,9 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
     po.units.timeout = kTimeout;
     po.units.prefetch = mode == Mode::kFullyShardedNoPrefetch ? 0 : 1;
     if (quant) {
-      po.gather_quant.dtype = mode == Mode::kFullyShardedInt8 ? sched::GatherDType::kInt8
-                                                              : sched::GatherDType::kFp8E4M3;
+      po.gather_quant.dtype = mode == Mode::kFullyShardedInt8  ? sched::GatherDType::kInt8
+                              : mode == Mode::kFullyShardedFp8 ? sched::GatherDType::kFp8E4M3
+                                                               : sched::GatherDType::kBF16;
     }
     po.units.max_live_bytes = 0;  // 2 x the largest unit
     RETURN_IF_ERROR(stack->AddParamSide(po));
@@ -392,7 +398,7 @@ absl::Status ParseModes(const std::string& s, std::vector<Mode>* out) {
   for (absl::string_view part : absl::StrSplit(s, ',')) {
     bool found = false;
     for (Mode m : {Mode::kDdp, Mode::kZero2, Mode::kFullySharded, Mode::kFullyShardedNoPrefetch,
-                   Mode::kFullyShardedInt8, Mode::kFullyShardedFp8}) {
+                   Mode::kFullyShardedInt8, Mode::kFullyShardedFp8, Mode::kFullyShardedBf16}) {
       if (part == ModeName(m)) {
         out->push_back(m);
         found = true;
@@ -421,7 +427,8 @@ sharded training on the GPT-2-small shapes; ranks are threads on the local backe
 
 usage: memory [flags]
   --ranks=2,4               rank counts to run
-  --modes=ddp,zero2,fully_sharded,fully_sharded_noprefetch[,fully_sharded_int8,fully_sharded_fp8]
+  --modes=ddp,zero2,fully_sharded,fully_sharded_noprefetch
+                            (also: fully_sharded_int8, fully_sharded_fp8, fully_sharded_bf16)
                             modes to run, in this order (vs_ddp / vs_zero2 need those rows)
   --scale=1                 fraction of the 124M parameters (smaller for a quick run)
   --blocks=12               transformer blocks
