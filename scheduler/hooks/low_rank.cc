@@ -1,11 +1,22 @@
 #include "scheduler/hooks/low_rank.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+// Every kernel keeps each output's sum in the serial loop's order (low_rank.h): vectors run
+// across independent outputs (rows of P, columns of Q, columns of the product), never across the
+// terms of one sum, and each term is a separate multiply and add (-ffp-contract=off), so the AVX2
+// paths equal the scalar loops bit for bit (tests/low_rank_test.cc).
 namespace braid::sched {
+namespace {
 
-void MatMul(const float* m, const float* q, float* p, size_t n, size_t k, int r) {
-  for (size_t a = 0; a < n; ++a) {
+void MatMulRows(const float* m, const float* q, float* p, size_t a0, size_t n, size_t k, int r) {
+  for (size_t a = a0; a < n; ++a) {
     const float* row = m + a * k;
     for (int c = 0; c < r; ++c) {
       float acc = 0.0f;
@@ -15,10 +26,166 @@ void MatMul(const float* m, const float* q, float* p, size_t n, size_t k, int r)
   }
 }
 
+#if defined(__AVX2__)
+
+// Lanes 0..7 valid when lane < count (count in [0, 8]).
+inline __m256i TailMask(size_t count) {
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)), lanes);
+}
+
+// P rows a..a+7, columns c0..c0+W-1: the 8 rows' elements of column j of M form one vector
+// (an 8 x 8 tile of M transposed in registers), so lane i is row a+i's sum, in ascending j.
+template <int W>
+void MatMul8Rows(const float* m, const float* q, float* p, size_t k, int r, int c0) {
+  __m256 acc[W];
+  for (int c = 0; c < W; ++c) acc[c] = _mm256_setzero_ps();
+  auto step = [&](__m256 col, size_t j) {
+    const float* qj = q + j * r + c0;
+    for (int c = 0; c < W; ++c)
+      acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(col, _mm256_broadcast_ss(qj + c)));
+  };
+  size_t j = 0;
+  for (; j + 8 <= k; j += 8) {
+    auto rows2 = [&](int lo, size_t jj) {  // rows lo (low half) and lo + 4 (high half)
+      return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(m + lo * k + jj)),
+                                  _mm_loadu_ps(m + (lo + 4) * k + jj), 1);
+    };
+    const __m256 r0 = rows2(0, j), r1 = rows2(1, j), r2 = rows2(2, j), r3 = rows2(3, j);
+    const __m256 r4 = rows2(0, j + 4), r5 = rows2(1, j + 4), r6 = rows2(2, j + 4),
+                 r7 = rows2(3, j + 4);
+    const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+    const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+    const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+    const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+    step(_mm256_shuffle_ps(t0, t2, 0x44), j);
+    step(_mm256_shuffle_ps(t0, t2, 0xEE), j + 1);
+    step(_mm256_shuffle_ps(t1, t3, 0x44), j + 2);
+    step(_mm256_shuffle_ps(t1, t3, 0xEE), j + 3);
+    step(_mm256_shuffle_ps(t4, t6, 0x44), j + 4);
+    step(_mm256_shuffle_ps(t4, t6, 0xEE), j + 5);
+    step(_mm256_shuffle_ps(t5, t7, 0x44), j + 6);
+    step(_mm256_shuffle_ps(t5, t7, 0xEE), j + 7);
+  }
+  for (; j < k; ++j) {
+    step(_mm256_setr_ps(m[j], m[k + j], m[2 * k + j], m[3 * k + j], m[4 * k + j], m[5 * k + j],
+                        m[6 * k + j], m[7 * k + j]),
+         j);
+  }
+  alignas(32) float out[W][8];
+  for (int c = 0; c < W; ++c) _mm256_store_ps(out[c], acc[c]);
+  for (int i = 0; i < 8; ++i)
+    for (int c = 0; c < W; ++c) p[i * r + c0 + c] = out[c][i];
+}
+
+// Q += M[a0, a1)^T P[a0, a1) for Q's layout k x R (R = r in {1, 2, 4, 8}, or an 8-column chunk
+// of a wider Q at c0): a vector holds 8 / R consecutive j's times R columns, so Q's memory is
+// the accumulator, read and written once per block of rows. JV vectors per step.
+template <int R, int JV>
+size_t MatTMulCols(const float* m, const float* p, float* q, size_t a0, size_t a1, size_t k, int r,
+                   int c0, size_t j, size_t jend) {
+  constexpr int kJ = 8 / R;  // j's per vector
+  __m256i idx[R];
+  for (int t = 0; t < R; ++t) {
+    alignas(32) int32_t v[8];
+    for (int l = 0; l < 8; ++l) v[l] = t * kJ + l / R;
+    idx[t] = _mm256_load_si256(reinterpret_cast<const __m256i*>(v));
+  }
+  for (; j + 8 * JV <= jend; j += 8 * JV) {
+    __m256 acc[JV][R];
+    for (int v = 0; v < JV; ++v)
+      for (int t = 0; t < R; ++t) acc[v][t] = _mm256_loadu_ps(q + (j + 8 * v + t * kJ) * r + c0);
+    for (size_t a = a0; a < a1; ++a) {
+      const float* pa = p + a * r + c0;
+      __m256 pv;
+      if constexpr (R == 8) {
+        pv = _mm256_loadu_ps(pa);
+      } else if constexpr (R == 4) {
+        pv = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(pa));
+      } else if constexpr (R == 2) {
+        pv = _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(pa)));
+      } else {
+        pv = _mm256_broadcast_ss(pa);
+      }
+      const float* row = m + a * k + j;
+      for (int v = 0; v < JV; ++v) {
+        const __m256 mv = _mm256_loadu_ps(row + 8 * v);
+        for (int t = 0; t < R; ++t) {
+          const __m256 e = R == 1 ? mv : _mm256_permutevar8x32_ps(mv, idx[t]);
+          acc[v][t] = _mm256_add_ps(acc[v][t], _mm256_mul_ps(e, pv));
+        }
+      }
+    }
+    for (int v = 0; v < JV; ++v)
+      for (int t = 0; t < R; ++t) _mm256_storeu_ps(q + (j + 8 * v + t * kJ) * r + c0, acc[v][t]);
+  }
+  return j;
+}
+
+template <int R>
+void MatTMulBlock(const float* m, const float* p, float* q, size_t a0, size_t a1, size_t k, int r,
+                  int c0) {
+  constexpr int kJV = R == 8 ? 1 : (R == 1 ? 4 : 2);
+  size_t j = MatTMulCols<R, kJV>(m, p, q, a0, a1, k, r, c0, 0, k);
+  j = MatTMulCols<R, 1>(m, p, q, a0, a1, k, r, c0, j, k);
+  for (size_t a = a0; a < a1; ++a) {  // the last k % 8 columns of M
+    for (size_t jj = j; jj < k; ++jj)
+      for (int c = c0; c < c0 + R; ++c) q[jj * r + c] += m[a * k + jj] * p[a * r + c];
+  }
+}
+
+#endif  // __AVX2__
+
+}  // namespace
+
+void MatMul(const float* m, const float* q, float* p, size_t n, size_t k, int r) {
+  size_t a = 0;
+#if defined(__AVX2__)
+  for (; a + 8 <= n; a += 8) {
+    for (int c0 = 0; c0 < r; c0 += 4) {
+      const float* m8 = m + a * k;
+      float* p8 = p + a * r;
+      switch (std::min(4, r - c0)) {
+        case 4:
+          MatMul8Rows<4>(m8, q, p8, k, r, c0);
+          break;
+        case 3:
+          MatMul8Rows<3>(m8, q, p8, k, r, c0);
+          break;
+        case 2:
+          MatMul8Rows<2>(m8, q, p8, k, r, c0);
+          break;
+        default:
+          MatMul8Rows<1>(m8, q, p8, k, r, c0);
+      }
+    }
+  }
+#endif
+  MatMulRows(m, q, p, a, n, k, r);
+}
+
 void MatTMul(const float* m, const float* p, float* q, size_t n, size_t k, int r) {
-  // Row by row of M (cache order); each q[j][c] still sums over a in ascending order.
+  // Each q[j][c] sums over a in ascending order, from 0.
   for (size_t i = 0; i < k * r; ++i) q[i] = 0.0f;
-  for (size_t a = 0; a < n; ++a) {
+#if defined(__AVX2__)
+  if (r == 1 || r == 2 || r == 4 || r % 8 == 0) {
+    constexpr size_t kRowBlock = 64;  // rows of M per pass over Q (in L1 / L2)
+    for (size_t a0 = 0; a0 < n; a0 += kRowBlock) {
+      const size_t a1 = std::min(n, a0 + kRowBlock);
+      if (r == 1) {
+        MatTMulBlock<1>(m, p, q, a0, a1, k, r, 0);
+      } else if (r == 2) {
+        MatTMulBlock<2>(m, p, q, a0, a1, k, r, 0);
+      } else if (r == 4) {
+        MatTMulBlock<4>(m, p, q, a0, a1, k, r, 0);
+      } else {
+        for (int c0 = 0; c0 < r; c0 += 8) MatTMulBlock<8>(m, p, q, a0, a1, k, r, c0);
+      }
+    }
+    return;
+  }
+#endif
+  for (size_t a = 0; a < n; ++a) {  // row by row of M (cache order)
     const float* row = m + a * k;
     const float* pa = p + a * r;
     for (size_t j = 0; j < k; ++j) {
@@ -27,27 +194,102 @@ void MatTMul(const float* m, const float* p, float* q, size_t n, size_t k, int r
   }
 }
 
-void LowRankProduct(const float* p, const float* q, float* out, size_t n, size_t k, int r) {
+void LowRankProduct(const float* p, const float* q, float* out, size_t n, size_t k, int r,
+                    const float* in, float* err) {
+#if defined(__AVX2__)
+  // Blocks of rows x 32 columns of the product; Q's 32 rows for up to 8 of its columns are
+  // transposed into a tile once per block, so a lane's terms are contiguous. Several chunks of 8
+  // columns (r > 8) continue the same sums through `out`.
+  constexpr size_t kRowBlock = 64, kCols = 32;
+  alignas(32) float tile[8][kCols];
+  for (size_t a0 = 0; a0 < n; a0 += kRowBlock) {
+    const size_t a1 = std::min(n, a0 + kRowBlock);
+    for (size_t j0 = 0; j0 < k; j0 += kCols) {
+      const size_t w = std::min(kCols, k - j0);
+      const int nv = static_cast<int>((w + 7) / 8);
+      const __m256i tail = TailMask(w - 8 * (nv - 1));
+      for (int c0 = 0; c0 < r; c0 += 8) {
+        const int cw = std::min(8, r - c0);
+        for (int c = 0; c < cw; ++c)
+          for (size_t j = 0; j < kCols; ++j) tile[c][j] = j < w ? q[(j0 + j) * r + c0 + c] : 0.0f;
+        const bool last = c0 + 8 >= r;
+        for (size_t a = a0; a < a1; ++a) {
+          float* o = out + a * k + j0;
+          __m256 acc[kCols / 8];
+          for (int v = 0; v < nv; ++v) {
+            const __m256i mask = v == nv - 1 ? tail : _mm256_set1_epi32(-1);
+            acc[v] = c0 == 0 ? _mm256_setzero_ps() : _mm256_maskload_ps(o + 8 * v, mask);
+          }
+          for (int c = 0; c < cw; ++c) {
+            const __m256 b = _mm256_broadcast_ss(p + a * r + c0 + c);
+            for (int v = 0; v < nv; ++v)
+              acc[v] = _mm256_add_ps(acc[v], _mm256_mul_ps(b, _mm256_load_ps(&tile[c][8 * v])));
+          }
+          for (int v = 0; v < nv; ++v) {
+            const __m256i mask = v == nv - 1 ? tail : _mm256_set1_epi32(-1);
+            _mm256_maskstore_ps(o + 8 * v, mask, acc[v]);
+            if (last && err != nullptr) {
+              const size_t at = a * k + j0 + 8 * v;
+              const __m256 x = _mm256_maskload_ps(in + at, mask);
+              _mm256_maskstore_ps(err + at, mask, _mm256_sub_ps(x, acc[v]));
+            }
+          }
+        }
+      }
+    }
+  }
+#else
   for (size_t a = 0; a < n; ++a) {
     for (size_t j = 0; j < k; ++j) {
       float acc = 0.0f;
       for (int c = 0; c < r; ++c) acc += p[a * r + c] * q[j * r + c];
       out[a * k + j] = acc;
+      if (err != nullptr) err[a * k + j] = in[a * k + j] - acc;
     }
   }
+#endif
 }
 
 void OrthogonalizeColumns(float* a, size_t rows, int cols, float epsilon) {
+  // torch's loop, two passes per column instead of 2 + 2 (cols - 1 - i): column j's dot with
+  // column i reads j before any update of this round, so every dot is taken in the pass that
+  // normalizes column i (each in ascending x, as apart), and every update in one pass, which
+  // also sums the squares of column i + 1 (final once updated), in ascending x.
+  constexpr int kMaxCols = 64;
+  if (cols > kMaxCols) {  // the loop as torch writes it
+    for (int i = 0; i < cols; ++i) {
+      float sq = 0.0f;
+      for (size_t x = 0; x < rows; ++x) sq += a[x * cols + i] * a[x * cols + i];
+      const float norm = std::sqrt(sq);
+      const float d = epsilon == 0.0f ? norm : norm + epsilon;
+      for (size_t x = 0; x < rows; ++x) a[x * cols + i] /= d;
+      for (int j = i + 1; j < cols; ++j) {
+        float dot = 0.0f;
+        for (size_t x = 0; x < rows; ++x) dot += a[x * cols + i] * a[x * cols + j];
+        for (size_t x = 0; x < rows; ++x) a[x * cols + j] -= dot * a[x * cols + i];
+      }
+    }
+    return;
+  }
+  if (cols < 1) return;
+  float sq = 0.0f;
+  for (size_t x = 0; x < rows; ++x) sq += a[x * cols] * a[x * cols];
   for (int i = 0; i < cols; ++i) {
-    float sq = 0.0f;
-    for (size_t x = 0; x < rows; ++x) sq += a[x * cols + i] * a[x * cols + i];
     const float norm = std::sqrt(sq);
     const float d = epsilon == 0.0f ? norm : norm + epsilon;
-    for (size_t x = 0; x < rows; ++x) a[x * cols + i] /= d;
-    for (int j = i + 1; j < cols; ++j) {
-      float dot = 0.0f;
-      for (size_t x = 0; x < rows; ++x) dot += a[x * cols + i] * a[x * cols + j];
-      for (size_t x = 0; x < rows; ++x) a[x * cols + j] -= dot * a[x * cols + i];
+    float dot[kMaxCols] = {};
+    for (size_t x = 0; x < rows; ++x) {
+      float* row = a + x * cols;
+      const float v = row[i] / d;
+      row[i] = v;
+      for (int j = i + 1; j < cols; ++j) dot[j] += v * row[j];
+    }
+    if (i + 1 == cols) break;
+    sq = 0.0f;
+    for (size_t x = 0; x < rows; ++x) {
+      float* row = a + x * cols;
+      for (int j = i + 1; j < cols; ++j) row[j] -= dot[j] * row[i];
+      sq += row[i + 1] * row[i + 1];
     }
   }
 }
