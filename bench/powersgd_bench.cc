@@ -6,10 +6,12 @@
 //   tools/bazelw build //bench:powersgd_bench && bazel-bin/bench/powersgd_bench
 //       --benchmark_repetitions=5 --benchmark_report_aggregates_only=true   (one command line)
 //
-//   BM_PowerSGDStep/serial/r      the loops of the serial reference (tests/powersgd_test.cc),
-//                                 one output at a time, as the hook ran them before
-//   BM_PowerSGDStep/vectorized/r  low_rank.h (AVX2 when built with it): the same sums in the
-//                                 same order, bit for bit (checked here before timing)
+//   BM_PowerSGDStep/serial/r:R/parts:15      the loops of the serial reference
+//                      (tests/powersgd_test.cc), one output at a time, as the hook ran them
+//   BM_PowerSGDStep/vectorized/r:R/parts:15  low_rank.h (AVX2 when built with it): the same
+//                      sums in the same order, bit for bit (checked here before timing)
+//   .../r:4/parts:P    one part of the step: 1 orth(Q) + orth(P), 2 P = M Q, 4 Q = M^T P,
+//                      8 P Q^T with the error
 //
 // items_per_second counts matrix elements; ratio = serial time / vectorized time, same run.
 #include <cstring>
@@ -86,22 +88,34 @@ std::vector<Matrix> Matrices(int r) {
   return all;
 }
 
+// The parts of a step: bit 0 orth(Q) and orth(P), 1 P = M Q, 2 Q = M^T P, 3 P Q^T and error.
+constexpr int kAll = 15;
+
 template <bool kSerial>
-void Step(std::vector<Matrix>& all, int r) {
+void Step(std::vector<Matrix>& all, int r, int parts = kAll) {
   for (Matrix& x : all) {
-    OrthogonalizeColumns(x.q.data(), x.k, r, 0.0f);
-    if (kSerial) {
-      SerialMatMul(x.m.data(), x.q.data(), x.p.data(), x.n, x.k, r);
-    } else {
-      MatMul(x.m.data(), x.q.data(), x.p.data(), x.n, x.k, r);
+    if (parts & 1) OrthogonalizeColumns(x.q.data(), x.k, r, 0.0f);
+    if (parts & 2) {
+      if (kSerial) {
+        SerialMatMul(x.m.data(), x.q.data(), x.p.data(), x.n, x.k, r);
+      } else {
+        MatMul(x.m.data(), x.q.data(), x.p.data(), x.n, x.k, r);
+      }
     }
-    OrthogonalizeColumns(x.p.data(), x.n, r, 0.0f);
-    if (kSerial) {
-      SerialMatTMul(x.m.data(), x.p.data(), x.q.data(), x.n, x.k, r);
-      SerialProduct(x.p.data(), x.q.data(), x.out.data(), x.n, x.k, r, x.m.data(), x.err.data());
-    } else {
-      MatTMul(x.m.data(), x.p.data(), x.q.data(), x.n, x.k, r);
-      LowRankProduct(x.p.data(), x.q.data(), x.out.data(), x.n, x.k, r, x.m.data(), x.err.data());
+    if (parts & 1) OrthogonalizeColumns(x.p.data(), x.n, r, 0.0f);
+    if (parts & 4) {
+      if (kSerial) {
+        SerialMatTMul(x.m.data(), x.p.data(), x.q.data(), x.n, x.k, r);
+      } else {
+        MatTMul(x.m.data(), x.p.data(), x.q.data(), x.n, x.k, r);
+      }
+    }
+    if (parts & 8) {
+      if (kSerial) {
+        SerialProduct(x.p.data(), x.q.data(), x.out.data(), x.n, x.k, r, x.m.data(), x.err.data());
+      } else {
+        LowRankProduct(x.p.data(), x.q.data(), x.out.data(), x.n, x.k, r, x.m.data(), x.err.data());
+      }
     }
   }
 }
@@ -123,23 +137,22 @@ void BM_PowerSGDStep(benchmark::State& state) {
   }
   size_t elems = 0;
   for (const Matrix& m : all) elems += m.n * m.k;
+  const int parts = static_cast<int>(state.range(1));
   for (auto _ : state) {
-    Step<kSerial>(all, r);
+    Step<kSerial>(all, r, parts);
     benchmark::DoNotOptimize(all[0].err.data());
   }
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * elems));
 }
 
-BENCHMARK_TEMPLATE(BM_PowerSGDStep, true)
-    ->Name("BM_PowerSGDStep/serial")
-    ->Arg(1)
-    ->Arg(4)
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_PowerSGDStep, false)
-    ->Name("BM_PowerSGDStep/vectorized")
-    ->Arg(1)
-    ->Arg(4)
-    ->Unit(benchmark::kMillisecond);
+// Args: r, parts (15: the whole step; 1, 2, 4, 8: one part, see Step).
+void Args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"r", "parts"})->Unit(benchmark::kMillisecond);
+  for (int r : {1, 4}) b->Args({r, kAll});
+  for (int part : {1, 2, 4, 8}) b->Args({4, part});
+}
+BENCHMARK_TEMPLATE(BM_PowerSGDStep, true)->Name("BM_PowerSGDStep/serial")->Apply(Args);
+BENCHMARK_TEMPLATE(BM_PowerSGDStep, false)->Name("BM_PowerSGDStep/vectorized")->Apply(Args);
 
 }  // namespace
 }  // namespace braid::sched

@@ -28,12 +28,6 @@ void MatMulRows(const float* m, const float* q, float* p, size_t a0, size_t n, s
 
 #if defined(__AVX2__)
 
-// Lanes 0..7 valid when lane < count (count in [0, 8]).
-inline __m256i TailMask(size_t count) {
-  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)), lanes);
-}
-
 // P rows a..a+7, columns c0..c0+W-1: the 8 rows' elements of column j of M form one vector
 // (an 8 x 8 tile of M transposed in registers), so lane i is row a+i's sum, in ascending j.
 template <int W>
@@ -134,6 +128,43 @@ void MatTMulBlock(const float* m, const float* p, float* q, size_t a0, size_t a1
   }
 }
 
+// LowRankProduct's inner block: rows [a0, a1) x NV vectors of 8 columns from j0, Q's columns
+// c0..c0+cw-1 from `tile`; the first chunk starts each sum at 0, later ones continue `out`.
+constexpr size_t kProductCols = 32;
+struct ProductBlock {
+  const float* p;
+  float* out;
+  const float* in;
+  float* err;  // null: no error (or not the last chunk)
+  size_t k;
+  int r, c0, cw;
+  size_t j0;
+};
+
+template <int NV>
+void ProductRows(const ProductBlock& b, const float (*tile)[kProductCols], size_t a0, size_t a1) {
+  for (size_t a = a0; a < a1; ++a) {
+    const size_t at = a * b.k + b.j0;
+    float* o = b.out + at;
+    __m256 acc[NV];
+    for (int v = 0; v < NV; ++v)
+      acc[v] = b.c0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(o + 8 * v);
+    const float* pa = b.p + a * b.r + b.c0;
+    for (int c = 0; c < b.cw; ++c) {
+      const __m256 x = _mm256_broadcast_ss(pa + c);
+      for (int v = 0; v < NV; ++v)
+        acc[v] = _mm256_add_ps(acc[v], _mm256_mul_ps(x, _mm256_load_ps(&tile[c][8 * v])));
+    }
+    for (int v = 0; v < NV; ++v) {
+      _mm256_storeu_ps(o + 8 * v, acc[v]);
+      if (b.err != nullptr) {
+        const __m256 x = _mm256_loadu_ps(b.in + at + 8 * v);
+        _mm256_storeu_ps(b.err + at + 8 * v, _mm256_sub_ps(x, acc[v]));
+      }
+    }
+  }
+}
+
 #endif  // __AVX2__
 
 }  // namespace
@@ -199,40 +230,42 @@ void LowRankProduct(const float* p, const float* q, float* out, size_t n, size_t
 #if defined(__AVX2__)
   // Blocks of rows x 32 columns of the product; Q's 32 rows for up to 8 of its columns are
   // transposed into a tile once per block, so a lane's terms are contiguous. Several chunks of 8
-  // columns (r > 8) continue the same sums through `out`.
-  constexpr size_t kRowBlock = 64, kCols = 32;
-  alignas(32) float tile[8][kCols];
+  // columns (r > 8) continue the same sums through `out`. No masked loads or stores (slow on
+  // AMD): the columns past the last multiple of 8 run one at a time, in the same order.
+  constexpr size_t kRowBlock = 64;
+  alignas(32) float tile[8][kProductCols];
   for (size_t a0 = 0; a0 < n; a0 += kRowBlock) {
     const size_t a1 = std::min(n, a0 + kRowBlock);
-    for (size_t j0 = 0; j0 < k; j0 += kCols) {
-      const size_t w = std::min(kCols, k - j0);
-      const int nv = static_cast<int>((w + 7) / 8);
-      const __m256i tail = TailMask(w - 8 * (nv - 1));
+    for (size_t j0 = 0; j0 < k; j0 += kProductCols) {
+      const size_t w = std::min(kProductCols, k - j0);
       for (int c0 = 0; c0 < r; c0 += 8) {
         const int cw = std::min(8, r - c0);
         for (int c = 0; c < cw; ++c)
-          for (size_t j = 0; j < kCols; ++j) tile[c][j] = j < w ? q[(j0 + j) * r + c0 + c] : 0.0f;
-        const bool last = c0 + 8 >= r;
+          for (size_t j = 0; j < w; ++j) tile[c][j] = q[(j0 + j) * r + c0 + c];
+        const ProductBlock blk{p, out, in, c0 + 8 >= r ? err : nullptr, k, r, c0, cw, j0};
+        switch (w / 8) {
+          case 4:
+            ProductRows<4>(blk, tile, a0, a1);
+            break;
+          case 3:
+            ProductRows<3>(blk, tile, a0, a1);
+            break;
+          case 2:
+            ProductRows<2>(blk, tile, a0, a1);
+            break;
+          case 1:
+            ProductRows<1>(blk, tile, a0, a1);
+            break;
+          default:
+            break;
+        }
         for (size_t a = a0; a < a1; ++a) {
-          float* o = out + a * k + j0;
-          __m256 acc[kCols / 8];
-          for (int v = 0; v < nv; ++v) {
-            const __m256i mask = v == nv - 1 ? tail : _mm256_set1_epi32(-1);
-            acc[v] = c0 == 0 ? _mm256_setzero_ps() : _mm256_maskload_ps(o + 8 * v, mask);
-          }
-          for (int c = 0; c < cw; ++c) {
-            const __m256 b = _mm256_broadcast_ss(p + a * r + c0 + c);
-            for (int v = 0; v < nv; ++v)
-              acc[v] = _mm256_add_ps(acc[v], _mm256_mul_ps(b, _mm256_load_ps(&tile[c][8 * v])));
-          }
-          for (int v = 0; v < nv; ++v) {
-            const __m256i mask = v == nv - 1 ? tail : _mm256_set1_epi32(-1);
-            _mm256_maskstore_ps(o + 8 * v, mask, acc[v]);
-            if (last && err != nullptr) {
-              const size_t at = a * k + j0 + 8 * v;
-              const __m256 x = _mm256_maskload_ps(in + at, mask);
-              _mm256_maskstore_ps(err + at, mask, _mm256_sub_ps(x, acc[v]));
-            }
+          for (size_t j = w / 8 * 8; j < w; ++j) {
+            const size_t at = a * k + j0 + j;
+            float acc = c0 == 0 ? 0.0f : out[at];
+            for (int c = 0; c < cw; ++c) acc += p[a * r + c0 + c] * tile[c][j];
+            out[at] = acc;
+            if (blk.err != nullptr) err[at] = in[at] - acc;
           }
         }
       }
