@@ -72,60 +72,37 @@ void MatMul8Rows(const float* m, const float* q, float* p, size_t k, int r, int 
     for (int c = 0; c < W; ++c) p[i * r + c0 + c] = out[c][i];
 }
 
-// Q += M[a0, a1)^T P[a0, a1) for Q's layout k x R (R = r in {1, 2, 4, 8}, or an 8-column chunk
-// of a wider Q at c0): a vector holds 8 / R consecutive j's times R columns, so Q's memory is
-// the accumulator, read and written once per block of rows. JV vectors per step.
-template <int R, int JV>
-size_t MatTMulCols(const float* m, const float* p, float* q, size_t a0, size_t a1, size_t k, int r,
-                   int c0, size_t j, size_t jend) {
-  constexpr int kJ = 8 / R;  // j's per vector
-  __m256i idx[R];
-  for (int t = 0; t < R; ++t) {
-    alignas(32) int32_t v[8];
-    for (int l = 0; l < 8; ++l) v[l] = t * kJ + l / R;
-    idx[t] = _mm256_load_si256(reinterpret_cast<const __m256i*>(v));
-  }
-  for (; j + 8 * JV <= jend; j += 8 * JV) {
-    __m256 acc[JV][R];
-    for (int v = 0; v < JV; ++v)
-      for (int t = 0; t < R; ++t) acc[v][t] = _mm256_loadu_ps(q + (j + 8 * v + t * kJ) * r + c0);
-    for (size_t a = a0; a < a1; ++a) {
-      const float* pa = p + a * r + c0;
-      __m256 pv;
-      if constexpr (R == 8) {
-        pv = _mm256_loadu_ps(pa);
-      } else if constexpr (R == 4) {
-        pv = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(pa));
-      } else if constexpr (R == 2) {
-        pv = _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(pa)));
-      } else {
-        pv = _mm256_broadcast_ss(pa);
-      }
-      const float* row = m + a * k + j;
-      for (int v = 0; v < JV; ++v) {
-        const __m256 mv = _mm256_loadu_ps(row + 8 * v);
-        for (int t = 0; t < R; ++t) {
-          const __m256 e = R == 1 ? mv : _mm256_permutevar8x32_ps(mv, idx[t]);
-          acc[v][t] = _mm256_add_ps(acc[v][t], _mm256_mul_ps(e, pv));
-        }
+// MatTMul's inner loop: rows [a0, a1) of M added into qt (Q's columns c0..c0+CW-1 for j's
+// j0..j0+w-1, transposed: qt[c][jj], so a vector holds one column's 8 consecutive j's and needs
+// no shuffle), RB rows at a time, each row's terms after the previous row's. Rows stream in
+// memory order (a walk down a column of M misses the cache on every row); the sums live in the
+// L1-resident tile, read and written once per RB rows.
+constexpr size_t kTChunk = 256;  // j's of qt (8 KB for 8 columns)
+
+template <int CW, int RB>
+void MatTMulRows(const float* m, const float* p, float (*qt)[kTChunk], size_t a0, size_t a1,
+                 size_t k, int r, int c0, size_t j0, size_t w) {
+  const size_t wv = w / 8 * 8;
+  size_t a = a0;
+  for (; a + RB <= a1; a += RB) {
+    __m256 pb[RB][CW];
+    for (int i = 0; i < RB; ++i)
+      for (int c = 0; c < CW; ++c) pb[i][c] = _mm256_broadcast_ss(p + (a + i) * r + c0 + c);
+    const float* row = m + a * k + j0;
+    for (size_t jj = 0; jj < wv; jj += 8) {
+      __m256 mv[RB];
+      for (int i = 0; i < RB; ++i) mv[i] = _mm256_loadu_ps(row + i * k + jj);
+      for (int c = 0; c < CW; ++c) {
+        __m256 acc = _mm256_load_ps(&qt[c][jj]);
+        for (int i = 0; i < RB; ++i) acc = _mm256_add_ps(acc, _mm256_mul_ps(mv[i], pb[i][c]));
+        _mm256_store_ps(&qt[c][jj], acc);
       }
     }
-    for (int v = 0; v < JV; ++v)
-      for (int t = 0; t < R; ++t) _mm256_storeu_ps(q + (j + 8 * v + t * kJ) * r + c0, acc[v][t]);
+    for (size_t jj = wv; jj < w; ++jj)  // the last w % 8 j's
+      for (int c = 0; c < CW; ++c)
+        for (int i = 0; i < RB; ++i) qt[c][jj] += row[i * k + jj] * p[(a + i) * r + c0 + c];
   }
-  return j;
-}
-
-template <int R>
-void MatTMulBlock(const float* m, const float* p, float* q, size_t a0, size_t a1, size_t k, int r,
-                  int c0) {
-  constexpr int kJV = R == 8 ? 1 : (R == 1 ? 4 : 2);
-  size_t j = MatTMulCols<R, kJV>(m, p, q, a0, a1, k, r, c0, 0, k);
-  j = MatTMulCols<R, 1>(m, p, q, a0, a1, k, r, c0, j, k);
-  for (size_t a = a0; a < a1; ++a) {  // the last k % 8 columns of M
-    for (size_t jj = j; jj < k; ++jj)
-      for (int c = c0; c < c0 + R; ++c) q[jj * r + c] += m[a * k + jj] * p[a * r + c];
-  }
+  if (RB > 1 && a < a1) MatTMulRows<CW, 1>(m, p, qt, a, a1, k, r, c0, j0, w);
 }
 
 // LowRankProduct's inner block: rows [a0, a1) x NV vectors of 8 columns from j0, Q's columns
@@ -197,25 +174,46 @@ void MatMul(const float* m, const float* q, float* p, size_t n, size_t k, int r)
 
 void MatTMul(const float* m, const float* p, float* q, size_t n, size_t k, int r) {
   // Each q[j][c] sums over a in ascending order, from 0.
-  for (size_t i = 0; i < k * r; ++i) q[i] = 0.0f;
 #if defined(__AVX2__)
-  if (r == 1 || r == 2 || r == 4 || r % 8 == 0) {
-    constexpr size_t kRowBlock = 64;  // rows of M per pass over Q (in L1 / L2)
-    for (size_t a0 = 0; a0 < n; a0 += kRowBlock) {
-      const size_t a1 = std::min(n, a0 + kRowBlock);
-      if (r == 1) {
-        MatTMulBlock<1>(m, p, q, a0, a1, k, r, 0);
-      } else if (r == 2) {
-        MatTMulBlock<2>(m, p, q, a0, a1, k, r, 0);
-      } else if (r == 4) {
-        MatTMulBlock<4>(m, p, q, a0, a1, k, r, 0);
-      } else {
-        for (int c0 = 0; c0 < r; c0 += 8) MatTMulBlock<8>(m, p, q, a0, a1, k, r, c0);
+  // Per chunk of up to 8 columns of Q and 256 of its rows: the sums accumulate transposed in a
+  // stack tile over every row of M, then go to Q.
+  alignas(32) float qt[8][kTChunk];
+  for (int c0 = 0; c0 < r; c0 += 8) {
+    const int cw = std::min(8, r - c0);
+    for (size_t j0 = 0; j0 < k; j0 += kTChunk) {
+      const size_t w = std::min(kTChunk, k - j0);
+      for (int c = 0; c < cw; ++c) std::fill(qt[c], qt[c] + w, 0.0f);
+      switch (cw) {
+        case 8:
+          MatTMulRows<8, 1>(m, p, qt, 0, n, k, r, c0, j0, w);
+          break;
+        case 7:
+          MatTMulRows<7, 1>(m, p, qt, 0, n, k, r, c0, j0, w);
+          break;
+        case 6:
+          MatTMulRows<6, 1>(m, p, qt, 0, n, k, r, c0, j0, w);
+          break;
+        case 5:
+          MatTMulRows<5, 2>(m, p, qt, 0, n, k, r, c0, j0, w);
+          break;
+        case 4:
+          MatTMulRows<4, 2>(m, p, qt, 0, n, k, r, c0, j0, w);
+          break;
+        case 3:
+          MatTMulRows<3, 4>(m, p, qt, 0, n, k, r, c0, j0, w);
+          break;
+        case 2:
+          MatTMulRows<2, 4>(m, p, qt, 0, n, k, r, c0, j0, w);
+          break;
+        default:
+          MatTMulRows<1, 4>(m, p, qt, 0, n, k, r, c0, j0, w);
       }
+      for (size_t j = 0; j < w; ++j)
+        for (int c = 0; c < cw; ++c) q[(j0 + j) * r + c0 + c] = qt[c][j];
     }
-    return;
   }
-#endif
+#else
+  for (size_t i = 0; i < k * r; ++i) q[i] = 0.0f;
   for (size_t a = 0; a < n; ++a) {  // row by row of M (cache order)
     const float* row = m + a * k;
     const float* pa = p + a * r;
@@ -223,6 +221,7 @@ void MatTMul(const float* m, const float* p, float* q, size_t n, size_t k, int r
       for (int c = 0; c < r; ++c) q[j * r + c] += row[j] * pa[c];
     }
   }
+#endif
 }
 
 void LowRankProduct(const float* p, const float* q, float* out, size_t n, size_t k, int r,
