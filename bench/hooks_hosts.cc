@@ -1,13 +1,20 @@
 // hooks_hosts: what each communication hook buys across a slow inter-host link. Step time of
 // an all-reduce (DDP) gradient reduction of a GPT-2-like model and the bytes on the link, per
 // hook: none, bf16 (2-byte wire, and the f32 wire), fp16, int8, PowerSGD rank 1 and 4 (issue
-// 20, item 3; docs/performance.md).
+// 20, item 3); and the fully sharded unit gathers of the same model, exact and quantized (qwZ,
+// issue 20 item 2; docs/performance.md).
 //
 //   tools/hosts/up.sh -p braid -n 2 -r 200mbit -s 2
 //   tools/hosts/mpirun.sh -p braid -np 4 bazel-bin/bench/hooks_hosts --link=eth0
 //
 // Flags: --scale=0.0625 (fraction of GPT-2 small's 124M parameters)  --blocks=12  --iters=3
-// --warmup=1  --link=<interface> (none)  --csv.
+// --warmup=1  --link=<interface> (none)  --csv  --rows=<names> (all).
+//
+// Gather rows (gather_exact, gather_int8, gather_fp8): a fully sharded ParamGatherer over the
+// world (the model's buckets sharded 4 ways, GathererConfig::quant int8 / fp8 with 4096-element
+// scales); a step gathers every bucket in order (the forward) and again in reverse (the
+// backward), prefetching one ahead and releasing each after the next is started, as a fully
+// sharded unit does with prefetch 1. vs_base: against gather_exact (hook rows: against none).
 //
 // One reducer per hook (their state survives steps: error feedback, warm start), rows
 // interleaved per iteration. step_ms: the slowest rank's BeginBackward..FinishBackward (every
@@ -28,6 +35,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "bench/bench_flags.h"
 #include "bench/hosts_common.h"
 #include "bench/overlap_model.h"
@@ -37,15 +46,18 @@
 #include "scheduler/hooks/int8.h"
 #include "scheduler/hooks/low_precision.h"
 #include "scheduler/hooks/powersgd.h"
+#include "scheduler/param_gatherer.h"
 
 namespace braid::bench {
 namespace {
 
 using sched::GradientReducer;
 using Clock = std::chrono::steady_clock;
-constexpr const char* kRows[] = {"none", "bf16",        "bf16_f32wire", "fp16",
-                                 "int8", "powersgd_r1", "powersgd_r4"};
-constexpr int kNumRows = 7;
+constexpr const char* kRows[] = {"none",        "bf16",        "bf16_f32wire", "fp16",
+                                 "int8",        "powersgd_r1", "powersgd_r4",  "gather_exact",
+                                 "gather_int8", "gather_fp8"};
+constexpr int kNumRows = 10;
+constexpr int kFirstGather = 7;  // rows from here on are gatherers, not hooks
 
 // The divisor of c nearest to `target` (ties: the smaller).
 int64_t NearestDivisor(int64_t c, double target) {
@@ -100,15 +112,64 @@ absl::StatusOr<std::shared_ptr<sched::CommHook>> Hook(int row, std::vector<int64
   }
 }
 
-absl::Status Step(GradientReducer& r, int rank, int64_t it, double* ms) {
-  const auto& params = r.plan().params();
-  for (const auto& p : params) {  // gradients that change every step (untimed)
+// A fully sharded gatherer over the model, its shards filled once (values the quantizer sees
+// as gradients' would be: varied magnitudes within a block).
+absl::StatusOr<std::unique_ptr<sched::ParamGatherer>> Gatherer(int row, const OverlapModel& model,
+                                                               Group* group, size_t cap,
+                                                               size_t first_cap) {
+  sched::PlanOptions po;
+  po.bucket_cap_bytes = cap;
+  po.first_bucket_cap_bytes = first_cap;
+  po.shards = group->size();
+  ASSIGN_OR_RETURN(sched::BucketPlan plan, sched::BucketPlan::Build(model.params, po));
+  sched::GathererConfig gc;
+  gc.timeout = kHostsTimeout;
+  gc.fully_sharded = true;
+  if (row != kFirstGather) {
+    gc.quant.dtype =
+        row == kFirstGather + 1 ? sched::GatherDType::kInt8 : sched::GatherDType::kFp8E4M3;
+  }
+  ASSIGN_OR_RETURN(auto g, sched::ParamGatherer::Create(plan, group, gc));
+  for (int b = 0; b < g->num_buckets(); ++b) {
+    ASSIGN_OR_RETURN(TensorView shard, g->ShardView(b));
+    float* v = static_cast<float*>(shard.data);
+    for (size_t i = 0; i < shard.count; ++i)
+      v[i] = (static_cast<float>((i * 2654435761u + b * 97) % 1024) / 512.0f - 1.0f) *
+             (1.0f + static_cast<float>(i % 7));
+  }
+  return g;
+}
+
+// Every bucket gathered in order, then in reverse; prefetch one ahead, release behind.
+absl::Status GatherStep(sched::ParamGatherer& g, double* ms) {
+  const int nb = g.num_buckets();
+  const auto t0 = Clock::now();
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int i = 0; i < nb; ++i) {
+      const int b = pass == 0 ? i : nb - 1 - i;
+      RETURN_IF_ERROR(g.WaitParams(b));
+      if (i + 1 < nb) RETURN_IF_ERROR(g.Prefetch(pass == 0 ? b + 1 : b - 1));
+      RETURN_IF_ERROR(g.Release(b));
+    }
+  }
+  *ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  return absl::OkStatus();
+}
+
+// Gradients that change every step (untimed, before the barrier that starts the step).
+absl::Status FillGrads(GradientReducer& r, int rank, int64_t it) {
+  for (const auto& p : r.plan().params()) {
     ASSIGN_OR_RETURN(TensorView g, r.GradView(p.id));
     float* v = static_cast<float*>(g.data);
     for (size_t i = 0; i < p.count; ++i)
       v[i] = static_cast<float>(((i * 2654435761u + p.id * 97 + it) % 1024)) / 512.0f - 1.0f +
              0.01f * static_cast<float>(rank);
   }
+  return absl::OkStatus();
+}
+
+absl::Status Step(GradientReducer& r, double* ms) {
+  const auto& params = r.plan().params();
   const auto t0 = Clock::now();
   RETURN_IF_ERROR(r.BeginBackward(sched::SyncMode::kSync));
   for (size_t k = params.size(); k-- > 0;) RETURN_IF_ERROR(r.MarkReady(params[k].id));
@@ -119,8 +180,8 @@ absl::Status Step(GradientReducer& r, int rank, int64_t it, double* ms) {
 
 constexpr char kUsage[] =
     R"(hooks_hosts: step time of an all-reduce gradient reduction and the bytes on the link per
-communication hook (none, bf16, bf16 on the f32 wire, fp16, int8, PowerSGD r=1 and r=4), on
-the mpi backend under mpirun
+communication hook (none, bf16, bf16 on the f32 wire, fp16, int8, PowerSGD r=1 and r=4), and of
+fully sharded unit gathers (exact, int8, fp8: qwZ), on the mpi backend under mpirun
 (2 hosts x 2 ranks: tools/hosts/).
 
 usage: mpirun -np 4 hooks_hosts [flags]
@@ -131,6 +192,8 @@ usage: mpirun -np 4 hooks_hosts [flags]
   --link=         network interface whose bytes are counted (none)
   --backend=mpi   or gloo (torchrun's environment: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE)
   --csv           CSV only
+  --rows=         comma-separated rows to run (all): none,bf16,bf16_f32wire,fp16,int8,
+                  powersgd_r1,powersgd_r4,gather_exact,gather_int8,gather_fp8
 )";
 
 absl::Status Run(int argc, char** argv) {
@@ -138,6 +201,19 @@ absl::Status Run(int argc, char** argv) {
   if (PrintHelp(f, kUsage)) return absl::OkStatus();
   ASSIGN_OR_RETURN(const HostsFlags hf, HostsFlags::Read(f, /*default_iters=*/3));
   const std::string backend = f.Str("backend", "mpi");
+  std::vector<int> run;  // the selected rows, in kRows order
+  {
+    const std::string names = f.Str("rows", "");
+    const std::vector<std::string> want = absl::StrSplit(names, ',', absl::SkipEmpty());
+    for (const std::string& w : want) {
+      if (std::find_if(std::begin(kRows), std::end(kRows), [&](const char* r) { return w == r; }) ==
+          std::end(kRows))
+        return absl::InvalidArgumentError(absl::StrCat("--rows: no row '", w, "'"));
+    }
+    for (int j = 0; j < kNumRows; ++j)
+      if (want.empty() || std::find(want.begin(), want.end(), kRows[j]) != want.end())
+        run.push_back(j);
+  }
   if (!f.Unused().empty())
     return absl::InvalidArgumentError(absl::StrCat("unknown flag --", f.Unused()[0]));
   const double scale = hf.scale;
@@ -159,12 +235,22 @@ absl::Status Run(int argc, char** argv) {
   for (size_t i = 0; i < rows.size(); ++i)
     if (rows[i] < static_cast<int64_t>(model.params[i].count))
       compressible += model.params[i].count;
-  std::vector<std::unique_ptr<GradientReducer>> reducers;
-  for (int j = 0; j < kNumRows; ++j) {
+  std::vector<std::unique_ptr<GradientReducer>> reducers(kNumRows);
+  std::vector<std::unique_ptr<sched::ParamGatherer>> gatherers(kNumRows);
+  std::unique_ptr<Group> gather_group;  // the gatherers' own (used by one row at a time)
+  for (int j : run) {
+    if (j >= kFirstGather) {
+      if (gather_group == nullptr) {
+        ASSIGN_OR_RETURN(gather_group, world->Split(0, rank, "gather"));
+      }
+      ASSIGN_OR_RETURN(gatherers[j], Gatherer(j, model, gather_group.get(), rc.bucket_cap_bytes,
+                                              rc.first_bucket_cap_bytes));
+      continue;
+    }
     ASSIGN_OR_RETURN(auto r, GradientReducer::Create(model.params, {world.get(), nullptr}, rc));
     ASSIGN_OR_RETURN(auto hook, Hook(j, rows));
     RETURN_IF_ERROR(r->SetCommHook(hook));
-    reducers.push_back(std::move(r));
+    reducers[j] = std::move(r);
   }
   const bool on_bed = rank == 0 && !link_dev.empty() && LinkBytes(link_dev) >= 0;
   if (rank == 0 && !link_dev.empty() && !on_bed)
@@ -176,11 +262,17 @@ absl::Status Run(int argc, char** argv) {
   std::vector<std::vector<double>> times(kNumRows);
   std::vector<int64_t> link(kNumRows, 0);
   for (int64_t it = 0; it < warmup + iters; ++it) {
-    for (int j = 0; j < kNumRows; ++j) {
+    for (int j : run) {
+      // The fill before the barrier: no rank's step includes a peer's fill.
+      if (j < kFirstGather) RETURN_IF_ERROR(FillGrads(*reducers[j], rank, it));
       RETURN_IF_ERROR(HostsBarrier(*world));
       const int64_t b0 = on_bed ? LinkBytes(link_dev) : 0;
       double ms = 0;
-      RETURN_IF_ERROR(Step(*reducers[j], rank, it, &ms));
+      if (j >= kFirstGather) {
+        RETURN_IF_ERROR(GatherStep(*gatherers[j], &ms));
+      } else {
+        RETURN_IF_ERROR(Step(*reducers[j], &ms));
+      }
       RETURN_IF_ERROR(HostsBarrier(*world));
       if (it >= warmup) {
         times[j].push_back(ms);
@@ -189,25 +281,31 @@ absl::Status Run(int argc, char** argv) {
     }
   }
   std::vector<double> all;
-  for (const auto& v : times) all.insert(all.end(), v.begin(), v.end());
+  for (int j : run) all.insert(all.end(), times[j].begin(), times[j].end());
   ASSIGN_OR_RETURN(WorkPtr w, world->AllReduce(all.data(), all.data(), all.size(), DType::kF64,
                                                ReduceOp::Max()));
   RETURN_IF_ERROR(w->Wait(kHostsTimeout));
   if (rank == 0) {
-    std::printf(csv ? "hook,step_ms,vs_none,link_MB\n" : "%-13s %10s %8s %10s\n", "hook", "step_ms",
-                "vs_none", "link_MB");
-    double none = 0;
-    for (int j = 0; j < kNumRows; ++j) {
-      std::vector<double> v(all.begin() + j * iters, all.begin() + (j + 1) * iters);
+    std::printf(
+        csv ? "row,step_ms,min_ms,max_ms,vs_base,link_MB\n" : "%-13s %10s %10s %10s %8s %10s\n",
+        "row", "step_ms", "min_ms", "max_ms", "vs_base", "link_MB");
+    double base[2] = {0, 0};  // none, gather_exact (0: not run)
+    for (size_t x = 0; x < run.size(); ++x) {
+      const int j = run[x];
+      std::vector<double> v(all.begin() + x * iters, all.begin() + (x + 1) * iters);
       std::sort(v.begin(), v.end());
       const double med = v[v.size() / 2];
-      if (j == 0) none = med;
+      if (j == 0 || j == kFirstGather) base[j == 0 ? 0 : 1] = med;
+      const double b = base[j >= kFirstGather ? 1 : 0];
       const std::string mb = on_bed ? absl::StrCat(absl::SixDigits(link[j] / 1e6 / iters)) : "-";
-      std::printf(csv ? "%s,%.1f,%.2f,%s\n" : "%-13s %10.1f %7.2fx %10s\n", kRows[j], med,
-                  none / med, mb.c_str());
+      const std::string vs = b > 0 ? absl::StrFormat("%.2fx", b / med) : "-";
+      std::printf(csv ? "%s,%.1f,%.1f,%.1f,%s,%s\n" : "%-13s %10.1f %10.1f %10.1f %8s %10s\n",
+                  kRows[j], med, v.front(), v.back(), vs.c_str(), mb.c_str());
     }
   }
   reducers.clear();
+  gatherers.clear();
+  gather_group.reset();
   hosts.backend.reset();  // before the world group: the last group finalizes MPI
   world.reset();
   return absl::OkStatus();

@@ -36,6 +36,7 @@ struct BucketState {
   size_t count = 0;
   std::vector<Matrix> mats;
   std::vector<std::pair<size_t, size_t>> plain;  // uncompressed (offset, count), bucket order
+  std::vector<std::pair<size_t, size_t>> rest;   // outside every matrix (plain and padding)
   size_t plain_count = 0, p_count = 0, q_count = 0;
   int iter = 0;   // steps run (torch's state.iter, per bucket)
   int inits = 0;  // random Q fills so far
@@ -69,12 +70,15 @@ struct Cursor {
 void Finish(BucketState& s, const Cursor& c) {  // after the Q all-reduce: P Q^T, the error
   const float d = static_cast<float>(s.group_size);
   for (float& v : s.q) v = v / d;
-  for (const Matrix& m : s.mats) {
+  float* err = c.error_feedback ? s.error.data() : nullptr;
+  for (const Matrix& m : s.mats) {  // the error of a matrix in the pass that writes its result
     LowRankProduct(s.first.data() + s.plain_count + m.p, s.q.data() + m.q, s.out.data() + m.offset,
-                   m.n, m.k, m.r);
+                   m.n, m.k, m.r, s.input.data() + m.offset, err ? err + m.offset : nullptr);
   }
   if (c.error_feedback) {
-    for (size_t i = 0; i < s.count; ++i) s.error[i] = s.input[i] - s.out[i];
+    for (const auto& [offset, count] : s.rest) {
+      for (size_t i = offset; i < offset + count; ++i) s.error[i] = s.input[i] - s.out[i];
+    }
   }
   if (!c.warm_start) s.have_q = false;
 }
@@ -318,6 +322,7 @@ class PowerSGDHook : public CommHook {
       if (it == by_shape.end()) it = by_shape.insert(by_shape.end(), {{n, k}, {}});
       it->second.push_back(m);
     }
+    std::vector<std::pair<size_t, size_t>> spans;  // the matrices' [offset, end)
     for (auto& [shape, mats] : by_shape) {
       for (Matrix& m : mats) {
         m.p = s->p_count;
@@ -325,8 +330,16 @@ class PowerSGDHook : public CommHook {
         s->p_count += m.n * m.r;
         s->q_count += m.k * m.r;
         s->mats.push_back(m);
+        spans.emplace_back(m.offset, m.offset + m.n * m.k);
       }
     }
+    std::sort(spans.begin(), spans.end());
+    size_t at = 0;
+    for (const auto& [begin, end] : spans) {
+      if (begin > at) s->rest.emplace_back(at, begin - at);
+      at = end;
+    }
+    if (s->count > at) s->rest.emplace_back(at, s->count - at);
     s->first.resize(s->plain_count + s->p_count);
     s->q.resize(s->q_count);
     return s;
@@ -334,13 +347,12 @@ class PowerSGDHook : public CommHook {
 
   // Before the first all-reduce: input = send + error; [uncompressed | P = M orth(Q)].
   void Compress(BucketState& s, const float* send, int bucket) {
-    s.input.assign(send, send + s.count);
-    if (opts_.use_error_feedback) {
-      if (s.error.size() == s.count) {
-        for (size_t i = 0; i < s.count; ++i) s.input[i] += s.error[i];
-      } else {
-        s.error.assign(s.count, 0.0f);
-      }
+    s.input.resize(s.count);
+    if (opts_.use_error_feedback && s.error.size() == s.count) {
+      for (size_t i = 0; i < s.count; ++i) s.input[i] = send[i] + s.error[i];
+    } else {
+      std::copy(send, send + s.count, s.input.begin());
+      if (opts_.use_error_feedback) s.error.assign(s.count, 0.0f);
     }
     size_t at = 0;
     for (const auto& [offset, count] : s.plain) {
@@ -360,7 +372,9 @@ class PowerSGDHook : public CommHook {
       MatMul(s.input.data() + m.offset, q, s.first.data() + s.plain_count + m.p, m.n, m.k, m.r);
     }
     s.have_q = true;
-    std::fill(s.out.begin(), s.out.end(), 0.0f);  // padding between parameters stays 0
+    for (const auto& [offset, count] : s.rest) {  // padding between parameters stays 0
+      std::fill(s.out.begin() + offset, s.out.begin() + offset + count, 0.0f);
+    }
   }
 
   // After the first all-reduce: the uncompressed average; orth(P); Q = M^T P.
