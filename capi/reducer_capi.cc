@@ -280,8 +280,7 @@ braid_status_t braid_reducer_num_buckets(braid_reducer_t* reducer, int* count) {
   });
 }
 
-braid_status_t braid_reducer_wait_bucket(braid_reducer_t* reducer, int bucket,
-                                         int64_t timeout_ms) {
+braid_status_t braid_reducer_wait_bucket(braid_reducer_t* reducer, int bucket, int64_t timeout_ms) {
   return Guard("braid_reducer_wait_bucket", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
     // "No limit" is ten years, as braid_work_wait's.
