@@ -3,10 +3,20 @@
 # neither libcudart nor libnccl (the runtime is static, NCCL is opened with dlopen) nor Open
 # MPI nor Gloo (their backends are modules loaded on first use); each backend module exports
 # only its entry point braidBackendModule_v1 (backends/module/module.lds).
+# braid.h's declarations are its own and those of the parts it includes beside it
+# (`#include "braid_world.h"`, ...).
 # Usage: exported_symbols_test.sh <libbraid.so> <braid.h> [<libbraid-BACKEND.so>...]
 set -euo pipefail
 lib="$1"
 header="$2"
+headers=("$header")
+for part in $(sed -n 's/^#include "\(braid_[a-z0-9_]*\.h\)"$/\1/p' "$header"); do
+  headers+=("$(dirname "$header")/$part")
+  if [[ ! -f "${headers[-1]}" ]]; then
+    echo "FAIL: $header includes $part, which is not beside it" >&2
+    exit 1
+  fi
+done
 
 exported="$(nm -D --defined-only "$lib" | awk '{print $NF}' | sort)"
 if [[ -z "$exported" ]]; then
@@ -20,7 +30,7 @@ if [[ -n "$stray" ]]; then
   exit 1
 fi
 
-declared="$(grep -o '^BRAID_API[^(]*\bbraid_[a-z0-9_]*(' "$header" |
+declared="$(cat "${headers[@]}" | grep -o '^BRAID_API[^(]*\bbraid_[a-z0-9_]*(' |
   grep -o 'braid_[a-z0-9_]*($' | tr -d '(' | sort)"
 missing="$(comm -23 <(echo "$declared") <(echo "$exported"))"
 extra="$(comm -13 <(echo "$declared") <(echo "$exported"))"
@@ -44,5 +54,6 @@ for module in "${@:3}"; do
     exit 1
   fi
 done
-echo "PASS: $(wc -l <<<"$exported") symbols, all braid_*, matching braid.h; no NEEDED" \
+echo "PASS: $(wc -l <<<"$exported") symbols, all braid_*, matching braid.h" \
+  "(${#headers[@]} files); no NEEDED" \
   "libcudart/libnccl/libmpi/libgloo; $(($# - 2)) backend modules export only their entry point"

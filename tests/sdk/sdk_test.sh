@@ -34,6 +34,18 @@ fail() {
   exit 1
 }
 
+# braid.h and the parts it includes (`#include "braid_world.h"`, ...) are all in $1 (an include
+# directory), as in the tree: the programs below would not compile without them, and this names
+# the one missing.
+check_headers() {
+  local dir="$1" part
+  cmp -s "${header}" "${dir}/braid.h" || fail "${dir}/braid.h differs from ${header}"
+  for part in $(sed -n 's/^#include "\(braid_[a-z0-9_]*\.h\)"$/\1/p' "${header}"); do
+    cmp -s "$(dirname "${header}")/${part}" "${dir}/${part}" ||
+      fail "${dir}/${part} (braid.h includes it) is missing or differs from the tree's"
+  done
+}
+
 # A fresh copy of the consumer project (the sources, no Braid tree around them).
 consumer() {
   local dir="${scratch}/$1"
@@ -102,6 +114,7 @@ prefix="${scratch}/prefix"
   --module "${modules[1]}" > /dev/null
 [[ "$(readlink "${prefix}/lib/libbraid.so.${abi}")" == "libbraid.so.${abi}.${version#*.}" ]] ||
   fail "lib/libbraid.so.${abi} does not point at libbraid.so.${abi}.${version#*.}"
+check_headers "${prefix}/include"
 build_with_pkg_config "$(consumer prefix-pc)" "${prefix}/lib" \
   PKG_CONFIG_PATH="${prefix}/lib/pkgconfig"
 build_with_cmake "$(consumer prefix-cmake)" "${prefix}/lib" "${prefix}/lib/cmake/Braid" \
@@ -111,6 +124,7 @@ echo "== 2. the archive, unpacked elsewhere"
 mkdir "${scratch}/unpacked"
 tar -xzf "${archive}" -C "${scratch}/unpacked"
 top="${scratch}/unpacked/$(basename "${archive}" .tar.gz)"
+check_headers "${top}/include"
 build_with_pkg_config "$(consumer archive-pc)" "${top}/lib" PKG_CONFIG_PATH="${top}/lib/pkgconfig"
 build_with_cmake "$(consumer archive-cmake)" "${top}/lib" "${top}/lib/cmake/Braid" \
   -DCMAKE_PREFIX_PATH="${top}"
@@ -137,6 +151,8 @@ libdir="${root}/usr/lib/${multiarch}"
 for f in "libbraid.so.${abi}" libbraid.so libbraid-mpi.so libbraid-gloo.so; do
   [[ -e "${libdir}/${f}" ]] || fail "the packages hold no usr/lib/${multiarch}/${f}"
 done
+dpkg-deb -x "${dev_deb}" "${scratch}/devroot"
+check_headers "${scratch}/devroot/usr/include"  # in libbraid-dev, not the runtime package
 build_with_pkg_config "$(consumer deb-pc)" "${libdir}" PKG_CONFIG_SYSROOT_DIR="${root}" \
   PKG_CONFIG_LIBDIR="${libdir}/pkgconfig"
 build_with_cmake "$(consumer deb-cmake)" "${libdir}" "${libdir}/cmake/Braid" \

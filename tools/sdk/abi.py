@@ -10,7 +10,11 @@ The list has one line per fact a compiled program relies on, each prefixed by wh
 from: every exported symbol (`nm -D --defined-only`), every declared function's signature, every
 public struct's size and alignment and each field's offset, size and type, every enumerator's
 and integer constant's value. Signatures and types are the C++ compiler's own spelling
-(typeid, demangled), so a parameter's name does not count but its type does.
+(typeid, demangled), so a parameter's name does not count but its type does. A header's facts
+include those of the parts it includes beside it (braid.h's `#include "braid_world.h"`, ...)
+and carry the header's name: "braid.h" is the API, so moving a declaration from one part to
+another changes nothing here (it is no ABI event), while dropping it from every part is a
+removal.
 
 What the check calls what (the rule docs/c-sdk.md states for users):
   - removed or changed: an ABI break. For braid.h: programs built against libbraid.so.<N> would
@@ -24,6 +28,7 @@ Any exported symbol outside braid_* is an error too (capi/braid.lds keeps the re
 """
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -39,9 +44,23 @@ def strip_comments(text):
     return re.sub(r"//[^\n]*", " ", text)
 
 
+# How braid.h includes its parts (capi/BUILD.bazel's HEADER_PARTS; tools/sdk/layout.py installs
+# the same ones): a line of its own, quoted, a file beside it.
+PART_INCLUDE = re.compile(r'^#include "(braid_\w+\.h)"$', re.M)
+
+
+def read_header(path):
+    """The header's text with each part it includes replaced by the part's text (recursively),
+    so the facts of braid.h are those of the whole API whichever part declares them."""
+    beside = os.path.dirname(path)
+    return PART_INCLUDE.sub(lambda m: read_header(os.path.join(beside, m.group(1))),
+                            open(path).read())
+
+
 def parse_header(path):
-    """{functions, structs: [(name, [field]), ...], enumerators, constants} of one header."""
-    text = strip_comments(open(path).read())
+    """{functions, structs: [(name, [field]), ...], enumerators, constants} of one header and
+    the parts it includes."""
+    text = strip_comments(read_header(path))
     functions = re.findall(r"\bBRAID_API\b[^;{]*?\b(braid_\w+)\s*\(", text)
     structs = []
     for m in re.finditer(r"typedef\s+struct\s+\w+\s*\{(.*?)\}\s*(\w+)\s*;", text, flags=re.S):

@@ -7,8 +7,9 @@ the way Debian splits a shared library (Debian Policy 8; NCCL ships libnccl2 + l
                   libgloo0), needed only by a world on that backend. A shlibs file so that
                   programs packaged against it get `libbraid1 (>= 0.10.0)`, and the ldconfig
                   trigger.
-    libbraid-dev  usr/include/braid.h, braid_backend_v1.h, usr/lib/<multiarch>/libbraid.so,
-                  pkgconfig/braid.pc, cmake/Braid/; Depends: libbraid1 (= the same version).
+    libbraid-dev  usr/include/braid.h and its parts, braid_backend_v1.h,
+                  usr/lib/<multiarch>/libbraid.so, pkgconfig/braid.pc, cmake/Braid/;
+                  Depends: libbraid1 (= the same version).
 
 The package name carries the ABI major (libbraid.so.1 -> libbraid1), so a new major installs
 beside the old one. The Maintainer field comes from DEBFULLNAME / DEBEMAIL (the variables
@@ -140,9 +141,9 @@ def build(out_dir, header, plugin_header, lib, modules):
             build_deb(trees["libbraid-dev"], dict(common, **{
                 "Package": "libbraid-dev", "Section": "libdevel",
                 "Depends": "%s (= %s)" % (runtime, v.version),
-                "Description": "%s (development files)\n%s\n .\n This package holds braid.h, "
-                               "the plugin ABI header, braid.pc and the\n CMake package "
-                               "(find_package(Braid))." % (short, long_text),
+                "Description": "%s (development files)\n%s\n .\n This package holds braid.h "
+                               "and its parts, the plugin ABI header,\n braid.pc and the "
+                               "CMake package (find_package(Braid))." % (short, long_text),
             }), out_dir),
         ]
     return debs

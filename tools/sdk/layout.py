@@ -1,7 +1,8 @@
 """The installed layout of Braid's C SDK, written under a prefix (tools/sdk/sdk.py uses it for
 `//capi:install`, the archive and the Debian packages):
 
-    include/braid.h                      the C API
+    include/braid.h                      the C API, which includes its parts beside it:
+    include/braid_world.h, ...           (header_parts: the #include "braid_*.h" lines of braid.h)
     include/braid_backend_v1.h           the backend plugin ABI
     LIBDIR/libbraid.so.1.10.0            the library (soname libbraid.so.1)
     LIBDIR/libbraid.so.1 -> libbraid.so.1.10.0
@@ -43,6 +44,17 @@ class Version:
         self.version = "%s.%s.%s" % (self.major, self.minor, self.patch)
         self.soname = "libbraid.so." + self.abi
         self.realname = "%s.%s.%s" % (self.soname, self.minor, self.patch)
+
+
+def header_parts(header):
+    """The parts braid.h includes (`#include "braid_*.h"`), as paths beside it, in its order;
+    each must exist there (the installed braid.h would not compile without it)."""
+    names = re.findall(r'^#include "(braid_\w+\.h)"$', open(header).read(), re.M)
+    paths = [os.path.join(os.path.dirname(header), n) for n in names]
+    for path in paths:
+        if not os.path.isfile(path):
+            raise LayoutError("%s includes %s, which is not beside it" % (header, path))
+    return paths
 
 
 def soname(path):
@@ -94,6 +106,8 @@ def install(prefix, header, plugin_header, lib, modules, libdir="lib", pc_prefix
         written.append(rel)
 
     put("include/braid.h", open(header, "rb").read(), 0o644)
+    for part in header_parts(header):
+        put("include/" + os.path.basename(part), open(part, "rb").read(), 0o644)
     put("include/braid_backend_v1.h", open(plugin_header, "rb").read(), 0o644)
     # Shared objects 0644, as Debian installs them: loaded, never executed.
     put(os.path.join(libdir, v.realname), open(lib, "rb").read(), 0o644)
