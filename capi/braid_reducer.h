@@ -140,6 +140,15 @@ typedef struct braid_reducer_options {
    * parameter and adds nothing; fewer marks than the count (but some) fail finish_backward by
    * name. < 0: INVALID_ARGUMENT naming params[i]. */
   const int* param_marks;
+  /* ---- since 0.11: bounded memory for fully sharded training. > 0 (with shard_gradients = 1):
+   * the most bytes of full-size bucket storage this rank's pool holds at once, gathered
+   * parameters included when an optimizer's fully sharded units share that pool. Taking
+   * storage past it waits, up to timeout_ms, for the storage of a reduction already launched
+   * to come back (never for one not launched: no rank-order cycle; with none in flight the
+   * pool grows past the limit instead), and a unit's prefetch waits for room. A wait past the
+   * deadline fails the mark with TIMEOUT naming the bucket and pool_limit_bytes. 0 (default):
+   * no limit. < 0, below one bucket's storage, or without shard_gradients: INVALID_ARGUMENT. */
+  int64_t pool_limit_bytes;
 } braid_reducer_options_t;
 
 #define BRAID_UNUSED_NONE 0               /* braid_reducer_options_t.agree_unused */

@@ -125,6 +125,11 @@ absl::StatusOr<sched::ReducerConfig> ToConfig(const braid_reducer_options_t& o) 
   // braid_reducer_rebuild_buckets needs the first synced backward's order (n ints).
   c.rebuild_bucket_order = !c.shard_gradients;
   c.timeout = absl::Milliseconds(o.timeout_ms);
+  if (o.pool_limit_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "opts->pool_limit_bytes must be 0 (no limit) or positive, got ", o.pool_limit_bytes));
+  }
+  c.pool_limit_bytes = o.pool_limit_bytes;
   return c;
 }
 
@@ -175,12 +180,13 @@ braid_status_t braid_reducer_create(braid_group_t* shard, braid_group_t* replica
     braid_reducer_options_t o;
     braid_reducer_options_init(&o);
     // 0.5's struct ended after timeline_prefix, 0.6's after device, 0.7's after shard_gradients,
-    // 0.10's after priorities.
+    // 0.10's after priorities, an earlier 0.11's after param_marks.
     RETURN_IF_ERROR(braid::capi::ReadVersionedOptions(
         opts,
         {offsetof(braid_reducer_options_t, device), offsetof(braid_reducer_options_t, param_units),
          offsetof(braid_reducer_options_t, credit_bytes),
-         offsetof(braid_reducer_options_t, agree_unused)},
+         offsetof(braid_reducer_options_t, agree_unused),
+         offsetof(braid_reducer_options_t, pool_limit_bytes)},
         "braid_reducer_options_t", &o));
     ASSIGN_OR_RETURN(braid::sched::ReducerConfig config, braid::capi::ToConfig(o));
     if (replica != nullptr && config.mode != braid::sched::ReduceMode::kHybrid) {

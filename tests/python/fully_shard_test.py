@@ -13,7 +13,7 @@ import unittest
 
 import torch
 
-from braid import pytorch as bt
+from braid import core, pytorch as bt
 from rank_threads import INIT_LOCK, run_ranks
 
 N = 2
@@ -246,6 +246,31 @@ class EvalAndFastPathTest(unittest.TestCase):
             self.assertGreater(stats["by_use"]["optimizer_state"][1], 0)
             self.assertGreater(stats["host"][1], 0)
 
+
+    def test_pool_limit_keeps_results_and_refuses_what_cannot_hold_a_bucket(self):
+        # pool_limit_mb reaches the C++ bound (tests/pool_limit_test.cc shows it bind and
+        # wait); here: the same steps as torch with it set, and its refusals by name.
+        want, _ = _reference("adamw")
+
+        def body(r, g):
+            net = _shard(Net(), g, pool_limit_mb=0.004)  # a few of this model's buckets
+            opt = OPTIMIZERS["adamw"](net.parameters())
+            for s in range(STEPS):
+                x, y = _data(r, s)
+                torch.nn.functional.mse_loss(net(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+            with net.summon_full_params():
+                full = [p.detach().clone() for p in net.parameters()]
+            net.close()
+            with self.assertRaisesRegex(ValueError, "pool_limit_mb"):
+                _shard(Net(), g, pool_limit_mb=-1)(torch.randn(2, 5))
+            with self.assertRaisesRegex(core.BraidError, "pool_limit_bytes"):
+                _shard(Net(), g, pool_limit_mb=1e-6)(torch.randn(2, 5))  # 1 byte
+            return full
+        for full in run_ranks(N, body):
+            for a, b in zip(full, want):
+                self.assertTrue(torch.equal(a, b), (a - b).abs().max())
 
     def test_timeline_counters_track_memory_stats(self):
         """model.timeline_counters(): the timeline file's "host bytes" samples, one per counted

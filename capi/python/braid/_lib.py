@@ -112,7 +112,8 @@ class ReducerOptions(ctypes.Structure):
                 ("credit_bytes", ctypes.c_size_t), ("priorities", ctypes.c_int),
                 # 0.11: divergent control flow (the used-map agreement)
                 ("agree_unused", ctypes.c_int), ("static_graph", ctypes.c_int),
-                ("param_marks", ctypes.POINTER(ctypes.c_int))]  # 0.11: tied / reused
+                ("param_marks", ctypes.POINTER(ctypes.c_int)),  # 0.11: tied / reused
+                ("pool_limit_bytes", ctypes.c_int64)]  # 0.11: bounded fully sharded pool
 
 
 class CommHookOptions(ctypes.Structure):  # 0.11: braid_comm_hook_options_t

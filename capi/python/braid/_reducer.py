@@ -34,7 +34,9 @@ class Reducer(_Handle):
     rank must pass the same values.
     Tied and reused parameters (0.11): `param_marks` (one int per entry of `params`: how many
     times it is marked ready per backward, >= 1, or 0 to have them counted in the first synced
-    backward; default once each)."""
+    backward; default once each). `pool_limit_mb` (0.11, shard_gradients only; 0: none): the
+    most MiB of full-size bucket storage (and gathered units sharing its pool) held at once;
+    past it a mark waits for a launched reduction's storage (braid.h's pool_limit_bytes)."""
 
     _destroy = "braid_reducer_destroy"
 
@@ -42,7 +44,7 @@ class Reducer(_Handle):
                  first_bucket_cap_mb=1.0, allow_unused=False, reduce_dtype=None,
                  timeout_ms=300000, timeline_prefix=None, device=None, param_units=None,
                  shard_gradients=False, credit_mb=0.0, priorities=False, agree_unused=None,
-                 static_graph=False, param_marks=None):
+                 static_graph=False, param_marks=None, pool_limit_mb=0.0):
         opts = _lib.init_options(_lib.ReducerOptions, "braid_reducer_options_init")
         if mode not in MODES:
             raise ValueError("mode %r: one of %s" % (mode, ", ".join(MODES)))
@@ -75,6 +77,10 @@ class Reducer(_Handle):
             raise ValueError("credit_mb %r: 0 (off) or a positive size in MiB" % (credit_mb,))
         opts.credit_bytes = int(credit_mb * 1024 * 1024)
         opts.priorities = 1 if priorities else 0
+        if pool_limit_mb < 0:
+            raise ValueError("pool_limit_mb %r: 0 (no limit) or a positive size in MiB" %
+                             (pool_limit_mb,))
+        opts.pool_limit_bytes = int(pool_limit_mb * 1024 * 1024)
         if agree_unused not in AGREE_UNUSED:
             raise ValueError("agree_unused %r: one of %s" % (
                 agree_unused, ", ".join(repr(k) for k in AGREE_UNUSED)))

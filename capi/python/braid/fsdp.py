@@ -67,6 +67,10 @@ class FullyShardedDataParallel(UnitBackward, torch.nn.Module, _owners.Wrapper):
           gradient reduce-scatters in partitions of at most credit_mb MiB, and with
           priorities=True the unit gathers go ahead of partitions not yet issued.
     CUDA modules on World("nccl") groups, and offload_policy: braid/_fsdp_device.py.
+    pool_limit_mb: a keyword FSDP2 lacks (FSDP1's limit_all_gathers bounds the same memory):
+          the most MiB of full-size gradient buckets and gathered units this rank holds at
+          once (0: no limit); past it a gradient hand-over waits for a launched reduce-scatter
+          to give its storage back, and a prefetch waits for room (braid.h pool_limit_bytes).
     gather_dtype, gather_block: quantized unit gathers (ZeRO++'s qwZ; exact master weights),
           or bfloat16 / float16 ones; None gathers a host model's param_dtype (FSDP2's wire),
           else float32: braid/_fsdp_quant.py.
@@ -78,7 +82,7 @@ class FullyShardedDataParallel(UnitBackward, torch.nn.Module, _owners.Wrapper):
                  reduce_dtype=None, broadcast_from_rank0=True, timeout_ms=300000,
                  timeline_prefix=None, credit_mb=0.0, priorities=False, static_graph=False,
                  offload_policy=None, param_dtype=None, cast_forward_inputs=True,
-                 gather_dtype=None, gather_block=4096):
+                 gather_dtype=None, gather_block=4096, pool_limit_mb=0.0):
         super().__init__()
         if mode not in ("reduce_scatter", "hybrid"):
             raise ValueError("FullyShardedDataParallel mode %r: reduce_scatter or hybrid (use "
@@ -129,7 +133,7 @@ class FullyShardedDataParallel(UnitBackward, torch.nn.Module, _owners.Wrapper):
             reduce_dtype=reduce_dtype, timeout_ms=timeout_ms, timeline_prefix=timeline_prefix,
             param_units=self._unit_of, shard_gradients=True, credit_mb=credit_mb,
             priorities=priorities, param_marks=reuse_marks(len(named), static_graph),
-            device=self._device,
+            device=self._device, pool_limit_mb=pool_limit_mb,
             **agreement_options(find_unused_parameters, "at_finish", False))
         # The reducer agrees on use after each backward: the optimizer skips parameters no
         # rank used (braid/_used_map.py).

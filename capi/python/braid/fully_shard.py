@@ -23,7 +23,8 @@ Contract (docs/pytorch.md, "fully_shard", says what maps from FSDP2 and what is 
   - Braid's own knobs are keywords FSDP2 lacks, on the root call only: prefetch,
     max_live_mb, bucket_cap_mb, first_bucket_cap_mb, find_unused_parameters, timeout_ms,
     timeline_prefix, credit_mb, priorities, broadcast_from_rank0, static_graph (a hook that
-    fires twice: braid/_ddp_reuse.py), gather_dtype / gather_block (quantized unit gathers:
+    fires twice: braid/_ddp_reuse.py), pool_limit_mb (bounded gradient and gather memory:
+    FullyShardedDataParallel), gather_dtype / gather_block (quantized unit gathers:
     braid/_fsdp_quant.py).
   - Host modules on local / mpi / gloo worlds; CUDA modules on nccl worlds (streams, events
     and offload: braid/_fsdp_device.py). One offload setting for the model, as reshard.
@@ -39,8 +40,8 @@ from .fsdp import FullyShardedDataParallel
 
 _BRAID_KEYS = ("prefetch", "max_live_mb", "bucket_cap_mb", "first_bucket_cap_mb",
                "find_unused_parameters", "timeout_ms", "timeline_prefix", "credit_mb",
-               "priorities", "broadcast_from_rank0", "static_graph", "gather_dtype",
-               "gather_block")
+               "priorities", "broadcast_from_rank0", "static_graph", "pool_limit_mb",
+               "gather_dtype", "gather_block")
 
 
 class _State:
