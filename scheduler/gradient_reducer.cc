@@ -457,6 +457,8 @@ absl::StatusOr<WorkPtr> GradientReducer::ZeroGradsAsync(DeviceEvent after) {
 }
 
 absl::Status GradientReducer::ZeroBucketQueued(int b) {
+  // A reduction still running (its backward's wait failed) writes into the bucket afterwards.
+  RETURN_IF_ERROR(stages_->BucketIdle(b, "zeroing gradients"));
   if (config_.gradient_as_bucket_view) {  // a new window: the next marks copy
     for (int i : plan_.buckets()[b].params) accumulated_[i].store(0, std::memory_order_relaxed);
   }

@@ -23,6 +23,8 @@ absl::StatusOr<bool> GradientReducer::RebuildBucketsIfPending() {
     return absl::FailedPreconditionError("rebuilding the buckets during a backward");
   }
   if (!RebuildPending()) return false;
+  // Refused before the broadcast, not after it in AdoptPlan (peers would wait in the plan check).
+  RETURN_IF_ERROR(stages_->NoneInFlight("rebuilding the buckets"));
   // This rank's order: the recorded marks, then parameters never marked (reverse registration).
   const int n = static_cast<int>(plan_.params().size());
   std::vector<int64_t> order;

@@ -2,6 +2,7 @@
 
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "comm/logging.h"
@@ -32,26 +33,35 @@ ReducerStages::~ReducerStages() {
   const absl::Time deadline = absl::Now() + config_.timeout;
   for (size_t i = 0; i < buckets_.size(); ++i) {
     const int b = static_cast<int>(i);
+    std::vector<WorkPtr> works;  // copied under the lock: a callback may launch stage 1
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!InFlightLocked(b)) continue;
+      const ReducerBucketState& s = *buckets_[i];
+      works = {s.stage[0].work, s.stage[1].work, s.work};
     }
-    const ReducerBucketState& s = *buckets_[i];
-    for (const WorkPtr& w : {s.stage[0].work, s.stage[1].work, s.work}) {
+    for (const WorkPtr& w : works) {
       if (w != nullptr) (void)w->WaitUntil(deadline);
     }
     std::lock_guard<std::mutex> lock(mu_);
     if (!InFlightLocked(b)) continue;
     // A collective may still write into this bucket: leak it rather than free it under one.
-    Log().error("gradient reducer destroyed with {} still in flight; leaking its storage", s.label);
+    Log().error("gradient reducer destroyed with {} still in flight; leaking its storage",
+                buckets_[i]->label);
     storage_->Abandon(b);
   }
   // Callbacks that come later find the anchor detached; wait for those already inside.
+  // No bound: freeing the stages under a callback would be a use after free, and a callback's
+  // own waits are bounded by their deadlines.
   anchor_->detached.store(true);
-  const absl::Time inside = absl::Now() + config_.timeout;
-  while (anchor_->active.load() > 0 && absl::Now() < inside) std::this_thread::yield();
-  if (anchor_->active.load() > 0) {
-    Log().error("gradient reducer destroyed while a completion callback still runs");
+  const absl::Time warn = absl::Now() + config_.timeout;
+  bool warned = false;
+  while (anchor_->active.load() > 0) {
+    if (!warned && absl::Now() > warn) {
+      Log().warn("gradient reducer destruction waits for a completion callback still running");
+      warned = true;
+    }
+    std::this_thread::yield();
   }
   CallbackAnchor::Release(anchor_);  // freed now, or by the last callback still to come
 }
@@ -102,16 +112,24 @@ absl::Status ReducerStages::NoneInFlight(absl::string_view doing) {
   return NoneInFlightLocked(doing);
 }
 
+absl::Status ReducerStages::BucketIdle(int b, absl::string_view doing) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return InFlightLocked(b) ? InFlightError(b, doing) : absl::OkStatus();
+}
+
 absl::Status ReducerStages::NoneInFlightLocked(absl::string_view doing) const {
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    if (!InFlightLocked(static_cast<int>(b))) continue;
-    return absl::FailedPreconditionError(absl::StrCat(
-        doing, ": ", buckets_[b]->label,
-        "'s reduction from an earlier backward is still in flight (that backward's wait ended "
-        "at its deadline); its storage cannot be reused until the reduction completes: retry "
-        "later, or destroy the reducer"));
+    if (InFlightLocked(static_cast<int>(b))) return InFlightError(static_cast<int>(b), doing);
   }
   return absl::OkStatus();
+}
+
+absl::Status ReducerStages::InFlightError(int b, absl::string_view doing) const {
+  return absl::FailedPreconditionError(absl::StrCat(
+      doing, ": ", buckets_[b]->label,
+      "'s reduction from an earlier backward is still in flight (that backward's wait ended "
+      "at its deadline); its storage cannot be reused until the reduction completes: retry "
+      "later, or destroy the reducer"));
 }
 
 bool ReducerStages::InFlightLocked(int b) const {

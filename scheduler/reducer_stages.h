@@ -65,6 +65,8 @@ class ReducerStages {
   // FailedPrecondition naming the first such bucket, `doing` first: before anything replaces
   // the storage or the bucket states.
   absl::Status NoneInFlight(absl::string_view doing);
+  // The same for bucket b alone (zeroing it must not race its reduction).
+  absl::Status BucketIdle(int b, absl::string_view doing);
   // A device event that bucket b's collective waits for (one per marked parameter at most).
   void AddEvent(int b, DeviceEvent ready);
   // One more parameter of bucket b is ready: the last one widens b (f32 staging) and launches
@@ -98,6 +100,7 @@ class ReducerStages {
   // or a collective of one of its stages).
   bool InFlightLocked(int b) const;
   absl::Status NoneInFlightLocked(absl::string_view doing) const;
+  absl::Status InFlightError(int b, absl::string_view doing) const;
   // With mu_ held: the comm hook runs bucket b's `stage` (reducer_hook_stage.cc); a hook's
   // error comes back as a completed Work, named at delivery.
   WorkPtr RunHookLocked(int b, int stage, const ReductionRequest& req);

@@ -17,16 +17,17 @@ ended on the process group's), they span two threads and the profiler marks them
 are torch.autograd.profiler.record_function ranges ended through a torch Future the watcher
 completes (torch carries the profiler's thread state over), so torch.profiler.profile and
 torch.autograd.profiler.profile both list them, with their counts. end() returns once every
-range of the backward closed: the watcher's waits return at the latest when finish_backward
-has (a failed bucket ends its range too; finish_backward raises its error on the backward's
-thread). With no profiler recording, begin() costs one check per backward and the caller
-tests `recording` per parameter; nothing else runs, and no thread is started.
+range of the backward closed: the watcher's waits share one deadline, the backward's timeout
+from its begin (a failed bucket ends its range too; finish_backward raises its error on the
+backward's thread). With no profiler recording, begin() costs one check per backward and the
+caller tests `recording` per parameter; nothing else runs, and no thread is started.
 """
 
 import contextlib
 import functools
 import queue
 import threading
+import time
 
 import torch
 
@@ -115,12 +116,15 @@ class CollectiveRanges:
         self._left = None    # bucket -> parameters still to be marked, while recording
         self._bucket = None  # parameter id -> bucket, while recording
         self._watcher = None
+        self._deadline = None  # time.monotonic() by which every wait of a backward ends
 
     def begin(self, num_params):
         self.end()
         self.recording = _recording()
         if not self.recording:
             return
+        # One deadline for the backward's waits (they run one after another on the watcher).
+        self._deadline = time.monotonic() + self._timeout_ms / 1000.0
         self._bucket = [self._reducer.param_bucket(pid) for pid in range(num_params)]
         self._left = {}
         for b in self._bucket:
@@ -133,8 +137,11 @@ class CollectiveRanges:
         if self._left[b] == 0:
             rf = torch.autograd.profiler.record_function(self.name)
             rf.__enter__()
-            self._watcher.watch(functools.partial(self._reducer.wait_bucket, b,
-                                                  self._timeout_ms), rf)
+            self._watcher.watch(functools.partial(self._wait_bucket, b), rf)
+
+    def _wait_bucket(self, b):
+        left_ms = max(0, int((self._deadline - time.monotonic()) * 1000))
+        self._reducer.wait_bucket(b, left_ms)
 
     def end(self):
         if self._watcher is not None:
