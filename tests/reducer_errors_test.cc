@@ -121,8 +121,8 @@ TEST(ReducerErrors, StalledPeerFailsFinishBackwardNamingBucketAndGroup) {
 
 // Fuzz finding 10 (docs/hardening.md): a backward whose wait fails at the reducer's deadline
 // leaves its collectives in flight (here rank 1 sleeps 2 s inside its copy of bucket 0's
-// all-reduce); they still read and write the buckets. The next backward and a re-plan must
-// not reuse that storage, and destroying the reducer must leak it, not free it.
+// all-reduce); they still read and write the buckets. The next backward, a re-plan and zeroing
+// must not reuse that storage, and destroying the reducer must leak it, not free it.
 class InFlightBackward {
  public:
   // The first collective of the backward started next on `g` has rank 1 stall in its copy.
@@ -145,6 +145,8 @@ class InFlightBackward {
                 {"braid_reducer_begin_backward", "bucket 0's reduction", "still in flight"});
     ExpectError(r.Replan(1 << 20, 1 << 20).status(), absl::StatusCode::kFailedPrecondition,
                 {"re-planning the buckets", "bucket 0's reduction", "still in flight"});
+    ExpectError(r.ZeroGrads(), absl::StatusCode::kFailedPrecondition,
+                {"zeroing gradients", "bucket 0's reduction", "still in flight"});
   }
   static ReducerConfig Config() {
     ReducerConfig cfg;
