@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/torch_gram_schmidt.h"
 
 namespace braid::sched {
 namespace {
@@ -75,28 +76,13 @@ void CheckShape(size_t n, size_t k, int r) {
   ExpectBits(plain, want_o, "LowRankProduct without error", n, k, r);
 }
 
-// torch 1.13's _orthogonalize_gram_schmidt, as written there.
-void GramSchmidt(float* a, size_t rows, int cols, float eps) {
-  for (int i = 0; i < cols; ++i) {
-    float sq = 0;
-    for (size_t x = 0; x < rows; ++x) sq += a[x * cols + i] * a[x * cols + i];
-    const float d = eps == 0 ? std::sqrt(sq) : std::sqrt(sq) + eps;
-    for (size_t x = 0; x < rows; ++x) a[x * cols + i] = a[x * cols + i] / d;
-    for (int j = i + 1; j < cols; ++j) {
-      float dot = 0;
-      for (size_t x = 0; x < rows; ++x) dot += a[x * cols + i] * a[x * cols + j];
-      for (size_t x = 0; x < rows; ++x) a[x * cols + j] -= dot * a[x * cols + i];
-    }
-  }
-}
-
 TEST(LowRank, OrthogonalizeEqualsTorchsLoopBitForBit) {
   for (size_t rows : {1, 2, 7, 64, 300})
     for (int cols : {1, 2, 3, 4, 8, 64, 66})
       for (float eps : {0.0f, 1e-8f}) {
         const Vec a = Random(rows * cols, static_cast<uint32_t>(rows * 7 + cols));
         Vec want = a, got = a;
-        GramSchmidt(want.data(), rows, cols, eps);
+        testing::TorchGramSchmidt(want.data(), rows, cols, eps);
         OrthogonalizeColumns(got.data(), rows, cols, eps);
         ExpectBits(got, want, "OrthogonalizeColumns", rows, 0, cols);
       }

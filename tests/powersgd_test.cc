@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "scheduler/gradient_reducer.h"
 #include "tests/multirank.h"
+#include "tests/torch_gram_schmidt.h"
 
 namespace braid::sched {
 namespace {
@@ -70,19 +71,6 @@ float SumInRankOrder(const std::vector<float>& x) {
   float acc = x[0];
   for (size_t r = 1; r < x.size(); ++r) acc += x[r];
   return acc;
-}
-void GramSchmidt(float* a, size_t rows, int cols, float eps) {
-  for (int i = 0; i < cols; ++i) {
-    float sq = 0;
-    for (size_t x = 0; x < rows; ++x) sq += a[x * cols + i] * a[x * cols + i];
-    const float d = eps == 0 ? std::sqrt(sq) : std::sqrt(sq) + eps;
-    for (size_t x = 0; x < rows; ++x) a[x * cols + i] = a[x * cols + i] / d;
-    for (int j = i + 1; j < cols; ++j) {
-      float dot = 0;
-      for (size_t x = 0; x < rows; ++x) dot += a[x * cols + i] * a[x * cols + j];
-      for (size_t x = 0; x < rows; ++x) a[x * cols + j] -= dot * a[x * cols + i];
-    }
-  }
 }
 
 struct RefMatrix {
@@ -187,7 +175,7 @@ class Reference {
         for (size_t t = 0; t < m.k * m.r; ++t)
           q[t] = PowerSGDInitValue(o_.random_seed, b, init, m.q + t);
       }
-      GramSchmidt(q, m.k, m.r, o_.orthogonalization_epsilon);
+      testing::TorchGramSchmidt(q, m.k, m.r, o_.orthogonalization_epsilon);
       // P = sum over ranks of M_r Q, then orthogonalized.
       std::vector<Vec> p(kRanks, Vec(m.n * m.r));
       for (int r = 0; r < kRanks; ++r) {
@@ -204,7 +192,7 @@ class Reference {
         for (int r = 0; r < kRanks; ++r) e.push_back(p[r][t]);
         ps[t] = SumInRankOrder(e);
       }
-      GramSchmidt(ps.data(), m.n, m.r, o_.orthogonalization_epsilon);
+      testing::TorchGramSchmidt(ps.data(), m.n, m.r, o_.orthogonalization_epsilon);
       // Q = sum over ranks of M_r^T P, divided by the group size.
       for (size_t j = 0; j < m.k; ++j)
         for (int c = 0; c < m.r; ++c) {
