@@ -2,7 +2,9 @@
 // nothing hangs; unused parameters are zero-filled and reduced only when allowed.
 #include <algorithm>
 #include <fstream>
+#include <functional>
 #include <iterator>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -155,18 +157,26 @@ class InFlightBackward {
     return cfg;
   }
   static constexpr absl::Duration kStall = absl::Seconds(2);
+
+  // On 2 local ranks: a reducer of TwoParams() left with bucket 0 in flight, then `then`.
+  static void Run(const std::function<void(Group&, std::unique_ptr<GradientReducer>&)>& then) {
+    auto backend = CreateBackend(LocalOptions(2));
+    ASSERT_TRUE(backend.ok());
+    auto& local = static_cast<local::LocalBackend&>(**backend);
+    RunRanks(local, [&](Group& g) {
+      auto red = GradientReducer::Create(TwoParams(), {&g, nullptr}, Config());
+      ASSERT_TRUE(red.ok()) << red.status();
+      StallRankOnesNextCollective(local, g);
+      LeaveInFlight(**red);
+      if (::testing::Test::HasFatalFailure()) return;
+      then(g, *red);
+    });
+  }
 };
 
 TEST(ReducerErrors, ABackwardLeftInFlightRefusesTheNextUntilItCompletes) {
-  auto backend = CreateBackend(LocalOptions(2));
-  ASSERT_TRUE(backend.ok());
-  auto& local = static_cast<local::LocalBackend&>(**backend);
-  RunRanks(local, [&](Group& g) {
-    auto red = GradientReducer::Create(TwoParams(), {&g, nullptr}, InFlightBackward::Config());
-    ASSERT_TRUE(red.ok()) << red.status();
-    GradientReducer& r = **red;
-    InFlightBackward::StallRankOnesNextCollective(local, g);
-    InFlightBackward::LeaveInFlight(r);
+  InFlightBackward::Run([](Group& g, std::unique_ptr<GradientReducer>& red) {
+    GradientReducer& r = *red;
     // Once the stalled collective completed, the reducer is usable again and reduces right.
     absl::Status begin;
     const absl::Time end = absl::Now() + absl::Seconds(30);
@@ -190,15 +200,8 @@ TEST(ReducerErrors, ABackwardLeftInFlightRefusesTheNextUntilItCompletes) {
 }
 
 TEST(ReducerErrors, DestroyedWithABackwardInFlightLeaksItsStorage) {
-  auto backend = CreateBackend(LocalOptions(2));
-  ASSERT_TRUE(backend.ok());
-  auto& local = static_cast<local::LocalBackend&>(**backend);
-  RunRanks(local, [&](Group& g) {
-    auto red = GradientReducer::Create(TwoParams(), {&g, nullptr}, InFlightBackward::Config());
-    ASSERT_TRUE(red.ok()) << red.status();
-    InFlightBackward::StallRankOnesNextCollective(local, g);
-    InFlightBackward::LeaveInFlight(**red);
-    red->reset();  // waits its 150 ms, then leaks the buckets still in flight
+  InFlightBackward::Run([](Group& g, std::unique_ptr<GradientReducer>& red) {
+    red.reset();  // waits its 150 ms, then leaks the buckets still in flight
     // The stalled rank now reads rank 0's bucket and the collectives complete, their callbacks
     // reaching no freed reducer (under ASan any of it would be a use after free).
     auto after = g.Barrier();
