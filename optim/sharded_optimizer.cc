@@ -275,6 +275,16 @@ absl::Status ShardedOptimizer::SetParam(ParamId id, const void* values) {
   }
   RETURN_IF_ERROR(WaitBetweenSteps("set_param"));
   const int b = plan.slot(*i).bucket;
+  // Fully sharded gathers read the shard (out of place) until they complete.
+  if (WorkPtr w = gatherer_->GatherWork(b); w != nullptr && !w->Done()) {
+    (void)w->WaitUntil(absl::Now() + config_.timeout);  // its failure is the gather's to report
+    if (!w->Done()) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("optimizer set_param(", p.Label(),
+                       "): the gather of its bucket still reads the shard after ",
+                       absl::FormatDuration(config_.timeout)));
+    }
+  }
   RETURN_IF_ERROR(WriteParamShard(plan, *i, values, shard_rank(), shards_[b],
                                   gatherer_->ShardView(b)->data, memory()));
   rounds_[b].dirty = true;

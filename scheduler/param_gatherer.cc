@@ -227,18 +227,17 @@ absl::Status ParamGatherer::LaunchLocked(int b, DeviceEvent ready, bool exact) {
     RecordLaunchLocked(b, *std::move(w));
     return absl::OkStatus();
   }
-  char* mine = s.full.get() + static_cast<size_t>(group_->rank()) * shard_bytes;
-  // Device: the wait for `ready` (a producer of the shard, e.g. the optimizer's step) comes
-  // before the copy that reads it; the all-gather is queued after it on the same stream.
-  if (config_.fully_sharded) {
-    absl::Status c = ops.WaitFor(ready);
-    if (c.ok()) c = ops.Copy(mine, s.shard.get(), shard_bytes);  // re-materialize
-    if (!c.ok()) return WithContext(c, absl::StrCat("gathering ", s.label));
-  }
+  // Fully sharded: out of place from the kept shard, so the backend copies this rank's block
+  // with the others, off the calling thread (the shard is final: before_gather waited for its
+  // step, and nothing writes it until this unit's gradients arrive, after the gather). The
+  // backend waits for `ready` (a producer of the shard, e.g. the optimizer's step) before it
+  // reads the shard. Else in place: this rank's block is already in `full`.
+  const char* mine = config_.fully_sharded
+                         ? s.shard.get()
+                         : s.full.get() + static_cast<size_t>(group_->rank()) * shard_bytes;
   CollectiveOptions opts;
   opts.label = s.label;
   opts.ready_event = ready;
-  // In place: this rank's block is already in `full`; the backend fills in the others.
   absl::StatusOr<WorkPtr> w = group_->AllGather(mine, s.full.get(), bk.shard_count, bk.dtype, opts);
   if (!w.ok()) {
     return WithContext(w.status(),

@@ -1,6 +1,6 @@
 // ParamGatherer: each bucket's full parameters, all-gathered from the ranks' shards in one
-// coalesced, in-place call straight into a flat buffer (ZeRO-3 / FSDP, and the all-gather that
-// follows a sharded optimizer step).
+// coalesced call straight into a flat buffer (ZeRO-3 / FSDP, out of place from the kept shard;
+// in place after a sharded optimizer step, whose shard lives in the full buffer).
 //
 //   ASSIGN_OR_RETURN(auto gatherer, ParamGatherer::Create(reducer->plan(), gather_group.get(),
 //                                                         {absl::Seconds(60),
@@ -21,7 +21,8 @@
 //  - The gatherer's group is its own: nothing else (a reducer included) may use it concurrently.
 //  - ShardView(b) is the only place to write parameter values (fixed address); ParamView is for
 //    reading, valid after WaitParams(b) and until Release(b) (fully_sharded) or destruction.
-//    Between Prefetch(b) and the end of WaitParams(b) the backend writes bucket b.
+//    Between Prefetch(b) and the end of WaitParams(b) the backend writes bucket b and, when
+//    fully_sharded, reads its shard: write the shard only when GatherWork(b) is done.
 //  - fully_sharded: Release(b) returns the flat buffer to a best-fit pool (reuse_buffers), counted
 //    as kParamGather in MemoryStats until TrimPool(). Device groups: buffers are device memory,
 //    copies and gathers queue on the comm stream after Prefetch's `ready` event.
