@@ -23,7 +23,9 @@
 //                           before its forward and its backward and released after (in the
 //                           backward as soon as the unit's compute is done, before its
 //                           gradients are handed over, as FSDP2's post-backward does);
-//                           gradients kept only as shards; one BufferPool shared by the
+//                           gradients computed in place into the pooled buckets
+//                           (GradientReducer::GradSlot) and kept only as shards after their
+//                           reduce-scatter; one BufferPool shared by the
 //                           gathered parameters and the gradient storage, bounded by
 //                           --pool_limit (backpressure: buffer_pool.h); prefetch of the
 //                           next unit
@@ -32,8 +34,11 @@
 //                           codes + an f32 scale per 4096 elements; not in the default --modes);
 //                           the check reads the exact master weights through GatherAll
 //   fully_sharded_bf16      fully_sharded gathering bf16 (a param_dtype's wire, FSDP2's bytes)
+//   fully_sharded_copy      fully_sharded with each unit's gradients computed into a scratch
+//                           buffer and copied in at the mark (autograd's hand-over, as
+//                           braid.pytorch and FSDP2's reduce-scatter input copy do)
 // Memory per rank is everything the rank holds: Braid's buffers plus the framework's
-// (ddp's parameters and AdamW state, the fully sharded backward's gradient scratch), all
+// (ddp's parameters and AdamW state, fully_sharded_copy's gradient scratch), all
 // through one MemoryStats per rank. Columns:
 //   ranks,mode,params,peak_host_bytes,peak_device_bytes,model_state_bytes,
 //   largest_unit_bytes,step_ms
@@ -80,7 +85,8 @@ enum class Mode {
   kFullyShardedNoPrefetch,
   kFullyShardedInt8,
   kFullyShardedFp8,
-  kFullyShardedBf16
+  kFullyShardedBf16,
+  kFullyShardedCopy
 };
 const char* ModeName(Mode m) {
   switch (m) {
@@ -98,6 +104,8 @@ const char* ModeName(Mode m) {
       return "fully_sharded_fp8";
     case Mode::kFullyShardedBf16:
       return "fully_sharded_bf16";
+    case Mode::kFullyShardedCopy:
+      return "fully_sharded_copy";
   }
   return "?";
 }
@@ -117,10 +125,12 @@ struct Config {
 };
 
 // What the issue's bound leaves the pool of a fully sharded rank: the target, less the sharded
-// state and the framework's gradient scratch (one largest unit), which the rank holds anyway.
-int64_t TargetPoolLimit(int ranks, const OverlapModel& model, int64_t largest_unit) {
+// state and the framework's gradient scratch (one largest unit; none when gradients are
+// written into the pool), which the rank holds anyway.
+int64_t TargetPoolLimit(int ranks, const OverlapModel& model, int64_t largest_unit, bool scratch) {
   const double state = static_cast<double>(model.elems()) * 20 / ranks;
-  return static_cast<int64_t>((state + 2.0 * largest_unit) * 1.1 - state - largest_unit);
+  return static_cast<int64_t>((state + 2.0 * largest_unit) * 1.1 - state -
+                              (scratch ? largest_unit : 0));
 }
 
 constexpr double kLr = 1e-3;
@@ -156,7 +166,11 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
   }
   const bool quant = mode == Mode::kFullyShardedInt8 || mode == Mode::kFullyShardedFp8 ||
                      mode == Mode::kFullyShardedBf16;
-  const bool fsdp = mode == Mode::kFullySharded || mode == Mode::kFullyShardedNoPrefetch || quant;
+  const bool fsdp = mode == Mode::kFullySharded || mode == Mode::kFullyShardedNoPrefetch ||
+                    mode == Mode::kFullyShardedCopy || quant;
+  // Fully sharded gradients: written in place into the pooled buckets (GradSlot), or computed
+  // into a scratch buffer and copied in at the mark (autograd's hand-over, braid.pytorch's).
+  const bool copy_in = mode == Mode::kFullyShardedCopy;
   // The stack, as the assembler builds it (optim/training_stack.h). Fully sharded: one pool for
   // gathered parameters and gradient storage (a unit's released parameter buffer becomes its
   // gradient bucket, as PyTorch's caching allocator does for FSDP), one bucket per unit (FSDP's
@@ -168,7 +182,7 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
   so.reducer.shard_gradients = fsdp;
   if (fsdp) {
     so.reducer.pool_limit_bytes =
-        c.pool_limit >= 0 ? c.pool_limit : TargetPoolLimit(n, model, largest_unit);
+        c.pool_limit >= 0 ? c.pool_limit : TargetPoolLimit(n, model, largest_unit, copy_in);
     so.reducer.bucket_cap_bytes = size_t{1} << 40;
     so.reducer.first_bucket_cap_bytes = size_t{1} << 40;
   }
@@ -220,7 +234,7 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
       for (size_t j = 0; j < p.count; ++j) init[j] = InitValue(p.id, j);
       RETURN_IF_ERROR(stack->optimizer()->SetParam(p.id, init.data()));
     }
-    if (fsdp) {
+    if (copy_in) {
       ASSIGN_OR_RETURN(scratch, mem.Allocate(host, static_cast<size_t>(largest_unit),
                                              MemoryUse::kStaging, "backward gradient scratch"));
     } else {
@@ -233,6 +247,19 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
 
   const int num_layers = static_cast<int>(model.layers.size());
   int64_t adamw_steps = 0;
+  // BRAID_MEMORY_DEBUG: where the rank's thread spends a timed step, by call (ns, summed).
+  enum Phase { kFwdBegin, kFwdEnd, kBwdBegin, kGradWrite, kBwdEnd, kMark, kFinish, kStep, kPhases };
+  static constexpr const char* kPhaseName[kPhases] = {
+      "BeginForward", "EndForward", "BeginBackward",  "gradient write (compute)",
+      "EndBackward",  "MarkReady",  "FinishBackward", "step (WaitAllParams+EndStep / adamw)"};
+  int64_t phase_ns[kPhases] = {};
+  std::vector<int64_t> fwd_wait(model.layers.size()), bwd_wait(model.layers.size());
+  Clock::time_point mark_t = Clock::now();
+  const auto lap = [&](Phase p, bool timed) {
+    const Clock::time_point now = Clock::now();
+    if (timed) phase_ns[p] += (now - mark_t).count();
+    mark_t = now;
+  };
   for (int it = 0; it < c.warmup + c.iters; ++it) {
     if (it == c.warmup) mem.ResetPeaks();
     {  // a common start (nothing of Braid's is in flight on the world group now)
@@ -240,38 +267,52 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
       RETURN_IF_ERROR(b->Wait(kTimeout));
     }
     const Clock::time_point start = Clock::now();
+    const bool timed = it >= c.warmup;
+    mark_t = start;
     // Forward.
     for (int l = 0; l < num_layers; ++l) {
       if (units) RETURN_IF_ERROR(units->BeginForward(l));
+      if (timed) fwd_wait[l] += (Clock::now() - mark_t).count();
+      lap(kFwdBegin, timed);
       SleepUs(c.layer_compute_us);
+      mark_t = Clock::now();
       if (units) RETURN_IF_ERROR(units->EndForward(l));
+      lap(kFwdEnd, timed);
     }
     // Backward.
     RETURN_IF_ERROR(stack->BeginBackward(sched::SyncMode::kSync));
     for (int l = num_layers - 1; l >= 0; --l) {
       if (units) RETURN_IF_ERROR(units->BeginBackward(l));
+      if (timed) bwd_wait[l] += (Clock::now() - mark_t).count();
+      lap(kBwdBegin, timed);
       const auto end = Clock::now() + std::chrono::microseconds(2 * c.layer_compute_us);
       size_t offset = 0;
       for (int i : model.layers[l].params) {
         const sched::ParamSpec& p = params[i];
         float* g;
-        if (fsdp) {
+        if (copy_in) {
           g = reinterpret_cast<float*>(scratch.get()) + offset;
           offset += p.count;
+        } else if (fsdp) {
+          ASSIGN_OR_RETURN(TensorView v, reducer->GradSlot(p.id));
+          g = static_cast<float*>(v.data);
         } else {
           ASSIGN_OR_RETURN(TensorView v, reducer->GradView(p.id));
           g = static_cast<float*>(v.data);
         }
         for (size_t j = 0; j < p.count; ++j) g[j] = GradValue(p.id, j, rank);
       }
+      lap(kGradWrite, timed);
       std::this_thread::sleep_until(end);
+      mark_t = std::max(mark_t, Clock::now());
       // FSDP2's post-backward order: the unit's parameters are released as soon as its
       // compute is done, then its gradients go to the reduction.
       if (units) RETURN_IF_ERROR(units->EndBackward(l));
+      lap(kBwdEnd, timed);
       offset = 0;
       for (int i : model.layers[l].params) {
         const sched::ParamSpec& p = params[i];
-        if (fsdp) {
+        if (copy_in) {
           RETURN_IF_ERROR(reducer->MarkReady(p.id, DeviceEvent{},
                                              reinterpret_cast<float*>(scratch.get()) + offset));
           offset += p.count;
@@ -279,8 +320,10 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
           RETURN_IF_ERROR(reducer->MarkReady(p.id));
         }
       }
+      lap(kMark, timed);
     }
     RETURN_IF_ERROR(stack->FinishBackward());
+    lap(kFinish, timed);
     if (opt) {
       RETURN_IF_ERROR(opt->WaitAllParams());
       if (units) RETURN_IF_ERROR(units->EndStep());  // after every forward + backward pass
@@ -293,11 +336,20 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
             reinterpret_cast<float*>(ddp_v[i].get()), g.data, DType::kF32, params[i].count);
       }
     }
+    lap(kStep, timed);
     if (it >= c.warmup) out->step_ns[it - c.warmup][rank] = (Clock::now() - start).count();
   }
   const sched::MemorySnapshot snap = mem.Snapshot();
   out->peak[rank] = snap.host.peak;
   if (getenv("BRAID_MEMORY_DEBUG") != nullptr && rank == 0) {
+    for (int p = 0; p < kPhases; ++p) {
+      std::fprintf(stderr, "  %s time in %s: %.1f ms per step\n", ModeName(mode), kPhaseName[p],
+                   phase_ns[p] / 1e6 / c.iters);
+    }
+    for (int l = 0; l < num_layers; ++l) {
+      std::fprintf(stderr, "  %s layer %d waits: forward %.1f ms, backward %.1f ms\n",
+                   ModeName(mode), l, fwd_wait[l] / 1e6 / c.iters, bwd_wait[l] / 1e6 / c.iters);
+    }
     for (int u = 0; u < sched::kMemoryUses; ++u) {
       std::fprintf(stderr, "  %s %s: current %.1f MB peak %.1f MB\n", ModeName(mode),
                    sched::MemoryUseName(static_cast<MemoryUse>(u)), snap.by_use[u].current / 1e6,
@@ -398,7 +450,8 @@ absl::Status ParseModes(const std::string& s, std::vector<Mode>* out) {
   for (absl::string_view part : absl::StrSplit(s, ',')) {
     bool found = false;
     for (Mode m : {Mode::kDdp, Mode::kZero2, Mode::kFullySharded, Mode::kFullyShardedNoPrefetch,
-                   Mode::kFullyShardedInt8, Mode::kFullyShardedFp8, Mode::kFullyShardedBf16}) {
+                   Mode::kFullyShardedInt8, Mode::kFullyShardedFp8, Mode::kFullyShardedBf16,
+                   Mode::kFullyShardedCopy}) {
       if (part == ModeName(m)) {
         out->push_back(m);
         found = true;
@@ -428,7 +481,8 @@ sharded training on the GPT-2-small shapes; ranks are threads on the local backe
 usage: memory [flags]
   --ranks=2,4               rank counts to run
   --modes=ddp,zero2,fully_sharded,fully_sharded_noprefetch
-                            (also: fully_sharded_int8, fully_sharded_fp8, fully_sharded_bf16)
+                            (also: fully_sharded_int8, fully_sharded_fp8, fully_sharded_bf16,
+                            fully_sharded_copy)
                             modes to run, in this order (vs_ddp / vs_zero2 need those rows)
   --scale=1                 fraction of the 124M parameters (smaller for a quick run)
   --blocks=12               transformer blocks
@@ -436,7 +490,7 @@ usage: memory [flags]
   --warmup=1                untimed steps first
   --layer_compute_us=20000  each layer's forward sleep (its backward sleeps twice as long)
   --pool_limit=auto         fully sharded: bytes the shared buffer pool may hold (auto: the
-                            target less the sharded state and one unit's gradient scratch;
+                            target less the sharded state and fully_sharded_copy's scratch;
                             0: no limit)
   --csv                     CSV only
 )";

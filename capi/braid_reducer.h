@@ -208,6 +208,20 @@ BRAID_API braid_status_t braid_reducer_mark_ready(braid_reducer_t* reducer, int6
  * plus INVALID_ARGUMENT for a NULL grad. */
 BRAID_API braid_status_t braid_reducer_mark_ready_grad(braid_reducer_t* reducer, int64_t id,
                                                        const void* grad, void* device_event);
+/* Since 0.11 (additive), shard_gradients reducers: *data, *count: where the framework may
+ * compute the gradient of `id` in place instead of passing it to mark_ready_grad, saving that
+ * copy (a kernel that writes its output where it is told). The slot lies in the bucket's pooled
+ * storage, taken now (at pool_limit_bytes this waits, as a mark does); its values are
+ * unspecified: write all of it (never accumulate into it), then braid_reducer_mark_ready(red,
+ * id, event) without values (device: `event` recorded after the writes; the call returns after
+ * a host wait for the comm stream, so the writes may come from any stream). Valid until that
+ * mark, for the accumulation window's first contribution only. Errors naming the parameter:
+ * NOT_FOUND, FAILED_PRECONDITION outside a backward, on full-size buckets (use
+ * braid_reducer_grad), for a parameter marked several times per backward (param_marks),
+ * declared unused, or one with a contribution in this window already (an earlier
+ * BRAID_NO_SYNC backward): pass those with mark_ready_grad. */
+BRAID_API braid_status_t braid_reducer_grad_slot(braid_reducer_t* reducer, int64_t id, void** data,
+                                                 size_t* count);
 /* Returns once every reduction of this backward completed. Errors: FAILED_PRECONDITION
  * (unmarked parameters, named, without allow_unused; no backward; an optimizer owns the
  * backward), TIMEOUT / PEER_ERROR naming bucket and group. */

@@ -261,6 +261,19 @@ braid_status_t braid_reducer_mark_ready_grad(braid_reducer_t* reducer, int64_t i
   });
 }
 
+braid_status_t braid_reducer_grad_slot(braid_reducer_t* reducer, int64_t id, void** data,
+                                       size_t* count) {
+  return Guard("braid_reducer_grad_slot", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));
+    RETURN_IF_ERROR(CheckNotNull(data, "data"));
+    RETURN_IF_ERROR(CheckNotNull(count, "count"));
+    ASSIGN_OR_RETURN(braid::TensorView v, r->stack->reducer().GradSlot(id));
+    *data = v.data;
+    *count = v.count;
+    return absl::OkStatus();
+  });
+}
+
 braid_status_t braid_reducer_finish_backward(braid_reducer_t* reducer) {
   return Guard("braid_reducer_finish_backward", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto r, Find<ReducerImpl>(reducer, "reducer"));

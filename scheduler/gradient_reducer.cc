@@ -79,10 +79,14 @@ GradientReducer::GradientReducer(BucketPlan plan, ReducerGroups groups, const Re
       config_(config),
       marks_(std::make_unique<ReducerMarks>(plan_)),
       accumulated_(new std::atomic<uint8_t>[plan_.params().size()]),
+      slot_taken_(new std::atomic<uint8_t>[plan_.params().size()]),
       external_(plan_.params().size(), nullptr),
       ops_(groups_.shard->buffer_ops()),
       storage_(std::move(storage)) {
-  for (size_t i = 0; i < plan_.params().size(); ++i) accumulated_[i].store(0);
+  for (size_t i = 0; i < plan_.params().size(); ++i) {
+    accumulated_[i].store(0);
+    slot_taken_[i].store(0);
+  }
   ReducerStages::Rows rows;
   if (config_.timeline != nullptr && config_.timeline->enabled()) {
     tl_ = config_.timeline;
@@ -210,6 +214,8 @@ absl::Status GradientReducer::BeginBackward(SyncMode mode) {
   recording_.store(rebuild_pending_ && mode == SyncMode::kSync && ready_count_.load() == 0,
                    std::memory_order_relaxed);
   marks_->Begin();
+  for (size_t i = 0; i < plan_.params().size(); ++i)
+    slot_taken_[i].store(0, std::memory_order_relaxed);
   declared_.store(false, std::memory_order_relaxed);
   used_->Begin(mode);
   RETURN_IF_ERROR(stages_->Begin(mode, kBeginBackward));
@@ -225,6 +231,45 @@ absl::Status GradientReducer::MarkReady(ParamId id, DeviceEvent ready, const voi
   return MarkReadyImpl(id, ready, grad, true);
 }
 
+absl::StatusOr<TensorView> GradientReducer::GradSlot(ParamId id) {
+  absl::StatusOr<int> i = plan_.IndexOf(id);
+  if (!i.ok()) return absl::NotFoundError(absl::StrCat("unknown parameter id ", id));
+  const ParamSpec& p = plan_.params()[*i];
+  const auto refuse = [&](absl::string_view why) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("gradient slot of parameter ", p.Label(), ": ", why));
+  };
+  if (!in_backward_.load(std::memory_order_acquire)) {
+    return refuse(absl::StrCat("outside a backward (call ", kBeginBackward, " first)"));
+  }
+  if (storage_->takes_bare_marks()) {
+    return refuse(
+        "the buckets are full-size gradient views (no shard_gradients): write into GradView");
+  }
+  if (marks_->expected(*i) != 1) {
+    return refuse(
+        "it is marked several times per backward (ParamSpec::marks): pass each contribution "
+        "with its values (MarkReady(id, ready, grad))");
+  }
+  if (marks_->unused(*i)) return refuse("it was declared unused in this backward");
+  if (marks_->count(*i) > 0 || accumulated_[*i].load(std::memory_order_relaxed)) {
+    return refuse(
+        "it already has a contribution in this accumulation window (no_sync): pass this one "
+        "with its values (MarkReady(id, ready, grad)), which adds it");
+  }
+  const ParamSlot& slot = plan_.slot(*i);
+  absl::Status st = storage_->Fill(slot.bucket);
+  // Device: the framework writes from its own stream, after every earlier use of the storage.
+  if (st.ok() && !ops_.synchronous()) st = ops_.Synchronize(absl::Now() + config_.timeout);
+  if (!st.ok()) {
+    return absl::Status(st.code(),
+                        absl::StrCat("gradient slot of parameter ", p.Label(), ": ", st.message()));
+  }
+  slot_taken_[*i].store(1, std::memory_order_release);
+  return TensorView{storage_->Data(slot.bucket) + slot.offset * DTypeSize(p.dtype), p.count,
+                    p.dtype, p.device};
+}
+
 absl::Status GradientReducer::MarkReadyImpl(ParamId id, DeviceEvent ready, const void* grad,
                                             bool with_values) {
   if (!in_backward_.load(std::memory_order_acquire)) {
@@ -236,7 +281,12 @@ absl::Status GradientReducer::MarkReadyImpl(ParamId id, DeviceEvent ready, const
   absl::StatusOr<int> i = plan_.IndexOf(id);
   if (!i.ok()) return absl::NotFoundError(absl::StrCat("unknown parameter id ", id));
   const ParamSpec& p = plan_.params()[*i];
-  if (!with_values && !storage_->takes_bare_marks()) return storage_->BareMarkError(*i);
+  // A values-less mark on pooled storage is the framework's write into GradSlot's slot: the
+  // counted mark consumes the slot (a mark undone below hands it back).
+  const bool slotted = slot_taken_[*i].load(std::memory_order_acquire) != 0;
+  if (!with_values && !storage_->takes_bare_marks() && !slotted) {
+    return storage_->BareMarkError(*i);
+  }
   if (Declares(config_.agree_unused) && sync_ != SyncMode::kNoSync &&
       !declared_.load(std::memory_order_acquire)) {
     return absl::FailedPreconditionError(
@@ -259,6 +309,11 @@ absl::Status GradientReducer::MarkReadyImpl(ParamId id, DeviceEvent ready, const
   if (with_values) values_lock = std::unique_lock<std::mutex>(marks_->lock(*i));
   ASSIGN_OR_RETURN(const ReducerMarks::Mark mark,
                    marks_->Add(*i, /*launching=*/sync_ != SyncMode::kNoSync));
+  if (slotted) slot_taken_[*i].store(0, std::memory_order_release);
+  const auto undo = [&] {
+    marks_->Undo(*i);
+    if (slotted) slot_taken_[*i].store(1, std::memory_order_release);
+  };
   if (tl_ != nullptr) tl_->Instant(tl_marks_, "mark", *i);
   if (with_values) {
     // Into the slot now: the first mark of the window copies (-0.0 survives), later ones add.
@@ -272,7 +327,7 @@ absl::Status GradientReducer::MarkReadyImpl(ParamId id, DeviceEvent ready, const
       st = add ? ops_.Add(dst, grad, dst, p.count, p.dtype) : ops_.Copy(dst, grad, p.count * es);
     }
     if (!st.ok()) {
-      marks_->Undo(*i);
+      undo();
       return absl::Status(st.code(),
                           absl::StrCat("parameter ", p.Label(), ": ", add ? "adding" : "copying",
                                        " its gradient into its bucket: ", st.message()));
@@ -294,7 +349,7 @@ absl::Status GradientReducer::MarkReadyImpl(ParamId id, DeviceEvent ready, const
     // parameter ready). The comm stream waits for this one's producer now.
     absl::Status st = ops_.WaitFor(ready);
     if (!st.ok()) {
-      marks_->Undo(*i);
+      undo();
       return absl::Status(st.code(), absl::StrCat("parameter ", p.Label(),
                                                   ": waiting for its event: ", st.message()));
     }
@@ -305,7 +360,7 @@ absl::Status GradientReducer::MarkReadyImpl(ParamId id, DeviceEvent ready, const
     absl::Status st = ops_.WaitFor(ready);
     if (st.ok()) st = Pack(*i);
     if (!st.ok()) {
-      marks_->Undo(*i);
+      undo();
       return absl::Status(st.code(), absl::StrCat("parameter ", plan_.params()[*i].Label(),
                                                   ": packing into its bucket: ", st.message()));
     }

@@ -91,7 +91,8 @@ class GradientReducer {
   // the sum must come after every earlier write (one producer stream, as autograd's, does that). On
   // device a null `ready` is trusted to mean the gradient is complete on the device already: the
   // comm stream is not ordered after the framework's streams by anything else. With
-  // shard_gradients: FailedPrecondition (pass the gradient, below).
+  // shard_gradients: FailedPrecondition (pass the gradient, below), unless GradSlot handed out
+  // the parameter's slot in this backward (the framework wrote its gradient there).
   absl::Status MarkReady(ParamId id, DeviceEvent ready = {});
   // The same, passing the framework's gradient of `id` (its registered count and dtype; host
   // memory, or device memory on device reducers): copied (first mark of the accumulation
@@ -102,6 +103,17 @@ class GradientReducer {
   // synced FinishBackward returned (every bucket's Work completes after the copies). Every
   // mode; not with the copy-in path (gradient_as_bucket_view = false packs SetGradBuffer's).
   absl::Status MarkReady(ParamId id, DeviceEvent ready, const void* grad);
+  // shard_gradients: where the framework may compute the gradient of `id` in place instead of
+  // passing it at MarkReady(id, ready, grad), saving that copy: the parameter's slot in its
+  // bucket's pooled storage, taken now (at a bounded pool's limit this waits, as a mark does).
+  // The slot's values are unspecified: the framework writes (never accumulates into) all of it,
+  // then marks without values, MarkReady(id, ready) (`ready`: the event after its writes, on
+  // device). Valid until that mark, for the window's first contribution only; FailedPrecondition
+  // naming the parameter outside a backward, on full buckets (GradView is theirs), for a
+  // parameter marked several times per backward (ParamSpec::marks), declared unused, or one that
+  // already has a contribution in this accumulation window (no_sync): pass those with values.
+  // Device: returns after a host wait for the comm stream (earlier uses of the storage).
+  absl::StatusOr<TensorView> GradSlot(ParamId id);
   // Returns once every reduction of this backward completed (or the deadline passed: the error
   // names the bucket and group). Unmarked parameters: zero-filled and reduced with
   // allow_unused, else an error naming them; one marked fewer times than its count: an error
@@ -211,6 +223,8 @@ class GradientReducer {
   // stepper resets a bucket's flags (ZeroBucket) while the framework's thread finishes the
   // backward.
   std::unique_ptr<std::atomic<uint8_t>[]> accumulated_;
+  // Per parameter: GradSlot handed out its slot in this backward; its values-less mark is taken.
+  std::unique_ptr<std::atomic<uint8_t>[]> slot_taken_;
   std::vector<void*> external_;  // copy-in path: the framework's gradient buffers
   BufferOps& ops_;               // the shard group's memory operations
 

@@ -86,14 +86,16 @@ absl::StatusOr<TensorView> PooledBuckets::GradView(int i) const {
   return absl::FailedPreconditionError(
       absl::StrCat("parameter ", plan_->params()[i].Label(),
                    ": with shard_gradients gradients are passed at "
-                   "braid_reducer_mark_ready_grad; buckets hold no storage between backwards"));
+                   "braid_reducer_mark_ready_grad, or written in place into "
+                   "braid_reducer_grad_slot; buckets hold no storage between backwards"));
 }
 
 absl::Status PooledBuckets::BareMarkError(int i) const {
   return absl::FailedPreconditionError(
       absl::StrCat("parameter ", plan_->params()[i].Label(),
                    " marked ready without its gradient: with shard_gradients pass it with "
-                   "braid_reducer_mark_ready_grad"));
+                   "braid_reducer_mark_ready_grad, or write it into braid_reducer_grad_slot "
+                   "first"));
 }
 
 absl::StatusOr<OwnedBuffer> PooledBuckets::Take(size_t bytes, int b) {

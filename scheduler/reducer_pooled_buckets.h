@@ -1,6 +1,8 @@
 // PooledBuckets: the BucketStorage (scheduler/reducer_storage.h) of a shard_gradients reducer,
 // FSDP's gradient memory.
-//  - Gradients are passed at MarkReady only (GradView and MarkReady(id, ready) refuse).
+//  - Gradients are passed at MarkReady, or written in place into GradientReducer::GradSlot's
+//    slot of the storage before a values-less mark (GradView refuses: no storage between
+//    backwards; so does a values-less mark without a slot).
 //  - Full-size storage (the bucket, and with reduce_dtype f32 its staging) comes from a pool of
 //    free buffers (ReducerConfig::shared_pool, else the storage's own), reused by equal aligned
 //    size only: a new one is allocated when none of that size is free, so the pool never holds

@@ -1,5 +1,6 @@
 /* Fully sharded training through the C API on 2 ranks (local threads, or mpirun -np 2): units
- * (param_units), shard_gradients with braid_reducer_mark_ready_grad, a fully_sharded AdamW,
+ * (param_units), shard_gradients with braid_reducer_mark_ready_grad (and braid_reducer_grad_slot
+ * on odd steps), a fully_sharded AdamW,
  * braid_unit_enter / exit in forward and backward, braid_optimizer_end_step, summon_params,
  * and the memory figures. Parameters read inside each unit's forward are compared bit for bit
  * with an inline C AdamW reference of the averaged gradients (k/8 gradients, k/16 weights:
@@ -85,6 +86,16 @@ static void backward(braid_reducer_t* red, braid_optimizer_t* opt, int rank, int
       size_t j;
       i = rank == 0 ? n : (n + 1) % P; /* another readiness order on rank 1 */
       if (kUnitOf[i] != u) continue;
+      if (t % 2 == 1) { /* odd steps: computed in place in the pooled bucket, no copy */
+        float* slot = NULL;
+        size_t count = 0;
+        EXPECT_OK(braid_reducer_grad_slot(red, i, (void**)&slot, &count));
+        EXPECT_TRUE(slot != NULL && count == kCounts[i]);
+        if (slot == NULL || count != kCounts[i]) continue;
+        for (j = 0; j < kCounts[i]; ++j) slot[j] = grad(rank, t, i, j);
+        EXPECT_OK(braid_reducer_mark_ready(red, i, NULL));
+        continue;
+      }
       for (j = 0; j < kCounts[i]; ++j) g[j] = grad(rank, t, i, j);
       EXPECT_OK(braid_reducer_mark_ready_grad(red, i, g, NULL));
       memset(g, 0xff, kCounts[i] * sizeof(float)); /* copied in: scribbling changes nothing */

@@ -330,9 +330,17 @@ class Session {
           case 2:
           case 3:
           case 4:
-          case 5:
             st = braid_reducer_mark_ready(red, id, nullptr);
             break;
+          case 5: {  // written in place (shard_gradients), then marked
+            void* data = nullptr;
+            size_t count = 0;
+            st = braid_reducer_grad_slot(red, id, &data, &count);
+            if (st == BRAID_OK && data != nullptr && count > 0)
+              std::memset(data, in_.Byte(), count);  // >= 1 byte/elem
+            if (st == BRAID_OK) st = braid_reducer_mark_ready(red, id, nullptr);
+            break;
+          }
           case 6:
             st = braid_reducer_finish_backward(red);
             break;

@@ -229,6 +229,7 @@ _SIGNATURES = {
     "braid_reducer_begin_backward": (_st, [_p, _i]),
     "braid_reducer_mark_ready": (_st, [_p, _i64, _p]),
     "braid_reducer_mark_ready_grad": (_st, [_p, _i64, _p, _p]),
+    "braid_reducer_grad_slot": (_st, [_p, _i64, _pp, ctypes.POINTER(_sz)]),
     "braid_reducer_finish_backward": (_st, [_p]),
     "braid_reducer_declare_unused": (_st, [_p, ctypes.POINTER(_i64), ctypes.c_size_t]),
     "braid_reducer_param_used": (_st, [_p, _i64, ctypes.POINTER(ctypes.c_int)]),
