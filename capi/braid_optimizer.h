@@ -118,12 +118,14 @@ typedef struct braid_optimizer_options {
   /* gather_dtype != BRAID_GATHER_EXACT: elements per f32 scale, >= 1 (default 4096: DeepSpeed's
    * qwZ quantizer aims at 4k-8k element groups). INVALID_ARGUMENT below 1. */
   int64_t gather_block;
-  /* fully_sharded, f32 host parameters: each unit's buckets are all-gathered as 1-byte codes
-   * plus one scale per gather_block elements (about a quarter of the f32 bytes) and dequantized
-   * into the gathered buffer; every rank computes with the same dequantized values, while the
-   * shard the optimizer steps (the master weights) stays exact f32. BRAID_GATHER_EXACT (0,
-   * default): unchanged. INVALID_ARGUMENT without fully_sharded, for another value, or for a
-   * bf16 / f16 bucket (naming its first parameter); UNIMPLEMENTED on device reducers. */
+  /* fully_sharded, f32 parameters: each unit's buckets are all-gathered as 1-byte codes plus
+   * one scale per gather_block elements (about a quarter of the f32 bytes; host reducers) or
+   * as BF16 / F16 values (half the bytes; host and device reducers, whose cast kernels run on
+   * the gather stream) and decoded into the gathered buffer; every rank computes with the same
+   * decoded values, while the shard the optimizer steps (the master weights) stays exact f32.
+   * BRAID_GATHER_EXACT (0, default): unchanged. INVALID_ARGUMENT without fully_sharded, for
+   * another value, or for a bf16 / f16 bucket (naming its first parameter); UNIMPLEMENTED for
+   * INT8 / FP8_E4M3 on device reducers. */
   braid_gather_dtype_t gather_dtype;
 } braid_optimizer_options_t;
 

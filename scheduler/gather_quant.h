@@ -18,7 +18,10 @@
 // bf16 / f16 (cast gathers: MixedPrecisionPolicy.param_dtype's wire, as FSDP2 gathers): the
 // record is the n elements rounded to nearest even (comm/half.h), no scales, `block` unused;
 // decoding widens exactly, so a param_dtype cast after the gather gives the values a cast
-// before a float32 gather gives, at half its bytes.
+// before a float32 gather gives, at half its bytes. The cast gathers also run on device groups,
+// where the gatherer narrows and widens with its group's BufferOps::CastScale (the device cast
+// kernel follows comm/half.h's rounding bit for bit: backends/nccl/kernels/bucket_convert.h);
+// int8 / fp8 records are encoded on the host only.
 #ifndef BRAID_SCHEDULER_GATHER_QUANT_H_
 #define BRAID_SCHEDULER_GATHER_QUANT_H_
 

@@ -125,6 +125,7 @@ ParamGatherer::ParamGatherer(BucketPlan plan, Group* group, const GathererConfig
 
 ParamGatherer::~ParamGatherer() {
   // No other thread may call in now, so mu_ is not needed for the *Locked helpers.
+  bool in_flight = false;
   for (int b = 0; b < num_buckets(); ++b) {
     BucketState& s = *buckets_[b];
     if (s.work == nullptr) continue;
@@ -138,7 +139,9 @@ ParamGatherer::~ParamGatherer() {
         "param gatherer destroyed with the all-gather of {} still in flight; leaking its buffer",
         s.label);
     (void)s.full.release();
+    in_flight = true;
   }
+  if (in_flight) (void)cast_records_.release();  // the same for the device cast gathers' records
   // Buffers still attached leave the shared pool's count with this gatherer.
   for (int b = 0; config_.fully_sharded && config_.shared_pool && b < num_buckets(); ++b) {
     if (buckets_[b]->full) config_.shared_pool->Unhold(plan_.buckets()[b].bytes());
@@ -218,7 +221,7 @@ absl::Status ParamGatherer::LaunchLocked(int b, DeviceEvent ready, bool exact) {
     s.full = *std::move(full);
   }
   if (config_.quant.dtype != GatherDType::kExact && !exact) {
-    absl::StatusOr<WorkPtr> w = LaunchQuantizedLocked(b, s.full.get());
+    absl::StatusOr<WorkPtr> w = LaunchQuantizedLocked(b, s.full.get(), ready);
     if (!w.ok()) {
       return WithContext(w.status(), absl::StrCat("gathering ", s.label, " as ",
                                                   GatherDTypeName(config_.quant.dtype),

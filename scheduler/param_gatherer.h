@@ -78,11 +78,14 @@ struct GathererConfig {
   // Optional, not owned, must outlive the gatherer: every all-gather is reported to it as
   // urgent (OpScheduler::TrackUrgent), so reductions it schedules wait while gathers run.
   OpScheduler* scheduler = nullptr;
-  // fully_sharded f32 buckets on host groups: gather each shard as int8 or fp8 with one f32
-  // scale per quant.block elements (ZeRO++'s qwZ, scheduler/gather_quant.h), dequantized into
-  // the full buffer; every rank (its own block included) reads the same dequantized values and
-  // the shard (the optimizer's master weights) is never changed. kExact (default): unchanged.
-  // InvalidArgument at Create otherwise, naming the bucket or setting.
+  // fully_sharded f32 buckets: gather each shard as int8 or fp8 with one f32 scale per
+  // quant.block elements (ZeRO++'s qwZ, scheduler/gather_quant.h; host groups only), or as
+  // bf16 / f16 (cast gathers: host and device groups; on a device the casts are kernels queued
+  // on the group's stream around the all-gather, their 2-byte records one device buffer of
+  // the largest bucket's size, counted as kStaging until destruction), decoded into the full
+  // buffer; every rank (its own block included) reads the same decoded values and the shard (the
+  // optimizer's master weights) is never changed. kExact (default): unchanged. InvalidArgument at
+  // Create otherwise, naming the bucket or setting; Unimplemented for int8 / fp8 on a device group.
   GatherQuant quant;
 };
 
@@ -170,7 +173,10 @@ class ParamGatherer {
   absl::Status LaunchLocked(int b, DeviceEvent ready, bool exact = false);
   // With mu_ held: bucket b's quantized all-gather (config_.quant), whose Work completes once
   // `full` (bucket b's flat buffer) holds the dequantized values (param_gatherer_quant.cc).
-  absl::StatusOr<WorkPtr> LaunchQuantizedLocked(int b, char* full);
+  // `ready`: device groups wait on it before reading the shard.
+  absl::StatusOr<WorkPtr> LaunchQuantizedLocked(int b, char* full, DeviceEvent ready);
+  // The same for cast gathers on a device group: narrow, all-gather, widen queued on its stream.
+  absl::StatusOr<WorkPtr> LaunchCastOnDeviceLocked(int b, char* full, DeviceEvent ready);
   // Checks config.quant against the plan and group (Create).
   static absl::Status CheckQuant(const BucketPlan& plan, Group& group,
                                  const GathererConfig& config);
@@ -205,6 +211,9 @@ class ParamGatherer {
   uint64_t issued_ = 0;
   uint64_t issue_hash_ = 14695981039346656037ull;  // FNV-1a basis
   std::vector<int64_t> recent_;                    // ring of the last kRecentIssues buckets
+  // Device cast gathers' records (all ranks' 2-byte shards of the largest bucket), allocated
+  // at the first one and reused in stream order (param_gatherer_quant.cc).
+  OwnedBuffer cast_records_;
   // fully_sharded: released flat buffers by byte size (see "Buffer pool").
   std::multimap<size_t, OwnedBuffer> pool_;
   int64_t pooled_bytes_ = 0;

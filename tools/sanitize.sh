@@ -44,7 +44,7 @@ tsan_targets=(
   //tests/capi:capi_rebuild_test //tests:op_scheduler_test //tests:autotuner_test
   //tests/nccl:host_values_test
   //tests:abort_test //tests/nccl:nccl_abort_test //tests/nccl:nccl_errors_test
-  //tests:plugin_abort_test
+  //tests:plugin_abort_test //tests:gather_quant_test //tests/nccl:nccl_cast_gather_test
 )
 
 run_tsan() {

@@ -14,7 +14,8 @@ Rows (each trains STEPS steps from the same initial weights):
   braid_off        braid fully_shard with CPUOffloadPolicy + ShardedAdamW (CPU kernel)
   torch_fsdp2_bf16 torch's fully_shard with MixedPrecisionPolicy(param_dtype=bfloat16,
                    reduce_dtype=float32) + torch.optim.AdamW: the reference of the next row
-  braid_bf16       braid fully_shard with the same policy + torch.optim.AdamW (its pieces)
+  braid_bf16       braid fully_shard with the same policy + torch.optim.AdamW (its pieces);
+                   its units gather in bf16 (cast gathers on the device, raised otherwise)
 Columns: max |difference| of losses and parameters against `torch`, median step time
 (steps after the first two, device synchronized), peak device memory: torch's
 max_memory_allocated plus, for Braid rows, Braid's own device peak (memory_stats(): Braid
@@ -170,6 +171,11 @@ def row_braid(device, data, group, optimizer, offload, name, lr=LR, bf16=False):
         opt = bt.ShardedAdamW(net.parameters(), lr=lr, weight_decay=WD)
     else:
         opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=WD)
+    if bf16:  # param_dtype's wire: bf16 gathers on the device too (0.11, docs/gpu-results.md)
+        from braid import _lib
+        wire = net._braid_fsdp.engine.fsdp_options.get("gather_dtype", _lib.GATHER_EXACT)
+        if wire != _lib.GATHER_BF16:
+            raise AssertionError("%s: gather_dtype %r, not GATHER_BF16" % (name, wire))
     net.reset_memory_peaks()
     losses, times = train(net, opt, data, device,
                           end=opt.synchronize if optimizer == "sharded" else None)

@@ -12,10 +12,11 @@ optimizer steps float32 master shards. Floating-point inputs of the root and of 
 cast to param_dtype (cast_forward_inputs, FSDP2's default). Outside a forward and backward the
 parameters are float32 (their pieces, or released); summon_full_params() gives float32 values.
 
-On a host model the gather moves param_dtype, as FSDP2's (each shard rounded before the wire:
-braid/_fsdp_quant.py), into a float32 buffer that the cast then reads exactly; on a device it
-moves float32. Differences from FSDP2, by design: a gathered unit holds both copies until it is
-released; reduce_dtype None reduces in float32 (FSDP2 reduces in param_dtype then), more
+The gather moves param_dtype, as FSDP2's (each shard rounded before the wire:
+braid/_fsdp_quant.py), into a float32 buffer that the cast then reads exactly; on a CUDA module
+the rounding and widening are kernels on the gather stream around the NCCL all-gather (not yet
+measured on a GPU). Differences from FSDP2, by design: a gathered unit holds both copies until
+it is released; reduce_dtype None reduces in float32 (FSDP2 reduces in param_dtype then), more
 precise. NoCast is the identity.
 """
 

@@ -13,10 +13,10 @@ and state_dict() reads it exact. None / "float32" / torch.float32 (default): exa
 Host f32 parameters only; the C API refuses the rest by name (docs/pytorch.md).
 
 "bfloat16" / "float16" (or torch's dtypes) gather each value rounded to that dtype, 2 bytes an
-element, no scales: what a MixedPrecisionPolicy.param_dtype computes with anyway, so with a
-param_dtype on a host model gather_dtype None gathers in param_dtype (FSDP2's wire, half the
-bytes of float32) and the values the units compute with are bit for bit those of a float32
-gather cast afterwards. gather_dtype="float32" keeps float32 gathers.
+element, no scales, on host and CUDA modules: what a MixedPrecisionPolicy.param_dtype computes
+with anyway, so with a param_dtype gather_dtype None gathers in param_dtype (FSDP2's wire,
+half the bytes of float32) and the values the units compute with are bit for bit those of a
+float32 gather cast afterwards. gather_dtype="float32" keeps float32 gathers.
 """
 
 import torch
@@ -37,8 +37,8 @@ if _FP8 is not None:
 
 def gather_options(gather_dtype, gather_block, where, param_dtype=None):
     """The optimizer options for `gather_dtype` / `gather_block` ({} for exact gathers);
-    gather_dtype None with a param_dtype (bfloat16 / float16 over float32 host parameters,
-    checked by the caller) gathers in param_dtype."""
+    gather_dtype None with a param_dtype (bfloat16 / float16 over float32 parameters, checked
+    by the caller) gathers in param_dtype."""
     if gather_dtype is None and param_dtype is not None:
         gather_dtype = param_dtype
     try:

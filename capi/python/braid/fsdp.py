@@ -72,8 +72,8 @@ class FullyShardedDataParallel(UnitBackward, torch.nn.Module, _owners.Wrapper):
           once (0: no limit); past it a gradient hand-over waits for a launched reduce-scatter
           to give its storage back, and a prefetch waits for room (braid.h pool_limit_bytes).
     gather_dtype, gather_block: quantized unit gathers (ZeRO++'s qwZ; exact master weights),
-          or bfloat16 / float16 ones; None gathers a host model's param_dtype (FSDP2's wire),
-          else float32: braid/_fsdp_quant.py.
+          or bfloat16 / float16 ones; None gathers in param_dtype when one is set (FSDP2's
+          wire; host and CUDA modules), else float32: braid/_fsdp_quant.py.
     """
 
     def __init__(self, module, group, units=None, auto_wrap_policy=None, mode="reduce_scatter",
@@ -119,10 +119,9 @@ class FullyShardedDataParallel(UnitBackward, torch.nn.Module, _owners.Wrapper):
         self._dtypes = [p.dtype for _, p in named]  # registered (master) dtypes
         self._cast = param_cast(param_dtype, self._dtypes, cast_forward_inputs,
                                 "FullyShardedDataParallel")  # braid/_fsdp_cast.py
-        # A host model's param_dtype gathers in param_dtype (braid/_fsdp_quant.py).
-        gather = gather_options(
-            gather_dtype, gather_block, "FullyShardedDataParallel",
-            param_dtype if self._cast.active and self._device is None else None)
+        # A param_dtype gathers in param_dtype, host and CUDA modules alike (_fsdp_quant.py).
+        gather = gather_options(gather_dtype, gather_block, "FullyShardedDataParallel",
+                                param_dtype if self._cast.active else None)
         self._unit_of = [owner.get(id(p), ROOT) for p in self._params]
         self.unit_modules = unit_modules
         self.unit_names = ["<root>"] + [names[id(m)] for m in unit_modules]
