@@ -22,6 +22,30 @@ bool BufferPool::OverLimitLocked(size_t bytes) const {
   return options_.limit_bytes > 0 && held_ + static_cast<int64_t>(bytes) > options_.limit_bytes;
 }
 
+OwnedBuffer BufferPool::EvictLocked(size_t bytes) {
+  // The smallest free buffer whose size covers what is missing, else the largest: few bytes
+  // and few buffers freed.
+  const int64_t short_by = held_ + static_cast<int64_t>(bytes) - options_.limit_bytes;
+  size_t pick = free_.size();
+  for (size_t k = 0; k < free_.size(); ++k) {
+    const int64_t key = static_cast<int64_t>(free_[k].key);
+    if (pick == free_.size()) {
+      pick = k;
+      continue;
+    }
+    const int64_t best = static_cast<int64_t>(free_[pick].key);
+    const bool covers = key >= short_by, best_covers = best >= short_by;
+    if (covers != best_covers ? covers : (covers ? key < best : key > best)) pick = k;
+  }
+  if (pick == free_.size()) return OwnedBuffer();
+  OwnedBuffer out = std::move(free_[pick].buffer);
+  held_ -= static_cast<int64_t>(free_[pick].key);
+  free_bytes_ -= static_cast<int64_t>(out.bytes());
+  if (pick + 1 != free_.size()) free_[pick] = std::move(free_.back());
+  free_.pop_back();
+  return out;
+}
+
 absl::StatusOr<OwnedBuffer> BufferPool::Acquire(size_t bytes, absl::Duration timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   absl::Time wait_start = absl::InfinitePast();
@@ -36,6 +60,16 @@ absl::StatusOr<OwnedBuffer> BufferPool::Acquire(size_t bytes, absl::Duration tim
       return out;
     }
     const bool over = OverLimitLocked(bytes);
+    if (over && !free_.empty()) {
+      // None of `bytes` is free: free buffers of other sizes make room before the pool grows
+      // past its limit or waits. Freed outside the lock (MemoryStats counts them freed), then
+      // everything is looked at again.
+      OwnedBuffer evicted = EvictLocked(bytes);
+      lock.unlock();
+      evicted.Reset();
+      lock.lock();
+      continue;
+    }
     if (!over || returning_ == 0) {
       // Grow: within the limit, or past it when nothing in use comes back on its own.
       if (over && options_.memory != nullptr) options_.memory->NotePoolOverLimit();
@@ -69,10 +103,12 @@ void BufferPool::Unhold(size_t bytes) {
 bool BufferPool::Fits(size_t bytes) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (!OverLimitLocked(bytes)) return true;
+  int64_t evictable = 0;  // free buffers of other sizes, which Acquire frees to make room
   for (const Entry& e : free_) {
     if (e.key == bytes) return true;
+    evictable += static_cast<int64_t>(e.key);
   }
-  return false;
+  return held_ - evictable + static_cast<int64_t>(bytes) <= options_.limit_bytes;
 }
 
 OwnedBuffer BufferPool::Take(size_t bytes) {

@@ -14,14 +14,17 @@
 // group's and a shard group's), and a buffer moving between them would need an event
 // hand-over; the gatherer and reducer refuse a shared pool on device groups.
 // Limit (backpressure): held_bytes() counts every buffer allocated through Acquire, in use or
-// free. Where a new one would take it past Options::limit_bytes, Acquire waits for a buffer to
-// come back, but only while some buffer is *returning*: storage of a reduction already launched
-// (StartReturning), which comes back without any waiting thread's help. Reductions launch in
-// bucket order on every rank, so the earliest one in flight anywhere was launched everywhere and
-// completes: no wait can close a cycle. With nothing returning the pool grows past the limit
-// (counted in MemoryStats, pool_over_limit) rather than wait for what may never come.
-// Accounting: a buffer stays counted (MemoryStats) under the use it was first allocated for,
-// whoever holds it now; totals are exact, the split between kParamGather and kGradBuckets is
+// free. Where a new one would take it past Options::limit_bytes, Acquire first frees free
+// buffers of other sizes (to their allocator; MemoryStats counts them freed), the smallest that
+// makes room else the largest, one at a time, until the new one fits or none is left (two users
+// of sizes that do not fit together then reallocate in turn: the limit holds). Still over, it
+// waits for a buffer to come back, but only while some buffer is *returning*: storage of a
+// reduction already launched (StartReturning), which comes back without any waiting thread's help.
+// Reductions launch in bucket order on every rank, so the earliest one in flight anywhere was
+// launched everywhere and completes: no wait can close a cycle. With nothing returning the pool
+// grows past the limit (counted in MemoryStats, pool_over_limit) rather than wait for what may
+// never come. Accounting: a buffer stays counted (MemoryStats) under the use it was first allocated
+// for, whoever holds it now; totals are exact, the split between kParamGather and kGradBuckets is
 // then approximate.
 // Thread safety: every method may be called from any thread; nothing here allocates on the
 // heap once Reserve'd (a wait is a condition variable).
@@ -52,12 +55,14 @@ class BufferPool {
 
   // A free buffer allocated for exactly `bytes`, or, when none is free, an empty one: the caller
   // allocates it (already counted in held_bytes(); Unhold(bytes) when that allocation fails)
-  // and gives it back later. At the limit, waits (up to `timeout`) while a buffer is returning;
-  // DeadlineExceeded says by how much the limit was short (the caller names what it takes).
+  // and gives it back later. At the limit, frees free buffers of other sizes first, then waits
+  // (up to `timeout`) while a buffer is returning; DeadlineExceeded says by how much the limit
+  // was short (the caller names what it takes).
   absl::StatusOr<OwnedBuffer> Acquire(size_t bytes, absl::Duration timeout);
   void Unhold(size_t bytes);
-  // Whether Acquire(bytes) would return at once without passing the limit (a prefetch asks
-  // before it commits; the answer may be stale by the time it acquires).
+  // Whether Acquire(bytes) would return at once without passing the limit, freeing free
+  // buffers of other sizes if need be (a prefetch asks before it commits; the answer may be
+  // stale by the time it acquires).
   bool Fits(size_t bytes) const;
   // A free buffer allocated for exactly `bytes`, or an empty one (never waits, never counts).
   OwnedBuffer Take(size_t bytes);
@@ -90,6 +95,9 @@ class BufferPool {
   };
   OwnedBuffer TakeLocked(size_t bytes);
   bool OverLimitLocked(size_t bytes) const;
+  // Removes one free buffer (of another size than `bytes`, none of which is free) from the pool
+  // and its held bytes; the caller frees it. Empty when nothing is free.
+  OwnedBuffer EvictLocked(size_t bytes);
 
   const Options options_;
   mutable std::mutex mu_;

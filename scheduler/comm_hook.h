@@ -19,7 +19,9 @@
 // error, a failed work, or a result of the wrong size or dtype fails the bucket with an error
 // naming the bucket and the hook. Per-bucket state (error feedback, warm starts) lives in the
 // hook, keyed by (bucket, stage); bucket indices and sizes change only with a re-plan, which
-// calls OnReplan.
+// calls OnReplan. What counts steps is hook-wide, as torch's PowerSGDState.iter (advanced at
+// the bucket with is_last()): CommBucket::last marks a step's last bucket, and a re-plan keeps
+// the count (torch's bucket rebuild does not reset its hooks' step counts either).
 // Host memory only (device reducers refuse a hook). A hook bypasses the OpScheduler.
 #ifndef BRAID_SCHEDULER_COMM_HOOK_H_
 #define BRAID_SCHEDULER_COMM_HOOK_H_
@@ -66,6 +68,9 @@ struct CommBucket {
   DType dtype = DType::kF32;
   CollectiveOptions options;      // its label names the bucket and the hook
   std::vector<CommParam> params;  // kAllReduce: the bucket's parameters, in bucket order
+  // The plan's last bucket (torch's GradBucket::is_last()): the last Run of this stage in a
+  // step, since Run follows bucket order.
+  bool last = false;
 };
 
 // What SetCommHook hands a hook on every rank once the ranks agreed on it (CommHook::Attach).
@@ -95,7 +100,10 @@ class CommHook {
   virtual absl::Status Attach(const CommAttach& at) { return absl::OkStatus(); }
   virtual absl::StatusOr<CommResult> Run(const CommBucket& bucket) = 0;
   // The reducer's buckets changed (a re-plan: indices, sizes and contents move): drop per-bucket
-  // state that follows elements (error feedback). Called between backwards, no Run in flight.
+  // state that follows elements (error feedback, warm-start Q); keep what is hook-wide (step
+  // counts, the random draws' position), as torch's hooks do across torch's rebuild. Called
+  // between backwards with no Run in flight, and only when the bucket layout changed (a rebuild
+  // that yields the same buckets keeps the state).
   virtual void OnReplan() {}
   // Checkpoints (scheduler/hooks/hook_state.h), between backwards with no Run in flight: this
   // rank's state as bytes ("" for a stateless hook), and those bytes loaded back into a hook

@@ -22,6 +22,7 @@ WorkPtr ReducerStages::RunHookLocked(int b, int stage, const ReductionRequest& r
   bucket.dtype = req.dtype;
   bucket.options = req.options;
   bucket.options.label = s.hook_label;
+  bucket.last = static_cast<size_t>(b) + 1 == plan_.buckets().size();
   if (bucket.stage == CommStage::kAllReduce) {
     for (int i : plan_.buckets()[b].params) {
       bucket.params.push_back(CommParam{i, plan_.slot(i).offset, plan_.params()[i].count});

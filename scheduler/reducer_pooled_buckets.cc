@@ -15,10 +15,20 @@ PooledBuckets::PooledBuckets(BufferOps& ops, const ReducerConfig& config, int sh
                                      config.pool_limit_bytes, config.memory})) {}
 
 PooledBuckets::~PooledBuckets() {
-  // A shared pool outlives this storage: what it counted as coming back no longer will.
+  // A shared pool outlives this storage: what it counted as coming back no longer will, and
+  // storage still attached (a no_sync window, a failed step) is freed and leaves its count, as
+  // the gatherer's does. Storage a collective may still write into was released (Abandon).
+  // plan_ may be another plan by now (a re-plan destroys the old storage after it): the keys
+  // were recorded at Take.
   for (auto& s : buckets_) {
     std::lock_guard<std::mutex> lock(s->mu);
     EndReturningLocked(*s);
+    for (auto [buffer, key] :
+         {std::pair<OwnedBuffer*, size_t>{&s->data, s->data_key}, {&s->staging, s->staging_key}}) {
+      if (!*buffer) continue;
+      buffer->Reset();
+      pool_->Unhold(key);
+    }
   }
 }
 
@@ -151,6 +161,7 @@ absl::Status PooledBuckets::Fill(int b) {
   if (s.data) return absl::OkStatus();
   const size_t bytes = plan_->buckets()[b].bytes();
   ASSIGN_OR_RETURN(OwnedBuffer data, Take(bytes, b));
+  s.data_key = AlignedStorageBytes(bytes);
   // The gaps zero-filled before any mark writes (issued under the lock: marks of this bucket on
   // other threads issue their copies after it); the slots are written by their marks.
   const size_t es = DTypeSize(plan_->buckets()[b].dtype);
@@ -172,7 +183,9 @@ absl::StatusOr<char*> PooledBuckets::TakeStaging(int b) {
   Storage& s = *buckets_[b];
   std::lock_guard<std::mutex> lock(s.mu);
   if (!s.staging) {
-    ASSIGN_OR_RETURN(s.staging, Take(plan_->buckets()[b].padded_count * DTypeSize(DType::kF32), b));
+    const size_t bytes = plan_->buckets()[b].padded_count * DTypeSize(DType::kF32);
+    ASSIGN_OR_RETURN(s.staging, Take(bytes, b));
+    s.staging_key = AlignedStorageBytes(bytes);
   }
   return s.staging.get();
 }

@@ -7,7 +7,8 @@
 //    free buffers (ReducerConfig::shared_pool, else the storage's own), reused by equal aligned
 //    size only: a new one is allocated when none of that size is free, so the pool never holds
 //    more than every bucket's storage and staging once, whatever the timing. The pool is never
-//    trimmed (MemoryUse::kGradBuckets counts every pool buffer, in use or free). A bucket takes
+//    trimmed (MemoryUse::kGradBuckets counts every pool buffer, in use or free); a bounded one
+//    frees free buffers of other sizes at its limit (buffer_pool.h). A bucket takes
 //    its storage at its first mark of an accumulation window (the staging when the bucket is
 //    complete), zero-filling only the gaps between and after its slots (each slot is written by
 //    its first mark, or zeroed as unused), and gives it back once this rank's reduced shard was
@@ -27,7 +28,9 @@
 //   config.shard_gradients = true;  // BucketStorage::Create picks it
 //
 // Contract: as BucketStorage; Zero zeroes the kept shard and gives back storage a dropped
-// window still held, never taking full-size storage.
+// window still held, never taking full-size storage. Destruction frees storage still attached
+// and takes it out of the pool's held bytes (a shared pool lives on: its limit is for the
+// storage that exists).
 #ifndef BRAID_SCHEDULER_REDUCER_POOLED_BUCKETS_H_
 #define BRAID_SCHEDULER_REDUCER_POOLED_BUCKETS_H_
 
@@ -73,13 +76,14 @@ class PooledBuckets final : public BucketStorage {
     size_t offset, count;  // elements
   };
   struct Storage {
-    std::vector<Gap> gaps;  // what no parameter's slot covers (Allocate)
-    std::mutex mu;          // serializes taking and giving back data / staging
-    OwnedBuffer data;       // from the pool while the bucket is filled and reduced
-    OwnedBuffer staging;    // from the pool while a widened bucket is reduced
-    OwnedBuffer kept;       // this rank's reduced shard (shard_count, bucket dtype)
-    OwnedBuffer reduced;    // hybrid with f32 staging: the f32 shard
-    int returning = 0;      // of data / staging: counted as coming back (BufferPool)
+    std::vector<Gap> gaps;                 // what no parameter's slot covers (Allocate)
+    std::mutex mu;                         // serializes taking and giving back data / staging
+    OwnedBuffer data;                      // from the pool while the bucket is filled and reduced
+    OwnedBuffer staging;                   // from the pool while a widened bucket is reduced
+    OwnedBuffer kept;                      // this rank's reduced shard (shard_count, bucket dtype)
+    OwnedBuffer reduced;                   // hybrid with f32 staging: the f32 shard
+    int returning = 0;                     // of data / staging: counted as coming back (BufferPool)
+    size_t data_key = 0, staging_key = 0;  // their pool keys (aligned bytes), set at Take
   };
   void EndReturningLocked(Storage& s);
   // Storage of `bytes` (aligned: the pool's key) from the pool, or a new allocation.

@@ -75,7 +75,9 @@ absl::Status GradientReducer::AdoptPlan(BucketPlan plan) {
   }
   std::unique_ptr<BucketStorage> old_storage = std::move(storage_);
   storage_ = std::move(fresh);
-  stages_->Reset(*storage_);
+  // A rebuild in the order the buckets already have (torch's policy on a model whose readiness
+  // order is the registration order reversed) keeps a comm hook's per-bucket state.
+  stages_->Reset(*storage_, plan_.Fingerprint() != old_plan.Fingerprint());
   used_->Remap(old_plan);
   for (int i = 0; i < n; ++i) {
     const ParamSpec& p = plan_.params()[i];

@@ -70,10 +70,10 @@ void ReducerStages::CallbackAnchor::Release(CallbackAnchor* anchor) {
   if (anchor->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete anchor;
 }
 
-void ReducerStages::Reset(BucketStorage& storage) {
+void ReducerStages::Reset(BucketStorage& storage, bool layout_changed) {
   storage_ = &storage;
   buckets_.clear();
-  if (hook_) hook_->OnReplan();  // per-bucket state no longer matches the buckets
+  if (hook_ && layout_changed) hook_->OnReplan();  // per-bucket state no longer matches
   for (size_t b = 0; b < plan_.buckets().size(); ++b) {
     auto s = std::make_unique<ReducerBucketState>();
     s->label = absl::StrCat("bucket ", b);

@@ -56,7 +56,8 @@ class ReducerStages {
   ReducerStages& operator=(const ReducerStages&) = delete;
 
   // The buckets of the current plan, over `storage` (after Create and after each re-plan).
-  void Reset(BucketStorage& storage);
+  // `layout_changed`: the buckets differ from the last Reset's (the hook's OnReplan runs).
+  void Reset(BucketStorage& storage, bool layout_changed = true);
   // A new backward: every bucket's counters and flags, and (unless kNoSync) a fresh Work.
   // FailedPrecondition (naming the bucket, `caller` first) while a reduction of an earlier
   // backward is in flight; nothing is changed then.

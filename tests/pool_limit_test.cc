@@ -4,7 +4,8 @@
 // more (MarkReady waits for a launched bucket's storage to come back), and every rank's reduced
 // shards are bit for bit the unbounded run's and the serial average. A wait that outlives the
 // reducer's timeout fails the mark, naming the bucket and pool_limit_bytes; a limit below one
-// bucket's storage is refused at Create.
+// bucket's storage is refused at Create. At the limit, free buffers of other sizes are freed
+// to make room; a reducer destroyed holding storage leaves a shared pool's count.
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -189,6 +190,112 @@ TEST(PoolLimit, AWaitPastTheTimeoutNamesTheBucketAndTheLimit) {
     // Bucket 0 still completes (bucket 1 never launched on any rank): nothing is lost.
     ASSERT_OK(rd.BucketWork(0)->Wait(absl::Seconds(30)));
     (void)rd.FinishBackward();
+  });
+}
+
+// Acquire at the limit with no free buffer of the size wanted but free ones of other sizes:
+// those are freed (the smallest that makes room) instead of the pool growing past its limit,
+// and instead of waiting for a returning buffer; MemoryStats counts them freed.
+TEST(PoolLimit, AtTheLimitFreeBuffersOfOtherSizesMakeRoom) {
+  constexpr size_t kA = 4096, kB = 8192, kC = 6144;
+  MemoryStats memory;
+  BufferPool pool(BufferPool::Options{static_cast<int64_t>(kA + kB), &memory});
+  const auto take = [&](size_t bytes) {
+    absl::StatusOr<OwnedBuffer> got = pool.Acquire(bytes, absl::Milliseconds(300));
+    EXPECT_TRUE(got.ok()) << got.status();
+    if (!got.ok() || *got) return got.ok() ? *std::move(got) : OwnedBuffer();
+    absl::StatusOr<OwnedBuffer> fresh =
+        CountedAllocate(&memory, HostBufferOps(), bytes, MemoryUse::kGradBuckets, "test");
+    EXPECT_TRUE(fresh.ok()) << fresh.status();
+    return fresh.ok() ? *std::move(fresh) : OwnedBuffer();
+  };
+  const auto allocated = [&] {
+    return memory.Snapshot().by_use[static_cast<int>(MemoryUse::kGradBuckets)].current;
+  };
+  OwnedBuffer a = take(kA), b = take(kB);
+  pool.Give(std::move(a), kA);
+  pool.Give(std::move(b), kB);
+  ASSERT_EQ(pool.held_bytes(), static_cast<int64_t>(kA + kB));  // at the limit, all free
+  ASSERT_EQ(allocated(), static_cast<int64_t>(kA + kB));
+  EXPECT_TRUE(pool.Fits(kC));  // by freeing B
+  // A buffer in use elsewhere is returning: before, C waited for it (and timed out).
+  pool.StartReturning(1);
+  OwnedBuffer c = take(kC);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(pool.held_bytes(), static_cast<int64_t>(kA + kC));  // B freed, A kept
+  EXPECT_EQ(pool.free_bytes(), static_cast<int64_t>(kA));
+  EXPECT_EQ(allocated(), static_cast<int64_t>(kA + kC));
+  MemorySnapshot snap = memory.Snapshot();
+  EXPECT_EQ(snap.pool_over_limit, 0);
+  EXPECT_EQ(snap.pool_waits, 0);
+  EXPECT_LE(pool.peak_held_bytes(), static_cast<int64_t>(kA + kB));
+  pool.EndReturning(1);
+  // A is still pooled: taken without an allocation.
+  const int64_t before = memory.Snapshot().allocations;
+  absl::StatusOr<OwnedBuffer> again = pool.Acquire(kA, absl::Milliseconds(300));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(*again);
+  EXPECT_EQ(memory.Snapshot().allocations, before);
+  // Nothing free and nothing returning: growing past the limit is still what happens.
+  EXPECT_FALSE(pool.Fits(kB));
+  OwnedBuffer b2 = take(kB);
+  EXPECT_EQ(memory.Snapshot().pool_over_limit, 1);
+  EXPECT_EQ(pool.held_bytes(), static_cast<int64_t>(kA + kB + kC));
+}
+
+// Two reducers share a pool (limit: every bucket's storage once). The first is destroyed inside
+// a no_sync window, holding every bucket's storage: that storage is freed and leaves the pool's
+// held bytes, so the second takes its own within the limit (before, the pool still counted the
+// freed storage and grew past its limit), and reduces as the serial average.
+TEST(PoolLimit, AReducerDestroyedHoldingStorageLeavesTheSharedPool) {
+  RunRanks(2, [&](Group& world) {
+    const int64_t bucket = static_cast<int64_t>(AlignedStorageBytes(kCount * sizeof(float)));
+    const int64_t limit = kParams * bucket;
+    MemoryStats memory;
+    auto pool = std::make_shared<BufferPool>(BufferPool::Options{limit, &memory});
+    const auto pooled = [&] {
+      return memory.Snapshot().by_use[static_cast<int>(MemoryUse::kGradBuckets)].current;
+    };
+    std::vector<float> g(kCount);
+    {
+      auto first = GradientReducer::Create(Params(), {&world, nullptr}, Config(pool, &memory));
+      ASSERT_TRUE(first.ok()) << first.status();
+      ASSERT_OK((*first)->BeginBackward(SyncMode::kNoSync));
+      for (int i = 0; i < kParams; ++i) {
+        for (size_t j = 0; j < kCount; ++j) g[j] = GradValue(world.rank(), i, j, 7);
+        ASSERT_OK((*first)->MarkReady(i, DeviceEvent{}, g.data()));
+      }
+      ASSERT_OK((*first)->FinishBackward());
+      ASSERT_EQ(pool->held_bytes(), limit);  // every bucket's storage, kept for the window
+      ASSERT_EQ(pooled(), limit);
+    }
+    EXPECT_EQ(pool->held_bytes(), 0);
+    EXPECT_EQ(pooled(), 0);
+    auto second = GradientReducer::Create(Params(), {&world, nullptr}, Config(pool, &memory));
+    ASSERT_TRUE(second.ok()) << second.status();
+    GradientReducer& rd = **second;
+    ASSERT_OK(rd.BeginBackward(SyncMode::kSync));
+    for (int i = 0; i < kParams; ++i) {
+      for (size_t j = 0; j < kCount; ++j) g[j] = GradValue(world.rank(), i, j, 0);
+      ASSERT_OK(rd.MarkReady(i, DeviceEvent{}, g.data()));
+    }
+    ASSERT_OK(rd.FinishBackward());
+    EXPECT_EQ(memory.Snapshot().pool_over_limit, 0);
+    EXPECT_LE(pool->peak_held_bytes(), limit);
+    EXPECT_EQ(pool->held_bytes(), pooled());
+    const BucketPlan& plan = rd.plan();
+    for (int b = 0; b < kParams; ++b) {
+      const int i = plan.buckets()[b].params[0];
+      const size_t offset = plan.slot(i).offset;
+      const TensorView v = rd.ShardView(b);
+      const float* f = static_cast<const float*>(v.data);
+      for (size_t e = 0; e < v.count; ++e) {
+        const size_t at = world.rank() * v.count + e;
+        if (at < offset || at >= offset + kCount) continue;  // gaps, padding
+        const float want = (GradValue(0, i, at - offset, 0) + GradValue(1, i, at - offset, 0)) / 2;
+        ASSERT_EQ(f[e], want) << "bucket " << b << " element " << at - offset;
+      }
+    }
   });
 }
 

@@ -1,7 +1,9 @@
 // The PowerSGD comm hook (scheduler/hooks/powersgd.h) on an all-reduce GradientReducer, bit for
 // bit against a serial reference written here (every rank's error feedback, the shared P and
 // Q, the local backend's rank-order sums), over several steps: the uncompressed first steps,
-// the first random Q, warm starts, tensors not worth compressing; and its bad input.
+// the first random Q, warm starts, tensors not worth compressing; re-plans inside and after
+// the warm-up (the step count carries over, bucket state restarts) and a rebuild into the same
+// buckets (nothing restarts); and its bad input.
 #include "scheduler/hooks/powersgd.h"
 
 #include <cmath>
@@ -83,7 +85,6 @@ struct RefBucket {
   std::vector<Vec> error;  // per rank
   Vec q;
   bool have_q = false;
-  int iter = 0, inits = 0;
 };
 
 class Reference {
@@ -96,8 +97,16 @@ class Reference {
     std::vector<Vec> result(plan_.params().size());
     for (size_t b = 0; b < plan_.buckets().size(); ++b)
       RunBucket(static_cast<int>(b), step, result);
+    ++iter_;  // torch's state.iter: one per step, whatever the buckets
     return result;
   }
+  // New buckets: torch's hook after torch's rebuild (its dicts keyed by the old indices hold
+  // nothing a new bucket can use; iter and the generator go on).
+  void Replan(const BucketPlan& plan) {
+    plan_ = plan;
+    buckets_.assign(plan.buckets().size(), RefBucket{});
+  }
+  int draws() const { return draws_; }
 
  private:
   void RunBucket(int b, int step, std::vector<Vec>& result) {
@@ -113,7 +122,7 @@ class Reference {
         x[i].push_back(v);
       }
     }
-    if (st.iter++ < o_.start_iter) {
+    if (iter_ < o_.start_iter) {
       for (int i : bk.params) {
         result[i].resize(plan_.params()[i].count);
         for (size_t j = 0; j < result[i].size(); ++j) {
@@ -159,7 +168,7 @@ class Reference {
       }
     }
     const bool fill = !o_.warm_start || !st.have_q;
-    const int init = fill ? st.inits++ : 0;
+    const int init = fill ? draws_++ : 0;
     if (fill) st.q.assign(qn, 0);
     for (int i : plain) {
       result[i].resize(plan_.params()[i].count);
@@ -223,9 +232,10 @@ class Reference {
     }
   }
 
-  const BucketPlan& plan_;
+  BucketPlan plan_;
   const PowerSGDOptions o_;
   std::vector<RefBucket> buckets_;
+  int iter_ = 0, draws_ = 0;  // hook-wide
 };
 
 absl::Status Backward(GradientReducer& red, int r, int step) {
@@ -318,6 +328,167 @@ TEST(PowerSGDHook, CompressesWhatIsWorthIt) {
       EXPECT_EQ(differ > params[i].count / 2, compressed) << params[i].name;
     }
   });
+}
+
+// ---- Re-plans in the middle of training ----
+
+// The caps Replan moves to: fewer, larger buckets than Config()'s (indices and sizes change).
+constexpr size_t kNewCap = 4096, kNewFirstCap = 1024;
+
+// Per step, every parameter's reduced gradient; with `replan_before` >= 0, the reducer is
+// re-planned to the new caps (GradientReducer::Replan) before that step.
+using StepResults = std::vector<std::vector<Vec>>;
+void Train(GradientReducer& red, int rank, int steps, int replan_before, StepResults& out) {
+  const auto& params = red.plan().params();
+  for (int step = 0; step < steps; ++step) {
+    if (step == replan_before) {
+      const uint64_t before = red.plan().Fingerprint();
+      absl::StatusOr<bool> changed = red.Replan(kNewCap, kNewFirstCap);
+      ASSERT_TRUE(changed.ok()) << changed.status();
+      ASSERT_TRUE(*changed);
+      ASSERT_NE(red.plan().Fingerprint(), before);
+    }
+    ASSERT_OK(Backward(red, rank, step));
+    std::vector<Vec> got;
+    for (const ParamSpec& p : params) {
+      const float* g = static_cast<const float*>(red.GradView(p.id)->data);
+      got.emplace_back(g, g + p.count);
+    }
+    out.push_back(std::move(got));
+    ASSERT_OK(red.ZeroGrads());
+  }
+}
+
+// Rank 0's results of `steps` steps on a reducer created with `caps` and the hook of `o`.
+StepResults TrainRanks(PowerSGDOptions o, std::pair<size_t, size_t> caps, int steps,
+                       int replan_before) {
+  o.rows = Rows();
+  std::vector<StepResults> runs(kRanks);
+  RunRanks(kRanks, [&](Group& g) {
+    ReducerConfig cfg = Config();
+    cfg.bucket_cap_bytes = caps.first;
+    cfg.first_bucket_cap_bytes = caps.second;
+    auto red = GradientReducer::Create(Params(), {&g, nullptr}, cfg);
+    ASSERT_TRUE(red.ok()) << red.status();
+    ASSERT_OK((*red)->SetCommHook(*MakePowerSGDHook(o)));
+    Train(**red, g.rank(), steps, replan_before, runs[g.rank()]);
+  });
+  for (int r = 1; r < kRanks; ++r) EXPECT_EQ(runs[r], runs[0]) << "rank " << r;
+  return runs[0];
+}
+
+BucketPlan PlanWithCaps(size_t cap, size_t first_cap) {  // as GradientReducer::Create
+  PlanOptions po;
+  po.bucket_cap_bytes = cap;
+  po.first_bucket_cap_bytes = first_cap;
+  absl::StatusOr<BucketPlan> plan = BucketPlan::Build(Params(), po);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return *plan;
+}
+
+void ExpectSameRun(const StepResults& got, const StepResults& want, int from, const char* what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t step = from; step < got.size(); ++step) {
+    for (size_t i = 0; i < got[step].size(); ++i) {
+      ASSERT_EQ(got[step][i], want[step][i])
+          << what << ": " << Shapes()[i].name << " step " << step;
+    }
+  }
+}
+
+// A re-plan inside the warm-up (before start_powerSGD_iter) changes nothing: every step equals
+// the run that had the new buckets from the start (uncompressed steps are bucket-independent
+// averages; no bucket state exists yet), so compression starts at step start_iter on time.
+TEST(PowerSGDHook, ReplanInsideWarmUpKeepsTheStepCount) {
+  PowerSGDOptions o;
+  o.rank = 2;
+  o.start_iter = 3;
+  o.random_seed = 9;
+  const int steps = 6;
+  const StepResults replanned = TrainRanks(o, {2048, 512}, steps, /*replan_before=*/2);
+  const StepResults fresh = TrainRanks(o, {kNewCap, kNewFirstCap}, steps, -1);
+  ExpectSameRun(replanned, fresh, 0, "re-planned at step 2 vs new buckets throughout");
+  // The serial reference, re-planned at the same step.
+  PowerSGDOptions ro = o;
+  ro.rows = Rows();
+  Reference ref(PlanWithCaps(2048, 512), ro);
+  StepResults want;
+  for (int step = 0; step < steps; ++step) {
+    if (step == 2) ref.Replan(PlanWithCaps(kNewCap, kNewFirstCap));
+    want.push_back(ref.Step(step));
+  }
+  ExpectSameRun(replanned, want, 0, "against the reference");
+  // Compressed from step 3 on (else the comparison proves nothing about the count).
+  for (int step = 0; step < steps; ++step) {
+    float plain = 0.0f;
+    for (int r = 0; r < kRanks; ++r) plain += Grad(r, 3, 0, step) / kRanks;
+    EXPECT_EQ(replanned[step][3][0] == plain, step < o.start_iter) << "step " << step;
+  }
+}
+
+// A re-plan after the warm-up: the step count goes on (the next step compresses, no second
+// warm-up), error feedback and warm-start Q restart on the new buckets (zero error, a Q from
+// the next draw), as the reference re-planned at the same step; and it differs from the run
+// that was never re-planned (which keeps its errors and Q), so the re-plan really happened.
+TEST(PowerSGDHook, ReplanAfterWarmUpRestartsOnlyBucketState) {
+  PowerSGDOptions o;
+  o.rank = 1;
+  o.start_iter = 2;
+  o.random_seed = 4;
+  const int steps = 7, at = 4;
+  const StepResults replanned = TrainRanks(o, {2048, 512}, steps, at);
+  const StepResults kept = TrainRanks(o, {2048, 512}, steps, -1);
+  PowerSGDOptions ro = o;
+  ro.rows = Rows();
+  Reference ref(PlanWithCaps(2048, 512), ro);
+  StepResults want;
+  int draws_before = 0;
+  for (int step = 0; step < steps; ++step) {
+    if (step == at) {
+      draws_before = ref.draws();
+      ref.Replan(PlanWithCaps(kNewCap, kNewFirstCap));
+    }
+    want.push_back(ref.Step(step));
+  }
+  EXPECT_GT(draws_before, 0);
+  EXPECT_GT(ref.draws(), draws_before);  // the new buckets' Q: fresh draws, not reused ones
+  ExpectSameRun(replanned, want, 0, "against the reference re-planned at step 4");
+  // Before the re-plan both runs are one; from it on the restarted state shows.
+  ASSERT_EQ(kept.size(), replanned.size());
+  for (int step = 0; step < steps; ++step) {
+    EXPECT_EQ(replanned[step] == kept[step], step < at) << "step " << step;
+  }
+}
+
+// torch's one-time rebuild that yields the buckets there already were (readiness order = the
+// registration order reversed) is no re-plan for the hook: error feedback and Q carry on, and
+// the run equals the one without the rebuild bit for bit (dropping them would not).
+TEST(PowerSGDHook, RebuildIntoTheSameBucketsKeepsTheState) {
+  PowerSGDOptions o;
+  o.rank = 1;
+  o.start_iter = 0;  // state exists at the rebuild (before step 1)
+  o.rows = Rows();
+  std::vector<StepResults> runs(2 * kRanks);
+  RunRanks(kRanks, [&](Group& g) {
+    for (bool rebuild : {false, true}) {
+      ReducerConfig cfg = Config();
+      cfg.rebuild_bucket_order = rebuild;
+      auto red = GradientReducer::Create(Params(), {&g, nullptr}, cfg);
+      ASSERT_TRUE(red.ok()) << red.status();
+      ASSERT_OK((*red)->SetCommHook(*MakePowerSGDHook(o)));
+      const uint64_t plan = (*red)->plan().Fingerprint();
+      StepResults& out = runs[g.rank() * 2 + rebuild];
+      Train(**red, g.rank(), 1, -1, out);
+      absl::StatusOr<bool> rebuilt = (*red)->RebuildBucketsIfPending();
+      ASSERT_TRUE(rebuilt.ok()) << rebuilt.status();
+      ASSERT_EQ(*rebuilt, rebuild);
+      ASSERT_EQ((*red)->plan().Fingerprint(), plan);
+      StepResults more;
+      Train(**red, g.rank(), 3, -1, more);  // steps 0-2 again: other inputs than step 0's
+      out.insert(out.end(), more.begin(), more.end());
+    }
+  });
+  for (int r = 0; r < kRanks; ++r) ExpectSameRun(runs[2 * r + 1], runs[2 * r], 0, "rebuilt");
 }
 
 TEST(PowerSGDHook, BadInput) {

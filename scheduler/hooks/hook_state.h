@@ -1,5 +1,6 @@
 // A communication hook's per-rank state as bytes, for checkpoints (CommHook::SaveState /
-// LoadState): error feedback, PowerSGD's warm-start Q and step counts, keyed by bucket.
+// LoadState): error feedback and PowerSGD's warm-start Q, keyed by bucket, and what is
+// hook-wide (PowerSGD's step and draw counts).
 //
 //   HookStateWriter w("powersgd", group_size, rank);
 //   w.Key(bucket);  w.Int(iter);  w.Floats(error);

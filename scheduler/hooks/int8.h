@@ -13,8 +13,10 @@
 // 2 (n-1)/n x 4 count (f32 all-reduce) or (n-1)/n x 4 count (reduce-scatter, sent = n count):
 // less up to about 8 ranks for all-reduce and 4 for reduce-scatter (an all-to-all, which Group
 // lacks, would make it scale).
-// The residuals are per (bucket, stage), kept across steps, dropped at a re-plan (OnReplan),
-// carried through checkpoints by SaveState / LoadState (per rank, the same group size).
+// The residuals are per (bucket, stage), kept across steps, dropped at a re-plan that changes
+// the buckets (OnReplan: they follow elements that moved), carried through checkpoints by
+// SaveState / LoadState (per rank, the same group size). The hook counts no steps: nothing
+// else depends on the plan.
 // f32 buckets only; host memory.
 #ifndef BRAID_SCHEDULER_HOOKS_INT8_H_
 #define BRAID_SCHEDULER_HOOKS_INT8_H_

@@ -38,8 +38,6 @@ struct BucketState {
   std::vector<std::pair<size_t, size_t>> plain;  // uncompressed (offset, count), bucket order
   std::vector<std::pair<size_t, size_t>> rest;   // outside every matrix (plain and padding)
   size_t plain_count = 0, p_count = 0, q_count = 0;
-  int iter = 0;   // steps run (torch's state.iter, per bucket)
-  int inits = 0;  // random Q fills so far
   bool have_q = false;
   std::vector<float> error;  // error feedback (empty until the first compressed step)
   std::vector<float> input;  // send + error
@@ -146,26 +144,28 @@ class PowerSGDHook : public CommHook {
             {"parameter rows (hash)", static_cast<int64_t>(rows)}};
   }
   bool Handles(CommStage stage) const override { return stage == CommStage::kAllReduce; }
+  // The buckets moved: their error feedback and warm-start Q (bucket-shaped) go; the step
+  // count and the draws' position (hook-wide, as torch's state.iter and state.rng) stay.
   void OnReplan() override {
     states_.clear();
     loaded_.clear();
   }
 
-  // Per bucket: count, iter, inits, have_q, error, Q (hooks/hook_state.h).
+  // iter, draws; then per bucket: count, have_q, error, Q (hooks/hook_state.h).
   absl::StatusOr<std::string> SaveState() const override {
     HookStateWriter w(name_, group_size_, rank_);
+    w.Int(iter_);
+    w.Int(draws_);
     std::map<int, const Saved*> all;
     for (const auto& [b, saved] : loaded_) all[b] = &saved;  // not yet run again
     std::map<int, Saved> live;
     for (const auto& [b, s] : states_) {
-      live[b] = Saved{s->count, s->iter, s->inits, s->have_q, s->error, s->q};
+      live[b] = Saved{s->count, s->have_q, s->error, s->q};
       all[b] = &live[b];
     }
     for (const auto& [b, v] : all) {
       w.Int(b);
       w.Int(static_cast<int64_t>(v->count));
-      w.Int(v->iter);
-      w.Int(v->inits);
       w.Int(v->have_q ? 1 : 0);
       w.Floats(v->error);
       w.Floats(v->q);
@@ -175,29 +175,33 @@ class PowerSGDHook : public CommHook {
 
   absl::Status LoadState(absl::string_view bytes) override {
     std::map<int, Saved> loaded;
+    int64_t iter = 0, draws = 0;
     if (!bytes.empty()) {
       ASSIGN_OR_RETURN(HookStateReader r, HookStateReader::Open(bytes, name_, group_size_, rank_));
+      ASSIGN_OR_RETURN(iter, r.Int());
+      ASSIGN_OR_RETURN(draws, r.Int());
+      if (iter < 0 || draws < 0) {
+        return absl::InvalidArgumentError("powersgd comm hook state: a negative step count");
+      }
       while (!r.AtEnd()) {
         Saved v;
         ASSIGN_OR_RETURN(int64_t b, r.Int());
         ASSIGN_OR_RETURN(int64_t count, r.Int());
-        ASSIGN_OR_RETURN(int64_t iter, r.Int());
-        ASSIGN_OR_RETURN(int64_t inits, r.Int());
         ASSIGN_OR_RETURN(int64_t have_q, r.Int());
         ASSIGN_OR_RETURN(v.error, r.Floats());
         ASSIGN_OR_RETURN(v.q, r.Floats());
-        if (b < 0 || count < 0 || iter < 0 || inits < 0) {
+        if (b < 0 || count < 0) {
           return absl::InvalidArgumentError("powersgd comm hook state: a negative field");
         }
         v.count = static_cast<size_t>(count);
-        v.iter = static_cast<int>(iter);
-        v.inits = static_cast<int>(inits);
         v.have_q = have_q != 0;
         loaded[static_cast<int>(b)] = std::move(v);
       }
     }
     states_.clear();
     loaded_ = std::move(loaded);
+    iter_ = iter;
+    draws_ = draws;
     return absl::OkStatus();
   }
 
@@ -243,8 +247,6 @@ class PowerSGDHook : public CommHook {
               "the loaded powersgd state of this bucket is for ", v.count, " elements and ",
               v.q.size(), " Q values; the bucket has ", b.count, " (another bucket plan)"));
         }
-        slot->iter = v.iter;
-        slot->inits = v.inits;
         slot->have_q = v.have_q;
         slot->error = std::move(v.error);
         if (v.have_q) slot->q = std::move(v.q);
@@ -258,7 +260,9 @@ class PowerSGDHook : public CommHook {
     const float* send = static_cast<const float*>(b.send);
     const float d = static_cast<float>(s->group_size);
     s->out.resize(s->count);
-    if (s->iter++ < opts_.start_iter) {  // torch's allreduce_hook: divide, then sum
+    const bool warm_up = iter_ < opts_.start_iter;
+    if (b.last) ++iter_;  // torch's maybe_increase_iter: at the step's last bucket
+    if (warm_up) {        // torch's allreduce_hook: divide, then sum
       for (size_t i = 0; i < s->count; ++i) s->out[i] = send[i] / d;
       ASSIGN_OR_RETURN(WorkPtr w, b.group->AllReduce(s->out.data(), s->out.data(), s->count,
                                                      DType::kF32, ReduceOp::Sum(), b.options));
@@ -346,6 +350,7 @@ class PowerSGDHook : public CommHook {
   }
 
   // Before the first all-reduce: input = send + error; [uncompressed | P = M orth(Q)].
+  // A fresh Q takes the hook's next draw (torch: the next seed from state.rng).
   void Compress(BucketState& s, const float* send, int bucket) {
     s.input.resize(s.count);
     if (opts_.use_error_feedback && s.error.size() == s.count) {
@@ -360,7 +365,7 @@ class PowerSGDHook : public CommHook {
       at += count;
     }
     const bool fill = !opts_.warm_start || !s.have_q;
-    const int init = fill ? s.inits++ : 0;
+    const int init = fill ? static_cast<int>(draws_++) : 0;
     for (const Matrix& m : s.mats) {
       float* q = s.q.data() + m.q;
       if (fill) {
@@ -397,10 +402,12 @@ class PowerSGDHook : public CommHook {
   std::shared_ptr<Cursor> cursor_;
   std::unique_ptr<Group> q_group_;
   std::map<int, std::shared_ptr<BucketState>> states_;  // per bucket
+  // Hook-wide, kept across re-plans: steps run (torch's state.iter: every bucket of step t sees
+  // t) and random Q fills so far (torch's state.rng position).
+  int64_t iter_ = 0, draws_ = 0;
   // A bucket's state in a checkpoint; LoadState's wait here until their bucket runs again.
   struct Saved {
     size_t count = 0;
-    int iter = 0, inits = 0;
     bool have_q = false;
     std::vector<float> error, q;
   };

@@ -5,10 +5,11 @@
 // (e = what the last step's result missed, added to this step's gradient) and warm start (last
 // step's Q reused): Q orthogonalized (Gram-Schmidt, hooks/low_rank.h); P = M Q; all-reduce
 // [uncompressed | P] (sum); orthogonalize P; Q = M^T P; all-reduce Q, divide by the group size;
-// result P Q^T (uncompressed: sum / size). The first `start_iter` steps of each bucket are
-// torch's allreduce_hook (divide, then sum). The first Q (and every Q without warm start) is
-// uniform in [-1, 1) from a counter-based generator of (random_seed, bucket, draw), the same on
-// every rank and every platform.
+// result P Q^T (uncompressed: sum / size). The first `start_iter` steps are torch's
+// allreduce_hook (divide, then sum). The first Q (and every Q without warm start) is uniform in
+// [-1, 1) from a counter-based generator of (random_seed, bucket, draw), the same on every rank
+// and every platform; draws are numbered hook-wide in Run order (torch: one state.rng draw per
+// fill).
 //
 //   PowerSGDOptions o;  o.rank = 4;  o.start_iter = 10;  o.rows = {768, 1, 3072, ...};
 //   ASSIGN_OR_RETURN(auto hook, MakePowerSGDHook(o));
@@ -18,8 +19,13 @@
 // Q all-reduce, which depends on it, runs on a group of the hook's own (split at Attach) and is
 // issued in the same bucket order through a cursor: bucket b's Q waits for every earlier
 // bucket's Q to be issued, whatever order the P all-reduces complete in.
-// State (error, Q, step counts) per bucket survives steps; a re-plan drops it (OnReplan);
-// SaveState / LoadState carry it through checkpoints (per rank, the same group size).
+// State: the step count (torch's state.iter: steps run, advanced at the step's last bucket)
+// and the draws' count are hook-wide and survive re-plans, as torch's survive its bucket
+// rebuild; the error feedback and warm-start Q are per bucket and a re-plan that changes the
+// buckets drops them (OnReplan; torch keys them by bucket index and its one rebuild comes
+// before start_powerSGD_iter >= 2, when they are still empty). So a re-plan inside the warm-up
+// changes nothing; after it, the next step compresses with zero error and a fresh Q.
+// SaveState / LoadState carry all of it through checkpoints (per rank, the same group size).
 // f32 buckets; host memory; one reducer per hook instance.
 #ifndef BRAID_SCHEDULER_HOOKS_POWERSGD_H_
 #define BRAID_SCHEDULER_HOOKS_POWERSGD_H_
@@ -49,8 +55,9 @@ struct PowerSGDOptions {
 // InvalidArgument for rank < 1, start_iter < 0, min_compression_rate <= 0, epsilon < 0.
 absl::StatusOr<std::shared_ptr<CommHook>> MakePowerSGDHook(const PowerSGDOptions& opts);
 
-// The k-th value (k >= 0) of the initial-Q stream of (seed, bucket, init): what the hook fills
-// Q with, exposed so that references (tests, the torch comparison) can reproduce it.
+// The k-th value (k >= 0) of the initial-Q stream of (seed, bucket, init = the hook-wide draw
+// number): what the hook fills Q with, exposed so that references (tests, the torch
+// comparison) can reproduce it.
 float PowerSGDInitValue(uint64_t seed, int bucket, int init, uint64_t k);
 
 }  // namespace braid::sched

@@ -57,9 +57,29 @@ def _braid_randn(*shape, **kw):
     if getattr(_tls, "seed", None) is None or "generator" in kw:
         return _real_randn(*shape, **kw)
     n = int(np.prod(shape))
-    vals = [_init_value(_tls.seed, _tls.bucket, 0, _tls.k + i) for i in range(n)]
+    vals = [_init_value(_tls.seed, _tls.bucket, _tls.init, _tls.k + i) for i in range(n)]
     _tls.k += n
     return torch.tensor(vals, dtype=torch.float32).view(*shape)
+
+
+def braid_draws(seed):
+    """torch's powerSGD_hook drawing Braid's first Q values: per fill, the hook-wide draw number
+    Braid gives it (one per fill in hook call order, torch's one state.rng draw per fill), the
+    bucket index and the element index. Install torch.randn = _braid_randn around the run."""
+    draws = {}  # id(state) -> fills so far (one state per rank)
+
+    def hook(st, bucket):
+        fill = st.iter >= st.start_powerSGD_iter and (
+            not st.warm_start or bucket.index() not in st.p_memory_dict)
+        _tls.seed, _tls.bucket, _tls.k = seed, bucket.index(), 0
+        _tls.init = draws.get(id(st), 0)
+        if fill:
+            draws[id(st)] = _tls.init + 1
+        try:
+            return powersgd.powerSGD_hook(st, bucket)
+        finally:
+            _tls.seed = None
+    return hook
 
 
 def _train(r, wrap, register):
@@ -85,13 +105,7 @@ class PowerSGDTest(unittest.TestCase):
             return powersgd.PowerSGDState(process_group=group, matrix_approximation_rank=rank,
                                           start_powerSGD_iter=START, random_seed=5)
         seed = int(state().rng.randint(1 << 31))  # the draw Braid's mapping makes
-
-        def torch_hook(st, bucket):
-            _tls.seed, _tls.bucket, _tls.k = seed, bucket.index(), 0
-            try:
-                return powersgd.powerSGD_hook(st, bucket)
-            finally:
-                _tls.seed = None
+        torch_hook = braid_draws(seed)
 
         pgs = _keep(TorchGroups("powersgd_r%d" % rank))
         torch.randn = _braid_randn

@@ -85,12 +85,9 @@ def _register(ddp, state, hook):
         params["param_rows"] = [p.shape[0] if p.dim() > 0 else 1 for p in ddp._params]
     ddp.reducer.set_comm_hook(resolved.name, resolved.replica_only, **params)
     ddp._comm_hook = resolved
-    if ddp._rebuild_by_policy:
-        # Braid's built-in hooks keep state per bucket (step counts, error feedback, warm-start
-        # Q) that a bucket rebuild drops; torch's rebuild policy (rebuild_bucket_order=None)
-        # would drop it after the first synced backward, where torch's own hooks count steps
-        # across the rebuild. Keep the buckets: same results, torch's, without the rebuild.
-        ddp._rebuild = ddp._rebuild_due = False
+    # torch's rebuild policy (rebuild_bucket_order=None) still runs: the built-in hooks count
+    # steps hook-wide across a re-plan and drop only bucket-shaped state (error feedback,
+    # warm-start Q), as torch's hooks do across torch's rebuild (scheduler/comm_hook.h).
 
 
 def comm_hook_state_dict(ddp):
