@@ -60,7 +60,9 @@ absl::StatusOr<OwnedBuffer> BufferPool::Acquire(size_t bytes, absl::Duration tim
       return out;
     }
     const bool over = OverLimitLocked(bytes);
-    if (over && !free_.empty()) {
+    // A buffer of this size on its way back is reused (below: the wait) rather than freeing
+    // others to allocate one more.
+    if (over && !ReturningLocked(bytes) && !free_.empty()) {
       // None of `bytes` is free: free buffers of other sizes make room before the pool grows
       // past its limit or waits. Freed outside the lock (MemoryStats counts them freed), then
       // everything is looked at again.
@@ -108,6 +110,7 @@ bool BufferPool::Fits(size_t bytes) const {
     if (e.key == bytes) return true;
     evictable += static_cast<int64_t>(e.key);
   }
+  if (ReturningLocked(bytes)) return false;  // Acquire waits for it
   return held_ - evictable + static_cast<int64_t>(bytes) <= options_.limit_bytes;
 }
 
@@ -118,7 +121,7 @@ OwnedBuffer BufferPool::Take(size_t bytes) {
 
 void BufferPool::Give(OwnedBuffer buffer, size_t bytes, bool returning) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (returning) --returning_;
+  if (returning) StopReturningLocked(bytes);
   if (buffer) {
     free_bytes_ += static_cast<int64_t>(buffer.bytes());
     free_.push_back(Entry{bytes, std::move(buffer)});
@@ -126,17 +129,40 @@ void BufferPool::Give(OwnedBuffer buffer, size_t bytes, bool returning) {
   if (waiters_ > 0) cv_.notify_all();
 }
 
-void BufferPool::StartReturning(int n) {
-  if (n == 0) return;
+void BufferPool::StartReturning(size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  returning_ += n;
+  ++returning_;
+  for (auto& [key, n] : returning_by_size_) {
+    if (key == bytes) {
+      ++n;
+      return;
+    }
+  }
+  // A few sizes (one per bucket size): after the first steps this never allocates.
+  returning_by_size_.emplace_back(bytes, 1);
 }
 
-void BufferPool::EndReturning(int n) {
-  if (n == 0) return;
+void BufferPool::EndReturning(size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  returning_ -= n;
+  StopReturningLocked(bytes);
   if (waiters_ > 0) cv_.notify_all();
+}
+
+void BufferPool::StopReturningLocked(size_t bytes) {
+  for (auto& [key, n] : returning_by_size_) {
+    if (key == bytes && n > 0) {
+      --n;
+      --returning_;
+      return;
+    }
+  }
+}
+
+bool BufferPool::ReturningLocked(size_t bytes) const {
+  for (const auto& [key, n] : returning_by_size_) {
+    if (key == bytes) return n > 0;
+  }
+  return false;
 }
 
 int64_t BufferPool::free_bytes() const {

@@ -14,12 +14,13 @@
 // group's and a shard group's), and a buffer moving between them would need an event
 // hand-over; the gatherer and reducer refuse a shared pool on device groups.
 // Limit (backpressure): held_bytes() counts every buffer allocated through Acquire, in use or
-// free. Where a new one would take it past Options::limit_bytes, Acquire first frees free
-// buffers of other sizes (to their allocator; MemoryStats counts them freed), the smallest that
-// makes room else the largest, one at a time, until the new one fits or none is left (two users
-// of sizes that do not fit together then reallocate in turn: the limit holds). Still over, it
-// waits for a buffer to come back, but only while some buffer is *returning*: storage of a
-// reduction already launched (StartReturning), which comes back without any waiting thread's help.
+// free. Where a new one would take it past Options::limit_bytes, Acquire waits for a buffer of
+// the same size that is *returning* (storage of a reduction already launched, StartReturning,
+// which comes back without any waiting thread's help): reusing it costs no allocation. With none
+// of that size returning, it frees free buffers of other sizes (to their allocator; MemoryStats
+// counts them freed), the smallest that makes room else the largest, one at a time, until the
+// new one fits or none is left (two users of sizes that do not fit together then reallocate in
+// turn: the limit holds). Still over, it waits while any buffer is returning.
 // Reductions launch in bucket order on every rank, so the earliest one in flight anywhere was
 // launched everywhere and completes: no wait can close a cycle. With nothing returning the pool
 // grows past the limit (counted in MemoryStats, pool_over_limit) rather than wait for what may
@@ -61,19 +62,19 @@ class BufferPool {
   absl::StatusOr<OwnedBuffer> Acquire(size_t bytes, absl::Duration timeout);
   void Unhold(size_t bytes);
   // Whether Acquire(bytes) would return at once without passing the limit, freeing free
-  // buffers of other sizes if need be (a prefetch asks before it commits; the answer may be
-  // stale by the time it acquires).
+  // buffers of other sizes if need be; false while it would wait for a returning buffer of that
+  // size (a prefetch asks before it commits; the answer may be stale by the time it acquires).
   bool Fits(size_t bytes) const;
   // A free buffer allocated for exactly `bytes`, or an empty one (never waits, never counts).
   OwnedBuffer Take(size_t bytes);
   // Gives back a buffer allocated for `bytes` (its user is done with it, on the host);
   // `returning`: it was one of the buffers counted by StartReturning.
   void Give(OwnedBuffer buffer, size_t bytes, bool returning = false);
-  // `n` buffers in use will come back without a waiting thread's help (a launched reduction's
-  // storage); each ends with Give(..., true) or, when it will not come back (its reduction
-  // failed and keeps it), EndReturning.
-  void StartReturning(int n);
-  void EndReturning(int n);
+  // A buffer in use, allocated for `bytes`, will come back without a waiting thread's help (a
+  // launched reduction's storage); it ends with Give(..., bytes, true) or, when it will not come
+  // back (its reduction failed and keeps it), EndReturning(bytes).
+  void StartReturning(size_t bytes);
+  void EndReturning(size_t bytes);
 
   int64_t free_bytes() const;
   int64_t held_bytes() const;       // every buffer Acquire let a caller allocate, in use or free
@@ -98,6 +99,8 @@ class BufferPool {
   // Removes one free buffer (of another size than `bytes`, none of which is free) from the pool
   // and its held bytes; the caller frees it. Empty when nothing is free.
   OwnedBuffer EvictLocked(size_t bytes);
+  void StopReturningLocked(size_t bytes);
+  bool ReturningLocked(size_t bytes) const;  // a buffer of exactly `bytes` is returning
 
   const Options options_;
   mutable std::mutex mu_;
@@ -106,6 +109,7 @@ class BufferPool {
   int64_t free_bytes_ = 0;
   int64_t held_ = 0, peak_held_ = 0;
   int returning_ = 0;  // buffers in use that come back on their own
+  std::vector<std::pair<size_t, int>> returning_by_size_;  // of those: count per size
   int waiters_ = 0;
 };
 

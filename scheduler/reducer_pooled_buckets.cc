@@ -138,15 +138,18 @@ void PooledBuckets::Give(OwnedBuffer buffer, size_t bytes) {
 }
 
 void PooledBuckets::EndReturningLocked(Storage& s) {
-  pool_->EndReturning(s.returning);
-  s.returning = 0;
+  if (s.data_returning) pool_->EndReturning(s.data_key);
+  if (s.staging_returning) pool_->EndReturning(s.staging_key);
+  s.data_returning = s.staging_returning = false;
 }
 
 void PooledBuckets::Launched(int b) {
   Storage& s = *buckets_[b];
   std::lock_guard<std::mutex> lock(s.mu);
-  s.returning = (s.data ? 1 : 0) + (s.staging ? 1 : 0);
-  pool_->StartReturning(s.returning);
+  s.data_returning = static_cast<bool>(s.data);
+  s.staging_returning = static_cast<bool>(s.staging);
+  if (s.data_returning) pool_->StartReturning(s.data_key);
+  if (s.staging_returning) pool_->StartReturning(s.staging_key);
 }
 
 void PooledBuckets::Settled(int b) {
@@ -207,15 +210,17 @@ char* PooledBuckets::ReplicaBuffer(int b) const {
 void PooledBuckets::Release(int b) {
   Storage& s = *buckets_[b];
   std::lock_guard<std::mutex> lock(s.mu);
-  const Bucket& bk = plan_->buckets()[b];
-  for (auto [buffer, bytes] :
-       {std::pair<OwnedBuffer*, size_t>{&s.staging, bk.padded_count * DTypeSize(DType::kF32)},
-        {&s.data, bk.bytes()}}) {
-    if (!*buffer) continue;
-    const bool returning = s.returning > 0;  // a launched bucket's: its waiters are told
-    if (returning) --s.returning;
-    pool_->Give(std::move(*buffer), AlignedStorageBytes(bytes), returning);
-    buffer->Reset();
+  struct Held {
+    OwnedBuffer* buffer;
+    size_t key;
+    bool* returning;  // a launched bucket's: its waiters are told
+  };
+  for (Held h : {Held{&s.staging, s.staging_key, &s.staging_returning},
+                 Held{&s.data, s.data_key, &s.data_returning}}) {
+    if (!*h.buffer) continue;
+    pool_->Give(std::move(*h.buffer), h.key, *h.returning);
+    *h.returning = false;
+    h.buffer->Reset();
   }
   EndReturningLocked(s);
 }

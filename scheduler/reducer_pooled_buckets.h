@@ -76,13 +76,14 @@ class PooledBuckets final : public BucketStorage {
     size_t offset, count;  // elements
   };
   struct Storage {
-    std::vector<Gap> gaps;                 // what no parameter's slot covers (Allocate)
-    std::mutex mu;                         // serializes taking and giving back data / staging
-    OwnedBuffer data;                      // from the pool while the bucket is filled and reduced
-    OwnedBuffer staging;                   // from the pool while a widened bucket is reduced
-    OwnedBuffer kept;                      // this rank's reduced shard (shard_count, bucket dtype)
-    OwnedBuffer reduced;                   // hybrid with f32 staging: the f32 shard
-    int returning = 0;                     // of data / staging: counted as coming back (BufferPool)
+    std::vector<Gap> gaps;        // what no parameter's slot covers (Allocate)
+    std::mutex mu;                // serializes taking and giving back data / staging
+    OwnedBuffer data;             // from the pool while the bucket is filled and reduced
+    OwnedBuffer staging;          // from the pool while a widened bucket is reduced
+    OwnedBuffer kept;             // this rank's reduced shard (shard_count, bucket dtype)
+    OwnedBuffer reduced;          // hybrid with f32 staging: the f32 shard
+    bool data_returning = false;  // counted as coming back (BufferPool), each
+    bool staging_returning = false;
     size_t data_key = 0, staging_key = 0;  // their pool keys (aligned bytes), set at Take
   };
   void EndReturningLocked(Storage& s);

@@ -6,8 +6,10 @@
 // reducer's timeout fails the mark, naming the bucket and pool_limit_bytes; a limit below one
 // bucket's storage is refused at Create. At the limit, free buffers of other sizes are freed
 // to make room; a reducer destroyed holding storage leaves a shared pool's count.
+#include <chrono>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "backends/local/local_backend.h"
@@ -195,7 +197,7 @@ TEST(PoolLimit, AWaitPastTheTimeoutNamesTheBucketAndTheLimit) {
 
 // Acquire at the limit with no free buffer of the size wanted but free ones of other sizes:
 // those are freed (the smallest that makes room) instead of the pool growing past its limit,
-// and instead of waiting for a returning buffer; MemoryStats counts them freed.
+// and instead of waiting for a returning buffer of another size; MemoryStats counts them freed.
 TEST(PoolLimit, AtTheLimitFreeBuffersOfOtherSizesMakeRoom) {
   constexpr size_t kA = 4096, kB = 8192, kC = 6144;
   MemoryStats memory;
@@ -218,8 +220,8 @@ TEST(PoolLimit, AtTheLimitFreeBuffersOfOtherSizesMakeRoom) {
   ASSERT_EQ(pool.held_bytes(), static_cast<int64_t>(kA + kB));  // at the limit, all free
   ASSERT_EQ(allocated(), static_cast<int64_t>(kA + kB));
   EXPECT_TRUE(pool.Fits(kC));  // by freeing B
-  // A buffer in use elsewhere is returning: before, C waited for it (and timed out).
-  pool.StartReturning(1);
+  // A buffer of another size in use elsewhere is returning: not worth waiting for.
+  pool.StartReturning(kA + kB);
   OwnedBuffer c = take(kC);
   ASSERT_TRUE(c);
   EXPECT_EQ(pool.held_bytes(), static_cast<int64_t>(kA + kC));  // B freed, A kept
@@ -229,7 +231,7 @@ TEST(PoolLimit, AtTheLimitFreeBuffersOfOtherSizesMakeRoom) {
   EXPECT_EQ(snap.pool_over_limit, 0);
   EXPECT_EQ(snap.pool_waits, 0);
   EXPECT_LE(pool.peak_held_bytes(), static_cast<int64_t>(kA + kB));
-  pool.EndReturning(1);
+  pool.EndReturning(kA + kB);
   // A is still pooled: taken without an allocation.
   const int64_t before = memory.Snapshot().allocations;
   absl::StatusOr<OwnedBuffer> again = pool.Acquire(kA, absl::Milliseconds(300));
@@ -312,6 +314,44 @@ TEST(PoolLimit, ALimitBelowOneBucketIsRefused) {
     ExpectError(GradientReducer::Create(Params(), {&world, nullptr}, full).status(),
                 absl::StatusCode::kInvalidArgument, {"pool_limit_bytes", "shard_gradients"});
   });
+}
+
+// At the limit, a returning buffer of the size wanted (a launched reduction's storage) is
+// waited for and reused instead of freeing free buffers of other sizes to allocate one more:
+// no allocation, the other sizes stay pooled; Fits says so (a prefetch is deferred).
+TEST(PoolLimit, AReturningBufferOfTheSizeIsReusedNotReallocated) {
+  constexpr size_t kA = 4096, kB = 8192;
+  MemoryStats memory;
+  BufferPool pool(BufferPool::Options{static_cast<int64_t>(kA + kB), &memory});
+  const auto acquire = [&](size_t bytes) {  // the pool's buffer, or a new one it counted
+    absl::StatusOr<OwnedBuffer> got = pool.Acquire(bytes, absl::Seconds(5));
+    EXPECT_TRUE(got.ok()) << got.status();
+    if (!got.ok() || *got) return got.ok() ? *std::move(got) : OwnedBuffer();
+    absl::StatusOr<OwnedBuffer> fresh =
+        CountedAllocate(&memory, HostBufferOps(), bytes, MemoryUse::kGradBuckets, "test");
+    EXPECT_TRUE(fresh.ok()) << fresh.status();
+    return fresh.ok() ? *std::move(fresh) : OwnedBuffer();
+  };
+  OwnedBuffer a = acquire(kA), b = acquire(kB);
+  ASSERT_TRUE(a && b);
+  char* const a_at = a.get();
+  pool.Give(std::move(b), kB);  // free, evictable
+  pool.StartReturning(kA);      // `a` comes back on its own
+  EXPECT_FALSE(pool.Fits(kA));  // would wait for `a`, not free B
+  const int64_t allocations = memory.Snapshot().allocations;
+  std::thread back([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    pool.Give(std::move(a), kA, /*returning=*/true);
+  });
+  absl::StatusOr<OwnedBuffer> got = pool.Acquire(kA, absl::Seconds(5));
+  back.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->get(), a_at);  // the returned buffer itself
+  EXPECT_EQ(memory.Snapshot().allocations, allocations);
+  EXPECT_EQ(pool.free_bytes(), static_cast<int64_t>(kB));  // B was not freed
+  EXPECT_EQ(pool.held_bytes(), static_cast<int64_t>(kA + kB));
+  EXPECT_EQ(memory.Snapshot().pool_over_limit, 0);
+  EXPECT_EQ(memory.Snapshot().pool_waits, 1);
 }
 
 }  // namespace
