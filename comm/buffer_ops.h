@@ -101,7 +101,9 @@ class BufferOps {
 };
 
 // Host memory, done on the calling thread (std::memset / std::memcpy / CastScale /
-// ReduceInto). Stateless: one instance serves every CPU group.
+// ReduceInto). Stateless: one instance serves every CPU group. Buffers of 4 MiB and more start
+// on a 2 MiB boundary and are advised to transparent huge pages (MADV_HUGEPAGE; no size
+// rounding); BRAID_HOST_HUGE_PAGES=0 in the environment turns that off.
 BufferOps& HostBufferOps();
 
 }  // namespace braid
