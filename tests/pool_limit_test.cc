@@ -195,6 +195,18 @@ TEST(PoolLimit, AWaitPastTheTimeoutNamesTheBucketAndTheLimit) {
   });
 }
 
+// The pool's free buffer of `bytes`, or a new one the pool counted (allocated here, as its
+// users do), waiting up to 5 s.
+OwnedBuffer Acquire(BufferPool& pool, MemoryStats& memory, size_t bytes) {
+  absl::StatusOr<OwnedBuffer> got = pool.Acquire(bytes, absl::Seconds(5));
+  EXPECT_TRUE(got.ok()) << got.status();
+  if (!got.ok() || *got) return got.ok() ? *std::move(got) : OwnedBuffer();
+  absl::StatusOr<OwnedBuffer> fresh =
+      CountedAllocate(&memory, HostBufferOps(), bytes, MemoryUse::kGradBuckets, "test");
+  EXPECT_TRUE(fresh.ok()) << fresh.status();
+  return fresh.ok() ? *std::move(fresh) : OwnedBuffer();
+}
+
 // Acquire at the limit with no free buffer of the size wanted but free ones of other sizes:
 // those are freed (the smallest that makes room) instead of the pool growing past its limit,
 // and instead of waiting for a returning buffer of another size; MemoryStats counts them freed.
@@ -202,19 +214,10 @@ TEST(PoolLimit, AtTheLimitFreeBuffersOfOtherSizesMakeRoom) {
   constexpr size_t kA = 4096, kB = 8192, kC = 6144;
   MemoryStats memory;
   BufferPool pool(BufferPool::Options{static_cast<int64_t>(kA + kB), &memory});
-  const auto take = [&](size_t bytes) {
-    absl::StatusOr<OwnedBuffer> got = pool.Acquire(bytes, absl::Milliseconds(300));
-    EXPECT_TRUE(got.ok()) << got.status();
-    if (!got.ok() || *got) return got.ok() ? *std::move(got) : OwnedBuffer();
-    absl::StatusOr<OwnedBuffer> fresh =
-        CountedAllocate(&memory, HostBufferOps(), bytes, MemoryUse::kGradBuckets, "test");
-    EXPECT_TRUE(fresh.ok()) << fresh.status();
-    return fresh.ok() ? *std::move(fresh) : OwnedBuffer();
-  };
   const auto allocated = [&] {
     return memory.Snapshot().by_use[static_cast<int>(MemoryUse::kGradBuckets)].current;
   };
-  OwnedBuffer a = take(kA), b = take(kB);
+  OwnedBuffer a = Acquire(pool, memory, kA), b = Acquire(pool, memory, kB);
   pool.Give(std::move(a), kA);
   pool.Give(std::move(b), kB);
   ASSERT_EQ(pool.held_bytes(), static_cast<int64_t>(kA + kB));  // at the limit, all free
@@ -222,7 +225,7 @@ TEST(PoolLimit, AtTheLimitFreeBuffersOfOtherSizesMakeRoom) {
   EXPECT_TRUE(pool.Fits(kC));  // by freeing B
   // A buffer of another size in use elsewhere is returning: not worth waiting for.
   pool.StartReturning(kA + kB);
-  OwnedBuffer c = take(kC);
+  OwnedBuffer c = Acquire(pool, memory, kC);
   ASSERT_TRUE(c);
   EXPECT_EQ(pool.held_bytes(), static_cast<int64_t>(kA + kC));  // B freed, A kept
   EXPECT_EQ(pool.free_bytes(), static_cast<int64_t>(kA));
@@ -240,7 +243,7 @@ TEST(PoolLimit, AtTheLimitFreeBuffersOfOtherSizesMakeRoom) {
   EXPECT_EQ(memory.Snapshot().allocations, before);
   // Nothing free and nothing returning: growing past the limit is still what happens.
   EXPECT_FALSE(pool.Fits(kB));
-  OwnedBuffer b2 = take(kB);
+  OwnedBuffer b2 = Acquire(pool, memory, kB);
   EXPECT_EQ(memory.Snapshot().pool_over_limit, 1);
   EXPECT_EQ(pool.held_bytes(), static_cast<int64_t>(kA + kB + kC));
 }
@@ -323,16 +326,7 @@ TEST(PoolLimit, AReturningBufferOfTheSizeIsReusedNotReallocated) {
   constexpr size_t kA = 4096, kB = 8192;
   MemoryStats memory;
   BufferPool pool(BufferPool::Options{static_cast<int64_t>(kA + kB), &memory});
-  const auto acquire = [&](size_t bytes) {  // the pool's buffer, or a new one it counted
-    absl::StatusOr<OwnedBuffer> got = pool.Acquire(bytes, absl::Seconds(5));
-    EXPECT_TRUE(got.ok()) << got.status();
-    if (!got.ok() || *got) return got.ok() ? *std::move(got) : OwnedBuffer();
-    absl::StatusOr<OwnedBuffer> fresh =
-        CountedAllocate(&memory, HostBufferOps(), bytes, MemoryUse::kGradBuckets, "test");
-    EXPECT_TRUE(fresh.ok()) << fresh.status();
-    return fresh.ok() ? *std::move(fresh) : OwnedBuffer();
-  };
-  OwnedBuffer a = acquire(kA), b = acquire(kB);
+  OwnedBuffer a = Acquire(pool, memory, kA), b = Acquire(pool, memory, kB);
   ASSERT_TRUE(a && b);
   char* const a_at = a.get();
   pool.Give(std::move(b), kB);  // free, evictable

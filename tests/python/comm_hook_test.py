@@ -36,19 +36,25 @@ def _batch(r, step):
     return torch.randn(5, 16, generator=g) * 10, torch.randn(5, 4, generator=g)
 
 
+def sgd_steps(model, net, batches, lr):
+    """SGD steps of `model` (wrapping `net`) with an MSE loss on each (x, y) of `batches`; each
+    step's gradients."""
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    seen = []
+    for x, y in batches:
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        seen.append([p.grad.clone() for p in net.parameters()])
+        opt.step()
+        opt.zero_grad()
+    return seen
+
+
 def _train(r, wrap, register):
     """SGD steps with the hook registered; each step's gradients, then the parameters."""
     net = Net()
     model = wrap(net)
     register(model)
-    opt = torch.optim.SGD(net.parameters(), lr=0.01)
-    seen = []
-    for step in range(STEPS):
-        x, y = _batch(r, step)
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        seen.append([p.grad.clone() for p in net.parameters()])
-        opt.step()
-        opt.zero_grad()
+    seen = sgd_steps(model, net, (_batch(r, step) for step in range(STEPS)), lr=0.01)
     if isinstance(model, bt.DistributedDataParallel):
         model.close()
     return seen, [p.detach().clone() for p in net.parameters()]

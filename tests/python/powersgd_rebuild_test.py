@@ -20,6 +20,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersg
 
 from braid import pytorch as bt
 from rank_threads import INIT_LOCK, run_ranks
+from comm_hook_test import sgd_steps
 from powersgd_test import _keep, _braid_randn, _real_randn, braid_draws
 from torch_idioms_ddp_test import TorchGroups
 
@@ -57,14 +58,7 @@ def _batch(r, step):
 
 def _train(r, model, net):
     """SGD steps; each step's gradients, then the parameters after the last step."""
-    opt = torch.optim.SGD(net.parameters(), lr=0.05)
-    seen = []
-    for step in range(STEPS):
-        x, y = _batch(r, step)
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        seen.append([p.grad.clone() for p in net.parameters()])
-        opt.step()
-        opt.zero_grad()
+    seen = sgd_steps(model, net, (_batch(r, step) for step in range(STEPS)), lr=0.05)
     return seen, [p.detach().clone() for p in net.parameters()]
 
 

@@ -17,7 +17,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersg
 from braid import comm_hooks
 from braid import pytorch as bt
 from rank_threads import run_ranks
-from comm_hook_test import N, Net, _batch
+from comm_hook_test import N, Net, _batch, sgd_steps
 from torch_idioms_ddp_test import TorchGroups
 
 STEPS = 6
@@ -86,14 +86,7 @@ def _train(r, wrap, register):
     net = Net()
     model = wrap(net)
     register(model)
-    opt = torch.optim.SGD(net.parameters(), lr=0.01)
-    seen = []
-    for step in range(STEPS):
-        x, y = _batch(r, step)
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        seen.append([p.grad.clone() for p in net.parameters()])
-        opt.step()
-        opt.zero_grad()
+    seen = sgd_steps(model, net, (_batch(r, step) for step in range(STEPS)), lr=0.01)
     if isinstance(model, bt.DistributedDataParallel):
         model.close()
     return seen

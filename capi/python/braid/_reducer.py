@@ -9,6 +9,7 @@ gradients live in the reducer's buckets (grad(pid) gives their address) until cl
 """
 
 import ctypes
+import re
 
 from . import _lib, _timeline
 from ._handles import MODES, SYNC_MODES, _Handle, _out, buffer_info, dtype_code, dtype_size
@@ -94,8 +95,20 @@ class Reducer(_Handle):
             slot.id, slot.count, slot.dtype, slot.name = pid, count, dtype_code(dtype), names[-1]
             self._specs[pid] = (count, slot.dtype)
         out = _out()
-        _lib.call("braid_reducer_create", shard.handle, replica.handle if replica else None,
-                  array, len(params), ctypes.byref(opts), ctypes.byref(out))
+        try:
+            _lib.call("braid_reducer_create", shard.handle, replica.handle if replica else None,
+                      array, len(params), ctypes.byref(opts), ctypes.byref(out))
+        except _lib.BraidError as e:
+            # The engine names braid.h's fields; say which argument here each one was.
+            said = ["%s is this call's %s=%r" % (c, py, v) for c, py, v in (
+                ("first_bucket_cap_bytes", "first_bucket_cap_mb", first_bucket_cap_mb),
+                ("bucket_cap_bytes", "bucket_cap_mb", bucket_cap_mb),
+                ("credit_bytes", "credit_mb", credit_mb),
+                ("pool_limit_bytes", "pool_limit_mb", pool_limit_mb))
+                if re.search(r"\b%s\b" % c, e.message)]
+            if not said:
+                raise
+            raise _lib.BraidError(e.status, "%s (%s)" % (e.message, "; ".join(said))) from None
         self.shard_group, self.replica_group = shard, replica
         self.device = device  # None (host memory) or the CUDA device index
         super().__init__(out.value, shard._world)
