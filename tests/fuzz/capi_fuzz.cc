@@ -306,6 +306,7 @@ class Session {
         if ((b >> 4) % 8 == 0) o.reduce_dtype = in_.Byte() % 6 - 1;
         if ((b >> 4) % 8 == 1) FuzzSize(padded);
         if ((b >> 4) % 8 == 2) o.device = in_.Byte() % 3 - 1;
+        if ((b >> 4) % 8 == 3) o.shard_gradients = 1;  // pooled storage: grad_slot, marks
         const braid_reducer_options_t* opts = in_.Byte() % 8 == 0 ? nullptr : &o;
         st = braid_reducer_create(
             static_cast<braid_group_t*>(shard), static_cast<braid_group_t*>(replica),
