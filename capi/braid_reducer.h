@@ -404,8 +404,11 @@ BRAID_API braid_status_t braid_reducer_set_comm_hook(braid_reducer_t* reducer,
  * state: FAILED_PRECONDITION naming what differs (the state follows each rank's elements and
  * cannot be resharded: after a world size change load the checkpoint without it, and the hook
  * restarts its warm-up: PowerSGD's start_powerSGD_iter uncompressed steps, int8 with no error
- * feedback). size 0 clears the state. A bucket plan changed since the save fails that bucket's
- * next backward by name. FAILED_PRECONDITION inside a backward. */
+ * feedback). size 0 clears the state. The state records its bucket layout: per-bucket state
+ * saved in another layout is never applied to these buckets; it waits for the re-plan after
+ * the next step (torch's rebuild) and is installed if that yields its layout, else dropped;
+ * the step counts load in any case (scheduler/comm_hook.h). A state of an older format
+ * version: INVALID_ARGUMENT naming it. FAILED_PRECONDITION inside a backward. */
 BRAID_API braid_status_t braid_reducer_comm_hook_state(braid_reducer_t* reducer, void* data,
                                                        size_t capacity, size_t* size);
 BRAID_API braid_status_t braid_reducer_comm_hook_load_state(braid_reducer_t* reducer,

@@ -19,14 +19,17 @@
 // error, a failed work, or a result of the wrong size or dtype fails the bucket with an error
 // naming the bucket and the hook. Per-bucket state (error feedback, warm starts) lives in the
 // hook, keyed by (bucket, stage); bucket indices and sizes change only with a re-plan, which
-// calls OnReplan. What counts steps is hook-wide, as torch's PowerSGDState.iter (advanced at
-// the bucket with is_last()): CommBucket::last marks a step's last bucket, and a re-plan keeps
-// the count (torch's bucket rebuild does not reset its hooks' step counts either).
-// Host memory only (device reducers refuse a hook). A hook bypasses the OpScheduler.
+// calls OnReplan with the new layout's fingerprint (BucketPlan::Fingerprint(); CommAttach
+// carries the layout's at registration), so a hook knows which layout its records follow. What
+// counts steps is hook-wide, as torch's PowerSGDState.iter (advanced at the bucket with is_last()):
+// CommBucket::last marks a step's last bucket, and a re-plan keeps the count (torch's bucket
+// rebuild does not reset its hooks' step counts either). Host memory only (device reducers refuse a
+// hook). A hook bypasses the OpScheduler.
 #ifndef BRAID_SCHEDULER_COMM_HOOK_H_
 #define BRAID_SCHEDULER_COMM_HOOK_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -78,6 +81,9 @@ struct CommAttach {
   Group* group = nullptr;  // the reducer's shard group (the all-reduce group in all-reduce mode)
   const std::vector<ParamSpec>* params = nullptr;  // the reducer's, in registration order
   absl::Duration timeout;
+  // The bucket layout now (BucketPlan::Fingerprint()): what per-bucket state is saved under,
+  // and what a loaded state's layout is compared with. Later layouts come with OnReplan.
+  uint64_t plan_fingerprint = 0;
 };
 
 struct CommResult {
@@ -103,13 +109,24 @@ class CommHook {
   // state that follows elements (error feedback, warm-start Q); keep what is hook-wide (step
   // counts, the random draws' position), as torch's hooks do across torch's rebuild. Called
   // between backwards with no Run in flight, and only when the bucket layout changed (a rebuild
-  // that yields the same buckets keeps the state).
-  virtual void OnReplan() {}
+  // that yields the same buckets keeps the state); `plan_fingerprint` is the new layout's.
+  virtual void OnReplan(uint64_t plan_fingerprint) {}
   // Checkpoints (scheduler/hooks/hook_state.h), between backwards with no Run in flight: this
   // rank's state as bytes ("" for a stateless hook), and those bytes loaded back into a hook
   // attached with the same options, so that the next steps are those of an uninterrupted run.
   // LoadState refuses another hook's, group size's or rank's state by name; an empty string
   // clears the state (the hook starts afresh).
+  // BUCKET LAYOUT: the bytes record the layout's fingerprint the per-bucket records were saved
+  // under. Hook-wide state (step and draw counts) loads whatever the layout. Per-bucket records
+  // of the current layout load (the next Run of each bucket takes its record); those of another
+  // layout are never applied to the current buckets: they wait, PENDING, for at most one step
+  // run in the current layout. The re-plan after it installs them if it produces the saved
+  // layout (a resume under torch's rebuild policy: the first step runs in the registration-order
+  // layout, the one-time rebuild then moves to the layout the state was saved in); a re-plan to
+  // any other layout drops them, and so does the first Run of a second step without a re-plan
+  // (a rebuild that kept the buckets, or none). Meanwhile the buckets run without per-bucket
+  // state, as after a re-plan. SaveState while records are pending saves those, under their
+  // layout (a checkpoint taken right after a load keeps them), not the current layout's.
   virtual absl::StatusOr<std::string> SaveState() const { return std::string(); }
   virtual absl::Status LoadState(absl::string_view bytes) {
     if (bytes.empty()) return absl::OkStatus();

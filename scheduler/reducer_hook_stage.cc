@@ -88,7 +88,8 @@ absl::Status GradientReducer::SetCommHook(std::shared_ptr<CommHook> hook) {
     }
   }
   if (hook != nullptr) {
-    RETURN_IF_ERROR(hook->Attach(CommAttach{groups_.shard, &plan_.params(), config_.timeout}));
+    RETURN_IF_ERROR(hook->Attach(
+        CommAttach{groups_.shard, &plan_.params(), config_.timeout, plan_.Fingerprint()}));
   }
   stages_->SetCommHook(std::move(hook));
   return absl::OkStatus();

@@ -73,7 +73,7 @@ void ReducerStages::CallbackAnchor::Release(CallbackAnchor* anchor) {
 void ReducerStages::Reset(BucketStorage& storage, bool layout_changed) {
   storage_ = &storage;
   buckets_.clear();
-  if (hook_ && layout_changed) hook_->OnReplan();  // per-bucket state no longer matches
+  if (hook_ && layout_changed) hook_->OnReplan(plan_.Fingerprint());  // its buckets moved
   for (size_t b = 0; b < plan_.buckets().size(); ++b) {
     auto s = std::make_unique<ReducerBucketState>();
     s->label = absl::StrCat("bucket ", b);

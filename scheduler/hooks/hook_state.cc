@@ -9,16 +9,19 @@
 namespace braid::sched {
 namespace {
 constexpr char kMagic[4] = {'B', 'R', 'H', 'S'};
-constexpr int64_t kVersion = 1;
+// 2: the bucket layout's fingerprint after the rank (0.11; 1 lacked it and is refused).
+constexpr int64_t kVersion = 2;
 }  // namespace
 
-HookStateWriter::HookStateWriter(absl::string_view hook, int group_size, int rank) {
+HookStateWriter::HookStateWriter(absl::string_view hook, int group_size, int rank,
+                                 uint64_t layout) {
   Raw(kMagic, sizeof kMagic);
   Int(kVersion);
   Int(static_cast<int64_t>(hook.size()));
   Raw(hook.data(), hook.size());
   Int(group_size);
   Int(rank);
+  Int(static_cast<int64_t>(layout));
 }
 
 void HookStateWriter::Int(int64_t v) { Raw(&v, sizeof v); }
@@ -65,8 +68,12 @@ absl::StatusOr<HookStateReader> HookStateReader::Open(absl::string_view bytes,
   }
   ASSIGN_OR_RETURN(int64_t version, r.Int());
   if (version != kVersion) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("comm hook state: version ", version, "; this Braid reads ", kVersion));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "comm hook state: version ", version, "; this Braid reads version ", kVersion,
+        version < kVersion ? " only (older states do not record the bucket layout their per-bucket "
+                             "records belong to: load the checkpoint without the hook state, and "
+                             "the hook restarts its warm-up)"
+                           : " only"));
   }
   ASSIGN_OR_RETURN(int64_t len, r.Int());
   if (len < 0 || static_cast<size_t>(len) > bytes.size() - r.at_) {
@@ -76,6 +83,8 @@ absl::StatusOr<HookStateReader> HookStateReader::Open(absl::string_view bytes,
   r.at_ += static_cast<size_t>(len);
   ASSIGN_OR_RETURN(int64_t size, r.Int());
   ASSIGN_OR_RETURN(int64_t saved_rank, r.Int());
+  ASSIGN_OR_RETURN(int64_t layout, r.Int());
+  r.layout_ = static_cast<uint64_t>(layout);
   if (name != hook) {
     return absl::FailedPreconditionError(absl::StrCat(
         "comm hook state: saved by the '", name, "' hook; this reducer's hook is '", hook, "'"));

@@ -36,23 +36,31 @@ class Int8Hook : public CommHook {
     return !opts_.replica_only || stage == CommStage::kReplicaAllReduce;
   }
 
-  void OnReplan() override {  // residuals follow elements: start afresh
+  // Residuals follow elements: start afresh, but install records pending for the layout
+  // `plan_fingerprint` (comm_hook.h).
+  void OnReplan(uint64_t plan_fingerprint) override {
     states_.clear();
     loaded_.clear();
+    layout_ = plan_fingerprint;
+    if (!pending_.empty() && pending_layout_ == layout_) loaded_ = std::move(pending_);
+    DropPending();
   }
 
   absl::Status Attach(const CommAttach& at) override {
     group_size_ = at.group->size();
     rank_ = at.group->rank();
+    layout_ = at.plan_fingerprint;
     return absl::OkStatus();
   }
 
-  // Per (bucket, stage): its key and residual (hooks/hook_state.h).
+  // Per (bucket, stage): its key and residual (hooks/hook_state.h), under the layout they
+  // follow: the pending records' while there are (comm_hook.h), else the current.
   absl::StatusOr<std::string> SaveState() const override {
-    HookStateWriter w(name_, group_size_, rank_);
+    const bool pending = !pending_.empty();
+    HookStateWriter w(name_, group_size_, rank_, pending ? pending_layout_ : layout_);
     std::map<size_t, const std::vector<float>*> all;
-    for (const auto& [key, residual] : loaded_) all[key] = &residual;  // not yet run again
-    for (size_t key = 0; key < states_.size(); ++key) {
+    for (const auto& [key, residual] : pending ? pending_ : loaded_) all[key] = &residual;
+    for (size_t key = 0; key < states_.size() && !pending; ++key) {
       if (states_[key] != nullptr) all[key] = &states_[key]->residual;
     }
     for (const auto& [key, residual] : all) {
@@ -64,8 +72,10 @@ class Int8Hook : public CommHook {
 
   absl::Status LoadState(absl::string_view bytes) override {
     std::map<size_t, std::vector<float>> loaded;
+    uint64_t layout = layout_;
     if (!bytes.empty()) {
       ASSIGN_OR_RETURN(HookStateReader r, HookStateReader::Open(bytes, name_, group_size_, rank_));
+      layout = r.layout();
       while (!r.AtEnd()) {
         ASSIGN_OR_RETURN(int64_t key, r.Int());
         ASSIGN_OR_RETURN(std::vector<float> residual, r.Floats());
@@ -74,7 +84,14 @@ class Int8Hook : public CommHook {
       }
     }
     states_.clear();
-    loaded_ = std::move(loaded);
+    loaded_.clear();
+    DropPending();
+    if (layout == layout_) {
+      loaded_ = std::move(loaded);
+    } else {  // another bucket layout: never applied to these buckets (comm_hook.h)
+      pending_ = std::move(loaded);
+      pending_layout_ = layout;
+    }
     return absl::OkStatus();
   }
 
@@ -89,6 +106,9 @@ class Int8Hook : public CommHook {
     const size_t blocks = (sent + opts_.block - 1) / opts_.block;
     const size_t record = blocks * sizeof(float) + sent;  // scales, then the int8 values
     const size_t key = static_cast<size_t>(b.index) * 3 + static_cast<size_t>(b.stage);
+    const unsigned stage_bit = 1u << static_cast<unsigned>(b.stage);
+    if (pending_stepped_ & stage_bit) DropPending();  // a second step, still in another layout
+    if (b.last && !pending_.empty()) pending_stepped_ |= stage_bit;
     if (states_.size() <= key) states_.resize(key + 1);
     if (states_[key] == nullptr) states_[key] = std::make_shared<Int8State>();
     std::shared_ptr<Int8State> s = states_[key];
@@ -162,7 +182,20 @@ class Int8Hook : public CommHook {
   const std::string name_;
   std::vector<std::shared_ptr<Int8State>> states_;  // per (bucket, stage)
   std::map<size_t, std::vector<float>> loaded_;     // LoadState's, until the key runs again
-  int group_size_ = 1, rank_ = 0;                   // the attached group's
+  // LoadState's records of another bucket layout (`pending_layout_`), never run: installed
+  // into loaded_ by the re-plan to that layout; dropped by a re-plan to another, or by the
+  // first Run of a stage in a second step (`pending_stepped_`: the stages whose step's last
+  // bucket ran since the load).
+  std::map<size_t, std::vector<float>> pending_;
+  uint64_t pending_layout_ = 0;
+  unsigned pending_stepped_ = 0;
+  void DropPending() {
+    pending_.clear();
+    pending_layout_ = 0;
+    pending_stepped_ = 0;
+  }
+  uint64_t layout_ = 0;            // the buckets' (CommAttach, OnReplan)
+  int group_size_ = 1, rank_ = 0;  // the attached group's
 };
 
 }  // namespace

@@ -15,8 +15,11 @@
 // lacks, would make it scale).
 // The residuals are per (bucket, stage), kept across steps, dropped at a re-plan that changes
 // the buckets (OnReplan: they follow elements that moved), carried through checkpoints by
-// SaveState / LoadState (per rank, the same group size). The hook counts no steps: nothing
-// else depends on the plan.
+// SaveState / LoadState (per rank, the same group size) with the bucket layout's fingerprint:
+// residuals load only into the layout they were saved in; another layout's wait pending for
+// the re-plan after the next step (installed if it yields their layout, dropped otherwise) and
+// are never applied to other buckets (comm_hook.h, LoadState); meanwhile the residuals start
+// at zero. The hook counts no steps: nothing else depends on the plan.
 // f32 buckets only; host memory.
 #ifndef BRAID_SCHEDULER_HOOKS_INT8_H_
 #define BRAID_SCHEDULER_HOOKS_INT8_H_

@@ -146,20 +146,28 @@ class PowerSGDHook : public CommHook {
   bool Handles(CommStage stage) const override { return stage == CommStage::kAllReduce; }
   // The buckets moved: their error feedback and warm-start Q (bucket-shaped) go; the step
   // count and the draws' position (hook-wide, as torch's state.iter and state.rng) stay.
-  void OnReplan() override {
+  // Records pending for the layout `plan_fingerprint` are installed, others dropped
+  // (comm_hook.h).
+  void OnReplan(uint64_t plan_fingerprint) override {
     states_.clear();
     loaded_.clear();
+    layout_ = plan_fingerprint;
+    if (!pending_.empty() && pending_layout_ == layout_) loaded_ = std::move(pending_);
+    DropPending();
   }
 
-  // iter, draws; then per bucket: count, have_q, error, Q (hooks/hook_state.h).
+  // iter, draws; then per bucket: count, have_q, error, Q (hooks/hook_state.h), under the
+  // layout they follow: the pending records' while there are (comm_hook.h), else the current.
   absl::StatusOr<std::string> SaveState() const override {
-    HookStateWriter w(name_, group_size_, rank_);
+    const bool pending = !pending_.empty();
+    HookStateWriter w(name_, group_size_, rank_, pending ? pending_layout_ : layout_);
     w.Int(iter_);
     w.Int(draws_);
     std::map<int, const Saved*> all;
-    for (const auto& [b, saved] : loaded_) all[b] = &saved;  // not yet run again
+    for (const auto& [b, saved] : pending ? pending_ : loaded_) all[b] = &saved;
     std::map<int, Saved> live;
     for (const auto& [b, s] : states_) {
+      if (pending) break;  // another layout's buckets
       live[b] = Saved{s->count, s->have_q, s->error, s->q};
       all[b] = &live[b];
     }
@@ -176,8 +184,10 @@ class PowerSGDHook : public CommHook {
   absl::Status LoadState(absl::string_view bytes) override {
     std::map<int, Saved> loaded;
     int64_t iter = 0, draws = 0;
+    uint64_t layout = layout_;
     if (!bytes.empty()) {
       ASSIGN_OR_RETURN(HookStateReader r, HookStateReader::Open(bytes, name_, group_size_, rank_));
+      layout = r.layout();
       ASSIGN_OR_RETURN(iter, r.Int());
       ASSIGN_OR_RETURN(draws, r.Int());
       if (iter < 0 || draws < 0) {
@@ -199,7 +209,14 @@ class PowerSGDHook : public CommHook {
       }
     }
     states_.clear();
-    loaded_ = std::move(loaded);
+    loaded_.clear();
+    DropPending();
+    if (layout == layout_) {
+      loaded_ = std::move(loaded);
+    } else {  // another bucket layout: never applied to these buckets (comm_hook.h)
+      pending_ = std::move(loaded);
+      pending_layout_ = layout;
+    }
     iter_ = iter;
     draws_ = draws;
     return absl::OkStatus();
@@ -226,6 +243,7 @@ class PowerSGDHook : public CommHook {
                                                absl::StrCat(at.group->name(), ".powersgd")));
     cursor_->group = q_group_.get();
     states_.clear();
+    layout_ = at.plan_fingerprint;
     return absl::OkStatus();
   }
 
@@ -235,6 +253,8 @@ class PowerSGDHook : public CommHook {
           absl::StrCat("the bucket is ", DTypeName(b.dtype), "; powersgd compresses f32 only"));
     }
     if (q_group_ == nullptr) return absl::FailedPreconditionError("not attached to a reducer");
+    if (pending_stepped_) DropPending();  // a second step, still in another layout
+    if (b.last && !pending_.empty()) pending_stepped_ = true;
     std::shared_ptr<BucketState>& slot = states_[b.index];
     if (slot == nullptr || slot->count != b.count) {
       slot = Plan(b);
@@ -412,6 +432,18 @@ class PowerSGDHook : public CommHook {
     std::vector<float> error, q;
   };
   std::map<int, Saved> loaded_;
+  // LoadState's records of another bucket layout (`pending_layout_`), never run: installed
+  // into loaded_ by the re-plan to that layout; dropped by a re-plan to another, or by the
+  // first Run of a second step (`pending_stepped_`: a step's last bucket ran since the load).
+  std::map<int, Saved> pending_;
+  uint64_t pending_layout_ = 0;
+  bool pending_stepped_ = false;
+  void DropPending() {
+    pending_.clear();
+    pending_layout_ = 0;
+    pending_stepped_ = false;
+  }
+  uint64_t layout_ = 0;            // the buckets' (CommAttach, OnReplan)
   int group_size_ = 1, rank_ = 0;  // the attached group's
 };
 

@@ -25,7 +25,12 @@
 // buckets drops them (OnReplan; torch keys them by bucket index and its one rebuild comes
 // before start_powerSGD_iter >= 2, when they are still empty). So a re-plan inside the warm-up
 // changes nothing; after it, the next step compresses with zero error and a fresh Q.
-// SaveState / LoadState carry all of it through checkpoints (per rank, the same group size).
+// SaveState / LoadState carry all of it through checkpoints (per rank, the same group size),
+// with the bucket layout's fingerprint: the step and draw counts load whatever the layout; the
+// error feedback and Q load only into the layout they were saved in, and those of another
+// layout wait pending for the re-plan after the next step (installed if it yields their layout,
+// as torch's rebuild does on a resume; dropped otherwise), never applied to other buckets
+// (comm_hook.h, LoadState). While they wait, the buckets compress with zero error and a fresh Q.
 // f32 buckets; host memory; one reducer per hook instance.
 #ifndef BRAID_SCHEDULER_HOOKS_POWERSGD_H_
 #define BRAID_SCHEDULER_HOOKS_POWERSGD_H_
