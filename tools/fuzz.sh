@@ -31,7 +31,7 @@ seconds="${2:-300}"
 shift $(( $# >= 2 ? 2 : 1 ))
 
 output_base="${HOME}/.cache/braid-fuzz/$(echo -n "${root}" | md5sum | cut -c1-12)"
-"${root}/tools/bazelw" --output_base="${output_base}" build --config=fuzz \
+"${root}/tools/bazelw" --output_base="${output_base}" build --config=fuzz --symlink_prefix=/ \
   "//tests/fuzz:${target}_fuzzer" >&2
 bin_dir="$("${root}/tools/bazelw" --output_base="${output_base}" info --config=fuzz bazel-bin 2>/dev/null)"
 binary="${bin_dir}/tests/fuzz/${target}_fuzzer"
