@@ -23,7 +23,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -61,6 +63,61 @@ class HookStateReader {
   absl::string_view bytes_;
   size_t at_ = 0;
   uint64_t layout_ = 0;
+};
+
+// The per-bucket records a hook loaded from a checkpoint, kept by the bucket layout they were
+// saved in (comm_hook.h): records of the current layout wait in loaded() until their bucket
+// runs; another layout's are never applied to these buckets, but wait pending for the re-plan
+// that yields their layout (installed then), and are dropped by a re-plan to any other layout
+// or once a stage runs a second step still in another layout (NoteRun). One per hook, used
+// from its Run / OnReplan / SaveState / LoadState (the reducer serializes those).
+template <typename Key, typename Record>
+class LayoutRecords {
+ public:
+  using Records = std::map<Key, Record>;
+  uint64_t layout() const { return layout_; }  // the buckets' (Attach, Replan)
+  void Attach(uint64_t layout) { layout_ = layout; }
+  // The buckets moved to `layout`: records loaded for the old ones go; pending ones of
+  // `layout` are installed, others dropped.
+  void Replan(uint64_t layout) {
+    loaded_.clear();
+    layout_ = layout;
+    if (!pending_.empty() && pending_layout_ == layout_) loaded_ = std::move(pending_);
+    DropPending();
+  }
+  // LoadState's records, saved under `saved_layout`; replaces whatever was loaded or pending.
+  void Load(Records records, uint64_t saved_layout) {
+    loaded_.clear();
+    DropPending();
+    if (saved_layout == layout_) {
+      loaded_ = std::move(records);
+    } else {
+      pending_ = std::move(records);
+      pending_layout_ = saved_layout;
+    }
+  }
+  // Run of a bucket of stage `stage_bit` (one bit per stage); `last`: the step's last bucket.
+  void NoteRun(bool last, unsigned stage_bit = 1) {
+    if (pending_stepped_ & stage_bit) DropPending();  // a second step, still in another layout
+    if (last && !pending_.empty()) pending_stepped_ |= stage_bit;
+  }
+  // What SaveState writes besides the live state: the pending records (then only those, under
+  // their layout) while there are, else the loaded ones not run yet (under the current one).
+  bool pending() const { return !pending_.empty(); }
+  uint64_t saved_layout() const { return pending() ? pending_layout_ : layout_; }
+  const Records& to_save() const { return pending() ? pending_ : loaded_; }
+  Records& loaded() { return loaded_; }  // taken by Run as their buckets run
+
+ private:
+  void DropPending() {
+    pending_.clear();
+    pending_layout_ = 0;
+    pending_stepped_ = 0;
+  }
+  uint64_t layout_ = 0;
+  Records loaded_, pending_;
+  uint64_t pending_layout_ = 0;
+  unsigned pending_stepped_ = 0;  // stages whose step's last bucket ran since the load
 };
 
 }  // namespace braid::sched

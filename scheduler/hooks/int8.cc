@@ -40,26 +40,23 @@ class Int8Hook : public CommHook {
   // `plan_fingerprint` (comm_hook.h).
   void OnReplan(uint64_t plan_fingerprint) override {
     states_.clear();
-    loaded_.clear();
-    layout_ = plan_fingerprint;
-    if (!pending_.empty() && pending_layout_ == layout_) loaded_ = std::move(pending_);
-    DropPending();
+    records_.Replan(plan_fingerprint);
   }
 
   absl::Status Attach(const CommAttach& at) override {
     group_size_ = at.group->size();
     rank_ = at.group->rank();
-    layout_ = at.plan_fingerprint;
+    records_.Attach(at.plan_fingerprint);
     return absl::OkStatus();
   }
 
   // Per (bucket, stage): its key and residual (hooks/hook_state.h), under the layout they
   // follow: the pending records' while there are (comm_hook.h), else the current.
   absl::StatusOr<std::string> SaveState() const override {
-    const bool pending = !pending_.empty();
-    HookStateWriter w(name_, group_size_, rank_, pending ? pending_layout_ : layout_);
+    const bool pending = records_.pending();
+    HookStateWriter w(name_, group_size_, rank_, records_.saved_layout());
     std::map<size_t, const std::vector<float>*> all;
-    for (const auto& [key, residual] : pending ? pending_ : loaded_) all[key] = &residual;
+    for (const auto& [key, residual] : records_.to_save()) all[key] = &residual;
     for (size_t key = 0; key < states_.size() && !pending; ++key) {
       if (states_[key] != nullptr) all[key] = &states_[key]->residual;
     }
@@ -72,7 +69,7 @@ class Int8Hook : public CommHook {
 
   absl::Status LoadState(absl::string_view bytes) override {
     std::map<size_t, std::vector<float>> loaded;
-    uint64_t layout = layout_;
+    uint64_t layout = records_.layout();
     if (!bytes.empty()) {
       ASSIGN_OR_RETURN(HookStateReader r, HookStateReader::Open(bytes, name_, group_size_, rank_));
       layout = r.layout();
@@ -84,14 +81,7 @@ class Int8Hook : public CommHook {
       }
     }
     states_.clear();
-    loaded_.clear();
-    DropPending();
-    if (layout == layout_) {
-      loaded_ = std::move(loaded);
-    } else {  // another bucket layout: never applied to these buckets (comm_hook.h)
-      pending_ = std::move(loaded);
-      pending_layout_ = layout;
-    }
+    records_.Load(std::move(loaded), layout);
     return absl::OkStatus();
   }
 
@@ -107,19 +97,18 @@ class Int8Hook : public CommHook {
     const size_t record = blocks * sizeof(float) + sent;  // scales, then the int8 values
     const size_t key = static_cast<size_t>(b.index) * 3 + static_cast<size_t>(b.stage);
     const unsigned stage_bit = 1u << static_cast<unsigned>(b.stage);
-    if (pending_stepped_ & stage_bit) DropPending();  // a second step, still in another layout
-    if (b.last && !pending_.empty()) pending_stepped_ |= stage_bit;
+    records_.NoteRun(b.last, stage_bit);
     if (states_.size() <= key) states_.resize(key + 1);
     if (states_[key] == nullptr) states_[key] = std::make_shared<Int8State>();
     std::shared_ptr<Int8State> s = states_[key];
-    if (auto it = loaded_.find(key); it != loaded_.end()) {  // from a checkpoint
+    if (auto it = records_.loaded().find(key); it != records_.loaded().end()) {  // checkpoint
       if (it->second.size() != sent) {
         return absl::FailedPreconditionError(absl::StrCat(
             "the loaded int8 state of this bucket's ", CommStageName(b.stage), " holds ",
             it->second.size(), " residuals; the bucket sends ", sent, " (another bucket plan)"));
       }
       s->residual = std::move(it->second);
-      loaded_.erase(it);
+      records_.loaded().erase(it);
     }
     if (s->residual.size() != sent) s->residual.assign(sent, 0.0f);  // a new plan: no residual
     s->mine.resize(record);
@@ -181,20 +170,8 @@ class Int8Hook : public CommHook {
   const Int8Options opts_;
   const std::string name_;
   std::vector<std::shared_ptr<Int8State>> states_;  // per (bucket, stage)
-  std::map<size_t, std::vector<float>> loaded_;     // LoadState's, until the key runs again
-  // LoadState's records of another bucket layout (`pending_layout_`), never run: installed
-  // into loaded_ by the re-plan to that layout; dropped by a re-plan to another, or by the
-  // first Run of a stage in a second step (`pending_stepped_`: the stages whose step's last
-  // bucket ran since the load).
-  std::map<size_t, std::vector<float>> pending_;
-  uint64_t pending_layout_ = 0;
-  unsigned pending_stepped_ = 0;
-  void DropPending() {
-    pending_.clear();
-    pending_layout_ = 0;
-    pending_stepped_ = 0;
-  }
-  uint64_t layout_ = 0;            // the buckets' (CommAttach, OnReplan)
+  // LoadState's residuals per key, by bucket layout (hooks/hook_state.h).
+  LayoutRecords<size_t, std::vector<float>> records_;
   int group_size_ = 1, rank_ = 0;  // the attached group's
 };
 

@@ -150,21 +150,18 @@ class PowerSGDHook : public CommHook {
   // (comm_hook.h).
   void OnReplan(uint64_t plan_fingerprint) override {
     states_.clear();
-    loaded_.clear();
-    layout_ = plan_fingerprint;
-    if (!pending_.empty() && pending_layout_ == layout_) loaded_ = std::move(pending_);
-    DropPending();
+    records_.Replan(plan_fingerprint);
   }
 
   // iter, draws; then per bucket: count, have_q, error, Q (hooks/hook_state.h), under the
   // layout they follow: the pending records' while there are (comm_hook.h), else the current.
   absl::StatusOr<std::string> SaveState() const override {
-    const bool pending = !pending_.empty();
-    HookStateWriter w(name_, group_size_, rank_, pending ? pending_layout_ : layout_);
+    const bool pending = records_.pending();
+    HookStateWriter w(name_, group_size_, rank_, records_.saved_layout());
     w.Int(iter_);
     w.Int(draws_);
     std::map<int, const Saved*> all;
-    for (const auto& [b, saved] : pending ? pending_ : loaded_) all[b] = &saved;
+    for (const auto& [b, saved] : records_.to_save()) all[b] = &saved;
     std::map<int, Saved> live;
     for (const auto& [b, s] : states_) {
       if (pending) break;  // another layout's buckets
@@ -184,7 +181,7 @@ class PowerSGDHook : public CommHook {
   absl::Status LoadState(absl::string_view bytes) override {
     std::map<int, Saved> loaded;
     int64_t iter = 0, draws = 0;
-    uint64_t layout = layout_;
+    uint64_t layout = records_.layout();
     if (!bytes.empty()) {
       ASSIGN_OR_RETURN(HookStateReader r, HookStateReader::Open(bytes, name_, group_size_, rank_));
       layout = r.layout();
@@ -209,14 +206,7 @@ class PowerSGDHook : public CommHook {
       }
     }
     states_.clear();
-    loaded_.clear();
-    DropPending();
-    if (layout == layout_) {
-      loaded_ = std::move(loaded);
-    } else {  // another bucket layout: never applied to these buckets (comm_hook.h)
-      pending_ = std::move(loaded);
-      pending_layout_ = layout;
-    }
+    records_.Load(std::move(loaded), layout);  // another layout's: never applied to these buckets
     iter_ = iter;
     draws_ = draws;
     return absl::OkStatus();
@@ -243,7 +233,7 @@ class PowerSGDHook : public CommHook {
                                                absl::StrCat(at.group->name(), ".powersgd")));
     cursor_->group = q_group_.get();
     states_.clear();
-    layout_ = at.plan_fingerprint;
+    records_.Attach(at.plan_fingerprint);
     return absl::OkStatus();
   }
 
@@ -253,12 +243,12 @@ class PowerSGDHook : public CommHook {
           absl::StrCat("the bucket is ", DTypeName(b.dtype), "; powersgd compresses f32 only"));
     }
     if (q_group_ == nullptr) return absl::FailedPreconditionError("not attached to a reducer");
-    if (pending_stepped_) DropPending();  // a second step, still in another layout
-    if (b.last && !pending_.empty()) pending_stepped_ = true;
+    records_.NoteRun(b.last);
     std::shared_ptr<BucketState>& slot = states_[b.index];
     if (slot == nullptr || slot->count != b.count) {
       slot = Plan(b);
-      if (auto it = loaded_.find(b.index); it != loaded_.end()) {  // from a checkpoint
+      auto& loaded = records_.loaded();
+      if (auto it = loaded.find(b.index); it != loaded.end()) {  // from a checkpoint
         Saved& v = it->second;
         if (v.count != slot->count || (v.have_q && v.q.size() != slot->q.size()) ||
             (!v.error.empty() && v.error.size() != slot->count)) {
@@ -270,7 +260,7 @@ class PowerSGDHook : public CommHook {
         slot->have_q = v.have_q;
         slot->error = std::move(v.error);
         if (v.have_q) slot->q = std::move(v.q);
-        loaded_.erase(it);
+        loaded.erase(it);
       }
     }
     std::shared_ptr<BucketState> s = slot;
@@ -431,20 +421,8 @@ class PowerSGDHook : public CommHook {
     bool have_q = false;
     std::vector<float> error, q;
   };
-  std::map<int, Saved> loaded_;
-  // LoadState's records of another bucket layout (`pending_layout_`), never run: installed
-  // into loaded_ by the re-plan to that layout; dropped by a re-plan to another, or by the
-  // first Run of a second step (`pending_stepped_`: a step's last bucket ran since the load).
-  std::map<int, Saved> pending_;
-  uint64_t pending_layout_ = 0;
-  bool pending_stepped_ = false;
-  void DropPending() {
-    pending_.clear();
-    pending_layout_ = 0;
-    pending_stepped_ = false;
-  }
-  uint64_t layout_ = 0;            // the buckets' (CommAttach, OnReplan)
-  int group_size_ = 1, rank_ = 0;  // the attached group's
+  LayoutRecords<int, Saved> records_;  // LoadState's per bucket, by layout (hook_state.h)
+  int group_size_ = 1, rank_ = 0;      // the attached group's
 };
 
 }  // namespace
