@@ -306,7 +306,7 @@ absl::Status RunRank(Group& world, Mode mode, const Config& c, const OverlapMode
       }
       lap(kGradWrite, timed);
       std::this_thread::sleep_until(end);
-      mark_t = std::max(mark_t, Clock::now());
+      mark_t = Clock::now();  // the compute's wait is not a call's
       // FSDP2's post-backward order: the unit's parameters are released as soon as its
       // compute is done, then its gradients go to the reduction.
       if (units) RETURN_IF_ERROR(units->EndBackward(l));

@@ -49,12 +49,12 @@ def sgd_steps(model, net, batches, lr):
     return seen
 
 
-def _train(r, wrap, register):
+def _train(r, wrap, register, steps=STEPS):
     """SGD steps with the hook registered; each step's gradients, then the parameters."""
     net = Net()
     model = wrap(net)
     register(model)
-    seen = sgd_steps(model, net, (_batch(r, step) for step in range(STEPS)), lr=0.01)
+    seen = sgd_steps(model, net, (_batch(r, step) for step in range(steps)), lr=0.01)
     if isinstance(model, bt.DistributedDataParallel):
         model.close()
     return seen, [p.detach().clone() for p in net.parameters()]

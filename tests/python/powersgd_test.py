@@ -17,7 +17,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersg
 from braid import comm_hooks
 from braid import pytorch as bt
 from rank_threads import run_ranks
-from comm_hook_test import N, Net, _batch, sgd_steps
+from comm_hook_test import N, Net
+from comm_hook_test import _train as train_with_hook
 from torch_idioms_ddp_test import TorchGroups
 
 STEPS = 6
@@ -83,13 +84,8 @@ def braid_draws(seed):
 
 
 def _train(r, wrap, register):
-    net = Net()
-    model = wrap(net)
-    register(model)
-    seen = sgd_steps(model, net, (_batch(r, step) for step in range(STEPS)), lr=0.01)
-    if isinstance(model, bt.DistributedDataParallel):
-        model.close()
-    return seen
+    """comm_hook_test's training over this test's steps: each step's gradients."""
+    return train_with_hook(r, wrap, register, steps=STEPS)[0]
 
 
 class PowerSGDTest(unittest.TestCase):
